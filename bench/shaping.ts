@@ -1,0 +1,320 @@
+/**
+ * Shaping bench: kubenet-ts Shaper vs the reference CNI `bandwidth` plugin, same run.
+ *   (1) asked vs measured rate at 1M..1G in both directions (iperf3 goodput and the L2 rate the
+ *       shaping qdisc/class actually sent, from its byte counters), ping RTT from the shaped pod
+ *       under load at 10M and 100M;
+ *   (2) per-pod setup and teardown cost with 10, 100, 500 pods already shaped (probe pods added and
+ *       removed at each level, ours and the reference interleaved).
+ *   [--dirs egress,ingress] [--impls ours,exec,ref] (cost table: which implementations to run)
+ * Root only. Creates its own bridges, namespaces and veths (traffic only between them) and removes
+ * them. Usage: npx tsx bench/shaping.ts [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
+ *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost]
+ */
+import { execa } from 'execa';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { parseBandwidth } from '../src/shaper/quantity.js';
+import { burstBytes } from '../src/shaper/sizing.js';
+import { Shaper } from '../src/shaper/tc.js';
+import { iperf, makeTopology, pingRtt, type IperfResult, type TopoPod, type Topology } from '../test/shaper/topo.js';
+
+const argv = process.argv.slice(2);
+const has = (f: string) => argv.includes(f);
+function argValue(name: string): string | undefined {
+  const i = argv.indexOf(name);
+  return i >= 0 ? argv[i + 1] : undefined;
+}
+const quick = has('--quick');
+const seconds = Number(argValue('--seconds') ?? (quick ? 5 : 10));
+const rates = (argValue('--rates') ?? '1M,10M,100M,1G').split(',');
+const sizes = (argValue('--sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
+const probes = Number(argValue('--probes') ?? 10);
+const impls = new Set((argValue('--impls') ?? 'ours,exec,ref').split(','));
+const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
+const BANDWIDTH_BIN = '/usr/lib/cni/bandwidth';
+const NET_NAME = 'kshbench';
+
+const mbit = (v: number) => (v / 1e6).toFixed(v < 10e6 ? 3 : 1);
+const pct = (v: number, ref: number) => `${v >= ref ? '+' : ''}${(((v - ref) / ref) * 100).toFixed(1)}%`;
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : (s[Math.floor((s.length - 1) / 2)] ?? NaN);
+}
+
+function printTable(title: string, head: string[], rows: string[][]): void {
+  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (r: string[]) => r.map((c, i) => c.padStart(w[i] ?? 0)).join('  ');
+  console.log(`\n${title}`);
+  console.log(line(head));
+  console.log(w.map((n) => '-'.repeat(n)).join('  '));
+  for (const r of rows) console.log(line(r));
+}
+
+// ---------- the reference plugin ----------
+
+async function refExec(command: 'ADD' | 'DEL', pod: TopoPod, rate: number, burstBits: number): Promise<void> {
+  const conf = {
+    cniVersion: '1.0.0',
+    name: NET_NAME,
+    type: 'bandwidth',
+    runtimeConfig: { bandwidth: { ingressRate: rate, ingressBurst: burstBits, egressRate: rate, egressBurst: burstBits } },
+    prevResult: {
+      cniVersion: '1.0.0',
+      interfaces: [{ name: pod.hostVeth }, { name: 'eth0', sandbox: pod.netnsPath }],
+      ips: [{ address: `${pod.ip4}/16`, interface: 1 }],
+    },
+  };
+  const r = await execa(BANDWIDTH_BIN, [], {
+    input: JSON.stringify(conf),
+    reject: false,
+    extendEnv: false,
+    env: {
+      CNI_COMMAND: command,
+      CNI_CONTAINERID: pod.id,
+      CNI_NETNS: pod.netnsPath,
+      CNI_IFNAME: 'eth0',
+      CNI_PATH: '/usr/lib/cni',
+      PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin',
+    },
+  });
+  if (r.exitCode !== 0) throw new Error(`bandwidth ${command} ${pod.id}: ${r.stdout} ${r.stderr}`);
+}
+
+/** The reference leaves its tbf on the host veth after DEL (it dies with the veth); clear it between runs. */
+async function refScrub(pod: TopoPod): Promise<void> {
+  await execa('tc', ['qdisc', 'del', 'dev', pod.hostVeth, 'root'], { reject: false });
+  await execa('tc', ['qdisc', 'del', 'dev', pod.hostVeth, 'ingress'], { reject: false });
+}
+
+// ---------- counters: what the shaping qdisc/class really sent (L2 bytes) ----------
+
+/** First "Sent N bytes" of `tc -s <args>` (the one object the args select). */
+async function tcBytes(args: string[]): Promise<number> {
+  const r = await execa('tc', ['-s', ...args], { reject: false });
+  const m = /Sent (\d+) bytes/.exec(r.stdout);
+  return m?.[1] ? Number(m[1]) : NaN;
+}
+
+/** Which counter carries the pod's traffic in one direction, for ours or the reference. */
+function counterFor(impl: 'ours' | 'ref', dir: 'egress' | 'ingress', pod: TopoPod, ifb: string, refIfb: () => Promise<string>) {
+  if (dir === 'ingress') return () => tcBytes(['qdisc', 'show', 'dev', pod.hostVeth, 'root']);
+  if (impl === 'ours') return () => tcBytes(['class', 'show', 'dev', ifb, 'classid', '1:1']);
+  return async () => tcBytes(['qdisc', 'show', 'dev', await refIfb(), 'root']);
+}
+
+async function findRefIfb(): Promise<string> {
+  const r = await execa('ip', ['-j', 'link', 'show', 'type', 'ifb']);
+  const links = JSON.parse(r.stdout || '[]') as Array<{ ifname: string }>;
+  const l = links.find((x) => x.ifname.startsWith('bwp'));
+  if (!l) throw new Error('reference ifb not found');
+  return l.ifname;
+}
+
+interface RateRow {
+  impl: string;
+  asked: number;
+  dir: string;
+  goodput: number;
+  l2: number;
+  worst1s: number;
+  retransmits: number | undefined;
+  rtt?: { avg: number; max: number; loss: number };
+}
+
+async function measure(
+  impl: 'ours' | 'ref',
+  dir: 'egress' | 'ingress',
+  rate: number,
+  a: TopoPod,
+  b: TopoPod,
+  ifb: string,
+  withPing: boolean,
+): Promise<RateRow> {
+  const counter = counterFor(impl, dir, a, ifb, findRefIfb);
+  // L2 rate: counter sampled 1 s after start and 0.5 s before the end, over measured wall time.
+  const samples: Array<[number, number]> = [];
+  const timers: NodeJS.Timeout[] = [];
+  let pingP: Promise<Awaited<ReturnType<typeof pingRtt>>> | undefined;
+  const onStart = () => {
+    for (const ms of [1000, (seconds - 0.5) * 1000]) {
+      timers.push(
+        setTimeout(() => {
+          const at = performance.now();
+          void counter().then((bytes) => samples.push([at, bytes]));
+        }, ms),
+      );
+    }
+    if (withPing) {
+      pingP = new Promise((res) => timers.push(setTimeout(() => void pingRtt(a, b, Math.floor((seconds - 2) / 0.2)).then(res), 1000)));
+    }
+  };
+  let r: IperfResult;
+  try {
+    // egress = FROM a: a is the client sending; ingress = TO a: b's server sends (-R).
+    r = await iperf(b, a, { seconds, reverse: dir === 'ingress', onStart });
+  } finally {
+    timers.forEach(clearTimeout);
+  }
+  const rtt = await pingP;
+  await new Promise((res) => setTimeout(res, 200));
+  const [s0, s1] = samples.sort((x, y) => x[0] - y[0]);
+  const l2 = s0 && s1 ? ((s1[1] - s0[1]) * 8) / ((s1[0] - s0[0]) / 1000) : NaN;
+  return { impl, asked: rate, dir, goodput: r.bps, l2, worst1s: Math.max(...r.intervals), retransmits: r.retransmits, ...(rtt ? { rtt } : {}) };
+}
+
+async function rateBench(): Promise<void> {
+  const topo = await makeTopology(2);
+  const [a, b] = topo.pods as [TopoPod, TopoPod];
+  const stateDir = await mkdtemp(join(tmpdir(), 'kshbench-'));
+  const ifb = `kshbi${topo.tag}`;
+  const shaper = new Shaper({ ifbName: ifb, stateDir });
+  const rows: RateRow[] = [];
+  try {
+    await shaper.init();
+    for (const q of rates) {
+      const rate = parseBandwidth(q, 'rate');
+      const withPing = rate === 10e6 || rate === 100e6;
+      const burstBits = burstBytes(rate) * 8;
+      for (const dir of dirs) {
+        await shaper.ensure({ id: a.id, hostVeth: a.hostVeth, ips: [a.ip4, a.ip6], limits: { ingress: rate, egress: rate } });
+        rows.push(await measure('ours', dir, rate, a, b, ifb, withPing));
+        await shaper.remove(a.id);
+        await refExec('ADD', a, rate, burstBits);
+        try {
+          rows.push(await measure('ref', dir, rate, a, b, ifb, withPing));
+        } finally {
+          await refExec('DEL', a, rate, burstBits).catch((e: unknown) => console.error(String(e)));
+          await refScrub(a);
+        }
+        const last2 = rows.slice(-2);
+        for (const x of last2) console.error(`  ${x.impl} ${q} ${dir}: goodput ${mbit(x.goodput)} L2 ${mbit(x.l2)} worst1s ${mbit(x.worst1s)} retr ${x.retransmits}${x.rtt ? ` rtt ${x.rtt.avg}ms` : ''}`);
+      }
+    }
+    const idle = await pingRtt(a, b, 10);
+    printTable(
+      `(1) asked vs measured, ${seconds} s iperf3 runs; L2 = bytes the shaping qdisc/class sent (wire rate the limit applies to); goodput = iperf3 TCP payload (max ~95.6% of L2 at MTU 1500). Idle RTT ${idle.avg} ms.`,
+      ['impl', 'asked', 'dir', 'L2 Mbit/s', 'L2 err', 'goodput', 'gp err', 'worst 1s', 'RTT avg/max ms (loss)'],
+      rows.map((x) => [
+        x.impl,
+        mbit(x.asked),
+        x.dir,
+        mbit(x.l2),
+        pct(x.l2, x.asked),
+        mbit(x.goodput),
+        pct(x.goodput, x.asked),
+        `${(x.worst1s / x.asked).toFixed(2)}x`,
+        x.rtt ? `${x.rtt.avg.toFixed(2)}/${x.rtt.max.toFixed(1)} (${x.rtt.loss}%)` : '',
+      ]),
+    );
+  } finally {
+    await shaper.reset().catch(() => undefined);
+    shaper.close();
+    await refExec('DEL', a, 1e6, 1e6).catch(() => undefined);
+    await topo.destroy();
+    await rm(stateDir, { recursive: true, force: true });
+  }
+}
+
+// ---------- (2) cost ----------
+
+async function costBench(): Promise<void> {
+  const maxN = Math.max(...sizes);
+  const total = maxN + probes;
+  console.error(`creating 3 x ${total} namespaces + veths...`);
+  const tA = performance.now();
+  const useExec = impls.has('exec');
+  const useRef = impls.has('ref');
+  const ours = await makeTopology(total, { addresses: false });
+  const oursExec = await makeTopology(useExec ? total : 0, { addresses: false });
+  const ref = await makeTopology(useRef ? total : 0, { addresses: false });
+  console.error(`  done in ${((performance.now() - tA) / 1000).toFixed(1)} s`);
+  const stateDir = await mkdtemp(join(tmpdir(), 'kshbench-cost-'));
+  const stateDirExec = await mkdtemp(join(tmpdir(), 'kshbench-cost-exec-'));
+  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}`, stateDir });
+  const shaperExec = new Shaper({ ifbName: `kshbe${oursExec.tag}`, stateDir: stateDirExec, tcMode: 'exec' });
+  const rate = 10e6;
+  const burstBits = burstBytes(rate) * 8;
+  const limits = { ingress: rate, egress: rate };
+  const spec = (p: TopoPod) => ({ id: p.id, hostVeth: p.hostVeth, ips: [p.ip4, p.ip6], limits });
+  const rows: string[][] = [];
+  let shaped = 0;
+  let shapedRef = 0;
+  const timed = async (fn: () => Promise<unknown>, into: number[]) => {
+    const t = performance.now();
+    await fn();
+    into.push(performance.now() - t);
+  };
+  try {
+    await shaper.init();
+    if (useExec) await shaperExec.init();
+    for (const n of [...sizes].sort((x, y) => x - y)) {
+      // Bring all three to n shaped pods (untimed).
+      for (; shaped < n; shaped++) {
+        await shaper.ensure(spec(ours.pods[shaped]!));
+        if (useExec) await shaperExec.ensure(spec(oursExec.pods[shaped]!));
+      }
+      for (; useRef && shapedRef < n; shapedRef++) await refExec('ADD', ref.pods[shapedRef]!, rate, burstBits);
+      const s = { add: [] as number[], del: [] as number[] };
+      const e = { add: [] as number[], del: [] as number[] };
+      const r = { add: [] as number[], del: [] as number[] };
+      // Interleaved probe pods: the three see the same machine load.
+      for (let k = 0; k < probes; k++) {
+        const ps = ours.pods[maxN + k]!;
+        const pe = oursExec.pods[maxN + k];
+        const pr = ref.pods[maxN + k];
+        await timed(() => shaper.ensure(spec(ps)), s.add);
+        if (pe) await timed(() => shaperExec.ensure(spec(pe)), e.add);
+        if (pr) await timed(() => refExec('ADD', pr, rate, burstBits), r.add);
+        await timed(() => shaper.remove(ps.id), s.del);
+        if (pe) await timed(() => shaperExec.remove(pe.id), e.del);
+        if (pr) await timed(() => refExec('DEL', pr, rate, burstBits), r.del);
+        if (pr) await refScrub(pr);
+      }
+      const m = (x: { add: number[]; del: number[] }) => [median(x.add), median(x.del)] as const;
+      const [sa, sd] = m(s);
+      const [ea, ed] = m(e);
+      const [ra, rd] = m(r);
+      const f = (x: number) => (Number.isNaN(x) ? '-' : x.toFixed(2));
+      const ratio = (a: number, b: number) => (Number.isNaN(a) || Number.isNaN(b) ? '-' : `${(a / b).toFixed(1)}x`);
+      rows.push([String(n), f(sa), f(sd), f(sa + sd), f(ea), f(ed), f(ea + ed), f(ra), f(rd), f(ra + rd), ratio(ra + rd, sa + sd), ratio(ra + rd, ea + ed)]);
+      console.error(`  n=${n}: session ${sa.toFixed(2)}+${sd.toFixed(2)} ms, exec ${ea.toFixed(2)}+${ed.toFixed(2)} ms, ref ${ra.toFixed(2)}+${rd.toFixed(2)} ms`);
+    }
+    printTable(
+      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M). ` +
+        `ours = Shaper with its long-lived tc session (default), ours-exec = one tc spawn per operation, ref = CNI bandwidth plugin exec`,
+      ['n shaped', 'ours setup', 'teardown', 'total', 'ours-exec setup', 'teardown', 'total', 'ref setup', 'teardown', 'total', 'ref/ours', 'ref/ours-exec'],
+      rows,
+    );
+    const first = rows[0];
+    const last = rows[rows.length - 1];
+    if (first && last && first !== last) {
+      const growth = (col: number) => {
+        const v = Number(last[col]) / Number(first[col]);
+        return Number.isNaN(v) ? '-' : `${v.toFixed(2)}x`;
+      };
+      console.log(`total at n=${last[0]} / at n=${first[0]}: ours ${growth(3)}, ours-exec ${growth(6)}, ref ${growth(9)}`);
+    }
+  } finally {
+    const t = performance.now();
+    await shaper.reset().catch((err: unknown) => console.error(String(err)));
+    if (useExec) await shaperExec.reset().catch((err: unknown) => console.error(String(err)));
+    for (let i = 0; i < shapedRef; i++) await refExec('DEL', ref.pods[i]!, rate, burstBits).catch(() => undefined);
+    await ours.destroy();
+    await oursExec.destroy();
+    await ref.destroy();
+    await rm(stateDir, { recursive: true, force: true });
+    await rm(stateDirExec, { recursive: true, force: true });
+    console.error(`cleanup ${((performance.now() - t) / 1000).toFixed(1)} s`);
+  }
+}
+
+if (process.getuid?.() !== 0) {
+  console.error('bench/shaping.ts needs root');
+  process.exit(1);
+}
+console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'})`);
+if (!has('--no-rates')) await rateBench();
+if (!has('--no-cost')) await costBench();

@@ -1,0 +1,130 @@
+/**
+ * koffi declarations for libnl-3 / libnl-route-3 (3.7, /usr/include/libnl3) and the few libc calls
+ * the netlink layer needs to enter a network namespace. Declarations only: no logic, no error mapping
+ * (that lives in src/netlink). Every pointer type is opaque; ownership is documented per function.
+ *
+ * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink).
+ */
+import koffi from 'koffi';
+
+/** libnl's struct types, opaque to us. Pointers to them arrive in JS as koffi external objects. */
+export const types = {
+  nl_sock: koffi.opaque('nl_sock'),
+  nl_cache: koffi.opaque('nl_cache'),
+  nl_object: koffi.opaque('nl_object'),
+  nl_addr: koffi.opaque('nl_addr'),
+  rtnl_link: koffi.opaque('rtnl_link'),
+  rtnl_addr: koffi.opaque('rtnl_addr'),
+};
+
+/** A pointer to one of the opaque types above, as koffi hands it out (never dereferenced in JS). */
+export type Ptr = unknown;
+/** An out-parameter holder for `T **`: pass `[null]`, read `[0]` after a successful call. */
+export type Out = [Ptr];
+
+const libnl = koffi.load('libnl-3.so.200');
+const libroute = koffi.load('libnl-route-3.so.200');
+const libc = koffi.load('libc.so.6');
+
+/** netlink/netlink.h NETLINK_ROUTE (linux/netlink.h). */
+export const NETLINK_ROUTE = 0;
+/** sys/socket.h address families. */
+export const AF_UNSPEC = 0;
+export const AF_INET = 2;
+export const AF_INET6 = 10;
+/** sched.h */
+export const CLONE_NEWNET = 0x40000000;
+/** fcntl.h (Linux generic values, x86_64 and arm64 alike). */
+export const O_RDONLY = 0;
+export const O_CLOEXEC = 0o2000000;
+/** linux/if.h net_device_flags. */
+export const IFF_UP = 0x1;
+export const IFF_LOOPBACK = 0x8;
+export const IFF_POINTOPOINT = 0x10;
+export const IFF_PROMISC = 0x100;
+
+/** libnl-3 core (netlink/socket.h, netlink/netlink.h, netlink/errno.h, netlink/cache.h, netlink/addr.h). */
+export const nl = {
+  // netlink/socket.h — caller owns the socket: nl_socket_free (also closes it).
+  nl_socket_alloc: libnl.func('nl_sock *nl_socket_alloc(void)'),
+  nl_socket_free: libnl.func('void nl_socket_free(nl_sock *sk)'),
+  // netlink/netlink.h — returns 0 or -NLE_*.
+  nl_connect: libnl.func('int nl_connect(nl_sock *sk, int protocol)'),
+  nl_close: libnl.func('void nl_close(nl_sock *sk)'),
+  // netlink/errno.h — static string, never freed. Takes the (negative or positive) NLE code.
+  nl_geterror: libnl.func('const char *nl_geterror(int error)'),
+  // netlink/cache.h — objects returned by get_first/get_next are borrowed from the cache.
+  nl_cache_free: libnl.func('void nl_cache_free(nl_cache *cache)'),
+  nl_cache_get_first: libnl.func('nl_object *nl_cache_get_first(nl_cache *cache)'),
+  nl_cache_get_next: libnl.func('nl_object *nl_cache_get_next(nl_object *obj)'),
+  nl_cache_nitems: libnl.func('int nl_cache_nitems(nl_cache *cache)'),
+  // Typed walks of a link / address cache: same C functions, declared with the concrete object type.
+  // Every libnl object starts with the nl_object header (NLHDR_COMMON), so the cast is the one libnl
+  // itself does; koffi checks pointer types and would refuse an nl_object * where rtnl_link * is expected.
+  link_cache_first: libnl.func('rtnl_link *nl_cache_get_first(nl_cache *cache)'),
+  link_cache_next: libnl.func('rtnl_link *nl_cache_get_next(rtnl_link *obj)'),
+  addr_cache_first: libnl.func('rtnl_addr *nl_cache_get_first(nl_cache *cache)'),
+  addr_cache_next: libnl.func('rtnl_addr *nl_cache_get_next(rtnl_addr *obj)'),
+  // netlink/object.h
+  nl_object_put: libnl.func('void nl_object_put(nl_object *obj)'),
+  // netlink/addr.h — nl_addr_parse gives the caller a reference: nl_addr_put.
+  nl_addr_parse: libnl.func('int nl_addr_parse(const char *addr, int hint, _Out_ nl_addr **result)'),
+  nl_addr_put: libnl.func('void nl_addr_put(nl_addr *addr)'),
+  nl_addr_get_family: libnl.func('int nl_addr_get_family(const nl_addr *addr)'),
+  nl_addr_get_len: libnl.func('unsigned int nl_addr_get_len(const nl_addr *addr)'),
+  nl_addr_get_prefixlen: libnl.func('unsigned int nl_addr_get_prefixlen(const nl_addr *addr)'),
+  // Writes into buf (a Buffer) and returns it as a string; appends "/len" when the prefix is not full.
+  nl_addr2str: libnl.func('const char *nl_addr2str(const nl_addr *addr, char *buf, size_t size)'),
+};
+
+/** libnl-route-3 (netlink/route/link.h, netlink/route/addr.h). */
+export const route = {
+  // link.h — rtnl_link_alloc / rtnl_link_get_kernel give the caller a reference: rtnl_link_put.
+  rtnl_link_alloc: libroute.func('rtnl_link *rtnl_link_alloc(void)'),
+  rtnl_link_put: libroute.func('void rtnl_link_put(rtnl_link *link)'),
+  rtnl_link_alloc_cache: libroute.func('int rtnl_link_alloc_cache(nl_sock *sk, int family, _Out_ nl_cache **result)'),
+  rtnl_link_get_kernel: libroute.func('int rtnl_link_get_kernel(nl_sock *sk, int ifindex, const char *name, _Out_ rtnl_link **result)'),
+  rtnl_link_change: libroute.func('int rtnl_link_change(nl_sock *sk, rtnl_link *orig, rtnl_link *changes, int flags)'),
+  // Strings returned by the getters are owned by the link object (copy before rtnl_link_put; koffi copies).
+  rtnl_link_get_name: libroute.func('const char *rtnl_link_get_name(rtnl_link *link)'),
+  rtnl_link_get_ifindex: libroute.func('int rtnl_link_get_ifindex(rtnl_link *link)'),
+  rtnl_link_get_flags: libroute.func('unsigned int rtnl_link_get_flags(rtnl_link *link)'),
+  rtnl_link_set_flags: libroute.func('void rtnl_link_set_flags(rtnl_link *link, unsigned int flags)'),
+  rtnl_link_unset_flags: libroute.func('void rtnl_link_unset_flags(rtnl_link *link, unsigned int flags)'),
+  rtnl_link_get_mtu: libroute.func('unsigned int rtnl_link_get_mtu(rtnl_link *link)'),
+  rtnl_link_set_mtu: libroute.func('void rtnl_link_set_mtu(rtnl_link *link, unsigned int mtu)'),
+  rtnl_link_get_txqlen: libroute.func('unsigned int rtnl_link_get_txqlen(rtnl_link *link)'),
+  rtnl_link_set_txqlen: libroute.func('void rtnl_link_set_txqlen(rtnl_link *link, unsigned int txqlen)'),
+  rtnl_link_get_master: libroute.func('int rtnl_link_get_master(rtnl_link *link)'),
+  // NULL (-> null) when the link has no IFLA_INFO_KIND (physical NICs, loopback).
+  rtnl_link_get_type: libroute.func('const char *rtnl_link_get_type(rtnl_link *link)'),
+
+  // addr.h — rtnl_addr_alloc gives the caller a reference: rtnl_addr_put.
+  rtnl_addr_alloc: libroute.func('rtnl_addr *rtnl_addr_alloc(void)'),
+  rtnl_addr_put: libroute.func('void rtnl_addr_put(rtnl_addr *addr)'),
+  rtnl_addr_alloc_cache: libroute.func('int rtnl_addr_alloc_cache(nl_sock *sk, _Out_ nl_cache **result)'),
+  rtnl_addr_delete: libroute.func('int rtnl_addr_delete(nl_sock *sk, rtnl_addr *addr, int flags)'),
+  rtnl_addr_set_ifindex: libroute.func('void rtnl_addr_set_ifindex(rtnl_addr *addr, int ifindex)'),
+  rtnl_addr_get_ifindex: libroute.func('int rtnl_addr_get_ifindex(rtnl_addr *addr)'),
+  rtnl_addr_set_family: libroute.func('void rtnl_addr_set_family(rtnl_addr *addr, int family)'),
+  rtnl_addr_get_family: libroute.func('int rtnl_addr_get_family(rtnl_addr *addr)'),
+  rtnl_addr_set_prefixlen: libroute.func('void rtnl_addr_set_prefixlen(rtnl_addr *addr, int prefixlen)'),
+  rtnl_addr_get_prefixlen: libroute.func('int rtnl_addr_get_prefixlen(rtnl_addr *addr)'),
+  rtnl_addr_get_scope: libroute.func('int rtnl_addr_get_scope(rtnl_addr *addr)'),
+  // set_local takes its own reference on the nl_addr; the caller still puts its own.
+  rtnl_addr_set_local: libroute.func('int rtnl_addr_set_local(rtnl_addr *addr, nl_addr *local)'),
+  // Borrowed from the rtnl_addr: never nl_addr_put it.
+  rtnl_addr_get_local: libroute.func('nl_addr *rtnl_addr_get_local(rtnl_addr *addr)'),
+};
+
+/** libc: entering a network namespace without exec'ing anything. Return -1 and set errno (koffi.errno()). */
+export const libcNs = {
+  open: libc.func('int open(const char *path, int flags, ...)'),
+  close: libc.func('int close(int fd)'),
+  setns: libc.func('int setns(int fd, int nstype)'),
+};
+
+/** errno of the last libc call on this thread. */
+export function lastErrno(): number {
+  return koffi.errno();
+}

@@ -1,0 +1,158 @@
+/**
+ * The result cache, in libcni's layout and format so the two can read each other's entries:
+ * one file per attachment at `<cacheDir>/results/<networkName>-<containerId>-<ifName>`, holding
+ * a `cniCacheV1` entry (config bytes in base64, runtime args, the result in the config's
+ * version). Written atomically (temporary file in the same directory, then rename); not
+ * fsync'ed, as libcni does not either: an entry survives process crashes, not power loss.
+ *
+ * The file operations are synchronous on purpose: entries are a few hundred bytes in a local
+ * directory, so each syscall takes microseconds, while a round trip through libuv's thread pool
+ * per step (open, write, close, rename, …) cost about 1 ms per ADD+DEL on the hot path. The
+ * methods stay async so the storage can change without touching callers.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ConfigError } from '../errors.js';
+import { CacheError } from './errors.js';
+import type { CacheEntry, WireResult } from './types.js';
+
+const NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.-]*$/;
+
+/** libcni's ValidateContainerID: the ID becomes part of a file name. */
+export function validateContainerId(id: string): void {
+  if (!NAME_RE.test(id)) throw new ConfigError(`invalid container ID ${JSON.stringify(id)}: must match ${NAME_RE.source}`);
+}
+
+/** libcni's ValidateNetworkName. */
+export function validateNetworkName(name: string): void {
+  if (!NAME_RE.test(name)) throw new ConfigError(`invalid network name ${JSON.stringify(name)}: must match ${NAME_RE.source}`);
+}
+
+/** libcni's ValidateInterfaceName: what the kernel accepts as a link name. */
+export function validateInterfaceName(name: string): void {
+  if (name === '' || name.length > 15 || name === '.' || name === '..' || /[/:\s]/.test(name)) {
+    throw new ConfigError(`invalid interface name ${JSON.stringify(name)}: 1-15 characters, no '/', ':' or whitespace, not . or ..`);
+  }
+}
+
+/** The key of one attachment. */
+export interface AttachmentKey {
+  networkName: string;
+  containerId: string;
+  ifName: string;
+}
+
+function isErrno(err: unknown, code: string): boolean {
+  return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === code;
+}
+
+function isObj(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+let tmpCounter = 0;
+
+export class ResultCache {
+  readonly resultsDir: string;
+
+  constructor(readonly cacheDir: string) {
+    this.resultsDir = join(cacheDir, 'results');
+  }
+
+  /** The entry's file; validates the key parts, which become a file name. */
+  path(key: AttachmentKey): string {
+    validateNetworkName(key.networkName);
+    validateContainerId(key.containerId);
+    validateInterfaceName(key.ifName);
+    return join(this.resultsDir, `${key.networkName}-${key.containerId}-${key.ifName}`);
+  }
+
+  /**
+   * The entry for the attachment, or undefined when there is none.
+   * @throws CacheError when the file exists but is unreadable or not a cniCacheV1 entry
+   */
+  async read(key: AttachmentKey): Promise<CacheEntry | undefined> {
+    const path = this.path(key);
+    let text: string;
+    try {
+      text = readFileSync(path, 'utf8');
+    } catch (err) {
+      if (isErrno(err, 'ENOENT')) return undefined;
+      throw new CacheError(path, 'cannot read', { cause: err });
+    }
+    let v: unknown;
+    try {
+      v = JSON.parse(text);
+    } catch (err) {
+      throw new CacheError(path, 'not JSON', { cause: err });
+    }
+    if (!isObj(v) || v.kind !== 'cniCacheV1') throw new CacheError(path, 'not a cniCacheV1 entry');
+    for (const k of ['containerId', 'ifName', 'networkName', 'config'] as const) {
+      if (typeof v[k] !== 'string') throw new CacheError(path, `${k} must be a string`);
+    }
+    if (v.result !== undefined && !isObj(v.result)) throw new CacheError(path, 'result must be an object');
+    if (v.cniArgs !== undefined && !(Array.isArray(v.cniArgs) && v.cniArgs.every((p) => Array.isArray(p) && p.length === 2 && p.every((s) => typeof s === 'string')))) {
+      throw new CacheError(path, 'cniArgs must be a list of [key, value] strings');
+    }
+    if (v.capabilityArgs !== undefined && !isObj(v.capabilityArgs)) throw new CacheError(path, 'capabilityArgs must be an object');
+    return v as unknown as CacheEntry;
+  }
+
+  /** Writes (or replaces) the entry atomically: readers see the old entry or the new one, never a partial file. */
+  async write(entry: CacheEntry): Promise<void> {
+    const path = this.path(entry);
+    const data = JSON.stringify(entry);
+    const tmp = join(this.resultsDir, `.${entry.networkName}-${entry.containerId}-${entry.ifName}.${process.pid}.${++tmpCounter}.${randomBytes(3).toString('hex')}.tmp`);
+    try {
+      try {
+        writeFileSync(tmp, data, { mode: 0o600 });
+      } catch (err) {
+        if (!isErrno(err, 'ENOENT')) throw err;
+        mkdirSync(this.resultsDir, { recursive: true, mode: 0o700 });
+        writeFileSync(tmp, data, { mode: 0o600 });
+      }
+      renameSync(tmp, path);
+    } catch (err) {
+      try {
+        unlinkSync(tmp);
+      } catch {
+        // never written
+      }
+      throw new CacheError(path, 'cannot write', { cause: err });
+    }
+  }
+
+  /** Removes the entry; a missing one is success. */
+  async delete(key: AttachmentKey): Promise<void> {
+    const path = this.path(key);
+    try {
+      unlinkSync(path);
+    } catch (err) {
+      if (isErrno(err, 'ENOENT')) return;
+      throw new CacheError(path, 'cannot delete', { cause: err });
+    }
+  }
+}
+
+/** Builds an entry; `configBytes` are the exact bytes of the network config (single or list). */
+export function makeCacheEntry(
+  key: AttachmentKey,
+  configBytes: Uint8Array | string,
+  rt: { netns: string; args?: [string, string][] | undefined; capabilityArgs?: Record<string, unknown> | undefined },
+  result: WireResult | undefined,
+): CacheEntry {
+  const entry: CacheEntry = {
+    kind: 'cniCacheV1',
+    containerId: key.containerId,
+    config: Buffer.from(configBytes).toString('base64'),
+    ifName: key.ifName,
+    networkName: key.networkName,
+  };
+  // Optional keys are omitted when empty, as libcni's omitempty does.
+  if (rt.netns) entry.netns = rt.netns;
+  if (rt.args && rt.args.length > 0) entry.cniArgs = rt.args.map(([k, v]) => [k, v]);
+  if (rt.capabilityArgs && Object.keys(rt.capabilityArgs).length > 0) entry.capabilityArgs = rt.capabilityArgs;
+  if (result) entry.result = result;
+  return entry;
+}

@@ -1,0 +1,58 @@
+/**
+ * Error classes of kubenet-ts. Classify failures by class or errno, never by message text.
+ */
+export class KubenetError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** Bad input: a malformed CIDR, an unknown option, an invalid annotation. */
+export class ConfigError extends KubenetError {}
+
+/** The plugin is not ready for the operation (no pod CIDR yet, CNI binaries missing). */
+export class NotReadyError extends KubenetError {}
+
+/** A netlink call failed; `errno` is the positive Linux errno (e.g. 17 for EEXIST). */
+export class NetlinkError extends KubenetError {
+  readonly errno: number;
+  readonly op: string;
+  constructor(op: string, errno: number, message: string, options?: { cause?: unknown }) {
+    super(`${op}: ${message} (errno ${errno})`, options);
+    this.errno = errno;
+    this.op = op;
+  }
+}
+
+/** A CNI plugin binary failed, returned a CNI error object, or could not be run. */
+export class CniPluginError extends KubenetError {
+  readonly plugin: string;
+  readonly command: string;
+  /** CNI error code (spec: 1-99 well-known, 100+ plugin-specific); undefined when the plugin gave none. */
+  readonly code: number | undefined;
+  readonly details: string | undefined;
+  readonly stderr: string;
+  constructor(
+    init: { plugin: string; command: string; code?: number | undefined; msg: string; details?: string | undefined; stderr?: string },
+    options?: { cause?: unknown },
+  ) {
+    const codePart = init.code === undefined ? '' : ` (CNI code ${init.code})`;
+    const detailPart = init.details ? `: ${init.details}` : '';
+    super(`CNI plugin ${init.plugin} ${init.command} failed${codePart}: ${init.msg}${detailPart}`, options);
+    this.plugin = init.plugin;
+    this.command = init.command;
+    this.code = init.code;
+    this.details = init.details;
+    this.stderr = init.stderr ?? '';
+  }
+}
+
+/** Several independent steps failed (teardown runs every step and reports all failures). */
+export class AggregateKubenetError extends KubenetError {
+  readonly errors: unknown[];
+  constructor(message: string, errors: unknown[]) {
+    super(`${message}: ${errors.map((e) => (e instanceof Error ? e.message : String(e))).join('; ')}`, { cause: errors[0] });
+    this.errors = errors;
+  }
+}

@@ -1,0 +1,563 @@
+/**
+ * Typed netlink API over libnl-route (native/libnl.ts), named after iproute2.
+ *
+ * Every function is synchronous: one koffi call is a few µs and a netlink round trip a few tens, so
+ * there is nothing to gain from the thread pool and a lot to lose (netns switching must never span an
+ * await). One NETLINK_ROUTE socket serves the process's own namespace; it is opened on first use and
+ * reused. Sockets into other namespaces are opened per call and freed before returning.
+ *
+ * Errors are NetlinkError with a positive Linux errno; libnl's NLE_* codes are translated by an
+ * explicit table (libnl loses the kernel errno, so the table is the single place that decides).
+ * Kernel operations are idempotent where the contract says so: deleting what is absent succeeds.
+ */
+import { getSystemErrorName } from 'node:util';
+import { isIP } from 'node:net';
+import { writeSync } from 'node:fs';
+import {
+  AF_INET,
+  AF_INET6,
+  AF_UNSPEC,
+  CLONE_NEWNET,
+  IFF_LOOPBACK,
+  IFF_POINTOPOINT,
+  IFF_PROMISC,
+  IFF_UP,
+  lastErrno,
+  libcNs,
+  NETLINK_ROUTE,
+  nl,
+  O_CLOEXEC,
+  O_RDONLY,
+  route,
+  type Out,
+  type Ptr,
+} from '../../native/libnl.js';
+import { ConfigError, NetlinkError } from '../errors.js';
+
+export interface LinkInfo {
+  name: string;
+  index: number;
+  mtu: number;
+  txQLen: number;
+  /** ifi_flags as the kernel reports them (IFF_*). */
+  flags: number;
+  /** Administratively up (IFF_UP). */
+  up: boolean;
+  /** Promiscuous mode set by a user (`ip link set promisc on`), not the bridge-port refcount. */
+  promisc: boolean;
+  loopback: boolean;
+  pointToPoint: boolean;
+  /** ifindex of the master (bridge, bond), 0 if none. */
+  master: number;
+  /** IFLA_INFO_KIND ('bridge', 'veth', ...); undefined for links without one (physical NICs, lo). */
+  type: string | undefined;
+}
+
+export interface AddrInfo {
+  family: 4 | 6;
+  ip: string;
+  prefixLen: number;
+  /** "10.1.2.3/24": the address with its prefix length, host bits kept. */
+  cidr: string;
+  /** rtm scope: 0 universe/global, 200 site, 253 link, 254 host. */
+  scope: number;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors: libnl NLE_* (netlink/errno.h) → Linux errno.
+
+/** netlink/errno.h */
+export const NLE = {
+  FAILURE: 1,
+  INTR: 2,
+  BAD_SOCK: 3,
+  AGAIN: 4,
+  NOMEM: 5,
+  EXIST: 6,
+  INVAL: 7,
+  RANGE: 8,
+  MSGSIZE: 9,
+  OPNOTSUPP: 10,
+  AF_NOSUPPORT: 11,
+  OBJ_NOTFOUND: 12,
+  NOATTR: 13,
+  MISSING_ATTR: 14,
+  AF_MISMATCH: 15,
+  SEQ_MISMATCH: 16,
+  MSG_OVERFLOW: 17,
+  MSG_TRUNC: 18,
+  NOADDR: 19,
+  SRCRT_NOSUPPORT: 20,
+  MSG_TOOSHORT: 21,
+  MSGTYPE_NOSUPPORT: 22,
+  OBJ_MISMATCH: 23,
+  NOCACHE: 24,
+  BUSY: 25,
+  PROTO_MISMATCH: 26,
+  NOACCESS: 27,
+  PERM: 28,
+  PKTLOC_FILE: 29,
+  PARSE_ERR: 30,
+  NODEV: 31,
+  IMMUTABLE: 32,
+  DUMP_INTR: 33,
+  ATTRSIZE: 34,
+} as const;
+
+/** Linux errno values (asm-generic/errno*.h) used below. */
+const E = {
+  EPERM: 1,
+  ENOENT: 2,
+  EINTR: 4,
+  EIO: 5,
+  EBADF: 9,
+  EAGAIN: 11,
+  ENOMEM: 12,
+  EACCES: 13,
+  EBUSY: 16,
+  EEXIST: 17,
+  ENODEV: 19,
+  EINVAL: 22,
+  ERANGE: 34,
+  ENODATA: 61,
+  EPROTO: 71,
+  EOVERFLOW: 75,
+  EMSGSIZE: 90,
+  EPROTONOSUPPORT: 93,
+  EOPNOTSUPP: 95,
+  EAFNOSUPPORT: 97,
+  EADDRNOTAVAIL: 99,
+} as const;
+
+/**
+ * NLE code → errno. OBJ_NOTFOUND is absent on purpose: libnl produces it both for kernel ENOENT/ESRCH
+ * and for "the kernel answered with nothing", so each operation says what absence means for it
+ * (ENODEV for a link, ENOENT for an address or a namespace). NLE_FAILURE is what libnl makes of kernel
+ * errnos it has no code for, so the original errno is lost: it becomes EIO.
+ */
+const NLE_ERRNO: Readonly<Record<number, number>> = {
+  [NLE.FAILURE]: E.EIO,
+  [NLE.INTR]: E.EINTR,
+  [NLE.BAD_SOCK]: E.EBADF,
+  [NLE.AGAIN]: E.EAGAIN,
+  [NLE.NOMEM]: E.ENOMEM,
+  [NLE.EXIST]: E.EEXIST,
+  [NLE.INVAL]: E.EINVAL,
+  [NLE.RANGE]: E.ERANGE,
+  [NLE.MSGSIZE]: E.EMSGSIZE,
+  [NLE.OPNOTSUPP]: E.EOPNOTSUPP,
+  [NLE.AF_NOSUPPORT]: E.EAFNOSUPPORT,
+  [NLE.NOATTR]: E.ENODATA,
+  [NLE.MISSING_ATTR]: E.EINVAL,
+  [NLE.AF_MISMATCH]: E.EINVAL,
+  [NLE.SEQ_MISMATCH]: E.EPROTO,
+  [NLE.MSG_OVERFLOW]: E.EOVERFLOW,
+  [NLE.MSG_TRUNC]: E.EMSGSIZE,
+  [NLE.NOADDR]: E.EADDRNOTAVAIL,
+  [NLE.SRCRT_NOSUPPORT]: E.EOPNOTSUPP,
+  [NLE.MSG_TOOSHORT]: E.EPROTO,
+  [NLE.MSGTYPE_NOSUPPORT]: E.EOPNOTSUPP,
+  [NLE.OBJ_MISMATCH]: E.EINVAL,
+  [NLE.NOCACHE]: E.EINVAL,
+  [NLE.BUSY]: E.EBUSY,
+  [NLE.PROTO_MISMATCH]: E.EPROTONOSUPPORT,
+  [NLE.NOACCESS]: E.EACCES,
+  [NLE.PERM]: E.EPERM,
+  [NLE.PKTLOC_FILE]: E.ENOENT,
+  [NLE.PARSE_ERR]: E.EINVAL,
+  [NLE.NODEV]: E.ENODEV,
+  [NLE.IMMUTABLE]: E.EINVAL,
+  [NLE.DUMP_INTR]: E.EINTR,
+  [NLE.ATTRSIZE]: E.EINVAL,
+};
+
+/** The positive errno for a libnl return code (negative or positive NLE_*). */
+export function nleToErrno(rc: number, notFound: number = E.ENODEV): number {
+  const nle = Math.abs(rc);
+  if (nle === NLE.OBJ_NOTFOUND) return notFound;
+  return NLE_ERRNO[nle] ?? E.EIO;
+}
+
+/**
+ * Codes that are the kernel's answer about objects and leave the socket in a clean state. Anything
+ * else (sequence mismatch, truncation, overrun, bad socket...) may leave unread messages behind, so
+ * the host socket is dropped and reopened on next use.
+ */
+const CLEAN_NLE = new Set<number>([
+  NLE.EXIST,
+  NLE.INVAL,
+  NLE.RANGE,
+  NLE.OPNOTSUPP,
+  NLE.AF_NOSUPPORT,
+  NLE.OBJ_NOTFOUND,
+  NLE.NOADDR,
+  NLE.BUSY,
+  NLE.NOACCESS,
+  NLE.PERM,
+  NLE.NODEV,
+]);
+
+function nlError(op: string, rc: number, notFound: number = E.ENODEV): NetlinkError {
+  const nle = Math.abs(rc);
+  return new NetlinkError(op, nleToErrno(rc, notFound), `${nl.nl_geterror(nle) as string} (libnl NLE ${nle})`);
+}
+
+function sysError(op: string, errno: number, what: string): NetlinkError {
+  let name = `errno ${errno}`;
+  try {
+    name = getSystemErrorName(-errno);
+  } catch {
+    // unknown errno: keep the number
+  }
+  return new NetlinkError(op, errno, `${what}: ${name}`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sockets.
+
+/** Host-namespace socket, opened lazily, reused by every call on this thread's module instance. */
+let hostSock: Ptr | null = null;
+
+function connectSocket(op: string): Ptr {
+  const sk = nl.nl_socket_alloc() as Ptr;
+  if (!sk) throw new NetlinkError(op, E.ENOMEM, 'nl_socket_alloc failed');
+  const rc = nl.nl_connect(sk, NETLINK_ROUTE) as number;
+  if (rc < 0) {
+    nl.nl_socket_free(sk);
+    throw nlError(op, rc);
+  }
+  return sk;
+}
+
+function hostSocket(op: string): Ptr {
+  if (hostSock === null) hostSock = connectSocket(op);
+  return hostSock;
+}
+
+/** Drops a host socket whose state is unknown after an error; the next call reopens one. */
+function afterError(sk: Ptr, rc: number): void {
+  if (sk === hostSock && !CLEAN_NLE.has(Math.abs(rc))) {
+    hostSock = null;
+    nl.nl_socket_free(sk);
+  }
+}
+
+/** Throws a NetlinkError for a negative libnl return code, recycling the host socket when needed. */
+function check(sk: Ptr, op: string, rc: number, notFound: number = E.ENODEV): void {
+  if (rc >= 0) return;
+  afterError(sk, rc);
+  throw nlError(op, rc, notFound);
+}
+
+/**
+ * Opens a NETLINK_ROUTE socket inside the network namespace at `netnsPath`. The calling thread enters
+ * the namespace only for nl_socket_alloc + nl_connect, synchronously, and returns before this function
+ * does; if it cannot return, the process aborts (a thread left in a pod namespace would silently
+ * configure the wrong network from then on). The caller frees the socket with nl_socket_free.
+ */
+function socketInNetns(op: string, netnsPath: string): Ptr {
+  const flags = O_RDONLY | O_CLOEXEC;
+  const target = libcNs.open(netnsPath, flags) as number;
+  if (target < 0) throw sysError(op, lastErrno(), `open ${netnsPath}`);
+  let self = -1;
+  try {
+    self = libcNs.open('/proc/thread-self/ns/net', flags) as number;
+    if (self < 0) throw sysError(op, lastErrno(), 'open /proc/thread-self/ns/net');
+    if ((libcNs.setns(target, CLONE_NEWNET) as number) < 0) {
+      // Still in our own namespace (EINVAL: not a network namespace file).
+      throw sysError(op, lastErrno(), `setns ${netnsPath}`);
+    }
+    try {
+      return connectSocket(op);
+    } finally {
+      if ((libcNs.setns(self, CLONE_NEWNET) as number) < 0) {
+        const errno = lastErrno();
+        writeSync(2, `kubenet netlink: FATAL: cannot return from network namespace ${netnsPath} (errno ${errno}); aborting\n`);
+        process.abort();
+      }
+    }
+  } finally {
+    if (self >= 0) libcNs.close(self);
+    libcNs.close(target);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsing (pure).
+
+/** The kernel's dev_valid_name: 1-15 bytes, not "." or "..", no '/', ':' or whitespace. */
+function checkIfname(op: string, name: string): void {
+  if (
+    typeof name !== 'string' ||
+    name.length === 0 ||
+    Buffer.byteLength(name) > 15 ||
+    name === '.' ||
+    name === '..' ||
+    /[/:\s\0]/.test(name)
+  ) {
+    throw new ConfigError(`${op}: invalid interface name ${JSON.stringify(name)}`);
+  }
+}
+
+function afOf(op: string, family: 4 | 6 | undefined): number {
+  if (family === undefined) return AF_UNSPEC;
+  if (family === 4) return AF_INET;
+  if (family === 6) return AF_INET6;
+  throw new ConfigError(`${op}: family must be 4 or 6, got ${JSON.stringify(family)}`);
+}
+
+function parseAddrCidr(op: string, cidr: string): { family: 4 | 6; ip: string; prefixLen: number } {
+  const m = typeof cidr === 'string' ? /^([^/\s]+)\/(\d{1,3})$/.exec(cidr) : null;
+  const ip = m?.[1] ?? '';
+  const family = isIP(ip);
+  const prefixLen = Number(m?.[2]);
+  if (!m || (family !== 4 && family !== 6) || prefixLen > (family === 4 ? 32 : 128)) {
+    throw new ConfigError(`${op}: invalid address ${JSON.stringify(cidr)} (want "10.1.2.3/24" or "fd00::1/64")`);
+  }
+  return { family, ip, prefixLen };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Object conversion.
+
+function toLinkInfo(link: Ptr): LinkInfo {
+  const flags = route.rtnl_link_get_flags(link) as number;
+  const type = route.rtnl_link_get_type(link) as string | null;
+  return {
+    name: route.rtnl_link_get_name(link) as string,
+    index: route.rtnl_link_get_ifindex(link) as number,
+    mtu: route.rtnl_link_get_mtu(link) as number,
+    txQLen: route.rtnl_link_get_txqlen(link) as number,
+    flags,
+    up: (flags & IFF_UP) !== 0,
+    promisc: (flags & IFF_PROMISC) !== 0,
+    loopback: (flags & IFF_LOOPBACK) !== 0,
+    pointToPoint: (flags & IFF_POINTOPOINT) !== 0,
+    master: route.rtnl_link_get_master(link) as number,
+    type: type ?? undefined,
+  };
+}
+
+const addrBuf = Buffer.alloc(128);
+
+function toAddrInfo(addr: Ptr): AddrInfo | undefined {
+  const af = route.rtnl_addr_get_family(addr) as number;
+  if (af !== AF_INET && af !== AF_INET6) return undefined;
+  const local = route.rtnl_addr_get_local(addr) as Ptr; // borrowed
+  if (!local) return undefined;
+  // nl_addr2str appends "/len" unless the prefix is full; the prefix comes from the rtnl_addr.
+  const text = nl.nl_addr2str(local, addrBuf, addrBuf.length) as string;
+  const ip = text.split('/')[0] ?? text;
+  const prefixLen = route.rtnl_addr_get_prefixlen(addr) as number;
+  return { family: af === AF_INET ? 4 : 6, ip, prefixLen, cidr: `${ip}/${prefixLen}`, scope: route.rtnl_addr_get_scope(addr) as number };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Primitives on a given socket.
+
+/** rtnl_link_get_kernel; the caller owns the result (rtnl_link_put). Absence → ENODEV. */
+function getLink(sk: Ptr, op: string, name: string): Ptr {
+  const out: Out = [null];
+  check(sk, op, route.rtnl_link_get_kernel(sk, 0, name, out) as number, E.ENODEV);
+  if (!out[0]) throw new NetlinkError(op, E.ENODEV, 'Object not found');
+  return out[0];
+}
+
+/** Dumps into a cache, retrying a dump the kernel flagged as interrupted (NLM_F_DUMP_INTR). */
+function dumpCache(sk: Ptr, op: string, fill: (out: Out) => number): Ptr {
+  for (let attempt = 1; ; attempt++) {
+    const out: Out = [null];
+    const rc = fill(out);
+    if (rc >= 0 && out[0]) return out[0];
+    if (rc >= 0) throw new NetlinkError(op, E.EIO, 'libnl returned no cache');
+    if (Math.abs(rc) === NLE.DUMP_INTR && attempt < 5) continue;
+    check(sk, op, rc, E.ENOENT);
+  }
+}
+
+function linkIndex(sk: Ptr, op: string, name: string): number {
+  const link = getLink(sk, op, name);
+  try {
+    return route.rtnl_link_get_ifindex(link) as number;
+  } finally {
+    route.rtnl_link_put(link);
+  }
+}
+
+function addrListOn(sk: Ptr, op: string, ifname: string, family: 4 | 6 | undefined): AddrInfo[] {
+  checkIfname(op, ifname);
+  const af = afOf(op, family);
+  const ifindex = linkIndex(sk, op, ifname);
+  const cache = dumpCache(sk, op, (out) => route.rtnl_addr_alloc_cache(sk, out) as number);
+  try {
+    const result: AddrInfo[] = [];
+    for (let a = nl.addr_cache_first(cache) as Ptr; a; a = nl.addr_cache_next(a) as Ptr) {
+      if ((route.rtnl_addr_get_ifindex(a) as number) !== ifindex) continue;
+      if (af !== AF_UNSPEC && (route.rtnl_addr_get_family(a) as number) !== af) continue;
+      const info = toAddrInfo(a);
+      if (info) result.push(info);
+    }
+    return result;
+  } finally {
+    nl.nl_cache_free(cache);
+  }
+}
+
+/**
+ * Applies a change built on a fresh rtnl_link to the named link, unless `already` says the link is
+ * in the wanted state (no request, no netlink event).
+ */
+function changeLink(op: string, name: string, already: (cur: LinkInfo) => boolean, build: (change: Ptr) => void): void {
+  checkIfname(op, name);
+  const sk = hostSocket(op);
+  const orig = getLink(sk, op, name);
+  try {
+    if (already(toLinkInfo(orig))) return;
+    const change = route.rtnl_link_alloc() as Ptr;
+    if (!change) throw new NetlinkError(op, E.ENOMEM, 'rtnl_link_alloc failed');
+    try {
+      build(change);
+      check(sk, op, route.rtnl_link_change(sk, orig, change, 0) as number, E.ENODEV);
+    } finally {
+      route.rtnl_link_put(change);
+    }
+  } finally {
+    route.rtnl_link_put(orig);
+  }
+}
+
+function checkUint(op: string, what: string, v: number, max: number): void {
+  if (!Number.isInteger(v) || v < 0 || v > max) throw new ConfigError(`${op}: invalid ${what} ${JSON.stringify(v)}`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public API.
+
+/** `ip link show NAME`. Throws NetlinkError errno 19 (ENODEV) when there is no such link. */
+export function linkByName(name: string): LinkInfo {
+  const op = `linkByName ${name}`;
+  checkIfname(op, name);
+  const link = getLink(hostSocket(op), op, name);
+  try {
+    return toLinkInfo(link);
+  } finally {
+    route.rtnl_link_put(link);
+  }
+}
+
+/** `ip link show`: every link of this network namespace, in kernel (ifindex) order. */
+export function linkList(): LinkInfo[] {
+  const op = 'linkList';
+  const sk = hostSocket(op);
+  const cache = dumpCache(sk, op, (out) => route.rtnl_link_alloc_cache(sk, AF_UNSPEC, out) as number);
+  try {
+    const result: LinkInfo[] = [];
+    for (let l = nl.link_cache_first(cache) as Ptr; l; l = nl.link_cache_next(l) as Ptr) result.push(toLinkInfo(l));
+    return result;
+  } finally {
+    nl.nl_cache_free(cache);
+  }
+}
+
+/** `ip link set NAME mtu MTU`. The kernel refuses an MTU outside the device's range with EINVAL. */
+export function linkSetMtu(name: string, mtu: number): void {
+  const op = `linkSetMtu ${name} ${mtu}`;
+  checkUint(op, 'MTU', mtu, 0xffffffff);
+  changeLink(op, name, (cur) => cur.mtu === mtu, (c) => route.rtnl_link_set_mtu(c, mtu));
+}
+
+/** `ip link set NAME txqueuelen QLEN`. */
+export function linkSetTxQLen(name: string, qlen: number): void {
+  const op = `linkSetTxQLen ${name} ${qlen}`;
+  checkUint(op, 'txqueuelen', qlen, 0xffffffff);
+  changeLink(op, name, (cur) => cur.txQLen === qlen, (c) => route.rtnl_link_set_txqlen(c, qlen));
+}
+
+/** `ip link set NAME promisc on`. */
+export function setPromiscOn(name: string): void {
+  changeLink(`setPromiscOn ${name}`, name, (cur) => cur.promisc, (c) => route.rtnl_link_set_flags(c, IFF_PROMISC));
+}
+
+/** `ip link set NAME promisc off`. */
+export function setPromiscOff(name: string): void {
+  changeLink(`setPromiscOff ${name}`, name, (cur) => !cur.promisc, (c) => route.rtnl_link_unset_flags(c, IFF_PROMISC));
+}
+
+/** `ip addr show dev NAME [-4|-6]`, in kernel order (IPv4 first). Missing link → ENODEV. */
+export function addrList(name: string, family?: 4 | 6): AddrInfo[] {
+  const op = `addrList ${name}`;
+  return addrListOn(hostSocket(op), op, name, family);
+}
+
+/**
+ * `ip addr del CIDR dev NAME`. Idempotent: an absent address or an absent link is success.
+ * The prefix length is part of the match, as in the kernel: "10.1.2.3/16" does not remove 10.1.2.3/24.
+ */
+export function addrDel(name: string, cidr: string): void {
+  const op = `addrDel ${name} ${cidr}`;
+  checkIfname(op, name);
+  const parsed = parseAddrCidr(op, cidr);
+  const sk = hostSocket(op);
+  let ifindex: number;
+  try {
+    ifindex = linkIndex(sk, op, name);
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === E.ENODEV) return;
+    throw err;
+  }
+  const outAddr: Out = [null];
+  const prc = nl.nl_addr_parse(`${parsed.ip}/${parsed.prefixLen}`, parsed.family === 4 ? AF_INET : AF_INET6, outAddr) as number;
+  if (prc < 0 || !outAddr[0]) throw nlError(op, prc < 0 ? prc : -NLE.PARSE_ERR);
+  const local = outAddr[0];
+  try {
+    const addr = route.rtnl_addr_alloc() as Ptr;
+    if (!addr) throw new NetlinkError(op, E.ENOMEM, 'rtnl_addr_alloc failed');
+    try {
+      route.rtnl_addr_set_ifindex(addr, ifindex);
+      route.rtnl_addr_set_family(addr, parsed.family === 4 ? AF_INET : AF_INET6);
+      const src = route.rtnl_addr_set_local(addr, local) as number;
+      if (src < 0) throw nlError(op, src);
+      route.rtnl_addr_set_prefixlen(addr, parsed.prefixLen);
+      const rc = route.rtnl_addr_delete(sk, addr, 0) as number;
+      if (rc >= 0) return;
+      const nle = Math.abs(rc);
+      // EADDRNOTAVAIL (no such address), ENOENT/ESRCH, ENODEV (link gone meanwhile): already absent.
+      if (nle === NLE.NOADDR || nle === NLE.OBJ_NOTFOUND || nle === NLE.NODEV) return;
+      check(sk, op, rc, E.ENOENT);
+    } finally {
+      route.rtnl_addr_put(addr);
+    }
+  } finally {
+    nl.nl_addr_put(local);
+  }
+}
+
+/**
+ * The smallest MTU among links that are administratively up and neither loopback nor point-to-point
+ * (kubenet's detection of the pod MTU); undefined when there is no such link.
+ */
+export function minHostMtu(): number | undefined {
+  let min: number | undefined;
+  for (const l of linkList()) {
+    if (!l.up || l.loopback || l.pointToPoint) continue;
+    if (min === undefined || l.mtu < min) min = l.mtu;
+  }
+  return min;
+}
+
+/**
+ * `ip -n NS addr show dev IFNAME`: addresses of a link inside the network namespace mounted at
+ * `netnsPath` (e.g. /var/run/netns/x or /proc/PID/ns/net). Missing path → errno 2 (ENOENT); a path
+ * that is not a network namespace → errno 22 (EINVAL); missing link → errno 19 (ENODEV).
+ */
+export function netnsAddrList(netnsPath: string, ifname: string, family?: 4 | 6): AddrInfo[] {
+  const op = `netnsAddrList ${netnsPath} ${ifname}`;
+  checkIfname(op, ifname);
+  afOf(op, family);
+  const sk = socketInNetns(op, netnsPath);
+  try {
+    return addrListOn(sk, op, ifname, family);
+  } finally {
+    nl.nl_socket_free(sk);
+  }
+}

@@ -1,0 +1,77 @@
+import { execa } from 'execa';
+import { readFile, writeFile } from 'node:fs/promises';
+import { KubenetError } from '../errors.js';
+import type { Logger } from '../log.js';
+
+export const MASQUERADE_COMMENT = 'kubenet-ts: SNAT for outbound traffic from cluster';
+
+/** The nat POSTROUTING rule kubenet keeps itself (the bridge config has ipMasq: false). */
+export function masqueradeRule(nonMasqueradeCIDR: string): string[] {
+  return [
+    '-m', 'comment', '--comment', MASQUERADE_COMMENT,
+    '-m', 'addrtype', '!', '--dst-type', 'LOCAL',
+    '!', '-d', nonMasqueradeCIDR,
+    '-j', 'MASQUERADE',
+  ];
+}
+
+/**
+ * Ensures the masquerade rule exists exactly once (check, then append). Skipped for 0.0.0.0/0,
+ * where nothing leaves the non-masquerade range. Returns whether a rule was added.
+ */
+export async function ensureMasquerade(nonMasqueradeCIDR: string, log: Logger): Promise<boolean> {
+  if (nonMasqueradeCIDR === '0.0.0.0/0') {
+    log.info('nonMasqueradeCIDR is 0.0.0.0/0: no masquerade rule');
+    return false;
+  }
+  const rule = masqueradeRule(nonMasqueradeCIDR);
+  const check = await execa('iptables', ['-w', '5', '-t', 'nat', '-C', 'POSTROUTING', ...rule], { reject: false });
+  if (check.exitCode === 0) return false;
+  // Exit 1 means "no such rule"; anything else (2: bad table/target, 4: resource problem) is a real failure.
+  if (check.exitCode !== 1) {
+    throw new KubenetError(`iptables -C POSTROUTING failed (exit ${check.exitCode}): ${check.stderr.trim()}`);
+  }
+  const add = await execa('iptables', ['-w', '5', '-t', 'nat', '-A', 'POSTROUTING', ...rule], { reject: false });
+  if (add.exitCode !== 0) {
+    throw new KubenetError(`iptables -A POSTROUTING failed (exit ${add.exitCode}): ${add.stderr.trim()}`);
+  }
+  log.info({ nonMasqueradeCIDR }, 'added masquerade rule to nat POSTROUTING');
+  return true;
+}
+
+/** Deletes every copy of the masquerade rule (used by tests and uninstall). Missing = success. */
+export async function removeMasquerade(nonMasqueradeCIDR: string): Promise<void> {
+  const rule = masqueradeRule(nonMasqueradeCIDR);
+  for (;;) {
+    const del = await execa('iptables', ['-w', '5', '-t', 'nat', '-D', 'POSTROUTING', ...rule], { reject: false });
+    if (del.exitCode !== 0) return;
+  }
+}
+
+/**
+ * Makes bridged traffic visible to iptables (br_netfilter, net.bridge.bridge-nf-call-iptables=1),
+ * best effort as kubenet did: a node without the module still networks pods, just without
+ * iptables rules seeing bridged packets. Returns whether the sysctl is 1 afterwards.
+ */
+export async function ensureBridgeNetfilter(log: Logger): Promise<boolean> {
+  const sysctl = '/proc/sys/net/bridge/bridge-nf-call-iptables';
+  const read = () => readFile(sysctl, 'utf8').then((v) => v.trim(), () => undefined);
+  if ((await read()) === undefined) {
+    const mod = await execa('modprobe', ['br_netfilter'], { reject: false });
+    if (mod.exitCode !== 0) log.warn({ stderr: mod.stderr.trim() }, 'modprobe br_netfilter failed');
+  }
+  const current = await read();
+  if (current === undefined) {
+    log.warn('br_netfilter is not available: bridged traffic bypasses iptables');
+    return false;
+  }
+  if (current !== '1') {
+    try {
+      await writeFile(sysctl, '1');
+    } catch (err) {
+      log.warn({ err }, 'could not set net.bridge.bridge-nf-call-iptables=1');
+      return false;
+    }
+  }
+  return true;
+}

@@ -1,0 +1,205 @@
+import test from 'ava';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ConfigError } from '../../src/errors.js';
+import {
+  AgentConfigError,
+  CONFIG_KEYS,
+  DEFAULT_CONFIG,
+  configKeysMarkdown,
+  loadConfig,
+  type AgentConfig,
+} from '../../src/daemon/config.js';
+
+let dir = '';
+let seq = 0;
+
+test.before(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'kcfg-'));
+});
+
+test.after.always(async () => {
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+async function yamlFile(text: string): Promise<string> {
+  const file = join(dir, `config-${++seq}.yaml`);
+  await writeFile(file, text);
+  return file;
+}
+
+const ENV = { NODE_NAME: 'node-a' };
+
+test('defaults: no file, no flags', async (t) => {
+  const c = await loadConfig({ flags: {}, env: ENV });
+  t.deepEqual(c, {
+    nodeName: 'node-a',
+    socket: '/run/kubenet/kubenet.sock',
+    cniBinDir: '/opt/cni/bin',
+    cniConfDir: '/etc/cni/net.d',
+    pluginBinDirs: ['/opt/cni/bin', '/usr/lib/cni'],
+    bridgeName: 'cbr0',
+    hairpinMode: 'hairpin-veth',
+    nonMasqueradeCIDR: '10.0.0.0/8',
+    ipamDataDir: '/var/lib/cni/networks',
+    cniCacheDir: '/var/lib/cni',
+    stateDir: '/var/lib/kubenet',
+    logLevel: 'info',
+  });
+  t.false('podCIDR' in c, 'optional keys are absent, not undefined');
+  // the result is a copy: mutating it leaves the defaults alone
+  c.pluginBinDirs.push('/x');
+  t.deepEqual(DEFAULT_CONFIG.pluginBinDirs, ['/opt/cni/bin', '/usr/lib/cni']);
+  t.true(Object.isFrozen(DEFAULT_CONFIG));
+});
+
+test('nodeName: flag, then file, then env NODE_NAME, then the host name', async (t) => {
+  const file = await yamlFile('nodeName: from-file\n');
+  t.is((await loadConfig({ file, flags: { nodeName: 'from-flag' }, env: ENV })).nodeName, 'from-flag');
+  t.is((await loadConfig({ file, flags: {}, env: ENV })).nodeName, 'from-file');
+  t.is((await loadConfig({ flags: {}, env: ENV })).nodeName, 'node-a');
+  t.is((await loadConfig({ flags: {}, env: {} })).nodeName, hostname().toLowerCase());
+  const bad = await t.throwsAsync(loadConfig({ flags: {}, env: { NODE_NAME: 'Not_A_Node' } }), { instanceOf: AgentConfigError });
+  t.is(bad?.source, 'env NODE_NAME');
+});
+
+test('a full file is read; flags win over it', async (t) => {
+  const file = await yamlFile(`
+# every key
+podCIDR: "10.244.1.7/24, fd00:10:244:1::/64"
+nodeName: worker-1
+kubeconfig: /etc/kubernetes/kubelet.conf
+socket: /run/kubenet/k.sock
+cniBinDir: /opt/cni/bin
+cniConfDir: /etc/cni/net.d
+pluginBinDirs: [/usr/lib/cni, /opt/cni/bin]
+bridgeName: kbr0
+mtu: 1450
+hairpinMode: promiscuous-bridge
+nonMasqueradeCIDR: 10.0.0.0/8
+ipamDataDir: /var/lib/cni/networks
+cniCacheDir: /var/lib/cni
+stateDir: /var/lib/kubenet
+logLevel: debug
+`);
+  const c = await loadConfig({ file, flags: { mtu: 9000, socket: '/tmp/flag.sock', podCIDR: undefined }, env: ENV });
+  t.is(c.podCIDR, '10.244.1.0/24,fd00:10:244:1::/64', 'pod CIDRs are normalized (host bits cleared)');
+  t.is(c.nodeName, 'worker-1');
+  t.is(c.kubeconfig, '/etc/kubernetes/kubelet.conf');
+  t.is(c.mtu, 9000, 'flag wins');
+  t.is(c.socket, '/tmp/flag.sock', 'flag wins');
+  t.deepEqual(c.pluginBinDirs, ['/usr/lib/cni', '/opt/cni/bin']);
+  t.is(c.bridgeName, 'kbr0');
+  t.is(c.hairpinMode, 'promiscuous-bridge');
+  t.is(c.logLevel, 'debug');
+});
+
+test('an empty file or a comments-only file means all defaults', async (t) => {
+  for (const text of ['', '# nothing\n', '---\n']) {
+    const c = await loadConfig({ file: await yamlFile(text), flags: {}, env: ENV });
+    t.is(c.bridgeName, 'cbr0');
+  }
+});
+
+async function refuse(t: import('ava').ExecutionContext, text: string, key: string | undefined, expected: RegExp, file?: string) {
+  const f = file ?? (await yamlFile(text));
+  const err = await t.throwsAsync(loadConfig({ file: f, flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  t.true(err instanceof ConfigError);
+  t.is(err?.source, f);
+  t.is(err?.key, key, text);
+  t.true(err?.message.includes(f), 'the message names the file');
+  if (key) t.true(err?.message.includes(`"${key}"`), 'the message names the key');
+  t.regex(err?.expected ?? err?.message ?? '', expected, text);
+  return err;
+}
+
+test('an unknown key is refused, with a hint for near misses', async (t) => {
+  const err = await refuse(t, 'podCidr: 10.244.0.0/24\n', 'podCidr', /one of podCIDR, nodeName/);
+  t.regex(err?.message ?? '', /did you mean "podCIDR"/);
+  await refuse(t, 'bridge: cbr0\n', 'bridge', /one of /);
+  await refuse(t, 'cni-bin-dir: /opt/cni/bin\n', 'cni-bin-dir', /one of /);
+});
+
+test('wrong types are refused', async (t) => {
+  await refuse(t, 'mtu: "1500"\n', 'mtu', /integer from 68 to 65535/);
+  await refuse(t, 'mtu: 1500.5\n', 'mtu', /integer/);
+  await refuse(t, 'mtu: 40\n', 'mtu', /integer from 68 to 65535/);
+  await refuse(t, 'mtu:\n', 'mtu', /integer/);
+  await refuse(t, 'socket: 42\n', 'socket', /absolute path/);
+  await refuse(t, 'socket: run/kubenet.sock\n', 'socket', /absolute path/);
+  await refuse(t, `socket: /${'s'.repeat(120)}\n`, 'socket', /at most 107 bytes/);
+  await refuse(t, 'pluginBinDirs: /opt/cni/bin\n', 'pluginBinDirs', /list of absolute paths/);
+  await refuse(t, 'pluginBinDirs: []\n', 'pluginBinDirs', /non-empty list/);
+  await refuse(t, 'pluginBinDirs: [/opt/cni/bin, 3]\n', 'pluginBinDirs', /list of absolute paths/);
+  await refuse(t, 'cniConfDir: [/etc]\n', 'cniConfDir', /absolute path/);
+  await refuse(t, 'stateDir: var/lib/kubenet\n', 'stateDir', /absolute path/);
+  await refuse(t, 'bridgeName: this-name-is-too-long\n', 'bridgeName', /Linux interface name/);
+  await refuse(t, 'bridgeName: "a b"\n', 'bridgeName', /Linux interface name/);
+  await refuse(t, 'nodeName: true\n', 'nodeName', /node name/);
+  await refuse(t, 'kubeconfig: {path: /x}\n', 'kubeconfig', /path to a kubeconfig/);
+  await refuse(t, 'podCIDR: 10.244.1.0\n', 'podCIDR', /CIDR/);
+  await refuse(t, 'podCIDR: 10.244.1.0/24,10.245.1.0/24\n', 'podCIDR', /CIDR/);
+  await refuse(t, 'nonMasqueradeCIDR: 10.0.0.0/33\n', 'nonMasqueradeCIDR', /CIDR/);
+});
+
+test('bad enum values are refused, naming the allowed ones', async (t) => {
+  const e1 = await refuse(t, 'hairpinMode: veth\n', 'hairpinMode', /"promiscuous-bridge", "hairpin-veth", "none"/);
+  t.regex(e1?.message ?? '', /got "veth"/);
+  await refuse(t, 'logLevel: verbose\n', 'logLevel', /"trace", "debug", "info", "warn", "error"/);
+  await refuse(t, 'logLevel: INFO\n', 'logLevel', /"info"/);
+});
+
+test('invalid YAML, a non-mapping document and unreadable files are refused, naming the file', async (t) => {
+  const e1 = await refuse(t, 'mtu: [1500\n', undefined, /valid YAML/);
+  t.regex(e1?.message ?? '', /invalid YAML/);
+  await refuse(t, 'mtu: 1500\nmtu: 1400\n', undefined, /valid YAML/); // duplicate key
+  await refuse(t, '- a\n- b\n', undefined, /mapping of config keys/);
+  await refuse(t, 'just a string\n', undefined, /mapping of config keys/);
+  await refuse(t, '', undefined, /readable file/, join(dir, 'missing.yaml'));
+  await refuse(t, '', undefined, /readable file/, dir); // a directory
+  if (process.getuid?.() !== 0) {
+    const f = await yamlFile('mtu: 1500\n');
+    await chmod(f, 0o000);
+    await refuse(t, '', undefined, /readable file/, f);
+  }
+  const missing = await t.throwsAsync(loadConfig({ file: join(dir, 'missing.yaml'), flags: {} }), { instanceOf: AgentConfigError });
+  t.regex(missing?.message ?? '', /ENOENT/);
+});
+
+test('YAML 1.2 core schema: no surprise booleans or dates', async (t) => {
+  // "yes"/"no" stay strings under the core schema, so this is a node name, not a boolean
+  const c = await loadConfig({ file: await yamlFile('nodeName: yes\n'), flags: {}, env: ENV });
+  t.is(c.nodeName, 'yes');
+});
+
+test('flags are validated too and name the flag', async (t) => {
+  const err = await t.throwsAsync(loadConfig({ flags: { mtu: Number('abc') }, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(err?.source, 'flags');
+  t.is(err?.key, 'mtu');
+  t.regex(err?.message ?? '', /--mtu/);
+  const unknown = await t.throwsAsync(loadConfig({ flags: { podCidr: 'x' } as unknown as Partial<AgentConfig>, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(unknown?.key, 'podCidr');
+  t.is((await loadConfig({ flags: { podCIDR: '10.244.3.0/24' }, env: ENV })).podCIDR, '10.244.3.0/24');
+});
+
+test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', async (t) => {
+  const c = await loadConfig({ flags: {}, env: ENV });
+  const keys = Object.keys(CONFIG_KEYS).sort();
+  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR'].sort());
+  for (const [key, value] of Object.entries(DEFAULT_CONFIG)) {
+    const spec = CONFIG_KEYS[key as keyof typeof CONFIG_KEYS];
+    t.is(spec.default, Array.isArray(value) ? value.join(',') : String(value), key);
+    t.regex(spec.flag, /^--[a-z]+(-[a-z]+)*$/);
+    t.true(spec.description.length > 0);
+  }
+  for (const key of ['podCIDR', 'kubeconfig', 'mtu'] as const) t.is(CONFIG_KEYS[key].default, undefined);
+  // the DESIGN.md flags of `kubenet daemon`
+  t.is(CONFIG_KEYS.podCIDR.flag, '--pod-cidr');
+  t.is(CONFIG_KEYS.socket.flag, '--socket');
+  t.is(CONFIG_KEYS.cniBinDir.flag, '--cni-bin-dir');
+  t.is(CONFIG_KEYS.cniConfDir.flag, '--cni-conf-dir');
+  const md = configKeysMarkdown();
+  for (const key of keys) t.true(md.includes(`| \`${key}\` |`), key);
+  t.is(md.split('\n').length, keys.length + 2);
+});

@@ -1,0 +1,224 @@
+/**
+ * Static checks of manifests/: every YAML document parses, RBAC stays read-only on nodes and pods,
+ * the ConfigMap's config passes loadConfig, and every host path the config uses is a hostPath
+ * mount of the DaemonSet at the same path (the host's runtime and CNI binary use those paths).
+ */
+import test from 'ava';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join, posix } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import yaml from 'js-yaml';
+import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
+
+const MANIFESTS = fileURLToPath(new URL('../../manifests/', import.meta.url));
+
+// Minimal shapes of the Kubernetes objects the checks read.
+interface Meta {
+  name?: string;
+  namespace?: string;
+  labels?: Record<string, string>;
+}
+interface Obj {
+  apiVersion?: string;
+  kind?: string;
+  metadata?: Meta;
+  [k: string]: unknown;
+}
+interface Rule {
+  apiGroups?: string[];
+  resources?: string[];
+  verbs?: string[];
+  resourceNames?: string[];
+  nonResourceURLs?: string[];
+}
+interface VolumeMount {
+  name: string;
+  mountPath: string;
+  readOnly?: boolean;
+  mountPropagation?: string;
+}
+interface Volume {
+  name: string;
+  hostPath?: { path: string; type?: string };
+  configMap?: { name: string; items?: Array<{ key: string; path: string }> };
+}
+interface Container {
+  name: string;
+  image?: string;
+  command?: string[];
+  args?: string[];
+  env?: Array<{ name: string; value?: string; valueFrom?: { fieldRef?: { fieldPath: string } } }>;
+  securityContext?: { privileged?: boolean };
+  readinessProbe?: { exec?: { command?: string[] }; httpGet?: unknown };
+  volumeMounts?: VolumeMount[];
+}
+interface PodSpec {
+  serviceAccountName?: string;
+  hostNetwork?: boolean;
+  priorityClassName?: string;
+  tolerations?: Array<Record<string, unknown>>;
+  containers: Container[];
+  volumes?: Volume[];
+}
+interface DaemonSet extends Obj {
+  spec: { selector: { matchLabels: Record<string, string> }; template: { metadata: Meta; spec: PodSpec } };
+}
+
+async function loadManifests(): Promise<Array<{ file: string; doc: Obj }>> {
+  const files = (await readdir(MANIFESTS)).filter((f) => /\.ya?ml$/.test(f)).sort();
+  const out: Array<{ file: string; doc: Obj }> = [];
+  for (const f of files) {
+    const text = await readFile(join(MANIFESTS, f), 'utf8');
+    for (const doc of yaml.loadAll(text, undefined, { filename: f })) {
+      if (doc !== null && doc !== undefined) out.push({ file: f, doc: doc as Obj });
+    }
+  }
+  return out;
+}
+
+function only<T extends Obj>(docs: Obj[], kind: string, name?: string): T {
+  const found = docs.filter((d) => d.kind === kind && (name === undefined || d.metadata?.name === name));
+  if (found.length !== 1) throw new Error(`want exactly one ${kind}${name ? ` ${name}` : ''}, found ${found.length}`);
+  return found[0] as T;
+}
+
+let docs: Obj[] = [];
+let ds: DaemonSet;
+let pod: PodSpec;
+let agent: Container;
+let config: AgentConfig;
+let tmp = '';
+
+test.before(async () => {
+  docs = (await loadManifests()).map((d) => d.doc);
+  ds = only<DaemonSet>(docs, 'DaemonSet', 'kubenet');
+  pod = ds.spec.template.spec;
+  const c = pod.containers.find((x) => x.name === 'kubenet');
+  if (!c) throw new Error('DaemonSet has no container named kubenet');
+  agent = c;
+  const cm = only<Obj & { data?: Record<string, string> }>(docs, 'ConfigMap', 'kubenet-config');
+  const text = cm.data?.['config.yaml'];
+  if (text === undefined) throw new Error('ConfigMap kubenet-config has no config.yaml');
+  tmp = await mkdtemp(join(tmpdir(), 'kmanifest-'));
+  const file = join(tmp, 'config.yaml');
+  await writeFile(file, text);
+  config = await loadConfig({ file, flags: {}, env: { NODE_NAME: 'node-1' } });
+});
+
+test.after.always(async () => {
+  if (tmp) await rm(tmp, { recursive: true, force: true });
+});
+
+test('every document parses and the expected kinds are present', (t) => {
+  t.true(docs.length > 0);
+  for (const d of docs) {
+    t.truthy(d.apiVersion, JSON.stringify(d.metadata));
+    t.truthy(d.kind);
+    t.truthy(d.metadata?.name);
+  }
+  const kinds = new Set(docs.map((d) => d.kind));
+  for (const k of ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet']) t.true(kinds.has(k), k);
+  for (const d of docs) {
+    if (['ServiceAccount', 'ConfigMap', 'DaemonSet', 'Role', 'RoleBinding'].includes(d.kind ?? '')) t.is(d.metadata?.namespace, 'kube-system', `${d.kind} ${d.metadata?.name}`);
+  }
+});
+
+test('RBAC: only get/list/watch on nodes and pods, bound to the agent service account', (t) => {
+  const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
+  t.true(roles.length > 0);
+  const granted = new Set<string>();
+  for (const role of roles) {
+    const rules = (role as Obj & { rules?: Rule[] }).rules ?? [];
+    t.true(rules.length > 0);
+    for (const r of rules) {
+      t.deepEqual(r.apiGroups, [''], 'core API group only');
+      t.is(r.nonResourceURLs, undefined);
+      for (const res of r.resources ?? []) t.true(['nodes', 'pods'].includes(res), `resource ${res}`);
+      for (const v of r.verbs ?? []) t.true(['get', 'list', 'watch'].includes(v), `verb ${v}`);
+      for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}`);
+    }
+  }
+  for (const res of ['nodes', 'pods']) for (const v of ['get', 'list', 'watch']) t.true(granted.has(`${v} ${res}`), `${v} ${res}`);
+
+  const sa = only(docs, 'ServiceAccount', 'kubenet');
+  const binding = only<Obj & { roleRef: { kind: string; name: string }; subjects: Array<{ kind: string; name: string; namespace?: string }> }>(docs, 'ClusterRoleBinding');
+  t.is(binding.roleRef.kind, 'ClusterRole');
+  t.is(binding.roleRef.name, only(docs, 'ClusterRole').metadata?.name ?? '(unnamed)');
+  t.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: 'kubenet', namespace: 'kube-system' }]);
+  t.is(pod.serviceAccountName, sa.metadata?.name);
+});
+
+test("the ConfigMap's config.yaml passes loadConfig and sets no podCIDR", (t) => {
+  t.is(config.podCIDR, undefined, 'in a cluster the agent watches its Node');
+  t.is(config.nodeName, 'node-1', 'nodeName comes from NODE_NAME');
+});
+
+test('DaemonSet: host network, privileged, node-critical, runs on every node', (t) => {
+  const selector = Object.entries(ds.spec.selector.matchLabels);
+  t.true(selector.length > 0);
+  for (const [k, v] of selector) t.is(ds.spec.template.metadata.labels?.[k], v, `the template carries selector label ${k}`);
+  t.true(pod.hostNetwork);
+  t.is(pod.priorityClassName, 'system-node-critical');
+  t.true(
+    (pod.tolerations ?? []).some((tol) => tol.operator === 'Exists' && tol.key === undefined && tol.effect === undefined),
+    'a toleration of every taint',
+  );
+  t.true(agent.securityContext?.privileged);
+  t.truthy(agent.image);
+  t.deepEqual(agent.env?.find((e) => e.name === 'NODE_NAME')?.valueFrom?.fieldRef?.fieldPath, 'spec.nodeName');
+  t.deepEqual([...(agent.command ?? []), ...(agent.args ?? [])], ['kubenet', 'daemon', '--config', '/etc/kubenet/config.yaml']);
+  const probe = agent.readinessProbe?.exec?.command;
+  t.deepEqual(probe, ['kubenet', 'health', '--config', '/etc/kubenet/config.yaml']);
+});
+
+function mountFor(path: string): { mount: VolumeMount; volume: Volume } | undefined {
+  const mounts = (agent.volumeMounts ?? []).filter((m) => path === m.mountPath || path.startsWith(`${m.mountPath.replace(/\/$/, '')}/`));
+  mounts.sort((a, b) => b.mountPath.length - a.mountPath.length); // the innermost mount holds the path
+  const mount = mounts[0];
+  const volume = mount && (pod.volumes ?? []).find((v) => v.name === mount.name);
+  return mount && volume ? { mount, volume } : undefined;
+}
+
+test('the --config file is the ConfigMap mounted read-only', (t) => {
+  const configPath = '/etc/kubenet/config.yaml';
+  const m = mountFor(configPath);
+  t.truthy(m);
+  t.is(m?.volume.configMap?.name, 'kubenet-config');
+  t.true(m?.mount.readOnly);
+  t.is(posix.relative(m?.mount.mountPath ?? '', configPath), 'config.yaml', 'the ConfigMap key is the file name');
+});
+
+test('every host path the config uses is a writable hostPath mounted at the same path', (t) => {
+  const paths: Record<string, string> = {
+    'socket dir': dirname(config.socket),
+    cniBinDir: config.cniBinDir,
+    cniConfDir: config.cniConfDir,
+    cniCacheDir: config.cniCacheDir,
+    ipamDataDir: config.ipamDataDir,
+    stateDir: config.stateDir,
+  };
+  for (const [what, path] of Object.entries(paths)) {
+    const m = mountFor(path);
+    if (!m) {
+      t.fail(`${what} ${path} is not under any volume mount`);
+      continue;
+    }
+    t.truthy(m.volume.hostPath, `${what} ${path}: volume ${m.volume.name} is not a hostPath`);
+    t.is(m.volume.hostPath?.path, m.mount.mountPath, `${what} ${path}: host and container paths must match`);
+    t.not(m.mount.readOnly, true, `${what} ${path} must be writable`);
+  }
+});
+
+test('/run/netns follows the host (HostToContainer) and /lib/modules is read-only', (t) => {
+  const netns = (agent.volumeMounts ?? []).find((m) => m.mountPath === '/run/netns');
+  t.truthy(netns, '/run/netns is mounted');
+  t.is(netns?.mountPropagation, 'HostToContainer');
+  t.is((pod.volumes ?? []).find((v) => v.name === netns?.name)?.hostPath?.path, '/run/netns');
+  const modules = (agent.volumeMounts ?? []).find((m) => m.mountPath === '/lib/modules');
+  t.true(modules?.readOnly);
+  t.is((pod.volumes ?? []).find((v) => v.name === modules?.name)?.hostPath?.path, '/lib/modules');
+  // every volume a container mounts exists, and every volume is mounted
+  const mounted = new Set((agent.volumeMounts ?? []).map((m) => m.name));
+  t.deepEqual([...mounted].sort(), (pod.volumes ?? []).map((v) => v.name).sort());
+});

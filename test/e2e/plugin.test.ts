@@ -1,0 +1,298 @@
+import anyTest, { type TestFn } from 'ava';
+import { chmod, readFile, symlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { CniPluginError, ConfigError, NotReadyError } from '../../src/errors.js';
+import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/plugin/host-setup.js';
+import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
+import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../helpers/kernel.js';
+import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
+
+const blocker = kernelTestBlocker();
+const test = anyTest as TestFn;
+const serialTest = blocker ? test.skip : test.serial;
+const itest = blocker ? test.skip : test;
+if (blocker) console.warn(`plugin e2e tests skipped: ${blocker}`);
+
+/** Each test gets its own /24 so tests in parallel never share a subnet. */
+let nextSubnet = 10;
+const subnet = () => `10.97.${nextSubnet++}.0/24`;
+
+async function harness(t: { teardown: (fn: () => Promise<void>) => void }): Promise<PluginHarness> {
+  const h = new PluginHarness();
+  t.teardown(() => h.cleanup.run());
+  return h;
+}
+
+interface IpRoute {
+  dst: string;
+  gateway?: string;
+}
+interface IpLink {
+  ifname: string;
+  mtu: number;
+  txqlen?: number;
+  flags: string[];
+  master?: string;
+}
+
+serialTest('several pods on one bridge: addresses, routes, reachability, bridge settings, clean teardown', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start({ mtu: 1400 });
+  await plugin.init(h.host, 'promiscuous-bridge', '0.0.0.0/0');
+  const cidr = subnet();
+  await plugin.event('pod-cidr-change', { 'pod-cidr': cidr });
+  plugin.status();
+  const pods = await Promise.all(['a', 'b', 'c'].map((n) => h.addPod(n)));
+  // Different pods set up in parallel.
+  await Promise.all(pods.map((p) => plugin.setUpPod(p.namespace, p.name, p.id)));
+
+  const sub = parseCidr(cidr);
+  const gateway = sub.network.replace(/\.0$/, '.1');
+  const ips: string[] = [];
+  for (const p of pods) {
+    const status = await plugin.getPodNetworkStatus(p.namespace, p.name, p.id);
+    t.true(cidrContains(sub, status.ip), `${status.ip} in ${cidr}`);
+    t.deepEqual(status.ips, [status.ip]);
+    ips.push(status.ip);
+    const routes = await ipJson<IpRoute[]>(['-n', p.netnsName, 'route', 'show', 'default']);
+    t.is(routes[0]?.gateway, gateway, `default route of ${p.name} via the gateway`);
+    const [eth0] = await ipJson<IpLink[]>(['-n', p.netnsName, 'link', 'show', 'eth0']);
+    t.is(eth0?.mtu, 1400);
+  }
+  t.is(new Set(ips).size, 3, 'distinct addresses');
+
+  // The bridge: MTU as configured, txqueuelen non-zero, promiscuous for hairpin, gateway address.
+  const [br] = await ipJson<IpLink[]>(['link', 'show', h.bridge]);
+  t.is(br?.mtu, 1400);
+  t.true((br?.txqlen ?? 0) > 0);
+  t.true(br?.flags.includes('PROMISC'));
+  const brAddrs = await ipJson<Array<{ addr_info: Array<{ local: string }> }>>(['addr', 'show', h.bridge]);
+  t.true(brAddrs[0]?.addr_info.some((a) => a.local === gateway));
+  const ports = await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]);
+  t.is(ports.length, 3);
+
+  // Pods reach each other across the bridge (only the test's own namespaces).
+  for (const [from, to] of [
+    [0, 1],
+    [1, 2],
+    [2, 0],
+  ] as const) {
+    const r = await sh('ip', ['netns', 'exec', pods[from]!.netnsName, 'ping', '-c', '1', '-W', '2', ips[to]!], { reject: false });
+    t.is(r.exitCode, 0, `ping ${pods[from]!.name} -> ${ips[to]}: ${r.stdout}`);
+  }
+  t.is((await h.reservedIps()).length, 3);
+  t.true((await h.cacheEntries()).length >= 3);
+
+  // A fresh plugin (no memory of the pods) reads the status from the pod's netns.
+  const fresh = h.newPlugin();
+  await fresh.init(h.host, 'none', '0.0.0.0/0');
+  t.deepEqual((await fresh.getPodNetworkStatus('default', 'a', pods[0]!.id)).ips, [ips[0]]);
+
+  await Promise.all(pods.map((p) => plugin.tearDownPod(p.namespace, p.name, p.id)));
+  t.deepEqual(await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]), [], 'no veth left on the bridge');
+  t.deepEqual(await h.reservedIps(), [], 'no address file left');
+  t.deepEqual(await h.cacheEntries(), [], 'no cache entry left');
+  t.deepEqual(plugin.listPods(), []);
+  for (const p of pods) t.false(await linkExists('eth0', p.netnsName));
+});
+
+itest('dual-stack pod CIDR gives each pod an address and default route per family', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'hairpin-veth', '0.0.0.0/0');
+  const v4 = subnet();
+  const v6prefix = `fd00:97:${nextSubnet}:`;
+  await plugin.event('pod-cidr-change', { 'pod-cidr': `${v4},${v6prefix}:/64` });
+  const p = await h.addPod('ds');
+  await plugin.setUpPod(p.namespace, p.name, p.id);
+  const status = await plugin.getPodNetworkStatus(p.namespace, p.name, p.id);
+  t.is(status.ips.length, 2);
+  t.true(cidrContains(parseCidr(v4), status.ip), 'primary IP is the IPv4 one');
+  t.true(status.ips.some((ip) => ip.startsWith(v6prefix)), status.ips.join(','));
+  const v6routes = await ipJson<IpRoute[]>(['-6', '-n', p.netnsName, 'route', 'show', 'default']);
+  t.is(v6routes.length, 1);
+  // hairpin-veth mode: the pod's bridge port has hairpin on.
+  const ports = await ipJson<Array<{ ifname: string }>>(['link', 'show', 'master', h.bridge]);
+  const detail = await ipJson<Array<{ linkinfo?: { info_slave_data?: { hairpin?: boolean } } }>>(['-d', 'link', 'show', ports[0]!.ifname]);
+  t.true(detail[0]?.linkinfo?.info_slave_data?.hairpin);
+  await plugin.tearDownPod(p.namespace, p.name, p.id);
+  t.deepEqual(await h.reservedIps(), []);
+});
+
+itest('setUpPod and status before any pod CIDR fail clearly', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  t.throws(() => plugin.status(), { instanceOf: NotReadyError, message: /not initialized/ });
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  t.throws(() => plugin.status(), { instanceOf: NotReadyError, message: /no pod CIDR/ });
+  const p = await h.addPod('early');
+  await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: NotReadyError, message: /no pod CIDR/ });
+  t.false(await linkExists(h.bridge));
+});
+
+itest('malformed pod CIDR is refused and the old config stays', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  const cidr = subnet();
+  await plugin.event('pod-cidr-change', { 'pod-cidr': cidr });
+  const before = JSON.stringify(plugin.currentConfig());
+  for (const bad of ['10.97.1.0', '10.97.300.0/24', '10.97.1.0/33', 'banana/24', '', '10.1.0.0/24,10.2.0.0/24', '10.1.0.0/31']) {
+    await t.throwsAsync(plugin.event('pod-cidr-change', { 'pod-cidr': bad }), { instanceOf: ConfigError }, bad);
+  }
+  t.is(JSON.stringify(plugin.currentConfig()), before);
+  // And the old config still sets pods up.
+  const p = await h.addPod('keep');
+  await plugin.setUpPod(p.namespace, p.name, p.id);
+  t.true(cidrContains(parseCidr(cidr), (await plugin.getPodNetworkStatus(p.namespace, p.name, p.id)).ip));
+  await plugin.tearDownPod(p.namespace, p.name, p.id);
+});
+
+itest('a changed pod CIDR removes the stale gateway address from the bridge', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  const first = subnet();
+  await plugin.event('pod-cidr-change', { 'pod-cidr': first });
+  const p = await h.addPod('old');
+  await plugin.setUpPod(p.namespace, p.name, p.id);
+  await plugin.tearDownPod(p.namespace, p.name, p.id);
+  const oldGw = first.replace(/0\/24$/, '1');
+  const addrs = async () =>
+    (await ipJson<Array<{ addr_info: Array<{ local: string; family: string }> }>>(['addr', 'show', h.bridge]))[0]?.addr_info
+      .filter((a) => a.family === 'inet')
+      .map((a) => a.local) ?? [];
+  t.deepEqual(await addrs(), [oldGw]);
+  const second = subnet();
+  await plugin.event('pod-cidr-change', { 'pod-cidr': second });
+  t.deepEqual(await addrs(), []);
+  const q = await h.addPod('new');
+  await plugin.setUpPod(q.namespace, q.name, q.id);
+  t.deepEqual(await addrs(), [second.replace(/0\/24$/, '1')]);
+  await plugin.tearDownPod(q.namespace, q.name, q.id);
+});
+
+itest('missing CNI binaries: status and setUpPod name the dirs searched', async (t) => {
+  const h = await harness(t);
+  const empty = await makeTmpDir('kpl-bin');
+  t.teardown(() => rmrf(empty));
+  const plugin = await h.start({ cniBinDirs: [empty] });
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const err = t.throws(() => plugin.status(), { instanceOf: NotReadyError });
+  t.regex(err?.message ?? '', /bridge, host-local, loopback/);
+  t.true(err?.message.includes(empty));
+  const p = await h.addPod('nobin');
+  const setupErr = await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: ConfigError });
+  t.true(setupErr?.message.includes(empty), setupErr?.message);
+  t.regex(setupErr?.message ?? '', /loopback/);
+});
+
+itest('missing netns is refused before any kernel change', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const p = await h.addPod('gone');
+  await delNetns(p.netnsName);
+  await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: ConfigError, message: /does not exist/ });
+  t.deepEqual(await h.reservedIps(), []);
+  t.deepEqual(await h.cacheEntries(), []);
+});
+
+itest('an exhausted pod CIDR fails the next pod and leaks nothing', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  // A /29: network, gateway .1 and broadcast leave .2-.6 for five pods.
+  await plugin.event('pod-cidr-change', { 'pod-cidr': `10.97.${nextSubnet++}.8/29` });
+  const pods = [];
+  for (let i = 0; i < 6; i++) pods.push(await h.addPod(`x${i}`));
+  for (const p of pods.slice(0, 5)) await plugin.setUpPod(p.namespace, p.name, p.id);
+  const last = pods[5]!;
+  const err = await t.throwsAsync(plugin.setUpPod(last.namespace, last.name, last.id), { instanceOf: CniPluginError });
+  t.is(err?.plugin, 'bridge');
+  t.regex(err?.message ?? '', /no IP addresses available|range/i);
+  t.is((await h.reservedIps()).length, 5);
+  t.false(await linkExists('eth0', last.netnsName), 'no veth left in the failed pod');
+  t.is((await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge])).length, 5, 'no extra veth on the bridge');
+  for (const p of pods.slice(0, 5)) await plugin.tearDownPod(p.namespace, p.name, p.id);
+  t.deepEqual(await h.reservedIps(), []);
+  t.deepEqual(await h.cacheEntries(), []);
+});
+
+itest('a plugin returning a CNI error fails setUpPod with its code and leaks nothing', async (t) => {
+  const h = await harness(t);
+  const bin = await makeTmpDir('kpl-fakebin');
+  t.teardown(() => rmrf(bin));
+  const realDir = CNI_BIN_DIRS.find((d) => d === '/usr/lib/cni') ?? CNI_BIN_DIRS[0]!;
+  await symlink(join(realDir, 'loopback'), join(bin, 'loopback'));
+  await symlink(join(realDir, 'host-local'), join(bin, 'host-local'));
+  // A bridge that refuses ADD with a CNI error object and succeeds on DEL.
+  await writeFile(
+    join(bin, 'bridge'),
+    `#!/bin/sh\ncat >/dev/null\nif [ "$CNI_COMMAND" = ADD ]; then\n  echo '{"cniVersion":"1.0.0","code":7,"msg":"invalid network config","details":"fake bridge says no"}'\n  exit 1\nfi\nexit 0\n`,
+  );
+  await chmod(join(bin, 'bridge'), 0o755);
+  const plugin = await h.start({ cniBinDirs: [bin] });
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const p = await h.addPod('err');
+  const err = await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: CniPluginError });
+  t.is(err?.code, 7);
+  t.is(err?.details, 'fake bridge says no');
+  t.deepEqual(plugin.listPods(), []);
+  t.deepEqual(await h.cacheEntries(), [], 'no cache entry for the failed pod');
+});
+
+itest('teardown of an unknown pod and of a pod whose netns vanished succeeds and leaks nothing', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  await plugin.tearDownPod('default', 'never', 'f'.repeat(64));
+  const p = await h.addPod('vanish');
+  await plugin.setUpPod(p.namespace, p.name, p.id);
+  await plugin.setUpPod(p.namespace, p.name, p.id).catch(() => undefined); // a retry must not break teardown
+  await delNetns(p.netnsName);
+  await plugin.tearDownPod(p.namespace, p.name, p.id);
+  await plugin.tearDownPod(p.namespace, p.name, p.id); // twice, as runtimes do
+  t.deepEqual(await h.reservedIps(), []);
+  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]), []);
+});
+
+itest('a restarted plugin tears down a pod it did not set up, through the CNI cache', async (t) => {
+  const h = await harness(t);
+  const first = await h.start();
+  await first.init(h.host, 'none', '0.0.0.0/0');
+  await first.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const p = await h.addPod('restart');
+  await first.setUpPod(p.namespace, p.name, p.id);
+  const second = h.newPlugin();
+  await second.init(h.host, 'none', '0.0.0.0/0');
+  // No pod CIDR yet in the new process: the cached config alone drives DEL.
+  await second.tearDownPod(p.namespace, p.name, p.id);
+  t.deepEqual(await h.reservedIps(), []);
+  t.deepEqual(await h.cacheEntries(), []);
+  t.false(await linkExists('eth0', p.netnsName));
+});
+
+serialTest('init ensures exactly one masquerade rule and sets the bridge sysctl when available', async (t) => {
+  const h = await harness(t);
+  const nonMasq = `10.${200 + Math.floor(Math.random() * 50)}.0.0/16`;
+  t.teardown(() => removeMasquerade(nonMasq));
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', nonMasq);
+  await plugin.init(h.host, 'none', nonMasq);
+  await h.newPlugin().init(h.host, 'none', nonMasq);
+  const rules = (await sh('iptables', ['-w', '5', '-t', 'nat', '-S', 'POSTROUTING'])).stdout
+    .split('\n')
+    .filter((l) => l.includes(MASQUERADE_COMMENT) && l.includes(nonMasq));
+  t.is(rules.length, 1, rules.join('\n'));
+  t.regex(rules[0] ?? '', /! -d 10\.\d+\.0\.0\/16/);
+  t.regex(rules[0] ?? '', /--dst-type LOCAL/);
+  t.regex(rules[0] ?? '', /-j MASQUERADE/);
+  await t.throwsAsync(plugin.init(h.host, 'none', 'nonsense'), { instanceOf: ConfigError });
+  t.is((await readFile('/proc/sys/net/bridge/bridge-nf-call-iptables', 'utf8')).trim(), '1');
+});

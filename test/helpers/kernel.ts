@@ -1,0 +1,85 @@
+/**
+ * Helpers for tests that touch the real kernel: unique names, network namespaces the test owns,
+ * and cleanup that runs even when the test fails. Nothing here sends traffic anywhere.
+ */
+import { execa } from 'execa';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export const isRoot = process.getuid?.() === 0;
+
+export const CNI_BIN_DIRS = ['/usr/lib/cni', '/opt/cni/bin'];
+
+/** Why kernel tests cannot run here, or undefined when they can. */
+export function kernelTestBlocker(): string | undefined {
+  if (!isRoot) return 'needs root (network namespaces, bridges, veths)';
+  for (const p of ['bridge', 'host-local', 'loopback']) {
+    if (!CNI_BIN_DIRS.some((d) => existsSync(join(d, p)))) return `needs the reference CNI plugin ${p} (run hack/bootstrap.sh)`;
+  }
+  return undefined;
+}
+
+/** A short random suffix: interface names must stay within 15 characters. */
+export function uniq(n = 6): string {
+  return randomBytes(8).toString('hex').slice(0, n);
+}
+
+export async function sh(cmd: string, args: string[], opts: { reject?: boolean } = {}) {
+  return execa(cmd, args, { reject: opts.reject ?? true });
+}
+
+/** Creates a network namespace; returns its name and /var/run/netns path. */
+export async function addNetns(name: string): Promise<{ name: string; path: string }> {
+  await sh('ip', ['netns', 'add', name]);
+  return { name, path: `/var/run/netns/${name}` };
+}
+
+export async function delNetns(name: string): Promise<void> {
+  await sh('ip', ['netns', 'del', name], { reject: false });
+}
+
+export async function delLink(name: string): Promise<void> {
+  await sh('ip', ['link', 'del', name], { reject: false });
+}
+
+export async function linkExists(name: string, netns?: string): Promise<boolean> {
+  const args = netns ? ['-n', netns, 'link', 'show', name] : ['link', 'show', name];
+  return (await sh('ip', args, { reject: false })).exitCode === 0;
+}
+
+export async function makeTmpDir(prefix: string): Promise<string> {
+  return mkdtemp(join(tmpdir(), `${prefix}-`));
+}
+
+export async function rmrf(path: string): Promise<void> {
+  await rm(path, { recursive: true, force: true });
+}
+
+/** `ip -j` output parsed. */
+export async function ipJson<T = unknown>(args: string[]): Promise<T> {
+  const r = await sh('ip', ['-j', ...args]);
+  return JSON.parse(r.stdout || '[]') as T;
+}
+
+/** Collects cleanup steps and runs them all in reverse order, reporting every failure. */
+export class Cleanup {
+  private readonly steps: Array<() => Promise<unknown>> = [];
+  add(step: () => Promise<unknown>): void {
+    this.steps.push(step);
+  }
+  async run(): Promise<void> {
+    const errors: unknown[] = [];
+    while (this.steps.length > 0) {
+      const step = this.steps.pop();
+      try {
+        await step?.();
+      } catch (err) {
+        errors.push(err);
+      }
+    }
+    if (errors.length > 0) throw new AggregateError(errors, 'cleanup failed');
+  }
+}

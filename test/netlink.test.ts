@@ -1,0 +1,378 @@
+/**
+ * src/netlink against the real kernel, compared with `ip -j` for every function. Each test makes its
+ * own bridge / veth pair (names `knl` + this run's tag + random) and, where needed, its own network
+ * namespace (`knl-<tag>-<random>`); t.teardown removes them even on failure and test.after.always
+ * sweeps anything of this run that is left. Nothing sends traffic: links stay down except the bridge,
+ * which has no carrier, and IPv6 addresses are added with nodad.
+ */
+import test, { type ExecutionContext } from 'ava';
+import { readlinkSync } from 'node:fs';
+import { ConfigError, NetlinkError } from '../src/errors.js';
+import {
+  addrDel,
+  addrList,
+  linkByName,
+  linkList,
+  linkSetMtu,
+  linkSetTxQLen,
+  minHostMtu,
+  netnsAddrList,
+  NLE,
+  nleToErrno,
+  setPromiscOff,
+  setPromiscOn,
+  type AddrInfo,
+  type LinkInfo,
+} from '../src/netlink/index.js';
+import { ipJson, isRoot, sh, uniq } from './helpers/kernel.js';
+
+const ENOENT = 2;
+const ENODEV = 19;
+const EINVAL = 22;
+
+const blocker = isRoot ? undefined : `needs root (creates bridges, veths and network namespaces; running as uid ${process.getuid?.()})`;
+const kTest = blocker ? test.skip : test;
+
+/** This run's tag: every name starts with knl<tag>, so the final sweep only touches what we made. */
+const TAG = uniq(4);
+const linkName = (role: 'b' | 'v' | 'p') => `knl${TAG}${role}${uniq(6)}`; // 3+4+1+6 = 14 ≤ 15
+
+interface IpLink {
+  ifindex: number;
+  ifname: string;
+  flags: string[];
+  mtu: number;
+  txqlen?: number;
+  master?: string;
+  linkinfo?: { info_kind?: string };
+}
+interface IpAddrInfo {
+  family: 'inet' | 'inet6';
+  local: string;
+  prefixlen: number;
+  scope: string;
+}
+
+const SCOPES: Record<string, number> = { global: 0, site: 200, link: 253, host: 254, nowhere: 255 };
+
+async function ipLinks(netns?: string): Promise<IpLink[]> {
+  return ipJson<IpLink[]>([...(netns ? ['-n', netns] : []), '-d', 'link', 'show']);
+}
+
+async function ipAddrs(dev: string, netns?: string): Promise<AddrInfo[]> {
+  const r = await ipJson<Array<{ addr_info: IpAddrInfo[] }>>([...(netns ? ['-n', netns] : []), 'addr', 'show', 'dev', dev]);
+  return (r[0]?.addr_info ?? []).map((a) => ({
+    family: a.family === 'inet' ? 4 : 6,
+    ip: a.local,
+    prefixLen: a.prefixlen,
+    cidr: `${a.local}/${a.prefixlen}`,
+    scope: SCOPES[a.scope] ?? Number(a.scope),
+  }));
+}
+
+/** What LinkInfo must be for a link as `ip -j -d link` shows it. */
+function expectedLink(l: IpLink, all: IpLink[]): LinkInfo {
+  const has = (f: string) => l.flags.includes(f);
+  return {
+    name: l.ifname,
+    index: l.ifindex,
+    mtu: l.mtu,
+    txQLen: l.txqlen ?? 0,
+    flags: -1, // compared separately (ip shows names, not the number)
+    up: has('UP'),
+    promisc: has('PROMISC'),
+    loopback: has('LOOPBACK'),
+    pointToPoint: has('POINTOPOINT'),
+    master: l.master ? (all.find((m) => m.ifname === l.master)?.ifindex ?? -1) : 0,
+    type: l.linkinfo?.info_kind,
+  };
+}
+
+function withoutFlags(l: LinkInfo): LinkInfo {
+  return { ...l, flags: -1 };
+}
+
+interface Links {
+  bridge: string;
+  veth: string;
+  peer: string;
+}
+
+/** A bridge (up, no carrier) and a down veth pair whose host end is a port of it. */
+async function makeLinks(t: ExecutionContext): Promise<Links> {
+  const links = { bridge: linkName('b'), veth: linkName('v'), peer: linkName('p') };
+  t.teardown(async () => {
+    await sh('ip', ['link', 'del', links.veth], { reject: false });
+    await sh('ip', ['link', 'del', links.bridge], { reject: false });
+  });
+  await sh('ip', ['link', 'add', links.bridge, 'type', 'bridge']);
+  await sh('ip', ['link', 'add', links.veth, 'type', 'veth', 'peer', 'name', links.peer]);
+  await sh('ip', ['link', 'set', links.veth, 'master', links.bridge]);
+  await sh('ip', ['link', 'set', links.bridge, 'up']);
+  return links;
+}
+
+async function makeNetns(t: ExecutionContext): Promise<{ name: string; path: string }> {
+  const name = `knl-${TAG}-${uniq(8)}`;
+  t.teardown(() => sh('ip', ['netns', 'del', name], { reject: false }));
+  await sh('ip', ['netns', 'add', name]);
+  return { name, path: `/var/run/netns/${name}` };
+}
+
+/**
+ * Other test files create and remove links in the host namespace at the same time, so a whole-list
+ * comparison is only meaningful when `ip` sees the same list before and after our call.
+ */
+async function stableSnapshot<T>(t: ExecutionContext, ours: () => T): Promise<{ before: IpLink[]; result: T }> {
+  const key = (ls: IpLink[]) => JSON.stringify(ls.map((l) => [l.ifindex, l.ifname, l.mtu, l.txqlen, l.flags, l.master]));
+  for (let attempt = 1; attempt <= 20; attempt++) {
+    const before = await ipLinks();
+    const result = ours();
+    const after = await ipLinks();
+    if (key(before) === key(after)) return { before, result };
+    t.log(`host links changed during attempt ${attempt} (other tests running); retrying`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error('host link list never stable across 20 attempts');
+}
+
+function netlinkErrno(t: ExecutionContext, fn: () => unknown, errno: number, what: string): void {
+  const err = t.throws(fn, { instanceOf: NetlinkError }, what);
+  t.is(err?.errno, errno, `${what}: ${err?.message}`);
+}
+
+test.after.always('remove every link and netns of this run', async () => {
+  if (!isRoot) return;
+  for (const l of await ipLinks().catch(() => [])) {
+    if (l.ifname.startsWith(`knl${TAG}`)) await sh('ip', ['link', 'del', l.ifname], { reject: false });
+  }
+  const ns = await sh('ip', ['netns', 'list'], { reject: false });
+  for (const line of ns.stdout.split('\n')) {
+    const name = line.split(' ')[0];
+    if (name?.startsWith(`knl-${TAG}-`)) await sh('ip', ['netns', 'del', name], { reject: false });
+  }
+});
+
+if (blocker) console.warn(`SKIPPING netlink kernel tests: ${blocker}`);
+
+test('NLE codes map to Linux errno by an explicit table', (t) => {
+  t.is(nleToErrno(-NLE.EXIST), 17);
+  t.is(nleToErrno(-NLE.NODEV), ENODEV);
+  t.is(nleToErrno(-NLE.OBJ_NOTFOUND), ENODEV);
+  t.is(nleToErrno(-NLE.OBJ_NOTFOUND, ENOENT), ENOENT);
+  t.is(nleToErrno(-NLE.PERM), 1);
+  t.is(nleToErrno(-NLE.NOACCESS), 13);
+  t.is(nleToErrno(-NLE.INVAL), EINVAL);
+  t.is(nleToErrno(-NLE.BUSY), 16);
+  t.is(nleToErrno(-NLE.NOADDR), 99);
+  t.is(nleToErrno(-NLE.RANGE), 34);
+  t.is(nleToErrno(-NLE.AGAIN), 11);
+  t.is(nleToErrno(-NLE.NOMEM), 12);
+  t.is(nleToErrno(-NLE.OPNOTSUPP), 95);
+  t.is(nleToErrno(NLE.EXIST), 17, 'sign does not matter');
+  t.is(nleToErrno(-999), 5, 'unknown code: EIO');
+  for (let code = 1; code <= 34; code++) t.true(nleToErrno(-code) > 0, `NLE ${code} has an errno`);
+});
+
+test('invalid input is a ConfigError before any kernel call', (t) => {
+  t.throws(() => linkByName(''), { instanceOf: ConfigError });
+  t.throws(() => linkByName('a'.repeat(16)), { instanceOf: ConfigError });
+  t.throws(() => linkByName('a/b'), { instanceOf: ConfigError });
+  t.throws(() => addrDel('lo', '127.0.0.1'), { instanceOf: ConfigError });
+  t.throws(() => addrDel('lo', '127.0.0.1/33'), { instanceOf: ConfigError });
+  t.throws(() => addrDel('lo', 'fd00::1/129'), { instanceOf: ConfigError });
+  t.throws(() => linkSetMtu('lo', -1), { instanceOf: ConfigError });
+  t.throws(() => linkSetTxQLen('lo', 1.5), { instanceOf: ConfigError });
+  t.throws(() => addrList('lo', 5 as 4), { instanceOf: ConfigError });
+});
+
+kTest('linkByName matches ip -j link for lo, a bridge, a veth port and its peer', async (t) => {
+  const links = await makeLinks(t);
+  const all = await ipLinks();
+  for (const name of ['lo', links.bridge, links.veth, links.peer]) {
+    const ip = all.find((l) => l.ifname === name);
+    if (!ip) return t.fail(`ip does not show ${name}`);
+    const ours = linkByName(name);
+    t.deepEqual(withoutFlags(ours), expectedLink(ip, all), name);
+  }
+  const br = linkByName(links.bridge);
+  t.is(br.type, 'bridge');
+  t.true(br.up);
+  t.is(linkByName(links.veth).type, 'veth');
+  t.is(linkByName(links.veth).master, br.index);
+  t.is(linkByName(links.peer).master, 0);
+  t.false(linkByName(links.peer).up);
+  t.is(linkByName('lo').type, undefined);
+  t.true(linkByName('lo').loopback);
+  t.is(linkByName('lo').flags & 0x9, 0x9, 'IFF_UP|IFF_LOOPBACK in flags');
+});
+
+kTest('linkList equals ip -j link (whole list when stable)', async (t) => {
+  const links = await makeLinks(t);
+  const { before, result } = await stableSnapshot(t, () => linkList());
+  const byIndex = (a: { index: number }, b: { index: number }) => a.index - b.index;
+  t.deepEqual(
+    result.map(withoutFlags).sort(byIndex),
+    before.map((l) => expectedLink(l, before)).sort(byIndex),
+  );
+  for (const n of Object.values(links)) t.true(result.some((l) => l.name === n), n);
+  t.true(new Set(result.map((l) => l.index)).size === result.length, 'no duplicates');
+});
+
+kTest('minHostMtu is the smallest MTU of up, non-loopback, non-point-to-point links', async (t) => {
+  const links = await makeLinks(t);
+  linkSetMtu(links.bridge, 1280); // up, so it counts; the smallest on any sane host
+  const { before, result } = await stableSnapshot(t, () => minHostMtu());
+  const mtus = before
+    .filter((l) => l.flags.includes('UP') && !l.flags.includes('LOOPBACK') && !l.flags.includes('POINTOPOINT'))
+    .map((l) => l.mtu);
+  t.is(result, mtus.length > 0 ? Math.min(...mtus) : undefined);
+  t.true(result !== undefined && result <= 1280);
+});
+
+kTest('minHostMtu is undefined in a namespace with only loopback (checked through a child netns)', async (t) => {
+  // minHostMtu works on the process's namespace; run it in a child process inside a fresh netns.
+  const ns = await makeNetns(t);
+  await sh('ip', ['-n', ns.name, 'link', 'set', 'lo', 'up']);
+  const script = `import('${new URL('../src/netlink/index.ts', import.meta.url).href}').then((m) => console.log(JSON.stringify({ v: m.minHostMtu() ?? null })))`;
+  const r = await sh('ip', ['netns', 'exec', ns.name, process.execPath, '--import=tsx', '-e', script]);
+  t.deepEqual(JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}'), { v: null });
+});
+
+kTest('linkSetMtu and linkSetTxQLen change the link as ip sees it, and are idempotent', async (t) => {
+  const links = await makeLinks(t);
+  linkSetMtu(links.veth, 1400);
+  linkSetTxQLen(links.veth, 4321);
+  let ip = (await ipLinks()).find((l) => l.ifname === links.veth);
+  t.is(ip?.mtu, 1400);
+  t.is(ip?.txqlen, 4321);
+  t.is(linkByName(links.veth).mtu, 1400);
+  t.is(linkByName(links.veth).txQLen, 4321);
+  linkSetMtu(links.veth, 1400);
+  linkSetTxQLen(links.veth, 4321);
+  linkSetMtu(links.bridge, 9000);
+  linkSetTxQLen(links.bridge, 0);
+  ip = (await ipLinks()).find((l) => l.ifname === links.bridge);
+  t.is(ip?.mtu, 9000);
+  t.is(ip?.txqlen ?? 0, 0);
+  // Other attributes are left alone.
+  t.true(linkByName(links.bridge).up);
+  t.is(linkByName(links.veth).master, linkByName(links.bridge).index);
+});
+
+kTest('link changes report kernel refusals and absence by errno', async (t) => {
+  const links = await makeLinks(t);
+  netlinkErrno(t, () => linkSetMtu(links.veth, 70000), EINVAL, 'MTU above the veth maximum');
+  netlinkErrno(t, () => linkSetMtu(links.veth, 60), EINVAL, 'MTU below the minimum');
+  t.is(linkByName(links.veth).mtu, 1500, 'unchanged');
+  const missing = linkName('v');
+  netlinkErrno(t, () => linkByName(missing), ENODEV, 'linkByName missing');
+  netlinkErrno(t, () => linkSetMtu(missing, 1400), ENODEV, 'linkSetMtu missing');
+  netlinkErrno(t, () => linkSetTxQLen(missing, 10), ENODEV, 'linkSetTxQLen missing');
+  netlinkErrno(t, () => setPromiscOn(missing), ENODEV, 'setPromiscOn missing');
+  netlinkErrno(t, () => setPromiscOff(missing), ENODEV, 'setPromiscOff missing');
+  netlinkErrno(t, () => addrList(missing), ENODEV, 'addrList missing');
+  const err = t.throws(() => linkByName(missing), { instanceOf: NetlinkError });
+  t.true(err?.message.includes(missing), 'message names the link');
+  // The host socket still works after errors.
+  t.is(linkByName(links.veth).name, links.veth);
+});
+
+kTest('setPromiscOn / setPromiscOff toggle PROMISC as ip sees it, idempotently', async (t) => {
+  const links = await makeLinks(t);
+  const flagsOf = async () => (await ipLinks()).find((l) => l.ifname === links.bridge)?.flags ?? [];
+  t.false((await flagsOf()).includes('PROMISC'));
+  setPromiscOn(links.bridge);
+  setPromiscOn(links.bridge);
+  t.true((await flagsOf()).includes('PROMISC'));
+  t.true(linkByName(links.bridge).promisc);
+  t.true(linkByName(links.bridge).up, 'UP kept');
+  t.true((linkByName(links.bridge).flags & 0x100) !== 0);
+  setPromiscOff(links.bridge);
+  setPromiscOff(links.bridge);
+  t.false((await flagsOf()).includes('PROMISC'));
+  t.false(linkByName(links.bridge).promisc);
+  t.true(linkByName(links.bridge).up, 'UP kept');
+});
+
+kTest('addrList equals ip -j addr, per family', async (t) => {
+  const links = await makeLinks(t);
+  const o = 1 + Math.floor(Math.random() * 250);
+  await sh('ip', ['addr', 'add', `198.18.${o}.1/24`, 'dev', links.bridge]);
+  await sh('ip', ['addr', 'add', `198.19.${o}.7/30`, 'dev', links.bridge]);
+  await sh('ip', ['addr', 'add', `fd6b:6e6c:${o.toString(16)}::1/64`, 'dev', links.bridge, 'nodad']);
+  await sh('ip', ['addr', 'add', `fd6b:6e6c:${o.toString(16)}:0:0:0:0:abcd/128`, 'dev', links.bridge, 'nodad']);
+  const expected = await ipAddrs(links.bridge);
+  const ours = addrList(links.bridge);
+  t.deepEqual(ours, expected);
+  t.true(ours.some((a) => a.cidr === `198.18.${o}.1/24` && a.family === 4 && a.scope === 0));
+  t.true(ours.some((a) => a.cidr === `fd6b:6e6c:${o.toString(16)}::abcd/128`), 'IPv6 in canonical form');
+  t.deepEqual(addrList(links.bridge, 4), expected.filter((a) => a.family === 4));
+  t.deepEqual(addrList(links.bridge, 6), expected.filter((a) => a.family === 6));
+  t.deepEqual(addrList('lo'), await ipAddrs('lo'));
+  t.deepEqual(addrList(links.peer), await ipAddrs(links.peer));
+});
+
+kTest('addrDel removes one address and is idempotent (absent address, wrong prefix, absent link)', async (t) => {
+  const links = await makeLinks(t);
+  const o = 1 + Math.floor(Math.random() * 250);
+  const v4 = `198.18.${o}.1/24`;
+  const v4b = `198.19.${o}.2/24`; // another subnet: deleting a primary also drops its secondaries (kernel)
+  const v6 = `fd6b:6e6c:${o.toString(16)}::1/64`;
+  await sh('ip', ['addr', 'add', v4, 'dev', links.bridge]);
+  await sh('ip', ['addr', 'add', v4b, 'dev', links.bridge]);
+  await sh('ip', ['addr', 'add', v6, 'dev', links.bridge, 'nodad']);
+  addrDel(links.bridge, `198.18.${o}.1/16`); // same IP, other prefix: not this address
+  t.true((await ipAddrs(links.bridge)).some((a) => a.cidr === v4), 'wrong prefix deletes nothing');
+  addrDel(links.bridge, v4);
+  let now = await ipAddrs(links.bridge);
+  t.false(now.some((a) => a.cidr === v4));
+  t.true(now.some((a) => a.cidr === v4b), 'the other address stays');
+  addrDel(links.bridge, v4);
+  addrDel(links.bridge, v6);
+  addrDel(links.bridge, v6);
+  now = await ipAddrs(links.bridge);
+  t.false(now.some((a) => a.cidr === v6));
+  t.deepEqual(addrList(links.bridge), now);
+  t.notThrows(() => addrDel(linkName('b'), v4), 'absent link');
+  t.notThrows(() => addrDel(links.peer, '198.51.100.1/24'), 'link without addresses');
+});
+
+kTest('netnsAddrList reads a link inside another namespace and leaves the thread where it was', async (t) => {
+  const links = await makeLinks(t);
+  const ns = await makeNetns(t);
+  const o = 1 + Math.floor(Math.random() * 250);
+  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+  await sh('ip', ['-n', ns.name, 'addr', 'add', `198.18.${o}.5/24`, 'dev', links.peer]);
+  await sh('ip', ['-n', ns.name, 'addr', 'add', `fd6b:6e6c:${o.toString(16)}::5/64`, 'dev', links.peer, 'nodad']);
+  const nsBefore = readlinkSync('/proc/thread-self/ns/net');
+
+  const ours = netnsAddrList(ns.path, links.peer);
+  t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore, 'back in the host namespace');
+  t.deepEqual(ours, await ipAddrs(links.peer, ns.name));
+  t.is(ours.length, 2);
+  t.deepEqual(netnsAddrList(ns.path, links.peer, 4), [{ family: 4, ip: `198.18.${o}.5`, prefixLen: 24, cidr: `198.18.${o}.5/24`, scope: 0 }]);
+  t.deepEqual(netnsAddrList(ns.path, links.peer, 6).map((a) => a.cidr), [`fd6b:6e6c:${o.toString(16)}::5/64`]);
+  t.deepEqual(netnsAddrList(ns.path, 'lo'), await ipAddrs('lo', ns.name), 'lo is down: no addresses');
+
+  // The link is gone from the host namespace, and host calls still use the host socket.
+  netlinkErrno(t, () => linkByName(links.peer), ENODEV, 'moved link not in host');
+  netlinkErrno(t, () => netnsAddrList(ns.path, links.veth), ENODEV, 'host link not in pod netns');
+  t.is(linkByName(links.veth).name, links.veth);
+  t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore);
+});
+
+kTest('netnsAddrList errors: missing path ENOENT, not a netns EINVAL, thread unchanged', async (t) => {
+  const nsBefore = readlinkSync('/proc/thread-self/ns/net');
+  netlinkErrno(t, () => netnsAddrList(`/var/run/netns/knl-${TAG}-absent`, 'eth0'), ENOENT, 'missing netns path');
+  netlinkErrno(t, () => netnsAddrList('/proc/self/stat', 'lo'), EINVAL, 'not a namespace file');
+  t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore);
+  t.is(linkByName('lo').name, 'lo');
+});
+
+kTest('netnsAddrList on a deleted netns (after ip netns del) is ENOENT', async (t) => {
+  const ns = await makeNetns(t);
+  t.deepEqual(netnsAddrList(ns.path, 'lo'), []);
+  await sh('ip', ['netns', 'del', ns.name]);
+  netlinkErrno(t, () => netnsAddrList(ns.path, 'lo'), ENOENT, 'deleted netns');
+});

@@ -1,0 +1,129 @@
+import test from 'ava';
+import { ConfigError } from '../../src/errors.js';
+import {
+  bandwidthFromAnnotations,
+  EGRESS_ANNOTATION,
+  INGRESS_ANNOTATION,
+  parseBandwidth,
+  parseQuantity,
+} from '../../src/shaper/quantity.js';
+import { burstBytes, FRAME, htbQuantum, leafParams, queueLimitBytes, rateParams } from '../../src/shaper/sizing.js';
+import { ipv6Bytes, lastByte } from '../../src/shaper/ip.js';
+import { parseIfbListing } from '../../src/shaper/tc.js';
+
+const valid: Array<[string, number]> = [
+  ['500k', 500_000],
+  ['10M', 10_000_000],
+  ['1.5G', 1_500_000_000],
+  ['1Gi', 2 ** 30],
+  ['100Mi', 100 * 2 ** 20],
+  ['1000', 1000],
+  ['1k', 1000],
+  ['1Ki', 1024],
+  ['2T', 2e12],
+  ['1P', 1e15],
+  ['1e3', 1000],
+  ['1E6', 1e6],
+  ['+5M', 5e6],
+  ['.5M', 500_000],
+  ['2.M', 2e6],
+  ['1000000m', 1000],
+  ['1500.5', 1501], // rounded up like Quantity.Value()
+  ['0.001M', 1000],
+];
+
+for (const [text, bits] of valid) {
+  test(`quantity ${text} = ${bits} bit/s`, (t) => {
+    t.is(parseBandwidth(text, 'x'), bits);
+  });
+}
+
+test('parseQuantity keeps the sign and rejects junk', (t) => {
+  t.is(parseQuantity('-5M'), -5_000_000n);
+  t.is(parseQuantity('1Ei'), 2n ** 60n);
+  for (const bad of ['', ' ', '10 Mbit', '1e3M', 'abc', 'M', '1MB', '1mi', '1.2.3', '5 M', '10M ', '1e', '0x10', 'Infinity', 'NaN', '1_000']) {
+    t.is(parseQuantity(bad), undefined, bad);
+  }
+});
+
+test('bandwidth outside kubelet bounds is refused', (t) => {
+  for (const bad of ['999', '0', '-5M', '1500m', '1.1P', '2E', '1Pi']) {
+    t.throws(() => parseBandwidth(bad, 'x'), { instanceOf: ConfigError }, bad);
+  }
+});
+
+test('bandwidthFromAnnotations reads both directions', (t) => {
+  t.deepEqual(bandwidthFromAnnotations(undefined), {});
+  t.deepEqual(bandwidthFromAnnotations({ other: 'x' }), {});
+  t.deepEqual(bandwidthFromAnnotations({ [INGRESS_ANNOTATION]: '20M', [EGRESS_ANNOTATION]: '10M' }), { ingress: 20e6, egress: 10e6 });
+  t.deepEqual(bandwidthFromAnnotations({ [EGRESS_ANNOTATION]: '1Gi' }), { egress: 2 ** 30 });
+});
+
+test('invalid annotations name the annotation and the value', (t) => {
+  for (const bad of ['10 Mbit', '-5M', '', '1e3M', 'abc', '100', '2P']) {
+    const err = t.throws(() => bandwidthFromAnnotations({ [EGRESS_ANNOTATION]: bad }), { instanceOf: ConfigError });
+    t.true(err?.message.includes(EGRESS_ANNOTATION), err?.message);
+    t.true(err?.message.includes(JSON.stringify(bad)), err?.message);
+  }
+  const err = t.throws(() => bandwidthFromAnnotations({ [INGRESS_ANNOTATION]: 'abc', [EGRESS_ANNOTATION]: '1M' }), { instanceOf: ConfigError });
+  t.true(err?.message.includes(INGRESS_ANNOTATION));
+});
+
+test('sizing: bursts small but at least two frames, queues bounded, quantum in htb range', (t) => {
+  t.is(burstBytes(10e6), 2 * FRAME);
+  t.is(burstBytes(1e9), 187_500);
+  t.is(burstBytes(10e6, 80_000), 10_000);
+  t.is(burstBytes(10e6, 8), 2 * FRAME);
+  // containerd's 2^31-1 bit burst is cut to 100 ms of the rate.
+  t.is(burstBytes(10e6, 2 ** 31 - 1), 125_000);
+  t.is(queueLimitBytes(1e6), 3125 + 2 * FRAME);
+  t.is(queueLimitBytes(1e5), 4 * FRAME);
+  t.is(queueLimitBytes(10e6), 22 * FRAME);
+  t.is(queueLimitBytes(100e6), 37_500);
+  t.is(queueLimitBytes(1e9), 375_000);
+  for (const r of [1e3, 1e6, 1e9, 1e12, 1e15]) {
+    const q = htbQuantum(r);
+    t.true(q >= FRAME && q <= 200_000);
+    const p = rateParams(r);
+    const leaf = leafParams(p);
+    t.true(leaf.rate >= Math.min(1e18, 1000 * p.rate) && leaf.rate >= 100e9 && leaf.burst >= 2 * FRAME && leaf.limit === p.limit);
+  t.is(leafParams(rateParams(10e6)).burst, 2 * FRAME);
+  t.is(leafParams(rateParams(1e9)).burst, 125_000);
+  }
+  // The first second of a fresh 10M transfer may exceed the limit by the burst only.
+  t.true(burstBytes(10e6) * 8 < 0.01 * 10e6);
+});
+
+test('ip helpers: last byte of v4 and v6', (t) => {
+  t.is(lastByte('10.98.1.17'), 17);
+  t.is(lastByte('fd00:98::1:ab'), 0xab);
+  t.is(lastByte('::ffff:10.0.0.200'), 200);
+  t.is(lastByte('fd00::'), 0);
+  t.deepEqual([...ipv6Bytes('1::2')], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+});
+
+test('ifb listing parser finds structure, classes and pod filters', (t) => {
+  const text = `qdisc htb 1: root refcnt 2 r2q 10 default 0 direct_packets_stat 0 direct_qlen 1000
+qdisc tbf 1003: parent 1:3 rate 1Gbit burst 6054b lat 0us
+class htb 1:3 root leaf 1003: prio 0 rate 10Mbit ceil 10Mbit burst 3026b cburst 3026b
+class tbf 1003:1 parent 1003:
+filter protocol ip pref 10 u32 chain 0
+filter protocol ip pref 10 u32 chain 0 fh 10: ht divisor 256
+filter protocol ip pref 10 u32 chain 0 fh 10:b:3 order 3 key ht 10 bkt b *flowid 1:3 not_in_hw
+  match 0a61000b/ffffffff at 12
+filter protocol ip pref 10 u32 chain 0 fh 800: ht divisor 1
+filter protocol ip pref 10 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 link 10: not_in_hw
+filter protocol ipv6 pref 11 u32 chain 0 fh 11: ht divisor 256
+filter protocol ipv6 pref 11 u32 chain 0 fh 11:11:803 order 2051 key ht 11 bkt 11 *flowid 1:3 not_in_hw
+filter protocol ipv6 pref 11 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 link 11: not_in_hw
+`;
+  const l = parseIfbListing(text);
+  t.true(l.htbRoot);
+  t.deepEqual([...l.tables].sort(), ['10', '11']);
+  t.deepEqual([...l.links].sort(), ['10', '11']);
+  t.deepEqual([...l.classes], [3]);
+  t.deepEqual(l.podFilters, [
+    { proto: 'ip', prio: 10, handle: '10:b:3', flowid: 3 },
+    { proto: 'ipv6', prio: 11, handle: '11:11:803', flowid: 3 },
+  ]);
+});
