@@ -14,6 +14,9 @@ export class ConfigError extends KubenetError {}
 /** The plugin is not ready for the operation (no pod CIDR yet, CNI binaries missing). */
 export class NotReadyError extends KubenetError {}
 
+/** The operation names a pod (container) this plugin has not set up. */
+export class UnknownPodError extends KubenetError {}
+
 /** A netlink call failed; `errno` is the positive Linux errno (e.g. 17 for EEXIST). */
 export class NetlinkError extends KubenetError {
   readonly errno: number;

@@ -18,7 +18,7 @@ import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 export const HAIRPIN_MODES = ['promiscuous-bridge', 'hairpin-veth', 'none'] as const;
 export type HairpinMode = (typeof HAIRPIN_MODES)[number];
 
-export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error'] as const;
+export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'silent'] as const;
 export type LogLevel = (typeof LOG_LEVELS)[number];
 
 /** The resolved agent configuration. Optional keys are absent (not undefined) when unset. */
@@ -38,6 +38,8 @@ export interface AgentConfig {
   /** Where the reference CNI plugins (bridge, host-local, loopback) are looked up, in order. */
   pluginBinDirs: string[];
   bridgeName: string;
+  /** The shared ifb device that carries every shaped pod's egress (traffic from pods). */
+  ifbName: string;
   /** Bridge/veth MTU; unset: the smallest MTU of the host's uplinks. */
   mtu?: number;
   hairpinMode: HairpinMode;
@@ -64,6 +66,7 @@ export const DEFAULT_CONFIG: Readonly<DefaultedConfig> = Object.freeze({
   cniConfDir: '/etc/cni/net.d',
   pluginBinDirs: Object.freeze(['/opt/cni/bin', '/usr/lib/cni']) as unknown as string[],
   bridgeName: 'cbr0',
+  ifbName: 'kubenet-ifb0',
   hairpinMode: 'hairpin-veth',
   nonMasqueradeCIDR: '10.0.0.0/8',
   ipamDataDir: '/var/lib/cni/networks',
@@ -137,6 +140,12 @@ export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.fr
     default: DEFAULT_CONFIG.bridgeName,
     flag: '--bridge-name',
     description: 'Linux bridge every pod veth is attached to (at most 15 bytes).',
+  },
+  ifbName: {
+    type: 'string',
+    default: DEFAULT_CONFIG.ifbName,
+    flag: '--ifb-name',
+    description: 'The one ifb device that shapes the egress of every shaped pod (at most 15 bytes); created with the first shaped pod.',
   },
   mtu: {
     type: 'integer',
@@ -298,6 +307,13 @@ function str(value: unknown, fail: Fail, expected: string): string {
   return value;
 }
 
+function ifName(value: unknown, fail: Fail): string {
+  const expected = 'a Linux interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")';
+  const s = str(value, fail, expected);
+  if (Buffer.byteLength(s) > 15 || /[\s/:]/.test(s) || s === '.' || s === '..') throw fail(expected);
+  return s;
+}
+
 function absPath(expected = 'an absolute path'): Validator {
   return (value, fail) => {
     const s = str(value, fail, expected);
@@ -353,12 +369,8 @@ const VALIDATORS: Record<ConfigKey, Validator> = {
       return v;
     });
   },
-  bridgeName: (value, fail) => {
-    const expected = 'a Linux interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")';
-    const s = str(value, fail, expected);
-    if (Buffer.byteLength(s) > 15 || /[\s/:]/.test(s) || s === '.' || s === '..') throw fail(expected);
-    return s;
-  },
+  bridgeName: ifName,
+  ifbName: ifName,
   mtu: (value, fail) => {
     if (typeof value !== 'number' || !Number.isInteger(value) || value < 68 || value > 65535) throw fail('an integer from 68 to 65535');
     return value;

@@ -4,7 +4,7 @@ import { isIPv4 } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { CniRuntime } from '../cni/runtime.js';
 import type { CniResult, NetConf, RuntimeConf } from '../cni/types.js';
-import { AggregateKubenetError, ConfigError, KubenetError, NotReadyError } from '../errors.js';
+import { AggregateKubenetError, ConfigError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parsePodCidrs, type PodSubnet } from './cidr.js';
@@ -199,6 +199,24 @@ export class KubenetPlugin implements NetworkPlugin {
   /** Teardown as a CNI runtime asks; an empty or vanished netns is fine. */
   detach(req: { namespace: string; name: string; id: string; netns: string }): Promise<void> {
     return this.podLocks.run(podKey(req.namespace, req.name), () => this.doTearDown(req.namespace, req.name, req.id, req.netns));
+  }
+
+  /**
+   * CNI CHECK as a runtime asks: the reference bridge plugin checks the pod's veth, addresses and
+   * routes against the result cached at ADD, and a shaped pod must still be known to the shaper.
+   */
+  check(req: { namespace: string; name: string; id: string; netns: string }): Promise<void> {
+    return this.podLocks.run(podKey(req.namespace, req.name), async () => {
+      const known = this.pods.get(req.id);
+      if (!known) throw new UnknownPodError(`container ${req.id} is not attached to ${NETWORK_NAME}`);
+      const bridgeConf = this.currentConfig();
+      if (!bridgeConf) throw new NotReadyError(`kubenet: cannot check pod ${req.namespace}/${req.name}: no pod CIDR yet`);
+      await requireNetns(req.netns, `pod ${req.namespace}/${req.name}`);
+      await this.cni.checkNetwork(bridgeConf, runtimeConf(req.namespace, req.name, req.id, req.netns));
+      if (!isUnshaped(known.limits) && !this.shaper.list().some((s) => s.id === req.id)) {
+        throw new KubenetError(`pod ${req.namespace}/${req.name}: bandwidth limits are recorded but not installed`);
+      }
+    });
   }
 
   /** Re-adopts a pod an earlier process set up (from the agent's state dir), so status and DEL know it. */

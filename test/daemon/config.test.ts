@@ -40,6 +40,7 @@ test('defaults: no file, no flags', async (t) => {
     cniConfDir: '/etc/cni/net.d',
     pluginBinDirs: ['/opt/cni/bin', '/usr/lib/cni'],
     bridgeName: 'cbr0',
+    ifbName: 'kubenet-ifb0',
     hairpinMode: 'hairpin-veth',
     nonMasqueradeCIDR: '10.0.0.0/8',
     ipamDataDir: '/var/lib/cni/networks',
@@ -75,6 +76,7 @@ cniBinDir: /opt/cni/bin
 cniConfDir: /etc/cni/net.d
 pluginBinDirs: [/usr/lib/cni, /opt/cni/bin]
 bridgeName: kbr0
+ifbName: kifb9
 mtu: 1450
 hairpinMode: promiscuous-bridge
 nonMasqueradeCIDR: 10.0.0.0/8
@@ -91,6 +93,7 @@ logLevel: debug
   t.is(c.socket, '/tmp/flag.sock', 'flag wins');
   t.deepEqual(c.pluginBinDirs, ['/usr/lib/cni', '/opt/cni/bin']);
   t.is(c.bridgeName, 'kbr0');
+  t.is(c.ifbName, 'kifb9');
   t.is(c.hairpinMode, 'promiscuous-bridge');
   t.is(c.logLevel, 'debug');
 });
@@ -136,6 +139,7 @@ test('wrong types are refused', async (t) => {
   await refuse(t, 'stateDir: var/lib/kubenet\n', 'stateDir', /absolute path/);
   await refuse(t, 'bridgeName: this-name-is-too-long\n', 'bridgeName', /Linux interface name/);
   await refuse(t, 'bridgeName: "a b"\n', 'bridgeName', /Linux interface name/);
+  await refuse(t, 'ifbName: ifb/0\n', 'ifbName', /Linux interface name/);
   await refuse(t, 'nodeName: true\n', 'nodeName', /node name/);
   await refuse(t, 'kubeconfig: {path: /x}\n', 'kubeconfig', /path to a kubeconfig/);
   await refuse(t, 'podCIDR: 10.244.1.0\n', 'podCIDR', /CIDR/);

@@ -1,0 +1,311 @@
+/**
+ * The node agent end to end: started on a static pod CIDR with temporary CNI dirs, driven through
+ * the conflist it writes and the CNI binary it installs, by the reference runtime library (libcni)
+ * exactly as containerd 1.6 drives it (CNI_ARGS, PascalCase runtimeConfig.bandwidth with the
+ * uint32-max "no burst", DEL twice with the second CNI_NETNS empty), and by direct execs for what
+ * libcni 1.1 cannot send (STATUS, GC, bad input). Traffic only between the test's own namespaces.
+ */
+import anyTest, { type TestFn } from 'ava';
+import { execa } from 'execa';
+import { readFile, stat } from 'node:fs/promises';
+import { request } from 'node:http';
+import { join } from 'node:path';
+import type { PodCidrSource } from '../../src/daemon/agent.js';
+import { CNI_API_PATH } from '../../src/daemon/protocol.js';
+import { AgentHarness, agentTestBlocker, type AgentPod } from '../helpers/agent-harness.js';
+import { ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
+import { iperf, retryLog, type TopoPod } from '../shaper/topo.js';
+
+const blocker = kernelTestBlocker() ?? agentTestBlocker();
+const test = anyTest as TestFn;
+const serialTest = blocker ? test.serial.skip : test.serial;
+if (blocker) console.warn(`agent e2e tests skipped: ${blocker}`);
+
+const MBIT = 1e6;
+const UINT32_MAX = 4294967295;
+
+interface CniResultJson {
+  cniVersion: string;
+  ips: Array<{ address: string; gateway?: string }>;
+  interfaces: Array<{ name: string; sandbox?: string }>;
+}
+
+interface StatusJson {
+  podCIDR: string;
+  bridge: string;
+  ready: boolean;
+  pods: Array<{ namespace: string; name: string; id: string; ips: string[]; limits: { ingress?: number; egress?: number } }>;
+}
+
+async function status(h: AgentHarness): Promise<StatusJson> {
+  const r = await h.get('/v1/status');
+  return JSON.parse(r.body) as StatusJson;
+}
+
+function podIp(result: CniResultJson): string {
+  return result.ips[0]?.address.split('/')[0] ?? '';
+}
+
+async function addOk(t: { is: (a: unknown, b: unknown, m?: string) => void }, h: AgentHarness, pod: AgentPod, runtimeConfig?: object): Promise<CniResultJson> {
+  const r = await h.libcni('add', pod, runtimeConfig ? { runtimeConfig } : {});
+  t.is(r.exitCode, 0, `libcni ADD ${pod.name}: ${r.stderr}`);
+  return JSON.parse(r.stdout) as CniResultJson;
+}
+
+/** The bridge's ports; none when the bridge was never made. */
+async function bridgePorts(h: AgentHarness): Promise<unknown[]> {
+  return (await linkExists(h.bridge)) ? ipJson(['link', 'show', 'master', h.bridge]) : [];
+}
+
+/** Nothing of any pod left: no veth on the bridge, no address, no cache entry, no state. */
+async function assertNothingLeft(t: import('ava').ExecutionContext, h: AgentHarness): Promise<void> {
+  t.deepEqual(await bridgePorts(h), [], 'no veth on the bridge');
+  t.deepEqual(await h.reservedIps(), [], 'no address reserved');
+  t.deepEqual(await h.agentCacheEntries(), [], 'no agent CNI cache entry');
+  t.deepEqual(await h.libcniCacheEntries(), [], 'no libcni cache entry');
+  t.deepEqual(await h.podStateFiles(), [], 'no pod state file');
+  t.deepEqual((await status(h)).pods, []);
+}
+
+serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL, DEL with empty CNI_NETNS leave nothing', async (t) => {
+  const h = await new AgentHarness().setup('10.93.1.0/24');
+  t.teardown(() => h.cleanup.run());
+  await h.startAgent();
+
+  // What a runtime finds: a 0600 socket, a 0755 binary named kubenet, the conflist.
+  t.is((await stat(h.config.socket)).mode & 0o777, 0o600);
+  t.is((await stat(join(h.config.cniBinDir, 'kubenet'))).mode & 0o777, 0o755);
+  const conflist = JSON.parse(await readFile(join(h.config.cniConfDir, '10-kubenet.conflist'), 'utf8')) as {
+    name: string;
+    cniVersion: string;
+    plugins: Array<{ type: string; socket: string; capabilities: Record<string, boolean> }>;
+  };
+  t.is(conflist.name, 'kubenet');
+  t.is(conflist.cniVersion, '1.0.0');
+  t.deepEqual(conflist.plugins, [{ type: 'kubenet', socket: h.config.socket, capabilities: { bandwidth: true, portMappings: true } }]);
+  t.is((await h.get('/healthz')).status, 200);
+
+  const a = await h.addPod('a');
+  const b = await h.addPod('b');
+  const ra = await addOk(t, h, a);
+  const rb = await addOk(t, h, b);
+  t.is(ra.cniVersion, '1.0.0');
+  t.regex(ra.ips[0]?.address ?? '', /^10\.93\.1\.\d+\/24$/);
+  t.is(ra.ips[0]?.gateway, '10.93.1.1');
+  t.not(podIp(ra), podIp(rb));
+  t.true(ra.interfaces.some((i) => i.name === 'eth0' && i.sandbox === a.netnsPath), 'result names the pod interface and its netns');
+  const addrs = await ipJson<Array<{ addr_info: Array<{ local: string }> }>>(['-n', a.netnsName, 'addr', 'show', 'dev', 'eth0']);
+  t.true(addrs[0]?.addr_info.some((x) => x.local === podIp(ra)), 'the address is on eth0 in the pod');
+  const ping = await execa('ip', ['netns', 'exec', a.netnsName, 'ping', '-c', '1', '-W', '2', podIp(rb)], { reject: false });
+  t.is(ping.exitCode, 0, `pod a reaches pod b: ${ping.stdout}`);
+
+  t.is((await h.libcni('check', a)).exitCode, 0, 'CHECK passes');
+  const st = await status(h);
+  t.is(st.podCIDR, '10.93.1.0/24');
+  t.is(st.bridge, h.bridge);
+  t.deepEqual(
+    st.pods.map((p) => [p.namespace, p.name, p.ips]).sort(),
+    [['default', 'a', [podIp(ra)]], ['default', 'b', [podIp(rb)]]],
+    'status shows the pods named by K8S_POD_NAMESPACE / K8S_POD_NAME',
+  );
+  const metrics = (await h.get('/metrics')).body;
+  t.regex(metrics, /^kubenet_pods 2$/m);
+  t.regex(metrics, /^kubenet_cni_add_seconds_count 2$/m);
+
+  // CHECK after the pod lost its address fails.
+  await execa('ip', ['-n', a.netnsName, 'addr', 'flush', 'dev', 'eth0']);
+  const badCheck = await h.libcni('check', a);
+  t.not(badCheck.exitCode, 0, 'CHECK fails once the address is gone');
+  t.regex(badCheck.stderr, new RegExp(podIp(ra).replace(/\./g, '\\.')));
+
+  for (const p of [a, b]) {
+    const del = await h.libcni('del', p);
+    t.is(del.exitCode, 0, del.stderr);
+    // containerd's second DEL comes with CNI_NETNS empty.
+    const again = await h.libcni('del', p, { netns: '' });
+    t.is(again.exitCode, 0, again.stderr);
+  }
+  t.false(await linkExists('eth0', a.netnsName));
+  await assertNothingLeft(t, h);
+  t.regex((await h.get('/metrics')).body, /^kubenet_cni_del_seconds_count 4$/m);
+});
+
+serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-max burst is enforced both ways', async (t) => {
+  const h = await new AgentHarness().setup('10.93.2.0/24');
+  t.teardown(() => h.cleanup.run());
+  await h.startAgent();
+  const shaped = await h.addPod('shaped');
+  const peer = await h.addPod('peer');
+  const bandwidth = { IngressRate: 20 * MBIT, IngressBurst: UINT32_MAX, EgressRate: 10 * MBIT, EgressBurst: UINT32_MAX };
+  const rs = await addOk(t, h, shaped, { bandwidth });
+  const rp = await addOk(t, h, peer);
+
+  const st = await status(h);
+  t.deepEqual(st.pods.find((p) => p.name === 'shaped')?.limits, { ingress: 20 * MBIT, egress: 10 * MBIT }, 'the uint32-max burst counts as none given');
+  t.regex((await h.get('/metrics')).body, /^kubenet_shaped_pods 1$/m);
+
+  const topo = (p: AgentPod, r: CniResultJson, index: number): TopoPod => ({ index, netns: p.netnsName, netnsPath: p.netnsPath, hostVeth: '', ip4: podIp(r), ip6: '', id: p.id });
+  const s = topo(shaped, rs, 0);
+  const p = topo(peer, rp, 1);
+  for (const [what, server, client, limit] of [
+    ['egress 10M', p, s, 10 * MBIT],
+    ['ingress 20M', s, p, 20 * MBIT],
+  ] as const) {
+    const r = await iperf(server, client, { seconds: 5, onRetry: retryLog(t) });
+    t.log(`${what}: ${(r.bps / MBIT).toFixed(2)} Mbit/s, intervals ${r.intervals.map((i) => (i / MBIT).toFixed(2)).join(' ')}`);
+    t.true(r.bps >= 0.9 * limit && r.bps <= 1.1 * limit, `${what}: ${r.bps} within ±10%`);
+    t.true(Math.max(...r.intervals) <= 1.25 * limit, `${what}: no 1 s interval above 1.25x (no burst blow-through)`);
+  }
+
+  for (const pod of [shaped, peer]) t.is((await h.libcni('del', pod)).exitCode, 0);
+  const classes = (await execa('tc', ['class', 'show', 'dev', h.ifb], { reject: false })).stdout;
+  t.false(/class htb 1:/.test(classes), `no pod class left on the ifb: ${classes}`);
+  await assertNothingLeft(t, h);
+});
+
+serialTest('after an agent restart the pods are still known (IPs, limits) and DEL cleans everything', async (t) => {
+  const h = await new AgentHarness().setup('10.93.3.0/24');
+  t.teardown(() => h.cleanup.run());
+  await h.startAgent();
+  const pod = await h.addPod('survivor');
+  const r = await addOk(t, h, pod, { bandwidth: { ingressRate: 5 * MBIT, egressRate: 3 * MBIT } });
+  const before = (await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout;
+  t.regex(before, /class htb 1:\w+ .*rate 3Mbit/, 'egress class on the ifb');
+
+  await h.stopAgent();
+  // The agent is gone: the binary answers with a CNI error naming the socket, exit non-zero.
+  const down = await h.libcni('check', pod);
+  t.not(down.exitCode, 0);
+  t.true(down.stderr.includes(h.config.socket), down.stderr);
+
+  await h.startAgent();
+  const st = await status(h);
+  t.deepEqual(
+    st.pods.map((p) => ({ name: p.name, ips: p.ips, limits: p.limits })),
+    [{ name: 'survivor', ips: [podIp(r)], limits: { ingress: 5 * MBIT, egress: 3 * MBIT } }],
+  );
+  t.is((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, before, 'shaping untouched by the restart');
+  t.is((await h.libcni('check', pod)).exitCode, 0, 'CHECK passes after the restart');
+  t.is((await h.libcni('del', pod)).exitCode, 0);
+  t.false(/class htb 1:/.test((await execa('tc', ['class', 'show', 'dev', h.ifb], { reject: false })).stdout));
+  await assertNothingLeft(t, h);
+});
+
+serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again later"; the CIDR arrives and all is written', async (t) => {
+  const h = await new AgentHarness().setup('10.93.4.0/24');
+  t.teardown(() => h.cleanup.run());
+  let deliver: ((cidr: string) => void | Promise<void>) | undefined;
+  const source: PodCidrSource = {
+    start: async (onCidr) => {
+      deliver = onCidr;
+    },
+    stop: async () => {},
+  };
+  await h.startAgent(source);
+  const health = await h.get('/healthz');
+  t.is(health.status, 503);
+  t.regex(health.body, /pod CIDR/);
+  t.false(await linkExists(h.bridge));
+  await t.throwsAsync(stat(join(h.config.cniConfDir, '10-kubenet.conflist')), { code: 'ENOENT' });
+
+  const pod = await h.addPod('early');
+  const early = await postCni(h, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
+  t.is(early.status, 500);
+  t.is((JSON.parse(early.body) as { code: number }).code, 11, 'CNI code 11: try again later');
+  t.deepEqual(await h.reservedIps(), []);
+
+  await deliver?.('10.93.4.0/24');
+  t.is((await h.get('/healthz')).status, 200);
+  t.is((await addOk(t, h, pod)).ips.length, 1);
+  t.is((await h.libcni('del', pod)).exitCode, 0);
+  await assertNothingLeft(t, h);
+});
+
+serialTest('bad input is a CNI error object with the right code, and leaks nothing; STATUS and GC (spec 1.1.0)', async (t) => {
+  const h = await new AgentHarness().setup('10.93.5.0/24');
+  t.teardown(() => h.cleanup.run());
+  await h.startAgent();
+  const pod = await h.addPod('p');
+  const errOf = (stdout: string) => JSON.parse(stdout) as { cniVersion: string; code: number; msg: string };
+
+  const badRate = await h.execCni('ADD', pod, conf(h, { runtimeConfig: { bandwidth: { ingressRate: 10 } } }));
+  t.not(badRate.exitCode, 0);
+  t.is(errOf(badRate.stdout).code, 7);
+  t.regex(errOf(badRate.stdout).msg, /ingressRate/);
+  const badIf = await h.execCni('ADD', pod, conf(h), { CNI_IFNAME: 'net1' });
+  t.is(errOf(badIf.stdout).code, 4);
+  const noNetns = await h.execCni('ADD', pod, conf(h), { CNI_NETNS: '' });
+  t.is(errOf(noNetns.stdout).code, 4);
+  t.regex(errOf(noNetns.stdout).msg, /CNI_NETNS/);
+  const goneNetns = await h.execCni('ADD', pod, conf(h), { CNI_NETNS: '/var/run/netns/kag-does-not-exist' });
+  t.not(goneNetns.exitCode, 0);
+  const unknownCheck = await h.execCni('CHECK', pod, conf(h));
+  t.is(errOf(unknownCheck.stdout).code, 3, 'CHECK of a container never added: unknown container');
+  const badJson = await h.execCni('ADD', pod, '{not json');
+  t.not(badJson.exitCode, 0);
+  t.deepEqual(await h.reservedIps(), [], 'no refused ADD reserved an address');
+  t.deepEqual(await bridgePorts(h), []);
+
+  const version = await h.execCni('VERSION', undefined, conf(h));
+  t.is(version.exitCode, 0);
+  t.true((JSON.parse(version.stdout) as { supportedVersions: string[] }).supportedVersions.includes('1.1.0'));
+  const statusOk = await h.execCni('STATUS', undefined, conf(h, { cniVersion: '1.1.0' }));
+  t.is(statusOk.exitCode, 0, statusOk.stdout);
+
+  // GC: keeps the valid attachment, tears down the other.
+  const keep = pod;
+  const drop = await h.addPod('stale');
+  await addOk(t, h, keep);
+  await addOk(t, h, drop);
+  t.is((await h.reservedIps()).length, 2);
+  const gc = await h.execCni('GC', undefined, conf(h, { cniVersion: '1.1.0', 'cni.dev/valid-attachments': [{ containerID: keep.id, ifname: 'eth0' }] }));
+  t.is(gc.exitCode, 0, gc.stdout);
+  t.deepEqual((await status(h)).pods.map((p) => p.name), ['p']);
+  t.is((await h.reservedIps()).length, 1);
+  t.is((await h.libcni('del', keep)).exitCode, 0);
+  t.is((await h.libcni('del', drop)).exitCode, 0, 'DEL of an already collected container succeeds');
+  await assertNothingLeft(t, h);
+});
+
+serialTest('stop() lets a CNI call in flight finish before the agent exits', async (t) => {
+  const h = await new AgentHarness().setup('10.93.6.0/24');
+  t.teardown(() => h.cleanup.run());
+  const agent = await h.startAgent();
+  const pod = await h.addPod('inflight');
+  const add = postCni(h, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
+  const deadline = Date.now() + 5000;
+  while (agent.callsInFlight() === 0 && Date.now() < deadline) await new Promise((r) => setImmediate(r));
+  t.is(agent.callsInFlight(), 1, 'the ADD is in flight');
+  await h.stopAgent();
+  const r = await add;
+  t.is(r.status, 200, r.body);
+  t.regex((JSON.parse(r.body) as CniResultJson).ips[0]?.address ?? '', /^10\.93\.6\./);
+  await t.throwsAsync(stat(h.config.socket), { code: 'ENOENT' }, 'socket removed');
+  // The pod set up during shutdown is known to the next agent, and DEL cleans it.
+  await h.startAgent();
+  t.is((await status(h)).pods.length, 1);
+  t.is((await h.libcni('del', pod)).exitCode, 0);
+  await assertNothingLeft(t, h);
+});
+
+/** A network config as a runtime would pass the kubenet plugin (the socket key points the binary at this agent). */
+function conf(h: AgentHarness, extra: Record<string, unknown> = {}): string {
+  return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket, ...extra });
+}
+
+/** One forwarded CNI call straight to the socket (as the binary would send it). */
+function postCni(h: AgentHarness, env: Record<string, string>, stdin: string): Promise<{ status: number; body: string }> {
+  const body = JSON.stringify({ env, stdin });
+  return new Promise((resolve, reject) => {
+    const req = request(
+      { socketPath: h.config.socket, path: CNI_API_PATH, method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+      },
+    );
+    req.on('error', reject);
+    req.end(body);
+  });
+}

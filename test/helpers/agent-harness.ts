@@ -1,0 +1,178 @@
+/**
+ * One node agent on the test's own bridge, ifb, socket and temporary CNI dirs, driven the way a
+ * container runtime drives it: through the conflist it writes and the CNI binary it installs,
+ * either exec'd directly or through the reference runtime library (the libcni driver of
+ * test/libcni, built by `npm run build:test-tools`). `cleanup` removes everything it made.
+ */
+import { execa } from 'execa';
+import { existsSync } from 'node:fs';
+import { readdir } from 'node:fs/promises';
+import { request } from 'node:http';
+import { isIP } from 'node:net';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Agent, StaticCidr, type PodCidrSource } from '../../src/daemon/agent.js';
+import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
+import { createLogger } from '../../src/log.js';
+import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from './kernel.js';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+export const LIBCNI_DRIVER = join(ROOT, 'native/build/libcni-driver');
+export const FORWARDER = join(ROOT, 'native/build/kubenet-cni');
+
+/** Why the agent e2e tests cannot run, beyond the kernel blocker. */
+export function agentTestBlocker(): string | undefined {
+  if (!existsSync(FORWARDER)) return `needs ${FORWARDER} (npm run build:native; npm test builds it)`;
+  if (!existsSync(LIBCNI_DRIVER)) return `needs ${LIBCNI_DRIVER} (npm run build:test-tools; npm test builds it)`;
+  return undefined;
+}
+
+export interface AgentPod {
+  namespace: string;
+  name: string;
+  id: string;
+  uid: string;
+  netnsName: string;
+  netnsPath: string;
+}
+
+export interface DriverResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+}
+
+export class AgentHarness {
+  readonly cleanup = new Cleanup();
+  readonly tag = uniq(6);
+  readonly bridge = `kag${this.tag}`;
+  readonly ifb = `kai${this.tag}`;
+  root!: string;
+  config!: AgentConfig;
+  /** libcni's own cache (the runtime side), apart from the agent's. */
+  libcniCache!: string;
+  agent: Agent | undefined;
+
+  async setup(podCidr: string, overrides: Partial<AgentConfig> = {}): Promise<this> {
+    this.root = await makeTmpDir('kag');
+    this.cleanup.add(() => rmrf(this.root));
+    this.cleanup.add(() => delLink(this.bridge));
+    this.cleanup.add(() => delLink(this.ifb));
+    this.cleanup.add(() => this.stopAgent());
+    this.libcniCache = join(this.root, 'libcni-cache');
+    this.config = await loadConfig({
+      flags: {
+        podCIDR: podCidr,
+        socket: join(this.root, 'kubenet.sock'),
+        cniBinDir: join(this.root, 'cni-bin'),
+        cniConfDir: join(this.root, 'cni-conf'),
+        pluginBinDirs: CNI_BIN_DIRS,
+        bridgeName: this.bridge,
+        ifbName: this.ifb,
+        nonMasqueradeCIDR: '0.0.0.0/0',
+        ipamDataDir: join(this.root, 'ipam'),
+        cniCacheDir: join(this.root, 'cni-cache'),
+        stateDir: join(this.root, 'state'),
+        logLevel: (process.env.KUBENET_LOG_LEVEL as AgentConfig['logLevel'] | undefined) ?? 'silent',
+        ...overrides,
+      },
+      env: { NODE_NAME: 'test-node' },
+    });
+    return this;
+  }
+
+  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? '')): Promise<Agent> {
+    const agent = new Agent(this.config, source, createLogger({ level: this.config.logLevel }));
+    this.agent = agent;
+    await agent.start();
+    return agent;
+  }
+
+  async stopAgent(): Promise<void> {
+    const agent = this.agent;
+    this.agent = undefined;
+    await agent?.stop();
+  }
+
+  async addPod(name: string): Promise<AgentPod> {
+    const netnsName = `kag-${this.tag}-${name}`;
+    const { path } = await addNetns(netnsName);
+    this.cleanup.add(() => delNetns(netnsName));
+    return { namespace: 'default', name, id: `${this.tag}${name}`.padEnd(64, '0'), uid: `uid-${this.tag}-${name}`, netnsName, netnsPath: path };
+  }
+
+  /** CNI_ARGS exactly as containerd 1.6 passes them. */
+  cniArgs(pod: AgentPod): string {
+    return `IgnoreUnknown=1;K8S_POD_NAMESPACE=${pod.namespace};K8S_POD_NAME=${pod.name};K8S_POD_INFRA_CONTAINER_ID=${pod.id};K8S_POD_UID=${pod.uid}`;
+  }
+
+  /**
+   * The conflist through libcni, as containerd does: the lexically first file of the conf dir,
+   * plugins from the agent's bin dir then the reference dirs, runtimeConfig from capability args.
+   */
+  async libcni(
+    cmd: 'add' | 'del' | 'check',
+    pod: AgentPod,
+    opts: { runtimeConfig?: object; netns?: string } = {},
+  ): Promise<DriverResult> {
+    const args = [
+      cmd,
+      '--conf-dir', this.config.cniConfDir,
+      '--bin-dir', [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'),
+      '--cache-dir', this.libcniCache,
+      '--netns', opts.netns ?? pod.netnsPath,
+      '--container-id', pod.id,
+      '--args', this.cniArgs(pod),
+      '--timeout', '60s',
+    ];
+    if (opts.runtimeConfig) args.push('--runtime-config', JSON.stringify(opts.runtimeConfig));
+    const r = await execa(LIBCNI_DRIVER, args, { reject: false });
+    return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
+  }
+
+  /** The installed CNI binary exec'd directly with the given command and config on stdin. */
+  async execCni(command: string, pod: AgentPod | undefined, stdin: string, env: Record<string, string> = {}): Promise<DriverResult> {
+    const r = await execa(join(this.config.cniBinDir, 'kubenet'), [], {
+      reject: false,
+      input: stdin,
+      extendEnv: false,
+      env: {
+        CNI_COMMAND: command,
+        CNI_PATH: [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'),
+        ...(pod ? { CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: this.cniArgs(pod) } : {}),
+        ...env,
+      },
+    });
+    return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
+  }
+
+  /** GET on the agent socket. */
+  get(path: string): Promise<{ status: number; body: string }> {
+    return new Promise((resolve, reject) => {
+      const req = request({ socketPath: this.config.socket, path, method: 'GET' }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+  }
+
+  async reservedIps(): Promise<string[]> {
+    const files = await readdir(join(this.config.ipamDataDir, 'kubenet')).catch(() => [] as string[]);
+    return files.filter((f) => isIP(f) !== 0);
+  }
+
+  async agentCacheEntries(): Promise<string[]> {
+    return readdir(join(this.config.cniCacheDir, 'results')).catch(() => [] as string[]);
+  }
+
+  async libcniCacheEntries(): Promise<string[]> {
+    return readdir(join(this.libcniCache, 'results')).catch(() => [] as string[]);
+  }
+
+  async podStateFiles(): Promise<string[]> {
+    return readdir(join(this.config.stateDir, 'pods')).catch(() => [] as string[]);
+  }
+}
