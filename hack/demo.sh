@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then echo "demo: run as root (it creates network namespaces and a bridge)" >&2; exit 1; fi
 bash hack/bootstrap.sh
+bash hack/build-native.sh   # the CNI binary the agent installs
 exec node --import=tsx hack/demo.ts "$@"

@@ -1,57 +1,214 @@
 /**
- * Demo: wires three pods (network namespaces of the demo's own) onto a bridge through
- * KubenetPlugin on the embedded default pod CIDR, shows their addresses and that they reach each
- * other, then removes everything it made.
+ * The main job, no cluster needed: starts the node agent (`kubenet daemon`) on the embedded
+ * default pod CIDR with the demo's own bridge, ifb, socket and CNI dirs; creates three pods (network
+ * namespaces of the demo's own) through the CNI binary the agent installed, as a container runtime
+ * would (one unshaped, two with bandwidth limits passed as runtimeConfig.bandwidth); measures each
+ * limit with iperf3 between the demo pods; prints asked vs measured; removes everything it made.
  */
-import { execa } from 'execa';
+import { execa, type ResultPromise } from 'execa';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createLogger } from '../src/log.js';
-import { KubenetPlugin } from '../src/plugin/kubenet.js';
+import { fileURLToPath } from 'node:url';
 
 export const DEMO_POD_CIDR = '10.244.0.0/24';
+const ROOT = fileURLToPath(new URL('../', import.meta.url));
+const M = 1e6;
+const SECONDS = 4;
+
+interface DemoPod {
+  name: string;
+  id: string;
+  netns: string;
+  /** bits/s, as containerd passes the pod's annotations. */
+  bandwidth?: { ingressRate?: number; egressRate?: number };
+  ip?: string;
+}
+
+const tty = process.stdout.isTTY;
+function progress(line: string): void {
+  if (tty) process.stdout.write(`\r\x1b[2K${line}`);
+}
+function done(line: string): void {
+  if (tty) process.stdout.write('\r\x1b[2K');
+  console.log(line);
+}
 
 async function main(): Promise<void> {
   const tag = randomBytes(2).toString('hex');
-  const bridge = `kdemo${tag}`;
   const dir = await mkdtemp(join(tmpdir(), 'kubenet-demo-'));
-  const pods = ['alpha', 'beta', 'gamma'].map((name) => ({ name, id: `demo-${name}-${tag}`, netns: `kdemo-${tag}-${name}` }));
-  const logger = createLogger({ level: process.env.KUBENET_LOG_LEVEL ?? 'warn' });
-  const plugin = new KubenetPlugin({ bridgeName: bridge, ipamDataDir: join(dir, 'ipam'), cniCacheDir: join(dir, 'cache'), logger });
-  const netnsOf = new Map(pods.map((p) => [p.id, `/var/run/netns/${p.netns}`]));
+  const bridge = `kdemo${tag}`;
+  const ifb = `kdifb${tag}`;
+  const socket = join(dir, 'kubenet.sock');
+  const cniBin = join(dir, 'cni-bin');
+  const cniConf = join(dir, 'cni-conf');
+  const pods: DemoPod[] = [
+    { name: 'free', id: `demo-free-${tag}`, netns: `kdemo-${tag}-free` },
+    { name: 'gold', id: `demo-gold-${tag}`, netns: `kdemo-${tag}-gold`, bandwidth: { ingressRate: 40 * M, egressRate: 20 * M } },
+    { name: 'bronze', id: `demo-bronze-${tag}`, netns: `kdemo-${tag}-bronze`, bandwidth: { egressRate: 5 * M } },
+  ];
+  const agentArgs = [
+    '--import=tsx', join(ROOT, 'src/cli/main.ts'), 'daemon',
+    '--pod-cidr', DEMO_POD_CIDR,
+    '--socket', socket,
+    '--cni-bin-dir', cniBin,
+    '--cni-conf-dir', cniConf,
+    '--bridge-name', bridge,
+    '--ifb-name', ifb,
+    '--non-masquerade-cidr', '0.0.0.0/0',
+    '--ipam-data-dir', join(dir, 'ipam'),
+    '--cni-cache-dir', join(dir, 'cni-cache'),
+    '--state-dir', join(dir, 'state'),
+    '--log-level', process.env.KUBENET_LOG_LEVEL ?? 'warn',
+  ];
+  let agent: ResultPromise | undefined;
+  const added: DemoPod[] = [];
+  const cni = (command: string, pod: DemoPod, runtimeConfig?: object) =>
+    execa(join(cniBin, 'kubenet'), [], {
+      reject: false,
+      input: JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket, ...(runtimeConfig ? { runtimeConfig } : {}) }),
+      env: {
+        CNI_COMMAND: command,
+        CNI_CONTAINERID: pod.id,
+        CNI_NETNS: `/var/run/netns/${pod.netns}`,
+        CNI_IFNAME: 'eth0',
+        CNI_PATH: `${cniBin}:/usr/lib/cni:/opt/cni/bin`,
+        CNI_ARGS: `IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=${pod.name};K8S_POD_INFRA_CONTAINER_ID=${pod.id}`,
+      },
+    });
   try {
-    for (const p of pods) await execa('ip', ['netns', 'add', p.netns]);
-    await plugin.init({ getPodByName: () => ({}), getNetNS: (id) => netnsOf.get(id) ?? '' }, 'hairpin-veth', '0.0.0.0/0');
-    await plugin.event('pod-cidr-change', { 'pod-cidr': DEMO_POD_CIDR });
-    plugin.status();
-    console.log(`bridge ${bridge}, pod CIDR ${DEMO_POD_CIDR}`);
-    const ips = new Map<string, string>();
+    console.log(`kubenet-ts demo: agent on pod CIDR ${DEMO_POD_CIDR}, bridge ${bridge}, everything under ${dir}`);
+    agent = execa(process.execPath, agentArgs, { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    await waitHealthy(socket, agent);
+    const conflist = JSON.parse(await readFile(join(cniConf, '10-kubenet.conflist'), 'utf8')) as object;
+    console.log(`agent ready: installed ${join(cniBin, 'kubenet')} and ${join(cniConf, '10-kubenet.conflist')}:\n  ${JSON.stringify(conflist)}`);
+
     for (const p of pods) {
+      await execa('ip', ['netns', 'add', p.netns]);
+      added.push(p);
       const started = performance.now();
-      await plugin.setUpPod('demo', p.name, p.id);
-      const { ip } = await plugin.getPodNetworkStatus('demo', p.name, p.id);
-      ips.set(p.name, ip);
-      console.log(`  pod ${p.name.padEnd(6)} ${ip.padEnd(15)} set up in ${(performance.now() - started).toFixed(1)} ms`);
+      const r = await cni('ADD', p, p.bandwidth ? { bandwidth: p.bandwidth } : undefined);
+      if (r.exitCode !== 0) throw new Error(`CNI ADD of pod ${p.name} failed: ${r.stdout || r.stderr}`);
+      const result = JSON.parse(r.stdout) as { ips: Array<{ address: string }> };
+      p.ip = result.ips[0]?.address.split('/')[0];
+      console.log(`  CNI ADD ${p.name.padEnd(6)} -> ${String(p.ip).padEnd(12)} in ${(performance.now() - started).toFixed(1)} ms  limits: ${limitsText(p)}`);
     }
-    for (const [i, p] of pods.entries()) {
-      const peer = pods[(i + 1) % pods.length]!;
-      const r = await execa('ip', ['netns', 'exec', p.netns, 'ping', '-c', '3', '-i', '0.2', '-W', '2', ips.get(peer.name)!], { reject: false });
-      const rtt = /= [\d.]+\/([\d.]+)\//.exec(r.stdout)?.[1];
-      console.log(`  ${p.name} -> ${peer.name}: ${r.exitCode === 0 ? `reachable, avg rtt ${rtt} ms` : 'UNREACHABLE'}`);
-      if (r.exitCode !== 0) process.exitCode = 1;
+    const status = await execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), 'status', '--socket', socket], { cwd: ROOT, reject: false });
+    console.log(`\n$ kubenet status\n${status.stdout}${status.stderr}\n`);
+
+    const [free, gold, bronze] = pods as [DemoPod, DemoPod, DemoPod];
+    // Each limit measured pod to pod; the other end never limits that direction.
+    const runs: Array<{ what: string; sender: DemoPod; receiver: DemoPod; asked: number | undefined }> = [
+      { what: 'gold egress', sender: gold, receiver: free, asked: gold.bandwidth?.egressRate },
+      { what: 'gold ingress', sender: free, receiver: gold, asked: gold.bandwidth?.ingressRate },
+      { what: 'bronze egress', sender: bronze, receiver: free, asked: bronze.bandwidth?.egressRate },
+      { what: 'free (unshaped)', sender: free, receiver: bronze, asked: undefined },
+    ];
+    const rows: string[][] = [];
+    for (const [i, run] of runs.entries()) {
+      const label = `[${i + 1}/${runs.length}] ${run.what}: ${run.sender.name} -> ${run.receiver.name}`;
+      const measured = await iperf(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS} s`));
+      const ok = run.asked === undefined ? measured > 200 * M : Math.abs(measured / run.asked - 1) <= 0.1;
+      done(`measured  ${label}: ${fmt(measured)}`);
+      rows.push([run.what, `${run.sender.name} -> ${run.receiver.name}`, run.asked ? fmt(run.asked) : 'unlimited', fmt(measured), run.asked ? `${((measured / run.asked - 1) * 100).toFixed(1)}%` : '', ok ? 'ok' : 'OFF']);
+      if (!ok) process.exitCode = 1;
     }
+    console.log('');
+    printTable(['pod / direction', 'iperf3', 'asked', 'measured (TCP goodput)', 'diff', ''], rows);
+    console.log('(limits apply to whole frames: TCP goodput sits ~4% under them)');
   } finally {
-    for (const p of pods) await plugin.tearDownPod('demo', p.name, p.id).catch((err) => console.error(`teardown ${p.name}:`, err));
-    for (const p of pods) await execa('ip', ['netns', 'del', p.netns], { reject: false });
+    for (const p of added) {
+      const r = await cni('DEL', p);
+      if (r.exitCode !== 0) console.error(`CNI DEL of pod ${p.name} failed: ${r.stdout || r.stderr}`);
+    }
+    if (agent) {
+      agent.kill('SIGTERM');
+      await agent;
+    }
+    for (const p of added) await execa('ip', ['netns', 'del', p.netns], { reject: false });
     await execa('ip', ['link', 'del', bridge], { reject: false });
+    await execa('ip', ['link', 'del', ifb], { reject: false });
     await rm(dir, { recursive: true, force: true });
-    console.log('removed demo pods, bridge and state');
+    const left = (await execa('ip', ['-o', 'link', 'show'])).stdout.split('\n').filter((l) => l.includes(bridge) || l.includes(ifb));
+    console.log(left.length === 0 ? 'removed the demo pods, bridge, ifb, agent state and CNI dirs' : `left behind: ${left.join('; ')}`);
+  }
+}
+
+function limitsText(p: DemoPod): string {
+  const b = p.bandwidth;
+  if (!b) return 'none';
+  return [b.ingressRate ? `ingress ${fmt(b.ingressRate)}` : '', b.egressRate ? `egress ${fmt(b.egressRate)}` : ''].filter(Boolean).join(', ');
+}
+
+function fmt(bps: number): string {
+  return bps >= 1e9 ? `${(bps / 1e9).toFixed(2)} Gbit/s` : `${(bps / M).toFixed(2)} Mbit/s`;
+}
+
+function printTable(head: string[], rows: string[][]): void {
+  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (cells: string[]) => '  ' + cells.map((c, i) => c.padEnd(widths[i] ?? 0)).join('  ').trimEnd();
+  console.log(line(head));
+  console.log(line(widths.map((w) => '-'.repeat(w))));
+  for (const r of rows) console.log(line(r));
+}
+
+/** iperf3 from sender to receiver (both demo pods); the receiver's rate in bits/s. */
+async function iperf(sender: DemoPod, receiver: DemoPod, tick: (s: number) => void): Promise<number> {
+  const port = String(5201 + Math.floor(Math.random() * 1000));
+  for (let attempt = 1; ; attempt++) {
+    const server = execa('ip', ['netns', 'exec', receiver.netns, 'iperf3', '-s', '-1', '-p', port], { reject: false });
+    try {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 1500);
+        server.stdout?.on('data', (d: Buffer) => {
+          if (d.toString().includes('listening')) {
+            clearTimeout(timer);
+            resolve();
+          }
+        });
+      });
+      let s = 0;
+      tick(0);
+      const ticker = setInterval(() => tick(Math.min(++s, SECONDS)), 1000);
+      const r = await execa('ip', ['netns', 'exec', sender.netns, 'iperf3', '-c', String(receiver.ip), '-p', port, '-t', String(SECONDS), '-J'], { reject: false }).finally(() =>
+        clearInterval(ticker),
+      );
+      const j = JSON.parse(r.stdout || '{}') as { error?: string; end?: { sum_received?: { bits_per_second: number } } };
+      if (j.end?.sum_received) return j.end.sum_received.bits_per_second;
+      if (attempt >= 3) throw new Error(`iperf3 ${sender.name} -> ${receiver.name} failed: ${j.error ?? r.stderr}`);
+    } finally {
+      server.kill('SIGKILL');
+      await server;
+    }
+  }
+}
+
+/** Polls the agent's /healthz until 200; fails if the agent exits first. */
+async function waitHealthy(socket: string, agent: ResultPromise): Promise<void> {
+  let exited = false;
+  void agent.then(() => {
+    exited = true;
+  });
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    if (exited) throw new Error('the agent exited during startup (see its log above)');
+    const status = await new Promise<number>((resolve) => {
+      const req = request({ socketPath: socket, path: '/healthz', method: 'GET', agent: false }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on('error', () => resolve(0));
+      req.end();
+    });
+    if (status === 200) return;
+    if (Date.now() > deadline) throw new Error(`the agent did not become ready within 30 s (socket ${socket})`);
+    await new Promise((r) => setTimeout(r, 100));
   }
 }
 
 main().catch((err) => {
-  console.error(err);
-  process.exit(1);
+  console.error(err instanceof Error ? err.message : err);
+  process.exitCode = 1;
 });

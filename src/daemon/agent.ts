@@ -69,7 +69,7 @@ export class Agent {
     private readonly config: AgentConfig,
     private readonly source: PodCidrSource,
     private readonly log: Logger,
-    pods?: PodLookup,
+    private readonly pods?: PodLookup,
   ) {
     this.plugin = new KubenetPlugin({
       bridgeName: config.bridgeName,
@@ -111,6 +111,7 @@ export class Agent {
     for (const r of restored) this.plugin.restorePod(r);
     this.updateGauges();
     if (restored.length > 0) this.log.info({ pods: restored.length }, 'restored pods set up before the restart');
+    await this.pods?.start?.();
     await this.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
   }
@@ -290,6 +291,7 @@ export class Agent {
       server.closeIdleConnections();
       await closed;
     }
+    await this.pods?.stop?.();
     this.plugin.close();
     await rm(this.config.socket, { force: true });
     this.log.info('agent stopped');

@@ -32,6 +32,9 @@ export interface CniAnswer {
 export interface PodLookup {
   /** The pod's annotations when the agent knows the pod (cluster mode), else undefined. */
   annotations(namespace: string, name: string): Promise<Record<string, string> | undefined>;
+  /** Begin and end whatever feeds the lookup (a watch); the agent calls them around its own life. */
+  start?(): Promise<void>;
+  stop?(): Promise<void>;
 }
 
 export interface CniHandlerHooks {

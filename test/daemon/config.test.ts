@@ -1,5 +1,5 @@
 import test from 'ava';
-import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConfigError } from '../../src/errors.js';
@@ -206,4 +206,10 @@ test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', a
   const md = configKeysMarkdown();
   for (const key of keys) t.true(md.includes(`| \`${key}\` |`), key);
   t.is(md.split('\n').length, keys.length + 2);
+});
+
+test("README documents every key: its table is configKeysMarkdown()'s", async (t) => {
+  const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
+  t.true(readme.includes(configKeysMarkdown()), 'regenerate the table in README.md from configKeysMarkdown()');
+  for (const key of Object.keys(CONFIG_KEYS)) t.true(readme.includes(`| \`${key}\` |`), key);
 });

@@ -11,6 +11,10 @@ import { readFile, stat } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/agent.js';
+import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
+import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
+import { createLogger } from '../../src/log.js';
+import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../helpers/fake-apiserver.js';
 import { CNI_API_PATH } from '../../src/daemon/protocol.js';
 import { AgentHarness, agentTestBlocker, type AgentPod } from '../helpers/agent-harness.js';
 import { ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
@@ -218,6 +222,42 @@ serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again lat
   t.is((await h.get('/healthz')).status, 200);
   t.is((await addOk(t, h, pod)).ips.length, 1);
   t.is((await h.libcni('del', pod)).exitCode, 0);
+  await assertNothingLeft(t, h);
+});
+
+serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod annotations (no runtimeConfig)', async (t) => {
+  const api = await FakeApiServer.start();
+  t.teardown(() => api.stop());
+  const h = await new AgentHarness().setup('10.93.8.0/24');
+  t.teardown(() => h.cleanup.run());
+  const kube = { nodeName: 'test-node', logger: createLogger({ level: h.config.logLevel }), kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 };
+  api.setNode(node('test-node'));
+  await h.startAgent(new NodeWatchPodCidrSource(kube), new ClusterPodLookup(kube));
+  t.is((await h.get('/healthz')).status, 503, 'no pod CIDR on the Node yet');
+
+  api.setNode(node('test-node', { podCIDRs: ['10.93.8.0/24'] }));
+  const deadline = Date.now() + 10_000;
+  while ((await h.get('/healthz')).status !== 200 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  t.is((await h.get('/healthz')).status, 200, 'ready once the Node has a pod CIDR');
+  t.is((await status(h)).podCIDR, '10.93.8.0/24');
+
+  const web = await h.addPod('web');
+  api.setPod(podObject('default', 'web', 'test-node', { 'kubernetes.io/ingress-bandwidth': '7M', 'kubernetes.io/egress-bandwidth': '3M' }));
+  const r = await addOk(t, h, web);
+  t.regex(r.ips[0]?.address ?? '', /^10\.93\.8\./);
+  t.deepEqual((await status(h)).pods.map((p) => p.limits), [{ ingress: 7 * MBIT, egress: 3 * MBIT }]);
+  t.regex((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, /rate 3Mbit/, 'egress class from the annotation');
+
+  // An invalid annotation refuses the pod, naming it, and leaks nothing.
+  const bad = await h.addPod('bad');
+  api.setPod(podObject('default', 'bad', 'test-node', { 'kubernetes.io/egress-bandwidth': '10 Mbit' }));
+  const refused = await h.libcni('add', bad);
+  t.not(refused.exitCode, 0);
+  t.regex(refused.stderr, /kubernetes\.io\/egress-bandwidth/);
+  t.is((await h.reservedIps()).length, 1, 'the refused pod holds no address');
+
+  t.is((await h.libcni('del', web)).exitCode, 0);
+  t.is((await h.libcni('del', bad)).exitCode, 0);
   await assertNothingLeft(t, h);
 });
 

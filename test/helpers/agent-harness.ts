@@ -12,6 +12,7 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Agent, StaticCidr, type PodCidrSource } from '../../src/daemon/agent.js';
+import type { PodLookup } from '../../src/daemon/cni-handler.js';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
 import { createLogger } from '../../src/log.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from './kernel.js';
@@ -81,8 +82,8 @@ export class AgentHarness {
     return this;
   }
 
-  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? '')): Promise<Agent> {
-    const agent = new Agent(this.config, source, createLogger({ level: this.config.logLevel }));
+  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''), pods?: PodLookup): Promise<Agent> {
+    const agent = new Agent(this.config, source, createLogger({ level: this.config.logLevel }), pods);
     this.agent = agent;
     await agent.start();
     return agent;

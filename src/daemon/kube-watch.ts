@@ -1,0 +1,255 @@
+/**
+ * The Kubernetes API as the node agent uses it: GET, and list + watch of one collection with
+ * reconnects (a small reflector). Shared by the Node pod-CIDR source and the pod lookup.
+ *
+ * Requests are plain node:http(s) GETs; the KubeConfig supplies the server, TLS agent and
+ * credentials (`applyToHTTPSOptions`: bearer/token file, client certs, exec plugins, proxies).
+ * client-node's `Watch` is not used: in 1.4.0 `Watch.watch()` hands out its AbortController only
+ * once response headers have arrived, so a watch still connecting (API server slow or gone)
+ * cannot be aborted, and stop() could neither finish it nor let the process exit.
+ */
+import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { request as httpsRequest, type RequestOptions } from 'node:https';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { KubeConfig, type KubernetesListObject, type KubernetesObject, type V1Status } from '@kubernetes/client-node';
+import { ConfigError, KubenetError } from '../errors.js';
+import type { Logger } from '../log.js';
+
+export const DEFAULT_RETRY_MIN_MS = 1000;
+export const DEFAULT_RETRY_MAX_MS = 30_000;
+/** A list or GET that receives no byte for this long fails. */
+const REQUEST_IDLE_MS = 30_000;
+/** Watches ask the server to end them after 5-10 min (randomized, as client-go does). */
+const WATCH_TIMEOUT_S = 300;
+
+/** Constructor options shared by the Kubernetes-backed sources. */
+export interface KubeClientOptions {
+  /** This node's name (the Node object; pods with spec.nodeName equal to it). */
+  nodeName: string;
+  logger: Logger;
+  /** Path of a kubeconfig file; without it (and without kubeConfig) the in-cluster config. */
+  kubeconfig?: string;
+  /** A ready KubeConfig (tests); wins over kubeconfig. */
+  kubeConfig?: KubeConfig;
+  /** Reconnect backoff: first delay, doubled per failure up to retryMaxMs. */
+  retryMinMs?: number;
+  retryMaxMs?: number;
+}
+
+/** The API server answered with an error (`status`: HTTP status or Status.code) or broke the protocol. */
+export class KubeApiError extends KubenetError {
+  readonly status: number | undefined;
+  /** Status.reason, e.g. NotFound, Expired, Forbidden. */
+  readonly reason: string | undefined;
+  constructor(message: string, init: { status?: number | undefined; reason?: string | undefined } = {}, options?: { cause?: unknown }) {
+    super(message, options);
+    this.status = init.status;
+    this.reason = init.reason;
+  }
+}
+
+/** 410 Gone: the resourceVersion is too old (compacted); only a fresh list helps. */
+export function isGone(err: unknown): boolean {
+  return err instanceof KubeApiError && err.status === 410;
+}
+
+export function loadKubeConfig(opts: Pick<KubeClientOptions, 'kubeconfig' | 'kubeConfig'>): KubeConfig {
+  if (opts.kubeConfig) return opts.kubeConfig;
+  const kc = new KubeConfig();
+  if (opts.kubeconfig) {
+    try {
+      kc.loadFromFile(opts.kubeconfig);
+    } catch (err) {
+      throw new ConfigError(`cannot load kubeconfig ${opts.kubeconfig}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+  } else {
+    // loadFromCluster does not check anything; without these it would build "https://undefined:undefined".
+    if (!process.env.KUBERNETES_SERVICE_HOST || !process.env.KUBERNETES_SERVICE_PORT) {
+      throw new ConfigError('not running in a pod (KUBERNETES_SERVICE_HOST/PORT unset): give a kubeconfig or a static pod CIDR');
+    }
+    kc.loadFromCluster();
+  }
+  if (!kc.getCurrentCluster()) throw new ConfigError(`kubeconfig ${opts.kubeconfig ?? '(in-cluster)'} has no current cluster`);
+  return kc;
+}
+
+/** GET requests against the API server of one KubeConfig. */
+export class KubeApi {
+  constructor(readonly kc: KubeConfig) {}
+
+  /** GET and parse a JSON answer; a non-200 answer throws KubeApiError with the Status details. */
+  async getJson<T>(path: string, query: Record<string, string> = {}, signal?: AbortSignal): Promise<T> {
+    const res = await this.open(path, query, REQUEST_IDLE_MS, signal);
+    const body = await readBody(res);
+    if (res.statusCode !== 200) throw statusError(path, res.statusCode, body);
+    try {
+      return JSON.parse(body) as T;
+    } catch (err) {
+      throw new KubeApiError(`GET ${path}: the API server answered with invalid JSON`, {}, { cause: err });
+    }
+  }
+
+  /** Sends a GET and resolves with the response (any status). `idleMs`: fail when the socket is idle that long. */
+  async open(path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal): Promise<IncomingMessage> {
+    const server = this.kc.getCurrentCluster()?.server;
+    if (!server) throw new ConfigError('kubeconfig has no current cluster');
+    const url = new URL(server.replace(/\/+$/, '') + path);
+    for (const [k, v] of Object.entries(query)) url.searchParams.set(k, v);
+    const opts: RequestOptions = { method: 'GET', headers: { Accept: 'application/json' } };
+    await this.kc.applyToHTTPSOptions(opts); // agent (TLS or proxy), Authorization header, basic auth
+    signal?.throwIfAborted();
+    return new Promise((resolve, reject) => {
+      const req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, { ...opts, ...(signal ? { signal } : {}) }, resolve);
+      req.on('error', reject); // `on`, not `once`: a second error (mid-response) must not become uncaught
+      req.on('socket', (s) => s.setKeepAlive(true, 30_000));
+      req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`GET ${path}: no data from the API server for ${idleMs} ms`)));
+      req.end();
+    });
+  }
+}
+
+async function readBody(res: IncomingMessage): Promise<string> {
+  res.setEncoding('utf8');
+  let body = '';
+  for await (const chunk of res) body += chunk as string;
+  return body;
+}
+
+/** A KubeApiError from an error answer, with the message and reason of its Status body when it has one. */
+function statusError(path: string, httpStatus: number | undefined, body: string): KubeApiError {
+  let st: V1Status | undefined;
+  try {
+    st = JSON.parse(body) as V1Status;
+  } catch {
+    // not a Status object: keep the raw text
+  }
+  const text = st?.message ?? (body.trim().slice(0, 200) || 'no details');
+  return new KubeApiError(`GET ${path}: ${httpStatus} ${st?.reason ?? ''} ${text}`.replace(/\s+/g, ' '), { status: httpStatus, reason: st?.reason });
+}
+
+type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED';
+
+export interface ListWatchOptions<T extends KubernetesObject> {
+  api: KubeApi;
+  log: Logger;
+  /** Collection path, e.g. /api/v1/nodes. */
+  path: string;
+  fieldSelector: string;
+  retryMinMs?: number | undefined;
+  retryMaxMs?: number | undefined;
+  /** The full state after each (re-)list: replaces whatever was known. */
+  onList(items: T[]): void | Promise<void>;
+  /** One watch event. Handlers run one at a time, in order. */
+  onEvent(type: WatchEventType, obj: T): void | Promise<void>;
+}
+
+/**
+ * Lists the collection, then watches it from the list's resourceVersion, forever: when the watch
+ * ends, breaks or cannot be opened it reconnects after a backoff (retryMinMs doubling up to
+ * retryMaxMs; reset once a watch made progress), re-watching from the last resourceVersion seen,
+ * or re-listing after 410 Gone. Every failure is logged once, with its reason.
+ */
+export class ListWatchLoop<T extends KubernetesObject> {
+  private readonly min: number;
+  private readonly max: number;
+  private aborter: AbortController | undefined;
+  private running: Promise<void> | undefined;
+
+  constructor(private readonly o: ListWatchOptions<T>) {
+    this.min = Math.max(1, o.retryMinMs ?? DEFAULT_RETRY_MIN_MS);
+    this.max = Math.max(this.min, o.retryMaxMs ?? DEFAULT_RETRY_MAX_MS);
+  }
+
+  /** Starts the loop in the background; returns at once. */
+  start(): void {
+    if (this.running) return;
+    const aborter = new AbortController();
+    this.aborter = aborter;
+    this.running = this.run(aborter.signal);
+  }
+
+  /** Aborts the request in flight or the backoff wait; resolves once no handler runs any more. */
+  async stop(): Promise<void> {
+    this.aborter?.abort();
+    await this.running;
+    this.running = undefined;
+  }
+
+  private async run(signal: AbortSignal): Promise<void> {
+    const { log, path } = this.o;
+    let rv = '';
+    let delay = this.min;
+    let attempt = 0;
+    while (!signal.aborted) {
+      const progress = { events: 0, openedAt: 0 };
+      let failure: unknown;
+      try {
+        if (!rv) {
+          const list = await this.o.api.getJson<KubernetesListObject<T>>(path, { fieldSelector: this.o.fieldSelector }, signal);
+          await this.o.onList(list.items ?? []);
+          rv = list.metadata?.resourceVersion ?? '';
+          log.debug({ path, resourceVersion: rv, items: list.items?.length ?? 0 }, 'listed');
+        }
+        await this.watch(rv, signal, () => (progress.openedAt = Date.now()), (next) => {
+          rv = next;
+          progress.events++;
+        });
+      } catch (err) {
+        failure = err;
+      }
+      if (signal.aborted) break;
+      // Progress (a watch that delivered events or stayed open a while) resets the backoff.
+      if (progress.events > 0 || (progress.openedAt > 0 && Date.now() - progress.openedAt >= this.max)) {
+        delay = this.min;
+        attempt = 0;
+      }
+      attempt++;
+      if (failure === undefined) {
+        log.info({ path, retryInMs: delay }, 'watch closed by the API server; reconnecting');
+      } else {
+        if (isGone(failure)) rv = ''; // resourceVersion compacted away: re-list
+        log.warn({ err: failure, path, attempt, retryInMs: delay, relist: rv === '' }, 'list/watch failed; retrying');
+      }
+      await sleep(delay, undefined, { signal }).catch(() => undefined); // abort ends the wait (and clears the timer)
+      delay = Math.min(delay * 2, this.max);
+    }
+  }
+
+  /** One watch request from `rv`; resolves when the server ends it, throws when it fails or breaks. */
+  private async watch(rv: string, signal: AbortSignal, opened: () => void, seen: (rv: string) => void): Promise<void> {
+    const timeoutS = Math.round(WATCH_TIMEOUT_S * (1 + Math.random()));
+    const query = { fieldSelector: this.o.fieldSelector, resourceVersion: rv, watch: 'true', allowWatchBookmarks: 'true', timeoutSeconds: String(timeoutS) };
+    const res = await this.o.api.open(this.o.path, query, (timeoutS + 30) * 1000, signal);
+    if (res.statusCode !== 200) throw statusError(this.o.path, res.statusCode, await readBody(res));
+    opened();
+    res.setEncoding('utf8');
+    let buf = '';
+    for await (const chunk of res) {
+      buf += chunk as string;
+      for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
+        const line = buf.slice(0, nl).trim();
+        buf = buf.slice(nl + 1);
+        if (line) await this.event(line, seen);
+      }
+    }
+    if (!res.complete) throw new KubeApiError(`watch of ${this.o.path} broke off`);
+  }
+
+  private async event(line: string, seen: (rv: string) => void): Promise<void> {
+    let ev: { type?: string; object?: T & Partial<V1Status> };
+    try {
+      ev = JSON.parse(line) as typeof ev;
+    } catch (err) {
+      throw new KubeApiError(`watch of ${this.o.path}: invalid event line ${JSON.stringify(line.slice(0, 100))}`, {}, { cause: err });
+    }
+    const obj = ev.object;
+    if (ev.type === 'ERROR') {
+      // A Status; 410 Expired means our resourceVersion is too old. Either way this watch is over.
+      throw new KubeApiError(`watch of ${this.o.path}: ${obj?.code ?? ''} ${obj?.reason ?? ''} ${obj?.message ?? ''}`.replace(/\s+/g, ' '), { status: obj?.code, reason: obj?.reason });
+    }
+    if (!obj) return;
+    if (ev.type === 'ADDED' || ev.type === 'MODIFIED' || ev.type === 'DELETED') await this.o.onEvent(ev.type, obj);
+    const next = obj.metadata?.resourceVersion;
+    if (next) seen(next); // also for BOOKMARK
+  }
+}

@@ -1,0 +1,292 @@
+/**
+ * A fake Kubernetes API server (node:http on 127.0.0.1) speaking enough of the real protocol for
+ * the node agent: lists and watches of nodes and pods with field selectors and resourceVersions,
+ * 410 for compacted resourceVersions, GET of one pod. Tests drive it: change objects (open watches
+ * get the events), close watches, expire resourceVersions, stall, fail, stop and restart on the same port.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import { KubeConfig } from '@kubernetes/client-node';
+
+type Kind = 'nodes' | 'pods';
+type EventType = 'ADDED' | 'MODIFIED' | 'DELETED';
+
+export interface FakeObject {
+  metadata: { name: string; namespace?: string; resourceVersion?: string; annotations?: Record<string, string>; [k: string]: unknown };
+  spec?: Record<string, unknown>;
+  [k: string]: unknown;
+}
+
+export interface RecordedRequest {
+  method: string;
+  path: string;
+  query: URLSearchParams;
+  watch: boolean;
+  authorization: string | undefined;
+}
+
+/** One change; `before` is the object before it (undefined on create), `object` the object after (the last state on delete). */
+interface Change {
+  rv: number;
+  kind: Kind;
+  type: EventType;
+  before: FakeObject | undefined;
+  object: FakeObject;
+}
+
+type Selector = Array<[field: string, value: string]>;
+
+interface WatchStream {
+  kind: Kind;
+  selector: Selector;
+  res: ServerResponse;
+}
+
+export class FakeApiServer {
+  readonly requests: RecordedRequest[] = [];
+  /** How a watch from a compacted resourceVersion is refused: 200 + ERROR event (as kube-apiserver does) or HTTP 410. */
+  goneMode: 'event' | 'status' = 'event';
+  /** When true, requests are accepted and never answered (an API server that hangs). */
+  stall = false;
+  /** Return an HTTP status to fail a request with it (a Status body is sent). */
+  failWith: ((req: RecordedRequest) => number | undefined) | undefined;
+  port = 0;
+  private rv = 1;
+  /** Watches from a resourceVersion below this get 410 Gone. */
+  private compactedRv = 0;
+  private readonly objects: Record<Kind, Map<string, FakeObject>> = { nodes: new Map(), pods: new Map() };
+  private readonly history: Change[] = [];
+  private readonly watches = new Set<WatchStream>();
+  private readonly sockets = new Set<Socket>();
+  private server: Server | undefined;
+
+  static async start(): Promise<FakeApiServer> {
+    const s = new FakeApiServer();
+    await s.start();
+    return s;
+  }
+
+  get url(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+
+  get running(): boolean {
+    return this.server !== undefined;
+  }
+
+  get openWatches(): number {
+    return this.watches.size;
+  }
+
+  /** Open client connections (0 once every client has let go). */
+  get connections(): number {
+    return this.sockets.size;
+  }
+
+  /** The current resourceVersion (what a list returns now). */
+  get resourceVersion(): string {
+    return String(this.rv);
+  }
+
+  /** Listens on 127.0.0.1: a fresh port the first time, the same port after stop(). State is kept. */
+  async start(): Promise<void> {
+    const server = createServer((req, res) => this.handle(req, res));
+    server.on('connection', (s: Socket) => {
+      this.sockets.add(s);
+      s.once('close', () => this.sockets.delete(s));
+    });
+    await new Promise<void>((ok, fail) => {
+      server.once('error', fail);
+      server.listen(this.port, '127.0.0.1', () => ok());
+    });
+    this.port = (server.address() as AddressInfo).port;
+    this.server = server;
+  }
+
+  /** The API server goes away: every connection is cut (watches break off), the port refuses. */
+  async stop(): Promise<void> {
+    const server = this.server;
+    if (!server) return;
+    this.server = undefined;
+    this.watches.clear();
+    await new Promise<void>((ok) => {
+      server.close(() => ok());
+      server.closeAllConnections();
+    });
+  }
+
+  /** Ends every open watch cleanly (as the API server does at timeoutSeconds). */
+  closeWatches(): void {
+    for (const w of this.watches) w.res.end();
+    this.watches.clear();
+  }
+
+  /** Compacts history: every resourceVersion handed out so far becomes too old (410); open watches end (with an ERROR event in 'event' mode). */
+  expire(): void {
+    this.compactedRv = ++this.rv;
+    for (const w of this.watches) {
+      if (this.goneMode === 'event') writeEvent(w.res, 'ERROR', goneStatus(this.compactedRv - 1, this.compactedRv));
+      w.res.end();
+    }
+    this.watches.clear();
+  }
+
+  setNode(node: FakeObject): void {
+    this.put('nodes', node.metadata.name, node);
+  }
+
+  deleteNode(name: string): void {
+    this.remove('nodes', name);
+  }
+
+  setPod(pod: FakeObject): void {
+    this.put('pods', `${pod.metadata.namespace ?? 'default'}/${pod.metadata.name}`, { ...pod, metadata: { namespace: 'default', ...pod.metadata } });
+  }
+
+  deletePod(namespace: string, name: string): void {
+    this.remove('pods', `${namespace}/${name}`);
+  }
+
+  /** Requests by path (exact) and kind of request. */
+  count(path: string, what: 'list' | 'watch' | 'get' | 'any' = 'any'): number {
+    return this.requests.filter((r) => r.path === path && (what === 'any' || (what === 'watch') === r.watch)).length;
+  }
+
+  private put(kind: Kind, k: string, obj: FakeObject): void {
+    const before = this.objects[kind].get(k);
+    const object = structuredClone(obj);
+    object.metadata.resourceVersion = String(++this.rv);
+    this.objects[kind].set(k, object);
+    this.emit({ rv: this.rv, kind, type: before ? 'MODIFIED' : 'ADDED', before, object });
+  }
+
+  private remove(kind: Kind, k: string): void {
+    const before = this.objects[kind].get(k);
+    if (!before) return;
+    this.objects[kind].delete(k);
+    const object = { ...before, metadata: { ...before.metadata, resourceVersion: String(++this.rv) } };
+    this.emit({ rv: this.rv, kind, type: 'DELETED', before, object });
+  }
+
+  private emit(change: Change): void {
+    this.history.push(change);
+    for (const w of this.watches) if (w.kind === change.kind) sendChange(w, change);
+  }
+
+  private handle(req: IncomingMessage, res: ServerResponse): void {
+    const url = new URL(req.url ?? '/', 'http://fake');
+    const watch = ['true', '1'].includes(url.searchParams.get('watch') ?? '');
+    const rec: RecordedRequest = { method: req.method ?? '', path: url.pathname, query: url.searchParams, watch, authorization: req.headers.authorization };
+    this.requests.push(rec);
+    if (this.stall) return; // never answered; cut by the client or by stop()
+    const failure = this.failWith?.(rec);
+    if (failure) return sendStatus(res, failure, REASONS[failure] ?? 'InternalError', `injected failure ${failure}`);
+    if (req.method !== 'GET') return sendStatus(res, 405, 'MethodNotAllowed', `${req.method} is not supported by the fake`);
+    if (url.pathname === '/api/v1/nodes') return this.collection('nodes', url, watch, res);
+    if (url.pathname === '/api/v1/pods') return this.collection('pods', url, watch, res);
+    const m = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)$/.exec(url.pathname);
+    if (m) {
+      const [ns, name] = [decodeURIComponent(m[1] ?? ''), decodeURIComponent(m[2] ?? '')];
+      const pod = this.objects.pods.get(`${ns}/${name}`);
+      if (pod) return sendJson(res, 200, { apiVersion: 'v1', kind: 'Pod', ...pod });
+      return sendStatus(res, 404, 'NotFound', `pods "${name}" not found`);
+    }
+    sendStatus(res, 404, 'NotFound', `the server could not find the requested resource (${url.pathname})`);
+  }
+
+  private collection(kind: Kind, url: URL, watch: boolean, res: ServerResponse): void {
+    const selector = parseSelector(url.searchParams.get('fieldSelector') ?? '');
+    if (!selector) return sendStatus(res, 400, 'BadRequest', `unsupported fieldSelector ${url.searchParams.get('fieldSelector')}`);
+    const current = [...this.objects[kind].values()].filter((o) => matches(selector, o));
+    if (!watch) {
+      const listKind = kind === 'nodes' ? 'NodeList' : 'PodList';
+      return sendJson(res, 200, { apiVersion: 'v1', kind: listKind, metadata: { resourceVersion: String(this.rv) }, items: current });
+    }
+    const from = url.searchParams.get('resourceVersion') ?? '';
+    const fromRv = from === '' || from === '0' ? undefined : Number(from);
+    if (fromRv !== undefined && (!Number.isInteger(fromRv) || fromRv < this.compactedRv)) {
+      if (this.goneMode === 'status') return sendJson(res, 410, goneStatus(fromRv, this.compactedRv));
+      res.writeHead(200, { 'content-type': 'application/json' });
+      writeEvent(res, 'ERROR', goneStatus(fromRv, this.compactedRv));
+      res.end();
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
+    res.flushHeaders();
+    const w: WatchStream = { kind, selector, res };
+    // No resourceVersion: the current state as ADDED events, then changes. Else every change after it.
+    if (fromRv === undefined) for (const o of current) writeEvent(res, 'ADDED', o);
+    else for (const c of this.history) if (c.rv > fromRv && c.kind === kind) sendChange(w, c);
+    this.watches.add(w);
+    res.on('close', () => this.watches.delete(w));
+  }
+}
+
+/** A change as the watcher sees it through its selector: objects entering it are ADDED, leaving it DELETED. */
+function sendChange(w: WatchStream, c: Change): void {
+  const was = c.before !== undefined && matches(w.selector, c.before);
+  const is = c.type !== 'DELETED' && matches(w.selector, c.object);
+  if (is) writeEvent(w.res, was ? 'MODIFIED' : 'ADDED', c.object);
+  else if (was) writeEvent(w.res, 'DELETED', c.object);
+}
+
+function writeEvent(res: ServerResponse, type: EventType | 'ERROR', object: unknown): void {
+  res.write(JSON.stringify({ type, object }) + '\n');
+}
+
+/** "a=b,c==d" → [[a,b],[c,d]]; undefined for anything else (!=, set-based). */
+function parseSelector(s: string): Selector | undefined {
+  const out: Selector = [];
+  for (const term of s.split(',').filter((t) => t !== '')) {
+    const m = /^([\w.]+)==?([^=!]*)$/.exec(term);
+    if (!m) return undefined;
+    out.push([m[1] ?? '', m[2] ?? '']);
+  }
+  return out;
+}
+
+function matches(selector: Selector, obj: FakeObject): boolean {
+  return selector.every(([field, value]) => {
+    const v = field.split('.').reduce<unknown>((o, p) => (o && typeof o === 'object' ? (o as Record<string, unknown>)[p] : undefined), obj);
+    return String(v ?? '') === value;
+  });
+}
+
+function goneStatus(fromRv: number, compactedRv: number) {
+  return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason: 'Expired', code: 410, message: `too old resource version: ${fromRv} (${compactedRv})` };
+}
+
+const REASONS: Record<number, string> = { 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 429: 'TooManyRequests', 503: 'ServiceUnavailable' };
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { 'content-type': 'application/json' });
+  res.end(JSON.stringify(body));
+}
+
+function sendStatus(res: ServerResponse, code: number, reason: string, message: string): void {
+  sendJson(res, code, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason, message, code });
+}
+
+/**
+ * A KubeConfig for the fake over plain http. client-node 1.4.0 refuses an http:// server unless
+ * skipTLSVerify is set ("HTTP protocol is not allowed when skipTLSVerify is not set or false").
+ */
+export function fakeKubeConfig(server: string | FakeApiServer, token = 'fake-token'): KubeConfig {
+  const kc = new KubeConfig();
+  kc.loadFromOptions({
+    clusters: [{ name: 'fake', server: typeof server === 'string' ? server : server.url, skipTLSVerify: true }],
+    users: [{ name: 'tester', token }],
+    contexts: [{ name: 'fake', cluster: 'fake', user: 'tester' }],
+    currentContext: 'fake',
+  });
+  return kc;
+}
+
+/** Test object builders. */
+export function node(name: string, spec: { podCIDR?: string; podCIDRs?: string[] } = {}, labels: Record<string, string> = {}): FakeObject {
+  return { apiVersion: 'v1', kind: 'Node', metadata: { name, labels }, spec: { ...spec } };
+}
+
+export function pod(namespace: string, name: string, nodeName: string, annotations: Record<string, string> = {}): FakeObject {
+  return { apiVersion: 'v1', kind: 'Pod', metadata: { namespace, name, annotations }, spec: { nodeName, containers: [{ name: 'c', image: 'pause' }] } };
+}
