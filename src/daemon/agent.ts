@@ -77,6 +77,8 @@ export class Agent {
       ipamDataDir: config.ipamDataDir,
       cniCacheDir: config.cniCacheDir,
       ifbName: config.ifbName,
+      // The runtime calling us runs loopback for lo itself (from the same bin dir).
+      manageLoopback: false,
       shaperStateDir: join(config.stateDir, 'shaper'),
       logger: log,
       ...(config.mtu !== undefined ? { mtu: config.mtu } : {}),

@@ -60,12 +60,14 @@ export class KubenetPlugin implements NetworkPlugin {
   private host: Host | undefined;
   private hairpinMode: HairpinMode = 'hairpin-veth';
   private mtu = DEFAULT_MTU;
+  private readonly manageLoopback: boolean;
   private readonly loopbackConf: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
 
   constructor(private readonly opts: KubenetOptions = {}) {
     this.bridgeName = opts.bridgeName ?? 'cbr0';
     this.cniBinDirs = opts.cniBinDirs ?? ['/opt/cni/bin', '/usr/lib/cni'];
     this.ipamDataDir = opts.ipamDataDir ?? '/var/lib/cni/networks';
+    this.manageLoopback = opts.manageLoopback ?? true;
     this.cniCacheDir = opts.cniCacheDir ?? '/var/lib/cni';
     this.log = (opts.logger ?? silentLogger()).child({ module: 'kubenet' });
     if (opts.mtu !== undefined && (!Number.isInteger(opts.mtu) || opts.mtu < 68 || opts.mtu > 65535)) {
@@ -258,7 +260,7 @@ export class KubenetPlugin implements NetworkPlugin {
     await requireNetns(netns, `pod ${namespace}/${name}`);
     const rt = runtimeConf(namespace, name, id, netns);
 
-    await this.cni.addNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
+    if (this.manageLoopback) await this.cni.addNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
     let result: CniResult;
     try {
       result = await this.cni.addNetwork(bridgeConf, rt);
@@ -317,7 +319,12 @@ export class KubenetPlugin implements NetworkPlugin {
   }
 
   private async rollback(bridgeConf: NetConf, rt: RuntimeConf, log: Logger): Promise<void> {
-    const errors = await runAll([() => this.cni.delNetwork(bridgeConf, rt), () => this.cni.delNetwork(this.loopbackConf, { ...rt, ifName: 'lo' })]);
+    const errors = await runAll([
+      () => this.cni.delNetwork(bridgeConf, rt),
+      async () => {
+        if (this.manageLoopback) await this.cni.delNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
+      },
+    ]);
     for (const err of errors) log.error({ err }, 'rollback of failed setup left something behind');
   }
 
@@ -347,7 +354,8 @@ export class KubenetPlugin implements NetworkPlugin {
       },
       async () => {
         const done = await this.cni.delFromCache(LOOPBACK_NETWORK_NAME, { ...rt, ifName: 'lo' });
-        if (!done) await this.cni.delNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
+        // Without a cache entry, loopback ran only if this plugin manages it.
+        if (!done && this.manageLoopback) await this.cni.delNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
       },
     ]);
     if (errors.length > 0) {

@@ -44,5 +44,10 @@ export interface KubenetOptions {
   ifbName?: string;
   /** Where the shaper records what it installed (survives agent restarts). Default /run/kubenet/shaper. */
   shaperStateDir?: string;
+  /**
+   * Run the `loopback` plugin for the pod's `lo` (default true, as kubelet's kubenet did). The node
+   * agent turns it off: container runtimes (containerd, CRI-O) bring `lo` up themselves.
+   */
+  manageLoopback?: boolean;
   logger?: Logger;
 }

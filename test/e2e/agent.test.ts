@@ -8,15 +8,13 @@
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { readFile, stat } from 'node:fs/promises';
-import { request } from 'node:http';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/agent.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
 import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../helpers/fake-apiserver.js';
-import { CNI_API_PATH } from '../../src/daemon/protocol.js';
-import { AgentHarness, agentTestBlocker, type AgentPod } from '../helpers/agent-harness.js';
+import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../helpers/agent-harness.js';
 import { ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
 import { iperf, retryLog, type TopoPod } from '../shaper/topo.js';
 
@@ -213,7 +211,7 @@ serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again lat
   await t.throwsAsync(stat(join(h.config.cniConfDir, '10-kubenet.conflist')), { code: 'ENOENT' });
 
   const pod = await h.addPod('early');
-  const early = await postCni(h, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
+  const early = await postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
   t.is(early.status, 500);
   t.is((JSON.parse(early.body) as { code: number }).code, 11, 'CNI code 11: try again later');
   t.deepEqual(await h.reservedIps(), []);
@@ -312,7 +310,7 @@ serialTest('stop() lets a CNI call in flight finish before the agent exits', asy
   t.teardown(() => h.cleanup.run());
   const agent = await h.startAgent();
   const pod = await h.addPod('inflight');
-  const add = postCni(h, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
+  const add = postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
   const deadline = Date.now() + 5000;
   while (agent.callsInFlight() === 0 && Date.now() < deadline) await new Promise((r) => setImmediate(r));
   t.is(agent.callsInFlight(), 1, 'the ADD is in flight');
@@ -331,21 +329,4 @@ serialTest('stop() lets a CNI call in flight finish before the agent exits', asy
 /** A network config as a runtime would pass the kubenet plugin (the socket key points the binary at this agent). */
 function conf(h: AgentHarness, extra: Record<string, unknown> = {}): string {
   return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket, ...extra });
-}
-
-/** One forwarded CNI call straight to the socket (as the binary would send it). */
-function postCni(h: AgentHarness, env: Record<string, string>, stdin: string): Promise<{ status: number; body: string }> {
-  const body = JSON.stringify({ env, stdin });
-  return new Promise((resolve, reject) => {
-    const req = request(
-      { socketPath: h.config.socket, path: CNI_API_PATH, method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
-      },
-    );
-    req.on('error', reject);
-    req.end(body);
-  });
 }

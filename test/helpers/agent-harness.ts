@@ -12,6 +12,7 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Agent, StaticCidr, type PodCidrSource } from '../../src/daemon/agent.js';
+import { CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.js';
 import type { PodLookup } from '../../src/daemon/cni-handler.js';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
 import { createLogger } from '../../src/log.js';
@@ -99,7 +100,7 @@ export class AgentHarness {
     const netnsName = `kag-${this.tag}-${name}`;
     const { path } = await addNetns(netnsName);
     this.cleanup.add(() => delNetns(netnsName));
-    return { namespace: 'default', name, id: `${this.tag}${name}`.padEnd(64, '0'), uid: `uid-${this.tag}-${name}`, netnsName, netnsPath: path };
+    return { namespace: 'default', name, id: `${this.tag}-${name}-`.padEnd(64, '0'), uid: `uid-${this.tag}-${name}`, netnsName, netnsPath: path };
   }
 
   /** CNI_ARGS exactly as containerd 1.6 passes them. */
@@ -176,4 +177,19 @@ export class AgentHarness {
   async podStateFiles(): Promise<string[]> {
     return readdir(join(this.config.stateDir, 'pods')).catch(() => [] as string[]);
   }
+}
+
+/** One forwarded CNI call straight to an agent socket, as the CNI binary sends it. */
+export function postCni(socketPath: string, env: Record<string, string>, stdin: string): Promise<{ status: number; body: string }> {
+  const body = JSON.stringify({ env, stdin });
+  const headers = { host: CNI_API_HOST, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), connection: 'close' };
+  return new Promise((resolve, reject) => {
+    const req = request({ socketPath, path: CNI_API_PATH, method: 'POST', headers }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
 }
