@@ -28,6 +28,7 @@ import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promise
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { AggregateKubenetError, ConfigError, KubenetError } from '../errors.js';
+import * as nl from '../netlink/index.js';
 import { silentLogger, type Logger } from '../log.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { ipFamily, lastByte } from './ip.js';
@@ -405,9 +406,9 @@ export class Shaper {
       for (const f of prev.filters) pre.push(this.filterDelLine(f));
       pre.push(`class del dev ${this.ifbName} parent 1: classid 1:${hex(prev.classId)}`);
     }
-    if (limits.ingress !== undefined && (txQueueLen(veth) ?? 1) === 0) {
-      await batch('ip', [`link set dev ${veth} txqueuelen 1000`]);
-    }
+    // The bridge plugin makes veths with txqueuelen 0; tbf needs a queue. Netlink, not an `ip`
+    // exec: the exec alone cost ~5 ms of a ~6.5 ms ensure.
+    if (limits.ingress !== undefined && (txQueueLen(veth) ?? 1) === 0) nl.linkSetTxQLen(veth, 1000);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
