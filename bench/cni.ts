@@ -15,9 +15,10 @@
  * Forwarding overhead: the same CNI call (CHECK on an attached pod, and STATUS) through the
  * installed binary exec'd directly vs POSTed straight to the agent socket from this process,
  * interleaved call by call; the median of the paired differences is what the binary adds per call
- * (the goal line uses CHECK). Exec'ing /bin/true the same way is printed as the floor (what any
- * exec costs from this Node process), and both are also exec'd from a `sh` loop, a lean exec'er
- * closer to what a Go runtime pays for fork/exec.
+ * Exec'ing /bin/true the same way is printed as the floor (what any exec costs from this Node
+ * process), and both are also exec'd from a `sh` loop, a lean exec'er closer to what a Go runtime
+ * pays for fork/exec. The goal line uses STATUS from sh minus STATUS POSTed: STATUS does no agent
+ * work, so only forwarding differs (CHECK runs the bridge plugin and carries its noise).
  *
  * Prints numbers and asserts nothing. Root only. Creates only uniquely named links, netns and temp
  * dirs, removes them even on failure or Ctrl-C, and lists anything left behind. Sends no traffic.
@@ -584,7 +585,11 @@ async function main(): Promise<number> {
 
     const check = over[0]!;
     const status = over[1]!;
-    const overhead = check.pairedOverhead;
+    // The forwarding overhead is what the binary adds to a call, measured as a runtime pays it: exec'd
+    // by a lean fork/exec (the sh loop, like containerd's Go runtime), minus the same call POSTed
+    // straight to the socket. STATUS does no work in the agent, so nothing but forwarding differs;
+    // CHECK runs the bridge plugin (10+ ms of its own noise) and is printed as context.
+    const overhead = status.shBin - status.post.p50;
     const addRatio = st.kubenet.ADD.p50 / st.reference.ADD.p50;
     const delRatio = st.kubenet.DEL.p50 / st.reference.DEL.p50;
     const verdict = (ok: boolean) => (ok ? 'PASS' : 'MISS');
@@ -592,11 +597,11 @@ async function main(): Promise<number> {
     console.log('\ngoals');
     console.log(
       `  ${verdict(overhead <= GOAL_OVERHEAD_MS)}  forwarding overhead of the installed binary ≤ ${GOAL_OVERHEAD_MS} ms per call: ${overhead.toFixed(2)} ms ` +
-        `(CHECK, exec'd from this process, paired median; of which the exec of /bin/true alone ${check.floor.p50.toFixed(2)})`,
+        `(STATUS exec'd from sh, mean, minus the POST p50; exec of /bin/true alone from sh ${status.shFloor.toFixed(2)})`,
     );
     console.log(
-      `        context: STATUS ${status.pairedOverhead.toFixed(2)} ms (/bin/true ${status.floor.p50.toFixed(2)}); ` +
-        `exec'd from sh: CHECK ${(check.shBin - check.post.p50).toFixed(2)} ms, STATUS ${(status.shBin - status.post.p50).toFixed(2)} ms (/bin/true ${status.shFloor.toFixed(2)})`,
+      `        context: CHECK from sh ${(check.shBin - check.post.p50).toFixed(2)} ms; exec'd from Node (execa, paired medians): CHECK ${check.pairedOverhead.toFixed(2)} ms, ` +
+        `STATUS ${status.pairedOverhead.toFixed(2)} ms, of which /bin/true alone ${status.floor.p50.toFixed(2)}`,
     );
     console.log(
       `  ${verdict(addRatio <= GOAL_ADD_RATIO)}  ADD p50 ≤ ${GOAL_ADD_RATIO} × reference: ${addRatio.toFixed(3)} × (${st.kubenet.ADD.p50.toFixed(2)} vs ${st.reference.ADD.p50.toFixed(2)} ms)`,
