@@ -99,9 +99,10 @@ async function status(socket: string, json: boolean): Promise<number> {
   }
   console.log(`pod CIDR: ${s.podCIDR ?? '(none yet)'}\nbridge:   ${s.bridge}\nready:    ${s.ready}\npods:     ${s.pods.length}`);
   const rate = (bps: number | undefined) => (bps ? `${bps / 1e6}M` : '-');
-  if (s.pods.length > 0) console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(9)} EGRESS`);
+  const ports = (p: StatusReport['pods'][number]) => (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
+  if (s.pods.length > 0) console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(9)} ${'EGRESS'.padEnd(9)} HOST PORTS`);
   for (const p of s.pods) {
-    console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${rate(p.limits.ingress).padEnd(9)} ${rate(p.limits.egress)}`);
+    console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${rate(p.limits.ingress).padEnd(9)} ${rate(p.limits.egress).padEnd(9)} ${ports(p)}`);
   }
   return 0;
 }

@@ -50,7 +50,7 @@ export interface StatusReport {
   podCIDR: string | undefined;
   bridge: string;
   ready: boolean;
-  pods: Array<{ namespace: string; name: string; id: string; ips: string[]; hostVeth: string | undefined; limits: PodRecord['limits'] }>;
+  pods: Array<{ namespace: string; name: string; id: string; ips: string[]; hostVeth: string | undefined; limits: PodRecord['limits']; portMappings?: PodRecord['portMappings'] }>;
 }
 
 export class Agent {
@@ -248,7 +248,15 @@ export class Agent {
       podCIDR: this.podCidr,
       bridge: this.config.bridgeName,
       ready: this.ready().ok,
-      pods: this.plugin.listPods().map((p) => ({ namespace: p.namespace, name: p.name, id: p.id, ips: p.ips, hostVeth: p.hostVeth, limits: p.limits })),
+      pods: this.plugin.listPods().map((p) => ({
+        namespace: p.namespace,
+        name: p.name,
+        id: p.id,
+        ips: p.ips,
+        hostVeth: p.hostVeth,
+        limits: p.limits,
+        ...(p.portMappings ? { portMappings: p.portMappings } : {}),
+      })),
     };
   }
 

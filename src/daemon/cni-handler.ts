@@ -2,9 +2,10 @@
  * The agent side of the CNI forwarding protocol: one forwarded CNI call in, one answer out
  * (status 200 + result, or a CNI error object). Parse → act through KubenetPlugin → typed result.
  */
+import { isIP } from 'node:net';
 import { convertResult } from '../cni/result.js';
 import { CniPluginError, ConfigError, NotReadyError, UnknownPodError } from '../errors.js';
-import type { KubenetPlugin, PodRecord } from '../plugin/kubenet.js';
+import type { KubenetPlugin, PodRecord, PortMapping } from '../plugin/kubenet.js';
 import { bandwidthFromAnnotations, MAX_BANDWIDTH, MIN_BANDWIDTH, type BandwidthLimits } from '../shaper/quantity.js';
 import {
   CNI_ERR_INVALID_CONFIG,
@@ -89,7 +90,8 @@ export class CniHandler {
     // runtimeConfig carries the annotations' rates already; else read the pod's annotations.
     const fromRuntime = bandwidthFromRuntimeConfig(conf.runtimeConfig);
     const limits = fromRuntime ?? bandwidthFromAnnotations(await this.pods?.annotations(call.namespace, call.name));
-    const { record, result } = await this.plugin.attach({ namespace: call.namespace, name: call.name, id: call.id, netns: call.netns, limits });
+    const portMappings = portMappingsFromRuntimeConfig(conf.runtimeConfig);
+    const { record, result } = await this.plugin.attach({ namespace: call.namespace, name: call.name, id: call.id, netns: call.netns, limits, portMappings });
     await this.hooks.onAdd?.(record);
     return JSON.stringify(convertResult(result, cniVersion));
   }
@@ -188,6 +190,34 @@ export function bandwidthFromRuntimeConfig(runtimeConfig: unknown): BandwidthLim
     if (b && b !== UNSET_BURST) out[dir === 'ingress' ? 'ingressBurst' : 'egressBurst'] = b;
   }
   return out.ingress || out.egress ? out : undefined;
+}
+
+const PROTOCOLS = ['tcp', 'udp', 'sctp'] as const;
+
+/** runtimeConfig.portMappings as containerd and CRI-O pass a pod's hostPorts; [] when none. */
+export function portMappingsFromRuntimeConfig(runtimeConfig: unknown): PortMapping[] {
+  if (typeof runtimeConfig !== 'object' || runtimeConfig === null) return [];
+  const pm = (runtimeConfig as Record<string, unknown>).portMappings;
+  if (pm === undefined || pm === null) return [];
+  if (!Array.isArray(pm)) throw new ConfigError('runtimeConfig.portMappings must be a list');
+  return pm.map((m: unknown, i): PortMapping => {
+    const where = `runtimeConfig.portMappings[${i}]`;
+    if (typeof m !== 'object' || m === null) throw new ConfigError(`${where} must be an object`);
+    const r = m as Record<string, unknown>;
+    const port = (key: string): number => {
+      const v = r[key];
+      if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535) throw new ConfigError(`${where}.${key} must be a port 1..65535, got ${JSON.stringify(v)}`);
+      return v;
+    };
+    const protocol = typeof r.protocol === 'string' ? r.protocol.toLowerCase() : r.protocol === undefined ? 'tcp' : r.protocol;
+    if (!(PROTOCOLS as readonly unknown[]).includes(protocol)) throw new ConfigError(`${where}.protocol must be one of ${PROTOCOLS.join(', ')}, got ${JSON.stringify(r.protocol)}`);
+    const out: PortMapping = { hostPort: port('hostPort'), containerPort: port('containerPort'), protocol: protocol as PortMapping['protocol'] };
+    if (r.hostIP !== undefined && r.hostIP !== '') {
+      if (typeof r.hostIP !== 'string' || isIP(r.hostIP) === 0) throw new ConfigError(`${where}.hostIP must be an IP address, got ${JSON.stringify(r.hostIP)}`);
+      out.hostIP = r.hostIP;
+    }
+    return out;
+  });
 }
 
 function codeOf(err: unknown): number {

@@ -1,4 +1,5 @@
 import { execa } from 'execa';
+import { isIP } from 'node:net';
 import { readFile, writeFile } from 'node:fs/promises';
 import { KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
@@ -74,4 +75,29 @@ export async function ensureBridgeNetfilter(log: Logger): Promise<boolean> {
     }
   }
   return true;
+}
+
+/**
+ * Checks that the reference portmap plugin's DNAT rules for a pod are in place: for each mapping
+ * and each pod address (iptables for IPv4, ip6tables for IPv6), a nat rule sending the host port
+ * to the pod's address and container port. Throws KubenetError naming what is missing.
+ */
+export async function checkHostPorts(podIps: string[], mappings: Array<{ hostPort: number; containerPort: number; protocol: string }>): Promise<void> {
+  const missing: string[] = [];
+  for (const family of [4, 6] as const) {
+    const ips = podIps.filter((ip) => isIP(ip) === family);
+    if (ips.length === 0) continue;
+    const tool = family === 4 ? 'iptables' : 'ip6tables';
+    const r = await execa(tool, ['-w', '5', '-t', 'nat', '-S'], { reject: false });
+    if (r.exitCode !== 0) throw new KubenetError(`${tool} -t nat -S failed (exit ${r.exitCode}): ${r.stderr.trim()}`);
+    const rules = r.stdout.split('\n');
+    for (const ip of ips) {
+      for (const m of mappings) {
+        const to = family === 4 ? `${ip}:${m.containerPort}` : `[${ip}]:${m.containerPort}`;
+        const found = rules.some((l) => l.includes(`-p ${m.protocol}`) && l.includes(`--dport ${m.hostPort}`) && l.includes(`--to-destination ${to}`));
+        if (!found) missing.push(`${m.hostPort}/${m.protocol} -> ${to}`);
+      }
+    }
+  }
+  if (missing.length > 0) throw new KubenetError(`host port DNAT rule(s) missing: ${missing.join(', ')}`);
 }

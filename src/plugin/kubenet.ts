@@ -3,12 +3,12 @@ import { stat } from 'node:fs/promises';
 import { isIPv4 } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { CniRuntime } from '../cni/runtime.js';
-import type { CniResult, NetConf, RuntimeConf } from '../cni/types.js';
+import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError, ConfigError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parsePodCidrs, type PodSubnet } from './cidr.js';
-import { ensureBridgeNetfilter, ensureMasquerade } from './host-setup.js';
+import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade } from './host-setup.js';
 import type { HairpinMode, Host, KubenetOptions, NetworkPlugin, PodNetworkStatus } from './types.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { bandwidthFromAnnotations, isUnshaped, type BandwidthLimits } from '../shaper/quantity.js';
@@ -33,6 +33,16 @@ export interface PodRecord {
   hostVeth: string | undefined;
   /** Bandwidth limits from the pod's annotations; empty when unshaped. */
   limits: BandwidthLimits;
+  /** Host ports (CNI runtimeConfig.portMappings), set up by the reference portmap plugin. */
+  portMappings?: PortMapping[];
+}
+
+/** One host port, as CNI runtimeConfig.portMappings carries it. */
+export interface PortMapping {
+  hostPort: number;
+  containerPort: number;
+  protocol: 'tcp' | 'udp' | 'sctp';
+  hostIP?: string;
 }
 
 export interface AttachRequest {
@@ -42,6 +52,8 @@ export interface AttachRequest {
   netns: string;
   /** Limits from the runtime (CNI runtimeConfig.bandwidth); when absent, the pod's annotations. */
   limits?: BandwidthLimits;
+  /** Host ports; when any, the reference portmap plugin is chained after bridge for this pod. */
+  portMappings?: PortMapping[];
 }
 
 type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: PodSubnet[]; bridgeConf: NetConf };
@@ -194,7 +206,11 @@ export class KubenetPlugin implements NetworkPlugin {
    */
   attach(req: AttachRequest): Promise<{ record: PodRecord; result: CniResult }> {
     return this.podLocks.run(podKey(req.namespace, req.name), () =>
-      this.doSetUp(req.namespace, req.name, req.id, { netns: req.netns, ...(req.limits ? { limits: req.limits } : {}) }),
+      this.doSetUp(req.namespace, req.name, req.id, {
+        netns: req.netns,
+        ...(req.limits ? { limits: req.limits } : {}),
+        ...(req.portMappings?.length ? { portMappings: req.portMappings } : {}),
+      }),
     );
   }
 
@@ -215,6 +231,9 @@ export class KubenetPlugin implements NetworkPlugin {
       if (!bridgeConf) throw new NotReadyError(`kubenet: cannot check pod ${req.namespace}/${req.name}: no pod CIDR yet`);
       await requireNetns(req.netns, `pod ${req.namespace}/${req.name}`);
       await this.cni.checkNetwork(bridgeConf, runtimeConf(req.namespace, req.name, req.id, req.netns));
+      // portmap's own CHECK (plugins 1.1.1) fails for every IPv4-only pod, looking for ip6tables
+      // chains it never made (containernetworking/plugins#819): check its DNAT rules here instead.
+      if (known.portMappings?.length) await checkHostPorts(known.ips, known.portMappings);
       if (!isUnshaped(known.limits) && !this.shaper.list().some((s) => s.id === req.id)) {
         throw new KubenetError(`pod ${req.namespace}/${req.name}: bandwidth limits are recorded but not installed`);
       }
@@ -245,7 +264,7 @@ export class KubenetPlugin implements NetworkPlugin {
     namespace: string,
     name: string,
     id: string,
-    given: { netns?: string; limits?: BandwidthLimits },
+    given: { netns?: string; limits?: BandwidthLimits; portMappings?: PortMapping[] },
   ): Promise<{ record: PodRecord; result: CniResult }> {
     const started = performance.now();
     const log = this.log.child({ pod: `${namespace}/${name}`, id: shortId(id) });
@@ -261,16 +280,22 @@ export class KubenetPlugin implements NetworkPlugin {
     const rt = runtimeConf(namespace, name, id, netns);
 
     if (this.manageLoopback) await this.cni.addNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
+    // Host ports: the reference portmap plugin chained after bridge, for this pod only (the others
+    // pay no extra exec). The cache keeps the list and the mappings, so DEL finds both.
+    const portMappings = given.portMappings ?? [];
+    const ports = portMappings.length > 0 ? { list: withPortmap(bridgeConf), rt: { ...rt, capabilityArgs: { portMappings } } } : undefined;
+    const delNetwork = () => (ports ? this.cni.delNetworkList(ports.list, ports.rt) : this.cni.delNetwork(bridgeConf, rt));
     let result: CniResult;
     try {
-      result = await this.cni.addNetwork(bridgeConf, rt);
+      result = ports ? await this.cni.addNetworkList(ports.list, ports.rt) : await this.cni.addNetwork(bridgeConf, rt);
     } catch (err) {
       // A failed ADD may still have reserved an address or made a veth: DEL cleans both.
-      await this.rollback(bridgeConf, rt, log);
+      await this.rollback(delNetwork, rt, log);
       throw err;
     }
     try {
       const record = this.recordFromResult(namespace, name, id, netns, result, limits);
+      if (portMappings.length > 0) record.portMappings = portMappings;
       this.tuneBridge(log);
       await this.applyShaping(record);
       this.pods.set(id, record);
@@ -279,7 +304,7 @@ export class KubenetPlugin implements NetworkPlugin {
     } catch (err) {
       this.pods.delete(id);
       await this.shaper.remove(id).catch((e: unknown) => log.error({ err: e }, 'rollback of shaping failed'));
-      await this.rollback(bridgeConf, rt, log);
+      await this.rollback(delNetwork, rt, log);
       throw err;
     }
   }
@@ -318,9 +343,9 @@ export class KubenetPlugin implements NetworkPlugin {
     }
   }
 
-  private async rollback(bridgeConf: NetConf, rt: RuntimeConf, log: Logger): Promise<void> {
+  private async rollback(delNetwork: () => Promise<void>, rt: RuntimeConf, log: Logger): Promise<void> {
     const errors = await runAll([
-      () => this.cni.delNetwork(bridgeConf, rt),
+      delNetwork,
       async () => {
         if (this.manageLoopback) await this.cni.delNetwork(this.loopbackConf, { ...rt, ifName: 'lo' });
       },
@@ -387,6 +412,12 @@ export class KubenetPlugin implements NetworkPlugin {
     if (!this.host) throw new NotReadyError('kubenet: not initialized (call init first)');
     return this.host;
   }
+}
+
+/** The pod network as a list: bridge, then the reference portmap plugin for host ports. */
+function withPortmap(bridgeConf: NetConf): NetConfList {
+  const { cniVersion, name, ...bridge } = bridgeConf;
+  return { cniVersion, name, plugins: [bridge, { type: 'portmap', capabilities: { portMappings: true }, snat: true }] };
 }
 
 function podKey(namespace: string, name: string): string {

@@ -36,7 +36,7 @@ interface StatusJson {
   podCIDR: string;
   bridge: string;
   ready: boolean;
-  pods: Array<{ namespace: string; name: string; id: string; ips: string[]; limits: { ingress?: number; egress?: number } }>;
+  pods: Array<{ namespace: string; name: string; id: string; ips: string[]; limits: { ingress?: number; egress?: number }; portMappings?: unknown[] }>;
 }
 
 async function status(h: AgentHarness): Promise<StatusJson> {
@@ -260,6 +260,42 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   t.is((await h.libcni('del', web)).exitCode, 0);
   t.is((await h.libcni('del', bad)).exitCode, 0);
   await assertNothingLeft(t, h);
+});
+
+serialTest('host ports: runtimeConfig.portMappings through the reference portmap plugin, reachable from a pod, removed on DEL', async (t) => {
+  const h = await new AgentHarness().setup('10.93.9.0/24');
+  t.teardown(() => h.cleanup.run());
+  await h.startAgent();
+  const web = await h.addPod('web');
+  const client = await h.addPod('client');
+  const hostPort = 30000 + Math.floor(Math.random() * 2000);
+  const rw = await addOk(t, h, web, { portMappings: [{ hostPort, containerPort: 8080, protocol: 'tcp' }] });
+  await addOk(t, h, client);
+  t.deepEqual((await status(h)).pods.find((p) => p.name === 'web')?.portMappings, [{ hostPort, containerPort: 8080, protocol: 'tcp' }]);
+  const natRules = async () => (await execa('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.split('\n').filter((l) => l.includes(`--dport ${hostPort}`));
+  t.true((await natRules()).some((l) => l.includes(`--to-destination ${podIp(rw)}:8080`)), 'a DNAT rule for the host port');
+  const check = await h.libcni('check', web);
+  t.is(check.exitCode, 0, `CHECK passes with the portmap plugin chained: ${check.stderr}`);
+
+  // A server in the pod on 8080; a client pod connects to the node (the bridge gateway) on hostPort.
+  const server = execa('ip', ['netns', 'exec', web.netnsName, process.execPath, '-e', "require('net').createServer((s) => s.end('hello from web')).listen(8080, () => console.log('up'))"]);
+  t.teardown(() => {
+    server.kill('SIGKILL');
+    return server.catch(() => undefined);
+  });
+  await new Promise<void>((resolve) => server.stdout?.once('data', () => resolve()));
+  const gw = rw.ips[0]?.gateway ?? '';
+  const got = await execa('ip', ['netns', 'exec', client.netnsName, process.execPath, '-e', `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`], { timeout: 10_000, reject: false });
+  t.is(got.stdout, 'hello from web', `host port ${gw}:${hostPort} reaches the pod: ${got.stderr}`);
+
+  t.is((await h.libcni('del', web)).exitCode, 0);
+  t.deepEqual(await natRules(), [], 'no rule for the host port after DEL');
+  t.is((await h.libcni('del', client)).exitCode, 0);
+  await assertNothingLeft(t, h);
+
+  const bad = await h.execCni('ADD', web, conf(h, { runtimeConfig: { portMappings: [{ hostPort: 0, containerPort: 80 }] } }));
+  t.is((JSON.parse(bad.stdout) as { code: number }).code, 7);
+  t.regex(bad.stdout, /hostPort/);
 });
 
 serialTest('bad input is a CNI error object with the right code, and leaks nothing; STATUS and GC (spec 1.1.0)', async (t) => {

@@ -100,7 +100,14 @@ export class AgentHarness {
     const netnsName = `kag-${this.tag}-${name}`;
     const { path } = await addNetns(netnsName);
     this.cleanup.add(() => delNetns(netnsName));
-    return { namespace: 'default', name, id: `${this.tag}-${name}-`.padEnd(64, '0'), uid: `uid-${this.tag}-${name}`, netnsName, netnsPath: path };
+    const pod = { namespace: 'default', name, id: `${this.tag}-${name}-`.padEnd(64, '0'), uid: `uid-${this.tag}-${name}`, netnsName, netnsPath: path };
+    // Runs first (cleanup is last-in, first-out): a test that failed midway still gets the pod's
+    // DEL, so host-wide state (portmap's nat rules, shaping) does not outlive it. Best effort:
+    // a DEL of a pod never added succeeds, and a stopped agent just fails the call.
+    this.cleanup.add(async () => {
+      if (this.agent) await this.libcni('del', pod);
+    });
+    return pod;
   }
 
   /** CNI_ARGS exactly as containerd 1.6 passes them. */
