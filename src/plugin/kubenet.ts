@@ -221,7 +221,8 @@ export class KubenetPlugin implements NetworkPlugin {
 
   /**
    * CNI CHECK as a runtime asks: the reference bridge plugin checks the pod's veth, addresses and
-   * routes against the result cached at ADD, and a shaped pod must still be known to the shaper.
+   * routes against the result cached at ADD; host ports must have their DNAT rules, and a shaped
+   * pod must still be known to the shaper.
    */
   check(req: { namespace: string; name: string; id: string; netns: string }): Promise<void> {
     return this.podLocks.run(podKey(req.namespace, req.name), async () => {
