@@ -8,10 +8,11 @@
 import { execa, type ResultPromise } from 'execa';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { request } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
+import { iperf, type TopoPod } from '../test/shaper/topo.js';
 
 export const DEMO_POD_CIDR = '10.244.0.0/24';
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -109,7 +110,7 @@ async function main(): Promise<void> {
     const rows: string[][] = [];
     for (const [i, run] of runs.entries()) {
       const label = `[${i + 1}/${runs.length}] ${run.what}: ${run.sender.name} -> ${run.receiver.name}`;
-      const measured = await iperf(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS} s`));
+      const measured = await measure(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS} s`));
       const ok = run.asked === undefined ? measured > 200 * M : Math.abs(measured / run.asked - 1) <= 0.1;
       done(`measured  ${label}: ${fmt(measured)}`);
       rows.push([run.what, `${run.sender.name} -> ${run.receiver.name}`, run.asked ? fmt(run.asked) : 'unlimited', fmt(measured), run.asked ? `${((measured / run.asked - 1) * 100).toFixed(1)}%` : '', ok ? 'ok' : 'OFF']);
@@ -154,34 +155,21 @@ function printTable(head: string[], rows: string[][]): void {
   for (const r of rows) console.log(line(r));
 }
 
-/** iperf3 from sender to receiver (both demo pods); the receiver's rate in bits/s. */
-async function iperf(sender: DemoPod, receiver: DemoPod, tick: (s: number) => void): Promise<number> {
-  const port = String(5201 + Math.floor(Math.random() * 1000));
-  for (let attempt = 1; ; attempt++) {
-    const server = execa('ip', ['netns', 'exec', receiver.netns, 'iperf3', '-s', '-1', '-p', port], { reject: false });
-    try {
-      await new Promise<void>((resolve) => {
-        const timer = setTimeout(resolve, 1500);
-        server.stdout?.on('data', (d: Buffer) => {
-          if (d.toString().includes('listening')) {
-            clearTimeout(timer);
-            resolve();
-          }
-        });
-      });
-      let s = 0;
-      tick(0);
-      const ticker = setInterval(() => tick(Math.min(++s, SECONDS)), 1000);
-      const r = await execa('ip', ['netns', 'exec', sender.netns, 'iperf3', '-c', String(receiver.ip), '-p', port, '-t', String(SECONDS), '-J'], { reject: false }).finally(() =>
-        clearInterval(ticker),
-      );
-      const j = JSON.parse(r.stdout || '{}') as { error?: string; end?: { sum_received?: { bits_per_second: number } } };
-      if (j.end?.sum_received) return j.end.sum_received.bits_per_second;
-      if (attempt >= 3) throw new Error(`iperf3 ${sender.name} -> ${receiver.name} failed: ${j.error ?? r.stderr}`);
-    } finally {
-      server.kill('SIGKILL');
-      await server;
-    }
+/** iperf3 from sender to receiver (both demo pods), as the tests measure; the receiver's rate in bits/s. */
+async function measure(sender: DemoPod, receiver: DemoPod, tick: (s: number) => void): Promise<number> {
+  const topo = (p: DemoPod, index: number): TopoPod => ({ index, netns: p.netns, netnsPath: `/var/run/netns/${p.netns}`, hostVeth: '', ip4: String(p.ip), ip6: '', id: p.id });
+  let s = 0;
+  let ticker: NodeJS.Timeout | undefined;
+  const onStart = () => {
+    clearInterval(ticker);
+    s = 0;
+    tick(0);
+    ticker = setInterval(() => tick(Math.min(++s, SECONDS)), 1000);
+  };
+  try {
+    return (await iperf(topo(receiver, 1), topo(sender, 0), { seconds: SECONDS, onStart })).bps;
+  } finally {
+    clearInterval(ticker);
   }
 }
 
@@ -194,14 +182,7 @@ async function waitHealthy(socket: string, agent: ResultPromise): Promise<void> 
   const deadline = Date.now() + 30_000;
   for (;;) {
     if (exited) throw new Error('the agent exited during startup (see its log above)');
-    const status = await new Promise<number>((resolve) => {
-      const req = request({ socketPath: socket, path: '/healthz', method: 'GET', agent: false }, (res) => {
-        res.resume();
-        resolve(res.statusCode ?? 0);
-      });
-      req.on('error', () => resolve(0));
-      req.end();
-    });
+    const status = await agentGet(socket, HEALTH_PATH).then((r) => r.status, () => 0);
     if (status === 200) return;
     if (Date.now() > deadline) throw new Error(`the agent did not become ready within 30 s (socket ${socket})`);
     await new Promise((r) => setTimeout(r, 100));

@@ -3,12 +3,11 @@
  * The `kubenet` command: `daemon` (the node agent), `status` (what the agent knows), `health`
  * (exit 0 when the agent answers /healthz with 200; the DaemonSet's readiness probe).
  */
-import { request } from 'node:http';
 import { parseArgs } from 'node:util';
 import { Agent, StaticCidr, STATUS_PATH, type PodCidrSource, type StatusReport } from '../daemon/agent.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
-import { DEFAULT_SOCKET_PATH, HEALTH_PATH } from '../daemon/protocol.js';
+import { agentGet, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
 
 const USAGE = `usage:
@@ -46,9 +45,9 @@ async function main(argv: string[]): Promise<number> {
     case 'daemon':
       return daemon(config);
     case 'status':
-      return status(config.socket ?? DEFAULT_SOCKET_PATH, values.json === true);
+      return status(config.socket, values.json === true);
     case 'health': {
-      const r = await get(config.socket, HEALTH_PATH).catch((err: unknown) => ({ status: 0, body: String(err) }));
+      const r = await agentGet(config.socket, HEALTH_PATH).catch((err: unknown) => ({ status: 0, body: String(err) }));
       if (r.status !== 200) console.error(`kubenet agent not ready: ${r.body}`);
       return r.status === 200 ? 0 : 1;
     }
@@ -88,7 +87,7 @@ async function daemon(config: AgentConfig): Promise<number> {
 }
 
 async function status(socket: string, json: boolean): Promise<number> {
-  const r = await get(socket, STATUS_PATH).catch((err: unknown) => {
+  const r = await agentGet(socket, STATUS_PATH).catch((err: unknown) => {
     throw new Error(`kubenet agent unreachable at ${socket}: ${err instanceof Error ? err.message : String(err)}`);
   });
   if (r.status !== 200) throw new Error(`kubenet agent answered ${r.status}: ${r.body}`);
@@ -105,19 +104,6 @@ async function status(socket: string, json: boolean): Promise<number> {
     console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${rate(p.limits.ingress).padEnd(9)} ${rate(p.limits.egress).padEnd(9)} ${ports(p)}`);
   }
   return 0;
-}
-
-function get(socket: string, path: string): Promise<{ status: number; body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = request({ socketPath: socket, path, method: 'GET', timeout: 10_000 }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
-    });
-    req.on('timeout', () => req.destroy(new Error('timed out')));
-    req.on('error', reject);
-    req.end();
-  });
 }
 
 main(process.argv.slice(2)).then(

@@ -14,7 +14,7 @@ import { KubenetPlugin, NETWORK_NAME, type PodRecord } from '../plugin/kubenet.j
 import { isUnshaped } from '../shaper/quantity.js';
 import { CniHandler, type PodLookup } from './cni-handler.js';
 import type { AgentConfig } from './config.js';
-import { CNI_API_PATH, CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CONF_SOCKET_KEY, HEALTH_PATH, parseCniRequest } from './protocol.js';
+import { CNI_API_PATH, CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CNI_ERR_DECODE, cniErrorBody, CONF_SOCKET_KEY, HEALTH_PATH, parseCniRequest } from './protocol.js';
 
 export const CONFLIST_NAME = '10-kubenet.conflist';
 export const STATUS_PATH = '/v1/status';
@@ -56,7 +56,6 @@ export interface StatusReport {
 export class Agent {
   readonly plugin: KubenetPlugin;
   private readonly handler: CniHandler;
-  private readonly netnsById = new Map<string, string>();
   private server: Server | undefined;
   private podCidr: string | undefined;
   private confWritten = false;
@@ -107,7 +106,8 @@ export class Agent {
     const restored = await this.loadPods();
     const host = {
       getPodByName: () => undefined,
-      getNetNS: (id: string) => this.netnsById.get(id) ?? '',
+      // Every CNI call carries its netns; for anything else, the netns recorded at ADD.
+      getNetNS: (id: string) => this.plugin.listPods().find((p) => p.id === id)?.netns ?? '',
     };
     await this.plugin.init(host, this.config.hairpinMode, this.config.nonMasqueradeCIDR);
     for (const r of restored) this.plugin.restorePod(r);
@@ -210,10 +210,10 @@ export class Agent {
     const started = performance.now();
     try {
       const call = parseCniRequest(JSON.parse(Buffer.concat(chunks).toString('utf8')));
-      if (call.env.CNI_CONTAINERID && call.env.CNI_NETNS) this.netnsById.set(call.env.CNI_CONTAINERID, call.env.CNI_NETNS);
       answer = await this.handler.handle(call);
     } catch (err) {
-      answer = { status: 400, command: 'unknown', code: 6, body: JSON.stringify({ cniVersion: '1.1.0', code: 6, msg: err instanceof Error ? err.message : String(err) }) };
+      const msg = err instanceof Error ? err.message : String(err);
+      answer = { status: 400, command: 'unknown', code: CNI_ERR_DECODE, body: JSON.stringify(cniErrorBody(CNI_ERR_DECODE, msg)) };
     }
     const secs = (performance.now() - started) / 1000;
     if (answer.command === 'ADD') this.metrics.setup.observe(secs);
@@ -273,7 +273,6 @@ export class Agent {
   }
 
   private async forgetPod(id: string): Promise<void> {
-    this.netnsById.delete(id);
     await rm(join(this.podsDir, `${id}.json`), { force: true });
   }
 

@@ -39,6 +39,7 @@
  * (with a short JSON reason) otherwise; the DaemonSet's readiness probe runs `kubenet health`,
  * which does that request and exits 0 only on 200.
  */
+import { request } from 'node:http';
 import { ConfigError } from '../errors.js';
 
 /** Path and method of the CNI call endpoint. */
@@ -145,4 +146,21 @@ function describe(v: unknown): string {
   if (v === null) return 'null';
   if (Array.isArray(v)) return 'an array';
   return typeof v;
+}
+
+/**
+ * GET on the agent's socket (/healthz, /metrics, /v1/status): status and body of any answer.
+ * Rejects when the socket cannot be reached or nothing answers within `timeoutMs`.
+ */
+export function agentGet(socket: string, path: string, timeoutMs = 10_000): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = request({ socketPath: socket, path, method: 'GET', timeout: timeoutMs }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+    });
+    req.on('timeout', () => req.destroy(new Error('timed out')));
+    req.on('error', reject);
+    req.end();
+  });
 }

@@ -54,6 +54,18 @@ async function addOk(t: { is: (a: unknown, b: unknown, m?: string) => void }, h:
   return JSON.parse(r.stdout) as CniResultJson;
 }
 
+/** An agent harness on its own pod CIDR, cleaned up when the test ends (failed or not). */
+async function harness(t: import('ava').ExecutionContext, podCidr: string): Promise<AgentHarness> {
+  const h = await new AgentHarness().setup(podCidr);
+  t.teardown(() => h.cleanup.run());
+  return h;
+}
+
+/** `tc class show` of the agent's shared ifb ('' when it does not exist). */
+async function ifbClasses(h: AgentHarness): Promise<string> {
+  return (await execa('tc', ['class', 'show', 'dev', h.ifb], { reject: false })).stdout;
+}
+
 /** The bridge's ports; none when the bridge was never made. */
 async function bridgePorts(h: AgentHarness): Promise<unknown[]> {
   return (await linkExists(h.bridge)) ? ipJson(['link', 'show', 'master', h.bridge]) : [];
@@ -70,8 +82,7 @@ async function assertNothingLeft(t: import('ava').ExecutionContext, h: AgentHarn
 }
 
 serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL, DEL with empty CNI_NETNS leave nothing', async (t) => {
-  const h = await new AgentHarness().setup('10.93.1.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.1.0/24');
   await h.startAgent();
 
   // What a runtime finds: a 0600 socket, a 0755 binary named kubenet, the conflist.
@@ -133,8 +144,7 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
 });
 
 serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-max burst is enforced both ways', async (t) => {
-  const h = await new AgentHarness().setup('10.93.2.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.2.0/24');
   await h.startAgent();
   const shaped = await h.addPod('shaped');
   const peer = await h.addPod('peer');
@@ -163,18 +173,17 @@ serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-ma
   }
 
   for (const pod of [shaped, peer]) t.is((await h.libcni('del', pod)).exitCode, 0);
-  const classes = (await execa('tc', ['class', 'show', 'dev', h.ifb], { reject: false })).stdout;
+  const classes = await ifbClasses(h);
   t.false(/class htb 1:/.test(classes), `no pod class left on the ifb: ${classes}`);
   await assertNothingLeft(t, h);
 });
 
 serialTest('after an agent restart the pods are still known (IPs, limits) and DEL cleans everything', async (t) => {
-  const h = await new AgentHarness().setup('10.93.3.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.3.0/24');
   await h.startAgent();
   const pod = await h.addPod('survivor');
   const r = await addOk(t, h, pod, { bandwidth: { ingressRate: 5 * MBIT, egressRate: 3 * MBIT } });
-  const before = (await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout;
+  const before = await ifbClasses(h);
   t.regex(before, /class htb 1:\w+ .*rate 3Mbit/, 'egress class on the ifb');
 
   await h.stopAgent();
@@ -189,16 +198,15 @@ serialTest('after an agent restart the pods are still known (IPs, limits) and DE
     st.pods.map((p) => ({ name: p.name, ips: p.ips, limits: p.limits })),
     [{ name: 'survivor', ips: [podIp(r)], limits: { ingress: 5 * MBIT, egress: 3 * MBIT } }],
   );
-  t.is((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, before, 'shaping untouched by the restart');
+  t.is(await ifbClasses(h), before, 'shaping untouched by the restart');
   t.is((await h.libcni('check', pod)).exitCode, 0, 'CHECK passes after the restart');
   t.is((await h.libcni('del', pod)).exitCode, 0);
-  t.false(/class htb 1:/.test((await execa('tc', ['class', 'show', 'dev', h.ifb], { reject: false })).stdout));
+  t.false(/class htb 1:/.test(await ifbClasses(h)));
   await assertNothingLeft(t, h);
 });
 
 serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again later"; the CIDR arrives and all is written', async (t) => {
-  const h = await new AgentHarness().setup('10.93.4.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.4.0/24');
   let deliver: ((cidr: string) => void | Promise<void>) | undefined;
   const source: PodCidrSource = {
     start: async (onCidr) => {
@@ -229,8 +237,7 @@ serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again lat
 serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod annotations (no runtimeConfig)', async (t) => {
   const api = await FakeApiServer.start();
   t.teardown(() => api.stop());
-  const h = await new AgentHarness().setup('10.93.8.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.8.0/24');
   const kube = { nodeName: 'test-node', logger: createLogger({ level: h.config.logLevel }), kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 };
   api.setNode(node('test-node'));
   await h.startAgent(new NodeWatchPodCidrSource(kube), new ClusterPodLookup(kube));
@@ -247,7 +254,7 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   const r = await addOk(t, h, web);
   t.regex(r.ips[0]?.address ?? '', /^10\.93\.8\./);
   t.deepEqual((await status(h)).pods.map((p) => p.limits), [{ ingress: 7 * MBIT, egress: 3 * MBIT }]);
-  t.regex((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, /rate 3Mbit/, 'egress class from the annotation');
+  t.regex(await ifbClasses(h), /rate 3Mbit/, 'egress class from the annotation');
 
   // An invalid annotation refuses the pod, naming it, and leaks nothing.
   const bad = await h.addPod('bad');
@@ -263,8 +270,7 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
 });
 
 serialTest('host ports: runtimeConfig.portMappings through the reference portmap plugin, reachable from a pod, removed on DEL', async (t) => {
-  const h = await new AgentHarness().setup('10.93.9.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.9.0/24');
   await h.startAgent();
   const web = await h.addPod('web');
   const client = await h.addPod('client');
@@ -299,8 +305,7 @@ serialTest('host ports: runtimeConfig.portMappings through the reference portmap
 });
 
 serialTest('bad input is a CNI error object with the right code, and leaks nothing; STATUS and GC (spec 1.1.0)', async (t) => {
-  const h = await new AgentHarness().setup('10.93.5.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.5.0/24');
   await h.startAgent();
   const pod = await h.addPod('p');
   const errOf = (stdout: string) => JSON.parse(stdout) as { cniVersion: string; code: number; msg: string };
@@ -345,8 +350,7 @@ serialTest('bad input is a CNI error object with the right code, and leaks nothi
 });
 
 serialTest('stop() lets a CNI call in flight finish before the agent exits', async (t) => {
-  const h = await new AgentHarness().setup('10.93.6.0/24');
-  t.teardown(() => h.cleanup.run());
+  const h = await harness(t, '10.93.6.0/24');
   const agent = await h.startAgent();
   const pod = await h.addPod('inflight');
   const add = postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));

@@ -12,7 +12,7 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Agent, StaticCidr, type PodCidrSource } from '../../src/daemon/agent.js';
-import { CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.js';
+import { agentGet, CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.js';
 import type { PodLookup } from '../../src/daemon/cni-handler.js';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
 import { createLogger } from '../../src/log.js';
@@ -157,15 +157,7 @@ export class AgentHarness {
 
   /** GET on the agent socket. */
   get(path: string): Promise<{ status: number; body: string }> {
-    return new Promise((resolve, reject) => {
-      const req = request({ socketPath: this.config.socket, path, method: 'GET' }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
-      });
-      req.on('error', reject);
-      req.end();
-    });
+    return agentGet(this.config.socket, path);
   }
 
   async reservedIps(): Promise<string[]> {
