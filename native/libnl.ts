@@ -3,7 +3,9 @@
  * the netlink layer needs to enter a network namespace. Declarations only: no logic, no error mapping
  * (that lives in src/netlink). Every pointer type is opaque; ownership is documented per function.
  *
- * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink).
+ * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink). koffi
+ * also offers every binding as `fn.async(...args, callback)` on a worker thread; src/netlink uses that
+ * for the one call that blocks for long (rtnl_link_delete).
  */
 import koffi from 'koffi';
 
@@ -85,6 +87,11 @@ export const route = {
   rtnl_link_alloc_cache: libroute.func('int rtnl_link_alloc_cache(nl_sock *sk, int family, _Out_ nl_cache **result)'),
   rtnl_link_get_kernel: libroute.func('int rtnl_link_get_kernel(nl_sock *sk, int ifindex, const char *name, _Out_ rtnl_link **result)'),
   rtnl_link_change: libroute.func('int rtnl_link_change(nl_sock *sk, rtnl_link *orig, rtnl_link *changes, int flags)'),
+  // Sends RTM_DELLINK for the link's ifindex (else name) and waits for the kernel's answer, which comes
+  // only after the device is freed. Bound like the others; src/netlink calls it with `.async` (koffi
+  // runs it on a libuv worker thread, so the socket and link passed must not be used meanwhile).
+  rtnl_link_delete: libroute.func('int rtnl_link_delete(nl_sock *sk, const rtnl_link *link)'),
+  rtnl_link_set_ifindex: libroute.func('void rtnl_link_set_ifindex(rtnl_link *link, int ifindex)'),
   // Strings returned by the getters are owned by the link object (copy before rtnl_link_put; koffi copies).
   rtnl_link_get_name: libroute.func('const char *rtnl_link_get_name(rtnl_link *link)'),
   rtnl_link_get_ifindex: libroute.func('int rtnl_link_get_ifindex(rtnl_link *link)'),

@@ -11,7 +11,9 @@ import { ConfigError, NetlinkError } from '../src/errors.js';
 import {
   addrDel,
   addrList,
+  linkByIndex,
   linkByName,
+  linkDelete,
   linkList,
   linkSetMtu,
   linkSetTxQLen,
@@ -276,6 +278,49 @@ kTest('link changes report kernel refusals and absence by errno', async (t) => {
   t.true(err?.message.includes(missing), 'message names the link');
   // The host socket still works after errors.
   t.is(linkByName(links.veth).name, links.veth);
+});
+
+kTest('linkByIndex finds the same link as linkByName; a missing index is ENODEV', async (t) => {
+  const links = await makeLinks(t);
+  for (const name of ['lo', links.bridge, links.veth]) t.deepEqual(withoutFlags(linkByIndex(linkByName(name).index)), withoutFlags(linkByName(name)), name);
+  const gone = linkByName(links.peer).index;
+  await sh('ip', ['link', 'del', links.veth]);
+  netlinkErrno(t, () => linkByIndex(gone), ENODEV, 'deleted veth peer by index');
+  t.throws(() => linkByIndex(0), { instanceOf: ConfigError });
+  t.throws(() => linkByIndex(-3), { instanceOf: ConfigError });
+});
+
+kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it resolves; the kernel finishes later', async (t) => {
+  const links = await makeLinks(t);
+  const ns = await makeNetns(t);
+  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+  await sh('ip', ['-n', ns.name, 'addr', 'add', '10.250.0.2/24', 'dev', links.peer]);
+  await sh('ip', ['link', 'set', links.veth, 'up']);
+  const index = linkByName(links.veth).index;
+  const started = performance.now();
+  const { goneMs, finished } = await linkDelete(index);
+  const host = await ipLinks();
+  t.false(host.some((l) => l.ifname === links.veth || l.ifindex === index), 'host end gone');
+  t.true(host.some((l) => l.ifname === links.bridge), 'the bridge stays');
+  t.false((await ipLinks(ns.name)).some((l) => l.ifname === links.peer), 'peer gone from the pod netns');
+  await t.notThrowsAsync(finished, 'the kernel finished the delete without error');
+  t.log(`gone after ${goneMs.toFixed(2)} ms; the kernel answered after ${(performance.now() - started).toFixed(2)} ms or less`);
+  // Deleting what is already gone succeeds at once (idempotent, as the contract says).
+  const again = await linkDelete(index);
+  await t.notThrowsAsync(again.finished);
+  await t.throwsAsync(linkDelete(0), { instanceOf: ConfigError });
+});
+
+kTest('linkDelete: many at once (more than its worker budget) all end gone and finished', async (t) => {
+  const pairs = Array.from({ length: 8 }, () => ({ veth: linkName('v'), peer: linkName('p') }));
+  t.teardown(async () => {
+    for (const p of pairs) await sh('ip', ['link', 'del', p.veth], { reject: false });
+  });
+  for (const p of pairs) await sh('ip', ['link', 'add', p.veth, 'type', 'veth', 'peer', 'name', p.peer]);
+  const dels = await Promise.all(pairs.map((p) => linkDelete(linkByName(p.veth).index)));
+  await Promise.all(dels.map((d) => d.finished));
+  const names = new Set((await ipLinks()).map((l) => l.ifname));
+  for (const p of pairs) t.false(names.has(p.veth) || names.has(p.peer), `${p.veth} and ${p.peer} gone`);
 });
 
 kTest('setPromiscOn / setPromiscOff toggle PROMISC as ip sees it, idempotently', async (t) => {

@@ -3,6 +3,8 @@
  * The `kubenet` command: `daemon` (the node agent), `status` (what the agent knows), `health`
  * (exit 0 when the agent answers /healthz with 200; the DaemonSet's readiness probe).
  */
+// First: sizes libuv's thread pool before any import can use it.
+import './threadpool.js';
 import { parseArgs } from 'node:util';
 import { Agent, StaticCidr, STATUS_PATH, type PodCidrSource, type StatusReport } from '../daemon/agent.js';
 import type { PodLookup } from '../daemon/cni-handler.js';

@@ -7,7 +7,7 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { readFile, stat } from 'node:fs/promises';
+import { readFile, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/agent.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
@@ -294,6 +294,11 @@ serialTest('host ports: runtimeConfig.portMappings through the reference portmap
   const got = await execa('ip', ['netns', 'exec', client.netnsName, process.execPath, '-e', `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`], { timeout: 10_000, reject: false });
   t.is(got.stdout, 'hello from web', `host port ${gw}:${hostPort} reaches the pod: ${got.stderr}`);
 
+  // The agent's own cache entry for the pod is lost: its pod record still knows the host ports, so
+  // DEL still runs portmap and removes the rules.
+  const cached = (await h.agentCacheEntries()).filter((f) => f.includes(web.id));
+  t.is(cached.length, 1, `one cache entry for the pod: ${cached.join(', ')}`);
+  for (const f of cached) await rm(join(h.config.cniCacheDir, 'results', f));
   t.is((await h.libcni('del', web)).exitCode, 0);
   t.deepEqual(await natRules(), [], 'no rule for the host port after DEL');
   t.is((await h.libcni('del', client)).exitCode, 0);

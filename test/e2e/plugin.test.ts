@@ -278,6 +278,40 @@ itest('a restarted plugin tears down a pod it did not set up, through the CNI ca
   t.false(await linkExists('eth0', p.netnsName));
 });
 
+itest('teardown deletes the recorded veth only when it is a veth on the bridge; otherwise the bridge plugin does', async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const [a, b] = await Promise.all([h.addPod('fast'), h.addPod('guarded')]);
+  if (!a || !b) return t.fail('no pods');
+  await plugin.setUpPod(a.namespace, a.name, a.id);
+  await plugin.setUpPod(b.namespace, b.name, b.id);
+  const vethOf = (id: string) => plugin.listPods().find((p) => p.id === id)?.hostVeth ?? '';
+  const vethA = vethOf(a.id);
+  const vethB = vethOf(b.id);
+  t.true(vethA !== '' && vethB !== '', 'the bridge plugin reported host veths');
+
+  // The record of pod b names a veth that is not on the bridge (a name reused by something else).
+  const stranger = `kst${h.tag}`;
+  await sh('ip', ['link', 'add', stranger, 'type', 'veth', 'peer', 'name', `ksp${h.tag}`]);
+  t.teardown(() => sh('ip', ['link', 'del', stranger], { reject: false }).then(() => undefined));
+  const recB = plugin.listPods().find((p) => p.id === b.id);
+  if (!recB) return t.fail('no record for pod b');
+  plugin.restorePod({ ...recB, hostVeth: stranger });
+
+  await plugin.tearDownPod(a.namespace, a.name, a.id);
+  await plugin.tearDownPod(b.namespace, b.name, b.id);
+  t.true(await linkExists(stranger), 'a veth that is not on the bridge is never deleted');
+  for (const [pod, veth] of [[a, vethA], [b, vethB]] as const) {
+    t.false(await linkExists(veth), `${pod.name}: host veth ${veth} gone`);
+    t.false(await linkExists('eth0', pod.netnsName), `${pod.name}: eth0 gone`);
+  }
+  t.deepEqual(await h.reservedIps(), [], 'both addresses released');
+  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]), [], 'no bridge ports left');
+});
+
 serialTest('init ensures exactly one masquerade rule and sets the bridge sysctl when available', async (t) => {
   const h = await harness(t);
   // A superset of 10.0.0.0/8: every test's pod traffic stays inside it, so the rule never
