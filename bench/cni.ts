@@ -20,6 +20,11 @@
  * pays for fork/exec. The goal line uses STATUS from sh minus STATUS POSTed: STATUS does no agent
  * work, so only forwarding differs (CHECK runs the bridge plugin and carries its noise).
  *
+ * The floor: the bridge plugin alone, with the agent's own bridge config on a bridge of its own,
+ * exec'd from a `bash` loop (timed with $EPOCHREALTIME, no fork) for the same number of pods. The
+ * agent execs that plugin on every ADD (DESIGN.md), so "libcni driver + binary + transport" plus it
+ * bounds how fast a kubenet ADD can be, and the goals section says whether the ADD goal is within it.
+ *
  * Prints numbers and asserts nothing. Root only. Creates only uniquely named links, netns and temp
  * dirs, removes them even on failure or Ctrl-C, and lists anything left behind. Sends no traffic.
  *
@@ -156,6 +161,7 @@ function pickSubnet(second: number, pods: number, taken: Array<[number, number]>
 class CniBench {
   readonly tag = uniq(6);
   readonly refBridge = `kbr${this.tag}`;
+  readonly floorBridge = `kbf${this.tag}`;
   readonly h = new AgentHarness();
   refRoot = '';
   refConfDir = '';
@@ -418,6 +424,50 @@ class CniBench {
     }
   }
 
+  /**
+   * The reference bridge plugin alone, with the agent's bridge config (its own bridge, subnet and
+   * IPAM dir), exec'd by bash for `pods` pods: ADD each, then DEL each. Per-exec ms, timed inside the
+   * loop with $EPOCHREALTIME so bash's own forks are not counted.
+   */
+  async bridgeAlone(cidr: string): Promise<Record<Op, number[]>> {
+    const agentConf = this.h.agent?.plugin.currentConfig();
+    if (!agentConf) throw new Error('the agent has no bridge config');
+    const conf = { ...agentConf, name: 'kbfloor', bridge: this.floorBridge, ipam: { ...(agentConf.ipam as object), ranges: [[{ subnet: cidr }]], dataDir: join(this.refRoot, 'ipam-floor') } };
+    const confFile = join(this.refRoot, 'floor-bridge.json');
+    await writeFile(confFile, JSON.stringify(conf));
+    const pods = Array.from({ length: this.pods }, (_, i) => this.pod('reference', 900, i));
+    for (const p of pods) await this.addNetns(p);
+    const out: Record<Op, number[]> = { ADD: [], DEL: [] };
+    try {
+      for (const op of ['ADD', 'DEL'] as const) {
+        this.checkAbort();
+        const script = [
+          'set -e',
+          'while read -r id netns; do',
+          '  s=$EPOCHREALTIME',
+          `  CNI_COMMAND=${op} CNI_CONTAINERID="$id" CNI_NETNS="$netns" CNI_IFNAME=eth0 CNI_PATH=${REF_BIN_DIR} ${REF_BIN_DIR}/bridge < "$1" > /dev/null`,
+          '  e=$EPOCHREALTIME',
+          '  echo "$s $e"',
+          'done',
+        ].join('\n');
+        const r = await execa('bash', ['-c', script, 'bash', confFile], {
+          input: pods.map((p) => `${p.id} ${p.netnsPath}`).join('\n') + '\n',
+          env: { LC_ALL: 'C', PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin' },
+          extendEnv: false,
+          reject: false,
+        });
+        if (r.exitCode !== 0) throw new Error(`bridge ${op} from bash failed (exit ${r.exitCode}): ${r.stderr}`);
+        for (const line of r.stdout.trim().split('\n')) {
+          const [a = NaN, b = NaN] = line.split(' ').map(Number);
+          out[op].push((b - a) * 1000);
+        }
+      }
+    } finally {
+      await this.delNetns(pods.map((p) => p.netnsName).filter((n) => this.liveNetns.has(n)));
+    }
+    return out;
+  }
+
   /** The agent's own handling time (its histograms), to split kubenet's latency. */
   async agentSeconds(): Promise<Record<Op, { sum: number; count: number }>> {
     const text = (await this.h.get('/metrics')).body;
@@ -446,7 +496,7 @@ class CniBench {
     }
     await step('netns', () => this.delNetns([...this.liveNetns]));
     const links = new Set(await linkNames());
-    const refLinks = [this.refBridge, ...this.refIfbs].filter((l) => links.has(l));
+    const refLinks = [this.refBridge, this.floorBridge, ...this.refIfbs].filter((l) => links.has(l));
     await step('reference links', () =>
       refLinks.length ? execa('ip', ['-force', '-batch', '-'], { input: refLinks.map((l) => `link del ${l}`).join('\n') + '\n', reject: false }) : Promise.resolve(),
     );
@@ -458,7 +508,7 @@ class CniBench {
   /** Links and netns of this run still present, and kag*, kai*, bwp* links that appeared since the start. */
   async leftovers(): Promise<{ ours: string[]; others: string[] }> {
     const links = await linkNames();
-    const mine = new Set([this.refBridge, ...this.refIfbs]);
+    const mine = new Set([this.refBridge, this.floorBridge, ...this.refIfbs]);
     if (this.harnessSetUp) {
       mine.add(this.h.bridge);
       mine.add(this.h.ifb);
@@ -517,6 +567,7 @@ async function main(): Promise<number> {
   const taken = await routedRanges();
   const kubenetCidr = pickSubnet(98, pods, taken);
   const refCidr = pickSubnet(99, pods, taken);
+  const floorCidr = pickSubnet(97, pods, taken);
   const samples: Record<Side, Record<Op, number[]>> = { kubenet: { ADD: [], DEL: [] }, reference: { ADD: [], DEL: [] } };
   let exitCode = 0;
   try {
@@ -545,6 +596,7 @@ async function main(): Promise<number> {
     }
     const agentAfter = await bench.agentSeconds();
     const over = await bench.overhead();
+    const floor = await bench.bridgeAlone(floorCidr);
 
     // ---- results
     console.log('\nlatency per call, ms (wall time of one libcni driver exec)');
@@ -571,6 +623,13 @@ async function main(): Promise<number> {
       );
     }
 
+    const floorSt = { ADD: stats(floor.ADD), DEL: stats(floor.DEL) };
+    console.log(`\nthe bridge plugin alone (the agent's bridge config, own bridge ${bench.floorBridge}, ${floorCidr}), exec'd from bash, ${pods} pods, ms`);
+    for (const op of ['ADD', 'DEL'] as const) {
+      const s = floorSt[op];
+      console.log(`bridge      ${op}  ${String(s.n).padStart(5)}  ${ms(s.p50)}  ${ms(s.p99)}  ${ms(s.min)}  ${ms(s.mean)}  ${ms(s.max)}`);
+    }
+
     console.log(`\nforwarding overhead, ms per call (${calls} calls each, interleaved)`);
     console.log('from this process: binary = the installed binary exec\'d with execa, POST = the same call straight to the socket,');
     console.log('  overhead = median of paired (binary − POST); beyond exec = overhead − /bin/true exec\'d the same way');
@@ -593,6 +652,13 @@ async function main(): Promise<number> {
     const addRatio = st.kubenet.ADD.p50 / st.reference.ADD.p50;
     const delRatio = st.kubenet.DEL.p50 / st.reference.DEL.p50;
     const verdict = (ok: boolean) => (ok ? 'PASS' : 'MISS');
+    // What a kubenet ADD cannot go below while the agent execs the bridge plugin: everything outside
+    // the agent (libcni driver, binary, transport: kubenet's end to end minus the agent's own time),
+    // plus the bridge plugin exec'd as cheaply as a Go runtime would.
+    const addAgentN = agentAfter.ADD.count - agentBefore.ADD.count;
+    const addOutside = st.kubenet.ADD.mean - ((agentAfter.ADD.sum - agentBefore.ADD.sum) / addAgentN) * 1000;
+    const addFloor = addOutside + floorSt.ADD.p50;
+    const addGoalMs = GOAL_ADD_RATIO * st.reference.ADD.p50;
     console.log(`load average at end ${loadavg().map((x) => x.toFixed(2)).join(' ')}`);
     console.log('\ngoals');
     console.log(
@@ -605,6 +671,11 @@ async function main(): Promise<number> {
     );
     console.log(
       `  ${verdict(addRatio <= GOAL_ADD_RATIO)}  ADD p50 ≤ ${GOAL_ADD_RATIO} × reference: ${addRatio.toFixed(3)} × (${st.kubenet.ADD.p50.toFixed(2)} vs ${st.reference.ADD.p50.toFixed(2)} ms)`,
+    );
+    console.log(
+      `        floor with the bridge plugin exec'd per ADD: outside the agent ${addOutside.toFixed(2)} ms + bridge ADD from bash ${floorSt.ADD.p50.toFixed(2)} ms = ` +
+        `${addFloor.toFixed(2)} ms (${(addFloor / st.reference.ADD.p50).toFixed(3)} ×) against a goal of ${addGoalMs.toFixed(2)} ms: ` +
+        (addFloor > addGoalMs ? 'out of reach while ADD runs the reference bridge plugin' : 'within reach'),
     );
     console.log(
       `  ${verdict(delRatio <= GOAL_DEL_RATIO)}  DEL p50 ≤ ${GOAL_DEL_RATIO} × reference: ${delRatio.toFixed(3)} × (${st.kubenet.DEL.p50.toFixed(2)} vs ${st.reference.DEL.p50.toFixed(2)} ms)`,
