@@ -2,6 +2,7 @@
  * The node agent: one KubenetPlugin, a pod-CIDR source, the CNI API on a unix socket (mode 0600),
  * the CNI binary and conflist for container runtimes, pod state that survives restarts, metrics.
  */
+import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { chmod, copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { dirname, join, resolve } from 'node:path';
@@ -266,14 +267,17 @@ export class Agent {
     this.metrics.shaped.set(pods.filter((p) => !isUnshaped(p.limits)).length);
   }
 
+  // Pod records are written synchronously, like the CNI result cache (src/cni/cache.ts): a few
+  // hundred bytes each, microseconds of syscalls, against a thread-pool round trip per step (and a
+  // pool that pod veth deletions may be holding) on every ADD and DEL.
   private async savePod(r: PodRecord): Promise<void> {
     const file = join(this.podsDir, `${r.id}.json`);
-    await writeFile(`${file}.tmp`, JSON.stringify(r));
-    await rename(`${file}.tmp`, file);
+    writeFileSync(`${file}.tmp`, JSON.stringify(r));
+    renameSync(`${file}.tmp`, file);
   }
 
   private async forgetPod(id: string): Promise<void> {
-    await rm(join(this.podsDir, `${id}.json`), { force: true });
+    rmSync(join(this.podsDir, `${id}.json`), { force: true });
   }
 
   private async loadPods(): Promise<PodRecord[]> {

@@ -23,8 +23,8 @@
  * last pod goes (creating it is the expensive part and it costs nothing idle); `reset()` removes it.
  */
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdir, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { AggregateKubenetError, ConfigError, KubenetError } from '../errors.js';
@@ -265,11 +265,12 @@ export class Shaper {
     }
   }
 
-  private async saveState(rec: PodRecord): Promise<void> {
+  /** Synchronous, as the CNI result cache: a small local file, cheaper than thread-pool round trips. */
+  private saveState(rec: PodRecord): void {
     const path = this.statePath(rec.id);
     const tmp = `${path}.tmp`;
-    await writeFile(tmp, JSON.stringify(rec));
-    await rename(tmp, path);
+    writeFileSync(tmp, JSON.stringify(rec));
+    renameSync(tmp, path);
   }
 
   private allocClass(): number {
@@ -429,7 +430,7 @@ export class Shaper {
       rec.classId = 0;
     }
     this.records.set(pod.id, rec);
-    await this.saveState(rec);
+    this.saveState(rec);
     log.info({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId }, 'pod shaped');
   }
 
@@ -444,7 +445,7 @@ export class Shaper {
       await this.kernelRemove(rec, log);
       this.records.delete(podId);
       this.freeClass(rec.classId);
-      await rm(this.statePath(podId), { force: true });
+      rmSync(this.statePath(podId), { force: true });
       log.info({ ms: +(performance.now() - t0).toFixed(2) }, 'pod shaping removed');
     });
   }
