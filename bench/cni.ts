@@ -4,8 +4,11 @@
  * through the reference runtime library (libcni, native/build/libcni-driver), with the same
  * runtimeConfig bandwidth (both sides shape), the same netns setup and the same pod identities.
  *
- * - kubenet: an agent started in-process on its own bridge/ifb/socket/temp dirs (AgentHarness),
- *   reached through the conflist it writes and the CNI binary it installs.
+ * - kubenet: the agent as it ships, `node dist/src/cli/main.js daemon` (the bench compiles dist/ first)
+ *   in a process of its own, on its own bridge/ifb/socket/temp dirs (AgentHarness's config),
+ *   reached through the conflist it writes and the CNI binary it installs. `--agent in-process`
+ *   runs it inside this tsx process instead: a process several times larger, whose every fork of a
+ *   plugin costs more (fork copies the page tables).
  * - reference: a conflist `refnet` (bridge + host-local, then bandwidth) on its own bridge.
  * Pods are set up one at a time (setup latency, not throughput). Within a round the two sides are
  * interleaved pod by pod, the side that goes first alternating, so machine noise hits both alike;
@@ -28,20 +31,27 @@
  * Prints numbers and asserts nothing. Root only. Creates only uniquely named links, netns and temp
  * dirs, removes them even on failure or Ctrl-C, and lists anything left behind. Sends no traffic.
  *
- * Usage: npx tsx bench/cni.ts [--pods N] [--rounds R] [--calls C]
+ * Usage: npx tsx bench/cni.ts [--pods N] [--rounds R] [--calls C] [--agent process|in-process]
  *   --pods    pods per round (default 30)     --rounds  counted rounds (default 3)
  *   --calls   calls per overhead sample (default 100)
+ *   --agent   process (default): the compiled agent in its own process; in-process: inside this one
  * KUBENET_LOG_LEVEL=debug shows the agent's logs (it times every pod set up: `ms`).
  */
-import { execa } from 'execa';
+import { execa, type ResultPromise } from 'execa';
 import { existsSync } from 'node:fs';
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { availableParallelism, loadavg, release } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import { CONFIG_KEYS, type ConfigKey } from '../src/daemon/config.js';
+import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../test/helpers/agent-harness.js';
 import { makeTmpDir, rmrf, uniq } from '../test/helpers/kernel.js';
 
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+/** The `kubenet` command as package.json's bin ships it. */
+const DIST_MAIN = join(ROOT, 'dist/src/cli/main.js');
 const REF_BIN_DIR = '/usr/lib/cni';
 const REF_PLUGINS = ['bridge', 'host-local', 'bandwidth'];
 /** 100 Mbit/s both ways; bursts as containerd 1.6 passes them when the pod sets none. */
@@ -52,6 +62,7 @@ const GOAL_ADD_RATIO = 0.8;
 const GOAL_DEL_RATIO = 0.6;
 
 type Side = 'kubenet' | 'reference';
+type AgentMode = 'process' | 'in-process';
 type Op = 'ADD' | 'DEL';
 
 interface Pod {
@@ -97,10 +108,10 @@ function intArg(name: string, def: number, min: number, max: number): number {
 }
 
 function checkArgs(): void {
-  const known = new Set(['--pods', '--rounds', '--calls']);
+  const known = new Set(['--pods', '--rounds', '--calls', '--agent']);
   for (let i = 2; i < process.argv.length; i += 2) {
     const a = process.argv[i] ?? '';
-    if (!known.has(a)) throw new Error(`unknown argument ${JSON.stringify(a)}; usage: npx tsx bench/cni.ts [--pods N] [--rounds R] [--calls C]`);
+    if (!known.has(a)) throw new Error(`unknown argument ${JSON.stringify(a)}; usage: npx tsx bench/cni.ts [--pods N] [--rounds R] [--calls C] [--agent process|in-process]`);
   }
 }
 
@@ -176,11 +187,14 @@ class CniBench {
   linksBefore = new Set<string>();
   aborted = false;
   shapingVerified = '';
+  /** The agent's own process (mode 'process'). */
+  agentProc: ResultPromise | undefined;
   private lastRefAdd = '';
 
   constructor(
     readonly pods: number,
     readonly calls: number,
+    readonly mode: AgentMode,
   ) {}
 
   checkAbort(): void {
@@ -212,7 +226,49 @@ class CniBench {
 
     this.harnessSetUp = true;
     await this.h.setup(kubenetCidr);
-    await this.h.startAgent();
+    if (this.mode === 'in-process') await this.h.startAgent();
+    else await this.startAgentProcess();
+  }
+
+  /** `kubenet daemon` from dist/, every key of the harness's config as its flag; ready when /healthz is 200. */
+  async startAgentProcess(): Promise<void> {
+    const flags: string[] = [];
+    for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, (typeof CONFIG_KEYS)[ConfigKey]]>) {
+      const v = this.h.config[key];
+      if (v === undefined) continue;
+      flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
+    }
+    const { NODE_OPTIONS: _drop, ...env } = process.env;
+    this.agentProc = execa(process.execPath, [DIST_MAIN, 'daemon', ...flags], { env, extendEnv: false, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    let exited = false;
+    void this.agentProc.then(() => (exited = true));
+    for (const deadline = performance.now() + 15_000; ; ) {
+      if (exited) throw new Error(`the agent process exited during startup (exit ${(await this.agentProc).exitCode})`);
+      const ok = await this.h.get('/healthz').then(
+        (r) => r.status === 200,
+        () => false,
+      );
+      if (ok) return;
+      if (performance.now() > deadline) throw new Error('the agent process was not healthy within 15 s');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  /** Resident set of the agent's process in MB (what each fork of a plugin copies page tables for). */
+  async agentRssMb(): Promise<number> {
+    if (this.mode === 'in-process') return process.memoryUsage().rss / 1e6;
+    const status = await readFile(`/proc/${this.agentProc?.pid ?? 0}/status`, 'utf8').catch(() => '');
+    return Number(/^VmRSS:\s+(\d+) kB/m.exec(status)?.[1] ?? NaN) / 1000;
+  }
+
+  async stopAgentProcess(): Promise<void> {
+    const proc = this.agentProc;
+    if (!proc) return;
+    this.agentProc = undefined;
+    proc.kill('SIGTERM');
+    const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
+    await proc;
+    clearTimeout(timer);
   }
 
   pod(side: Side, round: number, i: number): Pod {
@@ -430,9 +486,14 @@ class CniBench {
    * loop with $EPOCHREALTIME so bash's own forks are not counted.
    */
   async bridgeAlone(cidr: string): Promise<Record<Op, number[]>> {
-    const agentConf = this.h.agent?.plugin.currentConfig();
-    if (!agentConf) throw new Error('the agent has no bridge config');
-    const conf = { ...agentConf, name: 'kbfloor', bridge: this.floorBridge, ipam: { ...(agentConf.ipam as object), ranges: [[{ subnet: cidr }]], dataDir: join(this.refRoot, 'ipam-floor') } };
+    // The agent's own config generation, for another bridge, subnet and IPAM dir.
+    const c = this.h.config;
+    const gen = new KubenetPlugin({ bridgeName: this.floorBridge, ipamDataDir: join(this.refRoot, 'ipam-floor'), ...(c.mtu !== undefined ? { mtu: c.mtu } : {}) });
+    await gen.init({ getPodByName: () => undefined, getNetNS: () => '' }, c.hairpinMode, '0.0.0.0/0');
+    await gen.event('pod-cidr-change', { 'pod-cidr': cidr });
+    const conf = gen.currentConfig();
+    gen.close();
+    if (!conf) throw new Error('no bridge config generated for the floor');
     const confFile = join(this.refRoot, 'floor-bridge.json');
     await writeFile(confFile, JSON.stringify(conf));
     const pods = Array.from({ length: this.pods }, (_, i) => this.pod('reference', 900, i));
@@ -501,6 +562,7 @@ class CniBench {
       refLinks.length ? execa('ip', ['-force', '-batch', '-'], { input: refLinks.map((l) => `link del ${l}`).join('\n') + '\n', reject: false }) : Promise.resolve(),
     );
     if (this.refRoot) await step('reference temp dir', () => rmrf(this.refRoot));
+    await step('agent process', () => this.stopAgentProcess());
     if (this.harnessSetUp) await step('kubenet side (agent, bridge, ifb, temp dir)', () => this.h.cleanup.run());
     return problems;
   }
@@ -548,13 +610,24 @@ async function main(): Promise<number> {
   const pods = intArg('--pods', 30, 1, 4000);
   const rounds = intArg('--rounds', 3, 1, 1000);
   const calls = intArg('--calls', 100, 1, 100000);
+  const modeAt = process.argv.indexOf('--agent');
+  const mode = (modeAt < 0 ? 'process' : process.argv[modeAt + 1]) as AgentMode;
+  if (mode !== 'process' && mode !== 'in-process') throw new Error(`--agent: want process or in-process, got ${JSON.stringify(mode)}`);
   const why = blocker();
   if (why) {
     console.error(`bench/cni: ${why}`);
     return 2;
   }
   const wall = performance.now();
-  const bench = new CniBench(pods, calls);
+  if (mode === 'process') {
+    // The agent as it ships: compiled by the project's own tsc config into dist/.
+    const tsc = await execa(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.json')], { reject: false });
+    if (tsc.exitCode !== 0) {
+      console.error(`bench/cni: compiling the agent failed:\n${tsc.stdout}${tsc.stderr}`);
+      return 1;
+    }
+  }
+  const bench = new CniBench(pods, calls, mode);
   let signals = 0;
   const onSignal = (sig: string) => {
     signals++;
@@ -580,7 +653,8 @@ async function main(): Promise<number> {
     console.log(`pods ${pods} per round (sequential), rounds ${rounds} counted + 1 warm-up, sides interleaved pod by pod; overhead calls ${calls}`);
     await bench.setup(kubenetCidr, refCidr);
     console.log(
-      `kubenet:   agent in-process, conflist ${bench.h.config.cniConfDir}/10-kubenet.conflist, bridge ${bench.h.bridge}, ifb ${bench.h.ifb}, ${kubenetCidr}`,
+      `kubenet:   agent ${mode === 'process' ? `process (node dist/src/cli/main.js daemon, pid ${bench.agentProc?.pid})` : 'in this process'}, ` +
+        `conflist ${bench.h.config.cniConfDir}/10-kubenet.conflist, bridge ${bench.h.bridge}, ifb ${bench.h.ifb}, ${kubenetCidr}`,
     );
     console.log(`reference: ${REF_BIN_DIR} bridge+host-local → bandwidth (conflist refnet), bridge ${bench.refBridge}, ${refCidr}`);
     console.log(`both: runtimeConfig ${JSON.stringify(RUNTIME_CONFIG)}`);
@@ -595,6 +669,7 @@ async function main(): Promise<number> {
       console.log(`round ${r}: ${((performance.now() - t) / 1000).toFixed(1)} s`);
     }
     const agentAfter = await bench.agentSeconds();
+    const rss = await bench.agentRssMb();
     const over = await bench.overhead();
     const floor = await bench.bridgeAlone(floorCidr);
 
@@ -614,7 +689,7 @@ async function main(): Promise<number> {
       const f = st.reference[op];
       console.log(`ratio k/r   ${op}         ${(k.p50 / f.p50).toFixed(3).padStart(8)}  ${(k.p99 / f.p99).toFixed(3).padStart(8)}`);
     }
-    console.log('\nkubenet split (means over the counted rounds): agent handling (its /metrics histograms) vs the rest');
+    console.log(`\nkubenet split (means over the counted rounds): agent handling (its /metrics histograms) vs the rest; agent RSS ${rss.toFixed(0)} MB`);
     for (const op of ['ADD', 'DEL'] as const) {
       const n = agentAfter[op].count - agentBefore[op].count;
       const agentMean = ((agentAfter[op].sum - agentBefore[op].sum) / n) * 1000;
