@@ -309,6 +309,12 @@ kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it re
   const again = await linkDelete(index);
   await t.notThrowsAsync(again.finished);
   await t.throwsAsync(linkDelete(0), { instanceOf: ConfigError });
+  // A delete the kernel refuses rejects with its errno and leaves the link: loopback cannot be
+  // deleted (EOPNOTSUPP), so this is the one refusal that is safe to ask for in the host namespace.
+  const lo = linkByName('lo').index;
+  const refused = await t.throwsAsync(linkDelete(lo), { instanceOf: NetlinkError });
+  t.is(refused?.errno, 95, refused?.message);
+  t.is(linkByName('lo').index, lo, 'lo is still there');
 });
 
 kTest('linkDelete: many at once (more than its worker budget) all end gone and finished', async (t) => {

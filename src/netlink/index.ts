@@ -4,8 +4,9 @@
  * Every function but linkDelete is synchronous: one koffi call is a few µs and a netlink round trip a
  * few tens, so there is nothing to gain from the thread pool and a lot to lose (netns switching must
  * never span an await). linkDelete is the exception because the kernel holds its request for tens of
- * milliseconds after the link is already gone (see there). One NETLINK_ROUTE socket serves the process's own namespace; it is opened on first use and
- * reused. Sockets into other namespaces are opened per call and freed before returning.
+ * milliseconds after the link is already gone (see there). One NETLINK_ROUTE socket serves the
+ * process's own namespace; it is opened on first use and reused. Sockets into other namespaces are
+ * opened per call and freed before returning.
  *
  * Errors are NetlinkError with a positive Linux errno; libnl's NLE_* codes are translated by an
  * explicit table (libnl loses the kernel errno, so the table is the single place that decides).
@@ -649,4 +650,3 @@ export async function linkDelete(ifindex: number): Promise<LinkDeletion> {
   }
   return { goneMs: performance.now() - started, finished };
 }
-
