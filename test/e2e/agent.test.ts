@@ -374,6 +374,38 @@ serialTest('stop() lets a CNI call in flight finish before the agent exits', asy
   await assertNothingLeft(t, h);
 });
 
+serialTest('many pods added, then deleted, all at once through libcni: distinct IPs, each shaped as asked, nothing left', async (t) => {
+  const h = await harness(t, '10.93.10.0/24');
+  await h.startAgent();
+  const pods = await Promise.all(Array.from({ length: 10 }, (_, i) => h.addPod(`burst${i}`)));
+  // Every other pod shaped, each at its own rate, so a mix-up between pods would show.
+  const rateOf = (i: number) => (i % 2 === 0 ? (i + 1) * 1_000_000 : undefined);
+  const results = await Promise.all(
+    pods.map((p, i) => {
+      const rate = rateOf(i);
+      return addOk(t, h, p, rate ? { bandwidth: { ingressRate: rate, egressRate: rate } } : undefined);
+    }),
+  );
+  const ips = results.map(podIp);
+  t.is(new Set(ips).size, pods.length, `distinct IPs: ${ips.join(' ')}`);
+  const st = await status(h);
+  t.is(st.pods.length, pods.length);
+  for (const [i, p] of pods.entries()) {
+    const known = st.pods.find((s) => s.id === p.id);
+    const rate = rateOf(i);
+    t.deepEqual(known?.ips, [ips[i]], `${p.name}: status has its IP`);
+    t.deepEqual(known?.limits, rate ? { ingress: rate, egress: rate } : {}, `${p.name}: its own limits`);
+  }
+  t.is((await bridgePorts(h)).length, pods.length);
+
+  const dels = await Promise.all(pods.map((p) => h.libcni('del', p)));
+  for (const [i, d] of dels.entries()) t.is(d.exitCode, 0, `DEL ${pods[i]?.name}: ${d.stderr}`);
+  await assertNothingLeft(t, h);
+  for (const p of pods) t.false(await linkExists('eth0', p.netnsName), `${p.name}: no eth0 left in the pod`);
+  const classes = await ifbClasses(h);
+  t.false(/class htb 1:/.test(classes), `no pod class left on the ifb: ${classes}`);
+});
+
 /** A network config as a runtime would pass the kubenet plugin (the socket key points the binary at this agent). */
 function conf(h: AgentHarness, extra: Record<string, unknown> = {}): string {
   return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket, ...extra });
