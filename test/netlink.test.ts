@@ -14,6 +14,8 @@ import {
   linkByIndex,
   linkByName,
   linkDelete,
+  linkDeletionsInFlight,
+  linkDeletionsSettled,
   linkList,
   linkSetMtu,
   linkSetTxQLen,
@@ -299,11 +301,16 @@ kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it re
   const index = linkByName(links.veth).index;
   const started = performance.now();
   const { goneMs, finished } = await linkDelete(index);
+  let answered = false;
+  void finished.then(() => (answered = true));
+  t.true(answered || linkDeletionsInFlight() >= 1, 'counted in flight until the kernel answers');
   const host = await ipLinks();
   t.false(host.some((l) => l.ifname === links.veth || l.ifindex === index), 'host end gone');
   t.true(host.some((l) => l.ifname === links.bridge), 'the bridge stays');
   t.false((await ipLinks(ns.name)).some((l) => l.ifname === links.peer), 'peer gone from the pod netns');
   await t.notThrowsAsync(finished, 'the kernel finished the delete without error');
+  await linkDeletionsSettled();
+  t.is(linkDeletionsInFlight(), 0);
   t.log(`gone after ${goneMs.toFixed(2)} ms; the kernel answered after ${(performance.now() - started).toFixed(2)} ms or less`);
   // Deleting what is already gone succeeds at once (idempotent, as the contract says).
   const again = await linkDelete(index);

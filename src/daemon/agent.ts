@@ -11,6 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
+import { linkDeletionsInFlight } from '../netlink/index.js';
 import { KubenetPlugin, NETWORK_NAME, type PodRecord } from '../plugin/kubenet.js';
 import { isUnshaped } from '../shaper/quantity.js';
 import { CniHandler, type PodLookup } from './cni-handler.js';
@@ -95,6 +96,8 @@ export class Agent {
       pods: new Gauge({ name: 'kubenet_pods', help: 'Pods attached to the bridge', registers: [reg] }),
       shaped: new Gauge({ name: 'kubenet_shaped_pods', help: 'Pods with bandwidth limits', registers: [reg] }),
       inFlight: new Gauge({ name: 'kubenet_cni_calls_in_flight', help: 'CNI calls being handled', registers: [reg] }),
+      // DEL answers once a pod's veth is gone; the kernel frees the device on a worker thread after.
+      vethDeletions: new Gauge({ name: 'kubenet_veth_deletions_in_flight', help: 'Pod veths deleted but not yet freed by the kernel', registers: [reg] }),
     };
   }
 
@@ -265,6 +268,7 @@ export class Agent {
     const pods = this.plugin.listPods();
     this.metrics.pods.set(pods.length);
     this.metrics.shaped.set(pods.filter((p) => !isUnshaped(p.limits)).length);
+    this.metrics.vethDeletions.set(linkDeletionsInFlight());
   }
 
   // Pod records are written synchronously, like the CNI result cache (src/cni/cache.ts): a few
@@ -305,6 +309,8 @@ export class Agent {
       await closed;
     }
     await this.pods?.stop?.();
+    // Veths of pods deleted just before: let the kernel finish them (tens of ms) before exiting.
+    await this.plugin.settled();
     this.plugin.close();
     await rm(this.config.socket, { force: true });
     this.log.info('agent stopped');

@@ -586,6 +586,16 @@ const POOL_SIZE = Number(process.env.UV_THREADPOOL_SIZE) || 4;
 const MAX_DELETIONS = Math.max(1, POOL_SIZE - 2);
 const deletions = new Set<Promise<void>>();
 
+/** Deletions started by linkDelete whose kernel request has not returned yet (the device not yet freed). */
+export function linkDeletionsInFlight(): number {
+  return deletions.size;
+}
+
+/** Resolves once every deletion started so far has been answered by the kernel (errors go to each caller's `finished`). */
+export async function linkDeletionsSettled(): Promise<void> {
+  while (deletions.size > 0) await Promise.all([...deletions]);
+}
+
 export interface LinkDeletion {
   /** Milliseconds until the link no longer resolved by index (what the caller waited for). */
   goneMs: number;

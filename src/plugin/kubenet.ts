@@ -243,6 +243,15 @@ export class KubenetPlugin implements NetworkPlugin {
     });
   }
 
+  /**
+   * Resolves once the kernel has finished every pod veth deletion this process started (teardown
+   * returns before that: see unplugVeth). For a tidy shutdown, and for benchmarks that must not let
+   * one call's background kernel work land on the next.
+   */
+  settled(): Promise<void> {
+    return nl.linkDeletionsSettled();
+  }
+
   /** Re-adopts a pod an earlier process set up (from the agent's state dir), so status and DEL know it. */
   restorePod(record: PodRecord): void {
     this.pods.set(record.id, record);

@@ -401,6 +401,9 @@ serialTest('many pods added, then deleted, all at once through libcni: distinct 
   const dels = await Promise.all(pods.map((p) => h.libcni('del', p)));
   for (const [i, d] of dels.entries()) t.is(d.exitCode, 0, `DEL ${pods[i]?.name}: ${d.stderr}`);
   await assertNothingLeft(t, h);
+  // DEL answered once each veth was gone; the kernel finishes freeing them in the background.
+  await h.agent?.plugin.settled();
+  t.regex((await h.get('/metrics')).body, /^kubenet_veth_deletions_in_flight 0$/m);
   for (const p of pods) t.false(await linkExists('eth0', p.netnsName), `${p.name}: no eth0 left in the pod`);
   const classes = await ifbClasses(h);
   t.false(/class htb 1:/.test(classes), `no pod class left on the ifb: ${classes}`);
