@@ -269,7 +269,29 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   await assertNothingLeft(t, h);
 });
 
+/** iptables -t nat, never failing (cleanup). */
+const natIpt = (args: string[]) => execa('iptables', ['-w', '5', '-t', 'nat', ...args], { reject: false });
+
+/**
+ * portmap makes shared nat chains on first use and never removes them (they serve every pod with
+ * host ports). A test that caused them removes them again, unless they were there before it.
+ */
+async function portmapChainsCleanup(t: import('ava').ExecutionContext): Promise<void> {
+  if ((await natIpt(['-S', 'CNI-HOSTPORT-DNAT'])).exitCode === 0) return;
+  t.teardown(async () => {
+    await natIpt(['-D', 'PREROUTING', '-m', 'addrtype', '--dst-type', 'LOCAL', '-j', 'CNI-HOSTPORT-DNAT']);
+    await natIpt(['-D', 'OUTPUT', '-m', 'addrtype', '--dst-type', 'LOCAL', '-j', 'CNI-HOSTPORT-DNAT']);
+    await natIpt(['-D', 'POSTROUTING', '-m', 'comment', '--comment', 'CNI portfwd requiring masquerade', '-j', 'CNI-HOSTPORT-MASQ']);
+    for (const chain of ['CNI-HOSTPORT-DNAT', 'CNI-HOSTPORT-MASQ', 'CNI-HOSTPORT-SETMARK']) {
+      await natIpt(['-F', chain]);
+      await natIpt(['-X', chain]);
+    }
+  });
+}
+
 serialTest('host ports: runtimeConfig.portMappings through the reference portmap plugin, reachable from a pod, removed on DEL', async (t) => {
+  // Registered first, so it runs after the harness has DEL'd the pods (teardowns run in reverse).
+  await portmapChainsCleanup(t);
   const h = await harness(t, '10.93.9.0/24');
   await h.startAgent();
   const web = await h.addPod('web');
