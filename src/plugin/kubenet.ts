@@ -384,9 +384,11 @@ export class KubenetPlugin implements NetworkPlugin {
     const errors = await runAll([
       // Shaping first: its filters reference the veth the bridge DEL removes.
       () => this.shaper.remove(id),
-      // Then the veth, both ends at once, without waiting for the kernel to free it.
+      // Then the veth, both ends at once, without waiting for the kernel to free it. A pod this
+      // process did not set up is found through the cached result the bridge plugin returned.
       async () => {
-        if (known?.hostVeth) await this.unplugVeth(known.hostVeth, log);
+        const hostVeth = known?.hostVeth ?? (await this.cachedHostVeth(rt));
+        if (hostVeth) await this.unplugVeth(hostVeth, log);
       },
       async () => {
         // The cached config and result make DEL exact even after a pod-CIDR change or restart. The
@@ -421,22 +423,33 @@ export class KubenetPlugin implements NetworkPlugin {
    * to the bridge plugin.
    */
   private async unplugVeth(hostVeth: string, log: Logger): Promise<void> {
-    let link: nl.LinkInfo;
-    let bridge: nl.LinkInfo;
     try {
-      link = nl.linkByName(hostVeth);
-      bridge = nl.linkByName(this.bridgeName);
+      let link: nl.LinkInfo;
+      let bridge: nl.LinkInfo;
+      try {
+        link = nl.linkByName(hostVeth);
+        bridge = nl.linkByName(this.bridgeName);
+      } catch (err) {
+        if (err instanceof NetlinkError && err.errno === ENODEV) return;
+        throw err;
+      }
+      if (link.type !== 'veth' || link.master !== bridge.index) {
+        log.warn({ hostVeth, type: link.type, master: link.master }, 'recorded host veth is not a veth on the bridge; leaving it to the bridge plugin');
+        return;
+      }
+      const { goneMs, finished } = await nl.linkDelete(link.index);
+      finished.catch((err: unknown) => log.error({ err, hostVeth }, 'the kernel failed to finish deleting the pod veth'));
+      log.debug({ hostVeth, goneMs: round(goneMs) }, 'pod veth deleted');
     } catch (err) {
-      if (err instanceof NetlinkError && err.errno === ENODEV) return;
-      throw err;
+      // Only a shortcut: the bridge plugin's DEL, next, deletes the pod's eth0 (and so the veth) itself.
+      log.warn({ err, hostVeth }, 'could not delete the pod veth ahead of the bridge plugin; leaving it to the bridge plugin');
     }
-    if (link.type !== 'veth' || link.master !== bridge.index) {
-      log.warn({ hostVeth, type: link.type, master: link.master }, 'recorded host veth is not a veth on the bridge; leaving it to the bridge plugin');
-      return;
-    }
-    const { goneMs, finished } = await nl.linkDelete(link.index);
-    finished.catch((err: unknown) => log.error({ err, hostVeth }, 'the kernel failed to finish deleting the pod veth'));
-    log.debug({ hostVeth, goneMs: round(goneMs) }, 'pod veth deleted');
+  }
+
+  /** The host end of the pod's veth in the bridge plugin's cached result, if there is one. */
+  private async cachedHostVeth(rt: RuntimeConf): Promise<string | undefined> {
+    const cached = await this.cni.getCachedResult(NETWORK_NAME, rt).catch(() => undefined);
+    return cached?.interfaces.find((i) => !i.sandbox && i.name !== this.bridgeName)?.name;
   }
 
   /** Removes addresses on the bridge outside the new pod subnets (left from an earlier CIDR). */

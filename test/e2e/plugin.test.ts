@@ -1,4 +1,5 @@
 import anyTest, { type TestFn } from 'ava';
+import { pino } from 'pino';
 import { chmod, readFile, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CniPluginError, ConfigError, NotReadyError } from '../../src/errors.js';
@@ -269,10 +270,17 @@ itest('a restarted plugin tears down a pod it did not set up, through the CNI ca
   await first.event('pod-cidr-change', { 'pod-cidr': subnet() });
   const p = await h.addPod('restart');
   await first.setUpPod(p.namespace, p.name, p.id);
-  const second = h.newPlugin();
+  // Its logs say which way the veth went: deleted ahead of the bridge plugin, found in the cache.
+  const lines: string[] = [];
+  const logger = pino({ level: 'debug' }, { write: (l: string) => void lines.push(l) });
+  const second = h.newPlugin({ logger });
   await second.init(h.host, 'none', '0.0.0.0/0');
   // No pod CIDR yet in the new process: the cached config alone drives DEL.
   await second.tearDownPod(p.namespace, p.name, p.id);
+  t.true(
+    lines.some((l) => l.includes('"msg":"pod veth deleted"')),
+    'the veth named in the cached result was deleted ahead of the bridge plugin',
+  );
   t.deepEqual(await h.reservedIps(), []);
   t.deepEqual(await h.cacheEntries(), []);
   t.false(await linkExists('eth0', p.netnsName));
