@@ -309,8 +309,11 @@ export class Agent {
       await closed;
     }
     await this.pods?.stop?.();
-    // Veths of pods deleted just before: let the kernel finish them (tens of ms) before exiting.
-    await this.plugin.settled();
+    // Veths of pods deleted just before: let the kernel finish them (tens of ms) before exiting,
+    // but never hold the exit on it for long.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.plugin.settled(), new Promise<void>((r) => (timer = setTimeout(r, 5000)))]);
+    clearTimeout(timer);
     this.plugin.close();
     await rm(this.config.socket, { force: true });
     this.log.info('agent stopped');
