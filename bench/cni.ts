@@ -351,9 +351,9 @@ class CniBench {
    */
   async settle(): Promise<void> {
     for (const deadline = performance.now() + 5000; performance.now() < deadline; ) {
-      const m = /^kubenet_veth_deletions_in_flight (\d+)$/m.exec((await this.h.get('/metrics')).body);
-      if (!m) throw new Error('the agent exports no kubenet_veth_deletions_in_flight');
-      if (m[1] === '0') return;
+      const inFlight = metricValue((await this.h.get('/metrics')).body, 'kubenet_veth_deletions_in_flight');
+      if (Number.isNaN(inFlight)) throw new Error('the agent exports no kubenet_veth_deletions_in_flight');
+      if (inFlight === 0) return;
       await new Promise((r) => setTimeout(r, 2));
     }
     throw new Error('veth deletions still in flight after 5 s');
@@ -561,7 +561,7 @@ class CniBench {
   /** The agent's own handling time (its histograms), to split kubenet's latency. */
   async agentSeconds(): Promise<Record<Op, { sum: number; count: number }>> {
     const text = (await this.h.get('/metrics')).body;
-    const read = (metric: string) => Number(new RegExp(`^${metric} ([0-9.e+-]+)$`, 'm').exec(text)?.[1] ?? NaN);
+    const read = (metric: string) => metricValue(text, metric);
     return {
       ADD: { sum: read('kubenet_cni_add_seconds_sum'), count: read('kubenet_cni_add_seconds_count') },
       DEL: { sum: read('kubenet_cni_del_seconds_sum'), count: read('kubenet_cni_del_seconds_count') },
@@ -612,6 +612,11 @@ class CniBench {
       .filter((n) => n.startsWith(`kbench-${this.tag}-`));
     return { ours: [...ours.map((l) => `link ${l}`), ...netns.map((n) => `netns ${n}`)], others: others.map((l) => `link ${l}`) };
   }
+}
+
+/** A label-less sample from Prometheus text exposition; NaN when the metric is absent. */
+function metricValue(text: string, metric: string): number {
+  return Number(new RegExp(`^${metric} ([0-9.e+-]+)$`, 'm').exec(text)?.[1] ?? NaN);
 }
 
 async function linkNames(): Promise<string[]> {
