@@ -103,6 +103,8 @@ export const route = {
   rtnl_link_get_txqlen: libroute.func('unsigned int rtnl_link_get_txqlen(rtnl_link *link)'),
   rtnl_link_set_txqlen: libroute.func('void rtnl_link_set_txqlen(rtnl_link *link, unsigned int txqlen)'),
   rtnl_link_get_master: libroute.func('int rtnl_link_get_master(rtnl_link *link)'),
+  // IFLA_LINK: for a veth, the ifindex of its peer (in the peer's namespace); 0 when absent.
+  rtnl_link_get_link: libroute.func('int rtnl_link_get_link(rtnl_link *link)'),
   // NULL (-> null) when the link has no IFLA_INFO_KIND (physical NICs, loopback).
   rtnl_link_get_type: libroute.func('const char *rtnl_link_get_type(rtnl_link *link)'),
 
@@ -129,7 +131,12 @@ export const libcNs = {
   open: libc.func('int open(const char *path, int flags, ...)'),
   close: libc.func('int close(int fd)'),
   setns: libc.func('int setns(int fd, int nstype)'),
+  // linux/nsfs.h NS_GET_NSTYPE on a namespace fd: its CLONE_NEW* type.
+  ioctl: libc.func('int ioctl(int fd, unsigned long request, ...)'),
 };
+
+/** linux/nsfs.h: _IO(0xb7, 0x3). */
+export const NS_GET_NSTYPE = 0xb703;
 
 /** errno of the last libc call on this thread. */
 export function lastErrno(): number {

@@ -14,6 +14,9 @@ export class ConfigError extends KubenetError {}
 /** The plugin is not ready for the operation (no pod CIDR yet, CNI binaries missing). */
 export class NotReadyError extends KubenetError {}
 
+/** The request conflicts with an existing attachment (e.g. a second ADD of it with other parameters); nothing was changed. */
+export class ConflictError extends KubenetError {}
+
 /** The operation names a pod (container) this plugin has not set up. */
 export class UnknownPodError extends KubenetError {}
 

@@ -48,6 +48,9 @@ interface IpLink {
   mtu: number;
   txqlen?: number;
   master?: string;
+  /** The peer of a veth in the same namespace (by name), or its index when it is in another one. */
+  link?: string;
+  link_index?: number;
   linkinfo?: { info_kind?: string };
 }
 interface IpAddrInfo {
@@ -89,6 +92,7 @@ function expectedLink(l: IpLink, all: IpLink[]): LinkInfo {
     pointToPoint: has('POINTOPOINT'),
     master: l.master ? (all.find((m) => m.ifname === l.master)?.ifindex ?? -1) : 0,
     type: l.linkinfo?.info_kind,
+    peerIndex: l.link_index ?? (l.link ? (all.find((m) => m.ifname === l.link)?.ifindex ?? -1) : 0),
   };
 }
 

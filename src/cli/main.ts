@@ -6,7 +6,9 @@
 // First: sizes libuv's thread pool before any import can use it.
 import './threadpool.js';
 import { parseArgs } from 'node:util';
-import { Agent, StaticCidr, STATUS_PATH, type PodCidrSource, type StatusReport } from '../daemon/agent.js';
+import { Agent, type StatusReport } from '../daemon/agent.js';
+import { STATUS_PATH } from '../daemon/http-api.js';
+import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
 import { agentGet, HEALTH_PATH } from '../daemon/protocol.js';

@@ -11,8 +11,9 @@ export class PluginNotFoundError extends ConfigError {
   constructor(plugin: string, dirs: readonly string[]) {
     super(
       dirs.length === 0
-        ? `CNI plugin ${JSON.stringify(plugin)} not found: no plugin directories configured`
-        : `CNI plugin ${JSON.stringify(plugin)} not found in ${dirs.join(', ')}`,
+        ? `CNI plugin ${JSON.stringify(plugin)} is missing: no plugin directories configured`
+        : // Not "not found": containerd takes a DEL error with those words for success and stops retrying.
+          `CNI plugin ${JSON.stringify(plugin)} is missing from ${dirs.join(', ')}`,
     );
     this.plugin = plugin;
     this.dirs = dirs;

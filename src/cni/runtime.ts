@@ -26,8 +26,17 @@ import { CNI_VERSIONS, type CacheEntry, type CniCommand, type CniResult, type Ne
 export interface CniRuntimeOptions {
   /** Directories searched for plugin binaries, in order; also passed to plugins as CNI_PATH. */
   binDirs: string[];
-  /** Result cache directory (entries under `<cacheDir>/results/`), e.g. /var/lib/cni. */
-  cacheDir: string;
+  /**
+   * Result cache directory (entries under `<cacheDir>/results/`), e.g. /var/lib/cni. Without it the
+   * cache-based calls (addNetwork … delFromCache) are refused and only the uncached ones
+   * (`add`/`check`/`del`, whose caller keeps the result) are available.
+   */
+  cacheDir?: string;
+  /**
+   * Plugin types this runtime may exec; any other type is refused with a ConfigError before
+   * anything runs. Unset: any type found in binDirs.
+   */
+  allowedTypes?: readonly string[];
   /** Kill a plugin that runs longer than this. Default 60 s. */
   timeoutMs?: number;
   logger?: Logger;
@@ -93,6 +102,11 @@ function listNetwork(list: NetConfList, bytes?: string): Network {
   };
 }
 
+/** A single config or a list, validated. */
+function networkOf(conf: NetConf | NetConfList): Network {
+  return isObj(conf) && Array.isArray((conf as { plugins?: unknown }).plugins) ? listNetwork(conf as unknown as NetConfList) : singleNetwork(conf as NetConf);
+}
+
 function checkRuntimeConf(rt: RuntimeConf): void {
   if (!isObj(rt)) throw new ConfigError('runtime config must be an object');
   validateContainerId(rt.containerId);
@@ -115,52 +129,54 @@ function runtimeConfigFor(plugin: PluginConf, rt: RuntimeConf): Record<string, u
 
 export class CniRuntime {
   readonly binDirs: readonly string[];
-  readonly cacheDir: string;
+  readonly cacheDir: string | undefined;
   readonly timeoutMs: number;
-  private readonly cache: ResultCache;
+  private readonly resultCache: ResultCache | undefined;
+  private readonly allowedTypes: ReadonlySet<string> | undefined;
   private readonly log: Logger;
 
   constructor(opts: CniRuntimeOptions) {
     if (!Array.isArray(opts.binDirs) || opts.binDirs.length === 0) throw new ConfigError('CniRuntime: binDirs must name at least one directory');
-    if (!opts.cacheDir) throw new ConfigError('CniRuntime: cacheDir is required');
+    if (opts.cacheDir !== undefined && opts.cacheDir === '') throw new ConfigError('CniRuntime: cacheDir must not be empty');
     if (opts.timeoutMs !== undefined && !(Number.isFinite(opts.timeoutMs) && opts.timeoutMs > 0)) {
       throw new ConfigError(`CniRuntime: timeoutMs must be a positive number, got ${opts.timeoutMs}`);
     }
     this.binDirs = [...opts.binDirs];
     this.cacheDir = opts.cacheDir;
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    this.cache = new ResultCache(opts.cacheDir);
+    this.resultCache = opts.cacheDir === undefined ? undefined : new ResultCache(opts.cacheDir);
+    this.allowedTypes = opts.allowedTypes ? new Set(opts.allowedTypes) : undefined;
     this.log = (opts.logger ?? silentLogger()).child({ module: 'cni' });
   }
 
   /** ADD of one network config; caches and returns its result. */
   async addNetwork(conf: NetConf, rt: RuntimeConf): Promise<CniResult> {
-    return this.add(singleNetwork(conf), rt);
+    return this.addCached(singleNetwork(conf), rt);
   }
 
   /** CHECK of one network config against its cached result (spec 0.4.0+). */
   async checkNetwork(conf: NetConf, rt: RuntimeConf): Promise<void> {
-    return this.check(singleNetwork(conf), rt);
+    return this.checkCached(singleNetwork(conf), rt);
   }
 
   /** DEL of one network config; passes the cached result (0.4.0+) and removes it after success. */
   async delNetwork(conf: NetConf, rt: RuntimeConf): Promise<void> {
-    return this.del(singleNetwork(conf), rt);
+    return this.delCached(singleNetwork(conf), rt);
   }
 
   /** ADD of every plugin in order, chaining results; caches and returns the last plugin's result. */
   async addNetworkList(list: NetConfList, rt: RuntimeConf): Promise<CniResult> {
-    return this.add(listNetwork(list), rt);
+    return this.addCached(listNetwork(list), rt);
   }
 
   /** CHECK of every plugin in order against the cached result (0.4.0+; a no-op with disableCheck). */
   async checkNetworkList(list: NetConfList, rt: RuntimeConf): Promise<void> {
-    return this.check(listNetwork(list), rt);
+    return this.checkCached(listNetwork(list), rt);
   }
 
   /** DEL of every plugin in reverse order; removes the cache entry after all succeeded. */
   async delNetworkList(list: NetConfList, rt: RuntimeConf): Promise<void> {
-    return this.del(listNetwork(list), rt);
+    return this.delCached(listNetwork(list), rt);
   }
 
   /**
@@ -181,7 +197,7 @@ export class CniRuntime {
       net = isObj(conf) && 'plugins' in conf ? listNetwork(conf as unknown as NetConfList, bytes) : singleNetwork(conf as NetConf);
     } catch (err) {
       this.log.warn({ err, networkName, containerId: rt.containerId }, 'cached CNI config is unusable; removing the entry');
-      await this.cache.delete(key);
+      await this.cache().delete(key);
       return false;
     }
     if (net.name !== networkName) {
@@ -192,7 +208,7 @@ export class CniRuntime {
     if (entry.capabilityArgs) cachedRt.capabilityArgs = entry.capabilityArgs;
     else delete cachedRt.capabilityArgs;
     await this.runDel(net, cachedRt, this.resultOfEntry(entry, net.cniVersion, key));
-    await this.cache.delete(key);
+    await this.cache().delete(key);
     return true;
   }
 
@@ -201,9 +217,35 @@ export class CniRuntime {
    * @throws CacheError, InvalidResultError for a corrupt entry
    */
   async getCachedResult(networkName: string, rt: Pick<RuntimeConf, 'containerId' | 'ifName'>): Promise<CniResult | undefined> {
-    const entry = await this.cache.read({ networkName, containerId: rt.containerId, ifName: rt.ifName });
+    const entry = await this.cache().read({ networkName, containerId: rt.containerId, ifName: rt.ifName });
     if (!entry?.result) return undefined;
     return parseResult(entry.result);
+  }
+
+  /**
+   * ADD of a config or a list, without the result cache: the caller records the result (and the
+   * config) itself and passes them back to `check` and `del`.
+   */
+  async add(conf: NetConf | NetConfList, rt: RuntimeConf): Promise<CniResult> {
+    const net = networkOf(conf);
+    checkRuntimeConf(rt);
+    return this.runAdd(net, rt);
+  }
+
+  /** CHECK of a config or a list against the result of its ADD (spec 0.4.0+), without the cache. */
+  async check(conf: NetConf | NetConfList, rt: RuntimeConf, prevResult: CniResult): Promise<void> {
+    const net = networkOf(conf);
+    checkRuntimeConf(rt);
+    this.requireCheck(net);
+    if (net.disableCheck) return;
+    await this.runCheck(net, rt, prevResult);
+  }
+
+  /** DEL of a config or a list (plugins in reverse), with the result of its ADD when known, without the cache. */
+  async del(conf: NetConf | NetConfList, rt: RuntimeConf, prevResult?: CniResult): Promise<void> {
+    const net = networkOf(conf);
+    checkRuntimeConf(rt);
+    await this.runDel(net, rt, prevResult);
   }
 
   /** The spec versions a plugin supports (CNI_COMMAND=VERSION). */
@@ -223,8 +265,21 @@ export class CniRuntime {
 
   // ---- internals ----
 
-  private async add(net: Network, rt: RuntimeConf): Promise<CniResult> {
+  private cache(): ResultCache {
+    if (!this.resultCache) throw new ConfigError('CniRuntime: this runtime keeps no result cache (no cacheDir); use add/check/del');
+    return this.resultCache;
+  }
+
+  private async addCached(net: Network, rt: RuntimeConf): Promise<CniResult> {
     checkRuntimeConf(rt);
+    const cache = this.cache();
+    const result = await this.runAdd(net, rt);
+    const key = { networkName: net.name, containerId: rt.containerId, ifName: rt.ifName };
+    await cache.write(makeCacheEntry(key, net.bytes, rt, convertResult(result, net.cniVersion)));
+    return result;
+  }
+
+  private async runAdd(net: Network, rt: RuntimeConf): Promise<CniResult> {
     let result: CniResult | undefined;
     for (const plugin of net.plugins) {
       const stdin = this.pluginConfig(net, plugin, result, rt);
@@ -238,26 +293,33 @@ export class CniRuntime {
       }
     }
     if (!result) throw new ConfigError(`network ${net.name}: no plugins`);
-    const key = { networkName: net.name, containerId: rt.containerId, ifName: rt.ifName };
-    await this.cache.write(makeCacheEntry(key, net.bytes, rt, convertResult(result, net.cniVersion)));
     return result;
   }
 
-  private async check(net: Network, rt: RuntimeConf): Promise<void> {
-    checkRuntimeConf(rt);
+  private requireCheck(net: Network): void {
     if (!versionAtLeast(net.cniVersion, '0.4.0')) {
       throw new UnsupportedVersionError(net.cniVersion, `network ${net.name}: cniVersion ${net.cniVersion} does not support CHECK (0.4.0+)`);
     }
+  }
+
+  private async checkCached(net: Network, rt: RuntimeConf): Promise<void> {
+    checkRuntimeConf(rt);
+    this.requireCheck(net);
     if (net.disableCheck) return;
     const cached = await this.getCachedResult(net.name, rt);
     if (!cached) throw new NoCachedResultError(`network ${net.name}: no cached result for container ${rt.containerId} ${rt.ifName}; CHECK needs the result of ADD`);
+    await this.runCheck(net, rt, cached);
+  }
+
+  private async runCheck(net: Network, rt: RuntimeConf, prev: CniResult): Promise<void> {
     for (const plugin of net.plugins) {
-      await this.exec(plugin.type, 'CHECK', this.pluginConfig(net, plugin, cached, rt), rt);
+      await this.exec(plugin.type, 'CHECK', this.pluginConfig(net, plugin, prev, rt), rt);
     }
   }
 
-  private async del(net: Network, rt: RuntimeConf): Promise<void> {
+  private async delCached(net: Network, rt: RuntimeConf): Promise<void> {
     checkRuntimeConf(rt);
+    this.cache();
     const key = { networkName: net.name, containerId: rt.containerId, ifName: rt.ifName };
     let prev: CniResult | undefined;
     // The cached result is passed on DEL from spec 0.4.0 on.
@@ -266,7 +328,7 @@ export class CniRuntime {
       if (entry) prev = this.resultOfEntry(entry, net.cniVersion, key);
     }
     await this.runDel(net, rt, prev);
-    await this.cache.delete(key);
+    await this.cache().delete(key);
   }
 
   /** DEL of the plugins in reverse order; the first failure stops it (a retry runs them all again). */
@@ -281,10 +343,10 @@ export class CniRuntime {
   /** The cache entry, or undefined when missing or corrupt (a corrupt one is removed: it can never be used). */
   private async readEntryForDel(key: AttachmentKey): Promise<CacheEntry | undefined> {
     try {
-      return await this.cache.read(key);
+      return await this.cache().read(key);
     } catch (err) {
       this.log.warn({ err, ...key }, 'corrupt CNI cache entry; removing it and deleting without it');
-      await this.cache.delete(key);
+      await this.cache().delete(key);
       return undefined;
     }
   }
@@ -311,6 +373,9 @@ export class CniRuntime {
   }
 
   private async exec(type: string, command: CniCommand, stdin: string, rt: RuntimeConf | undefined): Promise<unknown> {
+    if (this.allowedTypes && !this.allowedTypes.has(type)) {
+      throw new ConfigError(`CNI plugin type ${JSON.stringify(type)} is not one this runtime runs (${[...this.allowedTypes].join(', ')})`);
+    }
     const path = findPlugin(type, this.binDirs);
     const started = performance.now();
     const req = rt

@@ -5,7 +5,7 @@
 import type { V1Node } from '@kubernetes/client-node';
 import { ConfigError } from '../errors.js';
 import type { Logger } from '../log.js';
-import type { PodCidrSource } from './agent.js';
+import type { PodCidrSource } from './pod-cidr.js';
 import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
 
 export type NodeWatchOptions = KubeClientOptions;

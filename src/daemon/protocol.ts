@@ -42,6 +42,9 @@
 import { request } from 'node:http';
 import { ConfigError } from '../errors.js';
 
+/** A request body (the JSON envelope) larger than this is refused (413) before it is read whole. */
+export const MAX_REQUEST_BYTES = 1024 * 1024;
+
 /** Path and method of the CNI call endpoint. */
 export const CNI_API_PATH = '/v1/cni';
 export const CNI_API_METHOD = 'POST';
@@ -90,6 +93,12 @@ export const CNI_ERR_IO = 5;
 export const CNI_ERR_DECODE = 6;
 export const CNI_ERR_INVALID_CONFIG = 7;
 export const CNI_ERR_TRY_AGAIN_LATER = 11;
+/** CNI 1.1 STATUS: the plugin is not available (no pod CIDR yet, plugins missing). */
+export const CNI_ERR_PLUGIN_NOT_AVAILABLE = 50;
+/** kubenet-specific: the attachment exists with other parameters (a second ADD of it); nothing was changed. */
+export const CNI_ERR_ATTACHMENT_CONFLICT = 100;
+/** An unexpected failure inside the agent. */
+export const CNI_ERR_INTERNAL = 999;
 /** Used by the binary for a non-200 answer without a body. */
 export const CNI_ERR_AGENT_EMPTY_ERROR = 999;
 

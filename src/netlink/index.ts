@@ -26,6 +26,7 @@ import {
   IFF_UP,
   lastErrno,
   libcNs,
+  NS_GET_NSTYPE,
   NETLINK_ROUTE,
   nl,
   O_CLOEXEC,
@@ -53,6 +54,8 @@ export interface LinkInfo {
   master: number;
   /** IFLA_INFO_KIND ('bridge', 'veth', ...); undefined for links without one (physical NICs, lo). */
   type: string | undefined;
+  /** IFLA_LINK: for a veth the ifindex of its peer, in the peer's namespace; 0 when absent. */
+  peerIndex: number;
 }
 
 export interface AddrInfo {
@@ -106,8 +109,8 @@ export const NLE = {
   ATTRSIZE: 34,
 } as const;
 
-/** Linux errno values (asm-generic/errno*.h) used below. */
-const E = {
+/** Linux errno values (asm-generic/errno*.h): what NetlinkError.errno holds. Classify by these, never by message. */
+export const E = {
   EPERM: 1,
   ENOENT: 2,
   EINTR: 4,
@@ -337,6 +340,7 @@ function toLinkInfo(link: Ptr): LinkInfo {
     pointToPoint: (flags & IFF_POINTOPOINT) !== 0,
     master: route.rtnl_link_get_master(link) as number,
     type: type ?? undefined,
+    peerIndex: route.rtnl_link_get_link(link) as number,
   };
 }
 
@@ -576,6 +580,38 @@ export function netnsAddrList(netnsPath: string, ifname: string, family?: 4 | 6)
   } finally {
     nl.nl_socket_free(sk);
   }
+}
+
+/**
+ * `ip -n NS link show IFNAME`: a link inside the network namespace mounted at `netnsPath`, or
+ * undefined when the namespace has no such link. Missing path → errno 2 (ENOENT); a path that is
+ * not a network namespace → errno 22 (EINVAL).
+ */
+export function netnsLinkByName(netnsPath: string, ifname: string): LinkInfo | undefined {
+  const op = `netnsLinkByName ${netnsPath} ${ifname}`;
+  checkIfname(op, ifname);
+  const sk = socketInNetns(op, netnsPath);
+  try {
+    const link = getLink(sk, op, ifname);
+    try {
+      return toLinkInfo(link);
+    } finally {
+      route.rtnl_link_put(link);
+    }
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === E.ENODEV) return undefined;
+    throw err;
+  } finally {
+    nl.nl_socket_free(sk);
+  }
+}
+
+/**
+ * Whether the open file descriptor `fd` is a network namespace (ioctl NS_GET_NSTYPE == CLONE_NEWNET).
+ * False for any other namespace type and for files that are not namespaces at all.
+ */
+export function isNetnsFd(fd: number): boolean {
+  return (libcNs.ioctl(fd, NS_GET_NSTYPE) as number) === CLONE_NEWNET;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -34,8 +34,13 @@ export interface KubenetOptions {
   cniBinDirs?: string[];
   /** host-local IPAM data dir; addresses are recorded under <dir>/kubenet. */
   ipamDataDir?: string;
-  /** CNI result cache dir (libcni layout: <dir>/results/...). */
+  /**
+   * Where kubenet-ts 0.1.0 kept its CNI result cache (libcni layout: <dir>/results/...), read once at
+   * init to upgrade in place; nothing is written there any more. Default /var/lib/cni.
+   */
   cniCacheDir?: string;
+  /** Pod records (what each attachment got, written before any plugin runs) live under <stateDir>/pods. Default /var/lib/kubenet. */
+  stateDir?: string;
   /** Bridge and pod MTU; default: the minimum MTU of the host's up, non-loopback, non-point-to-point links. */
   mtu?: number;
   /** Kill a CNI plugin that runs longer than this. Default 60 s. */

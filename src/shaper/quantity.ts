@@ -25,9 +25,16 @@ export const INGRESS_ANNOTATION = 'kubernetes.io/ingress-bandwidth';
 /** Traffic FROM the pod. */
 export const EGRESS_ANNOTATION = 'kubernetes.io/egress-bandwidth';
 
-/** Kubelet's bounds on a bandwidth annotation, bits/s. */
+/** Kubelet's lower bound on a bandwidth annotation, bits/s. */
 export const MIN_BANDWIDTH = 1_000;
-export const MAX_BANDWIDTH = 1_000_000_000_000_000;
+/**
+ * The highest rate the shaper can enforce, bits/s: 10 Tbit/s. Kubelet accepts annotations up to 1P,
+ * but tc keeps a class's burst in 32 bits of bytes, which above ~20 Tbit/s cannot hold even the
+ * 1.5 ms burst the shaper gives a pod; such a value is refused here, naming it, before anything runs.
+ */
+export const MAX_BANDWIDTH = 10_000_000_000_000;
+/** A burst, in bits, is at most this (tc's 32-bit byte count; the shaper bounds it further from the rate). */
+export const MAX_BURST_BITS = 4294967295 * 8;
 
 const QUANTITY_RE = /^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?\d+))?$/;
 
@@ -103,7 +110,7 @@ export function parseBandwidth(value: string, what: string): number {
     throw new ConfigError(`${what}: bandwidth ${JSON.stringify(value)} is below the minimum 1k (1000 bit/s)`);
   }
   if (v > BigInt(MAX_BANDWIDTH)) {
-    throw new ConfigError(`${what}: bandwidth ${JSON.stringify(value)} is above the maximum 1P (10^15 bit/s)`);
+    throw new ConfigError(`${what}: bandwidth ${JSON.stringify(value)} is above the maximum 10T (10^13 bit/s) that tc can enforce`);
   }
   return Number(v);
 }
@@ -126,4 +133,29 @@ export function bandwidthFromAnnotations(annotations?: Record<string, string>): 
 /** True when the limits shape neither direction. */
 export function isUnshaped(limits: BandwidthLimits): boolean {
   return limits.ingress === undefined && limits.egress === undefined;
+}
+
+/**
+ * Checks limits given as numbers (the library, runtimeConfig.bandwidth after parsing): each rate an
+ * integer-valued number within MIN_BANDWIDTH..MAX_BANDWIDTH bits/s, each burst a positive number of
+ * bits up to MAX_BURST_BITS. Throws a ConfigError naming `what`, the key and the value.
+ */
+export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLimits {
+  if (typeof limits !== 'object' || limits === null || Array.isArray(limits)) throw new ConfigError(`${what}: bandwidth limits must be an object`);
+  for (const [k, v] of Object.entries(limits)) {
+    if (v === undefined) continue;
+    const isRate = k === 'ingress' || k === 'egress';
+    if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst') throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
+    if (typeof v !== 'number' || !Number.isFinite(v)) throw new ConfigError(`${what}: ${k} must be a number, got ${JSON.stringify(v)}`);
+    if (isRate && (v < MIN_BANDWIDTH || v > MAX_BANDWIDTH)) {
+      throw new ConfigError(`${what}: ${k} ${v} bits/s is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
+    }
+    if (!isRate && (v <= 0 || v > MAX_BURST_BITS)) throw new ConfigError(`${what}: ${k} ${v} bits is outside 1..${MAX_BURST_BITS} bits`);
+  }
+  return limits;
+}
+
+/** Two limits are the same when every rate and burst is. */
+export function sameLimits(a: BandwidthLimits, b: BandwidthLimits): boolean {
+  return a.ingress === b.ingress && a.egress === b.egress && a.ingressBurst === b.ingressBurst && a.egressBurst === b.egressBurst;
 }

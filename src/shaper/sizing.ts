@@ -22,6 +22,8 @@ const QUEUE_SECONDS = 0.003;
 const REF_LATENCY_SECONDS = 0.025;
 const REF_TERM_MAX = 20 * FRAME;
 const MIN_QUEUE = 4 * FRAME;
+/** The largest byte count tc's u32 fields hold (with room for its own rounding). */
+const MAX_TC_BYTES = 0xffffffff - 0xffff;
 
 export interface RateParams {
   /** bits/s */
@@ -41,8 +43,12 @@ export interface RateParams {
  */
 export function burstBytes(rateBits: number, burstBits?: number): number {
   const bytesPerSec = rateBits / 8;
-  if (burstBits === undefined) return Math.max(MIN_BURST, Math.ceil(bytesPerSec * BURST_SECONDS));
-  return Math.max(MIN_BURST, Math.min(Math.ceil(burstBits / 8), Math.ceil(bytesPerSec * MAX_BURST_SECONDS)));
+  const sized =
+    burstBits === undefined
+      ? Math.max(MIN_BURST, Math.ceil(bytesPerSec * BURST_SECONDS))
+      : Math.max(MIN_BURST, Math.min(Math.ceil(burstBits / 8), Math.ceil(bytesPerSec * MAX_BURST_SECONDS)));
+  // tc keeps a burst in 32 bits of bytes.
+  return Math.min(sized, MAX_TC_BYTES);
 }
 
 export function queueLimitBytes(rateBits: number): number {

@@ -9,7 +9,7 @@ import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { readFile, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { PodCidrSource } from '../../src/daemon/agent.js';
+import type { PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
@@ -316,13 +316,18 @@ serialTest('host ports: runtimeConfig.portMappings through the reference portmap
   const got = await execa('ip', ['netns', 'exec', client.netnsName, process.execPath, '-e', `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`], { timeout: 10_000, reject: false });
   t.is(got.stdout, 'hello from web', `host port ${gw}:${hostPort} reaches the pod: ${got.stderr}`);
 
-  // The agent's own cache entry for the pod is lost: its pod record still knows the host ports, so
-  // DEL still runs portmap and removes the rules.
-  const cached = (await h.agentCacheEntries()).filter((f) => f.includes(web.id));
-  t.is(cached.length, 1, `one cache entry for the pod: ${cached.join(', ')}`);
-  for (const f of cached) await rm(join(h.config.cniCacheDir, 'results', f));
+  // The pod's record is lost (and the agent restarts): the startup sweep finds its host-port rules
+  // (they forward into this node's pod CIDR), its address and its veth, belonging to no attachment,
+  // and removes them; the client pod, recorded, keeps everything. DEL of the lost pod then succeeds.
+  const records = (await h.podStateFiles()).filter((f) => f.startsWith(web.id));
+  t.is(records.length, 1, `one record for the pod: ${records.join(', ')}`);
+  for (const f of records) await rm(join(h.config.stateDir, 'pods', f));
+  await h.stopAgent();
+  await h.startAgent();
+  t.deepEqual(await natRules(), [], 'no rule for the host port after the sweep');
+  t.is((await bridgePorts(h)).length, 1, "only the client's veth is left on the bridge");
+  t.is((await h.reservedIps()).length, 1, "only the client's address is reserved");
   t.is((await h.libcni('del', web)).exitCode, 0);
-  t.deepEqual(await natRules(), [], 'no rule for the host port after DEL');
   t.is((await h.libcni('del', client)).exitCode, 0);
   await assertNothingLeft(t, h);
 
@@ -424,7 +429,7 @@ serialTest('many pods added, then deleted, all at once through libcni: distinct 
   for (const [i, d] of dels.entries()) t.is(d.exitCode, 0, `DEL ${pods[i]?.name}: ${d.stderr}`);
   await assertNothingLeft(t, h);
   // DEL answered once each veth was gone; the kernel finishes freeing them in the background.
-  await h.agent?.plugin.settled();
+  await h.agent?.network.settled();
   t.regex((await h.get('/metrics')).body, /^kubenet_veth_deletions_in_flight 0$/m);
   for (const p of pods) t.false(await linkExists('eth0', p.netnsName), `${p.name}: no eth0 left in the pod`);
   const classes = await ifbClasses(h);

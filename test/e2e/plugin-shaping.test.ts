@@ -20,7 +20,7 @@ const MBIT = 1e6;
 
 async function topoPod(h: PluginHarness, p: TestPod, index: number): Promise<TopoPod> {
   const status = await h.plugin.getPodNetworkStatus(p.namespace, p.name, p.id);
-  const rec = h.plugin.listPods().find((r) => r.id === p.id);
+  const rec = h.plugin.listPods().find((r) => r.containerId === p.id);
   return { index, netns: p.netnsName, netnsPath: p.netnsPath, hostVeth: rec?.hostVeth ?? '', ip4: status.ip, ip6: '', id: p.id };
 }
 

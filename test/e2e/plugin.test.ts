@@ -3,7 +3,7 @@ import { pino } from 'pino';
 import { chmod, readFile, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CniPluginError, ConfigError, NotReadyError } from '../../src/errors.js';
-import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/plugin/host-setup.js';
+import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/pod/host-setup.js';
 import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
 import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../helpers/kernel.js';
 import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
@@ -82,7 +82,8 @@ serialTest('several pods on one bridge: addresses, routes, reachability, bridge 
     t.is(r.exitCode, 0, `ping ${pods[from]!.name} -> ${ips[to]}: ${r.stdout}`);
   }
   t.is((await h.reservedIps()).length, 3);
-  t.true((await h.cacheEntries()).length >= 3);
+  t.is((await h.recordFiles()).length, 3, 'one record per pod');
+  t.deepEqual(await h.cacheEntries(), [], 'nothing written where runtimes keep their CNI cache');
 
   // A fresh plugin (no memory of the pods) reads the status from the pod's netns.
   const fresh = h.newPlugin();
@@ -92,7 +93,7 @@ serialTest('several pods on one bridge: addresses, routes, reachability, bridge 
   await Promise.all(pods.map((p) => plugin.tearDownPod(p.namespace, p.name, p.id)));
   t.deepEqual(await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]), [], 'no veth left on the bridge');
   t.deepEqual(await h.reservedIps(), [], 'no address file left');
-  t.deepEqual(await h.cacheEntries(), [], 'no cache entry left');
+  t.deepEqual(await h.recordFiles(), [], 'no record left');
   t.deepEqual(plugin.listPods(), []);
   for (const p of pods) t.false(await linkExists('eth0', p.netnsName));
 });
@@ -198,7 +199,7 @@ itest('missing netns is refused before any kernel change', async (t) => {
   await delNetns(p.netnsName);
   await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: ConfigError, message: /does not exist/ });
   t.deepEqual(await h.reservedIps(), []);
-  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await h.recordFiles(), []);
 });
 
 itest('an exhausted pod CIDR fails the next pod and leaks nothing', async (t) => {
@@ -219,7 +220,7 @@ itest('an exhausted pod CIDR fails the next pod and leaks nothing', async (t) =>
   t.is((await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge])).length, 5, 'no extra veth on the bridge');
   for (const p of pods.slice(0, 5)) await plugin.tearDownPod(p.namespace, p.name, p.id);
   t.deepEqual(await h.reservedIps(), []);
-  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await h.recordFiles(), []);
 });
 
 itest('a plugin returning a CNI error fails setUpPod with its code and leaks nothing', async (t) => {
@@ -243,7 +244,7 @@ itest('a plugin returning a CNI error fails setUpPod with its code and leaks not
   t.is(err?.code, 7);
   t.is(err?.details, 'fake bridge says no');
   t.deepEqual(plugin.listPods(), []);
-  t.deepEqual(await h.cacheEntries(), [], 'no cache entry for the failed pod');
+  t.deepEqual(await h.recordFiles(), [], 'no record of the failed pod');
 });
 
 itest('teardown of an unknown pod and of a pod whose netns vanished succeeds and leaks nothing', async (t) => {
@@ -259,34 +260,35 @@ itest('teardown of an unknown pod and of a pod whose netns vanished succeeds and
   await plugin.tearDownPod(p.namespace, p.name, p.id);
   await plugin.tearDownPod(p.namespace, p.name, p.id); // twice, as runtimes do
   t.deepEqual(await h.reservedIps(), []);
-  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await h.recordFiles(), []);
   t.deepEqual(await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]), []);
 });
 
-itest('a restarted plugin tears down a pod it did not set up, through the CNI cache', async (t) => {
+itest('a restarted plugin tears down a pod it did not set up, through its record', async (t) => {
   const h = await harness(t);
   const first = await h.start();
   await first.init(h.host, 'none', '0.0.0.0/0');
   await first.event('pod-cidr-change', { 'pod-cidr': subnet() });
   const p = await h.addPod('restart');
   await first.setUpPod(p.namespace, p.name, p.id);
-  // Its logs say which way the veth went: deleted ahead of the bridge plugin, found in the cache.
+  // Its logs say which way the veth went: deleted from the host side, found by the recorded ifindex.
   const lines: string[] = [];
   const logger = pino({ level: 'debug' }, { write: (l: string) => void lines.push(l) });
   const second = h.newPlugin({ logger });
   await second.init(h.host, 'none', '0.0.0.0/0');
-  // No pod CIDR yet in the new process: the cached config alone drives DEL.
+  t.deepEqual(second.listPods().map((r) => [r.containerId, r.phase]), [[p.id, 'ready']], 'the new process knows the pod from its record');
+  // No pod CIDR yet in the new process: the recorded config alone drives DEL.
   await second.tearDownPod(p.namespace, p.name, p.id);
   t.true(
     lines.some((l) => l.includes('"msg":"pod veth deleted"')),
-    'the veth named in the cached result was deleted ahead of the bridge plugin',
+    'the recorded veth was deleted from the host side',
   );
   t.deepEqual(await h.reservedIps(), []);
-  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await h.recordFiles(), []);
   t.false(await linkExists('eth0', p.netnsName));
 });
 
-itest('teardown deletes the recorded veth only when it is a veth on the bridge; otherwise the bridge plugin does', async (t) => {
+itest('teardown deletes only a veth on the bridge that is provably the pod\'s; a record naming another link leaves it alone', async (t) => {
   const h = await harness(t);
   const plugin = await h.start();
   await plugin.init(h.host, 'none', '0.0.0.0/0');
@@ -295,28 +297,29 @@ itest('teardown deletes the recorded veth only when it is a veth on the bridge; 
   if (!a || !b) return t.fail('no pods');
   await plugin.setUpPod(a.namespace, a.name, a.id);
   await plugin.setUpPod(b.namespace, b.name, b.id);
-  const vethOf = (id: string) => plugin.listPods().find((p) => p.id === id)?.hostVeth ?? '';
+  const vethOf = (id: string) => plugin.listPods().find((p) => p.containerId === id)?.hostVeth ?? '';
   const vethA = vethOf(a.id);
   const vethB = vethOf(b.id);
   t.true(vethA !== '' && vethB !== '', 'the bridge plugin reported host veths');
 
-  // The record of pod b names a veth that is not on the bridge (a name reused by something else).
+  // The record of pod b names a link that is not on the bridge (a name and index of something else).
   const stranger = `kst${h.tag}`;
   await sh('ip', ['link', 'add', stranger, 'type', 'veth', 'peer', 'name', `ksp${h.tag}`]);
   t.teardown(() => sh('ip', ['link', 'del', stranger], { reject: false }).then(() => undefined));
-  const recB = plugin.listPods().find((p) => p.id === b.id);
-  if (!recB) return t.fail('no record for pod b');
-  plugin.restorePod({ ...recB, hostVeth: stranger });
+  const [strangerLink] = await ipJson<Array<{ ifindex: number }>>(['link', 'show', stranger]);
+  const recB = plugin.network.get(b.id);
+  if (!recB || !strangerLink) return t.fail('no record for pod b');
+  plugin.network.store.put({ ...recB, hostVeth: stranger, hostVethIndex: strangerLink.ifindex });
 
   await plugin.tearDownPod(a.namespace, a.name, a.id);
   await plugin.tearDownPod(b.namespace, b.name, b.id);
   t.true(await linkExists(stranger), 'a veth that is not on the bridge is never deleted');
   for (const [pod, veth] of [[a, vethA], [b, vethB]] as const) {
-    t.false(await linkExists(veth), `${pod.name}: host veth ${veth} gone`);
+    t.false(await linkExists(veth), `${pod.name}: host veth ${veth} gone (pod b's found through its netns)`);
     t.false(await linkExists('eth0', pod.netnsName), `${pod.name}: eth0 gone`);
   }
   t.deepEqual(await h.reservedIps(), [], 'both addresses released');
-  t.deepEqual(await h.cacheEntries(), []);
+  t.deepEqual(await h.recordFiles(), []);
   t.deepEqual(await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge]), [], 'no bridge ports left');
 });
 

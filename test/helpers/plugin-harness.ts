@@ -27,7 +27,7 @@ export interface TestPod {
   netnsPath: string;
 }
 
-/** One plugin on its own bridge, IPAM dir and cache dir; `cleanup` removes all it made. */
+/** One plugin on its own bridge, IPAM dir, state dir and (legacy) cache dir; `cleanup` removes all it made. */
 export class PluginHarness {
   readonly cleanup = new Cleanup();
   readonly host = new FakeHost();
@@ -36,7 +36,9 @@ export class PluginHarness {
   readonly ifb = `kif${this.tag}`;
   plugin!: KubenetPlugin;
   ipamDir!: string;
+  /** Where 0.1.0 kept its CNI cache (read once at init to upgrade; nothing is written there now). */
   cacheDir!: string;
+  stateDir!: string;
   shaperDir!: string;
   private readonly plugins: KubenetPlugin[] = [];
 
@@ -45,6 +47,8 @@ export class PluginHarness {
     this.cacheDir = await makeTmpDir('kpl-cache');
     this.cleanup.add(() => rmrf(this.ipamDir));
     this.cleanup.add(() => rmrf(this.cacheDir));
+    this.stateDir = await makeTmpDir('kpl-state');
+    this.cleanup.add(() => rmrf(this.stateDir));
     this.shaperDir = await makeTmpDir('kpl-shaper');
     this.cleanup.add(() => rmrf(this.shaperDir));
     this.cleanup.add(() => delLink(this.bridge));
@@ -62,6 +66,7 @@ export class PluginHarness {
       cniBinDirs: CNI_BIN_DIRS,
       ipamDataDir: this.ipamDir,
       cniCacheDir: this.cacheDir,
+      stateDir: this.stateDir,
       ifbName: this.ifb,
       shaperStateDir: this.shaperDir,
       ...opts,
@@ -88,8 +93,14 @@ export class PluginHarness {
     return files.filter((f) => isIP(f) !== 0);
   }
 
+  /** Files in the legacy CNI cache dir (kubenet-ts writes none there any more). */
   async cacheEntries(): Promise<string[]> {
     return readdir(join(this.cacheDir, 'results')).catch(() => [] as string[]);
+  }
+
+  /** Pod record files (one per attachment). */
+  async recordFiles(): Promise<string[]> {
+    return readdir(join(this.stateDir, 'pods')).catch(() => [] as string[]);
   }
 }
 

@@ -101,3 +101,35 @@ export async function checkHostPorts(podIps: string[], mappings: Array<{ hostPor
   }
   if (missing.length > 0) throw new KubenetError(`host port DNAT rule(s) missing: ${missing.join(', ')}`);
 }
+
+/**
+ * The host-port rules the reference portmap plugin holds in `networkName`, per container ID, with
+ * the pod addresses they forward to. portmap tags each entry of its shared nat chain
+ * CNI-HOSTPORT-DNAT with the comment `dnat name: "<network>" id: "<container ID>"` and jumps to the
+ * container's own chain, whose DNAT rules name the pod address (IPv4 and IPv6 tables). A table or
+ * chain that does not exist holds none.
+ */
+export async function hostPortRules(networkName: string): Promise<Map<string, string[]>> {
+  const out = new Map<string, string[]>();
+  const entry = /^-A CNI-HOSTPORT-DNAT .*--comment "?dnat name: \\?"([^"\\]+)\\?" id: \\?"([^"\\]+)\\?""? .*-j (\S+)/;
+  const dnat = /^-A (\S+) .*-j DNAT --to-destination \[?([0-9a-fA-F.:]+?)\]?:\d+$/;
+  for (const tool of ['iptables', 'ip6tables']) {
+    const r = await execa(tool, ['-w', '5', '-t', 'nat', '-S'], { reject: false });
+    if (r.exitCode !== 0) continue; // no nat table for this family: no host ports there
+    const lines = r.stdout.split('\n');
+    const chainOwner = new Map<string, string>();
+    for (const line of lines) {
+      const m = entry.exec(line);
+      if (m?.[1] === networkName && m[2] && m[3]) {
+        chainOwner.set(m[3], m[2]);
+        if (!out.has(m[2])) out.set(m[2], []);
+      }
+    }
+    for (const line of lines) {
+      const m = dnat.exec(line);
+      const owner = m?.[1] ? chainOwner.get(m[1]) : undefined;
+      if (owner && m?.[2]) out.get(owner)?.push(m[2]);
+    }
+  }
+  return out;
+}

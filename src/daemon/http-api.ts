@@ -1,0 +1,210 @@
+/**
+ * The agent's HTTP API on its unix socket (mode 0600 from the moment it exists): `POST /v1/cni`
+ * (forwarded CNI calls, see protocol.ts), `GET /healthz`, `GET /metrics`, `GET /v1/status`.
+ *
+ * Bounded in every direction a client controls: a request body over MAX_REQUEST_BYTES is refused
+ * (413) without being read whole; a request must arrive completely within `requestTimeoutMs`; on
+ * close, connections still sending their request are cut at once, CNI calls already running get
+ * `shutdownGraceMs` to finish, and then every connection is closed, whatever clients do.
+ */
+import { chmodSync, mkdirSync, rmSync } from 'node:fs';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { dirname } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import type { Logger } from '../log.js';
+import type { CniAnswer } from './cni-handler.js';
+import { CniRequestError, parseJsonBounded } from './cni-request.js';
+import { CNI_API_PATH, CNI_ERR_DECODE, cniErrorBody, HEALTH_PATH, MAX_REQUEST_BYTES, parseCniRequest, type CniRequest } from './protocol.js';
+
+export const STATUS_PATH = '/v1/status';
+export const METRICS_PATH = '/metrics';
+
+export interface ApiHandlers {
+  cni(req: CniRequest): Promise<CniAnswer>;
+  health(): { ok: boolean; reason?: string };
+  metrics(): Promise<{ contentType: string; body: string }>;
+  status(): unknown;
+  /** One CNI call answered (metrics, logs). */
+  answered(answer: CniAnswer, seconds: number): void;
+}
+
+export interface ApiOptions {
+  socket: string;
+  log: Logger;
+  /** A request must be received completely within this. Default 10 s. */
+  requestTimeoutMs?: number;
+  /** On close, CNI calls in flight get this long to finish. Default 10 s. */
+  shutdownGraceMs?: number;
+  /** Default MAX_REQUEST_BYTES. */
+  maxBodyBytes?: number;
+}
+
+class BodyTooLarge extends Error {}
+
+export class AgentApi {
+  private server: Server | undefined;
+  /** Requests whose body is still arriving (no CNI call started for them yet). */
+  private readonly receiving = new Set<IncomingMessage>();
+  private calls = 0;
+  private idle: Array<() => void> = [];
+  private stopping = false;
+  private readonly maxBody: number;
+
+  constructor(
+    private readonly handlers: ApiHandlers,
+    private readonly opts: ApiOptions,
+  ) {
+    this.maxBody = opts.maxBodyBytes ?? MAX_REQUEST_BYTES;
+  }
+
+  /** CNI calls being handled right now. */
+  callsInFlight(): number {
+    return this.calls;
+  }
+
+  async listen(): Promise<void> {
+    const { socket, log } = this.opts;
+    mkdirSync(dirname(socket), { recursive: true });
+    rmSync(socket, { force: true });
+    const server = createServer({ requestTimeout: this.opts.requestTimeoutMs ?? 10_000, headersTimeout: 5_000, connectionsCheckingInterval: 500 }, (req, res) => {
+      this.route(req, res).catch((err: unknown) => {
+        log.error({ err }, 'request failed');
+        if (!res.headersSent) res.writeHead(500);
+        res.end();
+      });
+    });
+    server.maxConnections = 512;
+    // The socket is born 0600: nobody else can connect between bind and chmod.
+    const umask = process.umask(0o177);
+    try {
+      await new Promise<void>((ok, fail) => {
+        server.once('error', fail);
+        server.listen(socket, () => ok());
+      });
+    } finally {
+      process.umask(umask);
+    }
+    chmodSync(socket, 0o600);
+    this.server = server;
+    log.info({ socket }, 'serving the CNI API');
+  }
+
+  private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = req.url ?? '';
+    if (req.method === 'POST' && url === CNI_API_PATH) return this.serveCni(req, res);
+    if (req.method === 'GET' && url === HEALTH_PATH) {
+      const ready = this.handlers.health();
+      return this.reply(res, ready.ok ? 200 : 503, 'application/json', JSON.stringify(ready));
+    }
+    if (req.method === 'GET' && url === METRICS_PATH) {
+      const m = await this.handlers.metrics();
+      return this.reply(res, 200, m.contentType, m.body);
+    }
+    if (req.method === 'GET' && url === STATUS_PATH) return this.reply(res, 200, 'application/json', JSON.stringify(this.handlers.status()));
+    req.resume();
+    this.reply(res, 404, 'text/plain', 'not found\n');
+  }
+
+  private reply(res: ServerResponse, status: number, contentType: string, body: string): void {
+    // While stopping, each answer closes its connection so that close() is not held by keep-alive.
+    if (this.stopping) res.setHeader('connection', 'close');
+    res.writeHead(status, { 'content-type': contentType });
+    res.end(body);
+  }
+
+  private async serveCni(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    let body: string;
+    try {
+      body = await this.readBody(req);
+    } catch (err) {
+      if (!(err instanceof BodyTooLarge)) return; // the client went away, or close() cut it
+      const answer = { status: 413, command: 'unknown', code: CNI_ERR_DECODE, body: JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)) };
+      this.handlers.answered(answer, 0);
+      res.setHeader('connection', 'close');
+      this.reply(res, 413, 'application/json', answer.body);
+      req.destroy();
+      return;
+    }
+    this.calls++;
+    const started = performance.now();
+    let answer: CniAnswer | undefined;
+    try {
+      let call: CniRequest | undefined;
+      try {
+        call = parseCniRequest(parseJsonBounded(body, 'the request body'));
+      } catch (err) {
+        const code = err instanceof CniRequestError ? err.code : CNI_ERR_DECODE;
+        answer = { status: 400, command: 'unknown', code, body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))) };
+      }
+      if (call) answer = await this.handlers.cni(call);
+    } finally {
+      this.calls--;
+      if (this.calls === 0) for (const done of this.idle.splice(0)) done();
+    }
+    answer ??= { status: 500, command: 'unknown', code: 999, body: JSON.stringify(cniErrorBody(999, 'no answer')) };
+    this.handlers.answered(answer, (performance.now() - started) / 1000);
+    this.reply(res, answer.status, 'application/json', answer.body);
+  }
+
+  /** The request body, refused past maxBody without reading it whole. */
+  private readBody(req: IncomingMessage): Promise<string> {
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > this.maxBody) {
+      return Promise.reject(new BodyTooLarge(`request body of ${declared} bytes is larger than ${this.maxBody}`));
+    }
+    this.receiving.add(req);
+    return new Promise<string>((resolve, reject) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      const done = () => this.receiving.delete(req);
+      req.on('data', (c: Buffer) => {
+        size += c.length;
+        if (size > this.maxBody) {
+          done();
+          req.removeAllListeners('data');
+          req.pause();
+          reject(new BodyTooLarge(`request body is larger than ${this.maxBody} bytes`));
+          return;
+        }
+        chunks.push(c);
+      });
+      req.on('end', () => {
+        done();
+        resolve(Buffer.concat(chunks).toString('utf8'));
+      });
+      req.on('close', () => {
+        done();
+        reject(new Error('request aborted'));
+      });
+      req.on('error', (err) => {
+        done();
+        reject(err);
+      });
+    });
+  }
+
+  /**
+   * Stops taking requests: connections still sending one are cut, CNI calls in flight get the grace
+   * period to finish (their answers close their connections), then every connection is closed.
+   */
+  async close(): Promise<void> {
+    this.stopping = true;
+    const server = this.server;
+    this.server = undefined;
+    if (!server) return;
+    const closed = new Promise<void>((ok) => server.close(() => ok()));
+    server.closeIdleConnections();
+    for (const req of this.receiving) req.socket.destroy();
+    this.receiving.clear();
+    if (this.calls > 0) {
+      const grace = this.opts.shutdownGraceMs ?? 10_000;
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([new Promise<void>((r) => this.idle.push(r)), new Promise<void>((r) => (timer = setTimeout(r, grace)))]);
+      clearTimeout(timer);
+      if (this.calls > 0) this.opts.log.warn({ calls: this.calls, graceMs: grace }, 'CNI calls still running at the end of the grace period: closing their connections');
+    }
+    server.closeAllConnections();
+    await closed;
+    rmSync(this.opts.socket, { force: true });
+  }
+}

@@ -1,0 +1,671 @@
+/**
+ * The pod network core: attachments of pods to the bridge, made with the reference CNI plugins,
+ * recorded in the pod store, shaped by the shaper. Both front ends drive it: the kubelet-style
+ * `KubenetPlugin` and the node agent's CNI handler.
+ *
+ * Every operation is: check the request completely (pure, and the netns by identity) → take the
+ * attachment's lock → act → record. The rules it keeps:
+ * - Nothing changes before the request is known to be valid; a refused request changes nothing.
+ * - What an ADD will make (the config about to run, host ports, limits) is recorded before any
+ *   plugin runs, so DEL, GC and the startup reconcile can undo it after a crash at any point.
+ * - ADD is idempotent per (container ID, interface): repeated with the same parameters it returns
+ *   the recorded result; with others it fails without touching the attachment. A failed ADD undoes
+ *   what it made and nothing else: the pod's netns must not hold the interface beforehand, so an
+ *   interface found there afterwards is its own.
+ * - No request removes or alters an attachment it does not name. DEL never enters a netns: it
+ *   deletes the pod's veth from the host side (the record names it; the ifindex proves it is the
+ *   same link) and lets the bridge plugin release the address with an empty CNI_NETNS.
+ * - Leftovers of attachments that no longer exist (reservations, veths on the bridge, host-port
+ *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
+ */
+import { performance } from 'node:perf_hooks';
+import { CniRuntime } from '../cni/runtime.js';
+import { checkContainerId } from '../cni/names.js';
+import { convertResult, parseResult } from '../cni/result.js';
+import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
+import { AggregateKubenetError, ConfigError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
+import type { Logger } from '../log.js';
+import * as nl from '../netlink/index.js';
+import { cidrContains, parsePodCidrs, type PodSubnet } from '../plugin/cidr.js';
+import type { HairpinMode } from '../plugin/types.js';
+import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/quantity.js';
+import { Shaper } from '../shaper/tc.js';
+import { KeyedMutex } from '../util/keyed-mutex.js';
+import { bridgeConf, bridgeVeths, CNI_VERSION, NETWORK_NAME, POD_IFNAME, removeStaleBridgeAddresses, tuneBridge, withPortmap, type BridgeSettings } from './bridge.js';
+import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules } from './host-setup.js';
+import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
+import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
+import { listReservations } from './reservations.js';
+import { upgradeFromV010 } from './upgrade.js';
+
+export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
+const DEFAULT_MTU = 1460;
+/** The only plugins kubenet-ts ever runs: never its own forwarding binary, never a type from a request. */
+export const PLUGIN_TYPES = ['bridge', 'host-local', 'loopback', 'portmap'] as const;
+/** What must be installed to set pods up (portmap only for pods with host ports: its absence fails those clearly). */
+export const REQUIRED_PLUGINS = ['bridge', 'host-local', 'loopback'] as const;
+
+export interface PodNetworkOptions {
+  bridgeName: string;
+  /** Directories searched for the reference plugins, in order. */
+  pluginBinDirs: string[];
+  ipamDataDir: string;
+  /** Pod records live under `<stateDir>/pods`. */
+  stateDir: string;
+  ifbName?: string;
+  shaperStateDir?: string;
+  mtu?: number;
+  cniTimeoutMs?: number;
+  /** Run the loopback plugin for the pod's lo (kubelet's kubenet did; container runtimes do it themselves). */
+  manageLoopback: boolean;
+  /** Where kubenet-ts 0.1.0 kept its CNI result cache (libcni layout), read once to upgrade in place. */
+  legacyCniCacheDir?: string;
+  logger: Logger;
+}
+
+export interface AttachRequest {
+  containerId: string;
+  ifName: string;
+  /** Pod identity; '' when unknown. */
+  namespace: string;
+  name: string;
+  netns: string;
+  limits: BandwidthLimits;
+  portMappings: PortMapping[];
+}
+
+export interface DetachRequest {
+  containerId: string;
+  ifName: string;
+  /** Host ports the runtime passes on DEL (libcni does): used only when there is no record. */
+  portMappings?: PortMapping[];
+}
+
+export interface CheckRequest {
+  containerId: string;
+  ifName: string;
+  netns: string;
+}
+
+export interface Attachment {
+  containerId: string;
+  ifName: string;
+}
+
+type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: PodSubnet[]; conf: NetConf };
+
+export class PodNetwork {
+  readonly store: PodStore;
+  readonly bridgeName: string;
+  private readonly log: Logger;
+  private readonly cni: CniRuntime;
+  private readonly shaper: Shaper;
+  private readonly locks = new KeyedMutex();
+  /** Attachments whose ADD is running now (their records say `adding`). */
+  private readonly adding = new Set<string>();
+  private state: State = { phase: 'uninitialized' };
+  private hairpinMode: HairpinMode = 'hairpin-veth';
+  private mtu = DEFAULT_MTU;
+  private swept = false;
+  private readonly loopbackConf: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
+
+  constructor(private readonly opts: PodNetworkOptions) {
+    this.bridgeName = opts.bridgeName;
+    this.log = opts.logger.child({ module: 'pod-network' });
+    this.store = new PodStore(`${opts.stateDir}/pods`, this.log);
+    this.cni = new CniRuntime({
+      binDirs: opts.pluginBinDirs,
+      allowedTypes: PLUGIN_TYPES,
+      logger: this.log,
+      ...(opts.cniTimeoutMs !== undefined ? { timeoutMs: opts.cniTimeoutMs } : {}),
+    });
+    this.shaper = new Shaper({
+      logger: this.log,
+      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}),
+      ...(opts.shaperStateDir !== undefined ? { stateDir: opts.shaperStateDir } : {}),
+    });
+  }
+
+  get phase(): State['phase'] {
+    return this.state.phase;
+  }
+
+  /**
+   * Node setup (MTU, br_netfilter, masquerade rule, the shaper's ifb), then the pod records: loaded,
+   * upgraded from 0.1.0, and reconciled with the node (an interrupted ADD is undone, a pod whose
+   * netns and veth are both gone is removed). Leftovers are swept once the pod CIDR is known.
+   */
+  async init(hairpinMode: HairpinMode, nonMasqueradeCIDR: string): Promise<void> {
+    this.hairpinMode = hairpinMode;
+    if (this.opts.mtu !== undefined) {
+      this.mtu = this.opts.mtu;
+    } else {
+      const detected = nl.minHostMtu();
+      this.mtu = detected ?? DEFAULT_MTU;
+      this.log.info({ mtu: this.mtu, detected: detected !== undefined }, 'bridge MTU from host links');
+    }
+    await ensureBridgeNetfilter(this.log);
+    await ensureMasquerade(nonMasqueradeCIDR, this.log);
+    await this.shaper.init();
+    const { legacy } = this.store.load();
+    if (legacy.length > 0 || this.opts.legacyCniCacheDir) {
+      await upgradeFromV010({ store: this.store, legacy, legacyCniCacheDir: this.opts.legacyCniCacheDir, bridgeName: this.bridgeName, log: this.log });
+    }
+    if (this.state.phase === 'uninitialized') this.state = { phase: 'waiting-for-pod-cidr' };
+    await this.reconcile();
+  }
+
+  /** Sets the pod CIDR ("v4" or "v4,v6"); a malformed value is refused and the old one stays. */
+  async setPodCidr(value: string): Promise<void> {
+    if (this.state.phase === 'uninitialized') throw new NotReadyError('kubenet: pod CIDR set before init()');
+    const subnets = parsePodCidrs(value);
+    const cidrs = subnets.map((s) => s.cidr).join(',');
+    if (this.state.phase === 'ready' && this.state.subnets.map((s) => s.cidr).join(',') === cidrs) return;
+    removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
+    this.state = { phase: 'ready', subnets, conf: bridgeConf(this.settings(), subnets) };
+    this.log.info({ podCIDR: cidrs }, 'pod CIDR set; CNI config generated');
+    if (!this.swept) {
+      this.swept = true;
+      // What the reconcile at init could not do without a config (records of 0.1.0 without one).
+      await this.reconcile();
+    }
+  }
+
+  /** The bridge config in force, or undefined while no pod CIDR is known. */
+  currentConfig(): NetConf | undefined {
+    return this.state.phase === 'ready' ? this.state.conf : undefined;
+  }
+
+  podCidr(): string | undefined {
+    return this.state.phase === 'ready' ? this.state.subnets.map((s) => s.cidr).join(',') : undefined;
+  }
+
+  private settings(): BridgeSettings {
+    return { bridgeName: this.bridgeName, mtu: this.mtu, hairpinMode: this.hairpinMode, ipamDataDir: this.opts.ipamDataDir };
+  }
+
+  private requireReady(what: string): Extract<State, { phase: 'ready' }> {
+    if (this.state.phase === 'ready') return this.state;
+    throw new NotReadyError(
+      this.state.phase === 'uninitialized' ? `kubenet: cannot ${what}: not initialized` : `kubenet: cannot ${what}: no pod CIDR yet`,
+    );
+  }
+
+  list(): PodRecord[] {
+    return this.store.all();
+  }
+
+  get(containerId: string, ifName = POD_IFNAME): PodRecord | undefined {
+    return this.store.get(containerId, ifName);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // ADD
+
+  /** Attaches a pod (CNI ADD). Returns its record and the CNI result. */
+  async attach(req: AttachRequest): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
+    checkAttachment(req);
+    checkLimits(req.limits, `pod ${podName(req)}`);
+    const ready = this.requireReady(`set up pod ${podName(req)}`);
+    const netnsId = podNetnsId(req.netns);
+    const key = recordKey(req.containerId, req.ifName);
+    return this.locks.run(key, () => this.locks.run(`netns:${netnsId.dev}:${netnsId.ino}`, () => this.doAttach(req, netnsId, ready.conf)));
+  }
+
+  private async doAttach(req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
+    const started = performance.now();
+    const key = recordKey(req.containerId, req.ifName);
+    const log = this.log.child({ pod: podName(req), id: shortId(req.containerId) });
+    const existing = this.store.get(req.containerId, req.ifName);
+    if (existing?.phase === 'ready') {
+      const diff = differences(existing, req, netnsId);
+      if (diff.length === 0 && existing.result) {
+        log.info('ADD repeated with the same parameters: returning the recorded result');
+        return { record: existing, result: parseResult(existing.result), repeated: true };
+      }
+      throw new ConflictError(
+        `container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`,
+      );
+    }
+    if (existing) {
+      log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
+      await this.teardown(existing, log);
+    }
+    const other = this.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
+    if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+    if (nl.netnsLinkByName(req.netns, req.ifName)) {
+      throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
+    }
+
+    const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
+    const record: PodRecord = {
+      version: RECORD_VERSION,
+      containerId: req.containerId,
+      ifName: req.ifName,
+      namespace: req.namespace,
+      name: req.name,
+      netns: req.netns,
+      netnsId,
+      phase: 'adding',
+      network,
+      cniArgs: podCniArgs(req),
+      portMappings: req.portMappings,
+      limits: req.limits,
+      ips: [],
+      addedAt: new Date().toISOString(),
+    };
+    // The intent, before any plugin runs.
+    this.store.put(record);
+    this.adding.add(key);
+    try {
+      const rt = runtimeConf(record, req.netns);
+      if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
+      const result = await this.cni.add(network, rt);
+      const ips = result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
+      if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
+      const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== this.bridgeName)?.name;
+      if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
+      record.ips = ips;
+      record.hostVeth = hostVeth;
+      record.hostVethIndex = nl.linkByName(hostVeth).index;
+      tuneBridge(this.settings(), log);
+      await this.applyShaping(record);
+      record.phase = 'ready';
+      record.result = convertResult(result, network.cniVersion);
+      this.store.put(record);
+      log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started) }, 'pod set up');
+      return { record, result, repeated: false };
+    } catch (err) {
+      log.warn({ err }, 'pod setup failed; undoing what it made');
+      try {
+        await this.teardown(record, log);
+      } catch (undoErr) {
+        // The record stays (phase adding): the runtime's DEL, or the next start, finishes the undo.
+        log.error({ err: undoErr }, 'undoing the failed setup left something behind; the record is kept for DEL');
+      }
+      throw err;
+    } finally {
+      this.adding.delete(key);
+    }
+  }
+
+  /** Shapes the pod as its limits say; without limits, any old shaping goes. */
+  private async applyShaping(record: PodRecord): Promise<void> {
+    if (isUnshaped(record.limits)) {
+      await this.shaper.remove(record.containerId);
+      return;
+    }
+    if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
+    await this.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits });
+  }
+
+  /** Changes a running pod's limits (empty limits remove its shaping); the record follows. */
+  async reshape(containerId: string, ifName: string, limits: BandwidthLimits): Promise<PodRecord> {
+    checkLimits(limits, `container ${containerId}`);
+    return this.locks.run(recordKey(containerId, ifName), async () => {
+      const record = this.store.get(containerId, ifName);
+      if (!record || record.phase !== 'ready') throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
+      if (sameLimits(record.limits, limits)) return record;
+      const updated = { ...record, limits };
+      await this.applyShaping(updated);
+      this.store.put(updated);
+      this.log.info({ pod: podName(record), from: record.limits, to: limits }, 'pod limits changed');
+      return updated;
+    });
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // DEL, GC, reconcile
+
+  /**
+   * Detaches a pod (CNI DEL): its shaping, its veth, its host ports, its address and its record. An
+   * unknown attachment releases whatever the reference plugins still hold for its container ID (an
+   * address, host ports the request names) and succeeds. The request's netns is never entered.
+   */
+  async detach(req: DetachRequest): Promise<void> {
+    checkAttachment(req);
+    const key = recordKey(req.containerId, req.ifName);
+    return this.locks.run(key, async () => {
+      const record = this.store.get(req.containerId, req.ifName);
+      const log = this.log.child({ pod: record ? podName(record) : '', id: shortId(req.containerId) });
+      if (record) {
+        await this.teardown(record, log);
+        return;
+      }
+      await this.releaseUnknown(req.containerId, req.ifName, req.portMappings ?? [], log);
+    });
+  }
+
+  /**
+   * Undoes an attachment, every step even after failures, and removes its record only when all
+   * succeeded (else a retried DEL runs them again; each is idempotent).
+   */
+  private async teardown(record: PodRecord, log: Logger): Promise<void> {
+    const started = performance.now();
+    const errors: unknown[] = [];
+    const step = async (fn: () => Promise<unknown> | unknown) => {
+      try {
+        await fn();
+      } catch (err) {
+        errors.push(err);
+      }
+    };
+    // Shaping first: its filters reference the veth.
+    await step(() => this.shaper.remove(record.containerId));
+    await step(() => this.deleteVeth(record, log));
+    await step(async () => {
+      const network = record.network ?? this.recordedOrCurrent(record);
+      const rt = runtimeConf(record, '');
+      const prev = record.result ? safeParseResult(record.result, log) : undefined;
+      await this.cni.del(network, rt, prev);
+    });
+    if (errors.length > 0) {
+      for (const err of errors) log.error({ err }, 'teardown step failed');
+      throw new AggregateKubenetError(`kubenet: teardown of pod ${podName(record)} (container ${record.containerId}) failed`, errors);
+    }
+    this.store.delete(record.containerId, record.ifName);
+    log.info({ phase: record.phase, ms: round(performance.now() - started) }, record.phase === 'ready' ? 'pod torn down' : 'unfinished setup undone');
+  }
+
+  /** The config for a record that kept none (converted from 0.1.0): the current one, with portmap for host ports. */
+  private recordedOrCurrent(record: PodRecord): NetConf | NetConfList {
+    const conf = this.requireReady(`tear down pod ${podName(record)} (its record keeps no network config)`).conf;
+    return record.portMappings.length > 0 ? withPortmap(conf) : conf;
+  }
+
+  /**
+   * Deletes the pod's veth from the host side, returning once it is gone (nl.linkDelete: the kernel
+   * frees it on a worker thread). Only a link that is provably the pod's: the recorded ifindex still
+   * carries the recorded name, is a veth and a port of the bridge; without a recorded index (an
+   * unfinished ADD, a 0.1.0 record), the peer of the pod's interface seen from inside the recorded
+   * netns, when that netns is still the same one. Anything else is left alone.
+   */
+  private async deleteVeth(record: PodRecord, log: Logger): Promise<void> {
+    const bridge = linkOrUndefined(() => nl.linkByName(this.bridgeName));
+    if (!bridge) return; // no bridge: no pod veth either
+    const candidates: Array<() => nl.LinkInfo | undefined> = [
+      () => {
+        const link = record.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(record.hostVethIndex ?? 0)) : undefined;
+        return link && link.name === record.hostVeth ? link : undefined;
+      },
+      () => {
+        if (!sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) return undefined;
+        const inPod = nl.netnsLinkByName(record.netns, record.ifName);
+        return inPod?.type === 'veth' && inPod.peerIndex > 0 ? linkOrUndefined(() => nl.linkByIndex(inPod.peerIndex)) : undefined;
+      },
+      () => {
+        // A 0.1.0 record whose netns is gone: the name alone, unless another record claims it.
+        if (!record.hostVeth || record.hostVethIndex || record.netnsId) return undefined;
+        if (this.store.all().some((r) => r !== record && r.hostVeth === record.hostVeth)) return undefined;
+        return linkOrUndefined(() => nl.linkByName(record.hostVeth ?? ''));
+      },
+    ];
+    for (const find of candidates) {
+      const link = find();
+      if (!link) continue;
+      if (link.type !== 'veth' || link.master !== bridge.index) {
+        log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
+        continue;
+      }
+      const { goneMs, finished } = await nl.linkDelete(link.index);
+      finished.catch((err: unknown) => log.error({ err, hostVeth: link.name }, 'the kernel failed to finish deleting the pod veth'));
+      log.debug({ hostVeth: link.name, goneMs: round(goneMs) }, 'pod veth deleted');
+      return;
+    }
+  }
+
+  /** DEL of an attachment without a record: what the plugins may still hold for the container ID. */
+  private async releaseUnknown(containerId: string, ifName: string, portMappings: PortMapping[], log: Logger): Promise<void> {
+    const held = (await listReservations(this.opts.ipamDataDir, NETWORK_NAME)).some((r) => r.containerId === containerId && r.ifName === ifName);
+    const hostPorts = portMappings.length > 0 || (await hostPortRules(NETWORK_NAME)).has(containerId);
+    if (!held && !hostPorts) {
+      log.debug('DEL of an unknown attachment: nothing held for it');
+      return;
+    }
+    const conf = this.requireReady(`release what container ${containerId} holds`).conf;
+    const network = hostPorts ? withPortmap(conf) : conf;
+    const rt: RuntimeConf = { containerId, ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId }) };
+    if (hostPorts) rt.capabilityArgs = { portMappings: portMappings.length > 0 ? portMappings : [PLACEHOLDER_PORT] };
+    await this.cni.del(network, rt);
+    log.info({ address: held, hostPorts }, 'released what an unknown attachment still held');
+  }
+
+  /**
+   * CNI GC: tears down every attachment not in `valid` (except ADDs still running, which their
+   * runtime may not list yet), then sweeps leftovers of attachments that no longer exist.
+   */
+  async gc(valid: Attachment[]): Promise<void> {
+    for (const a of valid) checkAttachment(a);
+    const keep = new Set(valid.map((a) => recordKey(a.containerId, a.ifName)));
+    const errors: unknown[] = [];
+    for (const r of this.store.all()) {
+      const key = recordKey(r.containerId, r.ifName);
+      if (keep.has(key) || this.adding.has(key)) continue;
+      await this.locks
+        .run(key, async () => {
+          const cur = this.store.get(r.containerId, r.ifName);
+          if (!cur || this.adding.has(key)) return;
+          await this.teardown(cur, this.log.child({ pod: podName(cur), id: shortId(cur.containerId), gc: true }));
+        })
+        .catch((err: unknown) => errors.push(err));
+    }
+    await this.sweep(keep).catch((err: unknown) => errors.push(err));
+    if (errors.length > 0) throw new AggregateKubenetError('kubenet: GC', errors);
+  }
+
+  /**
+   * The startup reconcile: an ADD that never finished is undone; a pod whose netns is gone and whose
+   * veth is gone too is torn down (a netns path that merely vanished, with the veth still there, is
+   * kept: the runtime's DEL will come); shaping of unknown pods is removed; once the pod CIDR is
+   * known, leftovers are swept.
+   */
+  private async reconcile(): Promise<void> {
+    const errors: unknown[] = [];
+    for (const r of this.store.all()) {
+      const log = this.log.child({ pod: podName(r), id: shortId(r.containerId), reconcile: true });
+      const key = recordKey(r.containerId, r.ifName);
+      if (this.adding.has(key)) continue;
+      const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !this.vethPresent(r);
+      if (r.phase === 'ready' && !gone) continue;
+      if (!r.network && this.state.phase !== 'ready') continue; // needs the current config: after the pod CIDR
+      log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
+      await this.locks.run(key, () => this.teardown(r, log)).catch((err: unknown) => errors.push(err));
+    }
+    const live = new Set(this.store.all().map((r) => r.containerId));
+    for (const s of this.shaper.list()) {
+      if (live.has(s.id)) continue;
+      this.log.info({ id: shortId(s.id) }, 'removing the shaping of a pod with no record');
+      await this.shaper.remove(s.id).catch((err: unknown) => errors.push(err));
+    }
+    if (this.state.phase === 'ready') await this.sweep(new Set()).catch((err: unknown) => errors.push(err));
+    for (const err of errors) this.log.error({ err }, 'reconcile step failed');
+  }
+
+  private vethPresent(r: PodRecord): boolean {
+    const link = r.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? linkOrUndefined(() => nl.linkByName(r.hostVeth ?? '')) : undefined;
+    return link !== undefined && (r.hostVeth === undefined || link.name === r.hostVeth);
+  }
+
+  /**
+   * Removes what attachments that no longer exist left behind: host-local reservations, veths on the
+   * bridge, portmap's host-port rules, tc objects. The node is listed FIRST and the records after:
+   * a record is written before its plugins run, so anything a concurrent ADD makes has its record by
+   * the time the records are read. Veths are skipped while an ADD runs (its veth is not named in its
+   * record until the bridge plugin returns).
+   */
+  private async sweep(keep: Set<string>): Promise<void> {
+    if (this.state.phase !== 'ready') return;
+    const { conf, subnets } = this.state;
+    const reservations = await listReservations(this.opts.ipamDataDir, NETWORK_NAME);
+    const veths = bridgeVeths(this.bridgeName);
+    const portRules = await hostPortRules(NETWORK_NAME);
+    const records = this.store.all();
+    const liveKeys = new Set([...keep, ...this.adding, ...records.map((r) => recordKey(r.containerId, r.ifName))]);
+    const liveIds = new Set([...liveKeys].map((k) => k.slice(0, k.indexOf('@'))));
+    const errors: unknown[] = [];
+    const removed = { reservations: 0, veths: 0, hostPorts: 0, shaping: 0 };
+
+    const stale = new Map<string, { containerId: string; ifName: string; ports: boolean }>();
+    for (const r of reservations) {
+      const key = recordKey(r.containerId, r.ifName);
+      if (!liveKeys.has(key)) stale.set(key, { containerId: r.containerId, ifName: r.ifName, ports: false });
+    }
+    for (const [id, ips] of portRules) {
+      // Only rules that forward into this node's pod CIDR are this agent's to remove.
+      if (liveIds.has(id) || ips.length === 0 || !ips.every((ip) => subnets.some((sub) => cidrContains(sub, ip)))) continue;
+      const key = recordKey(id, POD_IFNAME);
+      stale.set(key, { containerId: id, ifName: POD_IFNAME, ports: true });
+    }
+    for (const [key, s] of stale) {
+      await this.locks
+        .run(key, async () => {
+          if (this.store.get(s.containerId, s.ifName) || this.adding.has(key)) return;
+          const rt: RuntimeConf = { containerId: s.containerId, ifName: s.ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId: s.containerId }) };
+          if (s.ports) rt.capabilityArgs = { portMappings: [PLACEHOLDER_PORT] };
+          await this.cni.del(s.ports ? withPortmap(conf) : conf, rt);
+          if (s.ports) removed.hostPorts++;
+          if (reservations.some((r) => r.containerId === s.containerId)) removed.reservations++;
+        })
+        .catch((err: unknown) => errors.push(err));
+    }
+    if (this.adding.size === 0) {
+      const known = new Set(this.store.all().flatMap((r) => (r.hostVeth ? [r.hostVeth] : [])));
+      for (const v of veths) {
+        if (known.has(v.name)) continue;
+        try {
+          await nl.linkDelete(v.index);
+          removed.veths++;
+        } catch (err) {
+          errors.push(err);
+        }
+      }
+    }
+    const liveNow = new Set(this.store.all().map((r) => r.containerId));
+    for (const s of this.shaper.list()) {
+      if (liveNow.has(s.id) || liveIds.has(s.id)) continue;
+      await this.shaper.remove(s.id).then(() => removed.shaping++, (err: unknown) => errors.push(err));
+    }
+    if (removed.reservations + removed.veths + removed.hostPorts + removed.shaping > 0) this.log.info(removed, 'removed leftovers of attachments that no longer exist');
+    if (errors.length > 0) throw new AggregateKubenetError('kubenet: sweep of leftovers', errors);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // CHECK, status
+
+  /**
+   * CNI CHECK: the attachment is recorded and complete, in the same netns; the reference bridge
+   * plugin checks the pod's interface, addresses and routes against the recorded result; host ports
+   * have their DNAT rules; a shaped pod is installed in the shaper.
+   */
+  async check(req: CheckRequest): Promise<void> {
+    checkAttachment(req);
+    const netnsId = podNetnsId(req.netns);
+    return this.locks.run(recordKey(req.containerId, req.ifName), async () => {
+      const record = this.store.get(req.containerId, req.ifName);
+      if (!record || record.phase !== 'ready' || !record.result) {
+        throw new UnknownPodError(`container ${req.containerId} ${req.ifName} is not attached to ${NETWORK_NAME}`);
+      }
+      if (!sameNetns(record.netnsId, netnsId)) {
+        throw new NetnsError(req.netns, `is not the network namespace container ${req.containerId} was attached in (${record.netns})`);
+      }
+      const network = record.network ?? this.recordedOrCurrent(record);
+      // portmap's own CHECK (plugins 1.1.1) fails for every IPv4-only pod, looking for ip6tables
+      // chains it never made (containernetworking/plugins#819): bridge alone, and the DNAT rules here.
+      await this.cni.check(bridgeOnly(network), runtimeConf(record, req.netns), parseResult(record.result));
+      if (record.portMappings.length > 0) await checkHostPorts(record.ips, record.portMappings);
+      if (!isUnshaped(record.limits) && !this.shaper.list().some((s) => s.id === record.containerId)) {
+        throw new KubenetError(`pod ${podName(record)}: bandwidth limits are recorded but not installed`);
+      }
+    });
+  }
+
+  /** Throws NotReadyError while the network cannot set pods up (no pod CIDR, plugins missing). */
+  status(missingPlugins: () => string[]): void {
+    this.requireReady('set up pods');
+    const missing = missingPlugins();
+    if (missing.length > 0) {
+      throw new NotReadyError(`kubenet: CNI plugin(s) ${missing.join(', ')} not found in ${this.opts.pluginBinDirs.join(', ')}`);
+    }
+  }
+
+  /** Resolves once the kernel has finished every pod veth deletion this process started. */
+  settled(): Promise<void> {
+    return nl.linkDeletionsSettled();
+  }
+
+  close(): void {
+    this.shaper.close();
+  }
+}
+
+/** A port mapping that makes portmap's DEL run (it removes the container's chains whatever the list holds). */
+const PLACEHOLDER_PORT: PortMapping = { hostPort: 1, containerPort: 1, protocol: 'tcp' };
+
+function checkAttachment(a: { containerId: string; ifName: string }): void {
+  checkContainerId(a.containerId, 'container ID');
+  if (a.ifName !== POD_IFNAME) throw new ConfigError(`interface name ${JSON.stringify(a.ifName)}: kubenet attaches pods as ${POD_IFNAME} only`);
+}
+
+/** What differs between a ready attachment and a repeated ADD of it ([] when nothing does). */
+function differences(r: PodRecord, req: AttachRequest, netnsId: NetnsId): string[] {
+  const out: string[] = [];
+  if (!sameNetns(r.netnsId, netnsId)) out.push(`network namespace (recorded ${r.netns})`);
+  if (r.namespace !== req.namespace || r.name !== req.name) out.push(`pod (recorded ${podName(r)})`);
+  if (!sameLimits(r.limits, req.limits)) out.push('bandwidth limits');
+  if (JSON.stringify(r.portMappings) !== JSON.stringify(req.portMappings)) out.push('host ports');
+  return out;
+}
+
+/** The bridge plugin's part of a network (a list's first plugin, with the list's name and version). */
+function bridgeOnly(network: NetConf | NetConfList): NetConf {
+  if (!Array.isArray(network.plugins)) return network as NetConf;
+  const first = (network as NetConfList).plugins[0];
+  if (!first) throw new ConfigError('network list without plugins');
+  return { ...first, cniVersion: network.cniVersion, name: network.name };
+}
+
+/** CNI_ARGS as kubelet's kubenet passed them to the plugins (never the runtime's raw CNI_ARGS). */
+function podCniArgs(p: { namespace: string; name: string; containerId: string }): Array<[string, string]> {
+  const args: Array<[string, string]> = [['IgnoreUnknown', '1']];
+  if (p.namespace) args.push(['K8S_POD_NAMESPACE', p.namespace]);
+  if (p.name) args.push(['K8S_POD_NAME', p.name]);
+  args.push(['K8S_POD_INFRA_CONTAINER_ID', p.containerId]);
+  return args;
+}
+
+function runtimeConf(r: PodRecord, netns: string): RuntimeConf {
+  const rt: RuntimeConf = { containerId: r.containerId, netns, ifName: r.ifName, args: r.cniArgs };
+  if (r.portMappings.length > 0) rt.capabilityArgs = { portMappings: r.portMappings };
+  return rt;
+}
+
+function safeParseResult(result: unknown, log: Logger): CniResult | undefined {
+  try {
+    return parseResult(result);
+  } catch (err) {
+    log.warn({ err }, 'recorded CNI result is invalid; deleting without it');
+    return undefined;
+  }
+}
+
+function linkOrUndefined(get: () => nl.LinkInfo): nl.LinkInfo | undefined {
+  try {
+    return get();
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
+    throw err;
+  }
+}
+
+export function podName(p: { namespace: string; name: string; containerId?: string }): string {
+  if (p.namespace || p.name) return `${p.namespace}/${p.name}`;
+  return p.containerId ? shortId(p.containerId) : '';
+}
+
+function shortId(id: string): string {
+  return id.slice(0, 12);
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 100) / 100;
+}
