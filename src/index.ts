@@ -1,1 +1,16 @@
-export * from './errors.js';
+/**
+ * The package's public surface, exactly what README.md's "Library" section documents: the
+ * kubelet-style plugin, the types it takes and returns, and the error classes it throws.
+ */
+export { KubenetPlugin } from './plugin/kubenet.js';
+export type { HairpinMode, Host, KubenetOptions, NetworkPlugin, PodNetworkStatus } from './plugin/types.js';
+export {
+  AggregateKubenetError,
+  CniPluginError,
+  ConfigError,
+  ConflictError,
+  KubenetError,
+  NetlinkError,
+  NotReadyError,
+  UnknownPodError,
+} from './errors.js';

@@ -9,7 +9,7 @@
  */
 import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
-import { isAbsolute } from 'node:path';
+import { isAbsolute, join, normalize } from 'node:path';
 import yaml from 'js-yaml';
 import { ConfigError } from '../errors.js';
 import { parseCidr, parsePodCidrs } from '../plugin/cidr.js';
@@ -176,13 +176,14 @@ export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.fr
     type: 'string',
     default: DEFAULT_CONFIG.cniCacheDir,
     flag: '--cni-cache-dir',
-    description: 'CNI result cache directory (libcni layout: results/ under it).',
+    description:
+      "Where kubenet-ts 0.1.0 kept the agent's CNI results (libcni layout, results/ under it): read once at startup to upgrade in place, never written. The agent's own state, pod records included, lives in stateDir.",
   },
   stateDir: {
     type: 'string',
     default: DEFAULT_CONFIG.stateDir,
     flag: '--state-dir',
-    description: "The agent's own state.",
+    description: "The agent's own state: a record per pod (written before any plugin runs, so a DEL after a crash undoes everything) and the shaper's state.",
   },
   logLevel: {
     type: 'string',
@@ -243,7 +244,36 @@ export async function loadConfig(opts: LoadConfigOptions): Promise<AgentConfig> 
     nodeName,
     pluginBinDirs: [...(merged.pluginBinDirs ?? DEFAULT_CONFIG.pluginBinDirs)],
   };
+  checkDirectories(out, opts.file ?? 'flags');
   return out;
+}
+
+/** Whether `child` is `parent` or inside it (paths are absolute, compared after normalizing). */
+function within(child: string, parent: string): boolean {
+  const c = normalize(child).replace(/\/+$/, '');
+  const p = normalize(parent).replace(/\/+$/, '');
+  return c === p || c.startsWith(`${p}/`);
+}
+
+/**
+ * Directories that must stay apart: the agent's state never inside a directory container runtimes
+ * read or write (their CNI conf, bin and result-cache dirs), so nothing of the agent's can be taken
+ * for theirs or theirs for the agent's.
+ */
+function checkDirectories(c: AgentConfig, source: string): void {
+  const runtimeDirs: Array<[string, string]> = [
+    ['cniConfDir', c.cniConfDir],
+    ['cniBinDir', c.cniBinDir],
+    ['the runtimes\' CNI result cache', join(c.cniCacheDir, 'results')],
+  ];
+  for (const [what, dir] of runtimeDirs) {
+    if (within(c.stateDir, dir)) {
+      throw new AgentConfigError({ source, key: 'stateDir', expected: `a directory outside ${what}`, problem: `stateDir ${c.stateDir} lies in ${what} (${dir}), which container runtimes use` });
+    }
+  }
+  if (within(c.cniConfDir, c.cniBinDir) || within(c.cniBinDir, c.cniConfDir)) {
+    throw new AgentConfigError({ source, key: 'cniConfDir', expected: 'a directory apart from cniBinDir', problem: `cniConfDir ${c.cniConfDir} and cniBinDir ${c.cniBinDir} overlap` });
+  }
 }
 
 /** Reads, parses and validates one YAML config file (only the keys it sets). */

@@ -154,6 +154,14 @@ test("the ConfigMap's config.yaml passes loadConfig and sets no podCIDR", (t) =>
   t.is(config.nodeName, 'node-1', 'nodeName comes from NODE_NAME');
 });
 
+test('the agent runs the plugins of its own image, never from the host dir it installs its binary into', (t) => {
+  t.false(config.pluginBinDirs.includes(config.cniBinDir), `pluginBinDirs ${config.pluginBinDirs.join(',')} holds cniBinDir ${config.cniBinDir}`);
+  for (const dir of config.pluginBinDirs) {
+    const m = mountFor(dir);
+    t.true(m === undefined || m.volume.hostPath === undefined, `plugin dir ${dir} is the image's own, not a host path`);
+  }
+});
+
 test('DaemonSet: host network, privileged, node-critical, runs on every node', (t) => {
   const selector = Object.entries(ds.spec.selector.matchLabels);
   t.true(selector.length > 0);
