@@ -194,7 +194,12 @@ export function bandwidthFromRuntimeConfig(runtimeConfig: unknown): BandwidthLim
 
 const PROTOCOLS = ['tcp', 'udp', 'sctp'] as const;
 
-/** runtimeConfig.portMappings as containerd and CRI-O pass a pod's hostPorts; [] when none. */
+/**
+ * runtimeConfig.portMappings as containerd and CRI-O pass a pod's hostPorts; [] when none. Keys are
+ * matched case-insensitively, as Go's encoding/json (and so the reference portmap plugin) does:
+ * containerd 1.6 sends them in PascalCase (`{"HostPort":31000,"ContainerPort":8080,"Protocol":"tcp","HostIP":""}`,
+ * go-cni's PortMapping has no JSON tags), CRI-O in camelCase.
+ */
 export function portMappingsFromRuntimeConfig(runtimeConfig: unknown): PortMapping[] {
   if (typeof runtimeConfig !== 'object' || runtimeConfig === null) return [];
   const pm = (runtimeConfig as Record<string, unknown>).portMappings;
@@ -203,7 +208,7 @@ export function portMappingsFromRuntimeConfig(runtimeConfig: unknown): PortMappi
   return pm.map((m: unknown, i): PortMapping => {
     const where = `runtimeConfig.portMappings[${i}]`;
     if (typeof m !== 'object' || m === null) throw new ConfigError(`${where} must be an object`);
-    const r = m as Record<string, unknown>;
+    const r = caseInsensitive(m as Record<string, unknown>);
     const port = (key: string): number => {
       const v = r[key];
       if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535) throw new ConfigError(`${where}.${key} must be a port 1..65535, got ${JSON.stringify(v)}`);
@@ -218,6 +223,17 @@ export function portMappingsFromRuntimeConfig(runtimeConfig: unknown): PortMappi
     }
     return out;
   });
+}
+
+/** The object with its keys found case-insensitively under the camelCase names used here (the first match wins). */
+function caseInsensitive(obj: Record<string, unknown>): Record<string, unknown> {
+  const names = ['hostPort', 'containerPort', 'protocol', 'hostIP'];
+  const out: Record<string, unknown> = {};
+  for (const name of names) {
+    const key = Object.keys(obj).find((k) => k.toLowerCase() === name.toLowerCase());
+    if (key !== undefined) out[name] = obj[key];
+  }
+  return out;
 }
 
 function codeOf(err: unknown): number {
