@@ -268,6 +268,22 @@ export function bandwidthOf(rc: Record<string, unknown>): BandwidthLimits | unde
 
 const PROTOCOLS = ['tcp', 'udp', 'sctp'] as const;
 
+/**
+ * The object's keys matched without regard to case, as Go's JSON decoding (so the reference plugins)
+ * matches struct fields: containerd 1.6 sends portMappings as HostPort/ContainerPort/Protocol/HostIP,
+ * CRI-O in camelCase. Unknown keys and two spellings of one key are refused.
+ */
+function caseFolded(obj: Record<string, unknown>, keys: string[], where: string): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(obj)) {
+    const key = keys.find((c) => c.toLowerCase() === k.toLowerCase());
+    if (!key) throw conf7(`${where} has an unknown key ${JSON.stringify(k)} (keys are ${keys.join(', ')})`);
+    if (key in out) throw conf7(`${where} gives ${key} twice (${JSON.stringify(k)})`);
+    out[key] = v;
+  }
+  return out;
+}
+
 /** runtimeConfig.portMappings as containerd and CRI-O pass a pod's hostPorts; [] when none. */
 export function portMappingsOf(rc: Record<string, unknown>): PortMapping[] {
   const pm = rc.portMappings;
@@ -275,9 +291,10 @@ export function portMappingsOf(rc: Record<string, unknown>): PortMapping[] {
   if (!Array.isArray(pm)) throw conf7(`runtimeConfig.portMappings must be a list, got ${describe(pm)}`);
   if (pm.length > MAX_PORT_MAPPINGS) throw conf7(`runtimeConfig.portMappings has ${pm.length} entries: at most ${MAX_PORT_MAPPINGS}`);
   const seen = new Set<string>();
-  return pm.map((m: unknown, i): PortMapping => {
+  return pm.map((entry: unknown, i): PortMapping => {
     const where = `runtimeConfig.portMappings[${i}]`;
-    if (!isObj(m)) throw conf7(`${where} must be an object, got ${describe(m)}`);
+    if (!isObj(entry)) throw conf7(`${where} must be an object, got ${describe(entry)}`);
+    const m = caseFolded(entry, ['hostPort', 'containerPort', 'protocol', 'hostIP'], where);
     const port = (key: string): number => {
       const v = m[key];
       if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535) throw conf7(`${where}.${key} must be a port 1..65535, got ${describe(v)}`);

@@ -125,6 +125,25 @@ export interface IperfOptions {
   onRetry?: (err: Error, attempt: number) => void;
 }
 
+/**
+ * Where iperf3 runs: a named netns (`ip netns exec`), or when `netns` is empty the netns at
+ * `netnsPath` (`nsenter --net`, e.g. /proc/<pid>/ns/net of a container runtime's pod sandbox).
+ * A TopoPod is one.
+ */
+export interface IperfEndpoint {
+  netns: string;
+  netnsPath?: string;
+  ip4: string;
+  ip6?: string;
+}
+
+/** The command line that runs `cmd` in the endpoint's netns. */
+function inNetns(ep: IperfEndpoint, cmd: string[]): [string, string[]] {
+  if (ep.netns) return ['ip', ['netns', 'exec', ep.netns, ...cmd]];
+  if (!ep.netnsPath) throw new Error('an iperf endpoint needs netns or netnsPath');
+  return ['nsenter', [`--net=${ep.netnsPath}`, '--', ...cmd]];
+}
+
 /** iperf3 itself failed (connection reset at the end of a run, no intervals...): not a measurement. */
 export class IperfToolError extends Error {}
 
@@ -134,7 +153,7 @@ export class IperfToolError extends Error {}
  * (a race between its control and data connections at test end, esnet/iperf#499); such a run is
  * repeated, at most twice. A measured rate is never retried.
  */
-export async function iperf(server: TopoPod, client: TopoPod, opts: IperfOptions = {}): Promise<IperfResult> {
+export async function iperf(server: IperfEndpoint, client: IperfEndpoint, opts: IperfOptions = {}): Promise<IperfResult> {
   for (let attempt = 1; ; attempt++) {
     try {
       return await iperfOnce(server, client, opts);
@@ -151,9 +170,9 @@ export function retryLog(t: { log: (...a: unknown[]) => void }): (err: Error, at
 }
 
 /** One iperf3 run. The server is a one-shot (-1) and is killed afterwards regardless. */
-async function iperfOnce(server: TopoPod, client: TopoPod, opts: IperfOptions): Promise<IperfResult> {
+async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: IperfOptions): Promise<IperfResult> {
   const port = 20000 + ((process.pid * 7 + portSeq++) % 20000);
-  const srv: ResultPromise = execa('ip', ['netns', 'exec', server.netns, 'iperf3', '-s', '-1', '--forceflush', '-p', String(port)], { reject: false });
+  const srv: ResultPromise = execa(...inNetns(server, ['iperf3', '-s', '-1', '--forceflush', '-p', String(port)]), { reject: false });
   try {
     // Wait until the server listens (iperf3 prints "Server listening").
     await new Promise<void>((resolve) => {
@@ -166,14 +185,15 @@ async function iperfOnce(server: TopoPod, client: TopoPod, opts: IperfOptions): 
       });
     });
     const target = opts.v6 ? server.ip6 : server.ip4;
-    const args = ['netns', 'exec', client.netns, 'iperf3', '-c', target, '-p', String(port), '-t', String(opts.seconds ?? 5), '-J'];
+    if (!target) throw new Error(`iperf server has no ${opts.v6 ? 'IPv6' : 'IPv4'} address`);
+    const args = ['iperf3', '-c', target, '-p', String(port), '-t', String(opts.seconds ?? 5), '-J'];
     if (opts.omit) args.push('-O', String(opts.omit));
     // Intervals from the receiver: the sender's view counts bytes written into its socket buffer,
     // which makes the first second look like a burst through the shaper.
     if (opts.reverse) args.push('-R');
     else args.push('--get-server-output');
     opts.onStart?.();
-    const r = await execa('ip', args, { reject: false, timeout: ((opts.seconds ?? 5) + 20) * 1000 });
+    const r = await execa(...inNetns(client, args), { reject: false, timeout: ((opts.seconds ?? 5) + 20) * 1000 });
     type Intervals = Array<{ sum: { bits_per_second: number; omitted?: boolean } }>;
     interface Report {
       error?: string;

@@ -1,0 +1,93 @@
+/**
+ * The machine-wide traffic lock: several engineers (and CI jobs) share one machine, and rate
+ * measurements are only meaningful when no other measurement runs at the same time. Every run
+ * that sends measured traffic holds an flock(2) on TRAFFIC_LOCK:
+ *
+ *   flock /tmp/kubenet-traffic.lock npx ava test/e2e/containerd.test.ts
+ *
+ * and inside tests `withTrafficLock(fn)` takes it around each measurement section. When the lock is
+ * already held by an ancestor of this process (the `flock … npx ava` form above), it runs `fn`
+ * directly: taking it again from here would wait on ourselves forever.
+ *
+ * The lock is held by an `flock(1)` child whose command waits on its stdin: releasing closes that
+ * stdin, and if this process dies the pipe closes too, so a crashed test never keeps the lock.
+ */
+import { execa } from 'execa';
+import { readFileSync, statSync } from 'node:fs';
+
+export const TRAFFIC_LOCK = '/tmp/kubenet-traffic.lock';
+
+/** PIDs of this process and its ancestors. */
+function ancestry(): Set<number> {
+  const out = new Set<number>();
+  let pid = process.pid;
+  while (pid > 1 && !out.has(pid)) {
+    out.add(pid);
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      pid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+    } catch {
+      break;
+    }
+  }
+  return out;
+}
+
+/** Whether this process or an ancestor holds an flock on `file` (from /proc/locks). */
+export function heldByAncestor(file = TRAFFIC_LOCK): boolean {
+  let ino: number;
+  try {
+    ino = statSync(file).ino;
+  } catch {
+    return false;
+  }
+  const mine = ancestry();
+  // "1: FLOCK  ADVISORY  WRITE 1234 fe:00:56789 0 EOF" (a "->" marks waiters; skip those)
+  for (const line of readFileSync('/proc/locks', 'utf8').split('\n')) {
+    const f = line.trim().split(/\s+/);
+    if (f[1] !== 'FLOCK') continue;
+    const pid = Number(f[4]);
+    const lockIno = Number(f[5]?.split(':')[2]);
+    if (lockIno === ino && mine.has(pid)) return true;
+  }
+  return false;
+}
+
+/**
+ * Runs `fn` while holding the traffic lock (waiting for it up to `waitMs`; `onWait` is told once
+ * when another holder makes us wait).
+ */
+export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: number; onWait?: () => void } = {}): Promise<T> {
+  if (heldByAncestor()) return fn();
+  const holder = execa('flock', ['--exclusive', '--timeout', String(Math.ceil((opts.waitMs ?? 600_000) / 1000)), TRAFFIC_LOCK, 'sh', '-c', 'echo locked; exec cat >/dev/null'], {
+    reject: false,
+    stdin: 'pipe',
+  });
+  try {
+    const locked = await new Promise<boolean>((resolve) => {
+      const waitTimer = setTimeout(() => opts.onWait?.(), 500);
+      holder.stdout?.on('data', (d: Buffer) => {
+        if (d.toString().includes('locked')) {
+          clearTimeout(waitTimer);
+          resolve(true);
+        }
+      });
+      void holder.then(() => {
+        clearTimeout(waitTimer);
+        resolve(false);
+      });
+    });
+    if (!locked) {
+      const r = await holder;
+      throw new Error(`could not take the traffic lock ${TRAFFIC_LOCK} (flock exit ${r.exitCode}): ${String(r.stderr)}`);
+    }
+    return await fn();
+  } finally {
+    holder.stdin?.end();
+    const done = await Promise.race([holder.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 2000))]);
+    if (!done) {
+      holder.kill('SIGKILL');
+      await holder;
+    }
+  }
+}
