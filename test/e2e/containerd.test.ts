@@ -17,12 +17,12 @@ import { execa, type ResultPromise } from 'execa';
 import yaml from 'js-yaml';
 import { randomInt, randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { readdir, readFile, writeFile } from 'node:fs/promises';
+import { readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
-import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
+import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../helpers/agent-harness.js';
+import { AgentProcess, manifestConfigYaml } from '../helpers/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../helpers/fake-apiserver.js';
@@ -31,9 +31,6 @@ import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/
 import { withTrafficLock } from '../helpers/traffic-lock.js';
 import { iperf, retryLog, type IperfEndpoint } from '../shaper/topo.js';
 
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const MAIN = join(ROOT, 'src/cli/main.ts');
-const MANIFEST = join(ROOT, 'manifests/kubenet.yaml');
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
 const blocker =
@@ -49,15 +46,6 @@ const MBIT = 1e6;
 const INGRESS = 20 * MBIT;
 const EGRESS = 10 * MBIT;
 
-/** The agent config exactly as the manifest's ConfigMap holds it (the text, unparsed). */
-async function manifestConfigYaml(): Promise<string> {
-  const docs = yaml.loadAll(await readFile(MANIFEST, 'utf8')) as Array<{ kind?: string; data?: Record<string, string> } | null>;
-  const cm = docs.find((d) => d?.kind === 'ConfigMap');
-  const text = cm?.data?.['config.yaml'];
-  if (!text) throw new Error(`${MANIFEST} has no ConfigMap with data["config.yaml"]`);
-  return text;
-}
-
 interface AgentSettings {
   socket: string;
   bridgeName: string;
@@ -65,50 +53,6 @@ interface AgentSettings {
   ipamDataDir: string;
   cniCacheDir: string;
   stateDir: string;
-}
-
-/** The agent as the DaemonSet runs it, inside the node sandbox. */
-class AgentProcess {
-  proc: ResultPromise | undefined;
-  constructor(
-    private readonly sandbox: NodeSandbox,
-    private readonly args: string[],
-    private readonly env: Record<string, string>,
-    readonly logFile: string,
-    private readonly socket: string,
-  ) {}
-
-  async start(): Promise<void> {
-    this.proc = this.sandbox.spawn(process.execPath, ['--import', 'tsx', MAIN, 'daemon', ...this.args], { cwd: ROOT, env: this.env, logFile: this.logFile });
-    const proc = this.proc;
-    let exited = false;
-    void proc.then(() => (exited = true));
-    const deadline = Date.now() + 60_000;
-    let last = '';
-    while (Date.now() < deadline && !exited) {
-      const r = await agentGet(this.sandbox.hostPath(this.socket), HEALTH_PATH, 2_000).catch((err: Error) => ({ status: 0, body: err.message }));
-      if (r.status === 200) return;
-      last = `${r.status} ${r.body}`;
-      await new Promise((res) => setTimeout(res, 200));
-    }
-    throw new Error(`agent not healthy (${exited ? 'exited' : 'timeout'}; last /healthz: ${last}):\n${await this.logTail()}`);
-  }
-
-  /** SIGTERM as the kubelet sends it; the exit code, or undefined when it had to be killed after the DaemonSet's 30 s grace period. */
-  async stop(): Promise<number | undefined> {
-    const p = this.proc;
-    this.proc = undefined;
-    if (!p) return undefined;
-    p.kill('SIGTERM');
-    const exited = await Promise.race([p.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 30_000))]);
-    if (!exited) p.kill('SIGKILL');
-    const r = await p;
-    return exited ? r.exitCode : undefined;
-  }
-
-  async logTail(lines = 30): Promise<string> {
-    return (await readFile(this.logFile, 'utf8').catch(() => '')).split('\n').slice(-lines).join('\n');
-  }
 }
 
 interface TestPodSpec {

@@ -1,0 +1,82 @@
+/**
+ * The node agent as a separate process inside a NodeSandbox, as the DaemonSet runs it
+ * (`kubenet daemon`, from src/ through tsx), and the manifest's ConfigMap config it is given.
+ * Start waits for /healthz 200; stop sends SIGTERM as kubelet does; kill sends anything else.
+ */
+import { type ResultPromise } from 'execa';
+import yaml from 'js-yaml';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
+import type { NodeSandbox } from './node-sandbox.js';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+export const AGENT_MAIN = join(ROOT, 'src/cli/main.ts');
+export const MANIFEST = join(ROOT, 'manifests/kubenet.yaml');
+
+/** The agent config exactly as the manifest's ConfigMap holds it (the text, unparsed). */
+export async function manifestConfigYaml(): Promise<string> {
+  const docs = yaml.loadAll(await readFile(MANIFEST, 'utf8')) as Array<{ kind?: string; data?: Record<string, string> } | null>;
+  const cm = docs.find((d) => d?.kind === 'ConfigMap');
+  const text = cm?.data?.['config.yaml'];
+  if (!text) throw new Error(`${MANIFEST} has no ConfigMap with data["config.yaml"]`);
+  return text;
+}
+
+export class AgentProcess {
+  proc: ResultPromise | undefined;
+  constructor(
+    private readonly sandbox: NodeSandbox,
+    private readonly args: string[],
+    private readonly env: Record<string, string>,
+    readonly logFile: string,
+    private readonly socket: string,
+  ) {}
+
+  /** The agent's pid (in the sandbox's pid namespace, which is the host's). */
+  get pid(): number | undefined {
+    return this.proc?.pid;
+  }
+
+  async start(): Promise<void> {
+    this.proc = this.sandbox.spawn(process.execPath, ['--import', 'tsx', AGENT_MAIN, 'daemon', ...this.args], { cwd: ROOT, env: this.env, logFile: this.logFile });
+    const proc = this.proc;
+    let exited = false;
+    void proc.then(() => (exited = true));
+    const deadline = Date.now() + 60_000;
+    let last = '';
+    while (Date.now() < deadline && !exited) {
+      const r = await agentGet(this.sandbox.hostPath(this.socket), HEALTH_PATH, 2_000).catch((err: Error) => ({ status: 0, body: err.message }));
+      if (r.status === 200) return;
+      last = `${r.status} ${r.body}`;
+      await new Promise((res) => setTimeout(res, 200));
+    }
+    throw new Error(`agent not healthy (${exited ? 'exited' : 'timeout'}; last /healthz: ${last}):\n${await this.logTail()}`);
+  }
+
+  /** SIGTERM as the kubelet sends it; the exit code, or undefined when it had to be killed after the DaemonSet's 30 s grace period. */
+  async stop(graceMs = 30_000): Promise<number | undefined> {
+    const p = this.proc;
+    this.proc = undefined;
+    if (!p) return undefined;
+    p.kill('SIGTERM');
+    const exited = await Promise.race([p.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), graceMs))]);
+    if (!exited) p.kill('SIGKILL');
+    const r = await p;
+    return exited ? r.exitCode : undefined;
+  }
+
+  /** SIGKILL, as a crash or an OOM kill: nothing of the agent runs after this resolves. */
+  async kill(): Promise<void> {
+    const p = this.proc;
+    this.proc = undefined;
+    if (!p) return;
+    p.kill('SIGKILL');
+    await p;
+  }
+
+  async logTail(lines = 30): Promise<string> {
+    return (await readFile(this.logFile, 'utf8').catch(() => '')).split('\n').slice(-lines).join('\n');
+  }
+}
