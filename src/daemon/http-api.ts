@@ -120,9 +120,10 @@ export class AgentApi {
       if (!(err instanceof BodyTooLarge)) return; // the client went away, or close() cut it
       const answer = { status: 413, command: 'unknown', code: CNI_ERR_DECODE, body: JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)) };
       this.handlers.answered(answer, 0);
+      // Answer, then drop the connection rather than read the rest of the body.
       res.setHeader('connection', 'close');
+      res.on('finish', () => req.socket.destroy());
       this.reply(res, 413, 'application/json', answer.body);
-      req.destroy();
       return;
     }
     this.calls++;
