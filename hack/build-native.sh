@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Builds the CNI forwarding binary native/kubenet-cni.c into native/build/kubenet-cni (what the
-# agent installs as <cniBinDir>/kubenet). Built to a temp file and renamed, so concurrent builds
-# and a running copy never see a half-written binary.
+# Builds the C programs under native/ into native/build/: kubenet-cni (the CNI forwarding binary
+# the agent installs as <cniBinDir>/kubenet) and kubenet-spawner (the agent's plugin exec'er,
+# src/cni/spawner.ts). Each is built to a temp file and renamed, so concurrent builds and a
+# running copy never see a half-written binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p native/build
-out=native/build/kubenet-cni
-tmp="$out.partial.$$"
-trap 'rm -f "$tmp"' EXIT
-cc -O2 -Wall -Wextra -Werror -o "$tmp" native/kubenet-cni.c
-mv -f "$tmp" "$out"
+tmps=()
+trap 'rm -f "${tmps[@]}"' EXIT
+for name in kubenet-cni kubenet-spawner; do
+  out="native/build/$name"
+  tmp="$out.partial.$$"
+  tmps+=("$tmp")
+  cc -O2 -Wall -Wextra -Werror -o "$tmp" "native/$name.c"
+  mv -f "$tmp" "$out"
+done
