@@ -16,9 +16,11 @@
  * Within a round each method runs once, the order rotating, so machine noise hits all alike; a
  * warm-up round is not counted. Prints p50 / p99 / mean per method and level, in ms.
  * Run it under the machine-wide lock, compiled, so the process is as lean as the shipped agent
- * (tsx alone adds ~35 MB): npx tsc -p tsconfig.json && flock /tmp/kubenet-traffic.lock node dist/bench/cni-exec.js
+ * (tsx alone adds ~35 MB), with --expose-gc so that garbage collected after each round keeps the
+ * RSS near its level (without it the first level drifts from ~65 to ~110 MB):
+ *   npx tsc -p tsconfig.json && flock /tmp/kubenet-traffic.lock node --expose-gc dist/bench/cni-exec.js
  *
- * Usage: node dist/bench/cni-exec.js [--calls N] [--plugin loopback|bridge] [--rss MB[,MB...]]
+ * Usage: node --expose-gc dist/bench/cni-exec.js [--calls N] [--plugin loopback|bridge] [--rss MB[,MB...]]
  *        (or npx tsx bench/cni-exec.ts ..., starting at ~110 MB)
  *   --calls  counted calls per method and level (default 300)
  *   --rss    target RSS levels in MB; the first level is also "as is" when below the current RSS (default 60,170)
@@ -124,6 +126,7 @@ async function main(): Promise<void> {
           await m.run();
           if (round >= 0) times.get(m.name)?.push(performance.now() - s);
         }
+        (globalThis as { gc?: () => void }).gc?.(); // untimed
       }
       // The reference: the same exec from a lean process.
       const sh = await execa('bash', ['-c', `s=$EPOCHREALTIME; for i in $(seq ${CALLS}); do printf '%s' "$STDIN" | "$BIN" >/dev/null; done; e=$EPOCHREALTIME; echo "$s $e"`], {
