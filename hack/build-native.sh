@@ -6,12 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p native/build
-tmps=()
-trap 'rm -f "${tmps[@]}"' EXIT
-for name in kubenet-cni kubenet-spawner; do
-  out="native/build/$name"
-  tmp="$out.partial.$$"
-  tmps+=("$tmp")
-  cc -O2 -Wall -Wextra -Werror -o "$tmp" "native/$name.c"
-  mv -f "$tmp" "$out"
-done
+out=native/build/kubenet-cni
+tmp="$out.partial.$$"
+spawner=native/build/kubenet-spawner
+spawner_tmp="$spawner.partial.$$"
+trap 'rm -f "$tmp" "$spawner_tmp"' EXIT
+cc -O2 -Wall -Wextra -Werror -o "$tmp" native/kubenet-cni.c
+mv -f "$tmp" "$out"
+cc -O2 -Wall -Wextra -Werror -o "$spawner_tmp" native/kubenet-spawner.c
+mv -f "$spawner_tmp" "$spawner"
