@@ -3,12 +3,19 @@
  * on stdin, parameters in CNI_* environment variables, JSON on stdout. This is the hot path of
  * every pod setup, so it does the minimum: no shell, a fixed seven-variable environment (no copy
  * of process.env), one JSON.parse of the output.
+ *
+ * Plugins are started by the agent's plugin spawner (src/cni/spawner.ts, native/kubenet-spawner.c),
+ * not by child_process: libuv forks the whole agent per child (3-8 ms, growing with the agent's
+ * RSS), the spawner forks a ~1 MB process; and plugins it started die with the agent.
+ * `KUBENET_PLUGIN_EXEC=execa` (or `ExecOptions.via: 'execa'`) selects the old execa path, for
+ * comparison; it is also used, with a warning, when the spawner binary is not built.
  */
 import { accessSync, constants as fsConstants, statSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { execa } from 'execa';
 import { CniPluginError, ConfigError } from '../errors.js';
 import { PluginNotFoundError } from './errors.js';
+import { sharedSpawner } from './spawner.js';
 import type { CniCommand } from './types.js';
 
 export const DEFAULT_TIMEOUT_MS = 60_000;
@@ -58,6 +65,18 @@ export interface ExecOptions {
   timeoutMs?: number;
   /** Plugin name for errors; default the binary's file name. */
   plugin?: string;
+  /**
+   * How to start the plugin: 'spawner' (default) or 'execa' (child_process: forks the agent).
+   * Default from the environment variable KUBENET_PLUGIN_EXEC when it is set to one of them.
+   */
+  via?: ExecVia;
+}
+
+export type ExecVia = 'spawner' | 'execa';
+
+/** The exec path used when the caller does not choose: KUBENET_PLUGIN_EXEC, else the spawner. */
+export function defaultExecVia(): ExecVia {
+  return process.env.KUBENET_PLUGIN_EXEC === 'execa' ? 'execa' : 'spawner';
 }
 
 export function cniArgsString(args: readonly (readonly [string, string])[] | undefined): string {
@@ -79,6 +98,22 @@ function snippet(text: string): string {
   return JSON.stringify(text.length > 300 ? `${text.slice(0, 300)}…` : text);
 }
 
+/** How a plugin run ended, whichever way it was started. */
+interface RunOutcome {
+  exitCode: number | undefined;
+  signal: string | undefined;
+  /** Why it could not be started (errno name or a message). */
+  startError: string | undefined;
+  /** It was started, then the spawner died under it (taking the plugin with it). */
+  lost: string | undefined;
+  cause: unknown;
+  timedOut: boolean;
+  stdout: string;
+  stderr: string;
+}
+
+let warnedNoSpawner = false;
+
 /**
  * Runs a plugin binary and returns its stdout parsed as JSON, or undefined when it printed
  * nothing (DEL and CHECK usually do). The subprocess gets exactly CNI_COMMAND, CNI_CONTAINERID,
@@ -91,48 +126,32 @@ export async function execPlugin(pluginPath: string, stdin: string | Uint8Array,
   const plugin = opts.plugin ?? basename(pluginPath);
   const command = req.command;
   const timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-  const subprocess = execa(pluginPath, [], {
-    input: stdin,
-    env: {
-      CNI_COMMAND: command,
-      CNI_CONTAINERID: req.containerId ?? '',
-      CNI_NETNS: req.netns ?? '',
-      CNI_IFNAME: req.ifName ?? '',
-      CNI_ARGS: cniArgsString(req.args),
-      CNI_PATH: req.path.join(':'),
-      PATH: process.env.PATH ?? FALLBACK_PATH,
-    },
-    extendEnv: false,
-    reject: false,
-    detached: true,
-  });
-  let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    const pid = subprocess.pid;
-    try {
-      if (pid !== undefined) process.kill(-pid, 'SIGKILL');
-    } catch {
-      // already gone
+  const env = {
+    CNI_COMMAND: command,
+    CNI_CONTAINERID: req.containerId ?? '',
+    CNI_NETNS: req.netns ?? '',
+    CNI_IFNAME: req.ifName ?? '',
+    CNI_ARGS: cniArgsString(req.args),
+    CNI_PATH: req.path.join(':'),
+    PATH: process.env.PATH ?? FALLBACK_PATH,
+  };
+  let via = opts.via ?? defaultExecVia();
+  const spawner = sharedSpawner();
+  if (via === 'spawner' && !spawner.available()) {
+    if (!warnedNoSpawner) {
+      warnedNoSpawner = true;
+      process.emitWarning(`plugin spawner ${spawner.binaryPath} is not built (npm run build:native): CNI plugins are exec'd through child_process, which forks the agent`);
     }
-    // A delegate that left the process group may still hold our pipes: stop waiting for them.
-    subprocess.stdout?.destroy();
-    subprocess.stderr?.destroy();
-  }, timeoutMs);
-  let r;
-  try {
-    r = await subprocess;
-  } finally {
-    clearTimeout(timer);
+    via = 'execa';
   }
-  const stdout = typeof r.stdout === 'string' ? r.stdout : '';
-  const stderr = typeof r.stderr === 'string' ? r.stderr : '';
+  const r = via === 'spawner' ? await runSpawner(spawner, pluginPath, env, stdin, timeoutMs) : await runExeca(pluginPath, env, stdin, timeoutMs);
+  const { stdout, stderr } = r;
 
-  if (timedOut) {
+  if (r.timedOut) {
     throw new CniPluginError({ plugin, command, msg: `timed out after ${timeoutMs} ms; killed`, stderr });
   }
   if (r.exitCode === undefined) {
-    const msg = r.signal ? `killed by ${r.signal}` : `could not run ${pluginPath}: ${r.code ?? r.shortMessage}`;
+    const msg = r.signal ? `killed by ${r.signal}` : (r.lost ?? `could not run ${pluginPath}: ${r.startError}`);
     throw new CniPluginError({ plugin, command, msg, stderr }, { cause: r.cause });
   }
   const text = stdout.trim();
@@ -165,4 +184,52 @@ export async function execPlugin(pluginPath: string, stdin: string | Uint8Array,
     throw new CniPluginError({ plugin, command, msg: `output is not JSON: ${snippet(text)}`, stderr }, { cause: parseError });
   }
   return parsed;
+}
+
+async function runSpawner(spawner: ReturnType<typeof sharedSpawner>, pluginPath: string, env: Record<string, string>, stdin: string | Uint8Array, timeoutMs: number): Promise<RunOutcome> {
+  const o = await spawner.run(pluginPath, env, stdin, timeoutMs);
+  return {
+    exitCode: o.exitCode,
+    signal: o.signal,
+    startError: o.errno ?? o.failure?.message,
+    lost: o.failure && o.pid !== undefined ? `${o.failure.message} while the plugin ran (pid ${o.pid}); it was killed` : undefined,
+    cause: o.failure,
+    timedOut: o.timedOut,
+    stdout: o.stdout,
+    stderr: o.stderr,
+  };
+}
+
+/** The old path: child_process through execa (forks the agent). */
+async function runExeca(pluginPath: string, env: Record<string, string>, stdin: string | Uint8Array, timeoutMs: number): Promise<RunOutcome> {
+  const subprocess = execa(pluginPath, [], { input: stdin, env, extendEnv: false, reject: false, detached: true });
+  let timedOut = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    const pid = subprocess.pid;
+    try {
+      if (pid !== undefined) process.kill(-pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    // A delegate that left the process group may still hold our pipes: stop waiting for them.
+    subprocess.stdout?.destroy();
+    subprocess.stderr?.destroy();
+  }, timeoutMs);
+  let r;
+  try {
+    r = await subprocess;
+  } finally {
+    clearTimeout(timer);
+  }
+  return {
+    exitCode: r.exitCode,
+    signal: r.signal,
+    startError: r.code ?? r.shortMessage,
+    lost: undefined,
+    cause: r.cause,
+    timedOut,
+    stdout: typeof r.stdout === 'string' ? r.stdout : '',
+    stderr: typeof r.stderr === 'string' ? r.stderr : '',
+  };
 }

@@ -2,18 +2,20 @@
  * The Kubernetes API as the node agent uses it: GET, and list + watch of one collection with
  * reconnects (a small reflector). Shared by the Node pod-CIDR source and the pod lookup.
  *
- * Requests are plain node:http(s) GETs; the KubeConfig supplies the server, TLS agent and
- * credentials (`applyToHTTPSOptions`: bearer/token file, client certs, exec plugins, proxies).
- * client-node's `Watch` is not used: in 1.4.0 `Watch.watch()` hands out its AbortController only
- * once response headers have arrived, so a watch still connecting (API server slow or gone)
- * cannot be aborted, and stop() could neither finish it nor let the process exit.
+ * Requests are plain node:http(s) GETs; the configuration (src/daemon/kubeconfig.ts: a
+ * kubeconfig file or the in-cluster service account) supplies the server, TLS agent and
+ * credentials (`applyToHTTPSOptions`). @kubernetes/client-node is used for its types only: loading
+ * it costs ~75 MB of RSS. (Its `Watch` would not do either: in 1.4.0 `Watch.watch()` hands out its
+ * AbortController only once response headers have arrived, so a watch still connecting (API
+ * server slow or gone) cannot be aborted, and stop() could neither finish it nor let the process exit.)
  */
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { KubeConfig, type KubernetesListObject, type KubernetesObject, type V1Status } from '@kubernetes/client-node';
+import type { KubernetesListObject, KubernetesObject, V1Status } from '@kubernetes/client-node';
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
+import { inClusterCredentials, kubeconfigCredentials, type KubeClientConfig } from './kubeconfig.js';
 
 export const DEFAULT_RETRY_MIN_MS = 1000;
 export const DEFAULT_RETRY_MAX_MS = 30_000;
@@ -29,8 +31,8 @@ export interface KubeClientOptions {
   logger: Logger;
   /** Path of a kubeconfig file; without it (and without kubeConfig) the in-cluster config. */
   kubeconfig?: string;
-  /** A ready KubeConfig (tests); wins over kubeconfig. */
-  kubeConfig?: KubeConfig;
+  /** A ready configuration (tests: a client-node KubeConfig fits); wins over kubeconfig. */
+  kubeConfig?: KubeClientConfig;
   /** Reconnect backoff: first delay, doubled per failure up to retryMaxMs. */
   retryMinMs?: number;
   retryMaxMs?: number;
@@ -53,29 +55,14 @@ export function isGone(err: unknown): boolean {
   return err instanceof KubeApiError && err.status === 410;
 }
 
-export function loadKubeConfig(opts: Pick<KubeClientOptions, 'kubeconfig' | 'kubeConfig'>): KubeConfig {
+export function loadKubeConfig(opts: Pick<KubeClientOptions, 'kubeconfig' | 'kubeConfig'>): KubeClientConfig {
   if (opts.kubeConfig) return opts.kubeConfig;
-  const kc = new KubeConfig();
-  if (opts.kubeconfig) {
-    try {
-      kc.loadFromFile(opts.kubeconfig);
-    } catch (err) {
-      throw new ConfigError(`cannot load kubeconfig ${opts.kubeconfig}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
-    }
-  } else {
-    // loadFromCluster does not check anything; without these it would build "https://undefined:undefined".
-    if (!process.env.KUBERNETES_SERVICE_HOST || !process.env.KUBERNETES_SERVICE_PORT) {
-      throw new ConfigError('not running in a pod (KUBERNETES_SERVICE_HOST/PORT unset): give a kubeconfig or a static pod CIDR');
-    }
-    kc.loadFromCluster();
-  }
-  if (!kc.getCurrentCluster()) throw new ConfigError(`kubeconfig ${opts.kubeconfig ?? '(in-cluster)'} has no current cluster`);
-  return kc;
+  return opts.kubeconfig ? kubeconfigCredentials(opts.kubeconfig) : inClusterCredentials();
 }
 
-/** GET requests against the API server of one KubeConfig. */
+/** GET requests against the API server of one configuration. */
 export class KubeApi {
-  constructor(readonly kc: KubeConfig) {}
+  constructor(readonly kc: KubeClientConfig) {}
 
   /** GET and parse a JSON answer; a non-200 answer throws KubeApiError with the Status details. */
   async getJson<T>(path: string, query: Record<string, string> = {}, signal?: AbortSignal): Promise<T> {

@@ -5,7 +5,9 @@
  * get the events), close watches, expire resourceVersions, stall, fail, stop and restart on the same port.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer as createTlsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
+import type { TLSSocket } from 'node:tls';
 import { KubeConfig } from '@kubernetes/client-node';
 
 type Kind = 'nodes' | 'pods';
@@ -23,6 +25,17 @@ export interface RecordedRequest {
   query: URLSearchParams;
   watch: boolean;
   authorization: string | undefined;
+  /** TLS only: the subject CN of the client certificate the request came with (verified against `tls.ca`). */
+  clientCert: string | undefined;
+}
+
+/** Serve HTTPS instead of HTTP. With `ca`, client certificates are asked for and verified against it. */
+export interface FakeTls {
+  key: Buffer | string;
+  cert: Buffer | string;
+  ca?: Buffer | string;
+  /** Answer 401 to a request without a valid client certificate. */
+  requireClientCert?: boolean;
 }
 
 /** One change; `before` is the object before it (undefined on create), `object` the object after (the last state on delete). */
@@ -60,14 +73,16 @@ export class FakeApiServer {
   private readonly sockets = new Set<Socket>();
   private server: Server | undefined;
 
-  static async start(): Promise<FakeApiServer> {
-    const s = new FakeApiServer();
+  constructor(private readonly tls?: FakeTls) {}
+
+  static async start(tls?: FakeTls): Promise<FakeApiServer> {
+    const s = new FakeApiServer(tls);
     await s.start();
     return s;
   }
 
   get url(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return `${this.tls ? 'https' : 'http'}://127.0.0.1:${this.port}`;
   }
 
   get running(): boolean {
@@ -90,8 +105,11 @@ export class FakeApiServer {
 
   /** Listens on 127.0.0.1: a fresh port the first time, the same port after stop(). State is kept. */
   async start(): Promise<void> {
-    const server = createServer((req, res) => this.handle(req, res));
-    server.on('connection', (s: Socket) => {
+    const tls = this.tls;
+    const server = tls
+      ? createTlsServer({ key: tls.key, cert: tls.cert, ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}) }, (req, res) => this.handle(req, res))
+      : createServer((req, res) => this.handle(req, res));
+    server.on(tls ? 'secureConnection' : 'connection', (s: Socket) => {
       this.sockets.add(s);
       s.once('close', () => this.sockets.delete(s));
     });
@@ -176,8 +194,11 @@ export class FakeApiServer {
   private handle(req: IncomingMessage, res: ServerResponse): void {
     const url = new URL(req.url ?? '/', 'http://fake');
     const watch = ['true', '1'].includes(url.searchParams.get('watch') ?? '');
-    const rec: RecordedRequest = { method: req.method ?? '', path: url.pathname, query: url.searchParams, watch, authorization: req.headers.authorization };
+    const peer = this.tls?.ca ? (req.socket as TLSSocket) : undefined;
+    const cn = peer?.authorized ? peer.getPeerCertificate().subject?.CN : undefined;
+    const rec: RecordedRequest = { method: req.method ?? '', path: url.pathname, query: url.searchParams, watch, authorization: req.headers.authorization, clientCert: cn };
     this.requests.push(rec);
+    if (this.tls?.requireClientCert && !cn) return sendStatus(res, 401, 'Unauthorized', 'a client certificate is required');
     if (this.stall) return; // never answered; cut by the client or by stop()
     const failure = this.failWith?.(rec);
     if (failure) return sendStatus(res, failure, REASONS[failure] ?? 'InternalError', `injected failure ${failure}`);

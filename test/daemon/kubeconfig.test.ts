@@ -1,0 +1,196 @@
+/**
+ * The agent's own kubeconfig loader (src/daemon/kubeconfig.ts) against the fake API server over
+ * http and over TLS (a throwaway PKI made with openssl): bearer tokens, token files re-read,
+ * basic auth, client certificates (files and -data), CA verification and insecure-skip-tls-verify,
+ * the in-cluster service account; and every refused kubeconfig with its ConfigError.
+ * No root needed; no traffic except to the fake on 127.0.0.1.
+ */
+import test, { type ExecutionContext } from 'ava';
+import yaml from 'js-yaml';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
+import { ConfigError } from '../../src/errors.js';
+import { inClusterCredentials, kubeconfigCredentials } from '../../src/daemon/kubeconfig.js';
+import { KubeApi, loadKubeConfig } from '../../src/daemon/kube-watch.js';
+import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
+import { FakeApiServer, node, type FakeTls } from '../helpers/fake-apiserver.js';
+import { makeTmpDir, rmrf } from '../helpers/kernel.js';
+import { base64Of, makePki, type Pki } from '../helpers/pki.js';
+
+const V4 = '10.244.1.0/24';
+const NODES = '/api/v1/nodes';
+
+let root = '';
+let pki: Pki;
+test.before(async () => {
+  root = await makeTmpDir('kfx-kubeconfig');
+  await mkdir(join(root, 'pki'));
+  pki = await makePki(join(root, 'pki'));
+});
+test.after.always(async () => {
+  if (root) await rmrf(root);
+});
+
+let n = 0;
+/** Writes a kubeconfig (as YAML) with one cluster, user and context into a fresh directory; returns its path. */
+async function kubeconfig(cluster: Record<string, unknown>, user: Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<string> {
+  const dir = join(root, `k${++n}`);
+  await mkdir(dir);
+  const path = join(dir, 'config');
+  const doc = {
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name: 'c', cluster }],
+    users: [{ name: 'u', user }],
+    contexts: [{ name: 'ctx', context: { cluster: 'c', user: 'u' } }],
+    'current-context': 'ctx',
+    ...extra,
+  };
+  await writeFile(path, yaml.dump(doc, { skipInvalid: true })); // an undefined key is left out
+  return path;
+}
+
+async function fakeApi(t: ExecutionContext, tls?: FakeTls): Promise<FakeApiServer> {
+  const api = await FakeApiServer.start(tls);
+  t.teardown(() => api.stop());
+  api.setNode(node('node-a', { podCIDR: V4 }));
+  return api;
+}
+
+function capturingLogger() {
+  const lines: Array<{ msg: string; err?: { message: string } }> = [];
+  const logger = pino({ level: 'debug' }, { write: (s: string) => void lines.push(JSON.parse(s) as (typeof lines)[number]) });
+  return { logger, lines };
+}
+
+/** Starts a Node source on `opts`; resolves with the first CIDR (or fails after `ms`). */
+async function firstCidr(t: ExecutionContext, opts: { kubeconfig?: string; kubeConfig?: ReturnType<typeof inClusterCredentials> }, ms = 10_000) {
+  const log = capturingLogger();
+  const source = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, retryMinMs: 20, retryMaxMs: 200, ...opts });
+  t.teardown(() => source.stop());
+  const got = new Promise<string>((ok) => void source.start(ok));
+  const cidr = await Promise.race([got, sleep(ms, undefined, { ref: false })]);
+  return { cidr, lines: log.lines };
+}
+
+test('kubeconfig over http (insecure-skip-tls-verify): bearer token; basic auth', async (t) => {
+  const api = await fakeApi(t);
+  const path = await kubeconfig({ server: api.url, 'insecure-skip-tls-verify': true }, { token: 'tok-1' });
+  t.is((await firstCidr(t, { kubeconfig: path })).cidr, V4);
+  t.is(api.requests[0]?.authorization, 'Bearer tok-1');
+
+  const basic = await kubeconfig({ server: api.url, 'insecure-skip-tls-verify': true }, { username: 'ann', password: 'p:w' });
+  await new KubeApi(loadKubeConfig({ kubeconfig: basic })).getJson(NODES);
+  t.is(api.requests.at(-1)?.authorization, `Basic ${Buffer.from('ann:p:w').toString('base64')}`);
+});
+
+test('kubeconfig tokenFile (relative to the kubeconfig): read again once the copy is older than tokenRereadMs', async (t) => {
+  const api = await fakeApi(t);
+  const path = await kubeconfig({ server: api.url, 'insecure-skip-tls-verify': true }, { tokenFile: 'token' });
+  const tokenPath = join(path, '..', 'token');
+  await writeFile(tokenPath, 'first\n');
+  const cached = new KubeApi(kubeconfigCredentials(path)); // default: 1 min
+  const fresh = new KubeApi(kubeconfigCredentials(path, { tokenRereadMs: 0 }));
+  await cached.getJson(NODES);
+  await fresh.getJson(NODES);
+  await writeFile(tokenPath, 'second\n');
+  await cached.getJson(NODES);
+  await fresh.getJson(NODES);
+  t.deepEqual(
+    api.requests.map((r) => r.authorization),
+    ['Bearer first', 'Bearer first', 'Bearer first', 'Bearer second'],
+  );
+  // A re-read that fails keeps the token it had.
+  await rmrf(tokenPath);
+  await fresh.getJson(NODES);
+  t.is(api.requests.at(-1)?.authorization, 'Bearer second');
+});
+
+test('kubeconfig with a client certificate over TLS: CA and certificate files, then the -data forms', async (t) => {
+  const api = await fakeApi(t, { key: await readText(pki.serverKey), cert: await readText(pki.serverCert), ca: await readText(pki.caCert), requireClientCert: true });
+  const files = await kubeconfig({ server: api.url, 'certificate-authority': pki.caCert }, { 'client-certificate': pki.clientCert, 'client-key': pki.clientKey });
+  t.is((await firstCidr(t, { kubeconfig: files })).cidr, V4);
+  t.is(api.requests[0]?.clientCert, 'system:node:node-a');
+  t.is(api.requests[0]?.authorization, undefined);
+
+  const inline = await kubeconfig(
+    { server: api.url.replace('127.0.0.1', 'localhost'), 'certificate-authority-data': await base64Of(pki.caCert) },
+    { 'client-certificate-data': await base64Of(pki.clientCert), 'client-key-data': await base64Of(pki.clientKey) },
+  );
+  const before = api.requests.length;
+  await new KubeApi(loadKubeConfig({ kubeconfig: inline })).getJson(NODES);
+  t.is(api.requests[before]?.clientCert, 'system:node:node-a');
+});
+
+test('TLS: a server certificate the configured CA did not sign is refused; insecure-skip-tls-verify accepts it', async (t) => {
+  const api = await fakeApi(t, { key: await readText(pki.serverKey), cert: await readText(pki.serverCert) });
+  const wrongCa = await kubeconfig({ server: api.url, 'certificate-authority': pki.otherCaCert }, { token: 't' });
+  const refused = await firstCidr(t, { kubeconfig: wrongCa }, 1500);
+  t.is(refused.cidr, undefined);
+  const failure = refused.lines.find((l) => l.msg.includes('list/watch failed'));
+  t.regex(failure?.err?.message ?? '', /certificate/i);
+  t.is(api.requests.length, 0, 'no request got past the handshake');
+
+  const insecure = await kubeconfig({ server: api.url, 'insecure-skip-tls-verify': true }, { token: 't' });
+  t.is((await firstCidr(t, { kubeconfig: insecure })).cidr, V4);
+  t.is(api.requests[0]?.authorization, 'Bearer t');
+});
+
+test('in cluster: KUBERNETES_SERVICE_HOST/PORT, the service account CA and token (re-read); IPv6 hosts in brackets', async (t) => {
+  const api = await fakeApi(t, { key: await readText(pki.serverKey), cert: await readText(pki.serverCert) });
+  const sa = join(root, 'sa');
+  await mkdir(sa, { recursive: true });
+  await writeFile(join(sa, 'ca.crt'), await readText(pki.caCert));
+  await writeFile(join(sa, 'token'), 'sa-token-1');
+  const env = { KUBERNETES_SERVICE_HOST: '127.0.0.1', KUBERNETES_SERVICE_PORT: String(api.port) };
+  const creds = inClusterCredentials({ env, serviceAccountDir: sa, tokenRereadMs: 0 });
+  t.is(creds.getCurrentCluster().server, `https://127.0.0.1:${api.port}`);
+  t.is((await firstCidr(t, { kubeConfig: creds })).cidr, V4);
+  t.is(api.requests[0]?.authorization, 'Bearer sa-token-1');
+  await writeFile(join(sa, 'token'), 'sa-token-2');
+  await new KubeApi(creds).getJson(NODES);
+  t.is(api.requests.at(-1)?.authorization, 'Bearer sa-token-2');
+
+  const v6 = inClusterCredentials({ env: { KUBERNETES_SERVICE_HOST: 'fd00::1', KUBERNETES_SERVICE_PORT: '443' }, serviceAccountDir: sa });
+  t.is(v6.getCurrentCluster().server, 'https://[fd00::1]:443');
+});
+
+test('refused configurations are ConfigErrors naming the kubeconfig and the field', async (t) => {
+  const server = 'https://127.0.0.1:6443';
+  const refused = async (cluster: Record<string, unknown>, user: Record<string, unknown>, message: RegExp, extra: Record<string, unknown> = {}) => {
+    const path = await kubeconfig(cluster, user, extra);
+    const err = t.throws(() => loadKubeConfig({ kubeconfig: path }), { instanceOf: ConfigError });
+    t.true(err.message.includes(path), err.message);
+    t.regex(err.message, message);
+  };
+  await refused({ server }, { exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'aws-iam-authenticator' } }, /user "u": exec \(aws-iam-authenticator\): credential plugins are not supported/);
+  await refused({ server }, { 'auth-provider': { name: 'oidc' } }, /auth-provider: credential plugins are not supported/);
+  await refused({ server }, { token: 't', as: 'admin' }, /as: impersonation is not supported/);
+  await refused({ server, 'proxy-url': 'http://proxy:3128' }, { token: 't' }, /proxy-url is not supported/);
+  await refused({ server: 'http://127.0.0.1:8080' }, { token: 't' }, /http:\/\/ server needs insecure-skip-tls-verify/);
+  await refused({ server: 'ftp://x' }, { token: 't' }, /has no http\(s\) server/);
+  await refused({}, { token: 't' }, /has no http\(s\) server/);
+  await refused({ server }, { 'client-certificate': pki.clientCert }, /a client certificate needs both/);
+  await refused({ server }, { tokenFile: 'no-such-token' }, /cannot read token file .*no-such-token/);
+  await refused({ server, 'certificate-authority': 'missing-ca.crt' }, { token: 't' }, /cannot read certificate-authority .*missing-ca\.crt/);
+  await refused({ server }, { token: 't' }, /has no current cluster/, { 'current-context': undefined });
+  await refused({ server }, { token: 't' }, /no context named "other"/, { 'current-context': 'other' });
+  await refused({ server }, { token: 't' }, /no user named "v"/, { contexts: [{ name: 'ctx', context: { cluster: 'c', user: 'v' } }] });
+
+  const garbage = join(root, 'garbage');
+  await writeFile(garbage, 'clusters: [unclosed');
+  t.throws(() => loadKubeConfig({ kubeconfig: garbage }), { instanceOf: ConfigError, message: /cannot load kubeconfig .*garbage/ });
+  t.throws(() => loadKubeConfig({ kubeconfig: join(root, 'absent') }), { instanceOf: ConfigError, message: /cannot load kubeconfig .*absent/ });
+
+  t.throws(() => inClusterCredentials({ env: {} }), { instanceOf: ConfigError, message: /not running in a pod \(KUBERNETES_SERVICE_HOST\/PORT unset\)/ });
+  t.throws(() => inClusterCredentials({ env: { KUBERNETES_SERVICE_HOST: '10.0.0.1', KUBERNETES_SERVICE_PORT: '443' }, serviceAccountDir: join(root, 'no-sa') }), {
+    instanceOf: ConfigError,
+    message: /\(in-cluster\): cannot read token file .*no-sa\/token/,
+  });
+});
+
+function readText(path: string): Promise<string> {
+  return readFile(path, 'utf8');
+}
