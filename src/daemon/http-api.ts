@@ -41,6 +41,10 @@ export interface ApiOptions {
 
 class BodyTooLarge extends Error {}
 
+/** How much of a refused body is read and dropped so its client can read the refusal. */
+const DISCARD_BYTES = 64 * 1024 * 1024;
+const DISCARD_MS = 2_000;
+
 export class AgentApi {
   private server: Server | undefined;
   /** Requests whose body is still arriving (no CNI call started for them yet). */
@@ -120,10 +124,8 @@ export class AgentApi {
       if (!(err instanceof BodyTooLarge)) return; // the client went away, or close() cut it
       const answer = { status: 413, command: 'unknown', code: CNI_ERR_DECODE, body: JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)) };
       this.handlers.answered(answer, 0);
-      // Answer, then drop the connection rather than read the rest of the body.
-      res.setHeader('connection', 'close');
-      res.on('finish', () => req.socket.destroy());
       this.reply(res, 413, 'application/json', answer.body);
+      this.discardRest(req);
       return;
     }
     this.calls++;
@@ -145,6 +147,27 @@ export class AgentApi {
     answer ??= { status: 500, command: 'unknown', code: 999, body: JSON.stringify(cniErrorBody(999, 'no answer')) };
     this.handlers.answered(answer, (performance.now() - started) / 1000);
     this.reply(res, answer.status, 'application/json', answer.body);
+  }
+
+  /**
+   * After a refusal, lets a client that is still sending finish its write and read the answer (a
+   * client that gets EPIPE mid-write never reads it, and the CNI binary would then report the agent
+   * unreachable): the rest of the body is read and dropped, never kept, for at most DISCARD_BYTES
+   * or DISCARD_MS, after which the connection is cut.
+   */
+  private discardRest(req: IncomingMessage): void {
+    let dropped = 0;
+    const cut = () => req.socket.destroy();
+    const timer = setTimeout(cut, DISCARD_MS);
+    timer.unref();
+    req.removeAllListeners('data');
+    req.on('data', (c: Buffer) => {
+      dropped += c.length;
+      if (dropped > DISCARD_BYTES) cut();
+    });
+    req.on('end', () => clearTimeout(timer));
+    req.on('close', () => clearTimeout(timer));
+    req.resume();
   }
 
   /** The request body, refused past maxBody without reading it whole. */

@@ -353,7 +353,8 @@ function raw(head: string, body: (write: (b: Buffer | string) => boolean) => Pro
     });
     sock.on('connect', () => {
       sock.write(head);
-      body((b) => !sock.destroyed && sock.write(b))
+      // A client that stops sending once the agent has answered (as the CNI binary would read it).
+      body((b) => !sock.destroyed && data === '' && sock.write(b))
         .then(() => sock.end())
         .catch(() => sock.destroy());
     });
@@ -367,7 +368,7 @@ serialTest('unbounded requests are refused early: huge bodies (declared or strea
     const chunk = Buffer.alloc(1 << 20, 0x20);
     for (let i = 0; i < 256; i++) {
       if (!write(chunk)) await new Promise((r) => setTimeout(r, 5));
-      await new Promise((r) => setImmediate(r));
+      await new Promise((r) => setTimeout(r, 1));
     }
   });
   const dcode = jsonIn(declared.body);
@@ -418,4 +419,42 @@ serialTest('a stalled client does not hold shutdown: SIGTERM ends the agent with
   await w().agent.start();
   await assertPodsIntact(t, 'after the restart');
   t.is(await nodeSnapshot(), w().baseline, 'the restart changed nothing');
+});
+
+serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of it survives, its address goes to the next pod clean', async (t) => {
+  // A portmap that announces itself, then takes 2 s before doing the real work.
+  const slow = join(w().sb.tmpDir, 'slow-plugins');
+  const marker = join(w().sb.tmpDir, 'portmap-started');
+  await mkdir(slow, { recursive: true });
+  await execa('sh', ['-c', `printf '#!/bin/sh\\ntouch ${marker}\\nsleep 2\\nexec /usr/lib/cni/portmap\\n' > ${slow}/portmap && chmod 755 ${slow}/portmap`]);
+  const agent = w().agent;
+  await agent.stop(5000);
+  const slowAgent = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-slow.log'), w().dirs.socket);
+  await slowAgent.start();
+  const victim = await newPod('killed');
+  const hostPort = 32500 + Math.floor(Math.random() * 200);
+  const add = libcni('add', victim, { portMappings: [{ HostPort: hostPort, ContainerPort: 80, Protocol: 'tcp', HostIP: '' }] });
+  const deadline = Date.now() + 20_000;
+  while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  t.true(existsSync(marker), 'portmap was running');
+  await slowAgent.kill();
+  const r = await add;
+  t.not(r.exitCode, 0, 'the runtime saw the ADD fail');
+  await new Promise((res) => setTimeout(res, 2500)); // past the moment the orphaned portmap would have acted
+  const natNow = await inNode('iptables', ['-w', '5', '-t', 'nat', '-S']);
+  t.false(natNow.includes(`--dport ${hostPort}`), 'no rule for the host port: portmap died with the agent');
+  t.false((await execa('pgrep', ['-f', `${slow}/portmap`], { reject: false })).stdout.trim() !== '', 'no portmap left running');
+  // The next agent undoes the unfinished ADD (its record said what it would make).
+  await agent.start();
+  t.is(await nodeSnapshot(), w().baseline, 'the restart removed everything of the interrupted ADD');
+  // The address is free again; a new pod gets it with no stale host port pointing at it.
+  const next = await newPod('next');
+  const r2 = await libcni('add', next);
+  t.is(r2.exitCode, 0, r2.stderr);
+  const ip = (JSON.parse(r2.stdout) as { ips: Array<{ address: string }> }).ips[0]?.address.split('/')[0] ?? '';
+  t.false((await inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${ip}:`), `no host port forwards to the new pod ${ip}`);
+  rows.push(['SIGKILL during portmap, then restart', '-', `no rule for :${hostPort}; next pod ${ip} clean`]);
+  t.is((await libcni('del', next)).exitCode, 0);
+  t.is((await libcni('del', victim)).exitCode, 0, 'DEL of the interrupted pod succeeds');
+  t.is(await nodeSnapshot(), w().baseline);
 });

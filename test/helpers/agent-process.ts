@@ -28,7 +28,7 @@ export class AgentProcess {
   proc: ResultPromise | undefined;
   constructor(
     private readonly sandbox: NodeSandbox,
-    private readonly args: string[],
+    readonly args: string[],
     private readonly env: Record<string, string>,
     readonly logFile: string,
     private readonly socket: string,
