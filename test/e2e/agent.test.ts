@@ -440,3 +440,22 @@ serialTest('many pods added, then deleted, all at once through libcni: distinct 
 function conf(h: AgentHarness, extra: Record<string, unknown> = {}): string {
   return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket, ...extra });
 }
+
+serialTest('a configuration in which the agent would run its own forwarding binary as a plugin is refused at startup, naming it', async (t) => {
+  const h = await harness(t, '10.93.11.0/24');
+  // An operator's plugin dir whose "bridge" is kubenet's own forwarder (a copy, then a symlink).
+  const dir = join(h.root, 'bad-plugins');
+  await execa('mkdir', ['-p', dir]);
+  await execa('cp', [join(process.cwd(), 'native/build/kubenet-cni'), join(dir, 'bridge')]);
+  h.config.pluginBinDirs = [dir, ...h.config.pluginBinDirs];
+  const err = await t.throwsAsync(h.startAgent());
+  t.regex(err?.message ?? '', /plugin "bridge" found at .*bad-plugins\/bridge is kubenet's own CNI forwarding binary: the agent would call itself/);
+  t.false(await linkExists(h.bridge), 'nothing was set up');
+  await rm(join(dir, 'bridge'));
+  await execa('ln', ['-s', join(h.config.cniBinDir, 'kubenet'), join(dir, 'bridge')]);
+  await execa('mkdir', ['-p', h.config.cniBinDir]);
+  await execa('cp', [join(process.cwd(), 'native/build/kubenet-cni'), join(h.config.cniBinDir, 'kubenet')]);
+  const err2 = await t.throwsAsync(h.startAgent());
+  t.regex(err2?.message ?? '', /is kubenet's own CNI forwarding binary/);
+  h.agent = undefined;
+});

@@ -16,7 +16,7 @@ import { StaticCidr, type PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { agentGet, CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.js';
 import type { PodLookup } from '../../src/daemon/cni-handler.js';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
-import { createLogger } from '../../src/log.js';
+import { createLogger, type Logger } from '../../src/log.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from './kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -84,8 +84,8 @@ export class AgentHarness {
     return this;
   }
 
-  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''), pods?: PodLookup): Promise<Agent> {
-    const agent = new Agent(this.config, source, createLogger({ level: this.config.logLevel }), pods);
+  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''), pods?: PodLookup, logger?: Logger): Promise<Agent> {
+    const agent = new Agent(this.config, source, logger ?? createLogger({ level: this.config.logLevel }), pods);
     this.agent = agent;
     await agent.start();
     return agent;
