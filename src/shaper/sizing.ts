@@ -26,6 +26,20 @@
  *   (bench/shaping.ts): the previous single 3 ms queue lost one segment in seven at 100M (11-15k
  *   retransmissions per 10 s, the reference 0) and ~1.5k-10k at 1G; the reference-sized bulk
  *   queue matches the reference. The bulk leaf is a tbf that does not shape (see leafParams).
+ *   Deeper is not better at low rates: BBR's startup sizes its cwnd from the RTT it sees, so a
+ *   deeper queue lets it overshoot further. At 1M, 8 frames (97 ms) lost 95-119 segments of ~920
+ *   per 10 s run, 16 frames 34-114, 32 frames 225-258; at 10M a 32-frame floor lost 258-727 where
+ *   the 25 ms queue (26 frames) loses 134-324. The reference (4 frames at 1M) loses 113-157.
+ *
+ * Why one queue for everything also lost pings now and then (issue 14: once 32.5 % loss, RTT max
+ * 25.5 ms at 10M to the pod): a BBR flow sometimes starts with a bandwidth sample taken before the
+ * shaping queue built up, at veth speed (seen with `ss -ti`: bw 0.2-1 Gbit/s for a 10M pod). While
+ * BBR's max filter holds that sample, its cwnd (27 packets at 10M) exceeds the 22-frame queue, and
+ * the queue fills to its limit in pulses (~0.6 s apart, for 2-3 s), tail-dropping whatever arrives
+ * then: the bulk flow's segments (480-650 retransmissions instead of ~110-180) and the ping's
+ * replies with them (10 % in one of 8 such runs, RTT max 24.6-25.5 ms = the full queue). Other runs
+ * stay in STARTUP, cwnd-limited at 14 packets, and lose nothing. With the interactive leaf a ping,
+ * an ARP reply or a probe never enters the bulk queue, full or not.
  */
 export const FRAME = 1514;
 
