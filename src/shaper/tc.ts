@@ -68,6 +68,11 @@
  *     former layout: 1.7 -> 3.0 ms (1.7x) in the default bench.
  *   - interactive traffic beyond 10 % of the limit borrows the rest ahead of bulk: a pod flooding
  *     small packets slows its own bulk (never beyond its limit, never another pod).
+ *   - not measured yet: a TCP flow that mixes full and small segments (an HTTP response's short
+ *     last segment) while the pod's bulk queue stands full has its small segments overtake its
+ *     queued ones; the receiver SACKs out of order and the sender may retransmit spuriously until
+ *     it learns the reordering (DSACK). The length rule is what lets a probe's request through, so
+ *     that is the price of it; the bench's iperf3 flows send full segments only.
  *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). State (pod → class id, filter handles, limits) lives
