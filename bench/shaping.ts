@@ -1,8 +1,11 @@
 /**
  * Shaping bench: kubenet-ts Shaper vs the reference CNI `bandwidth` plugin, same run.
  *   (1) asked vs measured rate at 1M..1G in both directions (iperf3 goodput and the L2 rate the
- *       shaping qdisc/class actually sent, from its byte counters), ping RTT from the shaped pod
- *       under load at 10M and 100M;
+ *       shaping qdisc/class actually sent, from its byte counters, worst 1 s interval, the bulk
+ *       flow's retransmissions and segments) and, while that flow saturates the limit, a ping
+ *       (10/s) and a kubelet-like TCP probe (new connection, request, answer, every 200 ms) from
+ *       the shaped pod: loss, RTT, probe p99 and share within 100/250 ms; then PASS/MISS per goal
+ *       of issue 14 (1b);
  *   (2) per-pod setup and teardown cost with 10, 100, 500 pods already shaped (probe pods added and
  *       removed at each level, ours and the reference interleaved).
  *   [--dirs egress,ingress] [--impls ours,exec,ref] (cost table: which implementations to run)
@@ -11,14 +14,15 @@
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost]
  */
 import { execa } from 'execa';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { parseBandwidth } from '../src/shaper/quantity.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
-import { iperf, makeTopology, pingRtt, type IperfResult, type TopoPod, type Topology } from '../test/shaper/topo.js';
+import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../test/shaper/probe.js';
+import { iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../test/shaper/topo.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);
@@ -105,6 +109,12 @@ function counterFor(impl: 'ours' | 'ref', dir: 'egress' | 'ingress', pod: TopoPo
   return async () => tcBytes(['qdisc', 'show', 'dev', await refIfb(), 'root']);
 }
 
+/** Ours only: the interactive leaf of the pod in one direction (its bytes are inside the class's). */
+function interactiveCounterFor(dir: 'egress' | 'ingress', pod: TopoPod, ifb: string) {
+  if (dir === 'ingress') return () => tcBytes(['class', 'show', 'dev', pod.hostVeth, 'classid', '2:2']);
+  return () => tcBytes(['class', 'show', 'dev', ifb, 'classid', '1:801']);
+}
+
 async function findRefIfb(): Promise<string> {
   const r = await execa('ip', ['-j', 'link', 'show', 'type', 'ifb']);
   const links = JSON.parse(r.stdout || '[]') as Array<{ ifname: string }>;
@@ -114,16 +124,32 @@ async function findRefIfb(): Promise<string> {
 }
 
 interface RateRow {
-  impl: string;
+  impl: 'ours' | 'ref';
   asked: number;
-  dir: string;
+  dir: 'egress' | 'ingress';
   goodput: number;
   l2: number;
   worst1s: number;
   retransmits: number | undefined;
-  rtt?: { avg: number; max: number; loss: number };
+  segments: number | undefined;
+  ping: Awaited<ReturnType<typeof pingRtt>>;
+  probe: ProbeStats;
+  /** /proc/loadavg's 1-minute figure before and after the run */
+  load: [number, number];
+  /** ours: the interactive leaf's share of the L2 bytes in the loaded direction */
+  interactiveShare?: number;
 }
 
+async function loadavg(): Promise<number> {
+  return Number((await readFile('/proc/loadavg', 'utf8')).split(' ')[0]);
+}
+
+/**
+ * One 10 s iperf3 run saturating the pod's limit in one direction, with a ping (10/s) from the pod
+ * to the peer and a TCP probe (new connection, request, answer, every 200 ms) from the pod to a
+ * server in the peer, both from 1 s after the start to 1 s before the end. Either way a ping and
+ * a probe cross both of the pod's shaped directions: the loaded one and the other.
+ */
 async function measure(
   impl: 'ours' | 'ref',
   dir: 'egress' | 'ingress',
@@ -131,38 +157,91 @@ async function measure(
   a: TopoPod,
   b: TopoPod,
   ifb: string,
-  withPing: boolean,
+  probeServer: ProbeServer,
 ): Promise<RateRow> {
   const counter = counterFor(impl, dir, a, ifb, findRefIfb);
+  const interactive = impl === 'ours' ? interactiveCounterFor(dir, a, ifb) : async () => NaN;
   // L2 rate: counter sampled 1 s after start and 0.5 s before the end, over measured wall time.
-  const samples: Array<[number, number]> = [];
+  const samples: Array<[number, number, number]> = [];
   const timers: NodeJS.Timeout[] = [];
   let pingP: Promise<Awaited<ReturnType<typeof pingRtt>>> | undefined;
+  let probeP: Promise<ProbeResult> | undefined;
+  const window = seconds - 2;
   const onStart = () => {
     for (const ms of [1000, (seconds - 0.5) * 1000]) {
       timers.push(
         setTimeout(() => {
           const at = performance.now();
-          void counter().then((bytes) => samples.push([at, bytes]));
+          void Promise.all([counter(), interactive()]).then(([bytes, ibytes]) => samples.push([at, bytes, ibytes]));
         }, ms),
       );
     }
-    if (withPing) {
-      pingP = new Promise((res) => timers.push(setTimeout(() => void pingRtt(a, b, Math.floor((seconds - 2) / 0.2)).then(res), 1000)));
-    }
+    pingP = new Promise((res) => timers.push(setTimeout(() => void pingRtt(a, b, window * 10, 0.1).then(res), 1000)));
+    probeP = new Promise((res, rej) => timers.push(setTimeout(() => runProbes(a, probeServer, { durationMs: window * 1000 }).then(res, rej), 1000)));
   };
+  const load0 = await loadavg();
   let r: IperfResult;
   try {
     // egress = FROM a: a is the client sending; ingress = TO a: b's server sends (-R).
-    r = await iperf(b, a, { seconds, reverse: dir === 'ingress', onStart });
+    r = await iperf(b, a, { seconds, reverse: dir === 'ingress', onStart, onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`) });
   } finally {
     timers.forEach(clearTimeout);
   }
-  const rtt = await pingP;
+  const ping = await pingP;
+  const probe = await probeP;
+  if (!ping || !probe) throw new Error('ping or probe did not run');
   await new Promise((res) => setTimeout(res, 200));
   const [s0, s1] = samples.sort((x, y) => x[0] - y[0]);
   const l2 = s0 && s1 ? ((s1[1] - s0[1]) * 8) / ((s1[0] - s0[0]) / 1000) : NaN;
-  return { impl, asked: rate, dir, goodput: r.bps, l2, worst1s: Math.max(...r.intervals), retransmits: r.retransmits, ...(rtt ? { rtt } : {}) };
+  const interactiveShare = s0 && s1 && impl === 'ours' ? (s1[2] - s0[2]) / (s1[1] - s0[1]) : undefined;
+  return {
+    ...(interactiveShare === undefined ? {} : { interactiveShare }),
+    impl,
+    asked: rate,
+    dir,
+    goodput: r.bps,
+    l2,
+    worst1s: Math.max(...r.intervals),
+    retransmits: r.retransmits,
+    segments: r.segments,
+    ping,
+    probe: probeStats(probe),
+    load: [load0, await loadavg()],
+  };
+}
+
+/** The probe bound of the goal: 100 ms at 10M and above, 250 ms below. */
+const probeBound = (rate: number) => (rate >= 10e6 ? 100 : 250);
+
+interface Goal {
+  name: string;
+  pass: boolean;
+  detail: string;
+}
+
+/** The issue's goals for one rate and direction: ours against the reference of the same run. */
+function goals(ours: RateRow, ref: RateRow): Goal[] {
+  const bound = probeBound(ours.asked);
+  const retrAllowed = (ref.retransmits ?? 0) + 0.01 * (ours.segments ?? 0);
+  const err = (v: number) => (v - ours.asked) / ours.asked;
+  return [
+    { name: 'ping loss<=1%', pass: ours.ping.loss <= 1, detail: `${ours.ping.loss}%` },
+    { name: 'ping<=ref/2', pass: ours.ping.avg <= ref.ping.avg / 2, detail: `${ours.ping.avg.toFixed(2)}/${ref.ping.avg.toFixed(2)}` },
+    { name: `probe<=${bound}ms>=99%`, pass: ours.probe.within(bound) >= 0.99, detail: `${(ours.probe.within(bound) * 100).toFixed(1)}%` },
+    {
+      name: 'retr<=ref+1%',
+      pass: (ours.retransmits ?? Infinity) <= retrAllowed,
+      detail: `${ours.retransmits ?? '?'}<=${Math.floor(retrAllowed)}`,
+    },
+    { name: 'wire±2%', pass: Math.abs(err(ours.l2)) <= 0.02, detail: pct(ours.l2, ours.asked) },
+    {
+      name: 'goodput±5%',
+      pass: Math.abs(err(ours.goodput)) <= 0.05,
+      // What the ping and probe took of the limit (they are the pod's traffic too, so inside it).
+      detail: `${pct(ours.goodput, ours.asked)}${ours.interactiveShare === undefined ? '' : ` (int ${(ours.interactiveShare * 100).toFixed(1)}%)`}`,
+    },
+    { name: 'worst1s<=1.25x', pass: ours.worst1s <= 1.25 * ours.asked, detail: `${(ours.worst1s / ours.asked).toFixed(2)}x` },
+  ];
 }
 
 async function rateBench(): Promise<void> {
@@ -172,44 +251,77 @@ async function rateBench(): Promise<void> {
   const ifb = `kshbi${topo.tag}`;
   const shaper = new Shaper({ ifbName: ifb, stateDir });
   const rows: RateRow[] = [];
+  const goalRows: string[][] = [];
+  let goalNames: string[] = [];
+  let misses = 0;
+  let probeServer: ProbeServer | undefined;
   try {
     await shaper.init();
+    probeServer = await startProbeServer(b);
     for (const q of rates) {
       const rate = parseBandwidth(q, 'rate');
-      const withPing = rate === 10e6 || rate === 100e6;
       const burstBits = burstBytes(rate) * 8;
       for (const dir of dirs) {
         await shaper.ensure({ id: a.id, hostVeth: a.hostVeth, ips: [a.ip4, a.ip6], limits: { ingress: rate, egress: rate } });
-        rows.push(await measure('ours', dir, rate, a, b, ifb, withPing));
+        const ours = await measure('ours', dir, rate, a, b, ifb, probeServer);
+        rows.push(ours);
         await shaper.remove(a.id);
         await refExec('ADD', a, rate, burstBits);
+        let ref: RateRow;
         try {
-          rows.push(await measure('ref', dir, rate, a, b, ifb, withPing));
+          ref = await measure('ref', dir, rate, a, b, ifb, probeServer);
+          rows.push(ref);
         } finally {
           await refExec('DEL', a, rate, burstBits).catch((e: unknown) => console.error(String(e)));
           await refScrub(a);
         }
-        const last2 = rows.slice(-2);
-        for (const x of last2) console.error(`  ${x.impl} ${q} ${dir}: goodput ${mbit(x.goodput)} L2 ${mbit(x.l2)} worst1s ${mbit(x.worst1s)} retr ${x.retransmits}${x.rtt ? ` rtt ${x.rtt.avg}ms` : ''}`);
+        for (const x of [ours, ref]) {
+          console.error(
+            `  ${x.impl} ${q} ${dir}: goodput ${mbit(x.goodput)} L2 ${mbit(x.l2)} worst1s ${mbit(x.worst1s)} retr ${x.retransmits}/${x.segments} ` +
+              `ping ${x.ping.avg}ms loss ${x.ping.loss}% probe p99 ${x.probe.p99.toFixed(1)}ms load ${x.load.join('->')}`,
+          );
+        }
+        const g = goals(ours, ref);
+        goalNames = g.map((x) => x.name);
+        misses += g.filter((x) => !x.pass).length;
+        goalRows.push([mbit(rate), dir, ...g.map((x) => `${x.pass ? 'PASS' : 'MISS'} ${x.detail}`)]);
       }
     }
     const idle = await pingRtt(a, b, 10);
+    const ms = (v: number) => (Number.isFinite(v) ? v.toFixed(v < 10 ? 2 : 0) : 'fail');
     printTable(
-      `(1) asked vs measured, ${seconds} s iperf3 runs; L2 = bytes the shaping qdisc/class sent (wire rate the limit applies to); goodput = iperf3 TCP payload (max ~95.6% of L2 at MTU 1500). Idle RTT ${idle.avg} ms.`,
-      ['impl', 'asked', 'dir', 'L2 Mbit/s', 'L2 err', 'goodput', 'gp err', 'worst 1s', 'RTT avg/max ms (loss)'],
+      `(1) asked vs measured, ${seconds} s iperf3 runs with a ping (10/s) and a TCP probe (connect + request + answer, every 200 ms) from the pod over the ${seconds - 2} s in the middle. ` +
+        `L2 = bytes the shaping qdisc/class sent (wire rate the limit applies to); int share = ours: part of L2 sent by the interactive leaf (the ping's and probe's packets, inside the limit); ` +
+        `goodput = iperf3 TCP payload (max ~95.6% of L2 at MTU 1500); ` +
+        `retr/segs = the bulk flow's retransmissions (iperf3) / data segments; load = 1-min loadavg before->after. Idle RTT ${idle.avg} ms.`,
+      ['impl', 'asked', 'dir', 'L2 Mbit/s', 'L2 err', 'int share', 'goodput', 'gp err', 'worst 1s', 'ping avg/max ms', 'loss', 'probe p50/p99 ms', '<=100ms', '<=250ms', 'retr/segs', 'load'],
       rows.map((x) => [
         x.impl,
         mbit(x.asked),
         x.dir,
         mbit(x.l2),
         pct(x.l2, x.asked),
+        x.interactiveShare === undefined ? '' : `${(x.interactiveShare * 100).toFixed(1)}%`,
         mbit(x.goodput),
         pct(x.goodput, x.asked),
         `${(x.worst1s / x.asked).toFixed(2)}x`,
-        x.rtt ? `${x.rtt.avg.toFixed(2)}/${x.rtt.max.toFixed(1)} (${x.rtt.loss}%)` : '',
+        `${x.ping.avg.toFixed(2)}/${x.ping.max.toFixed(1)}`,
+        `${x.ping.loss}%`,
+        `${ms(x.probe.p50)}/${ms(x.probe.p99)}`,
+        `${(x.probe.within(100) * 100).toFixed(1)}%`,
+        `${(x.probe.within(250) * 100).toFixed(1)}%`,
+        `${x.retransmits ?? '?'}/${x.segments ?? '?'}`,
+        `${x.load[0].toFixed(2)}->${x.load[1].toFixed(2)}`,
       ]),
     );
+    printTable(
+      '(1b) goals of issue 14 for ours, against the reference of the same run (ping<=ref/2: ours/ref avg ms; retr: ours <= ref + 1% of our segments)',
+      ['asked', 'dir', ...goalNames],
+      goalRows,
+    );
+    console.log(`rate goals: ${goalRows.length * goalNames.length - misses} PASS, ${misses} MISS`);
   } finally {
+    await probeServer?.stop();
     await shaper.reset().catch(() => undefined);
     shaper.close();
     await refExec('DEL', a, 1e6, 1e6).catch(() => undefined);
@@ -296,6 +408,12 @@ async function costBench(): Promise<void> {
         return Number.isNaN(v) ? '-' : `${v.toFixed(2)}x`;
       };
       console.log(`total at n=${last[0]} / at n=${first[0]}: ours ${growth(3)}, ours-exec ${growth(6)}, ref ${growth(9)}`);
+      const g = Number(last[3]) / Number(first[3]);
+      console.log(`goal per-pod cost flat (ours total at n=${last[0]} <= 1.5x n=${first[0]}): ${g <= 1.5 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
+    }
+    const cheap = rows.map((r) => Number(r[9]) / Number(r[3]));
+    if (cheap.every((x) => !Number.isNaN(x))) {
+      console.log(`goal ours >= 10x cheaper than ref at every n: ${cheap.every((x) => x >= 10) ? 'PASS' : 'MISS'} ${cheap.map((x) => `${x.toFixed(1)}x`).join(' ')}`);
     }
   } finally {
     const t = performance.now();

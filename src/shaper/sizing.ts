@@ -2,26 +2,58 @@
  * Buffer sizing for the shaper, pure functions of the rate (bits/s). Rates are enforced at the
  * wire (L2 frame bytes, as tbf and htb count them); TCP goodput is ~95.6% of that at MTU 1500.
  *
- * - burst: what a class may send at line rate after idling. Small enough that a new transfer
- *   cannot blow through the limit (1.5 ms of the rate, so a 10M pod bursts 3 kB, not the 2 Gbit/s
- *   kubernetes once saw), at least two full frames, so that 1G still keeps up with timer slack.
- * - queue limit: bytes a pod may have queued. The kernel here has no fq/codel, so this bound is
- *   the only defence against bufferbloat. Low rates: what the reference plugin queues (25 ms of
- *   the rate + two frames), capped at 20 frames + two; high rates: 3 ms of the rate; never below
- *   4 frames. Measured (bench/shaping.ts): below ~16 frames at 10M a saturating TCP flow keeps
- *   the tail-drop queue full and 7-30% of the pod's other packets (ping) are dropped, for a few
- *   ms of RTT gained; at ~22 frames RTT and loss match the reference (9-12 ms, 0%). From 100M up
- *   the 3 ms term rules (1.2-1.8 ms RTT at 100M where the reference queues 3.5-6.5 ms).
+ * Each shaped direction of a pod is an htb class at the pod's limit with two leaves (tc.ts):
+ * `interactive` (prio 0: ICMP, packets under 512 bytes, DNS answers) and `bulk` (prio 1,
+ * everything else). The two leaves are sized for opposite jobs:
+ *
+ * - pod class: rate = ceil = the limit; burst (what it may send at line rate after idling) small
+ *   enough that a new transfer cannot blow through the limit (1.5 ms of the rate, so a 10M pod
+ *   bursts 3 kB, not the 2 Gbit/s kubernetes once saw), at least two full frames so that 1G still
+ *   keeps up with timer slack.
+ * - interactive leaf: an assured 10% of the limit (ceil: the limit). While its small packets stay
+ *   within that share the leaf is "green" in htb terms and is dequeued ahead of everything, even
+ *   while the pod class is out of tokens: a ping or a probe's SYN waits for no bulk frame, not
+ *   even the one being paid for (the class's debt is then repaid by the bulk leaf, so the limit
+ *   holds on average). 10% is well above what a pod's interactive traffic needs (a saturating
+ *   flow's pure ACKs are ~2.3% of its rate; ping and a 5/s probe ~17 kbit/s), and below it the
+ *   bulk leaf keeps 90% assured. Its queue is a bfifo of 8 frames or 5 ms of the rate: it only
+ *   fills when the pod floods small packets, which then wait for each other, not for bulk.
+ * - bulk leaf: assured the other 90%, ceil the limit, prio 1. Its queue is the reference plugin's
+ *   (25 ms of the rate plus the burst), at least 8 frames. With small packets out of it, its depth
+ *   no longer costs anyone else latency, and a deep bulk queue is what avoids retransmit storms:
+ *   pods here run BBR (the node's default, inherited by every netns), which does not back off on
+ *   loss, so a shallow tail-drop queue loses a steady share of what BBR overshoots. Measured
+ *   (bench/shaping.ts): the previous single 3 ms queue lost one segment in seven at 100M (11-15k
+ *   retransmissions per 10 s, the reference 0) and ~1.5k-10k at 1G; the reference-sized bulk
+ *   queue matches the reference. The bulk leaf is a tbf that does not shape (see leafParams).
+ *   Deeper is not better at low rates: BBR's startup sizes its cwnd from the RTT it sees, so a
+ *   deeper queue lets it overshoot further. At 1M, 8 frames (97 ms) lost 95-119 segments of ~920
+ *   per 10 s run, 16 frames 34-114, 32 frames 225-258; at 10M a 32-frame floor lost 258-727 where
+ *   the 25 ms queue (26 frames) loses 134-324. The reference (4 frames at 1M) loses 113-157.
+ *
+ * Why one queue for everything also lost pings now and then (issue 14: once 32.5 % loss, RTT max
+ * 25.5 ms at 10M to the pod): a BBR flow sometimes starts with a bandwidth sample taken before the
+ * shaping queue built up, at veth speed (seen with `ss -ti`: bw 0.2-1 Gbit/s for a 10M pod). While
+ * BBR's max filter holds that sample, its cwnd (27 packets at 10M) exceeds the 22-frame queue, and
+ * the queue fills to its limit in pulses (~0.6 s apart, for 2-3 s), tail-dropping whatever arrives
+ * then: the bulk flow's segments (480-650 retransmissions instead of ~110-180) and the ping's
+ * replies with them (10 % in one of 8 such runs, RTT max 24.6-25.5 ms = the full queue). Other runs
+ * stay in STARTUP, cwnd-limited at 14 packets, and lose nothing. With the interactive leaf a ping,
+ * an ARP reply or a probe never enters the bulk queue, full or not.
  */
 export const FRAME = 1514;
 
 const BURST_SECONDS = 0.0015;
 const MIN_BURST = 2 * FRAME;
 const MAX_BURST_SECONDS = 0.1;
-const QUEUE_SECONDS = 0.003;
-const REF_LATENCY_SECONDS = 0.025;
-const REF_TERM_MAX = 20 * FRAME;
-const MIN_QUEUE = 4 * FRAME;
+/** The reference plugin's latency term (its `limit` is rate × 25 ms + burst). */
+const BULK_LATENCY_SECONDS = 0.025;
+const MIN_BULK_QUEUE = 8 * FRAME;
+export const INTERACTIVE_SHARE = 0.1;
+const INTERACTIVE_QUEUE_SECONDS = 0.005;
+const MIN_INTERACTIVE_QUEUE = 8 * FRAME;
+/** Packets whose IP total length (IPv6: payload length) is below this are interactive. */
+export const SMALL_PACKET_BYTES = 512;
 /** The largest byte count tc's u32 fields hold (with room for its own rounding). */
 const MAX_TC_BYTES = 0xffffffff - 0xffff;
 
@@ -30,10 +62,30 @@ export interface RateParams {
   rate: number;
   /** bytes */
   burst: number;
-  /** bytes queued at most */
+  /** bytes the bulk leaf may have queued */
   limit: number;
   /** htb quantum, bytes */
   quantum: number;
+}
+
+/** One htb class: rates in bits/s, burst/cburst/quantum in bytes, prio 0 (first) .. 7. */
+export interface HtbClass {
+  rate: number;
+  ceil: number;
+  burst: number;
+  cburst: number;
+  quantum: number;
+  prio: number;
+}
+
+/** Everything tc needs for one shaped direction of a pod. */
+export interface PodLayout {
+  /** The pod's class: rate = ceil = the limit. */
+  pod: HtbClass;
+  /** Small packets: bfifo of `queue` bytes. */
+  interactive: HtbClass & { queue: number };
+  /** Everything else: tbf leaf that segments GSO and bounds the queue. */
+  bulk: HtbClass & { leaf: { rate: number; burst: number; limit: number } };
 }
 
 /**
@@ -51,16 +103,20 @@ export function burstBytes(rateBits: number, burstBits?: number): number {
   return Math.min(sized, MAX_TC_BYTES);
 }
 
-export function queueLimitBytes(rateBits: number): number {
-  const bytesPerSec = rateBits / 8;
-  const refLike = Math.min(REF_TERM_MAX, Math.ceil(bytesPerSec * REF_LATENCY_SECONDS)) + MIN_BURST;
-  return Math.max(MIN_QUEUE, refLike, Math.ceil(bytesPerSec * QUEUE_SECONDS));
+/** The bulk leaf's queue: the reference plugin's (25 ms of the rate + burst), at least 8 frames. */
+export function queueLimitBytes(rateBits: number, burst = burstBytes(rateBits)): number {
+  return Math.min(MAX_TC_BYTES, Math.max(MIN_BULK_QUEUE, Math.ceil((rateBits / 8) * BULK_LATENCY_SECONDS) + burst));
+}
+
+/** The interactive leaf's queue: 5 ms of the pod's rate, at least 8 frames. */
+export function interactiveQueueBytes(rateBits: number): number {
+  return Math.min(MAX_TC_BYTES, Math.max(MIN_INTERACTIVE_QUEUE, Math.ceil((rateBits / 8) * INTERACTIVE_QUEUE_SECONDS)));
 }
 
 /**
  * HTB quantum, explicit so htb never derives it from r2q (and never warns "quantum of class is
- * big/small"). Every pod class is a root class that never borrows, so the quantum only has to be
- * at least one frame and within htb's sane range.
+ * big/small"). The two leaves of a pod differ in prio, so the quantum never arbitrates between
+ * them; it only has to be at least one frame and within htb's sane range.
  */
 export function htbQuantum(rateBits: number): number {
   return Math.min(200_000, Math.max(FRAME, Math.ceil(rateBits / 8 / 1000)));
@@ -68,23 +124,44 @@ export function htbQuantum(rateBits: number): number {
 
 export function rateParams(rateBits: number, burstBits?: number): RateParams {
   const rate = Math.round(rateBits);
-  return { rate, burst: burstBytes(rate, burstBits), limit: queueLimitBytes(rate), quantum: htbQuantum(rate) };
+  const burst = burstBytes(rate, burstBits);
+  return { rate, burst, limit: queueLimitBytes(rate, burst), quantum: htbQuantum(rate) };
 }
 
 /**
- * The tbf leaf under a pod's htb class on the shared ifb. It does not shape: htb does. It exists
- * to segment GSO super-packets into frames at enqueue and to bound the queue in bytes. Measured:
- * a plain bfifo drops 64 kB GSO skbs (10M class got 6-7 Mbit/s) or, sized for them, holds 50 ms at
- * 10M; at 10M, leaving 4-frame skbs unsegmented cost 30% more queueing delay than 2-frame ones;
- * at 1G, segmenting everything cost 7% of the rate (CPU). So the bucket, which is also the
- * segmentation threshold, is 1 ms of the rate but at least two frames. Its rate (1000× the class,
- * at least 100 Gbit/s) refills the bucket faster than htb can dequeue back to back, so it never
- * throttles and htb never logs "non-work-conserving" for it.
+ * The tbf leaf under the bulk class. It does not shape: htb does. It exists to segment GSO
+ * super-packets into frames at enqueue and to bound the queue in bytes. Measured: a plain bfifo
+ * drops 64 kB GSO skbs (10M class got 6-7 Mbit/s) or, sized for them, holds 50 ms at 10M; at 10M,
+ * leaving 4-frame skbs unsegmented cost 30% more queueing delay than 2-frame ones; at 1G,
+ * segmenting everything cost 7% of the rate (CPU). So the bucket, which is also the segmentation
+ * threshold, is 1 ms of the rate but at least two frames. Its rate (1000× the class, at least
+ * 100 Gbit/s) refills the bucket faster than htb can dequeue back to back, so it never throttles
+ * and htb never logs "non-work-conserving" for it.
  */
 export function leafParams(p: RateParams): { rate: number; burst: number; limit: number } {
   return {
     rate: Math.min(1e18, Math.max(p.rate * 1000, 100e9)),
     burst: Math.max(2 * FRAME, Math.ceil((p.rate / 8) * 0.001)),
     limit: p.limit,
+  };
+}
+
+/** The classes and queues of one shaped direction (see the module doc). */
+export function podLayout(rateBits: number, burstBits?: number): PodLayout {
+  const p = rateParams(rateBits, burstBits);
+  const iRate = Math.max(1, Math.round(p.rate * INTERACTIVE_SHARE));
+  const bRate = Math.max(1, p.rate - iRate);
+  return {
+    pod: { rate: p.rate, ceil: p.rate, burst: p.burst, cburst: p.burst, quantum: p.quantum, prio: 0 },
+    interactive: {
+      rate: iRate,
+      ceil: p.rate,
+      burst: burstBytes(iRate),
+      cburst: p.burst,
+      quantum: htbQuantum(iRate),
+      prio: 0,
+      queue: interactiveQueueBytes(p.rate),
+    },
+    bulk: { rate: bRate, ceil: p.rate, burst: p.burst, cburst: p.burst, quantum: htbQuantum(bRate), prio: 1, leaf: leafParams(p) },
   };
 }

@@ -28,17 +28,32 @@ export class TcBatchError extends KubenetError {
 
 export interface BatchResult {
   stdout: string;
-  /** 1-based numbers of the lines that failed (only several with `force`). */
+  /** 1-based numbers of the lines that failed (only several with `force`), `optional` ones included. */
   failed: number[];
   stderr: string;
+}
+
+export interface BatchOptions {
+  /** Run every line and report failures instead of throwing. */
+  force?: boolean;
+  /**
+   * 1-based numbers of lines whose failure is expected and not an error (e.g. a `qdisc replace`
+   * that the kernel refuses when the qdisc is already there). The batch runs with -force then.
+   */
+  optional?: ReadonlySet<number>;
+}
+
+/** The failed lines that count. */
+function realFailures(failed: number[], optional: ReadonlySet<number> | undefined): number[] {
+  return optional ? failed.filter((n) => !optional.has(n)) : failed;
 }
 
 const FAILED_RE = /Command failed -:(\d+)/g;
 
 /** Runs `tool [-force] -batch -` with the lines on stdin. Without force, throws on any failure. */
-export async function batch(tool: 'tc' | 'ip', lines: string[], opts: { force?: boolean; json?: boolean } = {}): Promise<BatchResult> {
+export async function batch(tool: 'tc' | 'ip', lines: string[], opts: BatchOptions & { json?: boolean } = {}): Promise<BatchResult> {
   if (lines.length === 0) return { stdout: '', failed: [], stderr: '' };
-  const args = [...(opts.json ? ['-j'] : []), ...(opts.force ? ['-force'] : []), '-batch', '-'];
+  const args = [...(opts.json ? ['-j'] : []), ...(opts.force || opts.optional ? ['-force'] : []), '-batch', '-'];
   const r = await execa(tool, args, { input: lines.join('\n') + '\n', reject: false, stripFinalNewline: false });
   const stderr = String(r.stderr ?? '');
   const failed = [...stderr.matchAll(FAILED_RE)].map((m) => Number(m[1]));
@@ -46,7 +61,8 @@ export async function batch(tool: 'tc' | 'ip', lines: string[], opts: { force?: 
     // The tool itself could not run (missing binary, killed): nothing was attributed to a line.
     throw new TcBatchError(tool, lines, stderr || String(r.message ?? ''), r.exitCode, []);
   }
-  if (!opts.force && failed.length > 0) throw new TcBatchError(tool, lines, stderr, r.exitCode, failed);
+  const real = realFailures(failed, opts.optional);
+  if (!opts.force && real.length > 0) throw new TcBatchError(tool, lines, stderr, r.exitCode, real);
   return { stdout: String(r.stdout ?? ''), failed, stderr };
 }
 
@@ -68,10 +84,10 @@ export class TcSession {
 
   constructor(private readonly timeoutMs = 30_000) {}
 
-  run(lines: string[], opts: { force?: boolean } = {}): Promise<BatchResult> {
+  run(lines: string[], opts: BatchOptions = {}): Promise<BatchResult> {
     const once = async (): Promise<BatchResult> => {
       const r = await this.runNow(lines, { force: true });
-      if (r.failed.length === 0) return r;
+      if (realFailures(r.failed, opts.optional).length === 0) return r;
       // tc caches interface name -> index for its lifetime; a veth or ifb re-created under the
       // same name makes that stale. Lines are idempotent (replace, or deletes of what should be
       // gone), so a failed run is retried once on a fresh tc before it counts.
@@ -80,7 +96,8 @@ export class TcSession {
     };
     const checked = async (): Promise<BatchResult> => {
       const r = await once();
-      if (!opts.force && r.failed.length > 0) throw new TcBatchError('tc', lines, r.stderr, 1, r.failed);
+      const real = realFailures(r.failed, opts.optional);
+      if (!opts.force && real.length > 0) throw new TcBatchError('tc', lines, r.stderr, 1, real);
       return r;
     };
     const next = this.tail.then(checked, checked);

@@ -155,7 +155,7 @@ serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-ma
   const st = await status(h);
   t.deepEqual(st.pods.find((p) => p.name === 'shaped')?.limits, { ingress: 20 * MBIT, egress: 10 * MBIT }, 'the uint32-max burst counts as none given');
   t.regex((await h.get('/metrics')).body, /^kubenet_shaped_pods 1$/m);
-  // The bridge plugin makes veths with txqueuelen 0; the tbf on the shaped pod's veth needs a queue.
+  // The bridge plugin makes veths with txqueuelen 0; the htb on the shaped pod's veth wants a queue.
   const hostVeth = (st.pods.find((p) => p.name === 'shaped') as { hostVeth?: string } | undefined)?.hostVeth ?? '';
   t.not(Number((await readFile(`/sys/class/net/${hostVeth}/tx_queue_len`, 'utf8')).trim()), 0, `txqueuelen of ${hostVeth}`);
 

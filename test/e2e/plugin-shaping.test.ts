@@ -65,7 +65,7 @@ serialTest('annotated pods are shaped both ways, an unshaped pod is not, an inva
   const hostVeth = s.hostVeth;
   t.true(hostVeth.length > 0);
   const classes = async () => (await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout.split('\n').filter((l) => /^class htb 1:/.test(l));
-  t.is((await classes()).length, 1, 'the shaped pod has one egress class on the ifb');
+  t.is((await classes()).length, 3, 'the shaped pod has one egress class on the ifb, with an interactive and a bulk leaf');
 
   for (const pod of [shaped, free, peer]) await plugin.tearDownPod(pod.namespace, pod.name, pod.id);
   t.deepEqual(await classes(), [], 'no class left on the ifb');

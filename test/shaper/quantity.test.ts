@@ -7,7 +7,7 @@ import {
   parseBandwidth,
   parseQuantity,
 } from '../../src/shaper/quantity.js';
-import { burstBytes, FRAME, htbQuantum, leafParams, queueLimitBytes, rateParams } from '../../src/shaper/sizing.js';
+import { burstBytes, FRAME, htbQuantum, interactiveQueueBytes, leafParams, podLayout, queueLimitBytes, rateParams } from '../../src/shaper/sizing.js';
 import { ipv6Bytes, lastByte } from '../../src/shaper/ip.js';
 import { parseIfbListing } from '../../src/shaper/tc.js';
 
@@ -76,22 +76,47 @@ test('sizing: bursts small but at least two frames, queues bounded, quantum in h
   t.is(burstBytes(10e6, 8), 2 * FRAME);
   // containerd's 2^31-1 bit burst is cut to 100 ms of the rate.
   t.is(burstBytes(10e6, 2 ** 31 - 1), 125_000);
-  t.is(queueLimitBytes(1e6), 3125 + 2 * FRAME);
-  t.is(queueLimitBytes(1e5), 4 * FRAME);
-  t.is(queueLimitBytes(10e6), 22 * FRAME);
-  t.is(queueLimitBytes(100e6), 37_500);
-  t.is(queueLimitBytes(1e9), 375_000);
+  // The bulk queue is the reference plugin's (25 ms of the rate + burst), at least 8 frames.
+  t.is(queueLimitBytes(1e6), 8 * FRAME);
+  t.is(queueLimitBytes(1e5), 8 * FRAME);
+  t.is(queueLimitBytes(10e6), 31_250 + 2 * FRAME);
+  t.is(queueLimitBytes(100e6), 312_500 + 18_750);
+  t.is(queueLimitBytes(1e9), 3_125_000 + 187_500);
+  t.is(rateParams(100e6).limit, 331_250);
+  t.is(interactiveQueueBytes(10e6), 8 * FRAME);
+  t.is(interactiveQueueBytes(1e9), 625_000);
   for (const r of [1e3, 1e6, 1e9, 1e12, 1e15]) {
     const q = htbQuantum(r);
     t.true(q >= FRAME && q <= 200_000);
     const p = rateParams(r);
     const leaf = leafParams(p);
     t.true(leaf.rate >= Math.min(1e18, 1000 * p.rate) && leaf.rate >= 100e9 && leaf.burst >= 2 * FRAME && leaf.limit === p.limit);
-  t.is(leafParams(rateParams(10e6)).burst, 2 * FRAME);
-  t.is(leafParams(rateParams(1e9)).burst, 125_000);
+    t.is(leafParams(rateParams(10e6)).burst, 2 * FRAME);
+    t.is(leafParams(rateParams(1e9)).burst, 125_000);
   }
   // The first second of a fresh 10M transfer may exceed the limit by the burst only.
   t.true(burstBytes(10e6) * 8 < 0.01 * 10e6);
+});
+
+test('sizing: a pod class at the limit, interactive leaf first with 10% assured, bulk the rest', (t) => {
+  for (const r of [1e5, 1e6, 10e6, 100e6, 1e9, 10e9]) {
+    const l = podLayout(r);
+    t.is(l.pod.rate, r);
+    t.is(l.pod.ceil, r);
+    t.is(l.interactive.rate + l.bulk.rate, r, 'assured rates add up to the limit');
+    t.is(l.interactive.rate, Math.round(r / 10));
+    t.is(l.interactive.ceil, r, 'either leaf may use the whole limit');
+    t.is(l.bulk.ceil, r);
+    t.true(l.interactive.prio < l.bulk.prio, 'interactive is dequeued first');
+    t.true(l.interactive.burst >= 2 * FRAME && l.bulk.burst === l.pod.burst);
+    t.true(l.interactive.quantum >= FRAME && l.bulk.quantum >= FRAME);
+    t.is(l.interactive.queue, interactiveQueueBytes(r));
+    t.is(l.bulk.leaf.limit, queueLimitBytes(r));
+  }
+  // An explicit burst sizes the pod class and the bulk leaf's queue (as the reference does).
+  const l = podLayout(10e6, 80_000);
+  t.is(l.pod.burst, 10_000);
+  t.is(l.bulk.leaf.limit, 31_250 + 10_000);
 });
 
 test('ip helpers: last byte of v4 and v6', (t) => {
@@ -126,4 +151,29 @@ filter protocol ipv6 pref 11 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0
     { proto: 'ip', prio: 10, handle: '10:b:3', flowid: 3 },
     { proto: 'ipv6', prio: 11, handle: '11:11:803', flowid: 3 },
   ]);
+});
+
+test('ifb listing parser: interactive tables, their links and nodes, leaf classes', (t) => {
+  const text = `qdisc htb 1: root refcnt 2 r2q 10 default 0 direct_packets_stat 0 direct_qlen 1000
+class htb 1:1001 parent 1:1 leaf 1001: prio 1 rate 9Mbit ceil 10Mbit burst 3026b cburst 3026b
+class htb 1:801 parent 1:1 leaf 2001: prio 0 rate 1Mbit ceil 10Mbit burst 3028b cburst 3026b
+class htb 1:1 root rate 10Mbit ceil 10Mbit burst 3026b cburst 3026b
+filter protocol ip pref 8 u32 chain 0 fh 12: ht divisor 256
+filter protocol ip pref 8 u32 chain 0 fh 12:a:1 order 1 key ht 12 bkt a *flowid 1:801 not_in_hw
+filter protocol ip pref 8 u32 chain 0 fh 800::801 order 2049 key ht 800 bkt 0 link 12: not_in_hw
+filter protocol ipv6 pref 9 u32 chain 0 fh 13: ht divisor 256
+filter protocol ipv6 pref 9 u32 chain 0 fh 13:a:1 order 1 key ht 13 bkt a *flowid 1:801 not_in_hw
+filter protocol ipv6 pref 9 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 link 13: not_in_hw
+filter protocol ip pref 10 u32 chain 0 fh 10: ht divisor 256
+filter protocol ip pref 10 u32 chain 0 fh 10:a:1 order 1 key ht 10 bkt a *flowid 1:1001 not_in_hw
+filter protocol ip pref 10 u32 chain 0 fh 802::800 order 2048 key ht 802 bkt 0 link 10: not_in_hw
+`;
+  const l = parseIfbListing(text);
+  t.deepEqual([...l.tables].sort(), ['10', '12', '13']);
+  t.deepEqual([...l.links].sort(), ['10', '12', '13']);
+  t.deepEqual([...l.classes].sort((x, y) => x - y), [1, 0x801, 0x1001]);
+  t.deepEqual(
+    l.podFilters.map((f) => f.handle),
+    ['12:a:1', '13:a:1', '10:a:1'],
+  );
 });

@@ -97,6 +97,8 @@ export interface IperfResult {
   /** per-interval receiver-side bits/s (1 s intervals; a last partial interval may be included) */
   intervals: number[];
   retransmits: number | undefined;
+  /** data segments the sender put on the wire: received bytes / MSS + retransmits */
+  segments: number | undefined;
 }
 
 let portSeq = 0;
@@ -197,7 +199,8 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
     type Intervals = Array<{ sum: { bits_per_second: number; omitted?: boolean } }>;
     interface Report {
       error?: string;
-      end?: { sum_received?: { bits_per_second: number }; sum_sent?: { retransmits?: number } };
+      start?: { tcp_mss_default?: number };
+      end?: { sum_received?: { bits_per_second: number; bytes?: number }; sum_sent?: { retransmits?: number } };
       intervals?: Intervals;
       server_output_text?: string;
     }
@@ -212,10 +215,14 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
       ? (j.intervals ?? []).filter((i) => !i.sum.omitted).map((i) => i.sum.bits_per_second)
       : serverIntervals(j.server_output_text ?? '');
     if (intervals.length === 0) throw new IperfToolError('iperf3 gave no receiver-side intervals');
+    const mss = j.start?.tcp_mss_default;
+    const received = j.end.sum_received.bytes;
+    const retransmits = j.end.sum_sent?.retransmits;
     return {
       bps: j.end.sum_received.bits_per_second,
       intervals,
-      retransmits: j.end.sum_sent?.retransmits,
+      retransmits,
+      segments: mss && received !== undefined ? Math.ceil(received / mss) + (retransmits ?? 0) : undefined,
     };
   } finally {
     srv.kill('SIGKILL');
@@ -223,10 +230,20 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
   }
 }
 
-/** ping from a pod to another pod (ours) at 0.2 s intervals; average RTT in ms. */
-export async function pingRtt(from: TopoPod, to: TopoPod, count: number): Promise<{ avg: number; max: number; loss: number }> {
-  const r = await execa('ip', ['netns', 'exec', from.netns, 'ping', '-q', '-i', '0.2', '-c', String(count), '-W', '2', to.ip4], { reject: false });
+/**
+ * ping from a pod to another pod (ours) every `intervalS` (default 0.2 s; below 0.2 needs root);
+ * average and max RTT in ms, loss in % (a reply later than 2 s counts as lost).
+ */
+export async function pingRtt(from: TopoPod, to: TopoPod, count: number, intervalS = 0.2): Promise<{ avg: number; max: number; loss: number; sent: number; received: number }> {
+  const r = await execa('ip', ['netns', 'exec', from.netns, 'ping', '-q', '-i', String(intervalS), '-c', String(count), '-W', '2', to.ip4], { reject: false });
   const m = /= [\d.]+\/([\d.]+)\/([\d.]+)\//.exec(r.stdout);
   const loss = /(\d+(?:\.\d+)?)% packet loss/.exec(r.stdout);
-  return { avg: m?.[1] ? Number(m[1]) : NaN, max: m?.[2] ? Number(m[2]) : NaN, loss: loss?.[1] ? Number(loss[1]) : NaN };
+  const counts = /(\d+) packets transmitted, (\d+) received/.exec(r.stdout);
+  return {
+    avg: m?.[1] ? Number(m[1]) : NaN,
+    max: m?.[2] ? Number(m[2]) : NaN,
+    loss: loss?.[1] ? Number(loss[1]) : NaN,
+    sent: counts?.[1] ? Number(counts[1]) : NaN,
+    received: counts?.[2] ? Number(counts[2]) : NaN,
+  };
 }
