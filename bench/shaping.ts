@@ -14,11 +14,9 @@
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost]
  */
 import { execa } from 'execa';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { readFile } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
-import { parseBandwidth } from '../src/shaper/quantity.js';
+import { parseBandwidth } from '../src/shaper/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
 import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../test/shaper/probe.js';
@@ -247,9 +245,8 @@ function goals(ours: RateRow, ref: RateRow): Goal[] {
 async function rateBench(): Promise<void> {
   const topo = await makeTopology(2);
   const [a, b] = topo.pods as [TopoPod, TopoPod];
-  const stateDir = await mkdtemp(join(tmpdir(), 'kshbench-'));
   const ifb = `kshbi${topo.tag}`;
-  const shaper = new Shaper({ ifbName: ifb, stateDir });
+  const shaper = new Shaper({ ifbName: ifb });
   const rows: RateRow[] = [];
   const goalRows: string[][] = [];
   let goalNames: string[] = [];
@@ -326,7 +323,6 @@ async function rateBench(): Promise<void> {
     shaper.close();
     await refExec('DEL', a, 1e6, 1e6).catch(() => undefined);
     await topo.destroy();
-    await rm(stateDir, { recursive: true, force: true });
   }
 }
 
@@ -343,10 +339,8 @@ async function costBench(): Promise<void> {
   const oursExec = await makeTopology(useExec ? total : 0, { addresses: false });
   const ref = await makeTopology(useRef ? total : 0, { addresses: false });
   console.error(`  done in ${((performance.now() - tA) / 1000).toFixed(1)} s`);
-  const stateDir = await mkdtemp(join(tmpdir(), 'kshbench-cost-'));
-  const stateDirExec = await mkdtemp(join(tmpdir(), 'kshbench-cost-exec-'));
-  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}`, stateDir });
-  const shaperExec = new Shaper({ ifbName: `kshbe${oursExec.tag}`, stateDir: stateDirExec, tcMode: 'exec' });
+  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}` });
+  const shaperExec = new Shaper({ ifbName: `kshbe${oursExec.tag}`, tcMode: 'exec' });
   const rate = 10e6;
   const burstBits = burstBytes(rate) * 8;
   const limits = { ingress: rate, egress: rate };
@@ -423,8 +417,6 @@ async function costBench(): Promise<void> {
     await ours.destroy();
     await oursExec.destroy();
     await ref.destroy();
-    await rm(stateDir, { recursive: true, force: true });
-    await rm(stateDirExec, { recursive: true, force: true });
     console.error(`cleanup ${((performance.now() - t) / 1000).toFixed(1)} s`);
   }
 }

@@ -13,28 +13,9 @@
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { ConfigError } from '../errors.js';
 import { CacheError } from './errors.js';
+import { validateContainerId, validateInterfaceName, validateNetworkName } from './names.js';
 import type { CacheEntry, WireResult } from './types.js';
-
-const NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.-]*$/;
-
-/** libcni's ValidateContainerID: the ID becomes part of a file name. */
-export function validateContainerId(id: string): void {
-  if (!NAME_RE.test(id)) throw new ConfigError(`invalid container ID ${JSON.stringify(id)}: must match ${NAME_RE.source}`);
-}
-
-/** libcni's ValidateNetworkName. */
-export function validateNetworkName(name: string): void {
-  if (!NAME_RE.test(name)) throw new ConfigError(`invalid network name ${JSON.stringify(name)}: must match ${NAME_RE.source}`);
-}
-
-/** libcni's ValidateInterfaceName: what the kernel accepts as a link name. */
-export function validateInterfaceName(name: string): void {
-  if (name === '' || name.length > 15 || name === '.' || name === '..' || /[/:\s]/.test(name)) {
-    throw new ConfigError(`invalid interface name ${JSON.stringify(name)}: 1-15 characters, no '/', ':' or whitespace, not . or ..`);
-  }
-}
 
 /** The key of one attachment. */
 export interface AttachmentKey {

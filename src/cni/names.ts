@@ -3,6 +3,7 @@
  * the strictest rule a runtime applies, so that anything accepted here is accepted everywhere.
  */
 import { ConfigError } from '../errors.js';
+import { checkIfName } from '../net/ifname.js';
 
 /**
  * Container IDs: containerd's identifier rule (alphanumeric runs joined by single '.', '_' or '-',
@@ -36,4 +37,22 @@ export function isDnsLabel(s: string): boolean {
 
 export function isDnsSubdomain(s: string): boolean {
   return s.length <= 253 && s.split('.').every((part) => isDnsLabel(part));
+}
+
+/** libcni's rule for network names and container IDs (they become part of a cache file name). */
+const LIBCNI_NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.-]*$/;
+
+/** libcni's ValidateContainerID (the CNI runtime side; requests to the agent use checkContainerId). */
+export function validateContainerId(id: string): void {
+  if (typeof id !== 'string' || !LIBCNI_NAME_RE.test(id)) throw new ConfigError(`invalid container ID ${JSON.stringify(id)}: must match ${LIBCNI_NAME_RE.source}`);
+}
+
+/** libcni's ValidateNetworkName. */
+export function validateNetworkName(name: string): void {
+  if (typeof name !== 'string' || !LIBCNI_NAME_RE.test(name)) throw new ConfigError(`invalid network name ${JSON.stringify(name)}: must match ${LIBCNI_NAME_RE.source}`);
+}
+
+/** libcni's ValidateInterfaceName: the kernel's rule (src/net/ifname.ts). */
+export function validateInterfaceName(name: string): void {
+  checkIfName(name, 'interface name');
 }

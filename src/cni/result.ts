@@ -3,7 +3,7 @@
  * into the wire format a given version expects (for `prevResult` of chained plugins and for the
  * result cache). Pure: no I/O.
  */
-import { isIP } from 'node:net';
+import { familyOf, parsePrefixed } from '../net/ip.js';
 import { InvalidResultError, UnsupportedVersionError } from './errors.js';
 import {
   CNI_VERSIONS,
@@ -78,14 +78,7 @@ function optArray(o: Obj, key: string, where: string): unknown[] {
 
 /** 4 or 6 for `a.b.c.d/n` / `x::y/n` with a valid prefix length; 0 otherwise. */
 export function cidrFamily(cidr: string): 0 | 4 | 6 {
-  const slash = cidr.indexOf('/');
-  if (slash <= 0) return 0;
-  const fam = isIP(cidr.slice(0, slash));
-  const prefixText = cidr.slice(slash + 1);
-  if (fam === 0 || !/^\d{1,3}$/.test(prefixText)) return 0;
-  const prefix = Number(prefixText);
-  if (prefix > (fam === 4 ? 32 : 128)) return 0;
-  return fam as 4 | 6;
+  return parsePrefixed(cidr)?.family ?? 0;
 }
 
 function cidr(o: Obj, key: string, where: string): string {
@@ -96,7 +89,7 @@ function cidr(o: Obj, key: string, where: string): string {
 
 function optIp(o: Obj, key: string, where: string): string | undefined {
   const v = optString(o, key, where);
-  if (v !== undefined && isIP(v) === 0) fail(`${where}.${key} must be an IP address, got ${JSON.stringify(v)}`);
+  if (v !== undefined && familyOf(v) === 0) fail(`${where}.${key} must be an IP address, got ${JSON.stringify(v)}`);
   return v;
 }
 

@@ -17,7 +17,8 @@
 import { performance } from 'node:perf_hooks';
 import { CniPluginError, ConfigError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
-import { makeCacheEntry, ResultCache, validateContainerId, validateInterfaceName, validateNetworkName, type AttachmentKey } from './cache.js';
+import { makeCacheEntry, ResultCache, type AttachmentKey } from './cache.js';
+import { validateContainerId, validateInterfaceName, validateNetworkName } from './names.js';
 import { InvalidResultError, NoCachedResultError, UnsupportedVersionError } from './errors.js';
 import { DEFAULT_TIMEOUT_MS, execPlugin, findPlugin } from './exec.js';
 import { convertResult, isSupportedVersion, parseResult, versionAtLeast } from './result.js';

@@ -57,7 +57,8 @@ export class Agent {
       ipamDataDir: config.ipamDataDir,
       stateDir: config.stateDir,
       ifbName: config.ifbName,
-      shaperStateDir: join(config.stateDir, 'shaper'),
+      // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
+      legacyShaperStateDir: join(config.stateDir, 'shaper'),
       // The runtime calling us runs loopback for lo itself.
       manageLoopback: false,
       legacyCniCacheDir: config.cniCacheDir,

@@ -9,7 +9,7 @@ import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodEr
 import type { Logger } from '../log.js';
 import { NetnsError, podNetnsId } from '../pod/netns.js';
 import type { PodNetwork } from '../pod/network.js';
-import { bandwidthFromAnnotations } from '../shaper/quantity.js';
+import { bandwidthFromAnnotations } from '../shaper/limits.js';
 import { CniRequestError, parseCniCall, type CniCall } from './cni-request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,

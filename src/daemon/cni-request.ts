@@ -5,15 +5,15 @@
  * examined by the core (by identity). Every refusal is a `CniRequestError` carrying the CNI spec's
  * error code and a message naming the field and the value.
  */
-import { isIP } from 'node:net';
 import { checkContainerId, isDnsLabel, isDnsSubdomain } from '../cni/names.js';
 import { compareVersions, isSupportedVersion } from '../cni/result.js';
 import { ConfigError } from '../errors.js';
 import { isValidIfName } from '../net/ifname.js';
+import { isIpAddress } from '../net/ip.js';
 import { POD_IFNAME } from '../pod/bridge.js';
 import type { Attachment } from '../pod/network.js';
 import type { PortMapping } from '../pod/record.js';
-import { MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH, type BandwidthLimits } from '../shaper/quantity.js';
+import { limitsFromRuntimeConfig, type BandwidthLimits } from '../shaper/limits.js';
 import { CNI_COMMANDS, CNI_ERR_DECODE, CNI_ERR_INCOMPATIBLE_VERSION, CNI_ERR_INVALID_CONFIG, CNI_ERR_INVALID_ENV, SUPPORTED_CNI_VERSIONS, type CniCommand, type CniRequest } from './protocol.js';
 
 /** The network and plugin type of the conflist the agent writes: a call for anything else is not ours. */
@@ -23,8 +23,6 @@ export const CONF_PLUGIN_TYPE = 'kubenet';
 export const MAX_JSON_DEPTH = 64;
 /** At most this many host ports per pod. */
 export const MAX_PORT_MAPPINGS = 256;
-/** containerd passes this burst (uint32 max) when the pod sets none: it means "none given". */
-const UNSET_BURST = 4294967295;
 
 
 /** A refused request: the CNI error code to answer with, and what was wrong. */
@@ -228,42 +226,14 @@ function runtimeConfig(conf: Record<string, unknown>): Record<string, unknown> {
   return rc;
 }
 
-/**
- * runtimeConfig.bandwidth as containerd and CRI-O pass it: rates in bits/s, bursts in bits, keys in
- * camelCase (the CNI convention) or PascalCase (containerd 1.6). A rate of 0 means no limit that
- * way; a burst of 4294967295 means none given.
- */
+/** runtimeConfig.bandwidth (src/shaper/limits.ts), its refusals as code 7. */
 export function bandwidthOf(rc: Record<string, unknown>): BandwidthLimits | undefined {
-  const bw = rc.bandwidth;
-  if (bw === undefined || bw === null) return undefined;
-  if (!isObj(bw)) throw conf7(`runtimeConfig.bandwidth must be an object, got ${describe(bw)}`);
-  const known = ['ingressRate', 'ingressBurst', 'egressRate', 'egressBurst'];
-  for (const k of Object.keys(bw)) {
-    if (!known.some((c) => c === k || c[0]!.toUpperCase() + c.slice(1) === k)) throw conf7(`runtimeConfig.bandwidth has an unknown key ${JSON.stringify(k)}`);
+  try {
+    return limitsFromRuntimeConfig(rc.bandwidth);
+  } catch (err) {
+    if (err instanceof ConfigError) throw conf7(err.message);
+    throw err;
   }
-  const pick = (camel: string): number | undefined => {
-    const pascal = camel[0]!.toUpperCase() + camel.slice(1);
-    if (bw[camel] !== undefined && bw[pascal] !== undefined) throw conf7(`runtimeConfig.bandwidth gives both ${camel} and ${pascal}`);
-    const v = bw[camel] ?? bw[pascal];
-    if (v === undefined || v === null) return undefined;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) throw conf7(`runtimeConfig.bandwidth.${camel} must be a non-negative integer, got ${describe(v)}`);
-    return v;
-  };
-  const out: BandwidthLimits = {};
-  for (const [dir, rate, burst] of [
-    ['ingress', 'ingressRate', 'ingressBurst'],
-    ['egress', 'egressRate', 'egressBurst'],
-  ] as const) {
-    const r = pick(rate);
-    const b = pick(burst);
-    if (!r) continue; // 0 or absent: no limit that way
-    if (r < MIN_BANDWIDTH || r > MAX_BANDWIDTH) throw conf7(`runtimeConfig.bandwidth.${rate} ${r} is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
-    out[dir] = r;
-    if (!b || b === UNSET_BURST) continue;
-    if (b > MAX_BURST_BITS) throw conf7(`runtimeConfig.bandwidth.${burst} ${b} is above ${MAX_BURST_BITS} bits`);
-    out[dir === 'ingress' ? 'ingressBurst' : 'egressBurst'] = b;
-  }
-  return out.ingress || out.egress ? out : undefined;
 }
 
 const PROTOCOLS = ['tcp', 'udp', 'sctp'] as const;
@@ -304,7 +274,7 @@ export function portMappingsOf(rc: Record<string, unknown>): PortMapping[] {
     if (!(PROTOCOLS as readonly unknown[]).includes(protocol)) throw conf7(`${where}.protocol must be one of ${PROTOCOLS.join(', ')}, got ${describe(m.protocol)}`);
     const out: PortMapping = { hostPort: port('hostPort'), containerPort: port('containerPort'), protocol: protocol as PortMapping['protocol'] };
     if (m.hostIP !== undefined && m.hostIP !== '') {
-      if (typeof m.hostIP !== 'string' || isIP(m.hostIP) === 0) throw conf7(`${where}.hostIP must be an IP address, got ${describe(m.hostIP)}`);
+      if (typeof m.hostIP !== 'string' || !isIpAddress(m.hostIP)) throw conf7(`${where}.hostIP must be an IP address, got ${describe(m.hostIP)}`);
       out.hostIP = m.hostIP;
     }
     const key = `${out.hostIP ?? ''}/${out.hostPort}/${out.protocol}`;

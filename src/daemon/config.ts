@@ -12,7 +12,8 @@ import { hostname } from 'node:os';
 import { isAbsolute, join, normalize } from 'node:path';
 import yaml from 'js-yaml';
 import { ConfigError } from '../errors.js';
-import { parseCidr, parsePodCidrs } from '../plugin/cidr.js';
+import { isValidIfName } from '../net/ifname.js';
+import { parseCidr, parsePodCidrs } from '../net/ip.js';
 import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export const HAIRPIN_MODES = ['promiscuous-bridge', 'hairpin-veth', 'none'] as const;
@@ -340,7 +341,7 @@ function str(value: unknown, fail: Fail, expected: string): string {
 function ifName(value: unknown, fail: Fail): string {
   const expected = 'a Linux interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")';
   const s = str(value, fail, expected);
-  if (Buffer.byteLength(s) > 15 || /[\s/:]/.test(s) || s === '.' || s === '..') throw fail(expected);
+  if (!isValidIfName(s)) throw fail(expected);
   return s;
 }
 

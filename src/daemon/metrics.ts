@@ -5,7 +5,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { linkDeletionsInFlight } from '../netlink/index.js';
 import type { PodRecord } from '../pod/record.js';
-import { isUnshaped } from '../shaper/quantity.js';
+import { isUnshaped } from '../shaper/limits.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
 

@@ -1,5 +1,5 @@
 /**
- * Typed netlink API over libnl-route (native/libnl.ts), named after iproute2.
+ * Typed netlink API over libnl-route (./libnl.ts: the koffi declarations), named after iproute2.
  *
  * Every function but linkDelete is synchronous: one koffi call is a few µs and a netlink round trip a
  * few tens, so there is nothing to gain from the thread pool and a lot to lose (netns switching must
@@ -13,7 +13,6 @@
  * Kernel operations are idempotent where the contract says so: deleting what is absent succeeds.
  */
 import { getSystemErrorName } from 'node:util';
-import { isIP } from 'node:net';
 import { writeSync } from 'node:fs';
 import {
   AF_INET,
@@ -34,8 +33,10 @@ import {
   route,
   type Out,
   type Ptr,
-} from '../../native/libnl.js';
+} from './libnl.js';
 import { ConfigError, NetlinkError } from '../errors.js';
+import { isValidIfName } from '../net/ifname.js';
+import { parsePrefixed, type PrefixedAddress } from '../net/ip.js';
 
 export interface LinkInfo {
   name: string;
@@ -292,16 +293,7 @@ function socketInNetns(op: string, netnsPath: string): Ptr {
 
 /** The kernel's dev_valid_name: 1-15 bytes, not "." or "..", no '/', ':' or whitespace. */
 function checkIfname(op: string, name: string): void {
-  if (
-    typeof name !== 'string' ||
-    name.length === 0 ||
-    Buffer.byteLength(name) > 15 ||
-    name === '.' ||
-    name === '..' ||
-    /[/:\s\0]/.test(name)
-  ) {
-    throw new ConfigError(`${op}: invalid interface name ${JSON.stringify(name)}`);
-  }
+  if (!isValidIfName(name)) throw new ConfigError(`${op}: invalid interface name ${JSON.stringify(name)}`);
 }
 
 function afOf(op: string, family: 4 | 6 | undefined): number {
@@ -311,15 +303,10 @@ function afOf(op: string, family: 4 | 6 | undefined): number {
   throw new ConfigError(`${op}: family must be 4 or 6, got ${JSON.stringify(family)}`);
 }
 
-function parseAddrCidr(op: string, cidr: string): { family: 4 | 6; ip: string; prefixLen: number } {
-  const m = typeof cidr === 'string' ? /^([^/\s]+)\/(\d{1,3})$/.exec(cidr) : null;
-  const ip = m?.[1] ?? '';
-  const family = isIP(ip);
-  const prefixLen = Number(m?.[2]);
-  if (!m || (family !== 4 && family !== 6) || prefixLen > (family === 4 ? 32 : 128)) {
-    throw new ConfigError(`${op}: invalid address ${JSON.stringify(cidr)} (want "10.1.2.3/24" or "fd00::1/64")`);
-  }
-  return { family, ip, prefixLen };
+function parseAddrCidr(op: string, cidr: string): PrefixedAddress {
+  const p = parsePrefixed(cidr);
+  if (!p) throw new ConfigError(`${op}: invalid address ${JSON.stringify(cidr)} (want "10.1.2.3/24" or "fd00::1/64")`);
+  return p;
 }
 
 // ---------------------------------------------------------------------------------------------

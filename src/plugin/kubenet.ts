@@ -4,7 +4,6 @@
  * supplied to kubenet: the pod's netns and annotations from the `Host`, and the pod's loopback.
  */
 import { accessSync, constants as fsConstants } from 'node:fs';
-import { isIPv4 } from 'node:net';
 import type { NetConf } from '../cni/types.js';
 import { ConfigError, KubenetError, NotReadyError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
@@ -13,8 +12,8 @@ import * as nl from '../netlink/index.js';
 import { NETWORK_NAME, POD_IFNAME } from '../pod/bridge.js';
 import { PodNetwork, REQUIRED_PLUGINS } from '../pod/network.js';
 import type { PodRecord } from '../pod/record.js';
-import { bandwidthFromAnnotations, sameLimits } from '../shaper/quantity.js';
-import { parsePodCidrs } from './cidr.js';
+import { bandwidthFromAnnotations, sameLimits } from '../shaper/limits.js';
+import { familyOf, parsePodCidrs } from '../net/ip.js';
 import type { HairpinMode, Host, KubenetOptions, NetworkPlugin, PodNetworkStatus } from './types.js';
 
 export { NETWORK_NAME };
@@ -52,7 +51,8 @@ export class KubenetPlugin implements NetworkPlugin {
       // 0.1.0 kept its CNI cache here (libcni's default); read once to upgrade.
       legacyCniCacheDir: opts.cniCacheDir ?? '/var/lib/cni',
       ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}),
-      ...(opts.shaperStateDir !== undefined ? { shaperStateDir: opts.shaperStateDir } : {}),
+      // 0.1.0's shaper kept one file per pod here; adopted into the records once.
+      legacyShaperStateDir: opts.shaperStateDir ?? '/run/kubenet/shaper',
       ...(opts.mtu !== undefined ? { mtu: opts.mtu } : {}),
       ...(opts.cniTimeoutMs !== undefined ? { cniTimeoutMs: opts.cniTimeoutMs } : {}),
     });
@@ -152,7 +152,7 @@ export class KubenetPlugin implements NetworkPlugin {
 }
 
 function toStatus(ips: string[]): PodNetworkStatus {
-  const primary = ips.find((ip) => isIPv4(ip)) ?? ips[0];
+  const primary = ips.find((ip) => familyOf(ip) === 4) ?? ips[0];
   if (primary === undefined) throw new KubenetError('pod has no IP');
   return { ip: primary, ips };
 }

@@ -47,7 +47,7 @@ export interface KubenetOptions {
   cniTimeoutMs?: number;
   /** The shared ifb carrying every shaped pod's egress. Default 'kubenet-ifb0'. */
   ifbName?: string;
-  /** Where the shaper records what it installed (survives agent restarts). Default /run/kubenet/shaper. */
+  /** Where kubenet-ts 0.1.0's shaper kept one file per shaped pod (read once at init to upgrade; nothing is written there now). Default /run/kubenet/shaper. */
   shaperStateDir?: string;
   /**
    * Run the `loopback` plugin for the pod's `lo` (default true, as kubelet's kubenet did). The node

@@ -8,7 +8,7 @@ import type { BridgeNetConf, HostLocalIpamConf, NetConf, NetConfList } from '../
 import { NetlinkError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
-import { cidrContains, type PodSubnet } from '../plugin/cidr.js';
+import { cidrContains, type Subnet } from '../net/ip.js';
 import type { HairpinMode } from '../plugin/types.js';
 
 /** Network name of the bridge config: host-local keeps reservations under `<ipamDataDir>/kubenet`. */
@@ -25,7 +25,7 @@ export interface BridgeSettings {
 }
 
 /** The bridge + host-local config for the pod subnets. */
-export function bridgeConf(s: BridgeSettings, subnets: PodSubnet[]): BridgeNetConf {
+export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf {
   const ipam: HostLocalIpamConf = {
     type: 'host-local',
     ranges: subnets.map((sub) => [{ subnet: sub.cidr }]),
@@ -69,7 +69,7 @@ export function tuneBridge(s: BridgeSettings, log: Logger): void {
 }
 
 /** Removes addresses on the bridge outside the pod subnets (left from an earlier pod CIDR). */
-export function removeStaleBridgeAddresses(bridgeName: string, subnets: PodSubnet[], log: Logger): void {
+export function removeStaleBridgeAddresses(bridgeName: string, subnets: Subnet[], log: Logger): void {
   let addrs: nl.AddrInfo[];
   try {
     addrs = nl.addrList(bridgeName);

@@ -1,7 +1,7 @@
 import { execa } from 'execa';
-import { isIP } from 'node:net';
 import { readFile, writeFile } from 'node:fs/promises';
 import { KubenetError } from '../errors.js';
+import { familyOf } from '../net/ip.js';
 import type { Logger } from '../log.js';
 
 export const MASQUERADE_COMMENT = 'kubenet-ts: SNAT for outbound traffic from cluster';
@@ -85,7 +85,7 @@ export async function ensureBridgeNetfilter(log: Logger): Promise<boolean> {
 export async function checkHostPorts(podIps: string[], mappings: Array<{ hostPort: number; containerPort: number; protocol: string }>): Promise<void> {
   const missing: string[] = [];
   for (const family of [4, 6] as const) {
-    const ips = podIps.filter((ip) => isIP(ip) === family);
+    const ips = podIps.filter((ip) => familyOf(ip) === family);
     if (ips.length === 0) continue;
     const tool = family === 4 ? 'iptables' : 'ip6tables';
     const r = await execa(tool, ['-w', '5', '-t', 'nat', '-S'], { reject: false });

@@ -26,9 +26,9 @@ import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.
 import { AggregateKubenetError, ConfigError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
-import { cidrContains, parsePodCidrs, type PodSubnet } from '../plugin/cidr.js';
+import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
 import type { HairpinMode } from '../plugin/types.js';
-import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/quantity.js';
+import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { bridgeConf, bridgeVeths, CNI_VERSION, NETWORK_NAME, POD_IFNAME, removeStaleBridgeAddresses, tuneBridge, withPortmap, type BridgeSettings } from './bridge.js';
@@ -53,7 +53,8 @@ export interface PodNetworkOptions {
   /** Pod records live under `<stateDir>/pods`. */
   stateDir: string;
   ifbName?: string;
-  shaperStateDir?: string;
+  /** Where kubenet-ts 0.1.0's shaper kept one file per shaped pod: read once to upgrade in place. */
+  legacyShaperStateDir?: string;
   mtu?: number;
   cniTimeoutMs?: number;
   /** Run the loopback plugin for the pod's lo (kubelet's kubenet did; container runtimes do it themselves). */
@@ -92,7 +93,7 @@ export interface Attachment {
   ifName: string;
 }
 
-type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: PodSubnet[]; conf: NetConf };
+type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: Subnet[]; conf: NetConf };
 
 export class PodNetwork {
   readonly store: PodStore;
@@ -119,11 +120,7 @@ export class PodNetwork {
       logger: this.log,
       ...(opts.cniTimeoutMs !== undefined ? { timeoutMs: opts.cniTimeoutMs } : {}),
     });
-    this.shaper = new Shaper({
-      logger: this.log,
-      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}),
-      ...(opts.shaperStateDir !== undefined ? { stateDir: opts.shaperStateDir } : {}),
-    });
+    this.shaper = new Shaper({ logger: this.log, ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}) });
   }
 
   get phase(): State['phase'] {
@@ -146,11 +143,17 @@ export class PodNetwork {
     }
     await ensureBridgeNetfilter(this.log);
     await ensureMasquerade(nonMasqueradeCIDR, this.log);
-    await this.shaper.init();
     const { legacy } = this.store.load();
-    if (legacy.length > 0 || this.opts.legacyCniCacheDir) {
-      await upgradeFromV010({ store: this.store, legacy, legacyCniCacheDir: this.opts.legacyCniCacheDir, bridgeName: this.bridgeName, log: this.log });
-    }
+    await upgradeFromV010({
+      store: this.store,
+      legacy,
+      legacyCniCacheDir: this.opts.legacyCniCacheDir,
+      legacyShaperStateDir: this.opts.legacyShaperStateDir,
+      bridgeName: this.bridgeName,
+      log: this.log,
+    });
+    // The shaper takes over what the records say it installed (the one source of pod state).
+    await this.shaper.init(this.store.all().flatMap((r) => (r.shaping ? [r.shaping] : [])));
     if (this.state.phase === 'uninitialized') this.state = { phase: 'waiting-for-pod-cidr' };
     await this.reconcile();
   }
@@ -289,14 +292,16 @@ export class PodNetwork {
     }
   }
 
-  /** Shapes the pod as its limits say; without limits, any old shaping goes. */
+  /** Shapes the pod as its limits say (without limits, any old shaping goes); the record keeps what was installed. */
   private async applyShaping(record: PodRecord): Promise<void> {
     if (isUnshaped(record.limits)) {
       await this.shaper.remove(record.containerId);
+      delete record.shaping;
       return;
     }
     if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
-    await this.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits });
+    const state = await this.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits });
+    if (state) record.shaping = state;
   }
 
   /** Changes a running pod's limits (empty limits remove its shaping); the record follows. */
@@ -471,11 +476,18 @@ export class PodNetwork {
       log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
       await this.locks.run(key, () => this.teardown(r, log)).catch((err: unknown) => errors.push(err));
     }
-    const live = new Set(this.store.all().map((r) => r.containerId));
-    for (const s of this.shaper.list()) {
-      if (live.has(s.id)) continue;
-      this.log.info({ id: shortId(s.id) }, 'removing the shaping of a pod with no record');
-      await this.shaper.remove(s.id).catch((err: unknown) => errors.push(err));
+    // Shaping: gone for pods without a record, put back as recorded for every live shaped pod.
+    const shaped = this.store.all().filter((r) => r.phase === 'ready' && r.hostVeth && !isUnshaped(r.limits));
+    const known = new Set(this.store.all().map((r) => r.containerId));
+    const unknown = this.shaper.list().filter((s) => !known.has(s.id)).length;
+    if (unknown > 0) this.log.info({ pods: unknown }, 'removing the shaping of pods with no record');
+    await this.shaper
+      .reconcile(shaped.map((r) => ({ id: r.containerId, hostVeth: r.hostVeth ?? '', ips: r.ips, limits: r.limits })))
+      .catch((err: unknown) => errors.push(err));
+    const states = new Map(this.shaper.states().map((st) => [st.id, st]));
+    for (const r of shaped) {
+      const st = states.get(r.containerId);
+      if (st && JSON.stringify(st) !== JSON.stringify(r.shaping)) this.store.put({ ...r, shaping: st });
     }
     if (this.state.phase === 'ready') await this.sweep(new Set()).catch((err: unknown) => errors.push(err));
     for (const err of errors) this.log.error({ err }, 'reconcile step failed');

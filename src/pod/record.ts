@@ -17,7 +17,8 @@ import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import type { NetConf, NetConfList, WireResult } from '../cni/types.js';
 import type { Logger } from '../log.js';
-import type { BandwidthLimits } from '../shaper/quantity.js';
+import type { BandwidthLimits } from '../shaper/limits.js';
+import type { ShapingState } from '../shaper/tc.js';
 import { isTempFile, writeFileAtomic } from '../util/atomic-file.js';
 import { sameNetns, type NetnsId } from './netns.js';
 
@@ -59,6 +60,8 @@ export interface PodRecord {
   hostVeth?: string;
   /** ifindex of the host veth: proves on DEL that the name still means the same link (ifindexes are not reused). */
   hostVethIndex?: number;
+  /** What the shaper installed for the pod (src/shaper/tc.ts), handed back to it after a restart. */
+  shaping?: ShapingState;
   /** The CNI result of ADD in the network's cniVersion (ready only). */
   result?: WireResult;
   /** ISO time of the ADD. */

@@ -5,8 +5,8 @@
  * 0.8.6+; older files hold only the ID).
  */
 import { readdir, readFile } from 'node:fs/promises';
-import { isIP } from 'node:net';
 import { join } from 'node:path';
+import { isIpAddress } from '../net/ip.js';
 
 export interface Reservation {
   ip: string;
@@ -26,7 +26,7 @@ export async function listReservations(dataDir: string, networkName: string): Pr
   const out: Reservation[] = [];
   for (const name of names) {
     // IPv6 reservations are named with the address as is; anything else (lock, last_reserved_ip.N) is not one.
-    if (isIP(name) === 0) continue;
+    if (!isIpAddress(name)) continue;
     let text: string;
     try {
       text = await readFile(join(dir, name), 'utf8');

@@ -11,10 +11,11 @@
  * record claims (pods gone, or an ADD that died): their reservations are then swept like any other
  * leftover. The veth is tied to the record by ifindex only when the pod's netns proves it.
  */
-import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
+import { readdirSync, readFileSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { isValidContainerId } from '../cni/names.js';
 import type { NetConf, NetConfList, WireResult } from '../cni/types.js';
+import type { ShapingState } from '../shaper/tc.js';
 import { NetlinkError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
@@ -26,6 +27,7 @@ export interface UpgradeInput {
   store: PodStore;
   legacy: Array<{ file: string; record: LegacyPodRecord }>;
   legacyCniCacheDir: string | undefined;
+  legacyShaperStateDir: string | undefined;
   bridgeName: string;
   log: Logger;
 }
@@ -37,6 +39,7 @@ export interface UpgradeReport {
   resultsRecovered: number;
   ownCacheEntriesRemoved: number;
   runtimeCacheEntriesLeft: number;
+  shapingStatesAdopted: number;
 }
 
 interface LegacyEntry {
@@ -99,7 +102,7 @@ function provenVethIndex(hostVeth: string | undefined, netns: string, bridgeName
 }
 
 export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
-  const report: UpgradeReport = { recordsConverted: 0, configsRecovered: 0, resultsRecovered: 0, ownCacheEntriesRemoved: 0, runtimeCacheEntriesLeft: 0 };
+  const report: UpgradeReport = { recordsConverted: 0, configsRecovered: 0, resultsRecovered: 0, ownCacheEntriesRemoved: 0, runtimeCacheEntriesLeft: 0, shapingStatesAdopted: 0 };
   const resultsDir = o.legacyCniCacheDir ? join(o.legacyCniCacheDir, 'results') : undefined;
   for (const { file, record: old } of o.legacy) {
     if (!isValidContainerId(old.id)) {
@@ -173,6 +176,36 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
       report.ownCacheEntriesRemoved++;
     }
   }
-  if (report.recordsConverted + report.ownCacheEntriesRemoved > 0) o.log.info(report, 'upgraded the state kubenet-ts 0.1.0 left');
+  // The 0.1.0 shaper's own files: each state goes into its pod's record; the files go.
+  if (o.legacyShaperStateDir) {
+    let names: string[] = [];
+    try {
+      names = readdirSync(o.legacyShaperStateDir);
+    } catch (err) {
+      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+    }
+    for (const name of names) {
+      if (!name.endsWith('.json')) continue;
+      const file = join(o.legacyShaperStateDir, name);
+      let state: ShapingState | undefined;
+      try {
+        state = JSON.parse(readFileSync(file, 'utf8')) as ShapingState;
+      } catch {
+        state = undefined;
+      }
+      const record = state && typeof state.id === 'string' ? o.store.get(state.id, POD_IFNAME) : undefined;
+      if (record && state && !record.shaping) {
+        o.store.put({ ...record, shaping: state });
+        report.shapingStatesAdopted++;
+      }
+      unlinkQuiet(file);
+    }
+    try {
+      rmdirSync(o.legacyShaperStateDir);
+    } catch {
+      // not empty (someone else's files) or already gone
+    }
+  }
+  if (report.recordsConverted + report.ownCacheEntriesRemoved + report.shapingStatesAdopted > 0) o.log.info(report, 'upgraded the state kubenet-ts 0.1.0 left');
   return report;
 }

@@ -77,25 +77,24 @@
  *     segments wait in the bulk queue). The length rule is what lets a probe's request through.
  *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
- * with tcMode 'exec', one spawn per operation). State (pod → class id, filter handles, limits) lives
- * in memory and in one small JSON file per pod under `stateDir` (atomic rename), so a restarted
- * process knows its objects without parsing; `init` does ONE listing of the ifb to find the shared
- * structure and to delete classes and filters no state file claims. An ifb without the interactive
+ * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
+ * limits: a `ShapingState`) lives in memory; the shaper writes nothing to disk. `ensure` returns the
+ * pod's state and the caller keeps it with the pod (the agent: in the pod record, src/pod/record.ts,
+ * written once per change), and hands every kept state to `init` after a restart, so the process
+ * knows its objects without parsing; `init` does ONE listing of the ifb to find the shared structure
+ * and to delete classes and filters no known state claims. An ifb without the interactive
  * tables (an earlier version's layout) is rebuilt there, restoring every known pod in the new
  * layout; veths get theirs on the pod's next ensure (reconcile). The shared ifb is kept when the
  * last pod goes (creating it is the expensive part and it costs nothing idle); `reset()` removes it.
  */
-import { createHash } from 'node:crypto';
-import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { mkdir, readdir, readFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { AggregateKubenetError, ConfigError, KubenetError } from '../errors.js';
+import { AggregateKubenetError, ConfigError, KubenetError, NetlinkError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import { silentLogger, type Logger } from '../log.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { ipFamily, lastByte } from './ip.js';
-import { isUnshaped, type BandwidthLimits } from './quantity.js';
+import { checkIfName } from '../net/ifname.js';
+import { ipFamily, lastByte } from '../net/ip.js';
+import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
 import { podLayout, SMALL_PACKET_BYTES, type HtbClass, type PodLayout } from './sizing.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
 
@@ -113,8 +112,6 @@ export interface ShaperOptions {
   /** The shared ifb carrying every pod's egress; default 'kubenet-ifb0'. */
   ifbName?: string;
   logger?: Logger;
-  /** One JSON file per shaped pod; default '/run/kubenet/shaper' (tmpfs, lives as long as the kernel state). */
-  stateDir?: string;
   /**
    * 'session' (default): one long-lived `tc -batch -` process fed per operation (~0.1 ms a line);
    * 'exec': one `tc -batch -` spawn per operation (2-4 ms each). Kept for comparison and fallback.
@@ -123,7 +120,6 @@ export interface ShaperOptions {
 }
 
 export const DEFAULT_IFB = 'kubenet-ifb0';
-export const DEFAULT_STATE_DIR = '/run/kubenet/shaper';
 
 /** Class ids 1..MAX_CLASS (u32 node ids are 12 bits: node = class id + 0x800 * slot, two addresses per family). */
 export const MAX_CLASS = 0x7ff;
@@ -180,7 +176,8 @@ interface FilterRef {
   handle: string;
 }
 
-interface PodRecord {
+/** What the shaper installed for one pod: kept by the caller (the pod record) and given back to `init`. */
+export interface ShapingState {
   version: number;
   id: string;
   hostVeth: string;
@@ -200,16 +197,6 @@ function tbfArgs(l: PodLayout): string {
   return `tbf rate ${l.bulk.leaf.rate}bit burst ${l.bulk.leaf.burst}b limit ${l.bulk.leaf.limit}b`;
 }
 
-function validateIfname(name: string, what: string): void {
-  if (!/^[A-Za-z0-9_.@-]{1,15}$/.test(name)) throw new ConfigError(`${what} ${JSON.stringify(name)} is not a valid interface name (1-15 chars)`);
-}
-
-function validateLimits(l: BandwidthLimits): void {
-  for (const [k, v] of Object.entries(l)) {
-    if (v === undefined) continue;
-    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new ConfigError(`bandwidth limit ${k}=${String(v)} must be a positive number`);
-  }
-}
 
 /** tc's htb class parameters. */
 function htbArgs(c: HtbClass): string {
@@ -221,16 +208,18 @@ function ifbClassIds(classId: number): { pod: number; interactive: number; bulk:
   return { pod: classId, interactive: classId + INTERACTIVE_CLASS_OFFSET, bulk: classId + BULK_CLASS_OFFSET };
 }
 
-function linkExists(name: string): boolean {
-  return existsSync(`/sys/class/net/${name}`);
+/** The link, read over netlink; undefined when there is none. */
+function linkOf(name: string): nl.LinkInfo | undefined {
+  try {
+    return nl.linkByName(name);
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
+    throw err;
+  }
 }
 
-function txQueueLen(name: string): number | undefined {
-  try {
-    return Number(readFileSync(`/sys/class/net/${name}/tx_queue_len`, 'utf8').trim());
-  } catch {
-    return undefined;
-  }
+function linkExists(name: string): boolean {
+  return linkOf(name) !== undefined;
 }
 
 /** What init learned from its one listing of the ifb. */
@@ -260,9 +249,8 @@ export function parseIfbListing(text: string): IfbListing {
 
 export class Shaper {
   readonly ifbName: string;
-  readonly stateDir: string;
   private readonly log: Logger;
-  private readonly records = new Map<string, PodRecord>();
+  private readonly records = new Map<string, ShapingState>();
   private readonly usedClass = new Uint8Array(MAX_CLASS + 1);
   private readonly mutex = new KeyedMutex();
   private ready: Promise<void> | undefined;
@@ -271,28 +259,31 @@ export class Shaper {
   constructor(opts: ShaperOptions = {}) {
     this.session = (opts.tcMode ?? 'session') === 'session' ? new TcSession() : undefined;
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
-    validateIfname(this.ifbName, 'ifbName');
-    this.stateDir = opts.stateDir ?? DEFAULT_STATE_DIR;
+    checkIfName(this.ifbName, 'ifbName');
     this.log = (opts.logger ?? silentLogger()).child({ module: 'shaper', ifb: this.ifbName });
   }
 
-  /** Ensures the shared ifb and its htb/u32 structure; loads state; removes orphans (one listing). */
-  init(): Promise<void> {
-    this.ready ??= this.doInit().catch((err: unknown) => {
+  /**
+   * Ensures the shared ifb and its htb/u32 structure, adopts `known` (the states an earlier process
+   * installed, as its caller kept them), and removes classes and filters none of them claims (one
+   * listing). Only the first call adopts: later ones return the same readiness.
+   */
+  init(known: ShapingState[] = []): Promise<void> {
+    this.ready ??= this.doInit(known).catch((err: unknown) => {
       this.ready = undefined;
       throw err;
     });
     return this.ready;
   }
 
-  private async doInit(): Promise<void> {
+  private async doInit(known: ShapingState[]): Promise<void> {
     const t0 = performance.now();
-    await mkdir(this.stateDir, { recursive: true });
-    await this.loadState();
+    if (this.records.size === 0) this.adopt(known);
     const ifb = this.ifbName;
-    if (!linkExists(ifb)) {
+    const link = linkOf(ifb);
+    if (!link) {
       await batch('ip', [`link add name ${ifb} type ifb`, `link set dev ${ifb} txqueuelen 1000`, `link set dev ${ifb} up`]);
-    } else if ((txQueueLen(ifb) ?? 0) === 0) {
+    } else if (link.txQLen === 0) {
       await batch('ip', [`link set dev ${ifb} txqueuelen 1000`, `link set dev ${ifb} up`]);
     } else {
       await batch('ip', [`link set dev ${ifb} up`]);
@@ -361,41 +352,24 @@ export class Shaper {
     this.log.info({ removed: lines.length - res.failed.length, failed: res.failed.length }, 'removed orphaned classes and filters');
   }
 
-  private statePath(id: string): string {
-    return join(this.stateDir, `${createHash('sha256').update(id).digest('hex').slice(0, 40)}.json`);
-  }
-
-  private async loadState(): Promise<void> {
+  /** Takes over the states a caller kept; a class claimed twice or out of range loses its ifb side (the next ensure re-creates it). */
+  private adopt(known: ShapingState[]): void {
     this.records.clear();
     this.usedClass.fill(0);
-    for (const name of await readdir(this.stateDir)) {
-      if (!name.endsWith('.json')) continue;
-      try {
-        const rec = JSON.parse(await readFile(join(this.stateDir, name), 'utf8')) as PodRecord;
-        if (rec.version !== STATE_VERSION || typeof rec.id !== 'string') continue;
-        if (rec.classId) {
-          if (rec.classId > MAX_CLASS || this.usedClass[rec.classId]) {
-            // Corrupt or duplicated claim: forget the ifb side; the next ensure re-creates it.
-            rec.classId = 0;
-            rec.egressInstalled = false;
-            rec.filters = [];
-          } else {
-            this.usedClass[rec.classId] = 1;
-          }
+    for (const k of known) {
+      if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
+      const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
+      if (rec.classId) {
+        if (rec.classId > MAX_CLASS || this.usedClass[rec.classId]) {
+          rec.classId = 0;
+          rec.egressInstalled = false;
+          rec.filters = [];
+        } else {
+          this.usedClass[rec.classId] = 1;
         }
-        this.records.set(rec.id, rec);
-      } catch (err) {
-        this.log.warn({ err, file: name }, 'ignoring unreadable shaper state file');
       }
+      this.records.set(rec.id, rec);
     }
-  }
-
-  /** Synchronous, as the CNI result cache: a small local file, cheaper than thread-pool round trips. */
-  private saveState(rec: PodRecord): void {
-    const path = this.statePath(rec.id);
-    const tmp = `${path}.tmp`;
-    writeFileSync(tmp, JSON.stringify(rec));
-    renameSync(tmp, path);
   }
 
   private allocClass(): number {
@@ -452,7 +426,7 @@ export class Shaper {
   }
 
   /** The ifb side of a pod (class, leaves, their qdiscs, filters), as replace lines. */
-  private ifbLines(rec: PodRecord): string[] {
+  private ifbLines(rec: ShapingState): string[] {
     if (rec.limits.egress === undefined || !rec.classId) return [];
     const l = podLayout(rec.limits.egress, rec.limits.egressBurst);
     const ifb = this.ifbName;
@@ -503,15 +477,21 @@ export class Shaper {
     ];
   }
 
-  /** Idempotent: installs or updates the pod's shaping; limits with neither direction remove it. */
-  async ensure(pod: PodShaping): Promise<void> {
-    validateIfname(pod.hostVeth, 'hostVeth');
+  /**
+   * Idempotent: installs or updates the pod's shaping and returns what is now installed (for the
+   * caller to keep); limits with neither direction remove it (and return undefined).
+   */
+  async ensure(pod: PodShaping): Promise<ShapingState | undefined> {
+    checkIfName(pod.hostVeth, 'hostVeth');
     if (typeof pod.id !== 'string' || pod.id === '') throw new ConfigError('pod id must be a non-empty string');
-    validateLimits(pod.limits);
+    checkLimits(pod.limits, `pod ${pod.id}`);
     const perFamily = { 4: 0, 6: 0 };
     for (const ip of pod.ips) perFamily[ipFamily(ip)]++;
     if (perFamily[4] > 2 || perFamily[6] > 2) throw new ConfigError(`pod ${pod.id}: the shaper classifies at most two addresses per family`);
-    if (isUnshaped(pod.limits)) return this.remove(pod.id);
+    if (isUnshaped(pod.limits)) {
+      await this.remove(pod.id);
+      return undefined;
+    }
     await this.init();
     if (pod.limits.egress !== undefined && !linkExists(this.ifbName)) {
       // Someone deleted the shared ifb under us: rebuild it (and restore the known pods) once.
@@ -523,13 +503,13 @@ export class Shaper {
     return this.mutex.run(pod.id, () => this.doEnsure(pod));
   }
 
-  private async doEnsure(pod: PodShaping): Promise<void> {
+  private async doEnsure(pod: PodShaping): Promise<ShapingState> {
     const t0 = performance.now();
     const log = this.log.child({ pod: pod.id });
     const prev = this.records.get(pod.id);
     const veth = pod.hostVeth;
     const limits: BandwidthLimits = { ...pod.limits };
-    const rec: PodRecord = {
+    const rec: ShapingState = {
       version: STATE_VERSION,
       id: pod.id,
       hostVeth: veth,
@@ -576,7 +556,7 @@ export class Shaper {
     }
     // The bridge plugin makes veths with txqueuelen 0; htb and its leaves want a queue. Netlink, not an `ip`
     // exec: the exec alone cost ~5 ms of a ~6.5 ms ensure.
-    if (limits.ingress !== undefined && (txQueueLen(veth) ?? 1) === 0) nl.linkSetTxQLen(veth, 1000);
+    if (limits.ingress !== undefined && linkOf(veth)?.txQLen === 0) nl.linkSetTxQLen(veth, 1000);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -597,8 +577,8 @@ export class Shaper {
       rec.classId = 0;
     }
     this.records.set(pod.id, rec);
-    this.saveState(rec);
     log.info({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId }, 'pod shaped');
+    return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
 
   /** Removes every class, filter and qdisc of the pod; an unknown pod is a success. */
@@ -612,7 +592,6 @@ export class Shaper {
       await this.kernelRemove(rec, log);
       this.records.delete(podId);
       this.freeClass(rec.classId);
-      rmSync(this.statePath(podId), { force: true });
       log.info({ ms: +(performance.now() - t0).toFixed(2) }, 'pod shaping removed');
     });
   }
@@ -622,7 +601,7 @@ export class Shaper {
    * already gone (veth deleted with the pod, kernel state lost) or, if not, init's orphan sweep
    * removes it on the next start.
    */
-  private async kernelRemove(rec: PodRecord, log: Logger): Promise<void> {
+  private async kernelRemove(rec: ShapingState, log: Logger): Promise<void> {
     const lines: string[] = [];
     if (linkExists(rec.hostVeth)) {
       if (rec.egressInstalled) lines.push(`qdisc del dev ${rec.hostVeth} ingress`);
@@ -636,11 +615,15 @@ export class Shaper {
     if (r.failed.length > 0) log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
   }
 
-  /** After a restart: removes the shaping of pods not in `live`, ensures every live pod. */
+  /**
+   * After a restart: removes the shaping of pods not in `live` and ensures every live pod (its tc
+   * objects put back as its limits say, whatever happened to them meanwhile). `states()` has the
+   * result.
+   */
   async reconcile(live: PodShaping[]): Promise<void> {
     await this.init();
     const liveIds = new Set(live.map((p) => p.id));
-    const work: Array<() => Promise<void>> = [];
+    const work: Array<() => Promise<unknown>> = [];
     for (const id of [...this.records.keys()]) if (!liveIds.has(id)) work.push(() => this.remove(id));
     for (const p of live) work.push(() => this.ensure(p));
     const errors: unknown[] = [];
@@ -663,17 +646,21 @@ export class Shaper {
     return [...this.records.values()].map((r) => ({ id: r.id, hostVeth: r.hostVeth, ips: [...r.ips], limits: { ...r.limits } }));
   }
 
+  /** Every installed state (what a caller keeps to hand to the next process's init). */
+  states(): ShapingState[] {
+    return [...this.records.values()].map((r) => ({ ...r, ips: [...r.ips], limits: { ...r.limits }, filters: [...r.filters] }));
+  }
+
   /** The htb class id of a pod's egress (for diagnostics and tests); undefined when unshaped. */
   classIdOf(podId: string): number | undefined {
     const c = this.records.get(podId)?.classId;
     return c ? c : undefined;
   }
 
-  /** Removes every pod's shaping, the shared ifb and the state files. */
+  /** Removes the shaping of every pod this shaper knows, and the shared ifb. */
   async reset(): Promise<void> {
     const errors: unknown[] = [];
-    if (existsSync(this.stateDir)) {
-      await this.init().catch((err: unknown) => errors.push(err));
+    if (this.records.size > 0) {
       for (const id of [...this.records.keys()]) await this.remove(id).catch((err: unknown) => errors.push(err));
     }
     if (linkExists(this.ifbName)) await batch('ip', [`link del dev ${this.ifbName}`]).catch((err: unknown) => errors.push(err));

@@ -19,7 +19,7 @@ import { randomInt, randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
+import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../helpers/agent-harness.js';
 import { AgentProcess, manifestConfigYaml } from '../helpers/agent-process.js';

@@ -4,7 +4,7 @@ import { chmod, readFile, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CniPluginError, ConfigError, NotReadyError } from '../../src/errors.js';
 import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/pod/host-setup.js';
-import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
+import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../helpers/kernel.js';
 import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
 

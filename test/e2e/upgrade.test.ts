@@ -15,11 +15,12 @@
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { pino } from 'pino';
+import { createHash } from 'node:crypto';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CniRuntime } from '../../src/cni/runtime.js';
 import { bridgeConf, withPortmap } from '../../src/pod/bridge.js';
-import { parseCidr } from '../../src/plugin/cidr.js';
+import { parseCidr } from '../../src/net/ip.js';
 import { Shaper } from '../../src/shaper/tc.js';
 import { AgentHarness, agentTestBlocker, LIBCNI_DRIVER, type AgentPod } from '../helpers/agent-harness.js';
 import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
@@ -46,7 +47,10 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
   // --- What 0.1.0 left on the node. ---
   const conf = { ...bridgeConf({ bridgeName: h.bridge, mtu: 1500, hairpinMode: 'hairpin-veth', ipamDataDir: h.config.ipamDataDir }, [parseCidr(CIDR)]), addIf: 'eth0' };
   const old = new CniRuntime({ binDirs: CNI_BIN_DIRS, cacheDir: legacyCache });
-  const shaper = new Shaper({ ifbName: h.ifb, stateDir: join(h.config.stateDir, 'shaper') });
+  const shaper = new Shaper({ ifbName: h.ifb });
+  // 0.1.0's shaper kept one file per pod, named by the sha256 of its ID.
+  const shaperDir = join(h.config.stateDir, 'shaper');
+  await mkdir(shaperDir, { recursive: true });
   const args = (p: AgentPod): [string, string][] => [['IgnoreUnknown', '1'], ['K8S_POD_NAMESPACE', p.namespace], ['K8S_POD_NAME', p.name], ['K8S_POD_INFRA_CONTAINER_ID', p.id]];
   await mkdir(join(h.config.stateDir, 'pods'), { recursive: true });
   const make = async (name: string, opts: { ports?: boolean; limits?: { ingress: number; egress: number } }): Promise<Made> => {
@@ -57,7 +61,10 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
     const ip = result.ips[0]?.address.split('/')[0] ?? '';
     const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== h.bridge)?.name ?? '';
     const limits = opts.limits ?? {};
-    if (opts.limits) await shaper.ensure({ id: pod.id, hostVeth, ips: [ip], limits });
+    if (opts.limits) {
+      const state = await shaper.ensure({ id: pod.id, hostVeth, ips: [ip], limits });
+      await writeFile(join(shaperDir, `${createHash('sha256').update(pod.id).digest('hex').slice(0, 40)}.json`), JSON.stringify(state));
+    }
     const record = { namespace: pod.namespace, name: pod.name, id: pod.id, netns: pod.netnsPath, ips: [ip], hostVeth, limits, ...(portMappings ? { portMappings } : {}) };
     await writeFile(join(h.config.stateDir, 'pods', `${pod.id}.json`), JSON.stringify(record));
     return { pod, ip, hostVeth };
@@ -108,6 +115,7 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
   t.deepEqual((await readdir(join(legacyCache, 'results'))).sort(), [`kubenet-${web.pod.id}-eth0`], "0.1.0's own entries removed; the runtime's kept");
   t.is(await readFile(runtimeEntryPath, 'utf8'), runtimeEntry, "the runtime's entry is byte for byte what the runtime wrote");
   t.is((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, classesBefore, 'shaping untouched');
+  t.deepEqual(await readdir(h.config.stateDir), ['pods'], "0.1.0's shaper files adopted into the records, then removed");
   for (const m of [web, plain]) {
     t.true(await linkExists(m.hostVeth), `${m.pod.name}: veth kept`);
     const ping = await execa('ip', ['netns', 'exec', m.pod.netnsName, 'ping', '-c', '1', '-W', '2', '10.93.20.1'], { reject: false });

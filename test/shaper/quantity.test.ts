@@ -1,14 +1,8 @@
 import test from 'ava';
 import { ConfigError } from '../../src/errors.js';
-import {
-  bandwidthFromAnnotations,
-  EGRESS_ANNOTATION,
-  INGRESS_ANNOTATION,
-  parseBandwidth,
-  parseQuantity,
-} from '../../src/shaper/quantity.js';
+import { bandwidthFromAnnotations, EGRESS_ANNOTATION, INGRESS_ANNOTATION, limitsFromRuntimeConfig, parseBandwidth } from '../../src/shaper/limits.js';
+import { parseQuantity } from '../../src/shaper/quantity.js';
 import { burstBytes, FRAME, htbQuantum, interactiveQueueBytes, leafParams, podLayout, queueLimitBytes, rateParams } from '../../src/shaper/sizing.js';
-import { ipv6Bytes, lastByte } from '../../src/shaper/ip.js';
 import { parseIfbListing } from '../../src/shaper/tc.js';
 
 const valid: Array<[string, number]> = [
@@ -119,13 +113,6 @@ test('sizing: a pod class at the limit, interactive leaf first with 10% assured,
   t.is(l.bulk.leaf.limit, 31_250 + 10_000);
 });
 
-test('ip helpers: last byte of v4 and v6', (t) => {
-  t.is(lastByte('10.98.1.17'), 17);
-  t.is(lastByte('fd00:98::1:ab'), 0xab);
-  t.is(lastByte('::ffff:10.0.0.200'), 200);
-  t.is(lastByte('fd00::'), 0);
-  t.deepEqual([...ipv6Bytes('1::2')], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
-});
 
 test('ifb listing parser finds structure, classes and pod filters', (t) => {
   const text = `qdisc htb 1: root refcnt 2 r2q 10 default 0 direct_packets_stat 0 direct_qlen 1000
@@ -176,4 +163,13 @@ filter protocol ip pref 10 u32 chain 0 fh 802::800 order 2048 key ht 802 bkt 0 l
     l.podFilters.map((f) => f.handle),
     ['12:a:1', '13:a:1', '10:a:1'],
   );
+});
+
+test('runtimeConfig.bandwidth: camelCase and PascalCase, 0 and the uint32-max burst mean none, bounds named', (t) => {
+  t.deepEqual(limitsFromRuntimeConfig({ ingressRate: 20e6, egressRate: 10e6, egressBurst: 80000 }), { ingress: 20e6, egress: 10e6, egressBurst: 80000 });
+  t.deepEqual(limitsFromRuntimeConfig({ IngressRate: 20e6, IngressBurst: 4294967295 }), { ingress: 20e6 });
+  t.is(limitsFromRuntimeConfig({ ingressRate: 0, egressRate: 0 }), undefined);
+  t.is(limitsFromRuntimeConfig(undefined), undefined);
+  t.throws(() => limitsFromRuntimeConfig({ ingressRate: 999 }), { instanceOf: ConfigError, message: /runtimeConfig\.bandwidth\.ingressRate 999 is outside/ });
+  t.throws(() => limitsFromRuntimeConfig([]), { instanceOf: ConfigError, message: /must be an object/ });
 });

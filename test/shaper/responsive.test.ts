@@ -11,7 +11,7 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { isRoot, makeTmpDir, rmrf, uniq } from '../helpers/kernel.js';
+import { isRoot, uniq } from '../helpers/kernel.js';
 import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer } from './probe.js';
 import { iperf, makeTopology, pingRtt, retryLog, type IperfResult, type TopoPod, type Topology } from './topo.js';
 
@@ -28,14 +28,12 @@ const WINDOW_S = 5;
 let topo: Topology | undefined;
 let shaper: Shaper | undefined;
 let server: ProbeServer | undefined;
-let stateDir = '';
 const ifb = `kif${uniq(8)}`;
 
 test.before(async () => {
   if (skip || iperfMissing) return;
-  stateDir = await makeTmpDir('kshaper-resp');
   topo = await makeTopology(2);
-  shaper = new Shaper({ ifbName: ifb, stateDir });
+  shaper = new Shaper({ ifbName: ifb });
   await shaper.init();
   const [a, b] = topo.pods as [TopoPod, TopoPod];
   const pod: PodShaping = { id: a.id, hostVeth: a.hostVeth, ips: [a.ip4, a.ip6], limits: { ingress: LIMIT, egress: LIMIT } };
@@ -48,7 +46,6 @@ test.after.always(async () => {
   await shaper?.reset().catch(() => undefined);
   await execa('ip', ['link', 'del', ifb], { reject: false });
   await topo?.destroy();
-  if (stateDir) await rmrf(stateDir);
 });
 
 interface Sample {

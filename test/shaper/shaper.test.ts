@@ -6,12 +6,11 @@
 import test, { type ExecutionContext } from 'ava';
 import { execa } from 'execa';
 import { existsSync } from 'node:fs';
-import { readdir } from 'node:fs/promises';
 import { ConfigError } from '../../src/errors.js';
-import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/shaper/quantity.js';
+import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/shaper/limits.js';
 import { interactiveQueueBytes } from '../../src/shaper/sizing.js';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { isRoot, makeTmpDir, rmrf, uniq } from '../helpers/kernel.js';
+import { isRoot, uniq } from '../helpers/kernel.js';
 import { makeTopology, type TopoPod, type Topology } from './topo.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
@@ -26,23 +25,20 @@ interface Env {
   topo: Topology;
   shaper: Shaper;
   ifb: string;
-  stateDir: string;
 }
 
 async function setup(t: ExecutionContext, pods = 3): Promise<Env> {
   const ifb = `kif${uniq(8)}`;
-  const stateDir = await makeTmpDir('kshaper');
   const topo = await makeTopology(pods);
-  const shaper = new Shaper({ ifbName: ifb, stateDir });
+  const shaper = new Shaper({ ifbName: ifb });
   t.teardown(async () => {
+    await shaper.reset().catch(() => undefined);
     shaper.close();
-    await new Shaper({ ifbName: ifb, stateDir }).reset().catch(() => undefined);
     await execa('ip', ['link', 'del', ifb], { reject: false });
     await topo.destroy();
-    await rmrf(stateDir);
   });
   await shaper.init();
-  return { topo, shaper, ifb, stateDir };
+  return { topo, shaper, ifb };
 }
 
 function podOf(p: TopoPod, limits: PodShaping['limits'], dual = true): PodShaping {
@@ -95,7 +91,7 @@ kTest('ensure installs both directions with explicit quantum; remove leaves noth
   const after = await podObjects(env, a, id);
   t.deepEqual(after, NOTHING);
   t.deepEqual(env.shaper.list(), []);
-  t.deepEqual(await readdir(env.stateDir), []);
+  t.deepEqual(env.shaper.states(), [], 'nothing left to keep');
   // The shared ifb is kept (documented); removing an unknown pod succeeds.
   t.true(existsSync(`/sys/class/net/${env.ifb}`));
   await t.notThrowsAsync(env.shaper.remove(a.id));
@@ -165,9 +161,11 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
   await execa('tc', ['class', 'add', 'dev', env.ifb, 'parent', '1:', 'classid', '1:7ff', 'htb', 'rate', '1mbit', 'quantum', '1514']);
   await execa('tc', ['filter', 'add', 'dev', env.ifb, 'parent', '1:', 'prio', '10', 'handle', '10:fe:7ff', 'protocol', 'ip', 'u32', 'ht', '10:fe:', 'match', 'ip', 'src', '10.98.250.254/32', 'flowid', '1:7ff']);
 
-  const again = new Shaper({ ifbName: env.ifb, stateDir: env.stateDir });
+  // What the first process kept of its states (the agent keeps them in its pod records).
+  const kept = env.shaper.states();
+  const again = new Shaper({ ifbName: env.ifb });
   t.teardown(() => again.close());
-  await again.init();
+  await again.init(kept);
   t.deepEqual(
     again.list().map((p) => p.id).sort(),
     [a, b, c].map((p) => p.id).sort(),
@@ -185,7 +183,7 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
   t.regex(classes.join('\n'), /rate 2Mbit/);
   const bObjs = await podObjects(env, b, before[b.id]);
   t.deepEqual(bObjs, NOTHING);
-  t.is((await readdir(env.stateDir)).length, 2);
+  t.deepEqual(again.states().map((st) => st.id).sort(), [a.id, c.id].sort(), 'the states to keep: the two live pods');
 
   // A new pod after restart does not collide with recovered ids.
   await again.ensure(podOf(b, { egress: 3e6 }));
@@ -197,8 +195,8 @@ kTest('restart after the ifb was lost: structure rebuilt, known pods restored', 
   const [a] = env.topo.pods as [TopoPod];
   await env.shaper.ensure(podOf(a, { egress: 4e6 }));
   await execa('ip', ['link', 'del', env.ifb]);
-  const again = new Shaper({ ifbName: env.ifb, stateDir: env.stateDir, tcMode: 'exec' });
-  await again.init();
+  const again = new Shaper({ ifbName: env.ifb, tcMode: 'exec' });
+  await again.init(env.shaper.states());
   t.regex(await tc(['class', 'show', 'dev', env.ifb]), /class htb 1:1 .*rate 4Mbit/);
   t.is((await allIfbPodFilters(env.ifb)).length, 4);
   // The veth redirect pointed at the old ifb by index: init refreshed it.
@@ -411,9 +409,9 @@ kTest('an earlier layout (tbf root on the veth, ifb without the interactive tabl
   ];
   await execa('tc', ['-batch', '-'], { input: old.join('\n') + '\n' });
 
-  const again = new Shaper({ ifbName: ifb, stateDir: env.stateDir });
+  const again = new Shaper({ ifbName: ifb });
   t.teardown(() => again.close());
-  await again.init();
+  await again.init(env.shaper.states());
   await again.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
   const root = (JSON.parse(await tc(['-j', 'qdisc', 'show', 'dev', a.hostVeth])) as Array<{ kind: string; handle: string; root?: boolean }>).filter((q) => q.root);
   t.deepEqual(

@@ -7,7 +7,7 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { isRoot, makeTmpDir, rmrf, uniq } from '../helpers/kernel.js';
+import { isRoot, uniq } from '../helpers/kernel.js';
 import { iperf, makeTopology, retryLog, type IperfResult, type TopoPod, type Topology } from './topo.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
@@ -16,14 +16,12 @@ const kTest = skip || iperfMissing ? test.serial.skip : test.serial;
 
 let topo: Topology | undefined;
 let shaper: Shaper | undefined;
-let stateDir = '';
 const ifb = `kif${uniq(8)}`;
 
 test.before(async () => {
   if (skip || iperfMissing) return;
-  stateDir = await makeTmpDir('kshaper-traffic');
   topo = await makeTopology(3);
-  shaper = new Shaper({ ifbName: ifb, stateDir });
+  shaper = new Shaper({ ifbName: ifb });
   await shaper.init();
 });
 
@@ -31,7 +29,6 @@ test.after.always(async () => {
   await shaper?.reset().catch(() => undefined);
   await execa('ip', ['link', 'del', ifb], { reject: false });
   await topo?.destroy();
-  if (stateDir) await rmrf(stateDir);
 });
 
 function pods(): [TopoPod, TopoPod, TopoPod] {

@@ -1,6 +1,6 @@
 import test from 'ava';
 import { ConfigError } from '../../src/errors.js';
-import { bigIntToIp, cidrContains, ipToBigInt, parseCidr, parsePodCidrs } from '../../src/plugin/cidr.js';
+import { cidrContains, familyOf, lastByte, parseCidr, parsePodCidrs, parsePrefixed } from '../../src/net/ip.js';
 
 test('parseCidr clears host bits and normalizes both families', (t) => {
   t.deepEqual(parseCidr('10.244.1.7/24'), { family: 4, network: '10.244.1.0', prefixLen: 24, cidr: '10.244.1.0/24' });
@@ -29,13 +29,29 @@ test('parsePodCidrs accepts one CIDR or a dual-stack pair', (t) => {
   t.throws(() => parsePodCidrs('10.1.0.0/31'), { instanceOf: ConfigError, message: /too small/ });
 });
 
-test('address arithmetic round-trips and containment is exact', (t) => {
-  for (const ip of ['0.0.0.0', '255.255.255.255', '10.244.1.2']) t.is(bigIntToIp(ipToBigInt(ip), 4), ip);
-  for (const ip of ['::', '::1', 'fd00::1', 'fd00:1:2:3:4:5:6:7', '1::', '1:0:0:1::1']) t.is(bigIntToIp(ipToBigInt(ip), 6), ip);
-  t.is(bigIntToIp(ipToBigInt('::ffff:10.0.0.1'), 6), '::ffff:a00:1');
+test('containment is exact, across families', (t) => {
   const s = parseCidr('10.244.1.0/24');
   t.true(cidrContains(s, '10.244.1.255'));
   t.false(cidrContains(s, '10.244.2.0'));
   t.false(cidrContains(s, 'fd00::1'));
   t.true(cidrContains(parseCidr('fd00:1::/64'), 'fd00:1::abcd'));
+  t.false(cidrContains(parseCidr('fd00:1::/64'), 'fd00:2::1'));
+  t.true(cidrContains(parseCidr('0.0.0.0/0'), '203.0.113.9'));
+});
+
+test('plain and prefixed addresses', (t) => {
+  t.is(familyOf('10.0.0.1'), 4);
+  t.is(familyOf('::ffff:10.0.0.1'), 6);
+  t.is(familyOf('10.0.0.1/24'), 0);
+  t.is(familyOf(7), 0);
+  t.deepEqual(parsePrefixed('10.1.2.3/24'), { family: 4, ip: '10.1.2.3', prefixLen: 24 });
+  t.deepEqual(parsePrefixed('fd00::7/64'), { family: 6, ip: 'fd00::7', prefixLen: 64 });
+  for (const bad of ['10.1.2.3', '10.1.2.3/33', 'fd00::/129', 'x/1', 5]) t.is(parsePrefixed(bad), undefined, String(bad));
+});
+
+test('the last byte of an address (the shaper hash bucket)', (t) => {
+  t.is(lastByte('10.98.1.17'), 17);
+  t.is(lastByte('fd00:98::1:ab'), 0xab);
+  t.is(lastByte('::ffff:10.0.0.200'), 200);
+  t.is(lastByte('fd00::'), 0);
 });

@@ -13,7 +13,6 @@ import koffi from 'koffi';
 export const types = {
   nl_sock: koffi.opaque('nl_sock'),
   nl_cache: koffi.opaque('nl_cache'),
-  nl_object: koffi.opaque('nl_object'),
   nl_addr: koffi.opaque('nl_addr'),
   rtnl_link: koffi.opaque('rtnl_link'),
   rtnl_addr: koffi.opaque('rtnl_addr'),
@@ -52,14 +51,10 @@ export const nl = {
   nl_socket_free: libnl.func('void nl_socket_free(nl_sock *sk)'),
   // netlink/netlink.h — returns 0 or -NLE_*.
   nl_connect: libnl.func('int nl_connect(nl_sock *sk, int protocol)'),
-  nl_close: libnl.func('void nl_close(nl_sock *sk)'),
   // netlink/errno.h — static string, never freed. Takes the (negative or positive) NLE code.
   nl_geterror: libnl.func('const char *nl_geterror(int error)'),
   // netlink/cache.h — objects returned by get_first/get_next are borrowed from the cache.
   nl_cache_free: libnl.func('void nl_cache_free(nl_cache *cache)'),
-  nl_cache_get_first: libnl.func('nl_object *nl_cache_get_first(nl_cache *cache)'),
-  nl_cache_get_next: libnl.func('nl_object *nl_cache_get_next(nl_object *obj)'),
-  nl_cache_nitems: libnl.func('int nl_cache_nitems(nl_cache *cache)'),
   // Typed walks of a link / address cache: same C functions, declared with the concrete object type.
   // Every libnl object starts with the nl_object header (NLHDR_COMMON), so the cast is the one libnl
   // itself does; koffi checks pointer types and would refuse an nl_object * where rtnl_link * is expected.
@@ -67,14 +62,9 @@ export const nl = {
   link_cache_next: libnl.func('rtnl_link *nl_cache_get_next(rtnl_link *obj)'),
   addr_cache_first: libnl.func('rtnl_addr *nl_cache_get_first(nl_cache *cache)'),
   addr_cache_next: libnl.func('rtnl_addr *nl_cache_get_next(rtnl_addr *obj)'),
-  // netlink/object.h
-  nl_object_put: libnl.func('void nl_object_put(nl_object *obj)'),
   // netlink/addr.h — nl_addr_parse gives the caller a reference: nl_addr_put.
   nl_addr_parse: libnl.func('int nl_addr_parse(const char *addr, int hint, _Out_ nl_addr **result)'),
   nl_addr_put: libnl.func('void nl_addr_put(nl_addr *addr)'),
-  nl_addr_get_family: libnl.func('int nl_addr_get_family(const nl_addr *addr)'),
-  nl_addr_get_len: libnl.func('unsigned int nl_addr_get_len(const nl_addr *addr)'),
-  nl_addr_get_prefixlen: libnl.func('unsigned int nl_addr_get_prefixlen(const nl_addr *addr)'),
   // Writes into buf (a Buffer) and returns it as a string; appends "/len" when the prefix is not full.
   nl_addr2str: libnl.func('const char *nl_addr2str(const nl_addr *addr, char *buf, size_t size)'),
 };

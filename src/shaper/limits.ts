@@ -1,0 +1,143 @@
+/**
+ * Bandwidth limits, their one home: the type, the bounds, and every way a limit arrives — the pod's
+ * `kubernetes.io/ingress-bandwidth` / `egress-bandwidth` annotations (Kubernetes quantities) and a
+ * runtime's `runtimeConfig.bandwidth` (bits/s, as containerd and CRI-O pass the annotations) — each
+ * checked against the same bounds, with errors naming where the value came from.
+ */
+import { ConfigError } from '../errors.js';
+import { parseQuantity } from './quantity.js';
+
+/** Rates in bits/s, bursts in bits. A missing direction is unshaped; a missing burst is sized by the shaper. */
+export interface BandwidthLimits {
+  ingress?: number;
+  egress?: number;
+  ingressBurst?: number;
+  egressBurst?: number;
+}
+
+/** Traffic TO the pod. */
+export const INGRESS_ANNOTATION = 'kubernetes.io/ingress-bandwidth';
+/** Traffic FROM the pod. */
+export const EGRESS_ANNOTATION = 'kubernetes.io/egress-bandwidth';
+
+/** Kubelet's lower bound on a bandwidth annotation, bits/s. */
+export const MIN_BANDWIDTH = 1_000;
+/**
+ * The highest rate the shaper can enforce, bits/s: 10 Tbit/s. Kubelet accepts annotations up to 1P,
+ * but tc keeps a class's burst in 32 bits of bytes, which above ~20 Tbit/s cannot hold even the
+ * 1.5 ms burst the shaper gives a pod; such a value is refused here, naming it, before anything runs.
+ */
+export const MAX_BANDWIDTH = 10_000_000_000_000;
+/** A burst, in bits, is at most this (tc's 32-bit byte count; the shaper bounds it further from the rate). */
+export const MAX_BURST_BITS = 4294967295 * 8;
+
+/** A bandwidth quantity in bits/s, validated against kubelet's bounds; `what` names the source in errors. */
+export function parseBandwidth(value: string, what: string): number {
+  const v = parseQuantity(value);
+  if (v === undefined) {
+    throw new ConfigError(`${what}: invalid bandwidth quantity ${JSON.stringify(value)} (expected e.g. "10M", "500k", "1Gi")`);
+  }
+  if (v < BigInt(MIN_BANDWIDTH)) {
+    throw new ConfigError(`${what}: bandwidth ${JSON.stringify(value)} is below the minimum 1k (1000 bit/s)`);
+  }
+  if (v > BigInt(MAX_BANDWIDTH)) {
+    throw new ConfigError(`${what}: bandwidth ${JSON.stringify(value)} is above the maximum 10T (10^13 bit/s) that tc can enforce`);
+  }
+  return Number(v);
+}
+
+/**
+ * Reads `kubernetes.io/ingress-bandwidth` (to the pod) and `kubernetes.io/egress-bandwidth`
+ * (from the pod). Absent annotations leave that direction unshaped; present but invalid ones
+ * throw a ConfigError naming the annotation and the value.
+ */
+export function bandwidthFromAnnotations(annotations?: Record<string, string>): BandwidthLimits {
+  const limits: BandwidthLimits = {};
+  if (!annotations) return limits;
+  const ingress = annotations[INGRESS_ANNOTATION];
+  if (ingress !== undefined) limits.ingress = parseBandwidth(ingress, `annotation ${INGRESS_ANNOTATION}`);
+  const egress = annotations[EGRESS_ANNOTATION];
+  if (egress !== undefined) limits.egress = parseBandwidth(egress, `annotation ${EGRESS_ANNOTATION}`);
+  return limits;
+}
+
+/** True when the limits shape neither direction. */
+export function isUnshaped(limits: BandwidthLimits): boolean {
+  return limits.ingress === undefined && limits.egress === undefined;
+}
+
+/**
+ * Checks limits given as numbers (the library, runtimeConfig.bandwidth after parsing): each rate an
+ * integer-valued number within MIN_BANDWIDTH..MAX_BANDWIDTH bits/s, each burst a positive number of
+ * bits up to MAX_BURST_BITS. Throws a ConfigError naming `what`, the key and the value.
+ */
+export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLimits {
+  if (typeof limits !== 'object' || limits === null || Array.isArray(limits)) throw new ConfigError(`${what}: bandwidth limits must be an object`);
+  for (const [k, v] of Object.entries(limits)) {
+    if (v === undefined) continue;
+    const isRate = k === 'ingress' || k === 'egress';
+    if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst') throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
+    if (typeof v !== 'number' || !Number.isFinite(v)) throw new ConfigError(`${what}: ${k} must be a number, got ${JSON.stringify(v)}`);
+    if (isRate && (v < MIN_BANDWIDTH || v > MAX_BANDWIDTH)) {
+      throw new ConfigError(`${what}: ${k} ${v} bits/s is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
+    }
+    if (!isRate && (v <= 0 || v > MAX_BURST_BITS)) throw new ConfigError(`${what}: ${k} ${v} bits is outside 1..${MAX_BURST_BITS} bits`);
+  }
+  return limits;
+}
+
+/** Two limits are the same when every rate and burst is. */
+export function sameLimits(a: BandwidthLimits, b: BandwidthLimits): boolean {
+  return a.ingress === b.ingress && a.egress === b.egress && a.ingressBurst === b.ingressBurst && a.egressBurst === b.egressBurst;
+}
+
+/** containerd passes this burst (uint32 max) when the pod sets none: it means "none given". */
+export const UNSET_BURST = 4294967295;
+
+function isObj(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function describe(v: unknown): string {
+  const s = JSON.stringify(v) ?? String(v);
+  return s.length > 80 ? `${s.slice(0, 80)}…` : s;
+}
+
+/**
+ * runtimeConfig.bandwidth as containerd and CRI-O pass it: rates in bits/s, bursts in bits, keys in
+ * camelCase (the CNI convention) or PascalCase (containerd 1.6). A rate of 0 means no limit that
+ * way; a burst of 4294967295 means none given. Undefined when no limit is given.
+ * @throws ConfigError naming the key and the value
+ */
+export function limitsFromRuntimeConfig(bw: unknown): BandwidthLimits | undefined {
+  if (bw === undefined || bw === null) return undefined;
+  const where = 'runtimeConfig.bandwidth';
+  if (!isObj(bw)) throw new ConfigError(`${where} must be an object, got ${describe(bw)}`);
+  const known = ['ingressRate', 'ingressBurst', 'egressRate', 'egressBurst'];
+  for (const k of Object.keys(bw)) {
+    if (!known.some((c) => c === k || c[0]!.toUpperCase() + c.slice(1) === k)) throw new ConfigError(`${where} has an unknown key ${JSON.stringify(k)}`);
+  }
+  const pick = (camel: string): number | undefined => {
+    const pascal = camel[0]!.toUpperCase() + camel.slice(1);
+    if (bw[camel] !== undefined && bw[pascal] !== undefined) throw new ConfigError(`${where} gives both ${camel} and ${pascal}`);
+    const v = bw[camel] ?? bw[pascal];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) throw new ConfigError(`${where}.${camel} must be a non-negative integer, got ${describe(v)}`);
+    return v;
+  };
+  const out: BandwidthLimits = {};
+  for (const [dir, rate, burst] of [
+    ['ingress', 'ingressRate', 'ingressBurst'],
+    ['egress', 'egressRate', 'egressBurst'],
+  ] as const) {
+    const r = pick(rate);
+    const b = pick(burst);
+    if (!r) continue; // 0 or absent: no limit that way
+    if (r < MIN_BANDWIDTH || r > MAX_BANDWIDTH) throw new ConfigError(`${where}.${rate} ${r} is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
+    out[dir] = r;
+    if (!b || b === UNSET_BURST) continue;
+    if (b > MAX_BURST_BITS) throw new ConfigError(`${where}.${burst} ${b} is above ${MAX_BURST_BITS} bits`);
+    out[dir === 'ingress' ? 'ingressBurst' : 'egressBurst'] = b;
+  }
+  return out.ingress || out.egress ? out : undefined;
+}
