@@ -50,8 +50,8 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { CONFIG_KEYS, type ConfigKey } from '../src/daemon/config.js';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
-import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../test/helpers/agent-harness.js';
-import { makeTmpDir, rmrf, uniq } from '../test/helpers/kernel.js';
+import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../hack/support/agent-harness.js';
+import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /** The `kubenet` command as package.json's bin ships it. */

@@ -19,8 +19,8 @@ import { performance } from 'node:perf_hooks';
 import { parseBandwidth } from '../src/shaper/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
-import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../test/shaper/probe.js';
-import { iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../test/shaper/topo.js';
+import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../hack/support/probe.js';
+import { iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);

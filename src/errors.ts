@@ -54,6 +54,21 @@ export class CniPluginError extends KubenetError {
   }
 }
 
+/** A system tool (iptables, modprobe, ip) exited with an error; classify by `tool` and `exitCode`. */
+export class ToolError extends KubenetError {
+  readonly tool: string;
+  readonly args: readonly string[];
+  readonly exitCode: number | undefined;
+  readonly stderr: string;
+  constructor(tool: string, args: readonly string[], exitCode: number | undefined, stderr: string) {
+    super(`${tool} ${args.join(' ')} failed (exit ${exitCode ?? 'signal'}): ${stderr.trim() || 'no message'}`);
+    this.tool = tool;
+    this.args = args;
+    this.exitCode = exitCode;
+    this.stderr = stderr;
+  }
+}
+
 /** Several independent steps failed (teardown runs every step and reports all failures). */
 export class AggregateKubenetError extends KubenetError {
   readonly errors: unknown[];

@@ -12,5 +12,6 @@ export {
   KubenetError,
   NetlinkError,
   NotReadyError,
+  ToolError,
   UnknownPodError,
 } from './errors.js';

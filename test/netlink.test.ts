@@ -28,7 +28,7 @@ import {
   type AddrInfo,
   type LinkInfo,
 } from '../src/netlink/index.js';
-import { ipJson, isRoot, sh, uniq } from './helpers/kernel.js';
+import { ipJson, isRoot, sh, uniq } from '../hack/support/kernel.js';
 
 const ENOENT = 2;
 const ENODEV = 19;

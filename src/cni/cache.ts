@@ -10,9 +10,9 @@
  * per step (open, write, close, rename, …) cost about 1 ms per ADD+DEL on the hot path. The
  * methods stay async so the storage can change without touching callers.
  */
-import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
+import { writeFileAtomic } from '../util/atomic-file.js';
 import { CacheError } from './errors.js';
 import { validateContainerId, validateInterfaceName, validateNetworkName } from './names.js';
 import type { CacheEntry, WireResult } from './types.js';
@@ -31,8 +31,6 @@ function isErrno(err: unknown, code: string): boolean {
 function isObj(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
-
-let tmpCounter = 0;
 
 export class ResultCache {
   readonly resultsDir: string;
@@ -83,23 +81,9 @@ export class ResultCache {
   /** Writes (or replaces) the entry atomically: readers see the old entry or the new one, never a partial file. */
   async write(entry: CacheEntry): Promise<void> {
     const path = this.path(entry);
-    const data = JSON.stringify(entry);
-    const tmp = join(this.resultsDir, `.${entry.networkName}-${entry.containerId}-${entry.ifName}.${process.pid}.${++tmpCounter}.${randomBytes(3).toString('hex')}.tmp`);
     try {
-      try {
-        writeFileSync(tmp, data, { mode: 0o600 });
-      } catch (err) {
-        if (!isErrno(err, 'ENOENT')) throw err;
-        mkdirSync(this.resultsDir, { recursive: true, mode: 0o700 });
-        writeFileSync(tmp, data, { mode: 0o600 });
-      }
-      renameSync(tmp, path);
+      writeFileAtomic(path, JSON.stringify(entry), { mode: 0o600, dirMode: 0o700 });
     } catch (err) {
-      try {
-        unlinkSync(tmp);
-      } catch {
-        // never written
-      }
       throw new CacheError(path, 'cannot write', { cause: err });
     }
   }

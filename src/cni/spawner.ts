@@ -15,9 +15,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants as fsConstants } from 'node:fs';
 import { constants as osConstants } from 'node:os';
-import { dirname, resolve } from 'node:path';
 import type { Socket } from 'node:net';
-import { fileURLToPath } from 'node:url';
+import { packagePath } from '../util/package-root.js';
 
 /** Relative to the package root, as hack/build-native.sh builds it. */
 export const SPAWNER_BUILD_PATH = 'native/build/kubenet-spawner';
@@ -51,14 +50,8 @@ interface Run {
 const SIGNAL_NAMES = new Map<number, NodeJS.Signals>(Object.entries(osConstants.signals).map(([k, v]) => [v, k as NodeJS.Signals]));
 const ERRNO_NAMES = new Map<number, string>(Object.entries(osConstants.errno).map(([k, v]) => [v, k]));
 
-function packageRoot(): string {
-  const here = dirname(fileURLToPath(import.meta.url)); // .../src/cni or .../dist/src/cni
-  const up = resolve(here, '..', '..');
-  return up.endsWith('/dist') ? resolve(up, '..') : up;
-}
-
 export function spawnerBinaryPath(): string {
-  return resolve(packageRoot(), SPAWNER_BUILD_PATH);
+  return packagePath(SPAWNER_BUILD_PATH);
 }
 
 /** Text as execa gives it: UTF-8, one final newline removed. */

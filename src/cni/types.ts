@@ -10,7 +10,9 @@
 export const CNI_VERSIONS = ['0.1.0', '0.2.0', '0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] as const;
 export type CniVersion = (typeof CNI_VERSIONS)[number];
 
-export type CniCommand = 'ADD' | 'DEL' | 'CHECK' | 'VERSION';
+/** The commands of the CNI spec (STATUS and GC since 1.1.0). */
+export const CNI_COMMANDS = ['ADD', 'DEL', 'CHECK', 'GC', 'STATUS', 'VERSION'] as const;
+export type CniCommand = (typeof CNI_COMMANDS)[number];
 
 /** `{ dst, gw }` as in configs and results; the optional fields are spec 1.1.0 route attributes. */
 export interface Route {

@@ -5,9 +5,7 @@
  */
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
-import { POD_IFNAME } from '../pod/bridge.js';
-import { PodNetwork, REQUIRED_PLUGINS } from '../pod/network.js';
-import type { PodRecord } from '../pod/record.js';
+import { PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
 import { CniHandler, type PodLookup } from './cni-handler.js';
 import { checkInstallConfig, installCni } from './cni-install.js';
@@ -70,12 +68,12 @@ export class Agent {
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: () => this.metrics.text(this.network.list()),
+        metrics: () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight()),
         status: () => this.statusReport(),
         answered: (answer, seconds) => {
           this.metrics.observe(answer.command, seconds, answer.status === 200 ? undefined : (answer.code ?? 999));
           if (answer.status !== 200) this.log.warn({ command: answer.command, body: answer.body }, 'CNI call failed');
-          this.metrics.update(this.network.list());
+          this.metrics.update(this.network.list(), this.network.vethDeletionsInFlight());
         },
       },
       { socket: config.socket, log, ...(opts.shutdownGraceMs !== undefined ? { shutdownGraceMs: opts.shutdownGraceMs } : {}) },
@@ -87,7 +85,7 @@ export class Agent {
     await this.network.init(this.config.hairpinMode, this.config.nonMasqueradeCIDR);
     const pods = this.network.list();
     if (pods.length > 0) this.log.info({ pods: pods.length }, 'pods set up before this start are known');
-    this.metrics.update(pods);
+    this.metrics.update(pods, 0);
     await this.pods?.start?.();
     await this.api.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
@@ -159,4 +157,3 @@ export class Agent {
   }
 }
 
-export { POD_IFNAME };

@@ -7,9 +7,7 @@ import { existsSync } from 'node:fs';
 import { convertResult } from '../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { NetnsError, podNetnsId } from '../pod/netns.js';
-import type { PodNetwork } from '../pod/network.js';
-import { bandwidthFromAnnotations } from '../shaper/limits.js';
+import { bandwidthFromAnnotations, NetnsError, podNetnsId, type PodNetwork } from '../pod/index.js';
 import { CniRequestError, parseCniCall, type CniCall } from './cni-request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,

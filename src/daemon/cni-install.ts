@@ -7,14 +7,13 @@
  * plugin type it runs may resolve, in the plugin dirs, to the forwarding binary.
  */
 import { existsSync, mkdirSync, readFileSync, realpathSync, statSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { findPlugin } from '../cni/exec.js';
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { NETWORK_NAME } from '../pod/bridge.js';
-import { PLUGIN_TYPES } from '../pod/network.js';
+import { NETWORK_NAME, PLUGIN_TYPES } from '../pod/index.js';
 import { copyFileAtomic, writeFileAtomic } from '../util/atomic-file.js';
+import { packagePath } from '../util/package-root.js';
 import { CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CONF_SOCKET_KEY } from './protocol.js';
 
 export const CONFLIST_NAME = '10-kubenet.conflist';
@@ -31,15 +30,9 @@ export function buildConflist(socket: string): object {
   };
 }
 
-/** The built forwarder: native/build/kubenet-cni at the package root (from src/ or dist/src/). */
+/** The built forwarder: native/build/kubenet-cni at the package root. */
 export function forwarderBinaryPath(): string {
-  return resolve(packageRoot(), CNI_BINARY_BUILD_PATH);
-}
-
-function packageRoot(): string {
-  const here = dirname(fileURLToPath(import.meta.url)); // .../src/daemon or .../dist/src/daemon
-  const up = resolve(here, '..', '..');
-  return up.endsWith('/dist') ? resolve(up, '..') : up;
+  return packagePath(CNI_BINARY_BUILD_PATH);
 }
 
 export interface InstallConfig {

@@ -10,10 +10,7 @@ import { compareVersions, isSupportedVersion } from '../cni/result.js';
 import { ConfigError } from '../errors.js';
 import { isValidIfName } from '../net/ifname.js';
 import { isIpAddress } from '../net/ip.js';
-import { POD_IFNAME } from '../pod/bridge.js';
-import type { Attachment } from '../pod/network.js';
-import type { PortMapping } from '../pod/record.js';
-import { limitsFromRuntimeConfig, type BandwidthLimits } from '../shaper/limits.js';
+import { limitsFromRuntimeConfig, POD_IFNAME, type Attachment, type BandwidthLimits, type PortMapping } from '../pod/index.js';
 import { CNI_COMMANDS, CNI_ERR_DECODE, CNI_ERR_INCOMPATIBLE_VERSION, CNI_ERR_INVALID_CONFIG, CNI_ERR_INVALID_ENV, SUPPORTED_CNI_VERSIONS, type CniCommand, type CniRequest } from './protocol.js';
 
 /** The network and plugin type of the conflist the agent writes: a call for anything else is not ours. */

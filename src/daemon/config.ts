@@ -14,10 +14,9 @@ import yaml from 'js-yaml';
 import { ConfigError } from '../errors.js';
 import { isValidIfName } from '../net/ifname.js';
 import { parseCidr, parsePodCidrs } from '../net/ip.js';
+import { HAIRPIN_MODES, type HairpinMode } from '../pod/bridge.js';
 import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
-export const HAIRPIN_MODES = ['promiscuous-bridge', 'hairpin-veth', 'none'] as const;
-export type HairpinMode = (typeof HAIRPIN_MODES)[number];
 
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'silent'] as const;
 export type LogLevel = (typeof LOG_LEVELS)[number];

@@ -3,9 +3,7 @@
  * flight, veth deletions the kernel is still finishing.
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import { linkDeletionsInFlight } from '../netlink/index.js';
-import type { PodRecord } from '../pod/record.js';
-import { isUnshaped } from '../shaper/limits.js';
+import { isUnshaped, type PodRecord } from '../pod/index.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
 
@@ -28,15 +26,15 @@ export class AgentMetrics {
   }
 
   /** Refreshes the gauges from the pod records. */
-  update(records: PodRecord[]): void {
+  update(records: PodRecord[], vethDeletionsInFlight: number): void {
     const ready = records.filter((r) => r.phase === 'ready');
     this.pods.set(ready.length);
     this.shaped.set(ready.filter((r) => !isUnshaped(r.limits)).length);
-    this.vethDeletions.set(linkDeletionsInFlight());
+    this.vethDeletions.set(vethDeletionsInFlight);
   }
 
-  async text(records: PodRecord[]): Promise<{ contentType: string; body: string }> {
-    this.update(records);
+  async text(records: PodRecord[], vethDeletionsInFlight: number): Promise<{ contentType: string; body: string }> {
+    this.update(records, vethDeletionsInFlight);
     return { contentType: this.registry.contentType, body: await this.registry.metrics() };
   }
 }

@@ -40,6 +40,7 @@
  * which does that request and exits 0 only on 200.
  */
 import { request } from 'node:http';
+import { CNI_VERSIONS } from '../cni/types.js';
 import { ConfigError } from '../errors.js';
 
 /** A request body (the JSON envelope) larger than this is refused (413) before it is read whole. */
@@ -73,11 +74,11 @@ export const CNI_BINARY_BUILD_PATH = 'native/build/kubenet-cni';
 export const CNI_ENV_KEYS = ['CNI_COMMAND', 'CNI_CONTAINERID', 'CNI_NETNS', 'CNI_IFNAME', 'CNI_ARGS', 'CNI_PATH'] as const;
 export type CniEnvKey = (typeof CNI_ENV_KEYS)[number];
 
-/** CNI commands a runtime may send (VERSION is answered by the binary and never forwarded). */
-export const CNI_COMMANDS = ['ADD', 'DEL', 'CHECK', 'GC', 'STATUS', 'VERSION'] as const;
-export type CniCommand = (typeof CNI_COMMANDS)[number];
+/** CNI commands a runtime may send (VERSION is answered by the binary and never forwarded): the spec's. */
+export { CNI_COMMANDS, type CniCommand } from '../cni/types.js';
 
-export const SUPPORTED_CNI_VERSIONS = ['0.1.0', '0.2.0', '0.3.0', '0.3.1', '0.4.0', '1.0.0', '1.1.0'] as const;
+/** The spec versions the agent answers in: every one the CNI runtime side reads and writes. */
+export const SUPPORTED_CNI_VERSIONS = CNI_VERSIONS;
 /** What the binary prints for VERSION (followed by a newline), byte for byte `JSON.stringify` of this. */
 export const CNI_VERSION_ANSWER = Object.freeze({
   cniVersion: '1.1.0',

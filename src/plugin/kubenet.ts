@@ -8,16 +8,11 @@ import type { NetConf } from '../cni/types.js';
 import { ConfigError, KubenetError, NotReadyError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
 import { checkIfName } from '../net/ifname.js';
-import * as nl from '../netlink/index.js';
-import { NETWORK_NAME, POD_IFNAME } from '../pod/bridge.js';
-import { PodNetwork, REQUIRED_PLUGINS } from '../pod/network.js';
-import type { PodRecord } from '../pod/record.js';
-import { bandwidthFromAnnotations, sameLimits } from '../shaper/limits.js';
+import { bandwidthFromAnnotations, HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, PodNetwork, REQUIRED_PLUGINS, sameLimits, type PodRecord } from '../pod/index.js';
 import { familyOf, parsePodCidrs } from '../net/ip.js';
 import type { HairpinMode, Host, KubenetOptions, NetworkPlugin, PodNetworkStatus } from './types.js';
 
 export { NETWORK_NAME };
-export const HAIRPIN_MODES: readonly HairpinMode[] = ['promiscuous-bridge', 'hairpin-veth', 'none'];
 
 export class KubenetPlugin implements NetworkPlugin {
   readonly bridgeName: string;
@@ -72,7 +67,7 @@ export class KubenetPlugin implements NetworkPlugin {
   }
 
   async init(host: Host, hairpinMode: HairpinMode = 'hairpin-veth', nonMasqueradeCIDR = '10.0.0.0/8'): Promise<void> {
-    if (!HAIRPIN_MODES.includes(hairpinMode)) {
+    if (!(HAIRPIN_MODES as readonly string[]).includes(hairpinMode)) {
       throw new ConfigError(`hairpin mode must be promiscuous-bridge, hairpin-veth or none, got ${JSON.stringify(hairpinMode)}`);
     }
     const nonMasq = parsePodCidrs(nonMasqueradeCIDR);
@@ -130,9 +125,9 @@ export class KubenetPlugin implements NetworkPlugin {
     const known = this.network.get(id);
     if (known?.phase === 'ready' && known.ips.length > 0) return toStatus(known.ips);
     const netns = this.requireHost().getNetNS(id);
-    const addrs = nl.netnsAddrList(netns, POD_IFNAME).filter((a) => a.scope === 0);
+    const addrs = this.network.addressesIn(netns);
     if (addrs.length === 0) throw new KubenetError(`pod ${namespace}/${name}: no address on ${POD_IFNAME} in ${netns}`);
-    return toStatus(addrs.map((a) => a.ip));
+    return toStatus(addrs);
   }
 
   /** Pods attached and recorded (including any an earlier process set up). */

@@ -1,6 +1,8 @@
 import type { Logger } from '../log.js';
 
-export type HairpinMode = 'promiscuous-bridge' | 'hairpin-veth' | 'none';
+import type { HairpinMode } from '../pod/index.js';
+
+export type { HairpinMode };
 
 /** What the plugin needs from its embedder (kubelet's network host). */
 export interface Host {

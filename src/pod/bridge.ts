@@ -1,21 +1,19 @@
 /**
- * The pod bridge: the reference `bridge` + `host-local` config kubenet generates for the pod CIDR
- * (typed, then serialized by the CNI runtime), the bridge settings kubenet keeps (MTU, non-zero
- * txqueuelen, promiscuous mode for hairpin), and the removal of gateway addresses left from an
- * earlier pod CIDR.
+ * The pod bridge's config: the reference `bridge` + `host-local` config kubenet generates for the
+ * pod CIDR (typed, then serialized by the CNI runtime), and the names and modes it is built from.
+ * Pure; what kubenet does to the bridge link itself is in bridge-kernel.ts.
  */
 import type { BridgeNetConf, HostLocalIpamConf, NetConf, NetConfList } from '../cni/types.js';
-import { NetlinkError } from '../errors.js';
-import type { Logger } from '../log.js';
-import * as nl from '../netlink/index.js';
-import { cidrContains, type Subnet } from '../net/ip.js';
-import type { HairpinMode } from '../plugin/types.js';
+import type { Subnet } from '../net/ip.js';
 
 /** Network name of the bridge config: host-local keeps reservations under `<ipamDataDir>/kubenet`. */
 export const NETWORK_NAME = 'kubenet';
 export const CNI_VERSION = '1.0.0';
 export const POD_IFNAME = 'eth0';
-const DEFAULT_TXQLEN = 1000;
+
+/** How a pod reaches itself through a service: hairpin on each veth, a promiscuous bridge, or not at all. */
+export const HAIRPIN_MODES = ['promiscuous-bridge', 'hairpin-veth', 'none'] as const;
+export type HairpinMode = (typeof HAIRPIN_MODES)[number];
 
 export interface BridgeSettings {
   bridgeName: string;
@@ -49,50 +47,4 @@ export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf 
 export function withPortmap(conf: NetConf): NetConfList {
   const { cniVersion, name, ...bridge } = conf;
   return { cniVersion, name, plugins: [bridge, { type: 'portmap', capabilities: { portMappings: true }, snat: true }] };
-}
-
-/** Bridge settings kubenet keeps: MTU, non-zero txqueuelen, promiscuous mode for hairpin. */
-export function tuneBridge(s: BridgeSettings, log: Logger): void {
-  const link = nl.linkByName(s.bridgeName);
-  if (link.mtu !== s.mtu) {
-    nl.linkSetMtu(s.bridgeName, s.mtu);
-    log.info({ from: link.mtu, to: s.mtu }, 'set bridge MTU');
-  }
-  if (link.txQLen <= 0) {
-    nl.linkSetTxQLen(s.bridgeName, DEFAULT_TXQLEN);
-    log.info({ txqueuelen: DEFAULT_TXQLEN }, 'set bridge txqueuelen');
-  }
-  if (s.hairpinMode === 'promiscuous-bridge' && !link.promisc) {
-    nl.setPromiscOn(s.bridgeName);
-    log.info('bridge set to promiscuous mode for hairpin traffic');
-  }
-}
-
-/** Removes addresses on the bridge outside the pod subnets (left from an earlier pod CIDR). */
-export function removeStaleBridgeAddresses(bridgeName: string, subnets: Subnet[], log: Logger): void {
-  let addrs: nl.AddrInfo[];
-  try {
-    addrs = nl.addrList(bridgeName);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return; // no bridge yet
-    throw err;
-  }
-  for (const a of addrs) {
-    if (a.family === 6 && a.ip.toLowerCase().startsWith('fe80:')) continue;
-    if (subnets.some((sub) => cidrContains(sub, a.ip))) continue;
-    nl.addrDel(bridgeName, a.cidr);
-    log.info({ bridge: bridgeName, address: a.cidr }, 'removed stale bridge address');
-  }
-}
-
-/** The bridge's ports that are veths (name and index); [] when there is no bridge. */
-export function bridgeVeths(bridgeName: string): nl.LinkInfo[] {
-  let bridge: nl.LinkInfo;
-  try {
-    bridge = nl.linkByName(bridgeName);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return [];
-    throw err;
-  }
-  return nl.linkList().filter((l) => l.master === bridge.index && l.type === 'veth');
 }

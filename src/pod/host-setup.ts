@@ -1,6 +1,6 @@
 import { execa } from 'execa';
 import { readFile, writeFile } from 'node:fs/promises';
-import { KubenetError } from '../errors.js';
+import { KubenetError, ToolError } from '../errors.js';
 import { familyOf } from '../net/ip.js';
 import type { Logger } from '../log.js';
 
@@ -26,15 +26,17 @@ export async function ensureMasquerade(nonMasqueradeCIDR: string, log: Logger): 
     return false;
   }
   const rule = masqueradeRule(nonMasqueradeCIDR);
-  const check = await execa('iptables', ['-w', '5', '-t', 'nat', '-C', 'POSTROUTING', ...rule], { reject: false });
+  const checkArgs = ['-w', '5', '-t', 'nat', '-C', 'POSTROUTING', ...rule];
+  const check = await execa('iptables', checkArgs, { reject: false });
   if (check.exitCode === 0) return false;
   // Exit 1 means "no such rule"; anything else (2: bad table/target, 4: resource problem) is a real failure.
   if (check.exitCode !== 1) {
-    throw new KubenetError(`iptables -C POSTROUTING failed (exit ${check.exitCode}): ${check.stderr.trim()}`);
+    throw new ToolError('iptables', checkArgs, check.exitCode, check.stderr);
   }
-  const add = await execa('iptables', ['-w', '5', '-t', 'nat', '-A', 'POSTROUTING', ...rule], { reject: false });
+  const addArgs = ['-w', '5', '-t', 'nat', '-A', 'POSTROUTING', ...rule];
+  const add = await execa('iptables', addArgs, { reject: false });
   if (add.exitCode !== 0) {
-    throw new KubenetError(`iptables -A POSTROUTING failed (exit ${add.exitCode}): ${add.stderr.trim()}`);
+    throw new ToolError('iptables', addArgs, add.exitCode, add.stderr);
   }
   log.info({ nonMasqueradeCIDR }, 'added masquerade rule to nat POSTROUTING');
   return true;
@@ -88,8 +90,9 @@ export async function checkHostPorts(podIps: string[], mappings: Array<{ hostPor
     const ips = podIps.filter((ip) => familyOf(ip) === family);
     if (ips.length === 0) continue;
     const tool = family === 4 ? 'iptables' : 'ip6tables';
-    const r = await execa(tool, ['-w', '5', '-t', 'nat', '-S'], { reject: false });
-    if (r.exitCode !== 0) throw new KubenetError(`${tool} -t nat -S failed (exit ${r.exitCode}): ${r.stderr.trim()}`);
+    const args = ['-w', '5', '-t', 'nat', '-S'];
+    const r = await execa(tool, args, { reject: false });
+    if (r.exitCode !== 0) throw new ToolError(tool, args, r.exitCode, r.stderr);
     const rules = r.stdout.split('\n');
     for (const ip of ips) {
       for (const m of mappings) {

@@ -20,22 +20,23 @@
  */
 import { performance } from 'node:perf_hooks';
 import { CniRuntime } from '../cni/runtime.js';
-import { checkContainerId } from '../cni/names.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
-import { AggregateKubenetError, ConfigError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
+import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
-import type { HairpinMode } from '../plugin/types.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { bridgeConf, bridgeVeths, CNI_VERSION, NETWORK_NAME, POD_IFNAME, removeStaleBridgeAddresses, tuneBridge, withPortmap, type BridgeSettings } from './bridge.js';
+import { bridgeConf, CNI_VERSION, NETWORK_NAME, POD_IFNAME, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
+import { bridgeVeths, removeStaleBridgeAddresses, tuneBridge } from './bridge-kernel.js';
 import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules } from './host-setup.js';
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
+import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
 import { listReservations } from './reservations.js';
+import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
 
 export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
@@ -378,45 +379,9 @@ export class PodNetwork {
     return record.portMappings.length > 0 ? withPortmap(conf) : conf;
   }
 
-  /**
-   * Deletes the pod's veth from the host side, returning once it is gone (nl.linkDelete: the kernel
-   * frees it on a worker thread). Only a link that is provably the pod's: the recorded ifindex still
-   * carries the recorded name, is a veth and a port of the bridge; without a recorded index (an
-   * unfinished ADD, a 0.1.0 record), the peer of the pod's interface seen from inside the recorded
-   * netns, when that netns is still the same one. Anything else is left alone.
-   */
-  private async deleteVeth(record: PodRecord, log: Logger): Promise<void> {
-    const bridge = linkOrUndefined(() => nl.linkByName(this.bridgeName));
-    if (!bridge) return; // no bridge: no pod veth either
-    const candidates: Array<() => nl.LinkInfo | undefined> = [
-      () => {
-        const link = record.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(record.hostVethIndex ?? 0)) : undefined;
-        return link && link.name === record.hostVeth ? link : undefined;
-      },
-      () => {
-        if (!sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) return undefined;
-        const inPod = nl.netnsLinkByName(record.netns, record.ifName);
-        return inPod?.type === 'veth' && inPod.peerIndex > 0 ? linkOrUndefined(() => nl.linkByIndex(inPod.peerIndex)) : undefined;
-      },
-      () => {
-        // A 0.1.0 record whose netns is gone: the name alone, unless another record claims it.
-        if (!record.hostVeth || record.hostVethIndex || record.netnsId) return undefined;
-        if (this.store.all().some((r) => r !== record && r.hostVeth === record.hostVeth)) return undefined;
-        return linkOrUndefined(() => nl.linkByName(record.hostVeth ?? ''));
-      },
-    ];
-    for (const find of candidates) {
-      const link = find();
-      if (!link) continue;
-      if (link.type !== 'veth' || link.master !== bridge.index) {
-        log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
-        continue;
-      }
-      const { goneMs, finished } = await nl.linkDelete(link.index);
-      finished.catch((err: unknown) => log.error({ err, hostVeth: link.name }, 'the kernel failed to finish deleting the pod veth'));
-      log.debug({ hostVeth: link.name, goneMs: round(goneMs) }, 'pod veth deleted');
-      return;
-    }
+  /** The pod's veth, deleted from the host side (veth.ts: only a link provably the pod's). */
+  private deleteVeth(record: PodRecord, log: Logger): Promise<void> {
+    return deletePodVeth(record, this.bridgeName, this.store.all(), log);
   }
 
   /** DEL of an attachment without a record: what the plugins may still hold for the container ID. */
@@ -470,7 +435,7 @@ export class PodNetwork {
       const log = this.log.child({ pod: podName(r), id: shortId(r.containerId), reconcile: true });
       const key = recordKey(r.containerId, r.ifName);
       if (this.adding.has(key)) continue;
-      const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !this.vethPresent(r);
+      const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !podVethPresent(r);
       if (r.phase === 'ready' && !gone) continue;
       if (!r.network && this.state.phase !== 'ready') continue; // needs the current config: after the pod CIDR
       log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
@@ -491,11 +456,6 @@ export class PodNetwork {
     }
     if (this.state.phase === 'ready') await this.sweep(new Set()).catch((err: unknown) => errors.push(err));
     for (const err of errors) this.log.error({ err }, 'reconcile step failed');
-  }
-
-  private vethPresent(r: PodRecord): boolean {
-    const link = r.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? linkOrUndefined(() => nl.linkByName(r.hostVeth ?? '')) : undefined;
-    return link !== undefined && (r.hostVeth === undefined || link.name === r.hostVeth);
   }
 
   /**
@@ -605,79 +565,18 @@ export class PodNetwork {
     return nl.linkDeletionsSettled();
   }
 
+  /** Pod veths deleted (DEL has answered) that the kernel is still freeing. */
+  vethDeletionsInFlight(): number {
+    return nl.linkDeletionsInFlight();
+  }
+
+  /** The global addresses on the pod's interface inside `netns` (a pod this process may not know). */
+  addressesIn(netns: string, ifName = POD_IFNAME): string[] {
+    return nl.netnsAddrList(netns, ifName).filter((a) => a.scope === 0).map((a) => a.ip);
+  }
+
   close(): void {
     this.shaper.close();
   }
 }
 
-/** A port mapping that makes portmap's DEL run (it removes the container's chains whatever the list holds). */
-const PLACEHOLDER_PORT: PortMapping = { hostPort: 1, containerPort: 1, protocol: 'tcp' };
-
-function checkAttachment(a: { containerId: string; ifName: string }): void {
-  checkContainerId(a.containerId, 'container ID');
-  if (a.ifName !== POD_IFNAME) throw new ConfigError(`interface name ${JSON.stringify(a.ifName)}: kubenet attaches pods as ${POD_IFNAME} only`);
-}
-
-/** What differs between a ready attachment and a repeated ADD of it ([] when nothing does). */
-function differences(r: PodRecord, req: AttachRequest, netnsId: NetnsId): string[] {
-  const out: string[] = [];
-  if (!sameNetns(r.netnsId, netnsId)) out.push(`network namespace (recorded ${r.netns})`);
-  if (r.namespace !== req.namespace || r.name !== req.name) out.push(`pod (recorded ${podName(r)})`);
-  if (!sameLimits(r.limits, req.limits)) out.push('bandwidth limits');
-  if (JSON.stringify(r.portMappings) !== JSON.stringify(req.portMappings)) out.push('host ports');
-  return out;
-}
-
-/** The bridge plugin's part of a network (a list's first plugin, with the list's name and version). */
-function bridgeOnly(network: NetConf | NetConfList): NetConf {
-  if (!Array.isArray(network.plugins)) return network as NetConf;
-  const first = (network as NetConfList).plugins[0];
-  if (!first) throw new ConfigError('network list without plugins');
-  return { ...first, cniVersion: network.cniVersion, name: network.name };
-}
-
-/** CNI_ARGS as kubelet's kubenet passed them to the plugins (never the runtime's raw CNI_ARGS). */
-function podCniArgs(p: { namespace: string; name: string; containerId: string }): Array<[string, string]> {
-  const args: Array<[string, string]> = [['IgnoreUnknown', '1']];
-  if (p.namespace) args.push(['K8S_POD_NAMESPACE', p.namespace]);
-  if (p.name) args.push(['K8S_POD_NAME', p.name]);
-  args.push(['K8S_POD_INFRA_CONTAINER_ID', p.containerId]);
-  return args;
-}
-
-function runtimeConf(r: PodRecord, netns: string): RuntimeConf {
-  const rt: RuntimeConf = { containerId: r.containerId, netns, ifName: r.ifName, args: r.cniArgs };
-  if (r.portMappings.length > 0) rt.capabilityArgs = { portMappings: r.portMappings };
-  return rt;
-}
-
-function safeParseResult(result: unknown, log: Logger): CniResult | undefined {
-  try {
-    return parseResult(result);
-  } catch (err) {
-    log.warn({ err }, 'recorded CNI result is invalid; deleting without it');
-    return undefined;
-  }
-}
-
-function linkOrUndefined(get: () => nl.LinkInfo): nl.LinkInfo | undefined {
-  try {
-    return get();
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
-    throw err;
-  }
-}
-
-export function podName(p: { namespace: string; name: string; containerId?: string }): string {
-  if (p.namespace || p.name) return `${p.namespace}/${p.name}`;
-  return p.containerId ? shortId(p.containerId) : '';
-}
-
-function shortId(id: string): string {
-  return id.slice(0, 12);
-}
-
-function round(ms: number): number {
-  return Math.round(ms * 100) / 100;
-}

@@ -23,14 +23,14 @@ export function isTempFile(name: string): boolean {
 }
 
 /** Atomically replaces `path` with `data` (mode applies to a new file). Creates the directory when missing. */
-export function writeFileAtomic(path: string, data: string | Uint8Array, opts: { mode?: number } = {}): void {
+export function writeFileAtomic(path: string, data: string | Uint8Array, opts: { mode?: number; dirMode?: number } = {}): void {
   const tmp = tempPathFor(path);
   try {
     try {
       writeFileSync(tmp, data, { mode: opts.mode ?? 0o644 });
     } catch (err) {
       if ((err as { code?: string }).code !== 'ENOENT') throw err;
-      mkdirSync(dirname(path), { recursive: true });
+      mkdirSync(dirname(path), { recursive: true, ...(opts.dirMode !== undefined ? { mode: opts.dirMode } : {}) });
       writeFileSync(tmp, data, { mode: opts.mode ?? 0o644 });
     }
     renameSync(tmp, path);

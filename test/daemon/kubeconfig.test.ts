@@ -15,9 +15,9 @@ import { ConfigError } from '../../src/errors.js';
 import { inClusterCredentials, kubeconfigCredentials } from '../../src/daemon/kubeconfig.js';
 import { KubeApi, loadKubeConfig } from '../../src/daemon/kube-watch.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
-import { FakeApiServer, node, type FakeTls } from '../helpers/fake-apiserver.js';
-import { makeTmpDir, rmrf } from '../helpers/kernel.js';
-import { base64Of, makePki, type Pki } from '../helpers/pki.js';
+import { FakeApiServer, node, type FakeTls } from '../../hack/support/fake-apiserver.js';
+import { makeTmpDir, rmrf } from '../../hack/support/kernel.js';
+import { base64Of, makePki, type Pki } from '../../hack/support/pki.js';
 
 const V4 = '10.244.1.0/24';
 const NODES = '/api/v1/nodes';

@@ -12,7 +12,7 @@ import { pino } from 'pino';
 import { KubenetError } from '../../src/errors.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
-import { FakeApiServer, fakeKubeConfig, node, pod } from '../helpers/fake-apiserver.js';
+import { FakeApiServer, fakeKubeConfig, node, pod } from '../../hack/support/fake-apiserver.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const NODES = '/api/v1/nodes';
@@ -279,7 +279,7 @@ test('node source: stop() ends the watch and any retry wait; no request or callb
 const CHILD = `
 import { pino } from 'pino';
 import { NodeWatchPodCidrSource } from './src/daemon/pod-cidr-source.ts';
-import { fakeKubeConfig } from './test/helpers/fake-apiserver.ts';
+import { fakeKubeConfig } from './hack/support/fake-apiserver.ts';
 const source = new NodeWatchPodCidrSource({
   nodeName: 'node-a', logger: pino({ level: 'warn' }, process.stdout),
   kubeConfig: fakeKubeConfig(process.env.FAKE_URL), retryMinMs: 20, retryMaxMs: 200,

@@ -13,10 +13,10 @@ import type { PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
-import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../helpers/fake-apiserver.js';
-import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../helpers/agent-harness.js';
-import { ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
-import { iperf, retryLog, type TopoPod } from '../shaper/topo.js';
+import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hack/support/fake-apiserver.js';
+import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../../hack/support/agent-harness.js';
+import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
+import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;

@@ -9,7 +9,7 @@
  * Everything runs in a NodeSandbox (test/helpers/node-sandbox.ts): the node's netns with an uplink
  * to a "lan" netns, and tmpfs over /var/lib/cni, /var/lib/kubenet, /etc/cni/net.d, /opt/cni/bin,
  * /run/kubenet, /run/containerd, /var/lib/containerd; traffic only between the test's namespaces.
- * Rate measurements hold the machine-wide traffic lock (test/helpers/traffic-lock.ts); run this
+ * Rate measurements hold the machine-wide traffic lock (hack/support/traffic-lock.ts); run this
  * file as `flock /tmp/kubenet-traffic.lock npx ava test/e2e/containerd.test.ts`.
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
@@ -21,15 +21,15 @@ import { readdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { FORWARDER } from '../helpers/agent-harness.js';
+import { FORWARDER } from '../../hack/support/agent-harness.js';
 import { AgentProcess, manifestConfigYaml } from '../helpers/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
-import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../helpers/fake-apiserver.js';
-import { Cleanup, kernelTestBlocker, uniq } from '../helpers/kernel.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../../hack/support/fake-apiserver.js';
+import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
-import { withTrafficLock } from '../helpers/traffic-lock.js';
-import { iperf, retryLog, type IperfEndpoint } from '../shaper/topo.js';
+import { withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { iperf, retryLog, type IperfEndpoint } from '../../hack/support/topo.js';
 
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;

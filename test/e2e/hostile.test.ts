@@ -19,8 +19,8 @@ import { connect } from 'node:net';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { AgentProcess } from '../helpers/agent-process.js';
-import { FORWARDER, LIBCNI_DRIVER } from '../helpers/agent-harness.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../helpers/kernel.js';
+import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
+import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');

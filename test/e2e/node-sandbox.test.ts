@@ -11,7 +11,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { readdir, stat } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { isRoot, uniq } from '../helpers/kernel.js';
+import { isRoot, uniq } from '../../hack/support/kernel.js';
 import { NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
 
 const test = anyTest as TestFn;

@@ -11,8 +11,8 @@ import { execa, type ResultPromise } from 'execa';
 import { readFile, writeFile, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { LIBCNI_DRIVER } from '../helpers/agent-harness.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../helpers/kernel.js';
+import { LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
+import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const blocker = kernelTestBlocker();
@@ -30,6 +30,7 @@ const DOCUMENTED_EXPORTS = [
   'KubenetPlugin',
   'NetlinkError',
   'NotReadyError',
+  'ToolError',
   'UnknownPodError',
 ];
 

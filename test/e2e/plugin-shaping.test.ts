@@ -6,8 +6,8 @@
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { ConfigError } from '../../src/errors.js';
-import { iperf, retryLog, type TopoPod } from '../shaper/topo.js';
-import { ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
+import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
+import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { PluginHarness, type TestPod } from '../helpers/plugin-harness.js';
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { CniPluginError, ConfigError, NotReadyError } from '../../src/errors.js';
 import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/pod/host-setup.js';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
-import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../helpers/kernel.js';
+import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../../hack/support/kernel.js';
 import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
 
 const blocker = kernelTestBlocker();

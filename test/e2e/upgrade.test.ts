@@ -22,8 +22,8 @@ import { CniRuntime } from '../../src/cni/runtime.js';
 import { bridgeConf, withPortmap } from '../../src/pod/bridge.js';
 import { parseCidr } from '../../src/net/ip.js';
 import { Shaper } from '../../src/shaper/tc.js';
-import { AgentHarness, agentTestBlocker, LIBCNI_DRIVER, type AgentPod } from '../helpers/agent-harness.js';
-import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../helpers/kernel.js';
+import { AgentHarness, agentTestBlocker, LIBCNI_DRIVER, type AgentPod } from '../../hack/support/agent-harness.js';
+import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;

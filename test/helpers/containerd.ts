@@ -26,7 +26,7 @@ import { readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CriClient } from './cri/client.js';
-import { Cleanup } from './kernel.js';
+import { Cleanup } from '../../hack/support/kernel.js';
 import type { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));

@@ -3,7 +3,7 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { KubenetPlugin } from '../../src/plugin/kubenet.js';
 import type { Host, KubenetOptions } from '../../src/plugin/types.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from './kernel.js';
+import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
 
 /** A fake kubelet host: pods and netns paths the test registers. A process/storage boundary, not the kernel. */
 export class FakeHost implements Host {

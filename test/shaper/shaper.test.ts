@@ -10,8 +10,8 @@ import { ConfigError } from '../../src/errors.js';
 import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/shaper/limits.js';
 import { interactiveQueueBytes } from '../../src/shaper/sizing.js';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { isRoot, uniq } from '../helpers/kernel.js';
-import { makeTopology, type TopoPod, type Topology } from './topo.js';
+import { isRoot, uniq } from '../../hack/support/kernel.js';
+import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
 const kTest = skip ? test.skip : test;

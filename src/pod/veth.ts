@@ -1,0 +1,68 @@
+/**
+ * The pod's veth, seen from the host: found only where it is provably the pod's (the recorded
+ * ifindex still carrying the recorded name, or the peer of the pod's interface inside the recorded
+ * netns while that netns is still the same one), and deleted without waiting for the kernel to
+ * free it (nl.linkDelete).
+ */
+import { NetlinkError } from '../errors.js';
+import type { Logger } from '../log.js';
+import * as nl from '../netlink/index.js';
+import { round } from './attachment.js';
+import { netnsIdIfAlive, sameNetns } from './netns.js';
+import type { PodRecord } from './record.js';
+
+/**
+ * Deletes the pod's veth from the host side, returning once it is gone (nl.linkDelete: the kernel
+ * frees it on a worker thread). Only a link that is provably the pod's: the recorded ifindex still
+ * carries the recorded name, is a veth and a port of the bridge; without a recorded index (an
+ * unfinished ADD, a 0.1.0 record), the peer of the pod's interface seen from inside the recorded
+ * netns, when that netns is still the same one. Anything else is left alone.
+ */
+export async function deletePodVeth(record: PodRecord, bridgeName: string, records: PodRecord[], log: Logger): Promise<void> {
+  const bridge = linkOrUndefined(() => nl.linkByName(bridgeName));
+  if (!bridge) return; // no bridge: no pod veth either
+  const candidates: Array<() => nl.LinkInfo | undefined> = [
+    () => {
+      const link = record.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(record.hostVethIndex ?? 0)) : undefined;
+      return link && link.name === record.hostVeth ? link : undefined;
+    },
+    () => {
+      if (!sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) return undefined;
+      const inPod = nl.netnsLinkByName(record.netns, record.ifName);
+      return inPod?.type === 'veth' && inPod.peerIndex > 0 ? linkOrUndefined(() => nl.linkByIndex(inPod.peerIndex)) : undefined;
+    },
+    () => {
+      // A 0.1.0 record whose netns is gone: the name alone, unless another record claims it.
+      if (!record.hostVeth || record.hostVethIndex || record.netnsId) return undefined;
+      if (records.some((r) => r !== record && r.containerId !== record.containerId && r.hostVeth === record.hostVeth)) return undefined;
+      return linkOrUndefined(() => nl.linkByName(record.hostVeth ?? ''));
+    },
+  ];
+  for (const find of candidates) {
+    const link = find();
+    if (!link) continue;
+    if (link.type !== 'veth' || link.master !== bridge.index) {
+      log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
+      continue;
+    }
+    const { goneMs, finished } = await nl.linkDelete(link.index);
+    finished.catch((err: unknown) => log.error({ err, hostVeth: link.name }, 'the kernel failed to finish deleting the pod veth'));
+    log.debug({ hostVeth: link.name, goneMs: round(goneMs) }, 'pod veth deleted');
+    return;
+  }
+}
+
+/** Whether the pod's host veth still exists (by recorded index, else by name). */
+export function podVethPresent(r: PodRecord): boolean {
+  const link = r.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? linkOrUndefined(() => nl.linkByName(r.hostVeth ?? '')) : undefined;
+  return link !== undefined && (r.hostVeth === undefined || link.name === r.hostVeth);
+}
+
+export function linkOrUndefined(get: () => nl.LinkInfo): nl.LinkInfo | undefined {
+  try {
+    return get();
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
+    throw err;
+  }
+}
