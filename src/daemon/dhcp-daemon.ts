@@ -159,7 +159,11 @@ export class DhcpDaemon {
   }
 }
 
-/** The daemon's per-attempt client timeout for a lease timeout: about a third of it, 1..10 s. */
+/**
+ * The daemon's per-attempt client timeout for a lease timeout: half of it, 1..10 s. Long enough for
+ * servers that probe an address before offering it (dnsmasq pings it: ~3 s), so the first attempt
+ * normally gets its offer; the daemon tries again 2±1 s after an attempt that got none.
+ */
 export function attemptTimeoutSec(dhcpTimeoutSec: number): number {
-  return Math.max(1, Math.min(10, Math.floor(dhcpTimeoutSec / 3)));
+  return Math.max(1, Math.min(10, Math.floor(dhcpTimeoutSec / 2)));
 }

@@ -138,8 +138,6 @@ export class PodNetwork {
   private readonly dhcp: DhcpSettings | undefined;
   /** dhcp: plugin execs bounded by the lease timeout (the bridge ADD waits for the lease). */
   private readonly dhcpCni: CniRuntime | undefined;
-  /** The dedup rules last made to hold (JSON of the target, 'null' for none). */
-  private dedupKey: string | undefined;
   private readonly loopbackConf: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
 
   constructor(private readonly opts: PodNetworkOptions) {
@@ -250,9 +248,10 @@ export class PodNetwork {
 
   /**
    * Makes the node's dedup rules match the mode, the pod CIDR and the bridge's MAC (which changes as
-   * ports come and go, so every ADD calls this; unchanged, it costs a sysfs read). Without a bridge
-   * there is nothing to protect and no rule. Failures are logged: duplicates are not worth failing
-   * a pod's setup for, and the next ADD tries again.
+   * ports come and go). In promiscuous-bridge mode every ADD checks them (two ebtables listings;
+   * rules removed by hand come back); other modes remove them once, at init. Without a bridge there
+   * is nothing to protect and no rule. Failures are logged, not thrown: duplicates are not worth
+   * failing a pod's setup for, and the next ADD tries again.
    */
   private async syncDedup(): Promise<void> {
     let target: DedupTarget | undefined;
@@ -260,15 +259,13 @@ export class PodNetwork {
       const mac = bridgeMac(this.bridgeName);
       if (mac) target = { bridgeMac: mac, subnets: this.state.subnets };
     }
-    const key = JSON.stringify(target ?? null);
-    if (key === this.dedupKey) return;
     try {
       await syncDedup(target, this.log);
-      this.dedupKey = key;
     } catch (err) {
       this.log.error({ err }, 'could not sync the promiscuous-bridge dedup rules (ebtables)');
     }
   }
+
 
   private settings(): BridgeSettings {
     return { bridgeName: this.bridgeName, mtu: this.mtu, hairpinMode: this.hairpinMode, ipamDataDir: this.opts.ipamDataDir };
@@ -363,7 +360,7 @@ export class PodNetwork {
       record.hostVeth = hostVeth;
       record.hostVethIndex = nl.linkByName(hostVeth).index;
       tuneBridge(this.settings(), log);
-      await this.syncDedup();
+      if (this.wantsDedup()) await this.syncDedup();
       await this.applyShaping(record);
       record.phase = 'ready';
       record.result = convertResult(result, network.cniVersion);
@@ -521,7 +518,8 @@ export class PodNetwork {
       return;
     }
     const started = performance.now();
-    await (this.dhcpCni ?? this.cni).del(dhcpIpamNetwork(network), runtimeConf(record, ''));
+    // The netns path is only made absolute by the plugin (the daemon's release does not enter it).
+    await (this.dhcpCni ?? this.cni).del(dhcpIpamNetwork(network), runtimeConf(record, record.netns));
     log.info({ ips: record.ips, ms: round(performance.now() - started) }, 'DHCP lease released');
   }
 
