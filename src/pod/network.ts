@@ -36,7 +36,7 @@ import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../sh
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
-import { bridgeVeths, removeStaleBridgeAddresses, tuneBridge } from './bridge-kernel.js';
+import { bridgeVeths, removeStaleBridgeAddresses, tuneBridge, tuneBridgeIfPresent } from './bridge-kernel.js';
 import { bridgeMac, syncDedup, type DedupTarget } from './dedup.js';
 import { DhcpLeaseError, socketAnswers } from './dhcp.js';
 import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules, removeMasquerade } from './host-setup.js';
@@ -204,7 +204,9 @@ export class PodNetwork {
       this.state = this.dhcp ? { phase: 'ready', subnets: [], conf: dhcpBridgeConf(this.settings(), this.dhcp.daemonSocket) } : { phase: 'waiting-for-pod-cidr' };
       if (this.dhcp) this.swept = true; // the reconcile below sweeps: no pod CIDR is waited for
     }
-    // Other modes hold no dedup rules; promiscuous-bridge syncs them once the pod CIDR is known.
+    // The hairpin mode in force now (promiscuous or not); other modes hold no dedup rules, and
+    // promiscuous-bridge syncs them once the pod CIDR is known.
+    tuneBridgeIfPresent(this.settings(), this.log);
     if (!this.wantsDedup()) await this.syncDedup();
     await this.reconcile();
   }
