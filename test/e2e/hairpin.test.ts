@@ -35,7 +35,9 @@ const SOCKET = '/run/kubenet/kubenet.sock';
 const BRIDGE = 'cbr0';
 const NET = 40 + Math.floor(Math.random() * 200);
 const CIDR_A = `10.246.${NET}.0/24`;
-const CIDR_B = `10.247.${NET}.0/24`;
+// Dual-stack: the rules for both families.
+const CIDR_B = `10.247.${NET}.0/24,fd00:247:${NET}::/64`;
+const CIDR_C = `10.248.${NET}.0/24`;
 const VIP = `10.96.${NET}.10`;
 
 interface Pod {
@@ -100,9 +102,12 @@ async function outputJumps(): Promise<number> {
   return (await inNode('ebtables', ['-t', 'filter', '-L', 'OUTPUT'])).split('\n').filter((l) => l.trim() === '-j KUBE-DEDUP').length;
 }
 
-function expectedRules(mac: string, cidr: string): string[] {
-  const gw = cidr.replace(/\.0\/24$/, '.1');
-  return [`-p IPv4 -s ${mac} -o veth+ --ip-src ${gw} -j ACCEPT`, `-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr} -j DROP`];
+function expectedRules(mac: string, cidrs: string): string[] {
+  return cidrs.split(',').flatMap((cidr) =>
+    cidr.includes(':')
+      ? [`-p IPv6 -s ${mac} -o veth+ --ip6-src ${cidr.replace(/::\/64$/, '::1')} -j ACCEPT`, `-p IPv6 -s ${mac} -o veth+ --ip6-src ${cidr} -j DROP`]
+      : [`-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr.replace(/\.0\/24$/, '.1')} -j ACCEPT`, `-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr} -j DROP`],
+  );
 }
 
 /** A TCP server in the pod on :8080 answering "hairpin-ok from <name>". */
@@ -210,7 +215,7 @@ serialTest('promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup
   t.is(await hairpin(a), 'hairpin-ok from a', 'hairpin still works');
 });
 
-serialTest('promiscuous-bridge: the rules follow a new pod CIDR, idempotently', async (t) => {
+serialTest('promiscuous-bridge: the rules follow a new pod CIDR (both families), idempotently', async (t) => {
   // The pods of the old CIDR go first (their gateway leaves the bridge with it).
   for (const name of ['a', 'b', 'c']) {
     const p: Pod = { name, id: `${w().tag}${name}`.padEnd(64, '0').replace(/[^a-z0-9]/g, '0'), netns: '', netnsPath: `/var/run/netns/kdh-${w().tag}-${name}` };
@@ -227,7 +232,7 @@ serialTest('promiscuous-bridge: the rules follow a new pod CIDR, idempotently', 
 });
 
 serialTest('hairpin-veth: no dedup rules, the bridge not promiscuous; the same hairpin test passes and ping shows no DUP!', async (t) => {
-  await startAgent(CIDR_B, 'hairpin-veth');
+  await startAgent(CIDR_C, 'hairpin-veth');
   t.is(await dedupChain(), undefined, 'KUBE-DEDUP removed with the mode change');
   t.is(await outputJumps(), 0, 'and its jump');
   t.notRegex(await inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'promiscuous mode off');
