@@ -109,7 +109,13 @@ export class Agent {
     checkInstallConfig(this.config);
     // The core's reconcile may release leases: the daemon answers before it runs.
     await this.dhcpDaemon?.start();
-    await this.network.init(this.config.hairpinMode, this.config.nonMasqueradeCIDR);
+    try {
+      await this.network.init(this.config.hairpinMode, this.config.nonMasqueradeCIDR);
+    } catch (err) {
+      // A refused uplink, say: no daemon stays behind an agent that did not start.
+      await this.dhcpDaemon?.stop();
+      throw err;
+    }
     const pods = this.network.list();
     if (pods.length > 0) this.log.info({ pods: pods.length }, 'pods set up before this start are known');
     this.metrics.update(pods, 0);
