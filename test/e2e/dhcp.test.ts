@@ -334,3 +334,14 @@ serialTest('no DHCP server answering: ADD fails within the timeout with a clear 
   t.deepEqual((await status()).pods, []);
   t.regex((await agentGet(w().sb.hostPath(SOCKET), '/metrics')).body, /^kubenet_cni_errors_total\{command="ADD",code="11"\} 1$/m);
 });
+
+serialTest('an uplink that carries an address is refused at startup, and no lease daemon stays behind', async (t) => {
+  await w().agent.stop(5000);
+  await w().sb.exec('ip', ['addr', 'add', `${w().net}.1/24`, 'dev', w().uplink]);
+  const err = await t.throwsAsync(w().agent.start());
+  t.regex(err?.message ?? '', new RegExp(`uplink ${w().uplink} carries ${w().net.replace(/\./g, '\\.')}\\.1/24`));
+  await w().agent.kill();
+  const left = w().sb.processes().map((pid) => readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ')).filter((c) => c.includes('dhcp daemon'));
+  t.deepEqual(left, [], 'no lease daemon left');
+  await w().sb.exec('ip', ['addr', 'flush', 'dev', w().uplink]);
+});
