@@ -207,7 +207,10 @@ serialTest('leases from dnsmasq: address, gateway and route from the lease, the 
   t.false(nat.includes('kubenet-ts: SNAT'), 'no masquerade rule');
   t.true(nat.includes(`--to-destination ${web.ip}:8080`), 'the host port DNAT rule');
   t.regex(await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0']), /rate 5Mbit/, 'the shaped pod\'s egress class');
-  for (const p of w().pods) t.is((await libcni('check', p)).exitCode, 0, `CHECK ${p.name}`);
+  for (const p of w().pods) {
+    const check = await libcni("check", p);
+    t.is(check.exitCode, 0, `CHECK ${p.name}: ${check.stderr}`);
+  }
 
   const st = await status();
   t.deepEqual(st.pods.map((p) => [p.id, p.ips]).sort(), w().pods.map((p) => [p.id, [p.ip]]).sort(), 'status lists the pods with their leased addresses');
