@@ -2,7 +2,7 @@
  * Error classes of the CNI runtime side. Failures of a plugin binary itself are the project's
  * `CniPluginError` (src/errors.ts); these cover what happens around it.
  */
-import { ConfigError, KubenetError } from '../errors.js';
+import { CniPluginError, ConfigError, KubenetError } from '../errors.js';
 
 /** No directory of the search path holds an executable file named like the plugin type. */
 export class PluginNotFoundError extends ConfigError {
@@ -43,3 +43,12 @@ export class CacheError extends KubenetError {
 
 /** CHECK needs the result of the earlier ADD, and the cache has none for this attachment. */
 export class NoCachedResultError extends KubenetError {}
+
+/** A plugin ran past its timeout and was killed with everything it started (its process group). */
+export class PluginTimeoutError extends CniPluginError {
+  readonly timeoutMs: number;
+  constructor(init: { plugin: string; command: string; timeoutMs: number; stderr?: string }) {
+    super({ plugin: init.plugin, command: init.command, msg: `timed out after ${init.timeoutMs} ms; killed`, stderr: init.stderr ?? '' });
+    this.timeoutMs = init.timeoutMs;
+  }
+}

@@ -14,7 +14,7 @@ import { accessSync, constants as fsConstants, statSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { execa } from 'execa';
 import { CniPluginError, ConfigError } from '../errors.js';
-import { PluginNotFoundError } from './errors.js';
+import { PluginNotFoundError, PluginTimeoutError } from './errors.js';
 import { sharedSpawner } from './spawner.js';
 import type { CniCommand } from './types.js';
 
@@ -148,7 +148,7 @@ export async function execPlugin(pluginPath: string, stdin: string | Uint8Array,
   const { stdout, stderr } = r;
 
   if (r.timedOut) {
-    throw new CniPluginError({ plugin, command, msg: `timed out after ${timeoutMs} ms; killed`, stderr });
+    throw new PluginTimeoutError({ plugin, command, timeoutMs, stderr });
   }
   if (r.exitCode === undefined) {
     const msg = r.signal ? `killed by ${r.signal}` : (r.lost ?? `could not run ${pluginPath}: ${r.startError}`);

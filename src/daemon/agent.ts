@@ -2,14 +2,20 @@
  * The node agent's lifecycle: one pod network core, a pod-CIDR source, the HTTP API on a unix
  * socket, the CNI binary and conflist for container runtimes (installed once the pod CIDR is known),
  * metrics. The pod records are the core's (src/pod/record.ts): restarts keep every pod.
+ *
+ * In dhcp mode it also runs the reference DHCP lease daemon (dhcp-daemon.ts) before the core
+ * starts, installs the CNI config at once (addresses come from the LAN, not the pod CIDR), and has
+ * the core acquire every known pod's lease again after each start of the daemon, retrying those
+ * that fail (no server answering) with backoff.
  */
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
 import { PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
+import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, type PodLookup } from './cni-handler.js';
 import { checkInstallConfig, installCni } from './cni-install.js';
-import type { AgentConfig } from './config.js';
+import { dhcpSocketPath, type AgentConfig } from './config.js';
 import { AgentApi } from './http-api.js';
 import { AgentMetrics } from './metrics.js';
 import type { PodCidrSource } from './pod-cidr.js';
@@ -30,6 +36,9 @@ export interface StatusReport {
   }>;
 }
 
+const READOPT_RETRY_MS = 5_000;
+const READOPT_RETRY_MAX_MS = 120_000;
+
 export interface AgentOptions {
   /** CNI calls in flight get this long to finish on stop. Default 10 s. */
   shutdownGraceMs?: number;
@@ -41,6 +50,10 @@ export class Agent {
   private readonly api: AgentApi;
   private readonly metrics = new AgentMetrics();
   private confWritten = false;
+  private readonly dhcpDaemon: DhcpDaemon | undefined;
+  private readoptTimer: NodeJS.Timeout | undefined;
+  private readoptDelayMs = READOPT_RETRY_MS;
+  private stopped = false;
 
   constructor(
     private readonly config: AgentConfig,
@@ -62,7 +75,19 @@ export class Agent {
       legacyCniCacheDir: config.cniCacheDir,
       logger: log,
       ...(config.mtu !== undefined ? { mtu: config.mtu } : {}),
+      ...(config.ipam === 'dhcp' && config.uplink !== undefined
+        ? { ipam: { mode: 'dhcp' as const, uplink: config.uplink, daemonSocket: dhcpSocketPath(config), timeoutMs: config.dhcpTimeout * 1000 } }
+        : {}),
     });
+    if (config.ipam === 'dhcp') {
+      this.dhcpDaemon = new DhcpDaemon({
+        binary: findPlugin('dhcp', config.pluginBinDirs),
+        socket: dhcpSocketPath(config),
+        attemptTimeoutSec: attemptTimeoutSec(config.dhcpTimeout),
+        log,
+        onRestart: () => this.readoptLeases(),
+      });
+    }
     this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log);
     this.api = new AgentApi(
       {
@@ -82,10 +107,24 @@ export class Agent {
 
   async start(): Promise<void> {
     checkInstallConfig(this.config);
-    await this.network.init(this.config.hairpinMode, this.config.nonMasqueradeCIDR);
+    // The core's reconcile may release leases: the daemon answers before it runs.
+    await this.dhcpDaemon?.start();
+    try {
+      await this.network.init(this.config.hairpinMode, this.config.nonMasqueradeCIDR);
+    } catch (err) {
+      // A refused uplink, say: no daemon stays behind an agent that did not start.
+      await this.dhcpDaemon?.stop();
+      throw err;
+    }
     const pods = this.network.list();
     if (pods.length > 0) this.log.info({ pods: pods.length }, 'pods set up before this start are known');
     this.metrics.update(pods, 0);
+    if (this.dhcpDaemon) {
+      // Ready without a pod CIDR: pods take their addresses from the LAN.
+      installCni(this.config, this.log);
+      this.confWritten = true;
+      this.readoptLeases();
+    }
     await this.pods?.start?.();
     await this.api.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
@@ -101,6 +140,29 @@ export class Agent {
     }
   }
 
+  /**
+   * Has the core acquire the lease of every known pod again (the daemon keeps none across its
+   * restarts), in the background; pods whose lease could not be had are tried again with backoff.
+   */
+  private readoptLeases(): void {
+    clearTimeout(this.readoptTimer);
+    this.readoptTimer = undefined;
+    if (this.stopped) return;
+    void this.network.readoptLeases().then(
+      ({ failed }) => {
+        if (failed.length === 0) {
+          this.readoptDelayMs = READOPT_RETRY_MS;
+          return;
+        }
+        if (this.stopped) return;
+        this.log.warn({ pods: failed.length, retryInMs: this.readoptDelayMs }, 'some DHCP leases could not be acquired again; trying again');
+        this.readoptTimer = setTimeout(() => this.readoptLeases(), this.readoptDelayMs);
+        this.readoptDelayMs = Math.min(this.readoptDelayMs * 2, READOPT_RETRY_MAX_MS);
+      },
+      (err: unknown) => this.log.error({ err }, 'acquiring the DHCP leases again failed'),
+    );
+  }
+
   /** CNI calls being handled right now. */
   callsInFlight(): number {
     return this.api.callsInFlight();
@@ -108,7 +170,9 @@ export class Agent {
 
   private notReadyReason(): string | undefined {
     if (this.network.phase !== 'ready') return 'kubenet: no pod CIDR yet';
-    const missing = REQUIRED_PLUGINS.filter((p) => p !== 'loopback').filter((p) => {
+    // The runtime runs loopback itself; dhcp mode needs the dhcp plugin instead of host-local.
+    const needed = REQUIRED_PLUGINS.filter((p) => p !== 'loopback').map((p) => (p === 'host-local' && this.dhcpDaemon ? 'dhcp' : p));
+    const missing = needed.filter((p) => {
       try {
         findPlugin(p, this.config.pluginBinDirs);
         return false;
@@ -145,9 +209,13 @@ export class Agent {
 
   /** Stops taking calls, lets calls in flight finish (bounded), then releases the node resources it holds open. */
   async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.readoptTimer);
     await this.source.stop();
     await this.api.close();
     await this.pods?.stop?.();
+    // Leases are not released: the pods keep their addresses, the next agent acquires them again.
+    await this.dhcpDaemon?.stop();
     // Veths of pods deleted just before: let the kernel finish them (tens of ms), never for long.
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([this.network.settled(), new Promise<void>((r) => (timer = setTimeout(r, 5000)))]);

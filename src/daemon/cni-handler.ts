@@ -7,7 +7,7 @@ import { existsSync } from 'node:fs';
 import { convertResult } from '../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { bandwidthFromAnnotations, NetnsError, podNetnsId, type PodNetwork } from '../pod/index.js';
+import { bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork } from '../pod/index.js';
 import { CniRequestError, parseCniCall, type CniCall } from './cni-request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,
@@ -109,6 +109,8 @@ export function codeOf(err: unknown): number {
   if (err instanceof ConflictError) return CNI_ERR_ATTACHMENT_CONFLICT;
   if (err instanceof UnknownPodError) return CNI_ERR_UNKNOWN_CONTAINER;
   if (err instanceof NotReadyError) return CNI_ERR_TRY_AGAIN_LATER;
+  // No DHCP server answered in time: the runtime may well succeed later.
+  if (err instanceof DhcpLeaseError) return CNI_ERR_TRY_AGAIN_LATER;
   if (err instanceof ConfigError) return CNI_ERR_INVALID_CONFIG;
   return CNI_ERR_INTERNAL;
 }

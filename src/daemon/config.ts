@@ -9,7 +9,7 @@
  */
 import { readFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
-import { isAbsolute, join, normalize } from 'node:path';
+import { dirname, isAbsolute, join, normalize } from 'node:path';
 import yaml from 'js-yaml';
 import { ConfigError } from '../errors.js';
 import { isValidIfName } from '../net/ifname.js';
@@ -20,6 +20,11 @@ import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'silent'] as const;
 export type LogLevel = (typeof LOG_LEVELS)[number];
+/** Where pod addresses come from: the node's pod CIDR (host-local) or the LAN's DHCP server. */
+export const IPAM_MODES = ['host-local', 'dhcp'] as const;
+export type IpamMode = (typeof IPAM_MODES)[number];
+/** The DHCP lease daemon's socket: beside the agent's own socket, in the agent's run dir. */
+export const DHCP_SOCKET_NAME = 'dhcp.sock';
 
 /** The resolved agent configuration. Optional keys are absent (not undefined) when unset. */
 export interface AgentConfig {
@@ -45,6 +50,12 @@ export interface AgentConfig {
   hairpinMode: HairpinMode;
   /** Traffic to this CIDR is not masqueraded. */
   nonMasqueradeCIDR: string;
+  /** Where pod addresses come from. */
+  ipam: IpamMode;
+  /** dhcp: the host interface enslaved to the bridge (required with dhcp, refused without). */
+  uplink?: string;
+  /** dhcp: seconds an ADD waits for a lease before it fails. */
+  dhcpTimeout: number;
   /** host-local IPAM data directory. */
   ipamDataDir: string;
   /** CNI result cache directory (libcni layout). */
@@ -56,7 +67,7 @@ export interface AgentConfig {
 
 export type ConfigKey = keyof AgentConfig;
 /** Keys without a fixed default: optional ones and nodeName (from the environment). */
-export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu';
+export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink';
 export type DefaultedConfig = Omit<AgentConfig, UndefaultedConfigKey>;
 
 /** Defaults of every key that has a fixed one. Frozen; loadConfig returns copies. */
@@ -69,6 +80,8 @@ export const DEFAULT_CONFIG: Readonly<DefaultedConfig> = Object.freeze({
   ifbName: 'kubenet-ifb0',
   hairpinMode: 'hairpin-veth',
   nonMasqueradeCIDR: '10.0.0.0/8',
+  ipam: 'host-local',
+  dhcpTimeout: 30,
   ipamDataDir: '/var/lib/cni/networks',
   cniCacheDir: '/var/lib/cni',
   stateDir: '/var/lib/kubenet',
@@ -166,11 +179,32 @@ export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.fr
     flag: '--non-masquerade-cidr',
     description: 'Traffic from pods to this CIDR keeps its source address; other off-node traffic is masqueraded. 0.0.0.0/0 disables masquerading.',
   },
+  ipam: {
+    type: 'string',
+    values: IPAM_MODES,
+    default: DEFAULT_CONFIG.ipam,
+    flag: '--ipam',
+    description:
+      'Where pod addresses come from: `host-local`, the node\'s pod CIDR (the bridge is the pods\' gateway, off-node traffic is masqueraded); or `dhcp`, the LAN\'s DHCP server through `uplink` (address, gateway and routes from each pod\'s lease; the bridge is no gateway, no masquerade rule; the agent runs the reference lease daemon).',
+  },
+  uplink: {
+    type: 'string',
+    default: undefined,
+    flag: '--uplink',
+    description:
+      'With `ipam: dhcp` (required there, refused otherwise): the host interface the agent enslaves to the bridge, so pods share the LAN\'s L2 segment. It must carry no IP address of its own (the node\'s address belongs on another interface, or on the bridge).',
+  },
+  dhcpTimeout: {
+    type: 'integer',
+    default: String(DEFAULT_CONFIG.dhcpTimeout),
+    flag: '--dhcp-timeout',
+    description: 'With `ipam: dhcp`: seconds, 2..600, a pod\'s ADD waits for its lease before it fails (no DHCP server answered) and is undone.',
+  },
   ipamDataDir: {
     type: 'string',
     default: DEFAULT_CONFIG.ipamDataDir,
     flag: '--ipam-data-dir',
-    description: 'host-local IPAM data directory.',
+    description: 'host-local IPAM data directory (unused with `ipam: dhcp`).',
   },
   cniCacheDir: {
     type: 'string',
@@ -245,7 +279,35 @@ export async function loadConfig(opts: LoadConfigOptions): Promise<AgentConfig> 
     pluginBinDirs: [...(merged.pluginBinDirs ?? DEFAULT_CONFIG.pluginBinDirs)],
   };
   checkDirectories(out, opts.file ?? 'flags');
+  checkIpam(out, merged, opts.file ?? 'flags');
   return out;
+}
+
+/** The dhcp keys go together: `uplink` is required with dhcp and refused without, like `dhcpTimeout`. */
+function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): void {
+  if (c.ipam === 'dhcp') {
+    if (c.uplink === undefined) {
+      throw new AgentConfigError({ source, key: 'uplink', expected: 'an interface name', problem: 'ipam "dhcp" needs an uplink: the host interface that connects the bridge to the LAN and its DHCP server' });
+    }
+    if (c.uplink === c.bridgeName || c.uplink === c.ifbName) {
+      throw new AgentConfigError({ source, key: 'uplink', expected: 'an interface other than the bridge and the ifb', problem: `uplink ${c.uplink} is the agent's own ${c.uplink === c.bridgeName ? 'bridge' : 'ifb'}` });
+    }
+    const socket = dhcpSocketPath(c);
+    if (Buffer.byteLength(socket) > MAX_SOCKET_PATH_BYTES) {
+      throw new AgentConfigError({ source, key: 'socket', expected: `a directory short enough for ${DHCP_SOCKET_NAME}`, problem: `the DHCP lease daemon's socket ${socket} would be longer than ${MAX_SOCKET_PATH_BYTES} bytes` });
+    }
+    return;
+  }
+  for (const key of ['uplink', 'dhcpTimeout'] as const) {
+    if (set[key] !== undefined) {
+      throw new AgentConfigError({ source, key, expected: 'ipam "dhcp"', problem: `${key} applies only to ipam "dhcp" (ipam is "${c.ipam}")` });
+    }
+  }
+}
+
+/** The DHCP lease daemon's socket: `dhcp.sock` in the directory of the agent's own socket. */
+export function dhcpSocketPath(c: Pick<AgentConfig, 'socket'>): string {
+  return join(dirname(c.socket), DHCP_SOCKET_NAME);
 }
 
 /** Whether `child` is `parent` or inside it (paths are absolute, compared after normalizing). */
@@ -414,6 +476,12 @@ const VALIDATORS: Record<ConfigKey, Validator> = {
     } catch (err) {
       throw fail(expected, causeText(err));
     }
+  },
+  ipam: oneOf(IPAM_MODES),
+  uplink: ifName,
+  dhcpTimeout: (value, fail) => {
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < 2 || value > 600) throw fail('an integer number of seconds from 2 to 600');
+    return value;
   },
   ipamDataDir: absPath(),
   cniCacheDir: absPath(),

@@ -103,3 +103,9 @@ export function lastByte(ip: string): number {
   const bytes = fam === 4 ? new Address4(ip).toArray() : new Address6(ip).toByteArray();
   return bytes[bytes.length - 1] ?? 0;
 }
+
+/** The subnet's first host address (network + 1): host-local's default gateway, which the bridge takes. */
+export function firstHost(subnet: Subnet): string {
+  if (subnet.family === 4) return Address4.fromBigInt(new Address4(subnet.network).bigInt() + 1n).correctForm();
+  return Address6.fromBigInt(new Address6(subnet.network).bigInt() + 1n).correctForm();
+}

@@ -25,6 +25,20 @@ export function tuneBridge(s: BridgeSettings, log: Logger): void {
   if (s.hairpinMode === 'promiscuous-bridge' && !link.promisc) {
     nl.setPromiscOn(s.bridgeName);
     log.info('bridge set to promiscuous mode for hairpin traffic');
+  } else if (s.hairpinMode !== 'promiscuous-bridge' && link.promisc) {
+    // Left by promiscuous-bridge mode: without its dedup rules, pods would get packets twice.
+    nl.setPromiscOff(s.bridgeName);
+    log.info({ hairpinMode: s.hairpinMode }, 'bridge promiscuous mode turned off (not promiscuous-bridge hairpin mode)');
+  }
+}
+
+/** tuneBridge when the bridge exists (at startup: a mode change applies before the next ADD). */
+export function tuneBridgeIfPresent(s: BridgeSettings, log: Logger): void {
+  try {
+    tuneBridge(s, log);
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return;
+    throw err;
   }
 }
 

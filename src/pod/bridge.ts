@@ -1,9 +1,10 @@
 /**
  * The pod bridge's config: the reference `bridge` + `host-local` config kubenet generates for the
- * pod CIDR (typed, then serialized by the CNI runtime), and the names and modes it is built from.
- * Pure; what kubenet does to the bridge link itself is in bridge-kernel.ts.
+ * pod CIDR, or `bridge` + `dhcp` for pods on the LAN (typed, then serialized by the CNI runtime),
+ * and the names and modes it is built from. Pure; what kubenet does to the bridge link itself is in
+ * bridge-kernel.ts.
  */
-import type { BridgeNetConf, HostLocalIpamConf, NetConf, NetConfList } from '../cni/types.js';
+import type { BridgeNetConf, HostLocalIpamConf, IpamConf, NetConf, NetConfList, PluginConf } from '../cni/types.js';
 import type { Subnet } from '../net/ip.js';
 
 /** Network name of the bridge config: host-local keeps reservations under `<ipamDataDir>/kubenet`. */
@@ -11,7 +12,13 @@ export const NETWORK_NAME = 'kubenet';
 export const CNI_VERSION = '1.0.0';
 export const POD_IFNAME = 'eth0';
 
-/** How a pod reaches itself through a service: hairpin on each veth, a promiscuous bridge, or not at all. */
+/**
+ * How a pod reaches itself through a service: hairpin on each veth, a promiscuous bridge, or not at
+ * all. `promiscuous-bridge` keeps kubenet's promiscuous bridge and its dedup rules (dedup.ts) and
+ * turns hairpin on each veth too: on current kernels (measured on 6.18) a pod's packet DNATed back
+ * to itself is bridged by br_netfilter to the port it came from, and dropped there without the
+ * port's hairpin flag, promiscuous bridge or not.
+ */
 export const HAIRPIN_MODES = ['promiscuous-bridge', 'hairpin-veth', 'none'] as const;
 export type HairpinMode = (typeof HAIRPIN_MODES)[number];
 
@@ -38,9 +45,68 @@ export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf 
     mtu: s.mtu,
     isGateway: true,
     ipMasq: false,
-    hairpinMode: s.hairpinMode === 'hairpin-veth',
+    hairpinMode: s.hairpinMode !== 'none',
     ipam,
   };
+}
+
+/** The reference dhcp IPAM plugin's part of a config: it asks the lease daemon on this socket. */
+export interface DhcpIpamConf extends IpamConf {
+  type: 'dhcp';
+  daemonSocketPath: string;
+}
+
+/**
+ * The bridge + dhcp config: pods on the LAN behind the uplink, with address, gateway and routes
+ * from their lease. The bridge is no gateway (no address on it, no forwarding turned on for it)
+ * and nothing is masqueraded.
+ */
+export function dhcpBridgeConf(s: BridgeSettings, daemonSocketPath: string): BridgeNetConf {
+  const ipam: DhcpIpamConf = { type: 'dhcp', daemonSocketPath };
+  return {
+    cniVersion: CNI_VERSION,
+    name: NETWORK_NAME,
+    type: 'bridge',
+    bridge: s.bridgeName,
+    mtu: s.mtu,
+    isGateway: false,
+    ipMasq: false,
+    hairpinMode: s.hairpinMode !== 'none',
+    ipam,
+  };
+}
+
+/** The bridge plugin's config in a network (a list's first plugin); undefined when it has none. */
+function bridgePlugin(network: NetConf | NetConfList): PluginConf | undefined {
+  const plugins = (network as NetConfList).plugins;
+  return Array.isArray(plugins) ? plugins[0] : (network as NetConf);
+}
+
+/** The dhcp IPAM config of a network whose bridge takes its addresses from DHCP; else undefined. */
+export function dhcpIpamOf(network: NetConf | NetConfList | undefined): DhcpIpamConf | undefined {
+  const ipam = network ? bridgePlugin(network)?.ipam : undefined;
+  return ipam?.type === 'dhcp' && typeof ipam.daemonSocketPath === 'string' ? (ipam as DhcpIpamConf) : undefined;
+}
+
+/**
+ * The network as the dhcp IPAM plugin is run on its own (it reads the network's name for the lease's
+ * client ID, and its ipam section): to re-acquire a pod's lease and to release it.
+ */
+export function dhcpIpamNetwork(network: NetConf | NetConfList): NetConf {
+  const ipam = dhcpIpamOf(network);
+  if (!ipam) throw new TypeError('dhcpIpamNetwork: the network takes no addresses from DHCP');
+  return { cniVersion: network.cniVersion, name: network.name, type: 'dhcp', ipam };
+}
+
+/**
+ * The plugins after the bridge (portmap), as a list, or undefined when there are none. A dhcp
+ * network's DEL runs these only: the lease is released by the dhcp plugin itself while the pod's
+ * interface still exists, and the bridge plugin's DEL without a netns is only its IPAM DEL.
+ */
+export function afterBridge(network: NetConf | NetConfList): NetConfList | undefined {
+  const plugins = (network as NetConfList).plugins;
+  if (!Array.isArray(plugins) || plugins.length < 2) return undefined;
+  return { ...(network as NetConfList), plugins: plugins.slice(1) };
 }
 
 /** The pod network as a list: bridge, then the reference portmap plugin for host ports. */

@@ -4,7 +4,8 @@
  * parse from their inputs. Nothing above this reaches into the shaper or netlink directly.
  */
 export { HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, type HairpinMode } from './bridge.js';
+export { DhcpLeaseError, socketAnswers } from './dhcp.js';
 export { NetnsError, podNetnsId } from './netns.js';
-export { PLUGIN_TYPES, PodNetwork, REQUIRED_PLUGINS, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type PodNetworkOptions } from './network.js';
+export { PLUGIN_TYPES, PodNetwork, REQUIRED_PLUGINS, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions } from './network.js';
 export type { PodPhase, PodRecord, PortMapping } from './record.js';
 export { bandwidthFromAnnotations, isUnshaped, limitsFromRuntimeConfig, sameLimits, type BandwidthLimits } from '../shaper/limits.js';

@@ -17,34 +17,56 @@
  *   same link) and lets the bridge plugin release the address with an empty CNI_NETNS.
  * - Leftovers of attachments that no longer exist (reservations, veths on the bridge, host-port
  *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
+ * - Addresses come from host-local (the pod CIDR) or, in dhcp mode, from the LAN's DHCP server
+ *   through the reference dhcp IPAM plugin and its lease daemon (dhcp.ts): the bridge is then no
+ *   gateway, the uplink is one of its ports (uplink.ts), DEL releases the lease through the plugin
+ *   while the pod's interface still exists (the release leaves through it), and `readoptLeases`
+ *   has a restarted lease daemon take every known pod's lease again.
  */
 import { performance } from 'node:perf_hooks';
+import { PluginTimeoutError } from '../cni/errors.js';
 import { CniRuntime } from '../cni/runtime.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
-import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
+import { cidrContains, parseCidr, parsePodCidrs, parsePrefixed, type Subnet } from '../net/ip.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { bridgeConf, CNI_VERSION, NETWORK_NAME, POD_IFNAME, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
-import { bridgeVeths, removeStaleBridgeAddresses, tuneBridge } from './bridge-kernel.js';
-import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules } from './host-setup.js';
+import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
+import { bridgeVeths, removeStaleBridgeAddresses, tuneBridge, tuneBridgeIfPresent } from './bridge-kernel.js';
+import { bridgeMac, syncDedup, type DedupTarget } from './dedup.js';
+import { DhcpLeaseError, socketAnswers } from './dhcp.js';
+import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules, removeMasquerade } from './host-setup.js';
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
 import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
 import { listReservations } from './reservations.js';
+import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
 import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
 
 export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
 const DEFAULT_MTU = 1460;
 /** The only plugins kubenet-ts ever runs: never its own forwarding binary, never a type from a request. */
-export const PLUGIN_TYPES = ['bridge', 'host-local', 'loopback', 'portmap'] as const;
+export const PLUGIN_TYPES = ['bridge', 'host-local', 'dhcp', 'loopback', 'portmap'] as const;
 /** What must be installed to set pods up (portmap only for pods with host ports: its absence fails those clearly). */
 export const REQUIRED_PLUGINS = ['bridge', 'host-local', 'loopback'] as const;
+
+/** Where pod addresses come from: the pod CIDR (host-local), or the LAN's DHCP server through `uplink`. */
+export type IpamSettings =
+  | { mode: 'host-local' }
+  | {
+      mode: 'dhcp';
+      /** Host interface enslaved to the bridge. */
+      uplink: string;
+      /** The lease daemon's socket (the dhcp plugin's daemonSocketPath); the caller runs the daemon. */
+      daemonSocket: string;
+      /** An ADD (or a lease re-acquired) that has no lease after this long fails. */
+      timeoutMs: number;
+    };
 
 export interface PodNetworkOptions {
   bridgeName: string;
@@ -62,8 +84,12 @@ export interface PodNetworkOptions {
   manageLoopback: boolean;
   /** Where kubenet-ts 0.1.0 kept its CNI result cache (libcni layout), read once to upgrade in place. */
   legacyCniCacheDir?: string;
+  /** Default host-local. */
+  ipam?: IpamSettings;
   logger: Logger;
 }
+
+type DhcpSettings = Extract<IpamSettings, { mode: 'dhcp' }>;
 
 export interface AttachRequest {
   containerId: string;
@@ -109,6 +135,9 @@ export class PodNetwork {
   private hairpinMode: HairpinMode = 'hairpin-veth';
   private mtu = DEFAULT_MTU;
   private swept = false;
+  private readonly dhcp: DhcpSettings | undefined;
+  /** dhcp: plugin execs bounded by the lease timeout (the bridge ADD waits for the lease). */
+  private readonly dhcpCni: CniRuntime | undefined;
   private readonly loopbackConf: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
 
   constructor(private readonly opts: PodNetworkOptions) {
@@ -122,6 +151,12 @@ export class PodNetwork {
       ...(opts.cniTimeoutMs !== undefined ? { timeoutMs: opts.cniTimeoutMs } : {}),
     });
     this.shaper = new Shaper({ logger: this.log, ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}) });
+    this.dhcp = opts.ipam?.mode === 'dhcp' ? opts.ipam : undefined;
+    this.dhcpCni = this.dhcp ? new CniRuntime({ binDirs: opts.pluginBinDirs, allowedTypes: PLUGIN_TYPES, logger: this.log, timeoutMs: this.dhcp.timeoutMs }) : undefined;
+  }
+
+  get ipamMode(): IpamSettings['mode'] {
+    return this.dhcp ? 'dhcp' : 'host-local';
   }
 
   get phase(): State['phase'] {
@@ -132,6 +167,9 @@ export class PodNetwork {
    * Node setup (MTU, br_netfilter, masquerade rule, the shaper's ifb), then the pod records: loaded,
    * upgraded from 0.1.0, and reconciled with the node (an interrupted ADD is undone, a pod whose
    * netns and veth are both gone is removed). Leftovers are swept once the pod CIDR is known.
+   * In dhcp mode: no masquerade rule (one left by host-local mode is removed), the uplink is
+   * enslaved to the bridge, and the network is ready at once (the pod CIDR is not the pods'
+   * addresses there); the lease daemon must already answer on its socket.
    */
   async init(hairpinMode: HairpinMode, nonMasqueradeCIDR: string): Promise<void> {
     this.hairpinMode = hairpinMode;
@@ -143,7 +181,14 @@ export class PodNetwork {
       this.log.info({ mtu: this.mtu, detected: detected !== undefined }, 'bridge MTU from host links');
     }
     await ensureBridgeNetfilter(this.log);
-    await ensureMasquerade(nonMasqueradeCIDR, this.log);
+    await releaseOldUplink({ bridgeName: this.bridgeName, stateDir: this.opts.stateDir, keep: this.dhcp?.uplink }, this.log);
+    if (this.dhcp) {
+      await removeMasquerade(nonMasqueradeCIDR);
+      this.log.info({ uplink: this.dhcp.uplink }, 'ipam dhcp: pods take addresses from the LAN; no masquerade rule');
+      await ensureUplink({ bridgeName: this.bridgeName, uplink: this.dhcp.uplink, mtu: this.mtu, stateDir: this.opts.stateDir }, this.log);
+    } else {
+      await ensureMasquerade(nonMasqueradeCIDR, this.log);
+    }
     const { legacy } = this.store.load();
     await upgradeFromV010({
       store: this.store,
@@ -155,7 +200,14 @@ export class PodNetwork {
     });
     // The shaper takes over what the records say it installed (the one source of pod state).
     await this.shaper.init(this.store.all().flatMap((r) => (r.shaping ? [r.shaping] : [])));
-    if (this.state.phase === 'uninitialized') this.state = { phase: 'waiting-for-pod-cidr' };
+    if (this.state.phase === 'uninitialized') {
+      this.state = this.dhcp ? { phase: 'ready', subnets: [], conf: dhcpBridgeConf(this.settings(), this.dhcp.daemonSocket) } : { phase: 'waiting-for-pod-cidr' };
+      if (this.dhcp) this.swept = true; // the reconcile below sweeps: no pod CIDR is waited for
+    }
+    // The hairpin mode in force now (promiscuous or not); other modes hold no dedup rules, and
+    // promiscuous-bridge syncs them once the pod CIDR is known.
+    tuneBridgeIfPresent(this.settings(), this.log);
+    if (!this.wantsDedup()) await this.syncDedup();
     await this.reconcile();
   }
 
@@ -165,9 +217,16 @@ export class PodNetwork {
     const subnets = parsePodCidrs(value);
     const cidrs = subnets.map((s) => s.cidr).join(',');
     if (this.state.phase === 'ready' && this.state.subnets.map((s) => s.cidr).join(',') === cidrs) return;
+    if (this.dhcp && this.state.phase === 'ready') {
+      // Informational in dhcp mode (status); the config and the bridge's addresses stay as they are.
+      this.state = { ...this.state, subnets };
+      this.log.info({ podCIDR: cidrs }, 'pod CIDR known (ipam dhcp: pods take their addresses from the LAN)');
+      return;
+    }
     removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
     this.state = { phase: 'ready', subnets, conf: bridgeConf(this.settings(), subnets) };
     this.log.info({ podCIDR: cidrs }, 'pod CIDR set; CNI config generated');
+    await this.syncDedup();
     if (!this.swept) {
       this.swept = true;
       // What the reconcile at init could not do without a config (records of 0.1.0 without one).
@@ -181,8 +240,34 @@ export class PodNetwork {
   }
 
   podCidr(): string | undefined {
-    return this.state.phase === 'ready' ? this.state.subnets.map((s) => s.cidr).join(',') : undefined;
+    return this.state.phase === 'ready' && this.state.subnets.length > 0 ? this.state.subnets.map((s) => s.cidr).join(',') : undefined;
   }
+
+  /** kubenet's dedup rules belong to promiscuous-bridge mode with the pod CIDR on the bridge (host-local). */
+  private wantsDedup(): boolean {
+    return !this.dhcp && this.hairpinMode === 'promiscuous-bridge';
+  }
+
+  /**
+   * Makes the node's dedup rules match the mode, the pod CIDR and the bridge's MAC (which changes as
+   * ports come and go). In promiscuous-bridge mode every ADD checks them (two ebtables listings;
+   * rules removed by hand come back); other modes remove them once, at init. Without a bridge there
+   * is nothing to protect and no rule. Failures are logged, not thrown: duplicates are not worth
+   * failing a pod's setup for, and the next ADD tries again.
+   */
+  private async syncDedup(): Promise<void> {
+    let target: DedupTarget | undefined;
+    if (this.wantsDedup() && this.state.phase === 'ready') {
+      const mac = bridgeMac(this.bridgeName);
+      if (mac) target = { bridgeMac: mac, subnets: this.state.subnets };
+    }
+    try {
+      await syncDedup(target, this.log);
+    } catch (err) {
+      this.log.error({ err }, 'could not sync the promiscuous-bridge dedup rules (ebtables)');
+    }
+  }
+
 
   private settings(): BridgeSettings {
     return { bridgeName: this.bridgeName, mtu: this.mtu, hairpinMode: this.hairpinMode, ipamDataDir: this.opts.ipamDataDir };
@@ -240,6 +325,10 @@ export class PodNetwork {
     if (nl.netnsLinkByName(req.netns, req.ifName)) {
       throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
     }
+    const lease = dhcpIpamOf(conf);
+    if (lease && !(await socketAnswers(lease.daemonSocketPath))) {
+      throw new NotReadyError(`kubenet: cannot set up pod ${podName(req)}: the DHCP lease daemon does not answer on ${lease.daemonSocketPath} (yet)`);
+    }
 
     const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
     const record: PodRecord = {
@@ -264,7 +353,7 @@ export class PodNetwork {
     try {
       const rt = runtimeConf(record, req.netns);
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
-      const result = await this.cni.add(network, rt);
+      const result = await this.addNetwork(network, rt, req);
       const ips = result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
       if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
       const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== this.bridgeName)?.name;
@@ -273,6 +362,7 @@ export class PodNetwork {
       record.hostVeth = hostVeth;
       record.hostVethIndex = nl.linkByName(hostVeth).index;
       tuneBridge(this.settings(), log);
+      if (this.wantsDedup()) await this.syncDedup();
       await this.applyShaping(record);
       record.phase = 'ready';
       record.result = convertResult(result, network.cniVersion);
@@ -290,6 +380,23 @@ export class PodNetwork {
       throw err;
     } finally {
       this.adding.delete(key);
+    }
+  }
+
+  /**
+   * The network's ADD. In dhcp mode it is bounded by the lease timeout: a bridge plugin still waiting
+   * for its lease then is killed, and the ADD fails with a DhcpLeaseError (undone like any failure).
+   */
+  private async addNetwork(network: NetConf | NetConfList, rt: RuntimeConf, req: AttachRequest): Promise<CniResult> {
+    if (!this.dhcp || !this.dhcpCni || !dhcpIpamOf(network)) return this.cni.add(network, rt);
+    try {
+      return await this.dhcpCni.add(network, rt);
+    } catch (err) {
+      if (!(err instanceof PluginTimeoutError)) throw err;
+      throw new DhcpLeaseError(
+        `pod ${podName(req)}: no DHCP lease within ${this.dhcp.timeoutMs / 1000} s: no DHCP server answered through uplink ${this.dhcp.uplink} (or the lease daemon is stuck)`,
+        { cause: err },
+      );
     }
   }
 
@@ -358,12 +465,14 @@ export class PodNetwork {
     };
     // Shaping first: its filters reference the veth.
     await step(() => this.shaper.remove(record.containerId));
+    // A DHCP lease is released through the pod's interface: before its veth goes.
+    if (dhcpIpamOf(record.network)) await step(() => this.releaseLease(record, log));
     await step(() => this.deleteVeth(record, log));
     await step(async () => {
       const network = record.network ?? this.recordedOrCurrent(record);
       const rt = runtimeConf(record, '');
       const prev = record.result ? safeParseResult(record.result, log) : undefined;
-      await this.cni.del(network, rt, prev);
+      await this.delNetwork(network, rt, prev);
     });
     if (errors.length > 0) {
       for (const err of errors) log.error({ err }, 'teardown step failed');
@@ -373,10 +482,89 @@ export class PodNetwork {
     log.info({ phase: record.phase, ms: round(performance.now() - started) }, record.phase === 'ready' ? 'pod torn down' : 'unfinished setup undone');
   }
 
-  /** The config for a record that kept none (converted from 0.1.0): the current one, with portmap for host ports. */
+  /**
+   * The config for a record that kept none (converted from 0.1.0, which knew host-local only): the
+   * bridge + host-local config of the current pod CIDR, with portmap for host ports.
+   */
   private recordedOrCurrent(record: PodRecord): NetConf | NetConfList {
-    const conf = this.requireReady(`tear down pod ${podName(record)} (its record keeps no network config)`).conf;
+    const what = `tear down pod ${podName(record)} (its record keeps no network config)`;
+    const ready = this.requireReady(what);
+    if (ready.subnets.length === 0) throw new NotReadyError(`kubenet: cannot ${what}: no pod CIDR yet`);
+    const conf = this.dhcp ? bridgeConf(this.settings(), ready.subnets) : ready.conf;
     return record.portMappings.length > 0 ? withPortmap(conf) : conf;
+  }
+
+  /**
+   * DEL of a network with the reference plugins. For a dhcp network only the plugins after the
+   * bridge run (portmap): the bridge plugin's DEL without a netns is only its IPAM DEL, and the
+   * lease was released before the veth went (releaseLease), or its daemon is gone.
+   */
+  private async delNetwork(network: NetConf | NetConfList, rt: RuntimeConf, prev?: CniResult): Promise<void> {
+    if (!dhcpIpamOf(network)) return this.cni.del(network, rt, prev);
+    const rest = afterBridge(network);
+    if (rest) await this.cni.del(rest, rt, prev);
+  }
+
+  /**
+   * Releases the pod's DHCP lease: the dhcp plugin's DEL has the lease daemon stop renewing it and
+   * send a DHCPRELEASE through the pod's interface. A lease the daemon does not hold is success
+   * (the plugin says so); a daemon that does not answer holds no lease either: nothing renews it
+   * and the server lets it expire.
+   */
+  private async releaseLease(record: PodRecord, log: Logger): Promise<void> {
+    const network = record.network;
+    const ipam = dhcpIpamOf(network);
+    if (!network || !ipam) return;
+    if (!(await socketAnswers(ipam.daemonSocketPath))) {
+      log.warn({ socket: ipam.daemonSocketPath, ips: record.ips }, 'the DHCP lease daemon does not answer: the lease is not released (nothing renews it; the server lets it expire)');
+      return;
+    }
+    const started = performance.now();
+    // The netns path is only made absolute by the plugin (the daemon's release does not enter it).
+    await (this.dhcpCni ?? this.cni).del(dhcpIpamNetwork(network), runtimeConf(record, record.netns));
+    log.info({ ips: record.ips, ms: round(performance.now() - started) }, 'DHCP lease released');
+  }
+
+  /**
+   * dhcp: has the lease daemon acquire again the lease of every pod set up here, with the same client
+   * ID (the dhcp plugin's ADD in the pod's netns, as at the pod's own ADD): the server recognises the
+   * client and hands out the same address, and the daemon renews it from then on. The agent calls
+   * this whenever the daemon (re)starts: it keeps leases in memory only. Pods whose netns is gone are
+   * left to the reconcile and the runtime's DEL. Returns how many leases were re-acquired and which
+   * pods failed (to try again later).
+   */
+  async readoptLeases(): Promise<{ adopted: number; failed: string[] }> {
+    const cni = this.dhcpCni;
+    if (!cni) return { adopted: 0, failed: [] };
+    const out = { adopted: 0, failed: [] as string[] };
+    const records = this.store.all().filter((r) => r.phase === 'ready' && dhcpIpamOf(r.network));
+    await Promise.all(
+      records.map((r) =>
+        this.locks.run(recordKey(r.containerId, r.ifName), async () => {
+          const cur = this.store.get(r.containerId, r.ifName);
+          if (!cur?.network || cur.phase !== 'ready' || !sameNetns(netnsIdIfAlive(cur.netns), cur.netnsId)) return;
+          const log = this.log.child({ pod: podName(cur), id: shortId(cur.containerId) });
+          const started = performance.now();
+          try {
+            const result = await cni.add(dhcpIpamNetwork(cur.network), runtimeConf(cur, cur.netns));
+            const ips = result.ips.map((i) => i.address.split('/')[0] ?? '');
+            const ms = round(performance.now() - started);
+            if (ips.length > 0 && ips.every((ip) => cur.ips.includes(ip))) {
+              out.adopted++;
+              log.info({ ips, ms }, 'DHCP lease acquired again: same address');
+            } else {
+              out.failed.push(cur.containerId);
+              log.error({ recorded: cur.ips, leased: ips, ms }, 'DHCP lease acquired again, but the server gave another address than the pod has');
+            }
+          } catch (err) {
+            out.failed.push(cur.containerId);
+            log.warn({ err, ips: cur.ips, ms: round(performance.now() - started) }, 'could not acquire the DHCP lease again');
+          }
+        }),
+      ),
+    );
+    if (records.length > 0) this.log.info({ pods: records.length, ...out }, 'DHCP leases of known pods acquired again');
+    return out;
   }
 
   /** The pod's veth, deleted from the host side (veth.ts: only a link provably the pod's). */
@@ -386,7 +574,8 @@ export class PodNetwork {
 
   /** DEL of an attachment without a record: what the plugins may still hold for the container ID. */
   private async releaseUnknown(containerId: string, ifName: string, portMappings: PortMapping[], log: Logger): Promise<void> {
-    const held = (await listReservations(this.opts.ipamDataDir, NETWORK_NAME)).some((r) => r.containerId === containerId && r.ifName === ifName);
+    // dhcp mode keeps no reservations; a lease is only ever held for a recorded pod.
+    const held = !this.dhcp && (await listReservations(this.opts.ipamDataDir, NETWORK_NAME)).some((r) => r.containerId === containerId && r.ifName === ifName);
     const hostPorts = portMappings.length > 0 || (await hostPortRules(NETWORK_NAME)).has(containerId);
     if (!held && !hostPorts) {
       log.debug('DEL of an unknown attachment: nothing held for it');
@@ -396,7 +585,7 @@ export class PodNetwork {
     const network = hostPorts ? withPortmap(conf) : conf;
     const rt: RuntimeConf = { containerId, ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId }) };
     if (hostPorts) rt.capabilityArgs = { portMappings: portMappings.length > 0 ? portMappings : [PLACEHOLDER_PORT] };
-    await this.cni.del(network, rt);
+    await this.delNetwork(network, rt);
     log.info({ address: held, hostPorts }, 'released what an unknown attachment still held');
   }
 
@@ -437,7 +626,7 @@ export class PodNetwork {
       if (this.adding.has(key)) continue;
       const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !podVethPresent(r);
       if (r.phase === 'ready' && !gone) continue;
-      if (!r.network && this.state.phase !== 'ready') continue; // needs the current config: after the pod CIDR
+      if (!r.network && this.podCidr() === undefined) continue; // needs the pod CIDR's config
       log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
       await this.locks.run(key, () => this.teardown(r, log)).catch((err: unknown) => errors.push(err));
     }
@@ -467,9 +656,13 @@ export class PodNetwork {
    */
   private async sweep(keep: Set<string>): Promise<void> {
     if (this.state.phase !== 'ready') return;
-    const { conf, subnets } = this.state;
-    const reservations = await listReservations(this.opts.ipamDataDir, NETWORK_NAME);
-    const veths = bridgeVeths(this.bridgeName);
+    const { conf } = this.state;
+    // dhcp mode: no reservations; host-port rules are ours when they forward into the LAN subnets of our pods' leases.
+    const subnets = this.dhcp ? leaseSubnets(this.store.all()) : this.state.subnets;
+    const reservations = this.dhcp ? [] : await listReservations(this.opts.ipamDataDir, NETWORK_NAME);
+    // The uplink (and one an earlier start enslaved) is a port of the bridge too, and may be a veth.
+    const uplinks = new Set([this.dhcp?.uplink, markedUplink(this.opts.stateDir)]);
+    const veths = bridgeVeths(this.bridgeName).filter((v) => !uplinks.has(v.name));
     const portRules = await hostPortRules(NETWORK_NAME);
     const records = this.store.all();
     const liveKeys = new Set([...keep, ...this.adding, ...records.map((r) => recordKey(r.containerId, r.ifName))]);
@@ -494,7 +687,7 @@ export class PodNetwork {
           if (this.store.get(s.containerId, s.ifName) || this.adding.has(key)) return;
           const rt: RuntimeConf = { containerId: s.containerId, ifName: s.ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId: s.containerId }) };
           if (s.ports) rt.capabilityArgs = { portMappings: [PLACEHOLDER_PORT] };
-          await this.cni.del(s.ports ? withPortmap(conf) : conf, rt);
+          await this.delNetwork(s.ports ? withPortmap(conf) : conf, rt);
           if (s.ports) removed.hostPorts++;
           if (reservations.some((r) => r.containerId === s.containerId)) removed.reservations++;
         })
@@ -543,7 +736,8 @@ export class PodNetwork {
       const network = record.network ?? this.recordedOrCurrent(record);
       // portmap's own CHECK (plugins 1.1.1) fails for every IPv4-only pod, looking for ip6tables
       // chains it never made (containernetworking/plugins#819): bridge alone, and the DNAT rules here.
-      await this.cni.check(bridgeOnly(network), runtimeConf(record, req.netns), parseResult(record.result));
+      // dhcp: the dhcp plugin's CHECK has the lease daemon look at the lease (or acquire it again).
+      await (dhcpIpamOf(network) ? (this.dhcpCni ?? this.cni) : this.cni).check(bridgeOnly(network), runtimeConf(record, req.netns), parseResult(record.result));
       if (record.portMappings.length > 0) await checkHostPorts(record.ips, record.portMappings);
       if (!isUnshaped(record.limits) && !this.shaper.list().some((s) => s.id === record.containerId)) {
         throw new KubenetError(`pod ${podName(record)}: bandwidth limits are recorded but not installed`);
@@ -580,3 +774,18 @@ export class PodNetwork {
   }
 }
 
+
+/** The subnets of the addresses in the records' results ("198.18.5.50/24" → 198.18.5.0/24). */
+function leaseSubnets(records: PodRecord[]): Subnet[] {
+  const out = new Map<string, Subnet>();
+  for (const r of records) {
+    const ips = (r.result as { ips?: Array<{ address?: unknown }> } | undefined)?.ips ?? [];
+    for (const i of ips) {
+      const p = parsePrefixed(i.address);
+      if (!p) continue;
+      const sub = parseCidr(`${p.ip}/${p.prefixLen}`);
+      out.set(sub.cidr, sub);
+    }
+  }
+  return [...out.values()];
+}

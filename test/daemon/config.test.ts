@@ -8,6 +8,7 @@ import {
   CONFIG_KEYS,
   DEFAULT_CONFIG,
   configKeysMarkdown,
+  dhcpSocketPath,
   loadConfig,
   type AgentConfig,
 } from '../../src/daemon/config.js';
@@ -43,6 +44,8 @@ test('defaults: no file, no flags', async (t) => {
     ifbName: 'kubenet-ifb0',
     hairpinMode: 'hairpin-veth',
     nonMasqueradeCIDR: '10.0.0.0/8',
+    ipam: 'host-local',
+    dhcpTimeout: 30,
     ipamDataDir: '/var/lib/cni/networks',
     cniCacheDir: '/var/lib/cni',
     stateDir: '/var/lib/kubenet',
@@ -190,14 +193,14 @@ test('flags are validated too and name the flag', async (t) => {
 test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', async (t) => {
   const c = await loadConfig({ flags: {}, env: ENV });
   const keys = Object.keys(CONFIG_KEYS).sort();
-  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR'].sort());
+  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'uplink'].sort());
   for (const [key, value] of Object.entries(DEFAULT_CONFIG)) {
     const spec = CONFIG_KEYS[key as keyof typeof CONFIG_KEYS];
     t.is(spec.default, Array.isArray(value) ? value.join(',') : String(value), key);
     t.regex(spec.flag, /^--[a-z]+(-[a-z]+)*$/);
     t.true(spec.description.length > 0);
   }
-  for (const key of ['podCIDR', 'kubeconfig', 'mtu'] as const) t.is(CONFIG_KEYS[key].default, undefined);
+  for (const key of ['podCIDR', 'kubeconfig', 'mtu', 'uplink'] as const) t.is(CONFIG_KEYS[key].default, undefined);
   // the DESIGN.md flags of `kubenet daemon`
   t.is(CONFIG_KEYS.podCIDR.flag, '--pod-cidr');
   t.is(CONFIG_KEYS.socket.flag, '--socket');
@@ -206,6 +209,40 @@ test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', a
   const md = configKeysMarkdown();
   for (const key of keys) t.true(md.includes(`| \`${key}\` |`), key);
   t.is(md.split('\n').length, keys.length + 2);
+});
+
+test('ipam dhcp: uplink required there and refused elsewhere, validated as an interface name; dhcpTimeout bounds', async (t) => {
+  const dhcp = await loadConfig({ file: await yamlFile('ipam: dhcp\nuplink: eth1\ndhcpTimeout: 5\n'), flags: {}, env: ENV });
+  t.is(dhcp.ipam, 'dhcp');
+  t.is(dhcp.uplink, 'eth1');
+  t.is(dhcp.dhcpTimeout, 5);
+  t.is(dhcpSocketPath(dhcp), '/run/kubenet/dhcp.sock');
+  t.is((await loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth2' }, env: ENV })).dhcpTimeout, 30, 'default timeout');
+
+  const noUplink = await t.throwsAsync(loadConfig({ file: await yamlFile('ipam: dhcp\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(noUplink?.key, 'uplink');
+  t.regex(noUplink?.message ?? '', /ipam "dhcp" needs an uplink/);
+  const stray = await t.throwsAsync(loadConfig({ file: await yamlFile('uplink: eth1\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(stray?.key, 'uplink');
+  t.regex(stray?.message ?? '', /applies only to ipam "dhcp"/);
+  const strayTimeout = await t.throwsAsync(loadConfig({ flags: { dhcpTimeout: 10 }, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(strayTimeout?.key, 'dhcpTimeout');
+  for (const bad of ['"eth/1"', '"a-name-longer-than-15"', '""', '3', '"."']) {
+    const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ipam: dhcp\nuplink: ${bad}\n`), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+    t.is(err?.key, 'uplink', bad);
+    t.regex(err?.message ?? '', /Linux interface name/, bad);
+  }
+  const same = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'cbr0' }, env: ENV }), { instanceOf: AgentConfigError });
+  t.regex(same?.message ?? '', /the agent's own bridge/);
+  const mode = await t.throwsAsync(loadConfig({ file: await yamlFile('ipam: static\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(mode?.key, 'ipam');
+  for (const bad of [1, 601, 2.5]) {
+    const err = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', dhcpTimeout: bad }, env: ENV }), { instanceOf: AgentConfigError });
+    t.is(err?.key, 'dhcpTimeout', String(bad));
+  }
+  // The agent's socket fits (102 bytes); dhcp.sock beside it would not (110).
+  const tooLong = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', socket: `/${'s'.repeat(99)}/k` }, env: ENV }), { instanceOf: AgentConfigError });
+  t.regex(tooLong?.message ?? '', /lease daemon's socket/);
 });
 
 test("README documents every key: its table is configKeysMarkdown()'s", async (t) => {

@@ -4,6 +4,8 @@ import { chmod, readFile, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CniPluginError, ConfigError, NotReadyError } from '../../src/errors.js';
 import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/pod/host-setup.js';
+import { syncDedup } from '../../src/pod/dedup.js';
+import { silentLogger } from '../../src/log.js';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../../hack/support/kernel.js';
 import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
@@ -39,6 +41,8 @@ interface IpLink {
 serialTest('several pods on one bridge: addresses, routes, reachability, bridge settings, clean teardown', async (t) => {
   const h = await harness(t);
   const plugin = await h.start({ mtu: 1400 });
+  // promiscuous-bridge mode keeps kubenet's dedup rules in this (the host's) netns: gone afterwards.
+  t.teardown(() => syncDedup(undefined, silentLogger()).then(() => undefined));
   await plugin.init(h.host, 'promiscuous-bridge', '0.0.0.0/0');
   const cidr = subnet();
   await plugin.event('pod-cidr-change', { 'pod-cidr': cidr });
