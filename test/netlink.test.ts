@@ -51,6 +51,7 @@ interface IpLink {
   /** The peer of a veth in the same namespace (by name), or its index when it is in another one. */
   link?: string;
   link_index?: number;
+  address?: string;
   linkinfo?: { info_kind?: string };
 }
 interface IpAddrInfo {
@@ -93,6 +94,7 @@ function expectedLink(l: IpLink, all: IpLink[]): LinkInfo {
     master: l.master ? (all.find((m) => m.ifname === l.master)?.ifindex ?? -1) : 0,
     type: l.linkinfo?.info_kind,
     peerIndex: l.link_index ?? (l.link ? (all.find((m) => m.ifname === l.link)?.ifindex ?? -1) : 0),
+    mac: l.address ?? '',
   };
 }
 

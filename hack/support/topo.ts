@@ -6,6 +6,7 @@
  */
 import { execa, type ResultPromise } from 'execa';
 import { randomBytes, randomInt } from 'node:crypto';
+import { withTrafficLock } from './traffic-lock.js';
 
 export interface TopoPod {
   index: number;
@@ -158,7 +159,8 @@ export class IperfToolError extends Error {}
 export async function iperf(server: IperfEndpoint, client: IperfEndpoint, opts: IperfOptions = {}): Promise<IperfResult> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await iperfOnce(server, client, opts);
+      // Never beside another measurement (hack/support/traffic-lock.ts).
+      return await withTrafficLock(() => iperfOnce(server, client, opts));
     } catch (err) {
       if (!(err instanceof IperfToolError) || attempt >= 3) throw err;
       opts.onRetry?.(err, attempt);

@@ -5,9 +5,11 @@
  *
  *   flock /tmp/kubenet-traffic.lock npx ava test/e2e/containerd.test.ts
  *
- * and inside tests `withTrafficLock(fn)` takes it around each measurement section. When the lock is
- * already held by an ancestor of this process (the `flock … npx ava` form above), it runs `fn`
- * directly: taking it again from here would wait on ourselves forever.
+ * and inside tests `withTrafficLock(fn)` takes it around each measurement section (`iperf()` of
+ * topo.ts always does). When the lock is already held by an ancestor of this process (the `flock …
+ * npx ava` form above), taking it again would wait on ourselves forever: the sections of that run's
+ * test workers then serialize on INNER_LOCK instead, so two test files of one suite never measure
+ * at the same time either way. Nested sections of one process run directly.
  *
  * The lock is held by an `flock(1)` child whose command waits on its stdin: releasing closes that
  * stdin, and if this process dies the pipe closes too, so a crashed test never keeps the lock.
@@ -16,6 +18,11 @@ import { execa } from 'execa';
 import { readFileSync, statSync } from 'node:fs';
 
 export const TRAFFIC_LOCK = '/tmp/kubenet-traffic.lock';
+/** Taken by the test workers of a run whose ancestor holds TRAFFIC_LOCK. */
+export const INNER_LOCK = '/tmp/kubenet-traffic.inner.lock';
+
+/** Sections this process is inside (nested ones run directly). */
+let depth = 0;
 
 /** PIDs of this process and its ancestors. */
 function ancestry(): Set<number> {
@@ -58,8 +65,17 @@ export function heldByAncestor(file = TRAFFIC_LOCK): boolean {
  * when another holder makes us wait).
  */
 export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: number; onWait?: () => void } = {}): Promise<T> {
-  if (heldByAncestor()) return fn();
-  const holder = execa('flock', ['--exclusive', '--timeout', String(Math.ceil((opts.waitMs ?? 600_000) / 1000)), TRAFFIC_LOCK, 'sh', '-c', 'echo locked; exec cat >/dev/null'], {
+  if (depth > 0) return fn();
+  depth++;
+  try {
+    return await locked(heldByAncestor() ? INNER_LOCK : TRAFFIC_LOCK, fn, opts);
+  } finally {
+    depth--;
+  }
+}
+
+async function locked<T>(file: string, fn: () => Promise<T>, opts: { waitMs?: number; onWait?: () => void }): Promise<T> {
+  const holder = execa('flock', ['--exclusive', '--timeout', String(Math.ceil((opts.waitMs ?? 600_000) / 1000)), file, 'sh', '-c', 'echo locked; exec cat >/dev/null'], {
     reject: false,
     stdin: 'pipe',
   });
@@ -79,7 +95,7 @@ export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: 
     });
     if (!locked) {
       const r = await holder;
-      throw new Error(`could not take the traffic lock ${TRAFFIC_LOCK} (flock exit ${r.exitCode}): ${String(r.stderr)}`);
+      throw new Error(`could not take the traffic lock ${file} (flock exit ${r.exitCode}): ${String(r.stderr)}`);
     }
     return await fn();
   } finally {

@@ -16,6 +16,7 @@ import { writeSync } from 'node:fs';
 import {
   AF_INET,
   AF_INET6,
+  AF_LLC,
   AF_UNSPEC,
   CLONE_NEWNET,
   IFF_LOOPBACK,
@@ -59,6 +60,8 @@ export interface LinkInfo {
   type: string | undefined;
   /** IFLA_LINK: for a veth the ifindex of its peer, in the peer's namespace; 0 when absent. */
   peerIndex: number;
+  /** The link-layer address ("aa:bb:cc:dd:ee:ff"); '' when the link has none. */
+  mac: string;
 }
 
 export interface AddrInfo {
@@ -181,7 +184,17 @@ function toLinkInfo(link: Ptr): LinkInfo {
     master: route.rtnl_link_get_master(link) as number,
     type: type ?? undefined,
     peerIndex: route.rtnl_link_get_link(link) as number,
+    mac: macOf(link),
   };
+}
+
+const macBuf = Buffer.alloc(64);
+
+function macOf(link: Ptr): string {
+  const a = route.rtnl_link_get_addr(link) as Ptr; // borrowed
+  if (!a) return '';
+  const text = nl.nl_addr2str(a, macBuf, macBuf.length) as string;
+  return text === 'none' ? '' : text;
 }
 
 const addrBuf = Buffer.alloc(128);
@@ -331,6 +344,25 @@ export function linkSetTxQLen(name: string, qlen: number): void {
   const op = `linkSetTxQLen ${name} ${qlen}`;
   checkUint(op, 'txqueuelen', qlen, 0xffffffff);
   changeLink(op, name, (cur) => cur.txQLen === qlen, (c) => route.rtnl_link_set_txqlen(c, qlen));
+}
+
+/**
+ * `ip link set NAME address MAC`, sent even when the link already has that address: the kernel then
+ * marks it as set by the user, which is what pins a bridge's address (a bridge whose address was
+ * never set takes the lowest address of its ports, so it changes as ports come and go).
+ */
+export function linkSetMac(name: string, mac: string): void {
+  const op = `linkSetMac ${name} ${mac}`;
+  if (typeof mac !== 'string' || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/i.test(mac)) throw new ConfigError(`${op}: invalid MAC address ${JSON.stringify(mac)}`);
+  const out: Out = [null];
+  const rc = nl.nl_addr_parse(mac, AF_LLC, out) as number;
+  if (rc < 0 || !out[0]) throw nlError(op, rc < 0 ? rc : -NLE.PARSE_ERR);
+  const addr = out[0];
+  try {
+    changeLink(op, name, () => false, (c) => route.rtnl_link_set_addr(c, addr));
+  } finally {
+    nl.nl_addr_put(addr);
+  }
 }
 
 /** `ip link set NAME promisc on`. */

@@ -33,6 +33,8 @@ export const NETLINK_ROUTE = 0;
 export const AF_UNSPEC = 0;
 export const AF_INET = 2;
 export const AF_INET6 = 10;
+/** Link-layer addresses (MACs) for nl_addr_parse. */
+export const AF_LLC = 26;
 /** sched.h */
 export const CLONE_NEWNET = 0x40000000;
 /** fcntl.h (Linux generic values, x86_64 and arm64 alike). */
@@ -97,6 +99,9 @@ export const route = {
   rtnl_link_get_link: libroute.func('int rtnl_link_get_link(rtnl_link *link)'),
   // NULL (-> null) when the link has no IFLA_INFO_KIND (physical NICs, loopback).
   rtnl_link_get_type: libroute.func('const char *rtnl_link_get_type(rtnl_link *link)'),
+  // The link-layer address: borrowed from the link (never nl_addr_put it); set takes its own reference.
+  rtnl_link_get_addr: libroute.func('nl_addr *rtnl_link_get_addr(rtnl_link *link)'),
+  rtnl_link_set_addr: libroute.func('void rtnl_link_set_addr(rtnl_link *link, nl_addr *addr)'),
 
   // addr.h — rtnl_addr_alloc gives the caller a reference: rtnl_addr_put.
   rtnl_addr_alloc: libroute.func('rtnl_addr *rtnl_addr_alloc(void)'),

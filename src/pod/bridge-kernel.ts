@@ -1,15 +1,53 @@
 /**
- * What kubenet does to the bridge link itself, over netlink: the settings it keeps (MTU, non-zero
- * txqueuelen, promiscuous mode for hairpin), the removal of gateway addresses left from an earlier
- * pod CIDR, and the list of pod veths enslaved to it.
+ * What kubenet does to the bridge link itself: it makes the bridge before the first pod and pins its
+ * MAC (a bridge whose address was never set takes the lowest MAC of its ports, so it would change as
+ * pods come and go, and the reference bridge plugin's CHECK compares it with the MAC recorded at ADD),
+ * keeps its settings (MTU, non-zero txqueuelen, promiscuous mode for hairpin) over netlink, removes
+ * gateway addresses left from an earlier pod CIDR, and lists the pod veths enslaved to it.
  */
-import { NetlinkError } from '../errors.js';
+import { execa } from 'execa';
+import { ConfigError, NetlinkError, ToolError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { cidrContains, type Subnet } from '../net/ip.js';
 import * as nl from '../netlink/index.js';
 import type { BridgeSettings } from './bridge.js';
 
 const DEFAULT_TXQLEN = 1000;
+
+/** Bridges whose MAC this process has pinned (by ifindex: a re-created bridge is pinned again). */
+const pinned = new Set<number>();
+
+/**
+ * The bridge as kubenet keeps it: made when missing (the bridge plugin then finds it), its MAC pinned
+ * once, up, and tuned (tuneBridge). Idempotent; after the first call, one netlink lookup.
+ */
+export async function ensureBridge(s: BridgeSettings, log: Logger): Promise<nl.LinkInfo> {
+  let link: nl.LinkInfo | undefined;
+  try {
+    link = nl.linkByName(s.bridgeName);
+  } catch (err) {
+    if (!(err instanceof NetlinkError && err.errno === nl.E.ENODEV)) throw err;
+  }
+  if (!link) {
+    const args = ['link', 'add', 'name', s.bridgeName, 'mtu', String(s.mtu), 'type', 'bridge'];
+    const r = await execa('ip', args, { reject: false });
+    link = nl.linkByName(s.bridgeName); // made by us, or by a concurrent caller meanwhile
+    if (r.exitCode !== 0 && link.type !== 'bridge') throw new ToolError('ip', args, r.exitCode, r.stderr);
+    log.info({ bridge: s.bridgeName, mtu: s.mtu }, 'created the pod bridge');
+  }
+  if (link.type !== 'bridge') throw new ConfigError(`${s.bridgeName} exists and is not a bridge (${link.type ?? 'no kind'})`);
+  if (!pinned.has(link.index)) {
+    if (link.mac) nl.linkSetMac(s.bridgeName, link.mac);
+    pinned.add(link.index);
+  }
+  if (!link.up) {
+    const args = ['link', 'set', 'dev', s.bridgeName, 'up'];
+    const r = await execa('ip', args, { reject: false });
+    if (r.exitCode !== 0) throw new ToolError('ip', args, r.exitCode, r.stderr);
+  }
+  tuneBridge(s, log);
+  return link;
+}
 
 /** Bridge settings kubenet keeps: MTU, non-zero txqueuelen, promiscuous mode for hairpin. */
 export function tuneBridge(s: BridgeSettings, log: Logger): void {

@@ -36,7 +36,7 @@ import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../sh
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
-import { bridgeVeths, removeStaleBridgeAddresses, tuneBridge, tuneBridgeIfPresent } from './bridge-kernel.js';
+import { bridgeVeths, ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
 import { bridgeMac, syncDedup, type DedupTarget } from './dedup.js';
 import { DhcpLeaseError, socketAnswers } from './dhcp.js';
 import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules, removeMasquerade } from './host-setup.js';
@@ -186,6 +186,7 @@ export class PodNetwork {
       await removeMasquerade(nonMasqueradeCIDR);
       this.log.info({ uplink: this.dhcp.uplink }, 'ipam dhcp: pods take addresses from the LAN; no masquerade rule');
       await ensureUplink({ bridgeName: this.bridgeName, uplink: this.dhcp.uplink, mtu: this.mtu, stateDir: this.opts.stateDir }, this.log);
+      await ensureBridge(this.settings(), this.log);
     } else {
       await ensureMasquerade(nonMasqueradeCIDR, this.log);
     }
@@ -226,6 +227,7 @@ export class PodNetwork {
     removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
     this.state = { phase: 'ready', subnets, conf: bridgeConf(this.settings(), subnets) };
     this.log.info({ podCIDR: cidrs }, 'pod CIDR set; CNI config generated');
+    await ensureBridge(this.settings(), this.log);
     await this.syncDedup();
     if (!this.swept) {
       this.swept = true;
@@ -351,6 +353,8 @@ export class PodNetwork {
     this.store.put(record);
     this.adding.add(key);
     try {
+      // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
+      await ensureBridge(this.settings(), log);
       const rt = runtimeConf(record, req.netns);
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
       const result = await this.addNetwork(network, rt, req);
@@ -361,7 +365,6 @@ export class PodNetwork {
       record.ips = ips;
       record.hostVeth = hostVeth;
       record.hostVethIndex = nl.linkByName(hostVeth).index;
-      tuneBridge(this.settings(), log);
       if (this.wantsDedup()) await this.syncDedup();
       await this.applyShaping(record);
       record.phase = 'ready';

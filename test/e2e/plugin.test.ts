@@ -348,3 +348,26 @@ serialTest('init ensures exactly one masquerade rule and sets the bridge sysctl 
   await t.throwsAsync(plugin.init(h.host, 'none', 'nonsense'), { instanceOf: ConfigError });
   t.is((await readFile('/proc/sys/net/bridge/bridge-nf-call-iptables', 'utf8')).trim(), '1');
 });
+
+// The bridge plugin pins the MAC itself when it is the gateway (host-local mode); kubenet pins it when
+// it makes the bridge, which is what keeps it in dhcp mode (no gateway): test/e2e/dhcp.test.ts's CHECK.
+itest("the bridge exists once the pod CIDR is known and keeps its MAC when ports with lower MACs join (CHECK compares it)", async (t) => {
+  const h = await harness(t);
+  const plugin = await h.start();
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const mac = async () => (await ipJson<Array<{ address: string }>>(['link', 'show', h.bridge]))[0]?.address ?? '';
+  const before = await mac();
+  t.regex(before, /^([0-9a-f]{2}:){5}[0-9a-f]{2}$/, 'the bridge exists once the pod CIDR is known');
+  const p = await h.addPod('pinned');
+  await plugin.setUpPod(p.namespace, p.name, p.id);
+  // A port with the lowest possible MAC: an unpinned bridge would take it.
+  const low = `kml${h.tag}`;
+  await sh('ip', ['link', 'add', low, 'address', '02:00:00:00:00:01', 'type', 'veth', 'peer', 'name', `kmp${h.tag}`]);
+  t.teardown(() => sh('ip', ['link', 'del', low], { reject: false }).then(() => undefined));
+  await sh('ip', ['link', 'set', low, 'master', h.bridge, 'up']);
+  t.is(await mac(), before, 'the bridge keeps its MAC');
+  const recorded = plugin.network.get(p.id)?.result as { interfaces?: Array<{ name: string; mac?: string }> } | undefined;
+  t.is(recorded?.interfaces?.find((i) => i.name === h.bridge)?.mac, before, 'the result recorded at ADD names the MAC the bridge still has');
+  await plugin.tearDownPod(p.namespace, p.name, p.id);
+});
