@@ -61,7 +61,10 @@ export class AgentProcess {
     this.proc = undefined;
     if (!p) return undefined;
     p.kill('SIGTERM');
-    const exited = await Promise.race([p.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), graceMs))]);
+    let timer: NodeJS.Timeout | undefined;
+    const exited = await Promise.race([p.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), graceMs)))]);
+    // A pending grace timer would keep the test worker alive for the rest of the grace period.
+    clearTimeout(timer);
     if (!exited) p.kill('SIGKILL');
     const r = await p;
     return exited ? r.exitCode : undefined;
