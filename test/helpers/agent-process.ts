@@ -2,13 +2,18 @@
  * The node agent as a separate process inside a NodeSandbox, as the DaemonSet runs it
  * (`kubenet daemon`, from src/ through tsx), and the manifest's ConfigMap config it is given.
  * Start waits for /healthz 200; stop sends SIGTERM as kubelet does; kill sends anything else.
+ * `startManifestAgent` runs it as deployed: the ConfigMap's YAML, no directory flag, cluster mode
+ * against a fake API server that serves the Node's pod CIDR.
  */
 import { type ResultPromise } from 'execa';
 import yaml from 'js-yaml';
-import { readFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import type { AgentConfig } from '../../src/daemon/config.js';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject } from './fake-apiserver.js';
+import type { Cleanup } from './kernel.js';
 import type { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -82,4 +87,38 @@ export class AgentProcess {
   async logTail(lines = 30): Promise<string> {
     return (await readFile(this.logFile, 'utf8').catch(() => '')).split('\n').slice(-lines).join('\n');
   }
+}
+
+/** The directory and device settings of the manifest's config (the keys the tests look at). */
+export type ManifestSettings = Pick<AgentConfig, 'socket' | 'cniBinDir' | 'cniConfDir' | 'pluginBinDirs' | 'bridgeName' | 'ifbName' | 'ipamDataDir' | 'cniCacheDir' | 'stateDir'>;
+
+export interface ManifestAgent {
+  agent: AgentProcess;
+  api: FakeApiServer;
+  nodeName: string;
+  /** The ConfigMap's config.yaml, as given to the agent, and parsed. */
+  configText: string;
+  settings: ManifestSettings;
+}
+
+/**
+ * The agent as the DaemonSet runs it, inside `sb`: `--config` with exactly the manifest ConfigMap's
+ * YAML, `--kubeconfig` for a fake API server (reached through sb.exposeHostPort) whose Node
+ * `nodeName` has `podCidr`, env NODE_NAME; no directory flag. Returns once /healthz says ready.
+ * The API server's stop goes on `cleanup`; the agent dies with the sandbox.
+ */
+export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts: { nodeName: string; podCidr: string; logFile?: string }): Promise<ManifestAgent> {
+  const api = await FakeApiServer.start();
+  cleanup.add(() => api.stop());
+  api.setNode(nodeObject(opts.nodeName, { podCIDR: opts.podCidr, podCIDRs: [opts.podCidr] }));
+  await sb.exposeHostPort(api.port);
+  const kubeconfig = join(sb.tmpDir, 'kubeconfig');
+  await writeFile(kubeconfig, fakeKubeConfig(`http://127.0.0.1:${api.port}`).exportConfig());
+  const configText = await manifestConfigYaml();
+  const configFile = join(sb.tmpDir, 'config.yaml');
+  await writeFile(configFile, configText);
+  const settings = yaml.load(configText) as ManifestSettings;
+  const agent = new AgentProcess(sb, ['--config', configFile, '--kubeconfig', kubeconfig], { NODE_NAME: opts.nodeName }, opts.logFile ?? join(sb.tmpDir, 'agent.log'), settings.socket);
+  await agent.start();
+  return { agent, api, nodeName: opts.nodeName, configText, settings };
 }
