@@ -83,10 +83,14 @@ export function resultIp(stdout: string): string | undefined {
   }
 }
 
-/** What the forwarder prints when the agent is down or died with the call in flight (CNI code 11). */
-export function agentUnreachable(r: { stdout: string; stderr: string }): boolean {
-  return /kubenet agent unreachable/.test(r.stdout + r.stderr);
+/** The CNI error code of a failed call (the driver's last stderr line), or undefined. */
+export function cniErrorCode(r: { stderr: string }): number | undefined {
+  const m = /CNI error code (\d+)/.exec(r.stderr);
+  return m?.[1] ? Number(m[1]) : undefined;
 }
+
+/** CNI code 11, "try again later": the agent is unreachable (forwarder) or not ready yet (agent). */
+export const CNI_TRY_AGAIN_LATER = 11;
 
 /** The agent accepted the call and its connection broke before the answer: it died with the call in flight. */
 export function agentDiedMidCall(r: { stdout: string; stderr: string }): boolean {

@@ -15,7 +15,8 @@
 //
 // add prints the result JSON on stdout. status and gc exist only in libcni >= 1.2; with an
 // older library they fail with exit code 2 ("unsupported"). features prints, as JSON, the
-// library functions this build has. Any failure: exit 1, error text on stderr.
+// library functions this build has. Any failure: exit 1, error text on stderr; a plugin's
+// CNI error adds a last line "libcni-driver: CNI error code N" (the code a runtime sees).
 //
 // Built with GOPATH mode against Debian's golang-github-appc-cni-dev (see
 // hack/build-libcni-driver.sh); it uses only the standard library and libcni.
@@ -37,6 +38,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 )
 
@@ -76,6 +78,10 @@ func main() {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "libcni-driver: %v\n", err)
+	var cniErr *types.Error
+	if errors.As(err, &cniErr) {
+		fmt.Fprintf(os.Stderr, "libcni-driver: CNI error code %d\n", cniErr.Code)
+	}
 	var ue usageError
 	var un unsupportedError
 	switch {
