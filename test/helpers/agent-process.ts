@@ -122,3 +122,31 @@ export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts
   await agent.start();
   return { agent, api, nodeName: opts.nodeName, configText, settings };
 }
+
+/**
+ * The agent configured by flags alone, inside `sb`, on private directories under sb.tmpDir and its
+ * own bridge and ifb names: static `podCidr` (no API server), the reference plugins of /usr/lib/cni.
+ */
+export async function startFlagsAgent(sb: NodeSandbox, opts: { podCidr: string; logFile?: string }): Promise<{ agent: AgentProcess; settings: ManifestSettings }> {
+  const root = sb.tmpDir;
+  const settings: ManifestSettings = {
+    socket: join(root, 'kubenet.sock'),
+    cniBinDir: join(root, 'cni-bin'),
+    cniConfDir: join(root, 'cni-conf'),
+    pluginBinDirs: ['/usr/lib/cni'],
+    bridgeName: `${sb.prefix}${sb.tag}b`,
+    ifbName: `${sb.prefix}${sb.tag}i`,
+    ipamDataDir: join(root, 'ipam'),
+    cniCacheDir: join(root, 'cni-cache'),
+    stateDir: join(root, 'state'),
+  };
+  const args = [
+    '--pod-cidr', opts.podCidr, '--socket', settings.socket, '--cni-bin-dir', settings.cniBinDir, '--cni-conf-dir', settings.cniConfDir,
+    '--plugin-bin-dirs', settings.pluginBinDirs.join(','), '--bridge-name', settings.bridgeName, '--ifb-name', settings.ifbName,
+    '--ipam-data-dir', settings.ipamDataDir, '--cni-cache-dir', settings.cniCacheDir, '--state-dir', settings.stateDir,
+    '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
+  ];
+  const agent = new AgentProcess(sb, args, {}, opts.logFile ?? join(root, 'agent.log'), settings.socket);
+  await agent.start();
+  return { agent, settings };
+}
