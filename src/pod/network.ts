@@ -31,7 +31,7 @@ import type { HairpinMode } from '../plugin/types.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/quantity.js';
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { bridgeConf, bridgeVeths, CNI_VERSION, NETWORK_NAME, POD_IFNAME, removeStaleBridgeAddresses, tuneBridge, withPortmap, type BridgeSettings } from './bridge.js';
+import { bridgeConf, bridgeVeths, CNI_VERSION, NETWORK_NAME, POD_IFNAME, portmapOnly, removeStaleBridgeAddresses, tuneBridge, withPortmap, type BridgeSettings } from './bridge.js';
 import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules } from './host-setup.js';
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
@@ -422,8 +422,13 @@ export class PodNetwork {
       log.debug('DEL of an unknown attachment: nothing held for it');
       return;
     }
-    const conf = this.requireReady(`release what container ${containerId} holds`).conf;
-    const network = hostPorts ? withPortmap(conf) : conf;
+    // Only an address needs the bridge config (host-local's ranges), so only it waits for the pod
+    // CIDR; host ports alone go with portmap alone (a restarted agent may not know the CIDR yet).
+    let network: NetConf | NetConfList = portmapOnly();
+    if (held) {
+      const conf = this.requireReady(`release the address container ${containerId} holds`).conf;
+      network = hostPorts ? withPortmap(conf) : conf;
+    }
     const rt: RuntimeConf = { containerId, ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId }) };
     if (hostPorts) rt.capabilityArgs = { portMappings: portMappings.length > 0 ? portMappings : [PLACEHOLDER_PORT] };
     await this.cni.del(network, rt);

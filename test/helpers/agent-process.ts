@@ -44,7 +44,9 @@ export class AgentProcess {
     return this.proc?.pid;
   }
 
-  async start(): Promise<void> {
+  /** Starts the agent; returns once /healthz says ready (200), or with `ready: false` once it answers at all (the API listens). */
+  async start(opts: { ready?: boolean } = {}): Promise<void> {
+    const ready = opts.ready ?? true;
     this.proc = this.sandbox.spawn(process.execPath, ['--import', 'tsx', AGENT_MAIN, 'daemon', ...this.args], { cwd: ROOT, env: this.env, logFile: this.logFile });
     const proc = this.proc;
     let exited = false;
@@ -53,7 +55,7 @@ export class AgentProcess {
     let last = '';
     while (Date.now() < deadline && !exited) {
       const r = await agentGet(this.sandbox.hostPath(this.socket), HEALTH_PATH, 2_000).catch((err: Error) => ({ status: 0, body: err.message }));
-      if (r.status === 200) return;
+      if (r.status === 200 || (!ready && r.status !== 0)) return;
       last = `${r.status} ${r.body}`;
       await new Promise((res) => setTimeout(res, 200));
     }
@@ -125,9 +127,10 @@ export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts
 
 /**
  * The agent configured by flags alone, inside `sb`, on private directories under sb.tmpDir and its
- * own bridge and ifb names: static `podCidr` (no API server), the reference plugins of /usr/lib/cni.
+ * own bridge and ifb names, the reference plugins of /usr/lib/cni: with a static `podCidr` (no API
+ * server), or in cluster mode with `kubeconfig` (then NODE_NAME is `nodeName`).
  */
-export async function startFlagsAgent(sb: NodeSandbox, opts: { podCidr: string; logFile?: string }): Promise<{ agent: AgentProcess; settings: ManifestSettings }> {
+export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig?: string; nodeName?: string; logFile?: string }): { agent: AgentProcess; settings: ManifestSettings } {
   const root = sb.tmpDir;
   const settings: ManifestSettings = {
     socket: join(root, 'kubenet.sock'),
@@ -141,12 +144,19 @@ export async function startFlagsAgent(sb: NodeSandbox, opts: { podCidr: string; 
     stateDir: join(root, 'state'),
   };
   const args = [
-    '--pod-cidr', opts.podCidr, '--socket', settings.socket, '--cni-bin-dir', settings.cniBinDir, '--cni-conf-dir', settings.cniConfDir,
+    ...(opts.podCidr ? ['--pod-cidr', opts.podCidr] : []), ...(opts.kubeconfig ? ['--kubeconfig', opts.kubeconfig] : []),
+    '--socket', settings.socket, '--cni-bin-dir', settings.cniBinDir, '--cni-conf-dir', settings.cniConfDir,
     '--plugin-bin-dirs', settings.pluginBinDirs.join(','), '--bridge-name', settings.bridgeName, '--ifb-name', settings.ifbName,
     '--ipam-data-dir', settings.ipamDataDir, '--cni-cache-dir', settings.cniCacheDir, '--state-dir', settings.stateDir,
     '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
   ];
-  const agent = new AgentProcess(sb, args, {}, opts.logFile ?? join(root, 'agent.log'), settings.socket);
-  await agent.start();
-  return { agent, settings };
+  const env: Record<string, string> = opts.nodeName ? { NODE_NAME: opts.nodeName } : {};
+  return { agent: new AgentProcess(sb, args, env, opts.logFile ?? join(root, 'agent.log'), settings.socket), settings };
+}
+
+/** flagsAgent with a static pod CIDR, started (ready). */
+export async function startFlagsAgent(sb: NodeSandbox, opts: { podCidr: string; logFile?: string }): Promise<{ agent: AgentProcess; settings: ManifestSettings }> {
+  const started = flagsAgent(sb, opts);
+  await started.agent.start();
+  return started;
 }
