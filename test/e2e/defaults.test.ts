@@ -21,14 +21,13 @@ import { existsSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../helpers/agent-harness.js';
 import { startManifestAgent, type ManifestAgent } from '../helpers/agent-process.js';
 import { pod as podObject } from '../helpers/fake-apiserver.js';
 import { Cleanup, delNetns, kernelTestBlocker, uniq } from '../helpers/kernel.js';
 import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../helpers/node-leaks.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
-import { LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
+import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
 const test = anyTest as TestFn;
@@ -160,13 +159,12 @@ serialTest('the manifest config, no directory flag: the agent installs kubenet +
 
 serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR; libcni writes its own kubenet-<id>-eth0; limits and the host port applied; CHECK passes', async (t) => {
   const { sb, libcni, podCidr, shaped, web, hostPort, node } = w();
-  const subnet = parseCidr(podCidr);
   for (const p of pods()) {
     t.false(existsSync(runtimeCacheFile(p)), `${p.name}: no cache entry before ADD`);
     const r = await libcni.call('add', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
     t.is(r.exitCode, 0, `ADD ${p.name}: ${r.stderr}`);
     p.ip = resultIp(r.stdout);
-    t.true(p.ip !== undefined && cidrContains(subnet, p.ip), `${p.name}: IP ${p.ip} in the pod CIDR ${podCidr}`);
+    t.true(inCidr4(p.ip, podCidr), `${p.name}: IP ${p.ip} in the pod CIDR ${podCidr}`);
     const addr = (await execa('ip', ['-n', p.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout;
     t.true(addr.includes(` ${p.ip}/24 `), `${p.name}: eth0 in its netns holds ${p.ip}`);
     // libcni's own entry, written by libcni after our ADD returned: its config is the conflist, its result ours.

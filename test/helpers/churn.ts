@@ -28,12 +28,11 @@ import { readlinkSync } from 'node:fs';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { cidrContains, parseCidr } from '../../src/plugin/cidr.js';
 import type { AgentProcess } from './agent-process.js';
 import { delNetns } from './kernel.js';
 import { podLeftovers, type NodeLayout, type PodLeftovers } from './node-leaks.js';
 import type { NodeSandbox } from './node-sandbox.js';
-import { agentDiedMidCall, CNI_TRY_AGAIN_LATER, cniErrorCode, resultIp, type CniPod, type LibcniCall, type SandboxLibcni } from './sandbox-libcni.js';
+import { agentDiedMidCall, CNI_TRY_AGAIN_LATER, cniErrorCode, inCidr4, resultIp, type CniPod, type LibcniCall, type SandboxLibcni } from './sandbox-libcni.js';
 
 export interface ChurnNode {
   sb: NodeSandbox;
@@ -169,7 +168,6 @@ export class Churn {
   private readonly up = new Map<string, string>();
   /** Every netns made and not yet removed (removed at the end whatever happened). */
   private readonly netnsLive = new Set<string>();
-  private readonly subnet;
   private next = 0;
   private done = 0;
   private stopping = false;
@@ -179,9 +177,7 @@ export class Churn {
   constructor(
     private readonly node: ChurnNode,
     private readonly opts: ChurnOptions,
-  ) {
-    this.subnet = parseCidr(node.podCidr);
-  }
+  ) {}
 
   private log(msg: string): void {
     this.opts.log?.(msg);
@@ -289,7 +285,7 @@ export class Churn {
       }
       await sleep(randomInt(20, 200));
     }
-    if (ip === undefined || !cidrContains(this.subnet, ip)) this.report.badAddresses.push(`${pod.name}: ADD returned ${ip ?? 'no IP'}, not in ${this.node.podCidr}`);
+    if (ip === undefined || !inCidr4(ip, this.node.podCidr)) this.report.badAddresses.push(`${pod.name}: ADD returned ${ip ?? 'no IP'}, not in ${this.node.podCidr}`);
     if (ip !== undefined) {
       const holder = this.up.get(ip);
       if (holder !== undefined) this.report.duplicates.push(`${ip}: handed to ${pod.id.slice(0, 12)} (${pod.name}) while ${holder.slice(0, 12)} is up with it`);

@@ -83,6 +83,20 @@ export function resultIp(stdout: string): string | undefined {
   }
 }
 
+/** Whether IPv4 `ip` lies in the IPv4 `cidr` ("10.1.2.0/24"); false for anything else. */
+export function inCidr4(ip: string | undefined, cidr: string): boolean {
+  const toInt = (a: string) => {
+    const parts = a.split('.').map(Number);
+    return parts.length === 4 && parts.every((p) => Number.isInteger(p) && p >= 0 && p <= 255) ? parts.reduce((n, p) => n * 256 + p, 0) : NaN;
+  };
+  const [net = '', bits = ''] = cidr.split('/');
+  const len = Number(bits);
+  const size = 2 ** (32 - len);
+  const a = toInt(ip ?? '');
+  const n = toInt(net);
+  return Number.isInteger(len) && len >= 0 && len <= 32 && !Number.isNaN(a) && !Number.isNaN(n) && Math.floor(a / size) === Math.floor(n / size);
+}
+
 /** The CNI error code of a failed call (the driver's last stderr line), or undefined. */
 export function cniErrorCode(r: { stderr: string }): number | undefined {
   const m = /CNI error code (\d+)/.exec(r.stderr);
