@@ -24,9 +24,9 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../helpers/agent-harness.js';
-import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../helpers/agent-process.js';
+import { onNodeSandbox, startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../helpers/agent-process.js';
 import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../helpers/churn.js';
-import { Cleanup, kernelTestBlocker, uniq } from '../helpers/kernel.js';
+import { kernelTestBlocker, uniq } from '../helpers/kernel.js';
 import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../helpers/node-leaks.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
 import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni } from '../helpers/sandbox-libcni.js';
@@ -102,46 +102,26 @@ async function churnAndCheck(
 
 serialTest('churn with SIGKILLs, the agent configured by flags with private dirs: 300 cycles, 8 at a time, 5 kills', async (t) => {
   t.timeout(90_000);
-  const cleanup = new Cleanup();
-  let agent: AgentProcess | undefined;
-  try {
-    const sb = await NodeSandbox.create({ prefix: 'kch' });
-    cleanup.add(() => sb.destroy());
+  await onNodeSandbox(t, 'kch', async (sb, _cleanup, watch) => {
     const cidr = podCidr();
-    const started = await startFlagsAgent(sb, { podCidr: cidr });
-    agent = started.agent;
-    const s = started.settings;
+    const { agent, settings: s } = await startFlagsAgent(sb, { podCidr: cidr });
+    watch(agent);
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, dirs under ${sb.tmpDir}`);
     await churnAndCheck(t, 'flags, private dirs', sb, agent, s, libcni, cidr, { cycles: 300, kills: 5 });
-  } catch (err) {
-    if (agent) t.log(`agent log (tail):\n${await agent.logTail(30)}`);
-    throw err;
-  } finally {
-    await cleanup.run();
-  }
+  });
 });
 
-serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'s default cache dir): 5 kills', async (t) => {
+serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'s default cache dir): 100 cycles, 5 kills', async (t) => {
   t.timeout(90_000);
-  const cleanup = new Cleanup();
-  let agent: AgentProcess | undefined;
-  try {
-    const sb = await NodeSandbox.create({ prefix: 'kch' });
-    cleanup.add(() => sb.destroy());
+  await onNodeSandbox(t, 'kch', async (sb, cleanup, watch) => {
     const cidr = podCidr();
-    const node = await startManifestAgent(sb, cleanup, { nodeName: `kch-node-${sb.tag}`, podCidr: cidr });
-    agent = node.agent;
-    const s = node.settings;
+    const { agent, settings: s } = await startManifestAgent(sb, cleanup, { nodeName: `kch-node-${sb.tag}`, podCidr: cidr });
+    watch(agent);
     // As containerd runs libcni: /etc/cni/net.d, /opt/cni/bin, libcni's own default cache dir.
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir] });
     t.is(libcni.cacheDir, LIBCNI_DEFAULT_CACHE_DIR);
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, the manifest's directories`);
-    await churnAndCheck(t, 'literal defaults', sb, agent, s, libcni, cidr, { cycles: 120, kills: 5 });
-  } catch (err) {
-    if (agent) t.log(`agent log (tail):\n${await agent.logTail(30)}`);
-    throw err;
-  } finally {
-    await cleanup.run();
-  }
+    await churnAndCheck(t, 'literal defaults', sb, agent, s, libcni, cidr, { cycles: 100, kills: 5 });
+  });
 });

@@ -24,11 +24,10 @@ import { readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../helpers/agent-harness.js';
-import { flagsAgent, startFlagsAgent, type AgentProcess } from '../helpers/agent-process.js';
+import { flagsAgent, onNodeSandbox, startFlagsAgent } from '../helpers/agent-process.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../helpers/fake-apiserver.js';
-import { Cleanup, delNetns, kernelTestBlocker, uniq } from '../helpers/kernel.js';
+import { delNetns, kernelTestBlocker, uniq } from '../helpers/kernel.js';
 import { NO_LEFTOVERS, podLeftovers, podNatRules } from '../helpers/node-leaks.js';
-import { NodeSandbox } from '../helpers/node-sandbox.js';
 import { cniErrorCode, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
@@ -44,15 +43,10 @@ interface Pod extends CniPod {
 
 serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorded address waits for it', async (t) => {
   t.timeout(90_000);
-  const cleanup = new Cleanup();
-  let agent: AgentProcess | undefined;
-  try {
-    const sb = await NodeSandbox.create({ prefix: 'kch' });
-    cleanup.add(() => sb.destroy());
+  await onNodeSandbox(t, 'kch', async (sb, cleanup, watch) => {
     const cidr = `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`;
-    const first = await startFlagsAgent(sb, { podCidr: cidr });
-    agent = first.agent;
-    const s = first.settings;
+    const { agent: first, settings: s } = await startFlagsAgent(sb, { podCidr: cidr });
+    watch(first);
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
     const tag = uniq(5);
     const rc = (p: Pod) => ({ runtimeConfig: { portMappings: [{ HostPort: p.hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] } });
@@ -74,7 +68,7 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
 
     // Pod A: Stop (DEL with its netns) before the crash; its Remove comes after the restart.
     t.is((await libcni.call('del', a, rc(a))).exitCode, 0, 'DEL a');
-    await agent.kill();
+    await first.kill();
     // What a crash can leave: B only its host-port rules; D an address and no record; C everything.
     const records = sb.hostPath(join(s.stateDir, 'pods'));
     const reservations = sb.hostPath(join(s.ipamDataDir, 'kubenet'));
@@ -90,7 +84,8 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
     await sb.exposeHostPort(api.port);
     const kubeconfig = join(sb.tmpDir, 'kubeconfig');
     await writeFile(kubeconfig, fakeKubeConfig(`http://127.0.0.1:${api.port}`).exportConfig());
-    agent = flagsAgent(sb, { kubeconfig, nodeName }).agent;
+    const agent = flagsAgent(sb, { kubeconfig, nodeName }).agent;
+    watch(agent);
     await agent.start({ ready: false });
     const health = await agentGet(sb.hostPath(s.socket), HEALTH_PATH);
     t.is(health.status, 503, `the agent waits for its pod CIDR: ${health.body}`);
@@ -122,11 +117,5 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
     }
     await execa('ip', ['netns', 'del', b.netns]);
     t.deepEqual(await podLeftovers(sb, { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: libcni.cacheDir }), NO_LEFTOVERS, 'nothing of any pod is left');
-  } catch (err) {
-    if (agent) t.log(`agent log (tail):\n${await agent.logTail(30)}`);
-    throw err;
-  } finally {
-    await agent?.stop(5000).catch(() => undefined);
-    await cleanup.run();
-  }
+  });
 });
