@@ -105,7 +105,7 @@ async function main(cleanup: Cleanup): Promise<boolean> {
   if (kills > 0) {
     console.log(`kills: ${r.kills.length}, landed mid-ADD: ${r.killsMidAdd}; retries: ADD ${r.addRetries.newId + r.addRetries.sameId}, DEL ${r.delRetries}, CHECK ${r.checkRetries}`);
   }
-  console.log(`failures: try again later (code 11) ${r.failuresTryAgainLater}, cut by a kill ${r.failuresCut}, other ${r.unexpected.length}`);
+  console.log(`failures: try again later (code 11) ${r.failuresTryAgainLater}, cut by a kill ${r.failuresCut}, other ${r.unexpected.length}; same-ID retries refused for an eth0 a plugin of a killed agent made: ${r.outlivedPlugins.length}`);
   for (const u of r.unexpected.slice(0, 10)) console.log(`  ${u}`);
   console.log(`addresses handed out twice: ${r.duplicates.length}; bad addresses: ${r.badAddresses.length}`);
   for (const d of [...r.duplicates, ...r.badAddresses].slice(0, 10)) console.log(`  ${d}`);

@@ -93,6 +93,12 @@ export interface ChurnReport {
   failuresCut: number;
   /** Any other failure (message, trimmed). Must be empty. */
   unexpected: string[];
+  /**
+   * Same-ID ADD retries that failed on an eth0 in the pod's netns right after this pod's ADD was cut
+   * by a kill: a bridge plugin the killed agent started made it after the restart (the known
+   * limitation of plugins exec'd as detached children of the agent). Printed, not failed.
+   */
+  outlivedPlugins: string[];
   /** An address handed to a pod while another pod that is up held it. Must be empty. */
   duplicates: string[];
   /** ADDs whose address was outside the pod CIDR or not on the pod's eth0. Must be empty. */
@@ -105,6 +111,11 @@ export interface ChurnReport {
 
 const DEL_DEADLINE_MS = 90_000;
 const MAX_ADD_ATTEMPTS = 8;
+/**
+ * A same-ID retry's ADD failing on an eth0 in the pod's netns (see `outlivedPlugins`): found by the
+ * agent before its plugins ran, or made by the dead agent's bridge plugin while the retry's ran.
+ */
+const OUTLIVED_PLUGIN = /already has an interface eth0 that kubenet did not make|container veth name provided \(eth0\) already exists/;
 const PLUGIN_NAMES = new Set(['bridge', 'host-local', 'portmap', 'loopback']);
 /** containerd passes this burst when the pod sets none. */
 const UNSET_BURST = 4294967295;
@@ -158,6 +169,7 @@ export class Churn {
     failuresTryAgainLater: 0,
     failuresCut: 0,
     unexpected: [],
+    outlivedPlugins: [],
     duplicates: [],
     badAddresses: [],
     addMs: [],
@@ -262,6 +274,7 @@ export class Churn {
     const rcOpt = runtimeConfig ? { runtimeConfig } : {};
     let pod = await this.newPod(n, 0);
     let ip: string | undefined;
+    let cut = false;
     for (let attempt = 0; ; attempt++) {
       this.report.addCalls++;
       const r = await this.node.libcni.call('add', pod, rcOpt);
@@ -270,11 +283,22 @@ export class Churn {
         this.report.addMs.push(r.ms);
         break;
       }
-      this.noteFailure('add', pod, r);
+      if (cut && OUTLIVED_PLUGIN.test(r.stderr)) {
+        // The known limitation: the killed agent's bridge plugin made eth0 after the next agent's
+        // startup reconcile and the runtime's DEL (which never enters the netns), or meanwhile.
+        this.report.outlivedPlugins.push(`${pod.name} ${pod.id.slice(0, 12)}: ${trimMsg(r)}`);
+      } else {
+        cut = this.noteFailure('add', pod, r) === 'cut';
+      }
       if (attempt + 1 >= MAX_ADD_ATTEMPTS) throw new Error(`ADD ${pod.name} failed ${MAX_ADD_ATTEMPTS} times; last: ${trimMsg(r)}`);
       // containerd: the failed sandbox's network is torn down (DEL until it succeeds).
       await this.delUntilDone(pod, pod.netnsPath, runtimeConfig);
-      if (attempt % 2 === 1 || randomInt(3) === 0) {
+      if (OUTLIVED_PLUGIN.test(r.stderr)) {
+        // Only a new sandbox gets past an interface in the netns; the old netns goes, and its eth0 with it.
+        this.report.addRetries.newId++;
+        await this.removeNetns(pod);
+        pod = await this.newPod(n, attempt + 1);
+      } else if (attempt % 2 === 1 || randomInt(3) === 0) {
         // A runtime retrying the call itself: the same container ID and netns.
         this.report.addRetries.sameId++;
       } else {
@@ -368,7 +392,7 @@ export class Churn {
       report.addingRecords = await this.addingRecords();
       if (report.addingRecords > 0) this.report.killsMidAdd++;
       // Down for a moment: the runtime's calls fail as "unreachable" and are retried.
-      await sleep(randomInt(50, 500));
+      await sleep(randomInt(50, 300));
       const restart = performance.now();
       await this.node.agent.start();
       report.restartMs = performance.now() - restart;
