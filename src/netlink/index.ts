@@ -479,6 +479,34 @@ export function netnsLinkByName(netnsPath: string, ifname: string): LinkInfo | u
 }
 
 /**
+ * `ip -n NS link del IFNAME`: deletes a link inside the network namespace at `netnsPath` (a veth's
+ * peer goes with it), waiting for the kernel's answer. Absent link: success. For the rare path where
+ * the host side cannot be reached (an ADD cut before its veth joined the bridge).
+ */
+export function netnsLinkDelete(netnsPath: string, ifname: string): void {
+  const op = `netnsLinkDelete ${netnsPath} ${ifname}`;
+  checkIfname(op, ifname);
+  const sk = socketInNetns(op, netnsPath);
+  try {
+    let link: Ptr;
+    try {
+      link = getLink(sk, op, ifname);
+    } catch (err) {
+      if (err instanceof NetlinkError && err.errno === E.ENODEV) return;
+      throw err;
+    }
+    try {
+      const rc = route.rtnl_link_delete(sk, link) as number;
+      if (rc < 0 && Math.abs(rc) !== NLE.NODEV && Math.abs(rc) !== NLE.OBJ_NOTFOUND) check(sk, op, rc);
+    } finally {
+      route.rtnl_link_put(link);
+    }
+  } finally {
+    nl.nl_socket_free(sk);
+  }
+}
+
+/**
  * Whether the open file descriptor `fd` is a network namespace (ioctl NS_GET_NSTYPE == CLONE_NEWNET).
  * False for any other namespace type and for files that are not namespaces at all.
  */

@@ -109,8 +109,18 @@ export function afterBridge(network: NetConf | NetConfList): NetConfList | undef
   return { ...(network as NetConfList), plugins: plugins.slice(1) };
 }
 
+const PORTMAP = { type: 'portmap', capabilities: { portMappings: true }, snat: true } as const;
+
 /** The pod network as a list: bridge, then the reference portmap plugin for host ports. */
 export function withPortmap(conf: NetConf): NetConfList {
   const { cniVersion, name, ...bridge } = conf;
-  return { cniVersion, name, plugins: [bridge, { type: 'portmap', capabilities: { portMappings: true }, snat: true }] };
+  return { cniVersion, name, plugins: [bridge, { ...PORTMAP }] };
+}
+
+/**
+ * portmap alone as the pod network: what removing a container's host-port rules takes. portmap's DEL
+ * finds them by network name and container ID, so it needs no pod CIDR (unlike bridge + host-local).
+ */
+export function portmapOnly(): NetConf {
+  return { cniVersion: CNI_VERSION, name: NETWORK_NAME, ...PORTMAP };
 }

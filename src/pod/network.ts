@@ -12,9 +12,11 @@
  *   the recorded result; with others it fails without touching the attachment. A failed ADD undoes
  *   what it made and nothing else: the pod's netns must not hold the interface beforehand, so an
  *   interface found there afterwards is its own.
- * - No request removes or alters an attachment it does not name. DEL never enters a netns: it
- *   deletes the pod's veth from the host side (the record names it; the ifindex proves it is the
- *   same link) and lets the bridge plugin release the address with an empty CNI_NETNS.
+ * - No request removes or alters an attachment it does not name. DEL of a complete attachment never
+ *   enters the pod's netns: it deletes the pod's veth from the host side (the record names it; the
+ *   ifindex proves it is the same link) and lets the bridge plugin release the address with an
+ *   empty CNI_NETNS. Only an ADD cut short, whose interface never reached the bridge, is removed
+ *   from inside its netns (veth.ts), where that ADD had checked no such interface existed.
  * - Leftovers of attachments that no longer exist (reservations, veths on the bridge, host-port
  *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
  * - Addresses come from host-local (the pod CIDR) or, in dhcp mode, from the LAN's DHCP server
@@ -35,7 +37,7 @@ import { cidrContains, parseCidr, parsePodCidrs, parsePrefixed, type Subnet } fr
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
+import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, portmapOnly, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
 import { bridgeVeths, ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
 import { bridgeMac, syncDedup, type DedupTarget } from './dedup.js';
 import { DhcpLeaseError, socketAnswers } from './dhcp.js';
@@ -584,8 +586,13 @@ export class PodNetwork {
       log.debug('DEL of an unknown attachment: nothing held for it');
       return;
     }
-    const conf = this.requireReady(`release what container ${containerId} holds`).conf;
-    const network = hostPorts ? withPortmap(conf) : conf;
+    // Only an address needs the bridge config (host-local's ranges), so only it waits for the pod
+    // CIDR; host ports alone go with portmap alone (a restarted agent may not know the CIDR yet).
+    let network: NetConf | NetConfList = portmapOnly();
+    if (held) {
+      const conf = this.requireReady(`release the address container ${containerId} holds`).conf;
+      network = hostPorts ? withPortmap(conf) : conf;
+    }
     const rt: RuntimeConf = { containerId, ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId }) };
     if (hostPorts) rt.capabilityArgs = { portMappings: portMappings.length > 0 ? portMappings : [PLACEHOLDER_PORT] };
     await this.delNetwork(network, rt);

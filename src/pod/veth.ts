@@ -50,6 +50,16 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
     log.debug({ hostVeth: link.name, goneMs: round(goneMs) }, 'pod veth deleted');
     return;
   }
+  // An ADD cut short (the agent died while the bridge plugin ran) can leave the pod's interface in
+  // its netns with the host end not yet on the bridge. The netns held no such interface when that
+  // ADD began (it checked, under the netns's lock), so it is that ADD's own: delete it from inside.
+  if (record.phase === 'adding' && sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) {
+    const inPod = nl.netnsLinkByName(record.netns, record.ifName);
+    if (inPod?.type === 'veth') {
+      nl.netnsLinkDelete(record.netns, record.ifName);
+      log.info({ netns: record.netns, ifName: record.ifName }, "deleted the unfinished ADD's interface inside the pod's netns");
+    }
+  }
 }
 
 /** Whether the pod's host veth still exists (by recorded index, else by name). */

@@ -14,18 +14,17 @@
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa, type ResultPromise } from 'execa';
-import yaml from 'js-yaml';
 import { randomInt, randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { readdir, writeFile } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../../hack/support/agent-harness.js';
-import { AgentProcess, manifestConfigYaml } from '../helpers/agent-process.js';
+import { AgentProcess, startManifestAgent } from '../helpers/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
-import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../../hack/support/fake-apiserver.js';
+import { pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
@@ -198,9 +197,6 @@ test.before(async (t) => {
     const tag = uniq(6);
     const nodeName = `kcr-node-${tag}`;
     const podCidr = `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`;
-    const api = await FakeApiServer.start();
-    cleanup.add(() => api.stop());
-    api.setNode(nodeObject(nodeName, { podCIDR: podCidr, podCIDRs: [podCidr] }));
     const hostPort = randomInt(30000, 32768);
     const shaped: TestPodSpec = {
       name: `shaped-${tag}`,
@@ -209,25 +205,14 @@ test.before(async (t) => {
       portMappings: [],
     };
     const web: TestPodSpec = { name: `web-${tag}`, uid: randomUUID(), annotations: {}, portMappings: [{ protocol: 'TCP', containerPort: 8080, hostPort, hostIp: '' }] };
-    for (const p of [shaped, web]) api.setPod(podObject('default', p.name, nodeName, p.annotations));
 
-    // The node.
+    // The node, and the agent: the manifest's config, no directory flag; --kubeconfig reaches the fake API server.
     const sb = await NodeSandbox.create({ tmpfsDirs: [...NODE_TMPFS_DIRS, ...CONTAINERD_TMPFS_DIRS] });
     cleanup.add(() => sb.destroy());
-    await sb.exposeHostPort(api.port);
-    const kubeconfig = join(sb.tmpDir, 'kubeconfig');
-    await writeFile(kubeconfig, fakeKubeConfig(`http://127.0.0.1:${api.port}`).exportConfig());
-    const configText = await manifestConfigYaml();
-    const configFile = join(sb.tmpDir, 'config.yaml');
-    await writeFile(configFile, configText);
-    const cfg = yaml.load(configText) as AgentSettings;
+    const { agent, api, configText, settings: cfg } = await startManifestAgent(sb, cleanup, { nodeName, podCidr });
+    for (const p of [shaped, web]) api.setPod(podObject('default', p.name, nodeName, p.annotations));
     const settings: AgentSettings = cfg;
     t.log(`node netns ${sb.netns}, uplink ${sb.uplink.nodeIp}, pod CIDR ${podCidr}, host port ${hostPort}, manifest config:\n${configText.trimEnd()}`);
-
-    // The agent: the manifest's config, no directory flag; --kubeconfig reaches the fake API server.
-    const agentArgs = ['--config', configFile, '--kubeconfig', kubeconfig];
-    const agent = new AgentProcess(sb, agentArgs, { NODE_NAME: nodeName }, join(sb.tmpDir, 'agent.log'), cfg.socket);
-    await agent.start();
     // containerd runs `loopback` itself from its bin_dir: the agent installs it there next to its own binary.
     const bins = await listDir(sb.hostPath('/opt/cni/bin'));
     if (bins.join() !== 'kubenet,loopback') throw new Error(`the agent installed ${bins.join(', ')} into /opt/cni/bin, expected kubenet and loopback`);

@@ -458,3 +458,35 @@ serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of i
   t.is((await libcni('del', victim)).exitCode, 0, 'DEL of the interrupted pod succeeds');
   t.is(await nodeSnapshot(), w().baseline);
 });
+
+serialTest("SIGKILL of the agent while the bridge plugin is between making the pod's veth and joining it to the bridge: the next agent removes the interface, and the retried ADD works", async (t) => {
+  // A bridge plugin that makes the pod's veth (eth0 inside, the host end not on the bridge), announces
+  // itself, then stalls: what the reference plugin leaves when it is killed between those steps.
+  const slow = join(w().sb.tmpDir, 'stalled-bridge');
+  const marker = join(w().sb.tmpDir, 'bridge-started');
+  await mkdir(slow, { recursive: true });
+  const hostEnd = `khv${w().tag}`;
+  await execa('sh', ['-c', `printf '#!/bin/sh\\nip link add ${hostEnd} type veth peer name eth0 netns "$CNI_NETNS"\\ntouch ${marker}\\nsleep 30\\n' > ${slow}/bridge && chmod 755 ${slow}/bridge`]);
+  const agent = w().agent;
+  await agent.stop(5000);
+  const stalled = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-stalled.log'), w().dirs.socket);
+  await stalled.start();
+  const pod = await newPod('cut');
+  const add = libcni('add', pod);
+  const deadline = Date.now() + 20_000;
+  while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  t.true(existsSync(marker), 'the stalled bridge plugin made the veth');
+  t.regex((await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'])).stdout, /eth0@/, 'eth0 is in the pod');
+  await stalled.kill();
+  t.not((await add).exitCode, 0, 'the runtime saw the ADD fail');
+  await agent.start();
+  t.is((await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'], { reject: false })).exitCode, 1, 'the next agent removed the interface the cut ADD made');
+  t.is((await execa('ip', ['link', 'show', hostEnd], { reject: false })).exitCode, 1, 'and its host end with it');
+  // As containerd does after a failed ADD: DEL, then ADD again with the same container ID.
+  t.is((await libcni('del', pod)).exitCode, 0);
+  const retry = await libcni('add', pod);
+  t.is(retry.exitCode, 0, `the retried ADD works: ${retry.stderr}`);
+  rows.push(['SIGKILL between veth and bridge, then retry', '0', 'the interface removed at restart; the same-ID ADD succeeds']);
+  t.is((await libcni('del', pod)).exitCode, 0);
+  t.is(await nodeSnapshot(), w().baseline);
+});

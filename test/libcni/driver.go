@@ -5,12 +5,18 @@
 // Usage:
 //
 //	libcni-driver <add|del|check|status|gc|features> --conf-dir DIR --bin-dir DIR[:DIR...]
-//	    --cache-dir DIR --netns PATH --container-id ID [--ifname eth0]
+//	    (--cache-dir DIR | --default-cache-dir) --netns PATH --container-id ID [--ifname eth0]
 //	    [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON]
+//
+// --default-cache-dir leaves the cache dir to libcni itself (NewCNIConfig: libcni.CacheDir,
+// /var/lib/cni, as containerd and CRI-O run it). So that no test ever writes the host's runtime
+// cache, it is refused unless that directory is a tmpfs (a node sandbox's private mount,
+// test/helpers/node-sandbox.ts).
 //
 // add prints the result JSON on stdout. status and gc exist only in libcni >= 1.2; with an
 // older library they fail with exit code 2 ("unsupported"). features prints, as JSON, the
-// library functions this build has. Any failure: exit 1, error text on stderr.
+// library functions this build has. Any failure: exit 1, error text on stderr; a plugin's
+// CNI error adds a last line "libcni-driver: CNI error code N" (the code a runtime sees).
 //
 // Built with GOPATH mode against Debian's golang-github-appc-cni-dev (see
 // hack/build-libcni-driver.sh); it uses only the standard library and libcni.
@@ -28,9 +34,11 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 )
 
@@ -54,6 +62,7 @@ type options struct {
 	confDir          string
 	binDirs          []string
 	cacheDir         string
+	defaultCacheDir  bool
 	netns            string
 	containerID      string
 	ifName           string
@@ -69,6 +78,10 @@ func main() {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "libcni-driver: %v\n", err)
+	var cniErr *types.Error
+	if errors.As(err, &cniErr) {
+		fmt.Fprintf(os.Stderr, "libcni-driver: CNI error code %d\n", cniErr.Code)
+	}
 	var ue usageError
 	var un unsupportedError
 	switch {
@@ -82,7 +95,7 @@ func main() {
 	}
 }
 
-const usage = `usage: libcni-driver <add|del|check|status|gc|features> --conf-dir DIR --bin-dir DIR[:DIR...] --cache-dir DIR --netns PATH --container-id ID [--ifname eth0] [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON]`
+const usage = `usage: libcni-driver <add|del|check|status|gc|features> --conf-dir DIR --bin-dir DIR[:DIR...] (--cache-dir DIR | --default-cache-dir) --netns PATH --container-id ID [--ifname eth0] [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON]`
 
 func run(argv []string) error {
 	if len(argv) < 1 {
@@ -96,6 +109,11 @@ func run(argv []string) error {
 	if err != nil {
 		return err
 	}
+	if opts.defaultCacheDir {
+		if err := checkSandboxedCacheDir(libcni.CacheDir); err != nil {
+			return err
+		}
+	}
 	// Report a missing library function before touching any config.
 	if f := features().Functions; cmd == "status" && !f["GetStatusNetworkList"] {
 		return unsupportedError{"GetStatusNetworkList"}
@@ -107,7 +125,12 @@ func run(argv []string) error {
 	if err != nil {
 		return err
 	}
-	cni := libcni.NewCNIConfigWithCacheDir(opts.binDirs, opts.cacheDir, nil)
+	var cni *libcni.CNIConfig
+	if opts.defaultCacheDir {
+		cni = libcni.NewCNIConfig(opts.binDirs, nil)
+	} else {
+		cni = libcni.NewCNIConfigWithCacheDir(opts.binDirs, opts.cacheDir, nil)
+	}
 	rt := &libcni.RuntimeConf{
 		ContainerID:    opts.containerID,
 		NetNS:          opts.netns,
@@ -165,6 +188,7 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 	confDir := fs.String("conf-dir", "", "directory of .conflist/.conf/.json network configs")
 	binDir := fs.String("bin-dir", "", "plugin directories, colon separated")
 	cacheDir := fs.String("cache-dir", "", "libcni cache directory")
+	defaultCacheDir := fs.Bool("default-cache-dir", false, "use libcni's own default cache dir (only where it is a tmpfs)")
 	netns := fs.String("netns", "", "network namespace path")
 	containerID := fs.String("container-id", "", "container ID")
 	ifName := fs.String("ifname", "eth0", "interface name inside the namespace")
@@ -179,12 +203,13 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 		return nil, usageError{fmt.Sprintf("unexpected arguments: %q", fs.Args())}
 	}
 	o := &options{
-		confDir:     *confDir,
-		cacheDir:    *cacheDir,
-		netns:       *netns,
-		containerID: *containerID,
-		ifName:      *ifName,
-		timeout:     *timeout,
+		confDir:         *confDir,
+		cacheDir:        *cacheDir,
+		defaultCacheDir: *defaultCacheDir,
+		netns:           *netns,
+		containerID:     *containerID,
+		ifName:          *ifName,
+		timeout:         *timeout,
 	}
 	for _, d := range strings.Split(*binDir, ":") {
 		if d != "" {
@@ -197,8 +222,11 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 	if len(o.binDirs) == 0 {
 		return nil, usageError{"--bin-dir is required"}
 	}
-	if o.cacheDir == "" {
-		return nil, usageError{"--cache-dir is required (never fall back to /var/lib/cni)"}
+	switch {
+	case o.defaultCacheDir && o.cacheDir != "":
+		return nil, usageError{"--cache-dir and --default-cache-dir exclude each other"}
+	case !o.defaultCacheDir && o.cacheDir == "":
+		return nil, usageError{"--cache-dir is required (or --default-cache-dir, inside a node sandbox; never the host's /var/lib/cni)"}
 	}
 	switch cmd {
 	case "add", "check":
@@ -247,6 +275,20 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 		o.validAttachments = json.RawMessage(*valid)
 	}
 	return o, nil
+}
+
+// checkSandboxedCacheDir refuses libcni's default cache dir unless it is a tmpfs: the host's
+// /var/lib/cni belongs to the machine's container runtimes.
+func checkSandboxedCacheDir(dir string) error {
+	const tmpfsMagic = 0x01021994
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("--default-cache-dir: libcni's default cache dir %s: %w", dir, err)
+	}
+	if st.Type != tmpfsMagic {
+		return fmt.Errorf("--default-cache-dir: libcni's default cache dir %s is not a tmpfs: refusing to write the host's runtime cache (run inside a node sandbox)", dir)
+	}
+	return nil
 }
 
 // loadFirstConfList loads the lexically first network config in dir, as go-cni's

@@ -1,0 +1,239 @@
+/**
+ * The literal defaults (issue 8): the agent runs with exactly the YAML of manifests/kubenet.yaml's
+ * ConfigMap (read from the manifest, not copied) and no directory flag, in cluster mode (a fake API
+ * server serves its Node's pod CIDR; `--kubeconfig`, NODE_NAME), inside a NodeSandbox whose tmpfs
+ * mounts cover /var/lib/cni, /var/lib/kubenet, /etc/cni/net.d, /opt/cni/bin and /run/kubenet, so
+ * nothing of the host is touched; the reference plugins are where the DaemonSet image holds them
+ * (/usr/lib/cni, the host's, visible inside as is). The bridge is literally cbr0 and the ifb
+ * kubenet-ifb0: they live in the sandbox's node netns, never the machine's.
+ *
+ * Pods (network namespaces made with `ip netns add`) go through libcni run inside the node as
+ * containerd runs it: conf dir /etc/cni/net.d, bin dir /opt/cni/bin, and libcni's OWN default cache
+ * dir (the driver's --default-cache-dir: NewCNIConfig, libcni.CacheDir = /var/lib/cni). A plain pod,
+ * a shaped pod (containerd 1.6's PascalCase runtimeConfig.bandwidth, bursts 4294967295) and a
+ * host-port pod: ADD, CHECK, an agent restart, CHECK, DEL, DEL again with an empty CNI_NETNS.
+ * Sends no traffic.
+ */
+import anyTest, { type TestFn } from 'ava';
+import { execa } from 'execa';
+import { createHash, randomInt, randomUUID } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { readFile, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { agentGet } from '../../src/daemon/protocol.js';
+import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
+import { startManifestAgent, type ManifestAgent } from '../helpers/agent-process.js';
+import { pod as podObject } from '../../hack/support/fake-apiserver.js';
+import { Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../helpers/node-leaks.js';
+import { NodeSandbox } from '../helpers/node-sandbox.js';
+import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
+
+const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
+const test = anyTest as TestFn;
+const serialTest = blocker ? test.serial.skip : test.serial;
+if (blocker) console.warn(`literal-defaults e2e skipped: ${blocker}`);
+
+interface TestPod extends CniPod {
+  netns: string;
+  runtimeConfig: object | undefined;
+  ip?: string;
+  /** sha256 and mtime of libcni's cache entry right after ADD. */
+  cacheEntry?: { sha: string; mtimeMs: number };
+}
+
+interface World {
+  cleanup: Cleanup;
+  sb: NodeSandbox;
+  node: ManifestAgent;
+  podCidr: string;
+  hostPort: number;
+  libcni: SandboxLibcni;
+  layout: NodeLayout;
+  plain: TestPod;
+  shaped: TestPod;
+  web: TestPod;
+}
+
+let world: World | undefined;
+function w(): World {
+  if (!world) throw new Error('no node: the setup (before hook) failed');
+  return world;
+}
+const pods = () => [w().plain, w().shaped, w().web];
+
+/** Every file under the sandbox's `dir` (relative paths, sorted; directories end in /). */
+async function tree(dir: string): Promise<string[]> {
+  const r = await w().sb.exec('find', [dir, '-mindepth', '1', '-printf', '%P%y\\n']);
+  return r.stdout
+    .split('\n')
+    .filter((l) => l !== '')
+    .map((l) => (l.endsWith('d') ? `${l.slice(0, -1)}/` : l.slice(0, -1)))
+    .sort();
+}
+
+function runtimeCacheFile(p: CniPod): string {
+  return w().sb.hostPath(join(LIBCNI_DEFAULT_CACHE_DIR, 'results', `kubenet-${p.id}-eth0`));
+}
+
+async function cacheEntryStamp(p: CniPod): Promise<{ sha: string; mtimeMs: number } | undefined> {
+  const file = runtimeCacheFile(p);
+  try {
+    const [text, st] = await Promise.all([readFile(file), stat(file)]);
+    return { sha: createHash('sha256').update(text).digest('hex'), mtimeMs: st.mtimeMs };
+  } catch {
+    return undefined;
+  }
+}
+
+test.before(async (t) => {
+  if (blocker) return;
+  t.timeout(90_000);
+  const cleanup = new Cleanup();
+  try {
+    const tag = uniq(5);
+    const podCidr = `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`;
+    const sb = await NodeSandbox.create({ prefix: 'kch' });
+    cleanup.add(() => sb.destroy());
+    const nodeName = `kch-node-${tag}`;
+    const node = await startManifestAgent(sb, cleanup, { nodeName, podCidr });
+    const s = node.settings;
+    t.log(`node netns ${sb.netns}, pod CIDR ${podCidr}, agent pid ${node.agent.pid}, manifest config:\n${node.configText.trimEnd()}`);
+    // As containerd runs libcni: its conf dir and bin dir, libcni's own default cache dir.
+    const libcni = new SandboxLibcni(sb, { confDir: '/etc/cni/net.d', binDirs: ['/opt/cni/bin'] });
+    const hostPort = randomInt(30000, 32768);
+    const mk = (name: string, runtimeConfig: object | undefined): TestPod => {
+      const netns = `kch-${tag}-${name}`;
+      return { namespace: 'default', name: `${name}-${tag}`, uid: randomUUID(), id: createHash('sha256').update(`${tag}${name}`).digest('hex'), netns, netnsPath: `/var/run/netns/${netns}`, runtimeConfig };
+    };
+    const plain = mk('plain', undefined);
+    // containerd 1.6 passes the bandwidth annotations PascalCase, with burst 4294967295 for "none given".
+    const shaped = mk('shaped', { bandwidth: { IngressRate: 20_000_000, IngressBurst: 4294967295, EgressRate: 10_000_000, EgressBurst: 4294967295 } });
+    const web = mk('web', { portMappings: [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] });
+    for (const p of [plain, shaped, web]) {
+      await execa('ip', ['netns', 'add', p.netns]);
+      cleanup.add(() => delNetns(p.netns));
+      // As kubelet would have it: the pod exists in the API (the shaped one with its annotations).
+      node.api.setPod(podObject(p.namespace, p.name, nodeName, p === shaped ? { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' } : {}));
+    }
+    const layout: NodeLayout = { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: LIBCNI_DEFAULT_CACHE_DIR };
+    world = { cleanup, sb, node, podCidr, hostPort, libcni, layout, plain, shaped, web };
+  } catch (err) {
+    await cleanup.run().catch((e: unknown) => t.log(`cleanup after the failed setup: ${String(e)}`));
+    throw err;
+  }
+});
+
+test.afterEach.always(async (t) => {
+  if (!t.passed && world) t.log(`agent log (tail):\n${await world.node.agent.logTail(40)}`);
+});
+
+test.after.always(async () => {
+  if (!world) return;
+  // A test that failed midway: DEL what may be left, so the node holds nothing when it goes.
+  for (const p of pods()) await world.libcni.call('del', p, { netns: '' }).catch(() => undefined);
+  await world.node.agent.stop(5000).catch(() => undefined);
+  await world.cleanup.run();
+});
+
+serialTest('the manifest config, no directory flag: the agent installs kubenet + loopback in /opt/cni/bin and the conflist in /etc/cni/net.d; its own files are under /var/lib/kubenet and /run/kubenet only', async (t) => {
+  const { node } = w();
+  const s = node.settings;
+  t.deepEqual(
+    { bridge: s.bridgeName, ifb: s.ifbName, cniBinDir: s.cniBinDir, cniConfDir: s.cniConfDir, pluginBinDirs: s.pluginBinDirs, stateDir: s.stateDir, ipam: s.ipamDataDir, cache: s.cniCacheDir, socket: s.socket },
+    { bridge: 'cbr0', ifb: 'kubenet-ifb0', cniBinDir: '/opt/cni/bin', cniConfDir: '/etc/cni/net.d', pluginBinDirs: ['/usr/lib/cni'], stateDir: '/var/lib/kubenet', ipam: '/var/lib/cni/networks', cache: '/var/lib/cni', socket: '/run/kubenet/kubenet.sock' },
+    'the manifest config holds the literal defaults',
+  );
+  t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], '/opt/cni/bin: the forwarder as kubenet, and loopback for the runtime');
+  t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/kubenet')), await readFile(FORWARDER), '/opt/cni/bin/kubenet is the forwarding binary');
+  t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/loopback')), await readFile('/usr/lib/cni/loopback'), '/opt/cni/bin/loopback is the reference plugin');
+  t.deepEqual(await tree('/etc/cni/net.d'), ['10-kubenet.conflist']);
+  const conflist = JSON.parse(await readFile(w().sb.hostPath('/etc/cni/net.d/10-kubenet.conflist'), 'utf8')) as { name: string; plugins: Array<{ type: string; socket: string; capabilities: object }> };
+  t.like(conflist, { name: 'kubenet', plugins: [{ type: 'kubenet', socket: '/run/kubenet/kubenet.sock', capabilities: { bandwidth: true, portMappings: true } }] });
+  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock'], '/run/kubenet: the socket');
+  t.deepEqual(await tree('/var/lib/cni'), [], 'nothing in /var/lib/cni before a pod');
+  const state = await tree('/var/lib/kubenet');
+  t.true(state.every((f) => /^(pods|shaper)(\/|$)/.test(f)), `/var/lib/kubenet holds pods/ and shaper/ only: ${state.join(' ')}`);
+  t.deepEqual(await podLeftovers(w().sb, w().layout), NO_LEFTOVERS, 'no pod state yet');
+});
+
+serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR; libcni writes its own kubenet-<id>-eth0; limits and the host port applied; CHECK passes', async (t) => {
+  const { sb, libcni, podCidr, shaped, web, hostPort, node } = w();
+  for (const p of pods()) {
+    t.false(existsSync(runtimeCacheFile(p)), `${p.name}: no cache entry before ADD`);
+    const r = await libcni.call('add', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
+    t.is(r.exitCode, 0, `ADD ${p.name}: ${r.stderr}`);
+    p.ip = resultIp(r.stdout);
+    t.true(inCidr4(p.ip, podCidr), `${p.name}: IP ${p.ip} in the pod CIDR ${podCidr}`);
+    const addr = (await execa('ip', ['-n', p.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout;
+    t.true(addr.includes(` ${p.ip}/24 `), `${p.name}: eth0 in its netns holds ${p.ip}`);
+    // libcni's own entry, written by libcni after our ADD returned: its config is the conflist, its result ours.
+    const entry = JSON.parse(await readFile(runtimeCacheFile(p), 'utf8')) as { kind: string; containerId: string; ifName: string; networkName: string; config: string; result: { ips: Array<{ address: string }> } };
+    t.like(entry, { kind: 'cniCacheV1', containerId: p.id, ifName: 'eth0', networkName: 'kubenet' });
+    t.like(JSON.parse(Buffer.from(entry.config, 'base64').toString('utf8')), { name: 'kubenet', plugins: [{ type: 'kubenet' }] }, `${p.name}: the cached config is the conflist libcni ran`);
+    t.is(entry.result.ips[0]?.address.split('/')[0], p.ip, `${p.name}: the cached result is the one ADD returned`);
+    p.cacheEntry = await cacheEntryStamp(p);
+  }
+  t.is(new Set(pods().map((p) => p.ip)).size, 3, 'three distinct IPs');
+
+  // Everything the pods made, and where: the runtime's cache and host-local's reservations under
+  // /var/lib/cni, the agent's records under /var/lib/kubenet.
+  const cniTree = await tree('/var/lib/cni');
+  const allowed = new Set(['networks/', 'networks/kubenet/', 'networks/kubenet/lock', 'results/', ...pods().flatMap((p) => [`networks/kubenet/${p.ip}`, `results/kubenet-${p.id}-eth0`])]);
+  t.deepEqual(cniTree.filter((f) => !allowed.has(f) && !/^networks\/kubenet\/last_reserved_ip\.\d$/.test(f)), [], `/var/lib/cni holds host-local's reservations and libcni's entries only: ${cniTree.join(' ')}`);
+  const records = (await tree('/var/lib/kubenet/pods')).sort();
+  t.deepEqual(records, pods().map((p) => `${p.id}@eth0.json`).sort(), 'one agent record per pod, under /var/lib/kubenet/pods');
+  t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], 'nothing else in /opt/cni/bin');
+  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock'], 'nothing else in /run/kubenet');
+
+  // The shaped pod: its veth's root qdisc (ingress) and its class on the ifb (egress) at the asked rates.
+  const status = JSON.parse((await agentGet(sb.hostPath(node.settings.socket), '/v1/status')).body) as { pods: Array<{ id: string; hostVeth: string; limits: object; portMappings?: Array<{ hostPort: number }> }> };
+  const shapedStatus = status.pods.find((p) => p.id === shaped.id);
+  t.deepEqual(shapedStatus?.limits, { ingress: 20e6, egress: 10e6 }, 'the agent took the PascalCase rates (burst 4294967295: none given)');
+  const veth = shapedStatus?.hostVeth ?? 'none';
+  const vethTc = (await sb.exec('tc', ['qdisc', 'show', 'dev', veth])).stdout + (await sb.exec('tc', ['class', 'show', 'dev', veth])).stdout;
+  t.regex(vethTc, /root/, 'a root qdisc on the pod veth');
+  t.regex(vethTc, /rate 20Mbit/, 'ingress shaped at 20Mbit on the pod veth');
+  t.regex((await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).stdout, /class htb 1:\S+ .*rate 10Mbit/, 'egress class on kubenet-ifb0');
+  t.deepEqual(status.pods.find((p) => p.id === web.id)?.portMappings?.map((m) => m.hostPort), [hostPort], 'the agent took the host port');
+  t.true((await sb.exec('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.includes(`--to-destination ${web.ip}:8080`), `a DNAT rule for host port ${hostPort}`);
+
+  for (const p of pods()) {
+    const r = await libcni.call('check', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
+    t.is(r.exitCode, 0, `CHECK ${p.name}: ${r.stderr}`);
+  }
+});
+
+serialTest('an agent restart (SIGTERM, start) leaves libcni\'s entries untouched; CHECK still passes', async (t) => {
+  const { node, libcni } = w();
+  t.is(await node.agent.stop(), 0, 'the agent exits 0 on SIGTERM');
+  // The agent reads cniCacheDir (/var/lib/cni) once at startup to upgrade 0.1.0 state: never a runtime's entry.
+  await node.agent.start();
+  for (const p of pods()) {
+    t.deepEqual(await cacheEntryStamp(p), p.cacheEntry, `${p.name}: libcni's entry unchanged (content and mtime)`);
+    const r = await libcni.call('check', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
+    t.is(r.exitCode, 0, `CHECK ${p.name} after the restart: ${r.stderr}`);
+    t.deepEqual(await cacheEntryStamp(p), p.cacheEntry, `${p.name}: libcni's entry unchanged after CHECK`);
+  }
+});
+
+serialTest('DEL, then DEL again with an empty CNI_NETNS (as containerd on Stop and Remove): nothing of any pod is left', async (t) => {
+  const { libcni, sb, layout } = w();
+  for (const p of pods()) {
+    t.deepEqual(await cacheEntryStamp(p), p.cacheEntry, `${p.name}: libcni's entry untouched until its DEL`);
+    const rc = p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {};
+    const first = await libcni.call('del', p, rc);
+    t.is(first.exitCode, 0, `DEL ${p.name}: ${first.stderr}`);
+    t.false(existsSync(runtimeCacheFile(p)), `${p.name}: libcni removed its entry on DEL`);
+    await execa('ip', ['netns', 'del', p.netns]);
+    const second = await libcni.call('del', p, { ...rc, netns: '' });
+    t.is(second.exitCode, 0, `second DEL ${p.name} (empty CNI_NETNS): ${second.stderr}`);
+  }
+  const left = await podLeftovers(sb, layout);
+  t.deepEqual(left, NO_LEFTOVERS, 'no veth, reservation, libcni entry, agent record, shaper state, tc class/filter, veth qdisc or host-port rule');
+  t.deepEqual((await sb.exec('ip', ['-o', 'link', 'show', 'master', 'cbr0'])).stdout, '', 'no port on cbr0');
+  t.deepEqual(await tree('/var/lib/kubenet/pods'), [], 'no record under /var/lib/kubenet/pods');
+  t.deepEqual((await tree('/var/lib/cni')).filter((f) => !/^(networks\/|networks\/kubenet\/|networks\/kubenet\/lock|networks\/kubenet\/last_reserved_ip\.\d|results\/)$/.test(f)), [], 'only empty dirs and host-local\'s lock/last-reserved files in /var/lib/cni');
+  const status = JSON.parse((await agentGet(sb.hostPath(w().node.settings.socket), '/v1/status')).body) as { pods: unknown[] };
+  t.deepEqual(status.pods, [], 'the agent knows no pod');
+});
