@@ -99,6 +99,10 @@ export interface IperfResult {
   retransmits: number | undefined;
   /** data segments the sender put on the wire: received bytes / MSS + retransmits */
   segments: number | undefined;
+  /** TCP payload bytes the receiver got over the whole run (iperf3's sum_received.bytes) */
+  bytes: number | undefined;
+  /** the connection's MSS (iperf3's tcp_mss_default) */
+  mss: number | undefined;
 }
 
 let portSeq = 0;
@@ -223,6 +227,8 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
       intervals,
       retransmits,
       segments: mss && received !== undefined ? Math.ceil(received / mss) + (retransmits ?? 0) : undefined,
+      bytes: received,
+      mss,
     };
   } finally {
     srv.kill('SIGKILL');
