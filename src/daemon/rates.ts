@@ -105,31 +105,30 @@ export class RateTracker {
     this.keepSampling();
     const last = this.samples[this.samples.length - 1];
     if (!last || this.now() - last.t > this.periodMs / 4) this.sample();
-    const first = this.samples[0];
-    const latest = this.samples[this.samples.length - 1];
-    if (first && latest && latest.t - first.t < this.periodMs * 0.9) {
-      // Quiet until now: measure for one period.
-      await new Promise((r) => setTimeout(r, Math.max(0, first.t + this.periodMs - this.now())));
+    if (!this.baseline(windowS)) {
+      // Nothing recent to compare with (sampling was off): measure for one period.
+      const t0 = this.samples[this.samples.length - 1]?.t ?? this.now();
+      await new Promise((r) => setTimeout(r, Math.max(0, t0 + this.periodMs - this.now())));
       this.sample();
     }
     return this.compute(windowS);
   }
 
+  /** The earliest sample within the window before the last one (never the last itself, never older than the window). */
+  private baseline(windowS: number): { last: Sample; base: Sample } | undefined {
+    const last = this.samples[this.samples.length - 1];
+    if (!last) return undefined;
+    const from = last.t - Math.max(windowS * 1000, this.periodMs) - this.periodMs / 2;
+    const base = this.samples.find((s) => s !== last && s.t >= from && s.t < last.t);
+    return base ? { last, base } : undefined;
+  }
+
   private compute(windowS: number): Map<string, PodRate> {
     const out = new Map<string, PodRate>();
-    const n = this.samples.length;
-    const last = this.samples[n - 1];
-    if (!last || n < 2) return out;
-    // The earliest sample inside the window, but never the last one itself.
-    let base = this.samples[n - 2] as Sample;
-    for (const s of this.samples) {
-      if (s.t >= last.t - windowS * 1000 - this.periodMs / 4 && s !== last) {
-        base = s;
-        break;
-      }
-    }
+    const b = this.baseline(windowS);
+    if (!b) return out;
+    const { last, base } = b;
     const seconds = (last.t - base.t) / 1000;
-    if (seconds <= 0) return out;
     for (const [key, now] of last.pods) {
       const then = base.pods.get(key);
       const r: PodRate = { seconds: +seconds.toFixed(2) };

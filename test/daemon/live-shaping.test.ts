@@ -135,10 +135,30 @@ test('rates: bytes over time per direction, tc for a shaped direction and the ve
   now = 8000;
   snapshot = [traffic('a', 2_500_000 + 6 * 1_250_000, 1_250_000)];
   tracker.sample();
-  const later = await tracker.rates(5);
-  t.is(later.get('a-id@eth0')?.seconds, 6, 'the window reaches back to the earliest sample in it, or the one before the last');
+  const later = await tracker.rates(7);
+  t.is(later.get('a-id@eth0')?.seconds, 6, 'the window reaches back to the earliest sample in it');
   t.is(later.get('a-id@eth0')?.ingress, 10 * M);
   t.is(later.get('b-id@eth0'), undefined, 'a pod gone');
+});
+
+test('rates after a quiet time are measured anew (one period), never against samples from before it', async (t) => {
+  let now = 0;
+  let bytes = 0;
+  const tracker = new RateTracker(() => [traffic('a', bytes, undefined)], silent, { now: () => now, periodMs: 50, idleAfterMs: 100 });
+  t.teardown(() => tracker.stop());
+  tracker.sample();
+  now = 50;
+  bytes = 1_000_000; // 160 Mbit/s over 50 ms
+  t.is((await tracker.rates(1)).get('a-id@eth0')?.ingress, 160 * M);
+  tracker.stop(); // what the timer does once nobody asked for idleAfterMs
+  now = 60_000;
+  bytes = 2_000_000;
+  const pending = tracker.rates(1);
+  now = 60_050; // the tracker waits one period (real time) and samples again
+  bytes = 2_000_000 + 62_500;
+  const r = (await pending).get('a-id@eth0');
+  t.is(r?.seconds, 0.05);
+  t.is(r?.ingress, 10 * M, 'over the last period, not since the sample of a minute ago');
 });
 
 test('metrics: one series per shaped pod and direction, rebuilt at each scrape (a deleted pod leaves none)', async (t) => {
