@@ -22,7 +22,7 @@
  * Root only. Creates its own bridges, namespaces and veths (traffic only between them) and removes
  * them. Usage: npx tsx bench/shaping.ts [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost] [--no-live] [--no-reshape]
- *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M]
+ *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M] [--cc cubic]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
  */
 import { execa, type ResultPromise } from 'execa';
@@ -59,6 +59,8 @@ const liveSizes = (argValue('--live-sizes') ?? (quick ? '10,100' : '10,100,500')
 const changes = Number(argValue('--changes') ?? 50);
 const scrapes = Number(argValue('--scrapes') ?? 20);
 const reshapeRates = (argValue('--reshape-rates') ?? '1M,10M,100M').split(',');
+/** TCP congestion control of the (4) flows; default the host's (net.ipv4.tcp_congestion_control). */
+const congestion = argValue('--cc');
 const BANDWIDTH_BIN = '/usr/lib/cni/bandwidth';
 const NET_NAME = 'kshbench';
 
@@ -618,6 +620,7 @@ async function reshapeAccuracyBench(): Promise<void> {
           const r = await iperf(b, a, {
             seconds: S,
             reverse: dir === 'ingress',
+            ...(congestion ? { congestion } : {}),
             onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`),
             onStart: () => {
               samples.length = 0;
@@ -644,8 +647,9 @@ async function reshapeAccuracyBench(): Promise<void> {
         }
       }
     }
+    const cc = congestion ?? (await readFile('/proc/sys/net/ipv4/tcp_congestion_control', 'utf8')).trim();
     printTable(
-      `(4) accuracy after a re-shape: one ${S} s iperf3 flow, the pod's limit changed ${CHANGE_S} s in; goodput = mean of the receiver's 1 s intervals from ${CHANGE_S + SETTLE_S + 1} s, L2 = bytes the pod's class sent from ${CHANGE_S + SETTLE_S} s to ${S - 0.5} s; goals of (1b): goodput ±5 %, wire ±2 %`,
+      `(4) accuracy after a re-shape: one ${S} s iperf3 flow (TCP ${cc}), the pod's limit changed ${CHANGE_S} s in; goodput = mean of the receiver's 1 s intervals from ${CHANGE_S + SETTLE_S + 1} s, L2 = bytes the pod's class sent from ${CHANGE_S + SETTLE_S} s to ${S - 0.5} s; goals of (1b): goodput ±5 %, wire ±2 %`,
       ['asked', 'dir', 'change', 'goodput', 'goodput±5%', 'L2', 'wire±2%', 'worst 1s', 'intervals (Mbit/s)'],
       rows,
     );

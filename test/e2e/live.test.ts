@@ -33,6 +33,8 @@ const EGRESS = 'kubernetes.io/egress-bandwidth';
 const INGRESS = 'kubernetes.io/ingress-bandwidth';
 /** iperf3's clock starts after onStart by its own startup: at most this (generous). */
 const START_SLACK_S = 0.6;
+/** A flow gets this long after a change to find its new rate (TCP probes upwards: BBR by 25 % steps). */
+const SETTLE_S = 2;
 
 interface CniResultJson {
   ips: Array<{ address: string }>;
@@ -70,12 +72,12 @@ interface Change {
 }
 
 /**
- * The flow's whole-second intervals that lie entirely after `after` has taken effect (one second of
+ * The flow's whole-second intervals that lie entirely after `after` has taken effect (SETTLE_S of
  * settling) and before `before` (the next change) could have: iperf3's clock lags the wall clock by
  * 0..START_SLACK_S.
  */
 function intervalsBetween(r: IperfResult, after: Change | undefined, before: Change | undefined): number[] {
-  const first = after ? Math.ceil(after.doneS + 1) : 1;
+  const first = after ? Math.ceil(after.doneS + SETTLE_S) : 1;
   const last = before ? Math.floor(before.issuedS - START_SLACK_S) - 1 : r.intervals.length - 1;
   return r.intervals.slice(first, last + 1);
 }
