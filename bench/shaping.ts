@@ -9,18 +9,38 @@
  *   (2) per-pod setup and teardown cost with 10, 100, 500 pods already shaped (probe pods added and
  *       removed at each level, ours and the reference interleaved).
  *   [--dirs egress,ingress] [--impls ours,exec,ref] (cost table: which implementations to run)
+ *   (3) live re-shaping through the agent as it runs in a cluster (`kubenet daemon` in its own
+ *       process, watching the fake API server of hack/support, pods added through its CNI binary with
+ *       their limits from their annotations), with 10, 100, 500 shaped pods on the node: the time from
+ *       a pod's annotation change (both directions) to the kernel holding the new rate in both of its
+ *       htb classes (polled over netlink every ms), p50/p99 over --changes changes, and to the Event the
+ *       agent posts after it; the cost of a /metrics scrape (wall time p50/p99, the agent's CPU time,
+ *       the size and the per-pod series);
+ *   (4) accuracy after a re-shape: one iperf3 flow whose limit is changed 2 s in (from twice and
+ *       from half the rate), goodput and wire rate from 2 s after the change to the end, against the
+ *       goals of (1b) (goodput ±5 %, wire ±2 %).
  * Root only. Creates its own bridges, namespaces and veths (traffic only between them) and removes
  * them. Usage: npx tsx bench/shaping.ts [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
- *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost]
+ *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost] [--no-live] [--no-reshape]
+ *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M] [--cc cubic]
+ * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
  */
-import { execa } from 'execa';
-import { readFile } from 'node:fs/promises';
+import { execa, type ResultPromise } from 'execa';
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { parseBandwidth } from '../src/shaper/limits.js';
+import { fileURLToPath } from 'node:url';
+import { CONFIG_KEYS, type ConfigKey } from '../src/daemon/config.js';
+import { classList } from '../src/netlink/index.js';
+import { formatBandwidth, parseBandwidth } from '../src/shaper/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
 import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../hack/support/probe.js';
-import { iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
+import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
+import { AgentHarness, type AgentPod } from '../hack/support/agent-harness.js';
+import { FakeApiServer, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
+import { uniq } from '../hack/support/kernel.js';
+import { withTrafficLock } from '../hack/support/traffic-lock.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);
@@ -35,6 +55,12 @@ const sizes = (argValue('--sizes') ?? (quick ? '10,100' : '10,100,500')).split('
 const probes = Number(argValue('--probes') ?? 10);
 const impls = new Set((argValue('--impls') ?? 'ours,exec,ref').split(','));
 const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
+const liveSizes = (argValue('--live-sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
+const changes = Number(argValue('--changes') ?? 50);
+const scrapes = Number(argValue('--scrapes') ?? 20);
+const reshapeRates = (argValue('--reshape-rates') ?? '1M,10M,100M').split(',');
+/** TCP congestion control of the (4) flows; default the host's (net.ipv4.tcp_congestion_control). */
+const congestion = argValue('--cc');
 const BANDWIDTH_BIN = '/usr/lib/cni/bandwidth';
 const NET_NAME = 'kshbench';
 
@@ -242,6 +268,11 @@ function goals(ours: RateRow, ref: RateRow): Goal[] {
   ];
 }
 
+function percentile(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : (s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? NaN);
+}
+
 async function rateBench(): Promise<void> {
   const topo = await makeTopology(2);
   const [a, b] = topo.pods as [TopoPod, TopoPod];
@@ -421,10 +452,221 @@ async function costBench(): Promise<void> {
   }
 }
 
+// ---------- (3) live re-shaping through the agent, and the metrics scrape ----------
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const EG = 'kubernetes.io/egress-bandwidth';
+const IN = 'kubernetes.io/ingress-bandwidth';
+
+/** The CPU time (user + system, ms) of a process so far. */
+async function cpuMs(pid: number): Promise<number> {
+  const f = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // clock ticks (USER_HZ 100)
+}
+
+async function liveBench(): Promise<void> {
+  const tag = uniq(6);
+  const api = await FakeApiServer.start();
+  const nodeName = `klb-${tag}`;
+  const h = await new AgentHarness().setup('10.92.0.0/22', { bridgeName: `klbb${tag}`, ifbName: `klbi${tag}`, logLevel: 'warn' });
+  const netns: string[] = [];
+  let agent: ResultPromise | undefined;
+  const latencyRows: string[][] = [];
+  const scrapeRows: string[][] = [];
+  try {
+    api.setNode(nodeObject(nodeName, { podCIDRs: ['10.92.0.0/22'] }));
+    const kubeconfig = join(h.root, 'kubeconfig.yaml');
+    await writeFile(
+      kubeconfig,
+      JSON.stringify({
+        apiVersion: 'v1',
+        kind: 'Config',
+        clusters: [{ name: 'fake', cluster: { server: api.url, 'insecure-skip-tls-verify': true } }],
+        users: [{ name: 'bench', user: { token: 'bench' } }],
+        contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'bench' } }],
+        'current-context': 'fake',
+      }),
+    );
+    // The agent as it runs in a cluster: its own process, the Node's pod CIDR, pods' annotations.
+    const flags: string[] = [];
+    for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, (typeof CONFIG_KEYS)[ConfigKey]]>) {
+      const v = key === 'podCIDR' ? undefined : key === 'kubeconfig' ? kubeconfig : key === 'nodeName' ? nodeName : h.config[key];
+      if (v !== undefined) flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
+    }
+    if (!flags.includes('--kubeconfig')) flags.push('--kubeconfig', kubeconfig);
+    if (!flags.includes('--node-name')) flags.push('--node-name', nodeName);
+    agent = execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), 'daemon', ...flags], { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    for (const deadline = Date.now() + 30_000; (await h.get('/healthz').catch(() => ({ status: 0 }))).status !== 200; ) {
+      if (Date.now() > deadline) throw new Error('the agent did not become ready');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const conf = JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket });
+    const pods: AgentPod[] = [];
+    const addPods = async (n: number) => {
+      const fresh: AgentPod[] = [];
+      for (let i = pods.length; i < n; i++) {
+        const name = `p${i}`;
+        fresh.push({ namespace: 'bench', name, id: `${tag}-${name}-`.padEnd(64, '0'), uid: `uid-${i}`, netnsName: `klb-${tag}-${i}`, netnsPath: `/var/run/netns/klb-${tag}-${i}` });
+      }
+      await ipBatch(fresh.map((p) => `netns add ${p.netnsName}`));
+      netns.push(...fresh.map((p) => p.netnsName));
+      for (const p of fresh) api.setPod(podObject('bench', p.name, nodeName, { [IN]: '10M', [EG]: '10M' }));
+      let next = 0;
+      const worker = async () => {
+        for (let p = fresh[next++]; p; p = fresh[next++]) {
+          const r = await h.execCni('ADD', p, conf);
+          if (r.exitCode !== 0) throw new Error(`ADD ${p.name}: ${r.stdout} ${r.stderr}`);
+        }
+      };
+      await Promise.all([worker(), worker(), worker(), worker()]);
+      pods.push(...fresh);
+    };
+    const pid = agent.pid ?? 0;
+    for (const n of [...liveSizes].sort((a, b) => a - b)) {
+      const t0 = performance.now();
+      await addPods(n);
+      console.error(`  ${n} shaped pods on the node (${((performance.now() - t0) / 1000).toFixed(1)} s to add ${n} - previous)`);
+      // The pod whose limits change: its veth (ingress: 2:1) and its ifb class (egress: 1:<id>).
+      const target = pods[0]!;
+      const record = JSON.parse(await readFile(join(h.config.stateDir, 'pods', `${target.id}@eth0.json`), 'utf8')) as { hostVethIndex: number; shaping: { classId: number } };
+      const ifbClass = ((1 << 16) | record.shaping.classId) >>> 0;
+      // The veth's class is polled (a dump of 3 classes); the ifb's (a dump of 3 classes per shaped pod,
+      // ~1500 at 500 pods, several ms each) only checked once the Event is in: polling it every ms would
+      // take a core from the agent on this 2-core machine.
+      const vethRate = () => classList(record.hostVethIndex).find((c) => c.handle === 0x20001)?.rate;
+      const ifbRate = () => classList(h.config.ifbName).find((c) => c.handle === ifbClass)?.rate;
+      const kernelMs: number[] = [];
+      const eventMs: number[] = [];
+      for (let i = 0; i < changes; i++) {
+        const rate = i % 2 === 0 ? 20e6 : 10e6;
+        const q = formatBandwidth(rate);
+        const before = api.events.length;
+        const wall = Date.now();
+        const start = performance.now();
+        api.annotatePod('bench', target.name, { [IN]: q, [EG]: q });
+        for (;;) {
+          await new Promise((r) => setTimeout(r, 1));
+          if (vethRate() === rate) break;
+          if (performance.now() - start > 10_000) throw new Error(`change ${i}: ${q} not on the veth after 10 s`);
+        }
+        kernelMs.push(performance.now() - start);
+        for (const deadline = Date.now() + 10_000; api.events.length === before && Date.now() < deadline; ) await new Promise((r) => setTimeout(r, 1));
+        const ev = api.events[before];
+        if (!ev) throw new Error(`change ${i}: no Event within 10 s`);
+        eventMs.push(ev.receivedAt - wall);
+        if (ifbRate() !== rate) throw new Error(`change ${i}: the ifb class is not at ${q} once the Event is in`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      latencyRows.push([String(n), String(changes), percentile(kernelMs, 50).toFixed(1), percentile(kernelMs, 99).toFixed(1), Math.max(...kernelMs).toFixed(1), percentile(eventMs, 50).toFixed(0), percentile(eventMs, 99).toFixed(0)]);
+      // Scrapes: two to warm up, then timed ones; the agent's CPU time over them.
+      for (let i = 0; i < 2; i++) await h.get('/metrics');
+      const wallMs: number[] = [];
+      let body = '';
+      const cpu0 = await cpuMs(pid);
+      for (let i = 0; i < scrapes; i++) {
+        const s0 = performance.now();
+        body = (await h.get('/metrics')).body;
+        wallMs.push(performance.now() - s0);
+      }
+      const cpu = ((await cpuMs(pid)) - cpu0) / scrapes;
+      const series = body.split('\n').filter((l) => l.startsWith('kubenet_pod_')).length;
+      scrapeRows.push([String(n), String(scrapes), percentile(wallMs, 50).toFixed(1), percentile(wallMs, 99).toFixed(1), cpu.toFixed(1), (body.length / 1024).toFixed(0), String(series)]);
+      console.error(`  n=${n}: re-shape p50 ${percentile(kernelMs, 50).toFixed(1)} ms p99 ${percentile(kernelMs, 99).toFixed(1)} ms; scrape p50 ${percentile(wallMs, 50).toFixed(1)} ms, ${cpu.toFixed(1)} ms CPU, ${series} series`);
+    }
+    printTable(
+      `(3a) re-shape latency: a pod's two bandwidth annotations changed in the (fake) API server (agent in its own process, cluster mode), ${changes} changes 10M <-> 20M at each n: -> its veth class (ingress) at the new rate in the kernel (polled over netlink every 1 ms); -> the BandwidthApplied Event the agent posts once its tc batch (both directions) is done, the ifb class (egress) then checked at the new rate`,
+      ['n shaped pods', 'changes', 'veth class p50 ms', 'p99 ms', 'max ms', 'both + Event p50 ms', 'p99 ms'],
+      latencyRows,
+    );
+    printTable(
+      '(3b) GET /metrics through the agent socket (both directions of every pod shaped): wall time, the agent\'s CPU time per scrape (/proc, 10 ms ticks averaged), body size, per-pod series (6 per shaped direction)',
+      ['n shaped pods', 'scrapes', 'wall p50 ms', 'p99 ms', 'agent CPU ms', 'body KiB', 'kubenet_pod_* series'],
+      scrapeRows,
+    );
+  } finally {
+    if (agent) {
+      agent.kill('SIGTERM');
+      await agent;
+    }
+    await ipBatch([...netns.map((n) => `netns del ${n}`), `link del ${h.config.bridgeName}`, `link del ${h.config.ifbName}`], true);
+    await api.stop();
+    await h.cleanup.run().catch((err: unknown) => console.error(String(err)));
+  }
+}
+
+// ---------- (4) accuracy after a re-shape ----------
+
+async function reshapeAccuracyBench(): Promise<void> {
+  const topo = await makeTopology(2);
+  const [a, b] = topo.pods as [TopoPod, TopoPod];
+  const ifb = `klbi${topo.tag}`;
+  const shaper = new Shaper({ ifbName: ifb });
+  const S = Math.max(seconds, 10);
+  const CHANGE_S = 2;
+  const SETTLE_S = 2;
+  const rows: string[][] = [];
+  let misses = 0;
+  try {
+    await shaper.init();
+    for (const q of reshapeRates) {
+      const rate = parseBandwidth(q, 'rate');
+      for (const dir of dirs) {
+        for (const from of [2 * rate, rate / 2]) {
+          const spec = (r: number) => ({ id: a.id, hostVeth: a.hostVeth, ips: [a.ip4, a.ip6], limits: { ingress: r, egress: r } });
+          await shaper.ensure(spec(from));
+          const counter = dir === 'ingress' ? () => tcBytes(['class', 'show', 'dev', a.hostVeth, 'classid', '2:1']) : () => tcBytes(['class', 'show', 'dev', ifb, 'classid', `1:${(shaper.classIdOf(a.id) ?? 0).toString(16)}`]);
+          const samples: Array<[number, number]> = [];
+          const timers: NodeJS.Timeout[] = [];
+          const r = await iperf(b, a, {
+            seconds: S,
+            reverse: dir === 'ingress',
+            ...(congestion ? { congestion } : {}),
+            onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`),
+            onStart: () => {
+              samples.length = 0;
+              timers.push(setTimeout(() => void shaper.ensure(spec(rate)), CHANGE_S * 1000));
+              for (const ms of [(CHANGE_S + SETTLE_S) * 1000, (S - 0.5) * 1000]) {
+                timers.push(setTimeout(() => {
+                  const at = performance.now();
+                  void counter().then((bytes) => samples.push([at, bytes]));
+                }, ms));
+              }
+            },
+          }).finally(() => timers.forEach(clearTimeout));
+          await new Promise((res) => setTimeout(res, 200));
+          const [s0, s1] = samples.sort((x, y) => x[0] - y[0]);
+          const l2 = s0 && s1 ? ((s1[1] - s0[1]) * 8) / ((s1[0] - s0[0]) / 1000) : NaN;
+          // Receiver intervals from SETTLE_S after the change (iperf3's clock starts a little after ours: rounded up).
+          const after = r.intervals.slice(CHANGE_S + SETTLE_S + 1);
+          const goodput = after.reduce((x, y) => x + y, 0) / after.length;
+          const gpOk = Math.abs(goodput / rate - 1) <= 0.05;
+          const l2Ok = Math.abs(l2 / rate - 1) <= 0.02;
+          misses += (gpOk ? 0 : 1) + (l2Ok ? 0 : 1);
+          rows.push([mbit(rate), dir, `${mbit(from)} -> ${mbit(rate)}`, mbit(goodput), `${gpOk ? 'PASS' : 'MISS'} ${pct(goodput, rate)}`, mbit(l2), `${l2Ok ? 'PASS' : 'MISS'} ${pct(l2, rate)}`, `${(Math.max(...after) / rate).toFixed(2)}x`, r.intervals.map((x) => mbit(x)).join(' ')]);
+          console.error(`  ${dir} ${mbit(from)} -> ${mbit(rate)}: goodput ${mbit(goodput)} L2 ${mbit(l2)}; intervals ${r.intervals.map((x) => mbit(x)).join(' ')}`);
+        }
+      }
+    }
+    const cc = congestion ?? (await readFile('/proc/sys/net/ipv4/tcp_congestion_control', 'utf8')).trim();
+    printTable(
+      `(4) accuracy after a re-shape: one ${S} s iperf3 flow (TCP ${cc}), the pod's limit changed ${CHANGE_S} s in; goodput = mean of the receiver's 1 s intervals from ${CHANGE_S + SETTLE_S + 1} s, L2 = bytes the pod's class sent from ${CHANGE_S + SETTLE_S} s to ${S - 0.5} s; goals of (1b): goodput ±5 %, wire ±2 %`,
+      ['asked', 'dir', 'change', 'goodput', 'goodput±5%', 'L2', 'wire±2%', 'worst 1s', 'intervals (Mbit/s)'],
+      rows,
+    );
+    console.log(`re-shape accuracy goals: ${rows.length * 2 - misses} PASS, ${misses} MISS`);
+  } finally {
+    await shaper.reset().catch(() => undefined);
+    shaper.close();
+    await topo.destroy();
+  }
+}
+
 if (process.getuid?.() !== 0) {
   console.error('bench/shaping.ts needs root');
   process.exit(1);
 }
 console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'})`);
-if (!has('--no-rates')) await rateBench();
+if (!has('--no-rates')) await withTrafficLock(() => rateBench());
 if (!has('--no-cost')) await costBench();
+if (!has('--no-live')) await liveBench();
+if (!has('--no-reshape')) await withTrafficLock(() => reshapeAccuracyBench());

@@ -3,7 +3,9 @@
  * default pod CIDR with the demo's own bridge, ifb, socket and CNI dirs; creates three pods (network
  * namespaces of the demo's own) through the CNI binary the agent installed, as a container runtime
  * would (one unshaped, two with bandwidth limits passed as runtimeConfig.bandwidth); measures each
- * limit with iperf3 between the demo pods; prints asked vs measured; removes everything it made.
+ * limit with iperf3 between the demo pods; prints asked vs measured; then changes one pod's limit
+ * twice with `kubenet shape` while one iperf3 flow runs, printing the flow's rate every second and
+ * `kubenet top` frames; removes everything it made. The measurements hold the traffic lock.
  */
 import { execa, type ResultPromise } from 'execa';
 import { randomBytes } from 'node:crypto';
@@ -12,7 +14,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
-import { iperf, type TopoPod } from './support/topo.js';
+import { iperf, serverIntervals, type TopoPod } from './support/topo.js';
+import { withTrafficLock } from './support/traffic-lock.js';
 
 export const DEMO_POD_CIDR = '10.244.0.0/24';
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -96,8 +99,11 @@ async function main(): Promise<void> {
       p.ip = result.ips[0]?.address.split('/')[0];
       console.log(`  CNI ADD ${p.name.padEnd(6)} -> ${String(p.ip).padEnd(12)} in ${(performance.now() - started).toFixed(1)} ms  limits: ${limitsText(p)}`);
     }
-    const status = await execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), 'status', '--socket', socket], { cwd: ROOT, reject: false });
-    console.log(`\n$ kubenet status\n${status.stdout}${status.stderr}\n`);
+    const kubenet = async (args: string[]) => {
+      const r = await execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), ...args, '--socket', socket], { cwd: ROOT, reject: false });
+      return `$ kubenet ${args.join(' ')}\n${r.stdout}${r.stderr}`;
+    };
+    console.log(`\n${await kubenet(['status'])}\n`);
 
     const [free, gold, bronze] = pods as [DemoPod, DemoPod, DemoPod];
     // Each limit measured pod to pod; the other end never limits that direction.
@@ -108,17 +114,41 @@ async function main(): Promise<void> {
       { what: 'free (unshaped)', sender: free, receiver: bronze, asked: undefined },
     ];
     const rows: string[][] = [];
-    for (const [i, run] of runs.entries()) {
-      const label = `[${i + 1}/${runs.length}] ${run.what}: ${run.sender.name} -> ${run.receiver.name}`;
-      const measured = await measure(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS} s`));
-      const ok = run.asked === undefined ? measured > 200 * M : Math.abs(measured / run.asked - 1) <= 0.1;
-      done(`measured  ${label}: ${fmt(measured)}`);
-      rows.push([run.what, `${run.sender.name} -> ${run.receiver.name}`, run.asked ? fmt(run.asked) : 'unlimited', fmt(measured), run.asked ? `${((measured / run.asked - 1) * 100).toFixed(1)}%` : '', ok ? 'ok' : 'OFF']);
-      if (!ok) process.exitCode = 1;
-    }
+    await withTrafficLock(async () => {
+      for (const [i, run] of runs.entries()) {
+        const label = `[${i + 1}/${runs.length}] ${run.what}: ${run.sender.name} -> ${run.receiver.name}`;
+        const measured = await measure(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS} s`));
+        const ok = run.asked === undefined ? measured > 200 * M : Math.abs(measured / run.asked - 1) <= 0.1;
+        done(`measured  ${label}: ${fmt(measured)}`);
+        rows.push([run.what, `${run.sender.name} -> ${run.receiver.name}`, run.asked ? fmt(run.asked) : 'unlimited', fmt(measured), run.asked ? `${((measured / run.asked - 1) * 100).toFixed(1)}%` : '', ok ? 'ok' : 'OFF']);
+        if (!ok) process.exitCode = 1;
+      }
+    }, { onWait: () => console.log('(waiting for the machine-wide traffic lock: another measurement runs)') });
     console.log('');
     printTable(['pod / direction', 'iperf3', 'asked', 'measured (TCP goodput)', 'diff', ''], rows);
     console.log('(limits apply to whole frames: TCP goodput sits ~4% under them)');
+
+    // Live: gold's egress limit changed twice while one TCP flow runs; its rate follows.
+    console.log(`\nlive re-shape: one iperf3 flow gold -> free for ${LIVE_SECONDS} s; gold's egress limit changed with kubenet shape at ${LIVE_DOWN_AT} s and ${LIVE_UP_AT} s`);
+    const follow = await withTrafficLock(() => liveReshape(gold, free, kubenet));
+    const phases = [
+      { what: `egress ${fmt(gold.bandwidth?.egressRate ?? 0)}`, asked: gold.bandwidth?.egressRate ?? 0, from: 1, to: LIVE_DOWN_AT },
+      { what: 'after kubenet shape --egress 10M', asked: 10 * M, from: LIVE_DOWN_AT + SETTLE, to: LIVE_UP_AT },
+      { what: 'after kubenet shape --egress 40M', asked: 40 * M, from: LIVE_UP_AT + SETTLE, to: LIVE_SECONDS },
+    ];
+    const liveRows = phases.map((ph) => {
+      const xs = follow.slice(ph.from, ph.to);
+      const m = xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+      const ok = Math.abs(m / ph.asked - 1) <= 0.1;
+      if (!ok) process.exitCode = 1;
+      return [ph.what, `${ph.from}-${ph.to} s`, fmt(ph.asked), fmt(m), `${((m / ph.asked - 1) * 100).toFixed(1)}%`, ok ? 'ok' : 'OFF'];
+    });
+    console.log('');
+    printTable(['gold egress, one TCP flow', 'seconds', 'limit', 'mean of the 1 s rates', 'diff', ''], liveRows);
+    console.log(
+      `(the same TCP connection throughout; each limit compared from ${SETTLE} s after its change. Right after a lower limit TCP backs off:\n` +
+        ' a second can dip under it and the next exceed it, as the receiver hands over at once what it held back)',
+    );
   } finally {
     for (const p of added) {
       const r = await cni('DEL', p);
@@ -134,6 +164,54 @@ async function main(): Promise<void> {
     await rm(dir, { recursive: true, force: true });
     const left = (await execa('ip', ['-o', 'link', 'show'])).stdout.split('\n').filter((l) => l.includes(bridge) || l.includes(ifb));
     console.log(left.length === 0 ? 'removed the demo pods, bridge, ifb, agent state and CNI dirs' : `left behind: ${left.join('; ')}`);
+  }
+}
+
+const LIVE_SECONDS = 18;
+const LIVE_DOWN_AT = 6;
+const LIVE_UP_AT = 12;
+/** Seconds a flow gets to settle after its limit changed before its rate is compared with it. */
+const SETTLE = 3;
+
+/**
+ * One iperf3 flow sender -> receiver for LIVE_SECONDS, the receiver's rate printed each second as
+ * it arrives; `kubenet shape` to 10M at LIVE_DOWN_AT and to 40M at LIVE_UP_AT, `kubenet top -b -n 1`
+ * after each. Returns the receiver's per-second rates.
+ */
+async function liveReshape(sender: DemoPod, receiver: DemoPod, kubenet: (args: string[]) => Promise<string>): Promise<number[]> {
+  const port = 5201 + Math.floor(Math.random() * 1000);
+  const server = execa('ip', ['netns', 'exec', receiver.netns, 'iperf3', '-s', '-1', '--forceflush', '-p', String(port)], { reject: false });
+  let text = '';
+  let printed = 0;
+  try {
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, 1500);
+      server.stdout?.on('data', (d: Buffer) => {
+        text += d.toString();
+        if (text.includes('listening')) {
+          clearTimeout(timer);
+          resolve();
+        }
+        for (const rate of serverIntervals(text).slice(printed)) console.log(`  [flow] ${String(printed).padStart(2)}-${String(++printed).padEnd(2)} s  ${fmt(rate)}`);
+      });
+    });
+    const t0 = Date.now();
+    const client = execa('ip', ['netns', 'exec', sender.netns, 'iperf3', '-c', String(receiver.ip), '-p', String(port), '-t', String(LIVE_SECONDS)], { reject: false });
+    const at = async (s: number, args: string[]) => {
+      await new Promise((r) => setTimeout(r, Math.max(0, t0 + s * 1000 - Date.now())));
+      console.log(await kubenet(args));
+    };
+    await at(LIVE_DOWN_AT, ['shape', `demo/${sender.name}`, '--egress', '10M']);
+    await at(LIVE_DOWN_AT + 4, ['top', '-b', '-n', '1']);
+    await at(LIVE_UP_AT, ['shape', `demo/${sender.name}`, '--egress', '40M']);
+    await at(LIVE_UP_AT + 4, ['top', '-b', '-n', '1']);
+    const c = await client;
+    if (c.exitCode !== 0) throw new Error(`iperf3 client failed: ${c.stderr || c.stdout}`);
+    await server;
+    return serverIntervals(text);
+  } finally {
+    server.kill('SIGKILL');
+    await server;
   }
 }
 

@@ -11,6 +11,8 @@ import { ConfigError, NetlinkError } from '../src/errors.js';
 import {
   addrDel,
   addrList,
+  classList,
+  linkStats,
   linkByIndex,
   linkByName,
   linkDelete,
@@ -439,4 +441,85 @@ kTest('netnsAddrList on a deleted netns (after ip netns del) is ENOENT', async (
   t.deepEqual(netnsAddrList(ns.path, 'lo'), []);
   await sh('ip', ['netns', 'del', ns.name]);
   netlinkErrno(t, () => netnsAddrList(ns.path, 'lo'), ENOENT, 'deleted netns');
+});
+
+/** `tc -s class show dev X` (iproute2 6.1 has no JSON for classes): the fields compared. */
+interface TcTextClass {
+  kind: string;
+  handle: string;
+  parent: string | undefined;
+  stats: { bytes: number; packets: number; drops: number; overlimits: number; backlog: number; qlen: number };
+}
+
+function parseTcClasses(text: string): TcTextClass[] {
+  const out: TcTextClass[] = [];
+  for (const block of text.split(/\n(?=class )/)) {
+    const head = /^class (\S+) (\S+) (?:root|parent (\S+))/.exec(block);
+    const sent = /Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)/.exec(block);
+    const backlog = /backlog (\d+)b (\d+)p/.exec(block);
+    if (!head || !sent || !backlog) continue;
+    const n = (s: string | undefined) => Number(s);
+    out.push({
+      kind: head[1] ?? '',
+      handle: head[2] ?? '',
+      parent: head[3],
+      stats: { bytes: n(sent[1]), packets: n(sent[2]), drops: n(sent[3]), overlimits: n(sent[4]), backlog: n(backlog[1]), qlen: n(backlog[2]) },
+    });
+  }
+  return out;
+}
+
+kTest('classList reads every class of a device with the kernel counters tc -s shows; linkStats matches ip -s', async (t) => {
+  const ns = await makeNetns(t);
+  const veth = linkName('v');
+  t.teardown(() => sh('ip', ['link', 'del', veth], { reject: false }));
+  const o = 1 + Math.floor(Math.random() * 250);
+  await sh('ip', ['link', 'add', veth, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns.name]);
+  await sh('ip', ['addr', 'add', `198.18.${o}.1/24`, 'dev', veth]);
+  await sh('ip', ['link', 'set', veth, 'up']);
+  await sh('ip', ['-n', ns.name, 'addr', 'add', `198.18.${o}.2/24`, 'dev', 'eth0']);
+  await sh('ip', ['-n', ns.name, 'link', 'set', 'eth0', 'up']);
+  t.deepEqual(classList(veth), [], 'no classes yet');
+  await sh('tc', ['qdisc', 'add', 'dev', veth, 'root', 'handle', '2:', 'htb', 'default', '3']);
+  await sh('tc', ['class', 'add', 'dev', veth, 'parent', '2:', 'classid', '2:1', 'htb', 'rate', '8mbit', 'ceil', '8mbit']);
+  await sh('tc', ['class', 'add', 'dev', veth, 'parent', '2:1', 'classid', '2:3', 'htb', 'rate', '3mbit', 'ceil', '8mbit', 'prio', '1']);
+  await sh('tc', ['qdisc', 'add', 'dev', veth, 'parent', '2:3', 'handle', '23:', 'bfifo', 'limit', '3000']);
+  // Traffic through the classes (replies of the pod end, sent out of the veth): ours only.
+  await sh('ping', ['-q', '-c', '5', '-i', '0.05', '-s', '1200', '-W', '1', `198.18.${o}.2`], { reject: false });
+  const ours = classList(veth);
+  const theirs = parseTcClasses((await sh('tc', ['-s', 'class', 'show', 'dev', veth])).stdout);
+  const toHandle = (h: string) => {
+    const [maj, min] = h.split(':');
+    return ((parseInt(maj ?? '0', 16) << 16) | parseInt(min || '0', 16)) >>> 0;
+  };
+  const htb = ours.filter((c) => c.kind === 'htb');
+  t.deepEqual(htb.map((c) => c.handle).sort(), [toHandle('2:1'), toHandle('2:3')]);
+  t.is(theirs.filter((x) => x.kind === 'htb').length, 2);
+  for (const c of theirs.filter((x) => x.kind === 'htb')) {
+    const mine = ours.find((x) => x.handle === toHandle(c.handle));
+    t.truthy(mine, c.handle);
+    t.like(mine, { bytes: c.stats.bytes, packets: c.stats.packets, drops: c.stats.drops, overlimits: c.stats.overlimits, backlog: c.stats.backlog, qlen: c.stats.qlen }, c.handle);
+    t.is(mine?.parent, c.parent === undefined ? 0xffffffff : toHandle(c.parent), `${c.handle} parent`);
+  }
+  const pod = ours.find((c) => c.handle === toHandle('2:1'));
+  t.is(pod?.rate, 8_000_000);
+  t.is(pod?.ceil, 8_000_000);
+  t.is(ours.find((c) => c.handle === toHandle('2:3'))?.rate, 3_000_000);
+  t.true((pod?.packets ?? 0) >= 5 && (pod?.bytes ?? 0) >= 5 * 1200, `the replies went through 2:1: ${JSON.stringify(pod)}`);
+  t.deepEqual(classList(linkByName(veth).index), ours, 'by ifindex: the same');
+
+  const stats = linkStats(veth);
+  const ip = (await ipJson<Array<{ stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } } }>>(['-s', 'link', 'show', 'dev', veth]))[0];
+  t.deepEqual(stats, {
+    rxBytes: ip?.stats64.rx.bytes,
+    txBytes: ip?.stats64.tx.bytes,
+    rxPackets: ip?.stats64.rx.packets,
+    txPackets: ip?.stats64.tx.packets,
+    rxDropped: ip?.stats64.rx.dropped,
+    txDropped: ip?.stats64.tx.dropped,
+  });
+  t.deepEqual(linkStats(linkByName(veth).index), stats);
+  netlinkErrno(t, () => classList(linkName('v')), ENODEV, 'classList of a missing link');
+  netlinkErrno(t, () => linkStats(linkName('v')), ENODEV, 'linkStats of a missing link');
+  t.throws(() => classList('a/b'), { instanceOf: ConfigError });
 });

@@ -11,7 +11,7 @@ import { request } from 'node:http';
 import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Agent } from '../../src/daemon/agent.js';
+import { Agent, type AgentOptions } from '../../src/daemon/agent.js';
 import { StaticCidr, type PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { agentGet, CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.js';
 import type { PodLookup } from '../../src/daemon/cni-handler.js';
@@ -84,8 +84,8 @@ export class AgentHarness {
     return this;
   }
 
-  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''), pods?: PodLookup, logger?: Logger): Promise<Agent> {
-    const agent = new Agent(this.config, source, logger ?? createLogger({ level: this.config.logLevel }), pods);
+  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''), pods?: PodLookup, logger?: Logger, opts: AgentOptions = {}): Promise<Agent> {
+    const agent = new Agent(this.config, source, logger ?? createLogger({ level: this.config.logLevel }), pods, opts);
     this.agent = agent;
     await agent.start();
     return agent;

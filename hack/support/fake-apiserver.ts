@@ -1,8 +1,10 @@
 /**
  * A fake Kubernetes API server (node:http on 127.0.0.1) speaking enough of the real protocol for
  * the node agent: lists and watches of nodes and pods with field selectors and resourceVersions,
- * 410 for compacted resourceVersions, GET of one pod. Tests drive it: change objects (open watches
- * get the events), close watches, expire resourceVersions, stall, fail, stop and restart on the same port.
+ * 410 for compacted resourceVersions, GET of one pod, creation (POST) of core/v1 Events, which it
+ * records. Tests drive it: change objects (open watches get the events: a pod's new annotations
+ * reach the agent as MODIFIED), close watches, expire resourceVersions, stall, fail, stop and
+ * restart on the same port.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createTlsServer } from 'node:https';
@@ -55,8 +57,23 @@ interface WatchStream {
   res: ServerResponse;
 }
 
+/** A core/v1 Event as the agent POSTs it (the fields the tests read). */
+export interface RecordedEvent {
+  metadata: { name: string; namespace: string };
+  involvedObject: { kind: string; namespace: string; name: string; uid?: string };
+  reason: string;
+  message: string;
+  type: 'Normal' | 'Warning';
+  source?: { component?: string; host?: string };
+  /** When the fake received it (Date.now()). */
+  receivedAt: number;
+  [k: string]: unknown;
+}
+
 export class FakeApiServer {
   readonly requests: RecordedRequest[] = [];
+  /** Events created through POST /api/v1/namespaces/NS/events, in arrival order. */
+  readonly events: RecordedEvent[] = [];
   /** How a watch from a compacted resourceVersion is refused: 200 + ERROR event (as kube-apiserver does) or HTTP 410. */
   goneMode: 'event' | 'status' = 'event';
   /** When true, requests are accepted and never answered (an API server that hangs). */
@@ -165,6 +182,32 @@ export class FakeApiServer {
     this.remove('pods', `${namespace}/${name}`);
   }
 
+  /** The pod as stored now (a copy), or undefined. */
+  getPod(namespace: string, name: string): FakeObject | undefined {
+    const p = this.objects.pods.get(`${namespace}/${name}`);
+    return p ? structuredClone(p) : undefined;
+  }
+
+  /**
+   * Changes a pod's annotations as `kubectl annotate` does (null removes one): the stored pod gets
+   * a new resourceVersion and open watches a MODIFIED event.
+   */
+  annotatePod(namespace: string, name: string, changes: Record<string, string | null>): void {
+    const p = this.getPod(namespace, name);
+    if (!p) throw new Error(`fake API server: no pod ${namespace}/${name}`);
+    const annotations = { ...p.metadata.annotations };
+    for (const [k, v] of Object.entries(changes)) {
+      if (v === null) delete annotations[k];
+      else annotations[k] = v;
+    }
+    this.setPod({ ...p, metadata: { ...p.metadata, annotations } });
+  }
+
+  /** Events about one pod, optionally of one reason. */
+  eventsFor(namespace: string, name: string, reason?: string): RecordedEvent[] {
+    return this.events.filter((e) => e.involvedObject.namespace === namespace && e.involvedObject.name === name && (reason === undefined || e.reason === reason));
+  }
+
   /** Requests by path (exact) and kind of request. */
   count(path: string, what: 'list' | 'watch' | 'get' | 'any' = 'any'): number {
     return this.requests.filter((r) => r.path === path && (what === 'any' || (what === 'watch') === r.watch)).length;
@@ -202,6 +245,8 @@ export class FakeApiServer {
     if (this.stall) return; // never answered; cut by the client or by stop()
     const failure = this.failWith?.(rec);
     if (failure) return sendStatus(res, failure, REASONS[failure] ?? 'InternalError', `injected failure ${failure}`);
+    const ev = /^\/api\/v1\/namespaces\/([^/]+)\/events$/.exec(url.pathname);
+    if (req.method === 'POST' && ev) return this.createEvent(decodeURIComponent(ev[1] ?? ''), req, res);
     if (req.method !== 'GET') return sendStatus(res, 405, 'MethodNotAllowed', `${req.method} is not supported by the fake`);
     if (url.pathname === '/api/v1/nodes') return this.collection('nodes', url, watch, res);
     if (url.pathname === '/api/v1/pods') return this.collection('pods', url, watch, res);
@@ -213,6 +258,36 @@ export class FakeApiServer {
       return sendStatus(res, 404, 'NotFound', `pods "${name}" not found`);
     }
     sendStatus(res, 404, 'NotFound', `the server could not find the requested resource (${url.pathname})`);
+  }
+
+  /** POST of a core/v1 Event: checked as the API server would for the fields the agent sets, recorded, 201. */
+  private createEvent(namespace: string, req: IncomingMessage, res: ServerResponse): void {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      let ev: RecordedEvent;
+      try {
+        ev = JSON.parse(Buffer.concat(chunks).toString('utf8')) as RecordedEvent;
+      } catch {
+        return sendStatus(res, 400, 'BadRequest', 'the body is not JSON');
+      }
+      const bad =
+        ev.kind !== 'Event' ? 'kind must be Event'
+        : !ev.metadata?.name ? 'metadata.name is required'
+        : ev.metadata.namespace !== namespace ? 'metadata.namespace does not match the request'
+        : ev.involvedObject?.namespace !== namespace ? 'involvedObject.namespace does not match the event namespace'
+        : !ev.reason || !ev.message ? 'reason and message are required'
+        : ev.type !== 'Normal' && ev.type !== 'Warning' ? 'type must be Normal or Warning'
+        : undefined;
+      if (bad) return sendStatus(res, 422, 'Invalid', `Event "${ev.metadata?.name}" is invalid: ${bad}`);
+      if (this.events.some((e) => e.metadata.namespace === namespace && e.metadata.name === ev.metadata.name)) {
+        return sendStatus(res, 409, 'AlreadyExists', `events "${ev.metadata.name}" already exists`);
+      }
+      const stored = { ...ev, metadata: { ...ev.metadata, resourceVersion: String(++this.rv), uid: `event-${this.rv}` }, receivedAt: Date.now() };
+      this.events.push(stored);
+      const { receivedAt: _t, ...answer } = stored;
+      sendJson(res, 201, answer);
+    });
   }
 
   private collection(kind: Kind, url: URL, watch: boolean, res: ServerResponse): void {
@@ -309,5 +384,5 @@ export function node(name: string, spec: { podCIDR?: string; podCIDRs?: string[]
 }
 
 export function pod(namespace: string, name: string, nodeName: string, annotations: Record<string, string> = {}): FakeObject {
-  return { apiVersion: 'v1', kind: 'Pod', metadata: { namespace, name, annotations }, spec: { nodeName, containers: [{ name: 'c', image: 'pause' }] } };
+  return { apiVersion: 'v1', kind: 'Pod', metadata: { namespace, name, annotations, uid: `uid-${namespace}-${name}` }, spec: { nodeName, containers: [{ name: 'c', image: 'pause' }] } };
 }

@@ -100,6 +100,10 @@ export interface IperfResult {
   retransmits: number | undefined;
   /** data segments the sender put on the wire: received bytes / MSS + retransmits */
   segments: number | undefined;
+  /** TCP payload bytes the receiver got over the whole run (iperf3's sum_received.bytes) */
+  bytes: number | undefined;
+  /** the connection's MSS (iperf3's tcp_mss_default) */
+  mss: number | undefined;
 }
 
 let portSeq = 0;
@@ -124,6 +128,8 @@ export interface IperfOptions {
   v6?: boolean;
   omit?: number;
   onStart?: () => void;
+  /** TCP congestion control of the flow (iperf3 -C, e.g. cubic); default: the host's. */
+  congestion?: string;
   /** Told about each failed iperf3 run that is retried (the tool failing, never a rate miss). */
   onRetry?: (err: Error, attempt: number) => void;
 }
@@ -192,6 +198,7 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
     if (!target) throw new Error(`iperf server has no ${opts.v6 ? 'IPv6' : 'IPv4'} address`);
     const args = ['iperf3', '-c', target, '-p', String(port), '-t', String(opts.seconds ?? 5), '-J'];
     if (opts.omit) args.push('-O', String(opts.omit));
+    if (opts.congestion) args.push('-C', opts.congestion);
     // Intervals from the receiver: the sender's view counts bytes written into its socket buffer,
     // which makes the first second look like a burst through the shaper.
     if (opts.reverse) args.push('-R');
@@ -225,6 +232,8 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
       intervals,
       retransmits,
       segments: mss && received !== undefined ? Math.ceil(received / mss) + (retransmits ?? 0) : undefined,
+      bytes: received,
+      mss,
     };
   } finally {
     srv.kill('SIGKILL');

@@ -1,27 +1,45 @@
 #!/usr/bin/env node
 /**
- * The `kubenet` command: `daemon` (the node agent), `status` (what the agent knows), `health`
- * (exit 0 when the agent answers /healthz with 200; the DaemonSet's readiness probe).
+ * The `kubenet` command: `daemon` (the node agent), `status` (what the agent knows, with each pod's
+ * measured rates), `shape` (change a running pod's limits), `top` (a refreshing per-pod view),
+ * `health` (exit 0 when the agent answers /healthz with 200; the DaemonSet's readiness probe).
  */
 // First: sizes libuv's thread pool before any import can use it.
 import './threadpool.js';
 import { parseArgs } from 'node:util';
 import { Agent, type StatusReport } from '../daemon/agent.js';
-import { STATUS_PATH } from '../daemon/http-api.js';
+import { limitsPath, STATUS_PATH } from '../daemon/http-api.js';
+import type { ShapedPod } from '../daemon/live-shaping.js';
 import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
-import { agentGet, HEALTH_PATH } from '../daemon/protocol.js';
+import { KubeEventRecorder } from '../daemon/events.js';
+import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
+import { describeLimits, formatBandwidth } from '../pod/index.js';
+import { rateText, top } from './top.js';
 
 const USAGE = `usage:
   kubenet daemon [--config FILE] [--pod-cidr CIDR] [--socket PATH] [--cni-bin-dir DIR] [--cni-conf-dir DIR] [...]
-  kubenet status [--config FILE] [--socket PATH] [--json]
+  kubenet status [--config FILE] [--socket PATH] [--json] [--window SECONDS]
+  kubenet shape NAMESPACE/NAME [--ingress Q] [--egress Q] [--clear] [--config FILE] [--socket PATH]
+  kubenet top [-d SECONDS] [-b] [-n FRAMES] [--config FILE] [--socket PATH]
   kubenet health [--config FILE] [--socket PATH]`;
 
-/** Every config key is also a flag (CONFIG_KEYS[k].flag, e.g. --pod-cidr). */
+/** Every config key is also a flag (CONFIG_KEYS[k].flag, e.g. --pod-cidr); then each command's own. */
 function flagOptions() {
-  const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean }> = { config: { type: 'string' }, json: { type: 'boolean' }, help: { type: 'boolean' } };
+  const options: Record<string, { type: 'string' | 'boolean'; multiple?: boolean; short?: string }> = {
+    config: { type: 'string' },
+    json: { type: 'boolean' },
+    help: { type: 'boolean' },
+    window: { type: 'string' },
+    ingress: { type: 'string' },
+    egress: { type: 'string' },
+    clear: { type: 'boolean' },
+    delay: { type: 'string', short: 'd' },
+    batch: { type: 'boolean', short: 'b' },
+    iterations: { type: 'string', short: 'n' },
+  };
   for (const spec of Object.values(CONFIG_KEYS)) options[spec.flag.replace(/^--/, '')] = { type: 'string', ...(spec.type === 'string[]' ? { multiple: true } : {}) };
   return options;
 }
@@ -43,13 +61,27 @@ async function main(argv: string[]): Promise<number> {
     console.log(USAGE);
     return cmd ? 0 : 2;
   }
-  const { values } = parseArgs({ args: rest, options: flagOptions(), strict: true, allowPositionals: false });
+  const { values, positionals } = parseArgs({ args: rest, options: flagOptions(), strict: true, allowPositionals: true });
+  const own: Record<string, string[]> = { status: ['json', 'window'], shape: ['ingress', 'egress', 'clear'], top: ['delay', 'batch', 'iterations'] };
+  for (const flag of Object.values(own).flat()) {
+    if (values[flag] !== undefined && !own[cmd]?.includes(flag)) throw new Error(`--${flag} is an option of \`kubenet ${Object.keys(own).find((c) => own[c]?.includes(flag))}\`, not of \`kubenet ${cmd}\`\n${USAGE}`);
+  }
+  if (positionals.length > (cmd === 'shape' ? 1 : 0)) throw new Error(`unexpected argument ${JSON.stringify(positionals[cmd === 'shape' ? 1 : 0])}\n${USAGE}`);
   const config = await loadConfig({ ...(typeof values.config === 'string' ? { file: values.config } : {}), flags: flagsToConfig(values) });
   switch (cmd) {
     case 'daemon':
       return daemon(config);
     case 'status':
-      return status(config.socket, values.json === true);
+      return status(config.socket, values.json === true, positiveNumber(values.window, '--window'));
+    case 'shape':
+      return shape(config.socket, positionals[0], values);
+    case 'top':
+      return top({
+        socket: config.socket,
+        intervalS: positiveNumber(values.delay, '-d') ?? 1,
+        batch: values.batch === true,
+        iterations: positiveNumber(values.iterations, '-n'),
+      });
     case 'health': {
       const r = await agentGet(config.socket, HEALTH_PATH).catch((err: unknown) => ({ status: 0, body: String(err) }));
       if (r.status !== 200) console.error(`kubenet agent not ready: ${r.body}`);
@@ -65,6 +97,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   const log = createLogger({ level: config.logLevel });
   let source: PodCidrSource;
   let pods: PodLookup | undefined;
+  let events: KubeEventRecorder | undefined;
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig.
     source = new StaticCidr(config.podCIDR);
@@ -74,9 +107,10 @@ async function daemon(config: AgentConfig): Promise<number> {
     const kube = { nodeName: config.nodeName, logger: log, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
     source = new NodeWatchPodCidrSource(kube);
     pods = new ClusterPodLookup(kube);
+    events = new KubeEventRecorder(kube);
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
-  const agent = new Agent(config, source, log, pods);
+  const agent = new Agent(config, source, log, pods, events ? { events } : {});
   await agent.start();
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
@@ -90,8 +124,37 @@ async function daemon(config: AgentConfig): Promise<number> {
   return 0;
 }
 
-async function status(socket: string, json: boolean): Promise<number> {
-  const r = await agentGet(socket, STATUS_PATH).catch((err: unknown) => {
+function positiveNumber(v: unknown, flag: string): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (typeof v !== 'string' || !Number.isFinite(n) || n <= 0) throw new Error(`${flag} wants a positive number, got ${JSON.stringify(v)}`);
+  return n;
+}
+
+async function shape(socket: string, target: string | undefined, values: Record<string, unknown>): Promise<number> {
+  const m = /^([^/]+)\/([^/]+)$/.exec(target ?? '');
+  if (!m) throw new Error(`kubenet shape wants NAMESPACE/NAME, got ${JSON.stringify(target ?? '')}\n${USAGE}`);
+  const body: Record<string, unknown> = {};
+  if (typeof values.ingress === 'string') body.ingress = values.ingress;
+  if (typeof values.egress === 'string') body.egress = values.egress;
+  if (values.clear === true) body.clear = true;
+  const r = await agentPost(socket, limitsPath(m[1] ?? '', m[2] ?? ''), body).catch((err: unknown) => {
+    throw new Error(`kubenet agent unreachable at ${socket}: ${err instanceof Error ? err.message : String(err)}`);
+  });
+  const answer = JSON.parse(r.body || '{}') as { pods?: ShapedPod[]; error?: string };
+  if (r.status !== 200) {
+    console.error(`kubenet shape ${target}: ${answer.error ?? `the agent answered ${r.status}`}`);
+    return 1;
+  }
+  for (const p of answer.pods ?? []) {
+    const what = p.changed ? `${describeLimits(p.limits)} (was ${describeLimits(p.previous)})` : `unchanged: ${describeLimits(p.limits)}`;
+    console.log(`${p.namespace}/${p.name} ${p.id.slice(0, 12)}: ${what}`);
+  }
+  return 0;
+}
+
+async function status(socket: string, json: boolean, windowS: number | undefined): Promise<number> {
+  const r = await agentGet(socket, windowS ? `${STATUS_PATH}?window=${windowS}` : STATUS_PATH).catch((err: unknown) => {
     throw new Error(`kubenet agent unreachable at ${socket}: ${err instanceof Error ? err.message : String(err)}`);
   });
   if (r.status !== 200) throw new Error(`kubenet agent answered ${r.status}: ${r.body}`);
@@ -101,12 +164,17 @@ async function status(socket: string, json: boolean): Promise<number> {
     return 0;
   }
   console.log(`pod CIDR: ${s.podCIDR ?? '(none yet)'}\nbridge:   ${s.bridge}\nready:    ${s.ready}\npods:     ${s.pods.length}`);
-  const rate = (bps: number | undefined) => (bps ? `${bps / 1e6}M` : '-');
+  const limit = (bps: number | undefined) => (bps ? formatBandwidth(bps) : '-');
   const ports = (p: StatusReport['pods'][number]) => (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
-  if (s.pods.length > 0) console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(9)} ${'EGRESS'.padEnd(9)} HOST PORTS`);
-  for (const p of s.pods) {
-    console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${rate(p.limits.ingress).padEnd(9)} ${rate(p.limits.egress).padEnd(9)} ${ports(p)}`);
+  const seconds = s.pods.find((p) => p.rate)?.rate?.seconds;
+  if (s.pods.length > 0) {
+    console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(9)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(9)} ${'OUT RATE'.padEnd(9)} HOST PORTS`);
   }
+  for (const p of s.pods) {
+    const cells = [limit(p.limits.ingress), rateText(p.rate?.ingress), limit(p.limits.egress), rateText(p.rate?.egress)].map((c) => c.padEnd(9));
+    console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${cells.join(' ')} ${ports(p)}`);
+  }
+  if (seconds !== undefined) console.log(`(INGRESS/EGRESS: limits to/from the pod; IN/OUT RATE: measured over the last ${seconds} s, bits/s on the wire)`);
   return 0;
 }
 

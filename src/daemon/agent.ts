@@ -1,7 +1,9 @@
 /**
  * The node agent's lifecycle: one pod network core, a pod-CIDR source, the HTTP API on a unix
  * socket, the CNI binary and conflist for container runtimes (installed once the pod CIDR is known),
- * metrics. The pod records are the core's (src/pod/record.ts): restarts keep every pod.
+ * metrics, live re-shaping (the pod watch in cluster mode, `kubenet shape` always) with its Events,
+ * and the measured rates of `kubenet status` / `top`. The pod records are the core's
+ * (src/pod/record.ts): restarts keep every pod.
  *
  * In dhcp mode it also runs the reference DHCP lease daemon (dhcp-daemon.ts) before the core
  * starts, installs the CNI config at once (addresses come from the LAN, not the pod CIDR), and has
@@ -13,12 +15,16 @@ import type { Logger } from '../log.js';
 import { PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
-import { CniHandler, type PodLookup } from './cni-handler.js';
+import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
 import { checkInstallConfig, installCni } from './cni-install.js';
 import { dhcpSocketPath, type AgentConfig } from './config.js';
 import { AgentApi } from './http-api.js';
+import { noEvents, type EventRecorder } from './events.js';
+import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { AgentMetrics } from './metrics.js';
 import type { PodCidrSource } from './pod-cidr.js';
+import { rateKey, RateTracker, type PodRate } from './rates.js';
+import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER } from './protocol.js';
 
 export interface StatusReport {
   podCIDR: string | undefined;
@@ -33,15 +39,21 @@ export interface StatusReport {
     hostVeth: string | undefined;
     limits: PodRecord['limits'];
     portMappings?: PodRecord['portMappings'];
+    /** Measured over the last `rate.seconds`: bits/s (and drops/s) to the pod (ingress) and from it (egress). */
+    rate?: PodRate;
   }>;
 }
 
 const READOPT_RETRY_MS = 5_000;
 const READOPT_RETRY_MAX_MS = 120_000;
+/** Rates in `kubenet status` are taken over this many seconds unless asked otherwise. */
+export const DEFAULT_RATE_WINDOW_S = 5;
 
 export interface AgentOptions {
   /** CNI calls in flight get this long to finish on stop. Default 10 s. */
   shutdownGraceMs?: number;
+  /** Where Events on pods go (cluster mode: events.ts KubeEventRecorder). Default: nowhere. */
+  events?: EventRecorder;
 }
 
 export class Agent {
@@ -49,6 +61,9 @@ export class Agent {
   private readonly handler: CniHandler;
   private readonly api: AgentApi;
   private readonly metrics = new AgentMetrics();
+  readonly live: LiveShaping;
+  private readonly rates: RateTracker;
+  private readonly events: EventRecorder;
   private confWritten = false;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
@@ -88,13 +103,17 @@ export class Agent {
         onRestart: () => this.readoptLeases(),
       });
     }
-    this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log);
+    this.events = opts.events ?? noEvents;
+    this.live = new LiveShaping(this.network, this.events, pods, log);
+    this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
+    this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live);
     this.api = new AgentApi(
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight()),
-        status: () => this.statusReport(),
+        metrics: () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight(), this.network.traffic()),
+        status: (windowS) => this.statusReport(windowS),
+        limits: (namespace, name, body) => this.limits(namespace, name, body),
         answered: (answer, seconds) => {
           this.metrics.observe(answer.command, seconds, answer.status === 200 ? undefined : (answer.code ?? 999));
           if (answer.status !== 200) this.log.warn({ command: answer.command, body: answer.body }, 'CNI call failed');
@@ -125,6 +144,7 @@ export class Agent {
       this.confWritten = true;
       this.readoptLeases();
     }
+    this.live.start();
     await this.pods?.start?.();
     await this.api.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
@@ -189,22 +209,42 @@ export class Agent {
     return reason ? { ok: false, reason } : { ok: true };
   }
 
-  statusReport(): StatusReport {
+  /** What the agent knows, with each ready pod's rates measured over the last `windowS` seconds. */
+  async statusReport(windowS = DEFAULT_RATE_WINDOW_S): Promise<StatusReport> {
+    const pods = this.network.list();
+    const rates = pods.some((p) => p.phase === 'ready') ? await this.rates.rates(windowS) : new Map<string, PodRate>();
     return {
       podCIDR: this.network.podCidr(),
       bridge: this.config.bridgeName,
       ready: this.ready().ok,
-      pods: this.network.list().map((p) => ({
-        namespace: p.namespace,
-        name: p.name,
-        id: p.containerId,
-        phase: p.phase,
-        ips: p.ips,
-        hostVeth: p.hostVeth,
-        limits: p.limits,
-        ...(p.portMappings.length > 0 ? { portMappings: p.portMappings } : {}),
-      })),
+      pods: this.network.list().map((p) => {
+        const rate = rates.get(rateKey(p.containerId, p.ifName));
+        return {
+          namespace: p.namespace,
+          name: p.name,
+          id: p.containerId,
+          phase: p.phase,
+          ips: p.ips,
+          hostVeth: p.hostVeth,
+          limits: p.limits,
+          ...(p.portMappings.length > 0 ? { portMappings: p.portMappings } : {}),
+          ...(rate ? { rate } : {}),
+        };
+      }),
     };
+  }
+
+  /** POST /v1/pods/NS/NAME/limits (`kubenet shape`). */
+  private async limits(namespace: string, name: string, body: unknown): Promise<{ status: number; body: unknown }> {
+    try {
+      const pods = await this.live.shape(namespace, name, parseShapeRequest(body));
+      return { status: 200, body: { pods } };
+    } catch (err) {
+      const code = codeOf(err);
+      const status = code === CNI_ERR_UNKNOWN_CONTAINER ? 404 : code === CNI_ERR_INVALID_CONFIG ? 400 : 500;
+      if (status === 500) this.log.error({ err, pod: `${namespace}/${name}` }, 'changing the limits failed');
+      return { status, body: { error: err instanceof Error ? err.message : String(err) } };
+    }
   }
 
   /** Stops taking calls, lets calls in flight finish (bounded), then releases the node resources it holds open. */
@@ -214,6 +254,12 @@ export class Agent {
     await this.source.stop();
     await this.api.close();
     await this.pods?.stop?.();
+    this.rates.stop();
+    // Events still being posted get a moment (they report what this agent did), then are cut.
+    let evTimer: NodeJS.Timeout | undefined;
+    await Promise.race([this.events.flush(), new Promise<void>((r) => (evTimer = setTimeout(r, 2000)))]);
+    clearTimeout(evTimer);
+    await this.events.stop();
     // Leases are not released: the pods keep their addresses, the next agent acquires them again.
     await this.dhcpDaemon?.stop();
     // Veths of pods deleted just before: let the kernel finish them (tens of ms), never for long.

@@ -7,7 +7,7 @@ import { existsSync } from 'node:fs';
 import { convertResult } from '../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork } from '../pod/index.js';
+import { bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord } from '../pod/index.js';
 import { CniRequestError, parseCniCall, type CniCall } from './cni-request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,
@@ -30,12 +30,34 @@ export interface CniAnswer {
   code?: number;
 }
 
+/** A pod of this node as the watch saw it (cluster mode). */
+export interface PodUpdate {
+  namespace: string;
+  name: string;
+  uid: string | undefined;
+  annotations: Record<string, string>;
+  /** The annotations known before this update; undefined when the pod is new to the watcher (first list, new pod). */
+  previous: Record<string, string> | undefined;
+}
+
 export interface PodLookup {
   /** The pod's annotations when the agent knows the pod (cluster mode), else undefined. */
   annotations(namespace: string, name: string): Promise<Record<string, string> | undefined>;
+  /** Cluster mode: hear of every pod the watch lists, adds or modifies (live re-shaping). */
+  onPodUpdate?(fn: (u: PodUpdate) => void | Promise<void>): void;
+  /** Cluster mode: the watch cache only (no API request): annotations and uid, or undefined. */
+  cachedAnnotations?(namespace: string, name: string): Record<string, string> | undefined;
+  uid?(namespace: string, name: string): string | undefined;
   /** Begin and end whatever feeds the lookup (a watch); the agent calls them around its own life. */
   start?(): Promise<void>;
   stop?(): Promise<void>;
+}
+
+/** Told about what ADD did to a pod's bandwidth (Events, live re-shaping). */
+export interface AttachObserver {
+  attached(record: PodRecord): void;
+  /** The ADD was refused for the pod's bandwidth annotations. */
+  refused(pod: { namespace: string; name: string }, err: unknown): void;
 }
 
 export class CniHandler {
@@ -44,6 +66,7 @@ export class CniHandler {
     private readonly pods: PodLookup | undefined,
     private readonly notReady: () => string | undefined,
     private readonly log: Logger,
+    private readonly observer?: AttachObserver,
   ) {}
 
   async handle(req: CniRequest): Promise<CniAnswer> {
@@ -71,8 +94,18 @@ export class CniHandler {
       }
       case 'ADD': {
         // runtimeConfig carries the annotations' rates already; else (cluster mode) the pod's annotations.
-        const limits = call.limits ?? (call.name ? bandwidthFromAnnotations(await this.pods?.annotations(call.namespace, call.name)) : {});
-        const { result } = await this.network.attach({
+        let limits = call.limits;
+        if (!limits && call.name) {
+          const annotations = await this.pods?.annotations(call.namespace, call.name);
+          try {
+            limits = bandwidthFromAnnotations(annotations);
+          } catch (err) {
+            this.observer?.refused({ namespace: call.namespace, name: call.name }, err);
+            throw err;
+          }
+        }
+        limits ??= {};
+        const { result, record, repeated } = await this.network.attach({
           containerId: call.containerId,
           ifName: call.ifName,
           namespace: call.namespace,
@@ -81,6 +114,7 @@ export class CniHandler {
           limits,
           portMappings: call.portMappings,
         });
+        if (!repeated) this.observer?.attached(record);
         return JSON.stringify(convertResult(result, call.cniVersion));
       }
       case 'DEL':

@@ -1,6 +1,9 @@
 /**
  * The agent's HTTP API on its unix socket (mode 0600 from the moment it exists): `POST /v1/cni`
- * (forwarded CNI calls, see protocol.ts), `GET /healthz`, `GET /metrics`, `GET /v1/status`.
+ * (forwarded CNI calls, see protocol.ts), `GET /healthz`, `GET /metrics`, `GET /v1/status`
+ * (`?window=S`: the seconds the measured rates are taken over), `POST /v1/pods/NS/NAME/limits`
+ * (`kubenet shape`: body `{"ingress"?: "10M", "egress"?: "5M", "clear"?: true}`; 200 with the pod's
+ * attachments and their limits, 400 for a bad request, 404 for a pod not attached here).
  *
  * Bounded in every direction a client controls: a request body over MAX_REQUEST_BYTES is refused
  * (413) without being read whole; a request must arrive completely within `requestTimeoutMs`; on
@@ -18,12 +21,20 @@ import { CNI_API_PATH, CNI_ERR_DECODE, cniErrorBody, HEALTH_PATH, MAX_REQUEST_BY
 
 export const STATUS_PATH = '/v1/status';
 export const METRICS_PATH = '/metrics';
+/** POST /v1/pods/<namespace>/<name>/limits */
+export const LIMITS_PATH = /^\/v1\/pods\/([^/]+)\/([^/]+)\/limits$/;
+export const limitsPath = (namespace: string, name: string) => `/v1/pods/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}/limits`;
+/** A limits request is a few dozen bytes. */
+const MAX_LIMITS_BODY = 4096;
 
 export interface ApiHandlers {
   cni(req: CniRequest): Promise<CniAnswer>;
   health(): { ok: boolean; reason?: string };
   metrics(): Promise<{ contentType: string; body: string }>;
-  status(): unknown;
+  /** `windowS`: the seconds measured rates are taken over (default: the agent's). */
+  status(windowS?: number): unknown;
+  /** New limits for a pod: an HTTP status and a JSON body. */
+  limits(namespace: string, name: string, body: unknown): Promise<{ status: number; body: unknown }>;
   /** One CNI call answered (metrics, logs). */
   answered(answer: CniAnswer, seconds: number): void;
 }
@@ -96,6 +107,14 @@ export class AgentApi {
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? '';
     if (req.method === 'POST' && url === CNI_API_PATH) return this.serveCni(req, res);
+    const limits = req.method === 'POST' ? LIMITS_PATH.exec(url) : null;
+    if (limits) return this.serveLimits(req, res, decodeURIComponent(limits[1] ?? ''), decodeURIComponent(limits[2] ?? ''));
+    const [path, search] = url.split('?', 2) as [string, string | undefined];
+    if (req.method === 'GET' && path === STATUS_PATH) {
+      const w = Number(new URLSearchParams(search ?? '').get('window') ?? NaN);
+      const status = await this.handlers.status(Number.isFinite(w) && w > 0 ? Math.min(w, 30) : undefined);
+      return this.reply(res, 200, 'application/json', JSON.stringify(status));
+    }
     if (req.method === 'GET' && url === HEALTH_PATH) {
       const ready = this.handlers.health();
       return this.reply(res, ready.ok ? 200 : 503, 'application/json', JSON.stringify(ready));
@@ -104,7 +123,6 @@ export class AgentApi {
       const m = await this.handlers.metrics();
       return this.reply(res, 200, m.contentType, m.body);
     }
-    if (req.method === 'GET' && url === STATUS_PATH) return this.reply(res, 200, 'application/json', JSON.stringify(this.handlers.status()));
     req.resume();
     this.reply(res, 404, 'text/plain', 'not found\n');
   }
@@ -114,6 +132,26 @@ export class AgentApi {
     if (this.stopping) res.setHeader('connection', 'close');
     res.writeHead(status, { 'content-type': contentType });
     res.end(body);
+  }
+
+  private async serveLimits(req: IncomingMessage, res: ServerResponse, namespace: string, name: string): Promise<void> {
+    let body: string;
+    try {
+      body = await this.readBody(req, MAX_LIMITS_BODY);
+    } catch (err) {
+      if (!(err instanceof BodyTooLarge)) return;
+      this.reply(res, 413, 'application/json', JSON.stringify({ error: err.message }));
+      this.discardRest(req);
+      return;
+    }
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(body);
+    } catch {
+      return this.reply(res, 400, 'application/json', JSON.stringify({ error: 'limits request: the body is not JSON' }));
+    }
+    const answer = await this.handlers.limits(namespace, name, parsed);
+    this.reply(res, answer.status, 'application/json', JSON.stringify(answer.body));
   }
 
   private async serveCni(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -171,10 +209,10 @@ export class AgentApi {
   }
 
   /** The request body, refused past maxBody without reading it whole. */
-  private readBody(req: IncomingMessage): Promise<string> {
+  private readBody(req: IncomingMessage, maxBody = this.maxBody): Promise<string> {
     const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > this.maxBody) {
-      return Promise.reject(new BodyTooLarge(`request body of ${declared} bytes is larger than ${this.maxBody}`));
+    if (Number.isFinite(declared) && declared > maxBody) {
+      return Promise.reject(new BodyTooLarge(`request body of ${declared} bytes is larger than ${maxBody}`));
     }
     this.receiving.add(req);
     return new Promise<string>((resolve, reject) => {
@@ -183,11 +221,11 @@ export class AgentApi {
       const done = () => this.receiving.delete(req);
       req.on('data', (c: Buffer) => {
         size += c.length;
-        if (size > this.maxBody) {
+        if (size > maxBody) {
           done();
           req.removeAllListeners('data');
           req.pause();
-          reject(new BodyTooLarge(`request body is larger than ${this.maxBody} bytes`));
+          reject(new BodyTooLarge(`request body is larger than ${maxBody} bytes`));
           return;
         }
         chunks.push(c);

@@ -1,8 +1,9 @@
 /**
- * The Kubernetes API as the node agent uses it: GET, and list + watch of one collection with
- * reconnects (a small reflector). Shared by the Node pod-CIDR source and the pod lookup.
+ * The Kubernetes API as the node agent uses it: GET, POST (Events), and list + watch of one
+ * collection with reconnects (a small reflector). Shared by the Node pod-CIDR source, the pod
+ * lookup and the event recorder.
  *
- * Requests are plain node:http(s) GETs; the configuration (src/daemon/kubeconfig.ts: a
+ * Requests are plain node:http(s) requests; the configuration (src/daemon/kubeconfig.ts: a
  * kubeconfig file or the in-cluster service account) supplies the server, TLS agent and
  * credentials (`applyToHTTPSOptions`). @kubernetes/client-node is used for its types only: loading
  * it costs ~75 MB of RSS. (Its `Watch` would not do either: in 1.4.0 `Watch.watch()` hands out its
@@ -60,38 +61,58 @@ export function loadKubeConfig(opts: Pick<KubeClientOptions, 'kubeconfig' | 'kub
   return opts.kubeconfig ? kubeconfigCredentials(opts.kubeconfig) : inClusterCredentials();
 }
 
-/** GET requests against the API server of one configuration. */
+/** Requests against the API server of one configuration. */
 export class KubeApi {
   constructor(readonly kc: KubeClientConfig) {}
 
   /** GET and parse a JSON answer; a non-200 answer throws KubeApiError with the Status details. */
   async getJson<T>(path: string, query: Record<string, string> = {}, signal?: AbortSignal): Promise<T> {
     const res = await this.open(path, query, REQUEST_IDLE_MS, signal);
-    const body = await readBody(res);
-    if (res.statusCode !== 200) throw statusError(path, res.statusCode, body);
-    try {
-      return JSON.parse(body) as T;
-    } catch (err) {
-      throw new KubeApiError(`GET ${path}: the API server answered with invalid JSON`, {}, { cause: err });
-    }
+    return parseAnswer<T>('GET', path, res, [200]);
+  }
+
+  /** POST a JSON object (a create); a 200/201 answer is parsed, any other throws KubeApiError with the Status details. */
+  async postJson<T>(path: string, body: unknown, signal?: AbortSignal): Promise<T> {
+    const res = await this.send('POST', path, {}, REQUEST_IDLE_MS, signal, JSON.stringify(body));
+    return parseAnswer<T>('POST', path, res, [200, 201]);
   }
 
   /** Sends a GET and resolves with the response (any status). `idleMs`: fail when the socket is idle that long. */
-  async open(path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal): Promise<IncomingMessage> {
+  open(path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal): Promise<IncomingMessage> {
+    return this.send('GET', path, query, idleMs, signal);
+  }
+
+  private async send(method: 'GET' | 'POST', path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal, body?: string): Promise<IncomingMessage> {
     const server = this.kc.getCurrentCluster()?.server;
     if (!server) throw new ConfigError('kubeconfig has no current cluster');
     const url = new URL(server.replace(/\/+$/, '') + path);
     for (const [k, v] of Object.entries(query)) url.searchParams.set(k, v);
-    const opts: RequestOptions = { method: 'GET', headers: { Accept: 'application/json' } };
+    const headers: Record<string, string | number> = { Accept: 'application/json' };
+    if (body !== undefined) {
+      headers['Content-Type'] = 'application/json';
+      headers['Content-Length'] = Buffer.byteLength(body);
+    }
+    const opts: RequestOptions = { method, headers };
     await this.kc.applyToHTTPSOptions(opts); // agent (TLS or proxy), Authorization header, basic auth
     signal?.throwIfAborted();
     return new Promise((resolve, reject) => {
       const req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, { ...opts, ...(signal ? { signal } : {}) }, resolve);
       req.on('error', reject); // `on`, not `once`: a second error (mid-response) must not become uncaught
       req.on('socket', (s) => s.setKeepAlive(true, 30_000));
-      req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`GET ${path}: no data from the API server for ${idleMs} ms`)));
-      req.end();
+      req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`${method} ${path}: no data from the API server for ${idleMs} ms`)));
+      req.end(body);
     });
+  }
+}
+
+/** The JSON body of an answer whose status is one of `ok`; else a KubeApiError with the Status details. */
+async function parseAnswer<T>(method: string, path: string, res: IncomingMessage, ok: number[]): Promise<T> {
+  const body = await readBody(res);
+  if (!ok.includes(res.statusCode ?? 0)) throw statusError(path, res.statusCode, body, method);
+  try {
+    return JSON.parse(body) as T;
+  } catch (err) {
+    throw new KubeApiError(`${method} ${path}: the API server answered with invalid JSON`, {}, { cause: err });
   }
 }
 
@@ -103,7 +124,7 @@ async function readBody(res: IncomingMessage): Promise<string> {
 }
 
 /** A KubeApiError from an error answer, with the message and reason of its Status body when it has one. */
-function statusError(path: string, httpStatus: number | undefined, body: string): KubeApiError {
+function statusError(path: string, httpStatus: number | undefined, body: string, method = 'GET'): KubeApiError {
   let st: V1Status | undefined;
   try {
     st = JSON.parse(body) as V1Status;
@@ -111,7 +132,7 @@ function statusError(path: string, httpStatus: number | undefined, body: string)
     // not a Status object: keep the raw text
   }
   const text = st?.message ?? (body.trim().slice(0, 200) || 'no details');
-  return new KubeApiError(`GET ${path}: ${httpStatus} ${st?.reason ?? ''} ${text}`.replace(/\s+/g, ' '), { status: httpStatus, reason: st?.reason });
+  return new KubeApiError(`${method} ${path}: ${httpStatus} ${st?.reason ?? ''} ${text}`.replace(/\s+/g, ' '), { status: httpStatus, reason: st?.reason });
 }
 
 type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED';

@@ -1,26 +1,38 @@
 /**
- * Pod annotations for CNI ADD (bandwidth limits) in cluster mode: a cache of the pods on this
- * node fed by list + watch of /api/v1/pods (spec.nodeName=<node>), with one GET on a miss
- * (the runtime may call ADD before the watch has delivered a freshly scheduled pod).
+ * The pods of this node in cluster mode: a cache fed by list + watch of /api/v1/pods
+ * (spec.nodeName=<node>), with one GET on a miss (the runtime may call ADD before the watch has
+ * delivered a freshly scheduled pod). It serves the pod annotations for CNI ADD (bandwidth limits)
+ * and tells a listener about every pod it learns of or sees change (live re-shaping,
+ * src/daemon/live-shaping.ts), with the annotations it knew before.
  */
 import type { V1Pod } from '@kubernetes/client-node';
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
-import type { PodLookup } from './cni-handler.js';
+import type { PodLookup, PodUpdate } from './cni-handler.js';
 import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
 
 export type ClusterPodLookupOptions = KubeClientOptions;
 
 const key = (namespace: string, name: string) => `${namespace}/${name}`;
 
+interface Cached {
+  uid: string | undefined;
+  annotations: Record<string, string>;
+}
+
+function cached(p: V1Pod): Cached {
+  return { uid: p.metadata?.uid, annotations: { ...p.metadata?.annotations } };
+}
+
 export class ClusterPodLookup implements PodLookup {
   private readonly log: Logger;
   private readonly api: KubeApi;
   private readonly loop: ListWatchLoop<V1Pod>;
-  /** "namespace/name" → annotations of the pods on this node. */
-  private cache = new Map<string, Record<string, string>>();
+  /** "namespace/name" → what is known of the pods on this node. */
+  private cache = new Map<string, Cached>();
   /** Aborts GETs in flight on stop(). */
   private aborter = new AbortController();
+  private listener: ((u: PodUpdate) => void | Promise<void>) | undefined;
 
   constructor(opts: ClusterPodLookupOptions) {
     if (!opts.nodeName) throw new ConfigError('the node name is needed to watch the pods of this node');
@@ -33,15 +45,44 @@ export class ClusterPodLookup implements PodLookup {
       fieldSelector: `spec.nodeName=${opts.nodeName}`,
       retryMinMs: opts.retryMinMs,
       retryMaxMs: opts.retryMaxMs,
-      onList: (pods) => {
-        this.cache = new Map(pods.map((p) => [key(p.metadata?.namespace ?? '', p.metadata?.name ?? ''), { ...p.metadata?.annotations }]));
+      onList: async (pods) => {
+        const before = this.cache;
+        this.cache = new Map(pods.map((p) => [key(p.metadata?.namespace ?? '', p.metadata?.name ?? ''), cached(p)]));
+        // After a (re-)list, every pod is news: changes made while no watch was open are seen here.
+        for (const p of pods) await this.tell(p, before.get(key(p.metadata?.namespace ?? '', p.metadata?.name ?? '')));
       },
-      onEvent: (type, p) => {
+      onEvent: async (type, p) => {
         const k = key(p.metadata?.namespace ?? '', p.metadata?.name ?? '');
-        if (type === 'DELETED') this.cache.delete(k);
-        else this.cache.set(k, { ...p.metadata?.annotations });
+        const before = this.cache.get(k);
+        if (type === 'DELETED') {
+          this.cache.delete(k);
+          return;
+        }
+        this.cache.set(k, cached(p));
+        await this.tell(p, before);
       },
     });
+  }
+
+  /** `fn` hears of every pod listed or added/modified; the watch waits for it (updates of one pod arrive in order). */
+  onPodUpdate(fn: (u: PodUpdate) => void | Promise<void>): void {
+    this.listener = fn;
+  }
+
+  private async tell(p: V1Pod, before: Cached | undefined): Promise<void> {
+    if (!this.listener) return;
+    const now = cached(p);
+    try {
+      await this.listener({
+        namespace: p.metadata?.namespace ?? '',
+        name: p.metadata?.name ?? '',
+        uid: now.uid,
+        annotations: now.annotations,
+        previous: before?.annotations,
+      });
+    } catch (err) {
+      this.log.error({ err, pod: `${p.metadata?.namespace}/${p.metadata?.name}` }, 'pod update handler failed');
+    }
   }
 
   /** Starts filling the cache in the background; returns at once. */
@@ -61,9 +102,20 @@ export class ClusterPodLookup implements PodLookup {
     return this.cache.has(key(namespace, name));
   }
 
+  /** The pod's uid as the watch last saw it (for Events), or undefined. */
+  uid(namespace: string, name: string): string | undefined {
+    return this.cache.get(key(namespace, name))?.uid;
+  }
+
+  /** The pod's annotations as the watch cache holds them now, without asking the API server. */
+  cachedAnnotations(namespace: string, name: string): Record<string, string> | undefined {
+    const c = this.cache.get(key(namespace, name));
+    return c ? { ...c.annotations } : undefined;
+  }
+
   async annotations(namespace: string, name: string): Promise<Record<string, string> | undefined> {
-    const cached = this.cache.get(key(namespace, name));
-    if (cached) return { ...cached };
+    const c = this.cache.get(key(namespace, name));
+    if (c) return { ...c.annotations };
     const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
     try {
       const pod = await this.api.getJson<V1Pod>(path, {}, this.aborter.signal);

@@ -158,6 +158,22 @@ function describe(v: unknown): string {
   return typeof v;
 }
 
+/** POST of a JSON body on the agent's socket (`kubenet shape`): status and body of any answer. */
+export function agentPost(socket: string, path: string, body: unknown, timeoutMs = 30_000): Promise<{ status: number; body: string }> {
+  const text = JSON.stringify(body);
+  return new Promise((resolve, reject) => {
+    const headers = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) };
+    const req = request({ socketPath: socket, path, method: 'POST', headers, timeout: timeoutMs }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+    });
+    req.on('timeout', () => req.destroy(new Error('timed out')));
+    req.on('error', reject);
+    req.end(text);
+  });
+}
+
 /**
  * GET on the agent's socket (/healthz, /metrics, /v1/status): status and body of any answer.
  * Rejects when the socket cannot be reached or nothing answers within `timeoutMs`.

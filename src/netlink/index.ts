@@ -31,6 +31,9 @@ import {
   O_CLOEXEC,
   O_RDONLY,
   route,
+  RTNL_LINK,
+  RTNL_TC,
+  tc,
   type Out,
   type Ptr,
 } from './libnl.js';
@@ -62,6 +65,38 @@ export interface LinkInfo {
   peerIndex: number;
   /** The link-layer address ("aa:bb:cc:dd:ee:ff"); '' when the link has none. */
   mac: string;
+}
+
+/** A link's own counters (`ip -s link`): rx = received by this device, tx = sent by it. */
+export interface LinkStats {
+  rxBytes: number;
+  txBytes: number;
+  rxPackets: number;
+  txPackets: number;
+  rxDropped: number;
+  txDropped: number;
+}
+
+/** One tc class with the kernel's counters (`tc -s class show dev NAME`). */
+export interface TcClassStats {
+  /** major << 16 | minor, e.g. 0x20001 for 2:1. */
+  handle: number;
+  parent: number;
+  /** 'htb', ... */
+  kind: string;
+  /** Bytes and packets the class has sent (dequeued), L2 frames as the device carries them. */
+  bytes: number;
+  packets: number;
+  /** Packets dropped (htb: by the class's leaf queue). */
+  drops: number;
+  /** Times the class was over its rate / ceil (htb: had to wait or borrow). */
+  overlimits: number;
+  /** Bytes and packets queued now (htb: in the leaf queue; 0 for an inner class). */
+  backlog: number;
+  qlen: number;
+  /** htb only: the class's rate and ceil in bits/s. */
+  rate?: number;
+  ceil?: number;
 }
 
 export interface AddrInfo {
@@ -235,6 +270,11 @@ function dumpCache(sk: Ptr, op: string, fill: (out: Out) => number): Ptr {
   }
 }
 
+/** A u64 from koffi: a number, or a BigInt beyond 2^53 (counters are exact far below that). */
+function u64(v: unknown): number {
+  return typeof v === 'bigint' ? Number(v) : (v as number);
+}
+
 function linkIndex(sk: Ptr, op: string, name: string): number {
   const link = getLink(sk, op, name);
   try {
@@ -326,6 +366,80 @@ export function linkList(): LinkInfo[] {
   try {
     const result: LinkInfo[] = [];
     for (let l = nl.link_cache_first(cache) as Ptr; l; l = nl.link_cache_next(l) as Ptr) result.push(toLinkInfo(l));
+    return result;
+  } finally {
+    nl.nl_cache_free(cache);
+  }
+}
+
+/** `ip -s link show NAME` (NAME, or an ifindex): the link's counters. Throws NetlinkError ENODEV when there is no such link. */
+export function linkStats(dev: string | number): LinkStats {
+  const op = `linkStats ${dev}`;
+  if (typeof dev === 'number') {
+    checkUint(op, 'ifindex', dev, 0x7fffffff);
+    if (dev === 0) throw new ConfigError(`${op}: ifindex must be positive`);
+  } else {
+    checkIfname(op, dev);
+  }
+  const link = getLink(hostSocket(op), op, dev);
+  try {
+    const stat = (id: number) => u64(route.rtnl_link_get_stat(link, id));
+    return {
+      rxBytes: stat(RTNL_LINK.RX_BYTES),
+      txBytes: stat(RTNL_LINK.TX_BYTES),
+      rxPackets: stat(RTNL_LINK.RX_PACKETS),
+      txPackets: stat(RTNL_LINK.TX_PACKETS),
+      rxDropped: stat(RTNL_LINK.RX_DROPPED),
+      txDropped: stat(RTNL_LINK.TX_DROPPED),
+    };
+  } finally {
+    route.rtnl_link_put(link);
+  }
+}
+
+const rateOut: [number | bigint] = [0];
+
+/**
+ * `tc -s class show dev NAME` (NAME, or an ifindex): every class of the device with the kernel's
+ * counters, from ONE RTM_GETTCLASS dump (the kernel dumps classes per device). No exec, no text:
+ * the counters are the kernel's TCA_STATS2 as libnl parses them. A device without classes gives [];
+ * a missing device throws NetlinkError ENODEV.
+ */
+export function classList(dev: string | number): TcClassStats[] {
+  const op = `classList ${dev}`;
+  const sk = hostSocket(op);
+  let ifindex: number;
+  if (typeof dev === 'number') {
+    checkUint(op, 'ifindex', dev, 0x7fffffff);
+    if (dev === 0) throw new ConfigError(`${op}: ifindex must be positive`);
+    ifindex = dev;
+  } else {
+    checkIfname(op, dev);
+    ifindex = linkIndex(sk, op, dev);
+  }
+  const cache = dumpCache(sk, op, (out) => tc.rtnl_class_alloc_cache(sk, ifindex, out) as number);
+  try {
+    const result: TcClassStats[] = [];
+    for (let c = nl.class_cache_first(cache) as Ptr; c; c = nl.class_cache_next(c) as Ptr) {
+      const stat = (id: number) => u64(tc.rtnl_tc_get_stat(c, id));
+      const kind = (tc.rtnl_tc_get_kind(c) as string | null) ?? '';
+      const cls: TcClassStats = {
+        handle: tc.rtnl_tc_get_handle(c) as number,
+        parent: tc.rtnl_tc_get_parent(c) as number,
+        kind,
+        bytes: stat(RTNL_TC.BYTES),
+        packets: stat(RTNL_TC.PACKETS),
+        drops: stat(RTNL_TC.DROPS),
+        overlimits: stat(RTNL_TC.OVERLIMITS),
+        backlog: stat(RTNL_TC.BACKLOG),
+        qlen: stat(RTNL_TC.QLEN),
+      };
+      if (kind === 'htb') {
+        if ((tc.rtnl_htb_get_rate64(c, rateOut) as number) === 0) cls.rate = u64(rateOut[0]) * 8;
+        if ((tc.rtnl_htb_get_ceil64(c, rateOut) as number) === 0) cls.ceil = u64(rateOut[0]) * 8;
+      }
+      result.push(cls);
+    }
     return result;
   } finally {
     nl.nl_cache_free(cache);

@@ -16,6 +16,7 @@ export const types = {
   nl_addr: koffi.opaque('nl_addr'),
   rtnl_link: koffi.opaque('rtnl_link'),
   rtnl_addr: koffi.opaque('rtnl_addr'),
+  rtnl_class: koffi.opaque('rtnl_class'),
 };
 
 /** A pointer to one of the opaque types above, as koffi hands it out (never dereferenced in JS). */
@@ -64,6 +65,8 @@ export const nl = {
   link_cache_next: libnl.func('rtnl_link *nl_cache_get_next(rtnl_link *obj)'),
   addr_cache_first: libnl.func('rtnl_addr *nl_cache_get_first(nl_cache *cache)'),
   addr_cache_next: libnl.func('rtnl_addr *nl_cache_get_next(rtnl_addr *obj)'),
+  class_cache_first: libnl.func('rtnl_class *nl_cache_get_first(nl_cache *cache)'),
+  class_cache_next: libnl.func('rtnl_class *nl_cache_get_next(rtnl_class *obj)'),
   // netlink/addr.h — nl_addr_parse gives the caller a reference: nl_addr_put.
   nl_addr_parse: libnl.func('int nl_addr_parse(const char *addr, int hint, _Out_ nl_addr **result)'),
   nl_addr_put: libnl.func('void nl_addr_put(nl_addr *addr)'),
@@ -102,6 +105,8 @@ export const route = {
   // The link-layer address: borrowed from the link (never nl_addr_put it); set takes its own reference.
   rtnl_link_get_addr: libroute.func('nl_addr *rtnl_link_get_addr(rtnl_link *link)'),
   rtnl_link_set_addr: libroute.func('void rtnl_link_set_addr(rtnl_link *link, nl_addr *addr)'),
+  // The link's counters (IFLA_STATS64), by rtnl_link_stat_id_t (RTNL_LINK_* below).
+  rtnl_link_get_stat: libroute.func('uint64_t rtnl_link_get_stat(rtnl_link *link, int id)'),
 
   // addr.h — rtnl_addr_alloc gives the caller a reference: rtnl_addr_put.
   rtnl_addr_alloc: libroute.func('rtnl_addr *rtnl_addr_alloc(void)'),
@@ -120,6 +125,51 @@ export const route = {
   // Borrowed from the rtnl_addr: never nl_addr_put it.
   rtnl_addr_get_local: libroute.func('nl_addr *rtnl_addr_get_local(rtnl_addr *addr)'),
 };
+
+/**
+ * libnl-route-3 traffic control (netlink/route/class.h, tc.h, qdisc/htb.h). A class cache holds the
+ * classes of ONE device (RTM_GETTCLASS dumps are per ifindex in the kernel). The rtnl_tc_* getters
+ * take `struct rtnl_tc *`, the header every class starts with (libnl's TC_CAST): declared here with
+ * rtnl_class * for the same reason as the cache walks above.
+ */
+export const tc = {
+  // The caller owns the cache: nl_cache_free. Classes walked from it are borrowed.
+  rtnl_class_alloc_cache: libroute.func('int rtnl_class_alloc_cache(nl_sock *sk, int ifindex, _Out_ nl_cache **result)'),
+  rtnl_tc_get_handle: libroute.func('uint32_t rtnl_tc_get_handle(rtnl_class *tc)'),
+  rtnl_tc_get_parent: libroute.func('uint32_t rtnl_tc_get_parent(rtnl_class *tc)'),
+  // Owned by the object (koffi copies the string).
+  rtnl_tc_get_kind: libroute.func('const char *rtnl_tc_get_kind(rtnl_class *tc)'),
+  // The kernel's counters of the object (TCA_STATS2), by enum rtnl_tc_stat (RTNL_TC_* below).
+  rtnl_tc_get_stat: libroute.func('uint64_t rtnl_tc_get_stat(rtnl_class *tc, int id)'),
+  // htb class rate in bytes/s (64-bit); 0 or -NLE_* (NOATTR without a rate, INVAL for a non-htb class).
+  rtnl_htb_get_rate64: libroute.func('int rtnl_htb_get_rate64(rtnl_class *cls, _Out_ uint64_t *rate)'),
+  rtnl_htb_get_ceil64: libroute.func('int rtnl_htb_get_ceil64(rtnl_class *cls, _Out_ uint64_t *ceil)'),
+};
+
+/** netlink/route/tc.h enum rtnl_tc_stat. */
+export const RTNL_TC = {
+  PACKETS: 0,
+  BYTES: 1,
+  RATE_BPS: 2,
+  RATE_PPS: 3,
+  QLEN: 4,
+  BACKLOG: 5,
+  DROPS: 6,
+  REQUEUES: 7,
+  OVERLIMITS: 8,
+} as const;
+
+/** netlink/route/link.h rtnl_link_stat_id_t (the first eight). */
+export const RTNL_LINK = {
+  RX_PACKETS: 0,
+  TX_PACKETS: 1,
+  RX_BYTES: 2,
+  TX_BYTES: 3,
+  RX_ERRORS: 4,
+  TX_ERRORS: 5,
+  RX_DROPPED: 6,
+  TX_DROPPED: 7,
+} as const;
 
 /** libc: entering a network namespace without exec'ing anything. Return -1 and set errno (koffi.errno()). */
 export const libcNs = {

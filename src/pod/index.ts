@@ -6,6 +6,21 @@
 export { HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, type HairpinMode } from './bridge.js';
 export { DhcpLeaseError, socketAnswers } from './dhcp.js';
 export { NetnsError, podNetnsId } from './netns.js';
-export { PLUGIN_TYPES, PodNetwork, REQUIRED_PLUGINS, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions } from './network.js';
+export { PLUGIN_TYPES, PodNetwork, REQUIRED_PLUGINS, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions, type PodTraffic } from './network.js';
+export type { DirectionCounters, ShapingCounters } from '../shaper/counters.js';
+export type { LinkStats } from '../netlink/index.js';
 export type { PodPhase, PodRecord, PortMapping } from './record.js';
-export { bandwidthFromAnnotations, isUnshaped, limitsFromRuntimeConfig, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
+export {
+  bandwidthFromAnnotations,
+  describeLimits,
+  EGRESS_ANNOTATION,
+  formatBandwidth,
+  INGRESS_ANNOTATION,
+  isUnshaped,
+  limitsFromRuntimeConfig,
+  parseBandwidth,
+  sameLimits,
+  sameRates,
+  withRates,
+  type BandwidthLimits,
+} from '../shaper/limits.js';

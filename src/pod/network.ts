@@ -30,12 +30,13 @@ import { PluginTimeoutError } from '../cni/errors.js';
 import { CniRuntime } from '../cni/runtime.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
-import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
+import { AggregateKubenetError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parseCidr, parsePodCidrs, parsePrefixed, type Subnet } from '../net/ip.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
+import type { ShapingCounters } from '../shaper/counters.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, portmapOnly, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
 import { bridgeVeths, ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
@@ -115,6 +116,15 @@ export interface CheckRequest {
   containerId: string;
   ifName: string;
   netns: string;
+}
+
+/** What a pod's traffic did, from the kernel: see PodNetwork.traffic(). */
+export interface PodTraffic {
+  record: PodRecord;
+  /** The tc counters of its shaped directions (src/shaper/counters.ts); absent when unshaped. */
+  shaping?: ShapingCounters;
+  /** Its host veth's own counters (rx = from the pod, tx = to the pod), when asked for. */
+  link?: nl.LinkStats;
 }
 
 export interface Attachment {
@@ -762,6 +772,30 @@ export class PodNetwork {
     if (missing.length > 0) {
       throw new NotReadyError(`kubenet: CNI plugin(s) ${missing.join(', ')} not found in ${this.opts.pluginBinDirs.join(', ')}`);
     }
+  }
+
+  /**
+   * Every ready pod with the kernel's counters of its traffic, read over netlink (nothing exec'd):
+   * the tc counters of each shaped direction (one class dump of the ifb, one of each ingress-shaped
+   * veth), and with `links` the host veth's own counters too (one request per pod).
+   */
+  traffic(opts: { links?: boolean } = {}): PodTraffic[] {
+    const ready = this.store.all().filter((r) => r.phase === 'ready');
+    const byId = new Map(ready.map((r) => [r.containerId, r]));
+    const shaping = new Map(this.shaper.counters((id) => byId.get(id)?.hostVethIndex).map((c) => [c.id, c]));
+    return ready.map((record) => {
+      const t: PodTraffic = { record };
+      const s = shaping.get(record.containerId);
+      if (s && (s.ingress || s.egress)) t.shaping = s;
+      if (opts.links && record.hostVethIndex) {
+        try {
+          t.link = nl.linkStats(record.hostVethIndex);
+        } catch (err) {
+          if (!(err instanceof NetlinkError && err.errno === nl.E.ENODEV)) throw err;
+        }
+      }
+      return t;
+    });
   }
 
   /** Resolves once the kernel has finished every pod veth deletion this process started. */

@@ -141,3 +141,46 @@ export function limitsFromRuntimeConfig(bw: unknown): BandwidthLimits | undefine
   }
   return out.ingress || out.egress ? out : undefined;
 }
+
+/** A rate in bits/s as a short quantity, e.g. 20000000 → "20M", 1500000 → "1.5M", 1000 → "1k". */
+export function formatBandwidth(bps: number): string {
+  for (const [unit, v] of [
+    ['T', 1e12],
+    ['G', 1e9],
+    ['M', 1e6],
+    ['k', 1e3],
+  ] as const) {
+    if (bps >= v) return `${+(bps / v).toFixed(3)}${unit}`;
+  }
+  return String(bps);
+}
+
+/** Limits as people read them: "ingress 20M, egress 10M", or "none". */
+export function describeLimits(limits: BandwidthLimits): string {
+  const parts: string[] = [];
+  if (limits.ingress !== undefined) parts.push(`ingress ${formatBandwidth(limits.ingress)}`);
+  if (limits.egress !== undefined) parts.push(`egress ${formatBandwidth(limits.egress)}`);
+  return parts.length > 0 ? parts.join(', ') : 'none';
+}
+
+/**
+ * New rates for a running pod, keeping a direction's burst only where its rate stays the same
+ * (annotations and `kubenet shape` give rates only: a new rate gets the burst the shaper sizes).
+ */
+export function withRates(current: BandwidthLimits, rates: { ingress?: number | undefined; egress?: number | undefined }): BandwidthLimits {
+  const out: BandwidthLimits = {};
+  if (rates.ingress !== undefined) {
+    out.ingress = rates.ingress;
+    if (rates.ingress === current.ingress && current.ingressBurst !== undefined) out.ingressBurst = current.ingressBurst;
+  }
+  if (rates.egress !== undefined) {
+    out.egress = rates.egress;
+    if (rates.egress === current.egress && current.egressBurst !== undefined) out.egressBurst = current.egressBurst;
+  }
+  return out;
+}
+
+/** Same rates both ways (bursts aside). */
+export function sameRates(a: BandwidthLimits, b: BandwidthLimits): boolean {
+  return a.ingress === b.ingress && a.egress === b.egress;
+}

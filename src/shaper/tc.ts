@@ -97,6 +97,7 @@ import { ipFamily, lastByte } from '../net/ip.js';
 import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
 import { podLayout, SMALL_PACKET_BYTES, type HtbClass, type PodLayout } from './sizing.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
+import { byHandle, directionCounters, tcHandle, type ShapingCounters } from './counters.js';
 
 export interface PodShaping {
   /** Stable pod key, e.g. the sandbox container id. */
@@ -212,6 +213,16 @@ function ifbClassIds(classId: number): { pod: number; interactive: number; bulk:
 function linkOf(name: string): nl.LinkInfo | undefined {
   try {
     return nl.linkByName(name);
+  } catch (err) {
+    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
+    throw err;
+  }
+}
+
+/** The classes of a device over netlink; undefined when the device is gone. */
+function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
+  try {
+    return nl.classList(dev);
   } catch (err) {
     if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
     throw err;
@@ -655,6 +666,38 @@ export class Shaper {
   classIdOf(podId: string): number | undefined {
     const c = this.records.get(podId)?.classId;
     return c ? c : undefined;
+  }
+
+  /**
+   * The kernel's counters of every shaped pod (./counters.ts), read over netlink: ONE class dump of
+   * the ifb for every pod's egress, one class dump of each ingress-shaped pod's veth (the kernel
+   * dumps classes per device). No tc exec, no text. `ifindex` may name a pod's veth by index (the
+   * pod record has it), which saves a lookup by name per pod. A device that is gone (a pod being
+   * deleted) leaves that direction out.
+   */
+  counters(ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
+    const states = [...this.records.values()];
+    let ifb: Map<number, nl.TcClassStats> | undefined;
+    if (states.some((s) => s.egressInstalled && s.classId)) ifb = byHandle(classesOf(this.ifbName) ?? []);
+    const out: ShapingCounters[] = [];
+    for (const s of states) {
+      const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
+      if (s.ingressInstalled) {
+        const classes = classesOf(ifindex?.(s.id) ?? s.hostVeth);
+        if (classes) {
+          const m = byHandle(classes);
+          const ingress = directionCounters(m.get(tcHandle(2, 1)), [m.get(tcHandle(2, 2)), m.get(tcHandle(2, 3))]); // VETH.pod, .interactive, .bulk
+          if (ingress) c.ingress = ingress;
+        }
+      }
+      if (s.egressInstalled && s.classId && ifb) {
+        const ids = ifbClassIds(s.classId);
+        const egress = directionCounters(ifb.get(tcHandle(1, ids.pod)), [ifb.get(tcHandle(1, ids.interactive)), ifb.get(tcHandle(1, ids.bulk))]);
+        if (egress) c.egress = egress;
+      }
+      out.push(c);
+    }
+    return out;
   }
 
   /** Removes the shaping of every pod this shaper knows, and the shared ifb. */

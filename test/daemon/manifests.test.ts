@@ -1,5 +1,6 @@
 /**
- * Static checks of manifests/: every YAML document parses, RBAC stays read-only on nodes and pods,
+ * Static checks of manifests/: every YAML document parses, RBAC is exactly get/list/watch on nodes
+ * and pods and create on events,
  * the ConfigMap's config passes loadConfig, and every host path the config uses is a hostPath
  * mount of the DaemonSet at the same path (the host's runtime and CNI binary use those paths).
  */
@@ -124,7 +125,7 @@ test('every document parses and the expected kinds are present', (t) => {
   }
 });
 
-test('RBAC: only get/list/watch on nodes and pods, bound to the agent service account', (t) => {
+test('RBAC: exactly get/list/watch on nodes and pods and create on events (core group), bound to the agent service account', (t) => {
   const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
   t.true(roles.length > 0);
   const granted = new Set<string>();
@@ -134,12 +135,15 @@ test('RBAC: only get/list/watch on nodes and pods, bound to the agent service ac
     for (const r of rules) {
       t.deepEqual(r.apiGroups, [''], 'core API group only');
       t.is(r.nonResourceURLs, undefined);
-      for (const res of r.resources ?? []) t.true(['nodes', 'pods'].includes(res), `resource ${res}`);
-      for (const v of r.verbs ?? []) t.true(['get', 'list', 'watch'].includes(v), `verb ${v}`);
+      t.is(r.resourceNames, undefined);
+      t.false((r.verbs ?? []).includes('*') || (r.resources ?? []).includes('*'), 'no wildcards');
       for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}`);
     }
   }
-  for (const res of ['nodes', 'pods']) for (const v of ['get', 'list', 'watch']) t.true(granted.has(`${v} ${res}`), `${v} ${res}`);
+  // The agent reads nodes (pod CIDR) and pods (annotations, live re-shaping) and creates Events
+  // (BandwidthApplied / BandwidthRejected); it never patches, updates or deletes anything.
+  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'create events'];
+  t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');
   const binding = only<Obj & { roleRef: { kind: string; name: string }; subjects: Array<{ kind: string; name: string; namespace?: string }> }>(docs, 'ClusterRoleBinding');

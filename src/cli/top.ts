@@ -1,0 +1,128 @@
+/**
+ * `kubenet top`: a refreshing per-pod view of what each pod really gets — the rates measured by the
+ * agent (bits/s to the pod = IN, from the pod = OUT, over the refresh interval), its limits and
+ * the drops of its shaping — like top(1): in a terminal it takes the alternate screen, redraws every
+ * interval and exits cleanly (terminal restored, exit 0) on `q` or Ctrl-C; `-b` (or a stdout that
+ * is not a terminal) prints frames one after the other, `-n N` stops after N of them.
+ */
+import type { StatusReport } from '../daemon/agent.js';
+import { STATUS_PATH } from '../daemon/http-api.js';
+import { agentGet } from '../daemon/protocol.js';
+import { formatBandwidth } from '../pod/index.js';
+
+/** bits/s (or any rate) for a narrow column: "19.9M", "850k", "0". */
+export function rateText(v: number | undefined): string {
+  if (v === undefined || !Number.isFinite(v)) return '-';
+  for (const [unit, f] of [
+    ['G', 1e9],
+    ['M', 1e6],
+    ['k', 1e3],
+  ] as const) {
+    if (v >= f) return `${(v / f).toFixed(v >= 100 * f ? 0 : 1)}${unit}`;
+  }
+  return v >= 10 ? String(Math.round(v)) : v === 0 ? '0' : v.toFixed(1);
+}
+
+const limitText = (v: number | undefined) => (v === undefined ? '-' : formatBandwidth(v));
+
+const COLUMNS = ['POD', 'IN RATE', 'IN LIMIT', 'IN DROP/s', 'OUT RATE', 'OUT LIMIT', 'OUT DROP/s'] as const;
+
+/** One frame: a header line, the column heads, a line per ready pod (busiest first), cut to `width` x `height`. */
+export function renderTop(s: StatusReport, opts: { width?: number; height?: number; now?: Date; intervalS: number; hint?: boolean }): string[] {
+  const pods = s.pods.filter((p) => p.phase === 'ready');
+  const shaped = pods.filter((p) => p.limits.ingress !== undefined || p.limits.egress !== undefined).length;
+  const total = (p: (typeof pods)[number]) => (p.rate?.ingress ?? 0) + (p.rate?.egress ?? 0);
+  pods.sort((a, b) => total(b) - total(a) || `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`));
+  const time = (opts.now ?? new Date()).toTimeString().slice(0, 8);
+  const head = `kubenet top - ${time}  pod CIDR ${s.podCIDR ?? '(none)'}  pods ${pods.length} (${shaped} shaped)  every ${opts.intervalS} s${opts.hint ? '  q: quit' : ''}`;
+  const rows = pods.map((p) => [
+    p.namespace || p.name ? `${p.namespace}/${p.name}` : p.id.slice(0, 12),
+    rateText(p.rate?.ingress),
+    limitText(p.limits.ingress),
+    rateText(p.rate?.ingressDrops),
+    rateText(p.rate?.egress),
+    limitText(p.limits.egress),
+    rateText(p.rate?.egressDrops),
+  ]);
+  const widths = COLUMNS.map((c, i) => Math.max(c.length, ...rows.map((r) => (r[i] ?? '').length)));
+  widths[0] = Math.min(widths[0] ?? 3, 40);
+  const line = (cells: readonly string[]) =>
+    cells
+      .map((c, i) => (i === 0 ? (c.length > (widths[0] ?? 0) ? `${c.slice(0, (widths[0] ?? 1) - 1)}…` : c.padEnd(widths[0] ?? 0)) : c.padStart(widths[i] ?? 0)))
+      .join('  ');
+  let lines = [head, '', line(COLUMNS), ...rows.map(line)];
+  if (opts.width) lines = lines.map((l) => (l.length > (opts.width ?? 0) ? l.slice(0, opts.width) : l));
+  if (opts.height) lines = lines.slice(0, opts.height);
+  return lines;
+}
+
+export interface TopOptions {
+  socket: string;
+  intervalS: number;
+  batch: boolean;
+  iterations: number | undefined;
+}
+
+const ALT_SCREEN_ON = '\x1b[?1049h\x1b[?25l';
+const ALT_SCREEN_OFF = '\x1b[?25h\x1b[?1049l';
+const HOME_CLEAR = '\x1b[H\x1b[2J';
+
+async function fetchStatus(socket: string, windowS: number): Promise<StatusReport> {
+  const r = await agentGet(socket, `${STATUS_PATH}?window=${windowS}`).catch((err: unknown) => {
+    throw new Error(`kubenet agent unreachable at ${socket}: ${err instanceof Error ? err.message : String(err)}`);
+  });
+  if (r.status !== 200) throw new Error(`kubenet agent answered ${r.status}: ${r.body}`);
+  return JSON.parse(r.body) as StatusReport;
+}
+
+/** Runs the view until q, Ctrl-C, SIGTERM or `iterations` frames; resolves with the exit code. */
+export async function top(o: TopOptions): Promise<number> {
+  const out = process.stdout;
+  const interactive = out.isTTY === true && !o.batch;
+  let quit = false;
+  let wake: (() => void) | undefined;
+  const stop = () => {
+    quit = true;
+    wake?.();
+  };
+  const onKey = (d: Buffer) => {
+    const k = d.toString('latin1');
+    if (k.includes('q') || k.includes('Q') || k.includes('\x03')) stop();
+  };
+  const stdin = process.stdin;
+  const rawTty = interactive && stdin.isTTY === true;
+  process.on('SIGINT', stop);
+  process.on('SIGTERM', stop);
+  if (interactive) {
+    if (rawTty) stdin.setRawMode(true);
+    stdin.on('data', onKey);
+    stdin.resume();
+    out.write(ALT_SCREEN_ON);
+  }
+  try {
+    for (let frame = 1; !quit; frame++) {
+      const s = await fetchStatus(o.socket, o.intervalS);
+      if (quit) break;
+      const lines = renderTop(s, { intervalS: o.intervalS, hint: interactive, ...(interactive ? { width: out.columns, height: out.rows } : {}) });
+      out.write(interactive ? HOME_CLEAR + lines.join('\n') : `${lines.join('\n')}\n\n`);
+      if (o.iterations !== undefined && frame >= o.iterations) break;
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, o.intervalS * 1000);
+        wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    }
+    return 0;
+  } finally {
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+    if (interactive) {
+      out.write(ALT_SCREEN_OFF);
+      stdin.off('data', onKey);
+      if (rawTty) stdin.setRawMode(false);
+      stdin.pause();
+    }
+  }
+}

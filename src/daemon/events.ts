@@ -1,0 +1,105 @@
+/**
+ * Kubernetes Events on pods (core/v1, as kubelet writes them), so `kubectl describe pod` shows what
+ * the agent did to a pod's bandwidth: Normal `BandwidthApplied` (the limits) and Warning
+ * `BandwidthRejected` (the annotation and the error). POSTed through the agent's own API client
+ * (kube-watch.ts); RBAC: `create` on `events` in the core group, nothing else (no patch: every
+ * event is a new object, count 1).
+ *
+ * Fire and forget: recording never blocks or fails the work it reports. At most MAX_PENDING events
+ * are in flight; beyond that they are dropped (and logged), so a slow or absent API server cannot
+ * pile them up in memory.
+ */
+import type { Logger } from '../log.js';
+import { KubeApi, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
+
+export const REASON_APPLIED = 'BandwidthApplied';
+export const REASON_REJECTED = 'BandwidthRejected';
+
+export interface PodRef {
+  namespace: string;
+  name: string;
+  uid?: string | undefined;
+}
+
+export type EventType = 'Normal' | 'Warning';
+
+export interface EventRecorder {
+  record(pod: PodRef, type: EventType, reason: string, message: string): void;
+  /** Resolves once every event recorded so far is answered (or failed). */
+  flush(): Promise<void>;
+  /** Aborts posts in flight; later records are dropped. */
+  stop(): Promise<void>;
+}
+
+/** Static mode: no API server, nowhere to record. */
+export const noEvents: EventRecorder = {
+  record: () => undefined,
+  flush: async () => undefined,
+  stop: async () => undefined,
+};
+
+const MAX_PENDING = 64;
+/** The API server refuses a longer message. */
+const MAX_MESSAGE = 1024;
+
+/** The Event object for one occurrence (core/v1, the fields kubelet's recorder sets). */
+export function eventObject(pod: PodRef, type: EventType, reason: string, message: string, node: string, now = new Date()): Record<string, unknown> {
+  const ts = now.toISOString().replace(/\.\d+Z$/, 'Z');
+  const nanos = BigInt(now.getTime()) * 1_000_000n + BigInt(Math.floor(Math.random() * 1_000_000));
+  return {
+    apiVersion: 'v1',
+    kind: 'Event',
+    metadata: { name: `${pod.name}.${nanos.toString(16)}`, namespace: pod.namespace },
+    involvedObject: { apiVersion: 'v1', kind: 'Pod', namespace: pod.namespace, name: pod.name, ...(pod.uid ? { uid: pod.uid } : {}) },
+    reason,
+    message: message.length > MAX_MESSAGE ? `${message.slice(0, MAX_MESSAGE - 1)}…` : message,
+    type,
+    source: { component: 'kubenet', host: node },
+    reportingComponent: 'kubenet',
+    reportingInstance: node,
+    firstTimestamp: ts,
+    lastTimestamp: ts,
+    count: 1,
+  };
+}
+
+export class KubeEventRecorder implements EventRecorder {
+  private readonly api: KubeApi;
+  private readonly log: Logger;
+  private readonly pending = new Set<Promise<void>>();
+  private aborter = new AbortController();
+  private dropped = 0;
+
+  constructor(private readonly opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig'>) {
+    this.api = new KubeApi(loadKubeConfig(opts));
+    this.log = opts.logger.child({ component: 'events' });
+  }
+
+  record(pod: PodRef, type: EventType, reason: string, message: string): void {
+    if (!pod.namespace || !pod.name || this.aborter.signal.aborted) return;
+    if (this.pending.size >= MAX_PENDING) {
+      if (this.dropped++ % 100 === 0) this.log.warn({ dropped: this.dropped, pod: `${pod.namespace}/${pod.name}`, reason }, 'too many events in flight; dropping');
+      return;
+    }
+    const path = `/api/v1/namespaces/${encodeURIComponent(pod.namespace)}/events`;
+    const p = this.api
+      .postJson(path, eventObject(pod, type, reason, message, this.opts.nodeName), this.aborter.signal)
+      .then(
+        () => this.log.debug({ pod: `${pod.namespace}/${pod.name}`, reason }, 'event recorded'),
+        (err: unknown) => {
+          if (!this.aborter.signal.aborted) this.log.warn({ err, pod: `${pod.namespace}/${pod.name}`, reason }, 'could not record an event');
+        },
+      )
+      .finally(() => this.pending.delete(p));
+    this.pending.add(p);
+  }
+
+  async flush(): Promise<void> {
+    while (this.pending.size > 0) await Promise.all([...this.pending]);
+  }
+
+  async stop(): Promise<void> {
+    this.aborter.abort();
+    await this.flush();
+  }
+}

@@ -1,0 +1,53 @@
+/**
+ * What a pod's shaping really did, from the kernel's own tc counters (read over netlink by
+ * `Shaper.counters()`, src/netlink `classList`): per shaped direction, the pod's htb class (at the
+ * pod's limit) and its two leaves (interactive, bulk) summed into one set of figures.
+ *
+ * - bytes, packets: what the pod's class sent (dequeued), so what got through the limit. L2 frames
+ *   as the device carries them (Ethernet header included, no FCS): a TCP flow's payload is ~95.6 %
+ *   of this at MTU 1500 (1448 of 1514 bytes per full segment with timestamps).
+ * - drops: packets the pod's queues dropped (htb counts them on the leaf that refused them).
+ * - overlimits: times the pod's class hit its limit and had to wait (htb's count on that class).
+ * - backlog: bytes queued in the pod's leaves now.
+ * - limit: the class's rate as the kernel holds it, bits/s (htb keeps bytes/s).
+ */
+import type { TcClassStats } from '../netlink/index.js';
+
+export interface DirectionCounters {
+  limit: number;
+  bytes: number;
+  packets: number;
+  drops: number;
+  overlimits: number;
+  backlog: number;
+}
+
+/** One shaped pod's counters; a direction is absent when it is not shaped (or its device is gone). */
+export interface ShapingCounters {
+  id: string;
+  hostVeth: string;
+  ingress?: DirectionCounters;
+  egress?: DirectionCounters;
+}
+
+/** tc handle "major:minor" as the kernel's 32-bit number. */
+export function tcHandle(major: number, minor: number): number {
+  return ((major << 16) | minor) >>> 0;
+}
+
+export function byHandle(classes: TcClassStats[]): Map<number, TcClassStats> {
+  return new Map(classes.map((c) => [c.handle >>> 0, c]));
+}
+
+/** One direction from its pod class and leaf classes; undefined without the pod class. */
+export function directionCounters(pod: TcClassStats | undefined, leaves: Array<TcClassStats | undefined>): DirectionCounters | undefined {
+  if (!pod) return undefined;
+  let drops = pod.drops;
+  let backlog = pod.backlog;
+  for (const l of leaves) {
+    if (!l) continue;
+    drops += l.drops;
+    backlog += l.backlog;
+  }
+  return { limit: pod.ceil ?? pod.rate ?? 0, bytes: pod.bytes, packets: pod.packets, drops, overlimits: pod.overlimits, backlog };
+}

@@ -1,0 +1,140 @@
+/**
+ * The shaper's per-pod counters (Shaper.counters(), read over netlink) against the kernel as
+ * `tc -s` shows it: each shaped direction is the pod's class (bytes, packets, overlimits, limit)
+ * plus its leaves (drops, backlog); unshaped directions and gone devices are left out. Traffic: a
+ * few pings and one short UDP burst between the test's own namespaces (no rate is measured).
+ */
+import test, { type ExecutionContext } from 'ava';
+import { execa } from 'execa';
+import { directionCounters } from '../../src/shaper/counters.js';
+import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
+import type { TcClassStats } from '../../src/netlink/index.js';
+import { isRoot, uniq } from '../../hack/support/kernel.js';
+import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
+
+const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
+const kTest = skip ? test.skip : test;
+
+interface Env {
+  topo: Topology;
+  shaper: Shaper;
+  ifb: string;
+}
+
+async function setup(t: ExecutionContext, pods: number): Promise<Env> {
+  const ifb = `kif${uniq(8)}`;
+  const topo = await makeTopology(pods);
+  const shaper = new Shaper({ ifbName: ifb });
+  t.teardown(async () => {
+    await shaper.reset().catch(() => undefined);
+    shaper.close();
+    await execa('ip', ['link', 'del', ifb], { reject: false });
+    await topo.destroy();
+  });
+  await shaper.init();
+  return { topo, shaper, ifb };
+}
+
+const podOf = (p: TopoPod, limits: PodShaping['limits']): PodShaping => ({ id: p.id, hostVeth: p.hostVeth, ips: [p.ip4, p.ip6], limits });
+
+interface TextClass {
+  bytes: number;
+  packets: number;
+  drops: number;
+  overlimits: number;
+  backlog: number;
+}
+
+/** `tc -s class show dev X`, htb classes by id ("2:1"). */
+async function tcClasses(dev: string): Promise<Map<string, TextClass>> {
+  const out = new Map<string, TextClass>();
+  const text = (await execa('tc', ['-s', 'class', 'show', 'dev', dev], { reject: false })).stdout;
+  for (const block of text.split(/\n(?=class )/)) {
+    const id = /^class htb (\S+)/.exec(block)?.[1];
+    const sent = /Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)/.exec(block);
+    const backlog = /backlog (\d+)b/.exec(block);
+    if (id && sent && backlog) out.set(id, { bytes: +sent[1]!, packets: +sent[2]!, drops: +sent[3]!, overlimits: +sent[4]!, backlog: +backlog[1]! });
+  }
+  return out;
+}
+
+test('directionCounters: bytes, packets, overlimits and limit of the pod class; drops and backlog summed over its leaves', (t) => {
+  const cls = (o: Partial<TcClassStats>): TcClassStats => ({ handle: 0, parent: 0, kind: 'htb', bytes: 0, packets: 0, drops: 0, overlimits: 0, backlog: 0, qlen: 0, ...o });
+  const pod = cls({ bytes: 1000, packets: 10, overlimits: 7, rate: 8e6, ceil: 8e6 });
+  t.deepEqual(directionCounters(pod, [cls({ drops: 2, backlog: 300, bytes: 100 }), cls({ drops: 5, backlog: 1500, bytes: 900 }), undefined]), {
+    limit: 8e6,
+    bytes: 1000,
+    packets: 10,
+    drops: 7,
+    overlimits: 7,
+    backlog: 1800,
+  });
+  t.is(directionCounters(undefined, [cls({})]), undefined);
+});
+
+kTest('counters of each shaped pod and direction equal tc -s of its classes; unshaped directions and other pods apart', async (t) => {
+  const env = await setup(t, 3);
+  const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
+  await env.shaper.ensure(podOf(a, { ingress: 40e6, egress: 20e6 }));
+  await env.shaper.ensure(podOf(b, { egress: 8e6 }));
+  // a <-> c and b -> c: a's both directions, b's egress.
+  await execa('ip', ['netns', 'exec', a.netns, 'ping', '-q', '-c', '5', '-i', '0.02', '-s', '1000', '-W', '2', c.ip4]);
+  await execa('ip', ['netns', 'exec', b.netns, 'ping', '-q', '-c', '3', '-i', '0.02', '-W', '2', c.ip4]);
+  const counters = env.shaper.counters();
+  t.deepEqual(counters.map((x) => x.id).sort(), [a.id, b.id].sort(), 'shaped pods only');
+  const ca = counters.find((x) => x.id === a.id);
+  const cb = counters.find((x) => x.id === b.id);
+  t.is(cb?.ingress, undefined, 'b: ingress not shaped');
+  const veth = await tcClasses(a.hostVeth);
+  const ifb = await tcClasses(env.ifb);
+  const expect = (m: Map<string, TextClass>, pod: string, leaves: string[], limit: number) => ({
+    limit,
+    bytes: m.get(pod)?.bytes,
+    packets: m.get(pod)?.packets,
+    overlimits: m.get(pod)?.overlimits,
+    drops: [pod, ...leaves].reduce((s, id) => s + (m.get(id)?.drops ?? 0), 0),
+    backlog: [pod, ...leaves].reduce((s, id) => s + (m.get(id)?.backlog ?? 0), 0),
+  });
+  const ida = env.shaper.classIdOf(a.id) ?? 0;
+  const idb = env.shaper.classIdOf(b.id) ?? 0;
+  const leaves = (id: number) => [id + 0x800, id + 0x1000].map((x) => `1:${x.toString(16)}`);
+  t.deepEqual(ca?.ingress, expect(veth, '2:1', ['2:2', '2:3'], 40e6));
+  t.deepEqual(ca?.egress, expect(ifb, `1:${ida.toString(16)}`, leaves(ida), 20e6));
+  t.deepEqual(cb?.egress, expect(ifb, `1:${idb.toString(16)}`, leaves(idb), 8e6));
+  t.true((ca?.egress?.packets ?? 0) >= 5 && (ca?.egress?.bytes ?? 0) >= 5 * 1000, `a's requests passed its egress: ${JSON.stringify(ca?.egress)}`);
+  t.true((ca?.ingress?.packets ?? 0) >= 5 && (ca?.ingress?.bytes ?? 0) >= 5 * 1000, `a's replies passed its ingress: ${JSON.stringify(ca?.ingress)}`);
+  t.true((cb?.egress?.packets ?? 0) >= 3 && (cb?.egress?.packets ?? 0) < 5 + 3, "b's counters are its own");
+
+  // A re-shape keeps the classes (and their counters); the new limit is what the kernel reports.
+  await env.shaper.ensure(podOf(a, { ingress: 10e6, egress: 20e6 }));
+  const after = env.shaper.counters().find((x) => x.id === a.id);
+  t.is(after?.ingress?.limit, 10e6);
+  t.true((after?.ingress?.bytes ?? 0) >= (ca?.ingress?.bytes ?? Infinity), 'counters survive the re-shape');
+  // A direction removed leaves the counters; the pod without limits leaves them entirely.
+  await env.shaper.ensure(podOf(a, { egress: 20e6 }));
+  t.is(env.shaper.counters().find((x) => x.id === a.id)?.ingress, undefined);
+  await env.shaper.ensure(podOf(a, {}));
+  t.deepEqual(env.shaper.counters().map((x) => x.id), [b.id]);
+});
+
+kTest('drops and overlimits count when a burst overruns a small limit; a gone veth leaves the direction out', async (t) => {
+  const env = await setup(t, 2);
+  const [a, b] = env.topo.pods as [TopoPod, TopoPod];
+  await env.shaper.ensure(podOf(a, { ingress: 1e6, egress: 1e6 }));
+  await execa('ip', ['netns', 'exec', a.netns, 'ping', '-c', '1', '-W', '2', b.ip4]);
+  // 300 datagrams of 1400 bytes at once: far more than 1 Mbit/s queues (25 ms) in either direction.
+  const burst = (from: TopoPod, to: TopoPod) =>
+    execa('ip', ['netns', 'exec', from.netns, process.execPath, '-e', `const s=require('dgram').createSocket('udp4');let n=0;const go=()=>s.send(Buffer.alloc(1400),9,'${to.ip4}',()=>{if(++n<300)go();else s.close();});go();`]);
+  await burst(a, b);
+  await burst(b, a);
+  const c = env.shaper.counters().find((x) => x.id === a.id);
+  for (const dir of ['ingress', 'egress'] as const) {
+    t.true((c?.[dir]?.drops ?? 0) > 0, `${dir}: drops ${c?.[dir]?.drops}`);
+    t.true((c?.[dir]?.overlimits ?? 0) > 0, `${dir}: overlimits ${c?.[dir]?.overlimits}`);
+    t.is(c?.[dir]?.limit, 1e6);
+  }
+  await execa('ip', ['link', 'del', a.hostVeth]);
+  const gone = env.shaper.counters().find((x) => x.id === a.id);
+  t.is(gone?.ingress, undefined, 'the veth is gone: no ingress counters');
+  t.truthy(gone?.egress, 'the ifb class is still there until the pod is removed');
+});
