@@ -232,7 +232,9 @@ serialTest('the lease daemon renews: dnsmasq sees a DHCPREQUEST for each pod eve
   await w().dnsmasq.waitFor((e) => e.kind === 'DHCPACK' && e.ip === p.ip, 5000, skip);
   await new Promise((r) => setTimeout(r, 300));
   const expiry1 = (await w().dnsmasq.leases()).find((l) => l.ip === p.ip)?.expiry ?? 0;
-  const r2 = await w().dnsmasq.waitFor(isRenewal, (T1_S + 10) * 1000, n1);
+  // The next renewal, not another line of the same exchange (a CHECK just before may also have made
+  // the daemon ask; lines read in one poll share their seenAt): at least 1 s later.
+  const r2 = await w().dnsmasq.waitFor((e) => isRenewal(e) && e.seenAt >= r1.seenAt + 1000, (T1_S + 10) * 1000, n1);
   await w().dnsmasq.waitFor((e) => e.kind === 'DHCPACK' && e.ip === p.ip, 5000, n1);
   await new Promise((r) => setTimeout(r, 300));
   const expiry2 = (await w().dnsmasq.leases()).find((l) => l.ip === p.ip)?.expiry ?? 0;
