@@ -26,7 +26,7 @@ export function differences(r: PodRecord, req: AttachRequest, netnsId: NetnsId):
   const out: string[] = [];
   if (!sameNetns(r.netnsId, netnsId)) out.push(`network namespace (recorded ${r.netns})`);
   if (r.namespace !== req.namespace || r.name !== req.name) out.push(`pod (recorded ${podName(r)})`);
-  if (!sameLimits(r.limits, req.limits)) out.push('bandwidth limits');
+  if (!sameLimits(r.addLimits ?? r.limits, req.limits)) out.push('bandwidth limits');
   if (JSON.stringify(r.portMappings) !== JSON.stringify(req.portMappings)) out.push('host ports');
   return out;
 }

@@ -434,7 +434,8 @@ export class PodNetwork {
       const record = this.store.get(containerId, ifName);
       if (!record || record.phase !== 'ready') throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
       if (sameLimits(record.limits, limits)) return record;
-      const updated = { ...record, limits };
+      // A repeated ADD still compares with what the ADD asked for.
+      const updated: PodRecord = { ...record, limits, addLimits: record.addLimits ?? record.limits };
       await this.applyShaping(updated);
       this.store.put(updated);
       this.log.info({ pod: podName(record), from: record.limits, to: limits }, 'pod limits changed');

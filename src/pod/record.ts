@@ -54,7 +54,10 @@ export interface PodRecord {
   /** CNI_ARGS the plugins ran with. */
   cniArgs: Array<[string, string]>;
   portMappings: PortMapping[];
+  /** The limits in force (changed by a live re-shape). */
   limits: BandwidthLimits;
+  /** The limits the ADD asked for, when a re-shape has changed them since: what a repeated ADD is compared with. */
+  addLimits?: BandwidthLimits;
   /** From the result once ready; may be partly known while adding. */
   ips: string[];
   hostVeth?: string;

@@ -10,6 +10,7 @@ import { execa } from 'execa';
 import { readFile, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/pod-cidr.js';
+import { agentPost } from '../../src/daemon/protocol.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
@@ -458,4 +459,21 @@ serialTest('a configuration in which the agent would run its own forwarding bina
   const err2 = await t.throwsAsync(h.startAgent());
   t.regex(err2?.message ?? '', /is kubenet's own CNI forwarding binary/);
   h.agent = undefined;
+});
+
+serialTest('a repeated ADD after a live re-shape is still the same ADD: it returns the recorded result, and the new limits stay', async (t) => {
+  const h = await harness(t, '10.93.12.0/24');
+  await h.startAgent();
+  const pod = await h.addPod('reshaped');
+  const rc = { bandwidth: { ingressRate: 8 * MBIT, egressRate: 4 * MBIT } };
+  const first = await addOk(t, h, pod, rc);
+  const shaped = await agentPost(h.config.socket, `/v1/pods/default/${pod.name}/limits`, { ingress: '20M', egress: '10M' });
+  t.is(shaped.status, 200, shaped.body);
+  const again = await addOk(t, h, pod, rc);
+  t.deepEqual(again.ips, first.ips, 'the recorded result');
+  t.deepEqual((await status(h)).pods.find((p) => p.name === pod.name)?.limits, { ingress: 20 * MBIT, egress: 10 * MBIT }, 'the re-shaped limits stay in force');
+  const other = await h.libcni('add', pod, { runtimeConfig: { bandwidth: { ingressRate: 1 * MBIT } } });
+  t.not(other.exitCode, 0, 'an ADD with other limits than the ADD asked for is still a conflict');
+  t.is((await h.libcni('del', pod)).exitCode, 0);
+  await assertNothingLeft(t, h);
 });
