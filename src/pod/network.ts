@@ -96,6 +96,23 @@ export interface Attachment {
 
 type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: Subnet[]; conf: NetConf };
 
+/** Per-step wall times of one operation, logged at debug level (`steps`, ms since the previous mark). */
+class StepTimer {
+  private readonly marks: Array<[string, number]> = [];
+  private last: number;
+  constructor(start: number) {
+    this.last = start;
+  }
+  mark(name: string): void {
+    const now = performance.now();
+    this.marks.push([name, round(now - this.last)]);
+    this.last = now;
+  }
+  fields(log: Logger): { steps?: Record<string, number> } {
+    return log.isLevelEnabled('debug') ? { steps: Object.fromEntries(this.marks) } : {};
+  }
+}
+
 export class PodNetwork {
   readonly store: PodStore;
   readonly bridgeName: string;
@@ -218,6 +235,7 @@ export class PodNetwork {
 
   private async doAttach(req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
     const started = performance.now();
+    const steps = new StepTimer(started);
     const key = recordKey(req.containerId, req.ifName);
     const log = this.log.child({ pod: podName(req), id: shortId(req.containerId) });
     const existing = this.store.get(req.containerId, req.ifName);
@@ -237,9 +255,11 @@ export class PodNetwork {
     }
     const other = this.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
     if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+    steps.mark('lookup');
     if (nl.netnsLinkByName(req.netns, req.ifName)) {
       throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
     }
+    steps.mark('precheck');
 
     const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
     const record: PodRecord = {
@@ -260,11 +280,13 @@ export class PodNetwork {
     };
     // The intent, before any plugin runs.
     this.store.put(record);
+    steps.mark('record');
     this.adding.add(key);
     try {
       const rt = runtimeConf(record, req.netns);
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
       const result = await this.cni.add(network, rt);
+      steps.mark('bridge');
       const ips = result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
       if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
       const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== this.bridgeName)?.name;
@@ -272,12 +294,16 @@ export class PodNetwork {
       record.ips = ips;
       record.hostVeth = hostVeth;
       record.hostVethIndex = nl.linkByName(hostVeth).index;
+      steps.mark('veth');
       tuneBridge(this.settings(), log);
+      steps.mark('tune');
       await this.applyShaping(record);
+      steps.mark('shape');
       record.phase = 'ready';
       record.result = convertResult(result, network.cniVersion);
       this.store.put(record);
-      log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started) }, 'pod set up');
+      steps.mark('record2');
+      log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started), ...steps.fields(log) }, 'pod set up');
       return { record, result, repeated: false };
     } catch (err) {
       log.warn({ err }, 'pod setup failed; undoing what it made');
