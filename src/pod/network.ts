@@ -19,7 +19,7 @@
  *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
  */
 import { performance } from 'node:perf_hooks';
-import { CniRuntime } from '../cni/runtime.js';
+import { CniRuntime, deepFreeze } from '../cni/runtime.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
@@ -183,7 +183,8 @@ export class PodNetwork {
     const cidrs = subnets.map((s) => s.cidr).join(',');
     if (this.state.phase === 'ready' && this.state.subnets.map((s) => s.cidr).join(',') === cidrs) return;
     removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
-    this.state = { phase: 'ready', subnets, conf: bridgeConf(this.settings(), subnets) };
+    // Frozen: the CNI runtime checks and serializes it once, not on every ADD.
+    this.state = { phase: 'ready', subnets, conf: deepFreeze(bridgeConf(this.settings(), subnets)) };
     this.log.info({ podCIDR: cidrs }, 'pod CIDR set; CNI config generated');
     if (!this.swept) {
       this.swept = true;
