@@ -294,7 +294,9 @@ export class PodNetwork {
       if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
       record.ips = ips;
       record.hostVeth = hostVeth;
-      record.hostVethIndex = nl.linkByName(hostVeth).index;
+      const hostVethIndex = nl.linkIndexByName(hostVeth);
+      if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
+      record.hostVethIndex = hostVethIndex;
       steps.mark('veth');
       tuneBridge(this.settings(), log);
       steps.mark('tune');
