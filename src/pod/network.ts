@@ -385,9 +385,10 @@ export class PodNetwork {
         errors.push(err);
       }
     };
-    // Shaping first: its filters reference the veth.
-    await step(() => this.shaper.remove(record.containerId));
-    await step(() => this.deleteVeth(record, log));
+    // The veth and the shaping together: the veth's qdiscs and its redirect to the ifb go with it,
+    // the pod's classes and filters on the ifb (matched by its addresses) are removed meanwhile.
+    // The address is released only after both, so no new pod gets it while they still match it.
+    await Promise.all([step(() => this.shaper.remove(record.containerId, { vethDeleted: true })), step(() => this.deleteVeth(record, log))]);
     await step(async () => {
       const network = record.network ?? this.recordedOrCurrent(record);
       const rt = runtimeConf(record, '');
