@@ -56,7 +56,7 @@
  */
 import { execa, type ResultPromise } from 'execa';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { availableParallelism, loadavg, release } from 'node:os';
 import { join } from 'node:path';
@@ -142,6 +142,8 @@ interface BurstRep {
   addMs: number;
   delMs: number;
   totalMs: number;
+  /** CPU time over the burst (ms): this process's children (libcni drivers and what they ran), the agent's own, the agent's helpers and what they ran (spawner + plugins, tc). */
+  cpu: { runtime: number; agent: number; helpers: number };
 }
 
 interface SoakResult {
@@ -218,6 +220,43 @@ async function pool<T>(n: number, jobs: Array<() => Promise<T>>): Promise<T[]> {
   await Promise.all(Array.from({ length: Math.min(n, jobs.length) }, worker));
   if (failure !== undefined) throw failure;
   return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU time from /proc (clock ticks of 10 ms: enough over a burst of ~100 calls)
+
+const TICK_MS = 10;
+
+/** utime+stime and cutime+cstime (reaped children) of a process, ms; zeros when it is gone. */
+function procCpu(pid: number | string): { self: number; reaped: number } {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // fields 14-17 of stat(5), here from field 3 on: utime at [11], stime [12], cutime [13], cstime [14]
+    return { self: (Number(f[11]) + Number(f[12])) * TICK_MS, reaped: (Number(f[13]) + Number(f[14])) * TICK_MS };
+  } catch {
+    return { self: 0, reaped: 0 };
+  }
+}
+
+/** The agent's own CPU, and that of its live children and everything they reaped (the spawner and its plugins, the tc session). */
+function agentTreeCpu(pid: number): { agent: number; helpers: number } {
+  const own = procCpu(pid);
+  let helpers = own.reaped;
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    let ppid = '';
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+      ppid = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1] ?? '';
+    } catch {
+      continue;
+    }
+    if (ppid !== String(pid)) continue;
+    const c = procCpu(d);
+    helpers += c.self + c.reaped;
+  }
+  return { agent: own.self, helpers };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -708,14 +747,18 @@ class CniBench {
     try {
       await this.addNetns(pods);
       await this.publishPods(pods);
+      const agentPid = this.agentProc?.pid;
+      const cpu0 = { runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) };
       const t0 = performance.now();
       await pool(concurrency, pods.map((p) => () => this.add(p)));
       const t1 = performance.now();
       await pool(concurrency, pods.map((p) => () => this.del(p)));
       const t2 = performance.now();
+      const cpu1 = { runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) };
       if (side === 'kubenet') await this.settle();
       this.unpublishPods(pods);
-      return { side, addMs: t1 - t0, delMs: t2 - t1, totalMs: t2 - t0 };
+      const cpu = { runtime: cpu1.runtime - cpu0.runtime, agent: cpu1.agent - cpu0.agent, helpers: cpu1.helpers - cpu0.helpers };
+      return { side, addMs: t1 - t0, delMs: t2 - t1, totalMs: t2 - t0, cpu };
     } finally {
       await this.delNetns(pods.map((p) => p.netnsName).filter((n) => this.liveNetns.has(n)));
     }
@@ -1002,7 +1045,8 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
         bench.checkAbort();
         const b = await bench.burst(side, rep, o.burst, o.concurrency);
         burst.push(b);
-        console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time), load ${load()}`);
+        const cpu = side === 'kubenet' && o.agentMode === 'process' ? `, CPU: runtime side ${b.cpu.runtime} ms, agent ${b.cpu.agent} ms, its spawner+plugins+tc ${b.cpu.helpers} ms` : `, CPU: runtime side (libcni + plugins) ${b.cpu.runtime} ms`;
+        console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time)${cpu}, load ${load()}`);
       }
     }
     const over = await bench.overhead();
