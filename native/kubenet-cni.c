@@ -722,14 +722,19 @@ int main(void) {
         unreachable_exit("%s", io_error(errno));
     }
 
-    /* send head and body. If the agent stops reading (EPIPE, ECONNRESET) it may still have
-     * answered, e.g. with an error about the request: read that answer before giving up. */
-    const char *parts[2] = {head, body.data};
-    size_t lens[2] = {(size_t)head_len, body.len};
+    /* send head and body, in one buffer so that they leave in one send() (the agent then reads
+     * the whole request at once instead of the head first and the body on a later wakeup). If the
+     * agent stops reading (EPIPE, ECONNRESET) it may still have answered, e.g. with an error about
+     * the request: read that answer before giving up. */
+    buf_t req = {0};
+    buf_reserve(&req, (size_t)head_len + body.len + 1);
+    buf_put(&req, head, (size_t)head_len);
+    buf_put(&req, body.data, body.len);
+    free(body.data);
     int send_err = 0;
-    for (int i = 0; i < 2 && !send_err; i++) {
-        const char *p = parts[i];
-        size_t n = lens[i];
+    {
+        const char *p = req.data;
+        size_t n = req.len;
         while (n > 0) {
             if (arm_timeouts(fd) < 0) unreachable_exit("sending the request: %s", io_error(errno));
             ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
@@ -743,7 +748,7 @@ int main(void) {
             n -= (size_t)w;
         }
     }
-    free(body.data);
+    free(req.data);
 
     /* receive until the response is complete or the agent closes */
     buf_t resp = {0};

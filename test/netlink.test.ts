@@ -18,6 +18,7 @@ import {
   linkDelete,
   linkDeletionsInFlight,
   linkDeletionsSettled,
+  linkIndexExists,
   linkList,
   linkSetMtu,
   linkSetTxQLen,
@@ -307,8 +308,10 @@ kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it re
   await sh('ip', ['-n', ns.name, 'addr', 'add', '10.250.0.2/24', 'dev', links.peer]);
   await sh('ip', ['link', 'set', links.veth, 'up']);
   const index = linkByName(links.veth).index;
+  t.true(linkIndexExists(index));
   const started = performance.now();
   const { goneMs, finished } = await linkDelete(index);
+  t.false(linkIndexExists(index), 'no link by that index once linkDelete resolved');
   let answered = false;
   void finished.then(() => (answered = true));
   t.true(answered || linkDeletionsInFlight() >= 1, 'counted in flight until the kernel answers');
@@ -330,6 +333,8 @@ kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it re
   const refused = await t.throwsAsync(linkDelete(lo), { instanceOf: NetlinkError });
   t.is(refused?.errno, 95, refused?.message);
   t.is(linkByName('lo').index, lo, 'lo is still there');
+  t.true(linkIndexExists(lo));
+  t.false(linkIndexExists(0x7ffffff0), 'an index no link has');
 });
 
 kTest('linkDelete: many at once (more than its worker budget) all end gone and finished', async (t) => {

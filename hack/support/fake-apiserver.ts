@@ -88,6 +88,8 @@ export class FakeApiServer {
   private readonly history: Change[] = [];
   private readonly watches = new Set<WatchStream>();
   private readonly sockets = new Set<Socket>();
+  /** "kind/key" → the highest resourceVersion of that object written to an open watch (handed to the kernel). */
+  private readonly deliveredRv = new Map<string, number>();
   private server: Server | undefined;
 
   constructor(private readonly tls?: FakeTls) {}
@@ -208,6 +210,24 @@ export class FakeApiServer {
     return this.events.filter((e) => e.involvedObject.namespace === namespace && e.involvedObject.name === name && (reason === undefined || e.reason === reason));
   }
 
+  /**
+   * Whether the object's current state has been written to an open watch that selects it (handed to
+   * the kernel; the watcher may still be reading it). Keys: a Node's name, a pod's "namespace/name".
+   */
+  delivered(kind: Kind, key: string): boolean {
+    const obj = this.objects[kind].get(key);
+    return obj !== undefined && (this.deliveredRv.get(`${kind}/${key}`) ?? 0) >= Number(obj.metadata.resourceVersion);
+  }
+
+  /** Waits until `delivered` holds for every key; throws after `timeoutMs`. */
+  async waitDelivered(kind: Kind, keys: string[], timeoutMs = 10_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!keys.every((k) => this.delivered(kind, k))) {
+      if (Date.now() > deadline) throw new Error(`fake API server: ${kind} ${keys.filter((k) => !this.delivered(kind, k)).join(', ')} not delivered to a watch within ${timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, 2));
+    }
+  }
+
   /** Requests by path (exact) and kind of request. */
   count(path: string, what: 'list' | 'watch' | 'get' | 'any' = 'any'): number {
     return this.requests.filter((r) => r.path === path && (what === 'any' || (what === 'watch') === r.watch)).length;
@@ -231,7 +251,24 @@ export class FakeApiServer {
 
   private emit(change: Change): void {
     this.history.push(change);
-    for (const w of this.watches) if (w.kind === change.kind) sendChange(w, change);
+    for (const w of this.watches) if (w.kind === change.kind) this.sendChange(w, change);
+  }
+
+  /** A change as the watcher sees it through its selector: objects entering it are ADDED, leaving it DELETED. */
+  private sendChange(w: WatchStream, c: Change): void {
+    const was = c.before !== undefined && matches(w.selector, c.before);
+    const is = c.type !== 'DELETED' && matches(w.selector, c.object);
+    if (is) this.writeObject(w, was ? 'MODIFIED' : 'ADDED', c.object);
+    else if (was) writeEvent(w.res, 'DELETED', c.object);
+  }
+
+  /** Writes an ADDED/MODIFIED event and notes, once the kernel has it, that this state was delivered. */
+  private writeObject(w: WatchStream, type: 'ADDED' | 'MODIFIED', obj: FakeObject): void {
+    const key = `${w.kind}/${w.kind === 'pods' ? `${obj.metadata.namespace ?? 'default'}/${obj.metadata.name}` : obj.metadata.name}`;
+    const rv = Number(obj.metadata.resourceVersion);
+    writeEvent(w.res, type, obj, () => {
+      if ((this.deliveredRv.get(key) ?? 0) < rv) this.deliveredRv.set(key, rv);
+    });
   }
 
   private handle(req: IncomingMessage, res: ServerResponse): void {
@@ -311,23 +348,15 @@ export class FakeApiServer {
     res.flushHeaders();
     const w: WatchStream = { kind, selector, res };
     // No resourceVersion: the current state as ADDED events, then changes. Else every change after it.
-    if (fromRv === undefined) for (const o of current) writeEvent(res, 'ADDED', o);
-    else for (const c of this.history) if (c.rv > fromRv && c.kind === kind) sendChange(w, c);
+    if (fromRv === undefined) for (const o of current) this.writeObject(w, 'ADDED', o);
+    else for (const c of this.history) if (c.rv > fromRv && c.kind === kind) this.sendChange(w, c);
     this.watches.add(w);
     res.on('close', () => this.watches.delete(w));
   }
 }
 
-/** A change as the watcher sees it through its selector: objects entering it are ADDED, leaving it DELETED. */
-function sendChange(w: WatchStream, c: Change): void {
-  const was = c.before !== undefined && matches(w.selector, c.before);
-  const is = c.type !== 'DELETED' && matches(w.selector, c.object);
-  if (is) writeEvent(w.res, was ? 'MODIFIED' : 'ADDED', c.object);
-  else if (was) writeEvent(w.res, 'DELETED', c.object);
-}
-
-function writeEvent(res: ServerResponse, type: EventType | 'ERROR', object: unknown): void {
-  res.write(JSON.stringify({ type, object }) + '\n');
+function writeEvent(res: ServerResponse, type: EventType | 'ERROR', object: unknown, written?: () => void): void {
+  res.write(JSON.stringify({ type, object }) + '\n', written && ((err) => !err && written()));
 }
 
 /** "a=b,c==d" → [[a,b],[c,d]]; undefined for anything else (!=, set-based). */

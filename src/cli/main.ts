@@ -6,6 +6,8 @@
  */
 // First: sizes libuv's thread pool before any import can use it.
 import './threadpool.js';
+// Second: V8 heap settings for a long-running agent (heap.ts has the measurements).
+import './heap.js';
 import { parseArgs } from 'node:util';
 import { Agent, type StatusReport } from '../daemon/agent.js';
 import { limitsPath, STATUS_PATH } from '../daemon/http-api.js';

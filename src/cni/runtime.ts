@@ -103,9 +103,31 @@ function listNetwork(list: NetConfList, bytes?: string): Network {
   };
 }
 
+/** Validated networks of deeply frozen configs (which cannot change), so a config used for every call is checked and serialized once. */
+const frozenNetworks = new WeakMap<object, Network>();
+
 /** A single config or a list, validated. */
 function networkOf(conf: NetConf | NetConfList): Network {
-  return isObj(conf) && Array.isArray((conf as { plugins?: unknown }).plugins) ? listNetwork(conf as unknown as NetConfList) : singleNetwork(conf as NetConf);
+  const cached = isObj(conf) ? frozenNetworks.get(conf) : undefined;
+  if (cached) return cached;
+  const net = isObj(conf) && Array.isArray((conf as { plugins?: unknown }).plugins) ? listNetwork(conf as unknown as NetConfList) : singleNetwork(conf as NetConf);
+  if (isDeepFrozen(conf)) frozenNetworks.set(conf, net);
+  return net;
+}
+
+function isDeepFrozen(v: unknown): boolean {
+  if (typeof v !== 'object' || v === null) return true;
+  if (!Object.isFrozen(v)) return false;
+  return Object.values(v).every(isDeepFrozen);
+}
+
+/** Freezes `v` and everything it holds (a config the caller will use for many calls: see networkOf). */
+export function deepFreeze<T>(v: T): T {
+  if (typeof v === 'object' && v !== null && !Object.isFrozen(v)) {
+    for (const x of Object.values(v)) deepFreeze(x);
+    Object.freeze(v);
+  }
+  return v;
 }
 
 function checkRuntimeConf(rt: RuntimeConf): void {

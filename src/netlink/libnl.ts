@@ -178,7 +178,21 @@ export const libcNs = {
   setns: libc.func('int setns(int fd, int nstype)'),
   // linux/nsfs.h NS_GET_NSTYPE on a namespace fd: its CLONE_NEW* type.
   ioctl: libc.func('int ioctl(int fd, unsigned long request, ...)'),
+  // The same ioctl with a struct ifreq (net/if.h, 40 bytes) for the SIOC* interface requests.
+  ioctlIfreq: libc.func('int ioctl(int fd, unsigned long request, _Inout_ uint8_t *ifr)'),
+  socket: libc.func('int socket(int domain, int type, int protocol)'),
 };
+
+/** linux/sockios.h: ifindex -> name (ENODEV when no link has that index); name -> ifindex; name -> txqueuelen. */
+export const SIOCGIFNAME = 0x8910;
+export const SIOCGIFINDEX = 0x8933;
+export const SIOCGIFTXQLEN = 0x8942;
+/** sizeof(struct ifreq) on Linux; ifr_ifindex is the int at offset IFNAMSIZ (16). */
+export const IFREQ_SIZE = 40;
+export const IFNAMSIZ = 16;
+/** sys/socket.h */
+export const SOCK_DGRAM = 2;
+export const SOCK_CLOEXEC = 0o2000000;
 
 /** linux/nsfs.h: _IO(0xb7, 0x3). */
 export const NS_GET_NSTYPE = 0xb703;

@@ -45,13 +45,13 @@ export async function ensureBridge(s: BridgeSettings, log: Logger): Promise<nl.L
     const r = await execa('ip', args, { reject: false });
     if (r.exitCode !== 0) throw new ToolError('ip', args, r.exitCode, r.stderr);
   }
-  tuneBridge(s, log);
+  tuneBridge(s, log, link);
   return link;
 }
 
 /** Bridge settings kubenet keeps: MTU, non-zero txqueuelen, promiscuous mode for hairpin. */
-export function tuneBridge(s: BridgeSettings, log: Logger): void {
-  const link = nl.linkByName(s.bridgeName);
+export function tuneBridge(s: BridgeSettings, log: Logger, known?: nl.LinkInfo): void {
+  const link = known ?? nl.linkByName(s.bridgeName);
   if (link.mtu !== s.mtu) {
     nl.linkSetMtu(s.bridgeName, s.mtu);
     log.info({ from: link.mtu, to: s.mtu }, 'set bridge MTU');

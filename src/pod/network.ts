@@ -27,7 +27,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { PluginTimeoutError } from '../cni/errors.js';
-import { CniRuntime } from '../cni/runtime.js';
+import { CniRuntime, deepFreeze } from '../cni/runtime.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
@@ -134,6 +134,23 @@ export interface Attachment {
 
 type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: Subnet[]; conf: NetConf };
 
+/** Per-step wall times of one operation, logged at debug level (`steps`, ms since the previous mark). */
+class StepTimer {
+  private readonly marks: Array<[string, number]> = [];
+  private last: number;
+  constructor(start: number) {
+    this.last = start;
+  }
+  mark(name: string): void {
+    const now = performance.now();
+    this.marks.push([name, round(now - this.last)]);
+    this.last = now;
+  }
+  fields(log: Logger): { steps?: Record<string, number> } {
+    return log.isLevelEnabled('debug') ? { steps: Object.fromEntries(this.marks) } : {};
+  }
+}
+
 export class PodNetwork {
   readonly store: PodStore;
   readonly bridgeName: string;
@@ -237,7 +254,8 @@ export class PodNetwork {
       return;
     }
     removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
-    this.state = { phase: 'ready', subnets, conf: bridgeConf(this.settings(), subnets) };
+    // Frozen: the CNI runtime checks and serializes it once, not on every ADD.
+    this.state = { phase: 'ready', subnets, conf: deepFreeze(bridgeConf(this.settings(), subnets)) };
     this.log.info({ podCIDR: cidrs }, 'pod CIDR set; CNI config generated');
     await ensureBridge(this.settings(), this.log);
     await this.syncDedup();
@@ -317,6 +335,7 @@ export class PodNetwork {
 
   private async doAttach(req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
     const started = performance.now();
+    const steps = new StepTimer(started);
     const key = recordKey(req.containerId, req.ifName);
     const log = this.log.child({ pod: podName(req), id: shortId(req.containerId) });
     const existing = this.store.get(req.containerId, req.ifName);
@@ -336,6 +355,7 @@ export class PodNetwork {
     }
     const other = this.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
     if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+    steps.mark('lookup');
     if (nl.netnsLinkByName(req.netns, req.ifName)) {
       throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
     }
@@ -343,6 +363,7 @@ export class PodNetwork {
     if (lease && !(await socketAnswers(lease.daemonSocketPath))) {
       throw new NotReadyError(`kubenet: cannot set up pod ${podName(req)}: the DHCP lease daemon does not answer on ${lease.daemonSocketPath} (yet)`);
     }
+    steps.mark('precheck');
 
     const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
     const record: PodRecord = {
@@ -363,6 +384,7 @@ export class PodNetwork {
     };
     // The intent, before any plugin runs.
     this.store.put(record);
+    steps.mark('record');
     this.adding.add(key);
     try {
       // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
@@ -370,19 +392,25 @@ export class PodNetwork {
       const rt = runtimeConf(record, req.netns);
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
       const result = await this.addNetwork(network, rt, req);
+      steps.mark('bridge');
       const ips = result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
       if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
       const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== this.bridgeName)?.name;
       if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
       record.ips = ips;
       record.hostVeth = hostVeth;
-      record.hostVethIndex = nl.linkByName(hostVeth).index;
+      const hostVethIndex = nl.linkIndexByName(hostVeth);
+      if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
+      record.hostVethIndex = hostVethIndex;
+      steps.mark('veth');
       if (this.wantsDedup()) await this.syncDedup();
       await this.applyShaping(record);
+      steps.mark('shape');
       record.phase = 'ready';
       record.result = convertResult(result, network.cniVersion);
       this.store.put(record);
-      log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started) }, 'pod set up');
+      steps.mark('record2');
+      log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started), ...steps.fields(log) }, 'pod set up');
       return { record, result, repeated: false };
     } catch (err) {
       log.warn({ err }, 'pod setup failed; undoing what it made');
@@ -479,11 +507,12 @@ export class PodNetwork {
         errors.push(err);
       }
     };
-    // Shaping first: its filters reference the veth.
-    await step(() => this.shaper.remove(record.containerId));
     // A DHCP lease is released through the pod's interface: before its veth goes.
     if (dhcpIpamOf(record.network)) await step(() => this.releaseLease(record, log));
-    await step(() => this.deleteVeth(record, log));
+    // The veth and the shaping together: the veth's qdiscs and its redirect to the ifb go with it,
+    // the pod's classes and filters on the ifb (matched by its addresses) are removed meanwhile.
+    // The address is released only after both, so no new pod gets it while they still match it.
+    await Promise.all([step(() => this.shaper.remove(record.containerId, { vethDeleted: true })), step(() => this.deleteVeth(record, log))]);
     await step(async () => {
       const network = record.network ?? this.recordedOrCurrent(record);
       const rt = runtimeConf(record, '');

@@ -9,17 +9,18 @@
  * agent's own state dir, never in a runtime's (`/var/lib/cni/results` belongs to the runtimes).
  *
  * One JSON file per attachment, `<dir>/<containerId>@<ifName>.json` ('@' cannot occur in a container
- * ID, so the name is unambiguous), written atomically (src/util/atomic-file.ts). Files of kubenet-ts
+ * ID, so the name is unambiguous), written atomically through pre-made spare files kept in the hidden
+ * sibling `.pods-spare` (src/util/atomic-file.ts SpareFileWriter: no inode made or freed per write). Files of kubenet-ts
  * 0.1.0 (`<dir>/<containerId>.json`, another shape) are returned by `load()` as legacy records for
  * the upgrade path to convert.
  */
 import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import type { NetConf, NetConfList, WireResult } from '../cni/types.js';
 import type { Logger } from '../log.js';
 import type { BandwidthLimits } from '../shaper/limits.js';
 import type { ShapingState } from '../shaper/tc.js';
-import { isTempFile, writeFileAtomic } from '../util/atomic-file.js';
+import { isTempFile, SpareFileWriter } from '../util/atomic-file.js';
 import { sameNetns, type NetnsId } from './netns.js';
 
 export const RECORD_VERSION = 2;
@@ -112,11 +113,15 @@ function isLegacy(v: unknown): v is LegacyPodRecord {
 
 export class PodStore {
   private readonly records = new Map<string, PodRecord>();
+  /** Writes and removes record files without making or freeing an inode per call (spares in `.<dir>-spare`). */
+  private readonly files: SpareFileWriter;
 
   constructor(
     readonly dir: string,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.files = new SpareFileWriter(dir, join(dirname(dir), `.${basename(dir)}-spare`), { mode: 0o600 });
+  }
 
   /**
    * Reads every record in the directory into memory (replacing what was there) and sweeps stray
@@ -125,6 +130,7 @@ export class PodStore {
    */
   load(): { legacy: Array<{ file: string; record: LegacyPodRecord }> } {
     this.records.clear();
+    this.files.sweepSpares();
     const legacy: Array<{ file: string; record: LegacyPodRecord }> = [];
     let names: string[];
     try {
@@ -170,18 +176,14 @@ export class PodStore {
   /** Writes the record (atomically) and then makes it the one in memory. */
   put(record: PodRecord): void {
     const key = recordKey(record.containerId, record.ifName);
-    writeFileAtomic(join(this.dir, `${key}.json`), JSON.stringify(record), { mode: 0o600 });
+    this.files.write(`${key}.json`, JSON.stringify(record));
     this.records.set(key, record);
   }
 
   /** Removes the record; a missing one is success. */
   delete(containerId: string, ifName: string): void {
     const key = recordKey(containerId, ifName);
-    try {
-      unlinkSync(join(this.dir, `${key}.json`));
-    } catch (err) {
-      if ((err as { code?: string }).code !== 'ENOENT') throw err;
-    }
+    this.files.remove(`${key}.json`);
     this.records.delete(key);
   }
 }

@@ -229,8 +229,9 @@ function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
   }
 }
 
+/** Whether the link exists (one ioctl). */
 function linkExists(name: string): boolean {
-  return linkOf(name) !== undefined;
+  return nl.linkIndexByName(name) !== undefined;
 }
 
 /** What init learned from its one listing of the ifb. */
@@ -567,7 +568,7 @@ export class Shaper {
     }
     // The bridge plugin makes veths with txqueuelen 0; htb and its leaves want a queue. Netlink, not an `ip`
     // exec: the exec alone cost ~5 ms of a ~6.5 ms ensure.
-    if (limits.ingress !== undefined && linkOf(veth)?.txQLen === 0) nl.linkSetTxQLen(veth, 1000);
+    if (limits.ingress !== undefined && nl.linkTxQLen(veth) === 0) nl.linkSetTxQLen(veth, 1000);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -588,22 +589,26 @@ export class Shaper {
       rec.classId = 0;
     }
     this.records.set(pod.id, rec);
-    log.info({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId }, 'pod shaped');
+    log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId }, 'pod shaped');
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
 
-  /** Removes every class, filter and qdisc of the pod; an unknown pod is a success. */
-  async remove(podId: string): Promise<void> {
+  /**
+   * Removes every class, filter and qdisc of the pod; an unknown pod is a success. With
+   * `vethDeleted` (the caller deletes the pod's veth meanwhile) the veth's own qdiscs are left to go
+   * with it, and only the ifb side is removed.
+   */
+  async remove(podId: string, opts: { vethDeleted?: boolean } = {}): Promise<void> {
     await this.init();
     return this.mutex.run(podId, async () => {
       const rec = this.records.get(podId);
       if (!rec) return;
       const log = this.log.child({ pod: podId });
       const t0 = performance.now();
-      await this.kernelRemove(rec, log);
+      await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
       this.freeClass(rec.classId);
-      log.info({ ms: +(performance.now() - t0).toFixed(2) }, 'pod shaping removed');
+      log.debug({ ms: +(performance.now() - t0).toFixed(2) }, 'pod shaping removed');
     });
   }
 
@@ -612,9 +617,9 @@ export class Shaper {
    * already gone (veth deleted with the pod, kernel state lost) or, if not, init's orphan sweep
    * removes it on the next start.
    */
-  private async kernelRemove(rec: ShapingState, log: Logger): Promise<void> {
+  private async kernelRemove(rec: ShapingState, log: Logger, vethDeleted = false): Promise<void> {
     const lines: string[] = [];
-    if (linkExists(rec.hostVeth)) {
+    if (!vethDeleted && linkExists(rec.hostVeth)) {
       if (rec.egressInstalled) lines.push(`qdisc del dev ${rec.hostVeth} ingress`);
       if (rec.ingressInstalled) lines.push(`qdisc del dev ${rec.hostVeth} root`);
     }

@@ -8,7 +8,8 @@
  * the hot path. Not fsync'ed: a file survives process crashes, not power loss (after which the
  * kernel state it describes is gone too).
  */
-import { copyFileSync, chmodSync, mkdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, copyFileSync, chmodSync, existsSync, fstatSync, linkSync, mkdirSync, openSync, readdirSync, renameSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 
 let counter = 0;
@@ -58,5 +59,168 @@ export function copyFileAtomic(src: string, dest: string, mode: number): void {
       // never written
     }
     throw err;
+  }
+}
+
+/**
+ * Write-then-rename and remove for the small files of one directory (the pod records), without
+ * creating or freeing an inode, or taking a directory lock for long, on the caller's path. Measured
+ * in the agent on ext4 (bench/cni.ts, p50): creating a file costs 0.2-0.3 ms, an open with O_CREAT
+ * of an existing one waits on its directory's lock, unlinking (or renaming over a file's last link)
+ * costs 0.1-0.5 ms, and truncating frees blocks; renaming, linking and overwriting in place cost
+ * ~0.05 ms. A pod's ADD writes its record twice and its DEL removes it.
+ *
+ * So a write goes into a spare file of the spare directory (a hidden sibling on the same filesystem:
+ * rename never crosses filesystems): opened without O_CREAT, written from offset 0 in one write,
+ * padded with spaces to the spare's old length instead of truncated (JSON allows trailing white
+ * space), then renamed over the target, exactly as writeFileAtomic does with a fresh temporary file:
+ * readers see the old content or the new, never a partial file. The file it replaces is first
+ * linked into the spare directory, so the rename drops a link instead of freeing an inode, and it
+ * becomes a spare; a removal likewise renames the file into the spare directory. Spares so recycle
+ * themselves; new ones are made only when few are left, in the background after a pause (on libuv's
+ * thread pool), so that their creation does not hold the spare directory's lock during a call.
+ * Without a spare a write falls back to writeFileAtomic. Spares hold nothing of value: `sweepSpares`
+ * (called at load) removes whatever a previous process left.
+ */
+export class SpareFileWriter {
+  private readonly spares: string[] = [];
+  private making = false;
+  private dirReady = false;
+
+  constructor(
+    readonly dir: string,
+    readonly spareDir: string,
+    private readonly opts: { mode: number; keep?: number; delayMs?: number },
+  ) {}
+
+  private get keep(): number {
+    return this.opts.keep ?? 8;
+  }
+
+  /** Spares ready now (tests). */
+  get spareCount(): number {
+    return this.spares.length;
+  }
+
+  /** Removes every spare (this process's and earlier ones'); new ones are made as writes need them. */
+  sweepSpares(): void {
+    this.spares.length = 0;
+    this.dirReady = false;
+    let names: string[];
+    try {
+      names = readdirSync(this.spareDir);
+    } catch {
+      return;
+    }
+    for (const n of names) {
+      try {
+        unlinkSync(join(this.spareDir, n));
+      } catch {
+        // gone already
+      }
+    }
+  }
+
+  /** Atomically replaces `<dir>/<name>` with `data`. */
+  write(name: string, data: string): void {
+    const target = join(this.dir, name);
+    const spare = this.spares.pop();
+    if (this.spares.length < this.keep / 2) this.replenishLater();
+    if (spare === undefined) {
+      writeFileAtomic(target, data, { mode: this.opts.mode });
+      return;
+    }
+    let old: string | undefined;
+    try {
+      writeInPlace(spare, data);
+      // The file being replaced stays alive as a spare through a second link, so the rename over it
+      // frees nothing.
+      old = this.spareName();
+      try {
+        linkSync(target, old);
+      } catch {
+        old = undefined; // no such file yet (a new record), or no link possible: the rename still works
+      }
+      renameSync(spare, target);
+      if (old !== undefined) this.spares.push(old);
+    } catch (err) {
+      // Never leave a second link to a live file among the spares: writing into it would change that file.
+      for (const f of [spare, old]) {
+        if (f === undefined) continue;
+        try {
+          unlinkSync(f);
+        } catch {
+          // not there
+        }
+      }
+      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      // A spare or a directory is missing: the plain way (which creates the target directory).
+      writeFileAtomic(target, data, { mode: this.opts.mode });
+    }
+  }
+
+  /** Removes `<dir>/<name>`; a missing file is success. */
+  remove(name: string): void {
+    const target = join(this.dir, name);
+    if (this.dirReady && this.spares.length < 4 * this.keep) {
+      const spare = this.spareName();
+      try {
+        renameSync(target, spare);
+        this.spares.push(spare);
+        return;
+      } catch (err) {
+        if ((err as { code?: string }).code === 'ENOENT' && !existsSync(target)) return;
+        // anything else: the plain way
+      }
+    }
+    try {
+      unlinkSync(target);
+    } catch (err) {
+      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+    }
+  }
+
+  private spareName(): string {
+    return join(this.spareDir, `.spare.${process.pid}.${++counter}.tmp`);
+  }
+
+  /** After a pause, makes spares until `keep` are ready (one batch at a time). */
+  private replenishLater(): void {
+    if (this.making) return;
+    this.making = true;
+    setTimeout(() => void this.replenish(), this.opts.delayMs ?? 50).unref();
+  }
+
+  private async replenish(): Promise<void> {
+    try {
+      if (!this.dirReady) {
+        mkdirSync(this.spareDir, { recursive: true, mode: 0o700 });
+        this.dirReady = true;
+      }
+      while (this.spares.length < this.keep) {
+        const name = this.spareName();
+        await writeFile(name, '', { mode: this.opts.mode });
+        this.spares.push(name);
+      }
+    } catch {
+      this.dirReady = false; // made again on the next attempt
+    } finally {
+      this.making = false;
+    }
+  }
+}
+
+/** Writes `data` from offset 0 of the existing file `path` in one write, padded with spaces to its current length. */
+function writeInPlace(path: string, data: string): void {
+  const fd = openSync(path, constants.O_WRONLY);
+  try {
+    const size = fstatSync(fd).size;
+    const bytes = Buffer.from(data, 'utf8');
+    const out = bytes.length >= size ? bytes : Buffer.alloc(size, 0x20);
+    if (out !== bytes) bytes.copy(out);
+    const n = writeSync(fd, out, 0, out.length, 0);
+    if (n !== out.length) throw new Error(`short write to ${path}: ${n} of ${out.length} bytes`);
+  } finally {
+    closeSync(fd);
   }
 }

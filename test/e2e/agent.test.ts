@@ -270,6 +270,47 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   await assertNothingLeft(t, h);
 });
 
+serialTest('in a cluster: no ADD waits on the API server for a pod already delivered on its watch (0 pod GETs); a pod not in the watch yet is fetched once', async (t) => {
+  const api = await FakeApiServer.start();
+  t.teardown(() => api.stop());
+  const h = await harness(t, '10.93.12.0/24');
+  const kube = { nodeName: 'test-node', logger: createLogger({ level: h.config.logLevel }), kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 };
+  api.setNode(node('test-node', { podCIDRs: ['10.93.12.0/24'] }));
+  await h.startAgent(new NodeWatchPodCidrSource(kube), new ClusterPodLookup(kube));
+  const deadline = Date.now() + 10_000;
+  while ((await h.get('/healthz')).status !== 200 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  t.is((await h.get('/healthz')).status, 200);
+
+  const podGets = () => api.requests.filter((r) => /^\/api\/v1\/namespaces\/[^/]+\/pods\/[^/]+$/.test(r.path)).map((r) => r.path);
+  const pods: AgentPod[] = [];
+  for (let i = 1; i <= 6; i++) {
+    const p = await h.addPod(`w${i}`);
+    api.setPod(podObject('default', p.name, 'test-node', { 'kubernetes.io/ingress-bandwidth': `${i}M` }));
+    pods.push(p);
+  }
+  await api.waitDelivered('pods', pods.map((p) => `default/${p.name}`));
+  // Sequential and concurrent ADDs, no runtimeConfig: every limit comes from the watch cache.
+  for (const p of pods.slice(0, 3)) await addOk(t, h, p);
+  await Promise.all(pods.slice(3).map((p) => addOk(t, h, p)));
+  t.deepEqual(podGets(), [], 'no pod GET for pods the watch had delivered');
+  const limits = new Map((await status(h)).pods.map((p) => [p.name, p.limits]));
+  for (const [i, p] of pods.entries()) t.deepEqual(limits.get(p.name), { ingress: (i + 1) * MBIT }, `${p.name}: limits from its annotation`);
+
+  // Contrast: with the watch held back, a new pod is known only to a GET, and exactly one is made.
+  api.failWith = (r) => (r.watch ? 503 : undefined);
+  api.closeWatches();
+  const late = await h.addPod('late');
+  api.setPod(podObject('default', late.name, 'test-node', { 'kubernetes.io/egress-bandwidth': '2M' }));
+  t.false(api.delivered('pods', 'default/late'));
+  await addOk(t, h, late);
+  t.deepEqual(podGets(), ['/api/v1/namespaces/default/pods/late']);
+  t.deepEqual((await status(h)).pods.find((p) => p.name === 'late')?.limits, { egress: 2 * MBIT });
+  api.failWith = undefined;
+
+  for (const p of [...pods, late]) t.is((await h.libcni('del', p)).exitCode, 0);
+  await assertNothingLeft(t, h);
+});
+
 /** iptables -t nat, never failing (cleanup). */
 const natIpt = (args: string[]) => execa('iptables', ['-w', '5', '-t', 'nat', ...args], { reject: false });
 

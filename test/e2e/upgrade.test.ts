@@ -115,7 +115,7 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
   t.deepEqual((await readdir(join(legacyCache, 'results'))).sort(), [`kubenet-${web.pod.id}-eth0`], "0.1.0's own entries removed; the runtime's kept");
   t.is(await readFile(runtimeEntryPath, 'utf8'), runtimeEntry, "the runtime's entry is byte for byte what the runtime wrote");
   t.is((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, classesBefore, 'shaping untouched');
-  t.deepEqual(await readdir(h.config.stateDir), ['pods'], "0.1.0's shaper files adopted into the records, then removed");
+  t.deepEqual((await readdir(h.config.stateDir)).sort(), ['.pods-spare', 'pods'], "0.1.0's shaper files adopted into the records, then removed (.pods-spare: the record writer's spare files)");
   for (const m of [web, plain]) {
     t.true(await linkExists(m.hostVeth), `${m.pod.name}: veth kept`);
     const ping = await execa('ip', ['netns', 'exec', m.pod.netnsName, 'ping', '-c', '1', '-W', '2', '10.93.20.1'], { reject: false });

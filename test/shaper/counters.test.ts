@@ -80,13 +80,23 @@ kTest('counters of each shaped pod and direction equal tc -s of its classes; uns
   // a <-> c and b -> c: a's both directions, b's egress.
   await execa('ip', ['netns', 'exec', a.netns, 'ping', '-q', '-c', '5', '-i', '0.02', '-s', '1000', '-W', '2', c.ip4]);
   await execa('ip', ['netns', 'exec', b.netns, 'ping', '-q', '-c', '3', '-i', '0.02', '-W', '2', c.ip4]);
-  const counters = env.shaper.counters();
+  // One netlink read between two tc reads that agree: a stray packet (neighbour discovery) between
+  // the reads would make them differ by one; then read again (at most 10 times).
+  const snapshot = async () => ({ veth: await tcClasses(a.hostVeth), ifb: await tcClasses(env.ifb) });
+  let counters = env.shaper.counters();
+  let { veth, ifb } = await snapshot();
+  for (let i = 0; i < 10; i++) {
+    const before = await snapshot();
+    counters = env.shaper.counters();
+    ({ veth, ifb } = await snapshot());
+    if (JSON.stringify([...before.veth, ...before.ifb]) === JSON.stringify([...veth, ...ifb])) break;
+    t.log(`tc counters moved during read ${i + 1}; reading again`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
   t.deepEqual(counters.map((x) => x.id).sort(), [a.id, b.id].sort(), 'shaped pods only');
   const ca = counters.find((x) => x.id === a.id);
   const cb = counters.find((x) => x.id === b.id);
   t.is(cb?.ingress, undefined, 'b: ingress not shaped');
-  const veth = await tcClasses(a.hostVeth);
-  const ifb = await tcClasses(env.ifb);
   const expect = (m: Map<string, TextClass>, pod: string, leaves: string[], limit: number) => ({
     limit,
     bytes: m.get(pod)?.bytes,
