@@ -63,7 +63,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { CONFIG_KEYS, type ConfigKey } from '../src/daemon/config.js';
+import { configFlags } from '../src/daemon/config.js';
 import { NodeWatchPodCidrSource } from '../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../src/daemon/pod-lookup.js';
 import { createLogger } from '../src/log.js';
@@ -463,13 +463,8 @@ class CniBench {
 
   /** `kubenet daemon` from dist/, every key of the harness's config as its flag; ready when /healthz is 200. */
   async startAgentProcess(): Promise<void> {
-    const flags: string[] = [];
-    for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, (typeof CONFIG_KEYS)[ConfigKey]]>) {
-      const v = this.h.config[key];
-      if (v === undefined) continue;
-      if (this.api && (key === 'podCIDR' || key === 'nodeName')) continue;
-      flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
-    }
+    const { podCIDR: _cidr, nodeName: _node, ...cluster } = this.h.config;
+    const flags = configFlags(this.api ? cluster : this.h.config);
     if (this.api) {
       const kubeconfig = join(this.h.root, 'kubeconfig');
       await writeFile(

@@ -30,7 +30,7 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { CONFIG_KEYS, type ConfigKey } from '../src/daemon/config.js';
+import { configFlags } from '../src/daemon/config.js';
 import { classList } from '../src/netlink/index.js';
 import { formatBandwidth, parseBandwidth } from '../src/shaper/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
@@ -488,13 +488,8 @@ async function liveBench(): Promise<void> {
       }),
     );
     // The agent as it runs in a cluster: its own process, the Node's pod CIDR, pods' annotations.
-    const flags: string[] = [];
-    for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, (typeof CONFIG_KEYS)[ConfigKey]]>) {
-      const v = key === 'podCIDR' ? undefined : key === 'kubeconfig' ? kubeconfig : key === 'nodeName' ? nodeName : h.config[key];
-      if (v !== undefined) flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
-    }
-    if (!flags.includes('--kubeconfig')) flags.push('--kubeconfig', kubeconfig);
-    if (!flags.includes('--node-name')) flags.push('--node-name', nodeName);
+    const { podCIDR: _cidr, ...rest } = h.config;
+    const flags = configFlags({ ...rest, kubeconfig, nodeName });
     agent = execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), 'daemon', ...flags], { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
     for (const deadline = Date.now() + 30_000; (await h.get('/healthz').catch(() => ({ status: 0 }))).status !== 200; ) {
       if (Date.now() > deadline) throw new Error('the agent did not become ready');

@@ -238,6 +238,22 @@ export function configKeysMarkdown(): string {
   return ['| key | flag | type | default | description |', '| --- | --- | --- | --- | --- |', ...rows].join('\n');
 }
 
+/**
+ * The `kubenet daemon` flags that give a config (each set key as CONFIG_KEYS[k].flag; lists joined
+ * with commas), for starting an agent process as configured. dhcp's own keys are left out unless
+ * ipam is dhcp: the agent refuses them otherwise, even at their defaults.
+ */
+export function configFlags(c: Partial<AgentConfig>): string[] {
+  const flags: string[] = [];
+  for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>) {
+    const v = c[key];
+    if (v === undefined) continue;
+    if ((key === 'uplink' || key === 'dhcpTimeout') && c.ipam !== 'dhcp') continue;
+    flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
+  }
+  return flags;
+}
+
 /** A config problem, with where it is (`source`: the file path or "flags"), the key and what was expected. */
 export class AgentConfigError extends ConfigError {
   readonly source: string;

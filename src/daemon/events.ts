@@ -10,7 +10,7 @@
  * pile them up in memory.
  */
 import type { Logger } from '../log.js';
-import { KubeApi, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
+import { KubeApi, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
 
 export const REASON_APPLIED = 'BandwidthApplied';
 export const REASON_REJECTED = 'BandwidthRejected';
@@ -67,7 +67,7 @@ export class KubeEventRecorder implements EventRecorder {
   private readonly api: KubeApi;
   private readonly log: Logger;
   private readonly pending = new Set<Promise<void>>();
-  private aborter = new AbortController();
+  private aborter = sharedAborter(MAX_PENDING);
   private dropped = 0;
 
   constructor(private readonly opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig'>) {

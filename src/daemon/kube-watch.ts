@@ -10,6 +10,7 @@
  * AbortController only once response headers have arrived, so a watch still connecting (API
  * server slow or gone) cannot be aborted, and stop() could neither finish it nor let the process exit.)
  */
+import { setMaxListeners } from 'node:events';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -17,6 +18,16 @@ import type { KubernetesListObject, KubernetesObject, V1Status } from '@kubernet
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { inClusterCredentials, kubeconfigCredentials, type KubeClientConfig } from './kubeconfig.js';
+
+/**
+ * An AbortController whose signal many requests share (each request in flight listens on it): Node
+ * warns of a leak past 10 listeners, so the limit is set to how many may be in flight at once.
+ */
+export function sharedAborter(maxInFlight: number): AbortController {
+  const c = new AbortController();
+  setMaxListeners(maxInFlight + 1, c.signal);
+  return c;
+}
 
 export const DEFAULT_RETRY_MIN_MS = 1000;
 export const DEFAULT_RETRY_MAX_MS = 30_000;

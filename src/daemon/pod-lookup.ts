@@ -9,7 +9,10 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { PodLookup, PodUpdate } from './cni-handler.js';
-import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
+import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
+
+/** Pod GETs one agent may have in flight (one per ADD of a pod not yet in the watch) before Node warns. */
+const MAX_LOOKUPS_IN_FLIGHT = 1024;
 
 export type ClusterPodLookupOptions = KubeClientOptions;
 
@@ -31,7 +34,7 @@ export class ClusterPodLookup implements PodLookup {
   /** "namespace/name" → what is known of the pods on this node. */
   private cache = new Map<string, Cached>();
   /** Aborts GETs in flight on stop(). */
-  private aborter = new AbortController();
+  private aborter = sharedAborter(MAX_LOOKUPS_IN_FLIGHT);
   private listener: ((u: PodUpdate) => void | Promise<void>) | undefined;
 
   constructor(opts: ClusterPodLookupOptions) {
@@ -87,7 +90,7 @@ export class ClusterPodLookup implements PodLookup {
 
   /** Starts filling the cache in the background; returns at once. */
   async start(): Promise<void> {
-    if (this.aborter.signal.aborted) this.aborter = new AbortController();
+    if (this.aborter.signal.aborted) this.aborter = sharedAborter(MAX_LOOKUPS_IN_FLIGHT);
     this.loop.start();
   }
 

@@ -7,6 +7,7 @@ import {
   AgentConfigError,
   CONFIG_KEYS,
   DEFAULT_CONFIG,
+  configFlags,
   configKeysMarkdown,
   dhcpSocketPath,
   loadConfig,
@@ -249,4 +250,19 @@ test("README documents every key: its table is configKeysMarkdown()'s", async (t
   const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
   t.true(readme.includes(configKeysMarkdown()), 'regenerate the table in README.md from configKeysMarkdown()');
   for (const key of Object.keys(CONFIG_KEYS)) t.true(readme.includes(`| \`${key}\` |`), key);
+});
+
+test('configFlags: every set key as its flag, lists joined; dhcp keys only with ipam dhcp', async (t) => {
+  const c = await loadConfig({ flags: { podCIDR: '10.9.0.0/24', pluginBinDirs: ['/a', '/b'] }, env: ENV });
+  const flags = configFlags(c);
+  const at = (flag: string) => flags[flags.indexOf(flag) + 1];
+  t.is(at('--pod-cidr'), '10.9.0.0/24');
+  t.is(at('--plugin-bin-dirs'), '/a,/b');
+  t.is(at('--node-name'), 'node-a');
+  t.false(flags.includes('--mtu'), 'unset keys are left out');
+  t.false(flags.includes('--dhcp-timeout'), 'dhcpTimeout (defaulted) left out with host-local: the agent would refuse it');
+  const dhcp = configFlags({ ...c, ipam: 'dhcp', uplink: 'eth9', dhcpTimeout: 7 });
+  t.is(dhcp[dhcp.indexOf('--uplink') + 1], 'eth9');
+  t.is(dhcp[dhcp.indexOf('--dhcp-timeout') + 1], '7');
+  t.is(flags.length % 2, 0);
 });

@@ -66,6 +66,21 @@ test('KubeEventRecorder POSTs Events the fake records; a refusal is logged, neve
   t.is(api.events.length, 2);
 });
 
+test('KubeEventRecorder: 40 Events in flight at once (a burst of ADDs) are all recorded, without a listener-leak warning', async (t) => {
+  const api = await fakeApi(t);
+  const rec = new KubeEventRecorder({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api) });
+  t.teardown(() => rec.stop());
+  const warnings: string[] = [];
+  const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+  process.on('warning', onWarning);
+  t.teardown(() => process.off('warning', onWarning));
+  for (let i = 0; i < 40; i++) rec.record({ namespace: 'default', name: `p${i}` }, 'Normal', 'BandwidthApplied', 'ingress 10M');
+  await rec.flush();
+  await sleep(50); // warnings are emitted on the next tick
+  t.is(api.events.length, 40);
+  t.deepEqual(warnings.filter((w) => w.startsWith('MaxListenersExceededWarning')), []);
+});
+
 test('KubeApi.postJson: 201 is parsed; an error answer is a KubeApiError with the Status reason', async (t) => {
   const api = await fakeApi(t);
   const kube = new KubeApi(fakeKubeConfig(api));
