@@ -240,20 +240,26 @@ function procCpu(pid: number | string): { self: number; reaped: number } {
   }
 }
 
+/** The pids whose parent is `pid` (from /proc/N/stat). */
+function childPids(pid: number): string[] {
+  const out: string[] = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+      if (stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1] === String(pid)) out.push(d);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
 /** The agent's own CPU, and that of its live children and everything they reaped (the spawner and its plugins, the tc session). */
 function agentTreeCpu(pid: number): { agent: number; helpers: number } {
   const own = procCpu(pid);
   let helpers = own.reaped;
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    let ppid = '';
-    try {
-      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
-      ppid = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1] ?? '';
-    } catch {
-      continue;
-    }
-    if (ppid !== String(pid)) continue;
+  for (const d of childPids(pid)) {
     const c = procCpu(d);
     helpers += c.self + c.reaped;
   }
@@ -534,15 +540,14 @@ class CniBench {
     const pid = this.agentProc?.pid;
     if (this.agentMode === 'in-process' || pid === undefined) return 0;
     let kb = 0;
-    for (const d of readdirSync('/proc')) {
-      if (!/^\d+$/.test(d)) continue;
+    for (const d of childPids(pid)) {
+      let status = '';
       try {
-        const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
-        if (stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1] !== String(pid)) continue;
-        kb += Number(/^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${d}/status`, 'utf8'))?.[1] ?? 0);
+        status = readFileSync(`/proc/${d}/status`, 'utf8');
       } catch {
-        // gone meanwhile
+        continue; // gone meanwhile
       }
+      kb += Number(/^VmRSS:\s+(\d+) kB/m.exec(status)?.[1] ?? 0);
     }
     return kb / 1000;
   }
