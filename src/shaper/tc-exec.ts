@@ -76,8 +76,9 @@ export async function batch(tool: 'tc' | 'ip', lines: string[], opts: BatchOptio
  * tc's batch mode keeps memory for every line it has run and never frees it (iproute2 6.1 here:
  * 64 MB RSS after 15 000 lines replacing and deleting one htb qdisc, over 1 GB in the agent after
  * ~8 000 pods added and deleted), so a session is replaced by a fresh tc between two runs once it
- * has run `recycleLines` lines: a 2-4 ms spawn every ~200 pods added and deleted, tc never past
- * 8.4-9.7 MB over a 10 000-cycle bench/cni soak (4.7-19.3 MB at 4000 lines; 1.16 GB without recycling).
+ * has run `recycleLines` lines: a 2-4 ms spawn every ~200 pods added and deleted. In a 10 000-cycle
+ * bench/cni soak the agent's helpers (this tc and the plugin spawner) then stayed at 8.4-9.7 MB
+ * (4.7-19.3 MB recycling at 4000 lines; tc alone 1.16 GB without recycling).
  */
 export class TcSession {
   private proc: ChildProcess | undefined;
