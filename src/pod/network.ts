@@ -845,6 +845,7 @@ export class PodNetwork {
 
   close(): void {
     this.shaper.close();
+    this.store.close();
   }
 }
 

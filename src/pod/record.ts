@@ -186,4 +186,9 @@ export class PodStore {
     this.files.remove(`${key}.json`);
     this.records.delete(key);
   }
+
+  /** Stops background work on the spare files (the state directory may be removed afterwards). */
+  close(): void {
+    this.files.close();
+  }
 }

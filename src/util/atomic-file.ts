@@ -9,7 +9,6 @@
  * kernel state it describes is gone too).
  */
 import { closeSync, constants, copyFileSync, chmodSync, existsSync, fstatSync, linkSync, mkdirSync, openSync, readdirSync, renameSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
-import { writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 
 let counter = 0;
@@ -77,14 +76,15 @@ export function copyFileAtomic(src: string, dest: string, mode: number): void {
  * readers see the old content or the new, never a partial file. The file it replaces is first
  * linked into the spare directory, so the rename drops a link instead of freeing an inode, and it
  * becomes a spare; a removal likewise renames the file into the spare directory. Spares so recycle
- * themselves; new ones are made only when few are left, in the background after a pause (on libuv's
- * thread pool), so that their creation does not hold the spare directory's lock during a call.
+ * themselves; new ones are made only when few are left, after a pause and one per timer tick, so a
+ * call never waits for more than one file's creation (and `close` leaves none in flight).
  * Without a spare a write falls back to writeFileAtomic. Spares hold nothing of value: `sweepSpares`
  * (called at load) removes whatever a previous process left.
  */
 export class SpareFileWriter {
   private readonly spares: string[] = [];
-  private making = false;
+  private timer: NodeJS.Timeout | undefined;
+  private closed = false;
   private dirReady = false;
 
   constructor(
@@ -184,29 +184,42 @@ export class SpareFileWriter {
     return join(this.spareDir, `.spare.${process.pid}.${++counter}.tmp`);
   }
 
-  /** After a pause, makes spares until `keep` are ready (one batch at a time). */
-  private replenishLater(): void {
-    if (this.making) return;
-    this.making = true;
-    setTimeout(() => void this.replenish(), this.opts.delayMs ?? 50).unref();
+  /**
+   * Stops making spares (a pending one is not made): nothing of this writer touches the spare
+   * directory afterwards, so its owner may remove it.
+   */
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.timer);
+    this.timer = undefined;
   }
 
-  private async replenish(): Promise<void> {
+  /** After a pause, makes spares until `keep` are ready, one per timer tick. */
+  private replenishLater(): void {
+    if (this.timer !== undefined || this.closed) return;
+    this.timer = setTimeout(() => this.replenishOne(), this.opts.delayMs ?? 50).unref();
+  }
+
+  /**
+   * One spare, synchronously (an empty file: ~0.2 ms), then the next on a later tick: a call that
+   * arrives meanwhile waits for one file at most, and close() leaves no creation in flight.
+   */
+  private replenishOne(): void {
+    this.timer = undefined;
+    if (this.closed || this.spares.length >= this.keep) return;
     try {
       if (!this.dirReady) {
         mkdirSync(this.spareDir, { recursive: true, mode: 0o700 });
         this.dirReady = true;
       }
-      while (this.spares.length < this.keep) {
-        const name = this.spareName();
-        await writeFile(name, '', { mode: this.opts.mode });
-        this.spares.push(name);
-      }
+      const name = this.spareName();
+      writeFileSync(name, '', { mode: this.opts.mode });
+      this.spares.push(name);
     } catch {
       this.dirReady = false; // made again on the next attempt
-    } finally {
-      this.making = false;
+      return;
     }
+    if (this.spares.length < this.keep) this.timer = setTimeout(() => this.replenishOne(), 0).unref();
   }
 }
 

@@ -367,18 +367,22 @@ export class Churn {
 
   private async killer(t0: number): Promise<void> {
     const kills = this.opts.kills ?? 0;
-    for (let k = 0; k < kills; k++) {
+    // Up to 3 kills beyond the planned ones while none has landed mid-ADD yet: an ADD's plugins take
+    // ~15 ms, so an aimed kill can still come just after the ADD it saw; the run must see one.
+    const EXTRA = 3;
+    for (let k = 0; k < kills || (kills > 0 && k < kills + EXTRA && this.report.killsMidAdd === 0); k++) {
+      const extra = k >= kills;
       // Spread the kills over the run: kill k once cycle (k+1)/(kills+1) of the way has started.
-      const at = Math.floor(((k + 1) * this.opts.cycles) / (kills + 1));
+      const at = extra ? 0 : Math.floor(((k + 1) * this.opts.cycles) / (kills + 1));
       while (!this.stopping && this.next < at) await sleep(20);
       if (this.stopping) return;
-      const aimedAtAdd = k % 2 === 0;
+      const aimedAtAdd = extra || k % 2 === 0;
       if (aimedAtAdd) {
         // Poll the records for an ADD in flight (record written, plugins about to run), for up to
         // 10 s; then 0-60 ms more, so the kill lands at any stage: before, in or after the plugins.
         const until = Date.now() + 10_000;
         while (!this.stopping && Date.now() < until && (await this.addingRecords()) === 0) await sleep(1);
-        // The last aimed kill with none landed mid-ADD yet kills at once (an ADD's plugins take tens of ms).
+        // The last aimed kill with none landed mid-ADD yet, and any extra one, kill at once.
         const lastAimed = k + 2 >= kills;
         if (!(lastAimed && this.report.killsMidAdd === 0)) await sleep(randomInt(0, 60));
       } else {
@@ -400,7 +404,7 @@ export class Churn {
       this.cut = undefined;
       this.report.kills.push(report);
       this.log(
-        `kill ${k + 1}/${kills} at ${(report.atMs / 1000).toFixed(1)} s (${aimedAtAdd ? 'aimed at an ADD in flight' : 'any moment'}): ` +
+        `kill ${k + 1}/${kills}${extra ? ' (extra: none had landed mid-ADD)' : ''} at ${(report.atMs / 1000).toFixed(1)} s (${aimedAtAdd ? 'aimed at an ADD in flight' : 'any moment'}): ` +
           `${report.addingRecords} ADD(s) in flight, ${report.pluginsAlive} plugin(s) still running, calls cut ${JSON.stringify(report.callsCut)}, restarted in ${report.restartMs.toFixed(0)} ms`,
       );
     }

@@ -90,3 +90,20 @@ test('sweepSpares removes what a previous process left; writes still work when s
   first.remove('c.json');
   t.deepEqual(await ls(dir), []);
 });
+
+test('close stops making spares: nothing is created afterwards, so the directories can be removed', async (t) => {
+  const root = await tmp(t);
+  const dir = join(root, 'pods');
+  const spareDir = join(root, '.pods-spare');
+  const w = new SpareFileWriter(dir, spareDir, { mode: 0o600, keep: 8, delayMs: 20 });
+  w.write('a.json', '{"v":1}'); // no spare yet: asks for 8 after the pause
+  w.close();
+  await sleep(100);
+  t.is(w.spareCount, 0);
+  t.deepEqual(await ls(spareDir), [], 'no spare made after close');
+  await rm(root, { recursive: true }); // what a test's or an operator's cleanup does next
+  t.deepEqual(await ls(root), []);
+  // Writes still work after close, the plain way.
+  w.write('b.json', '{"v":2}');
+  t.is(await readFile(join(dir, 'b.json'), 'utf8'), '{"v":2}');
+});
