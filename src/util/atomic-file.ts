@@ -185,8 +185,8 @@ export class SpareFileWriter {
   }
 
   /**
-   * Stops making spares (a pending one is not made): nothing of this writer touches the spare
-   * directory afterwards, so its owner may remove it.
+   * Stops making spares (a pending one is not made): no background work of this writer touches the
+   * spare directory afterwards, so its owner may remove it once it makes no more calls.
    */
   close(): void {
     this.closed = true;
