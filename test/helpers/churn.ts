@@ -19,12 +19,13 @@
  *
  * A kill "lands mid-ADD" when, once the agent is dead, the agent's pod records hold one in phase
  * `adding` (written before the plugins run, replaced once the ADD is complete). Kills alternate
- * between "aimed at an ADD" (poll the records for phase adding, then SIGKILL within 0-60 ms) and
- * "any moment".
+ * between "aimed at an ADD" (watch the records directory for a record in phase adding, then
+ * SIGKILL within 0-60 ms; at once for the last aimed kill while none has landed) and "any moment";
+ * up to 3 extra aimed kills follow while none has landed and cycles remain.
  */
 import { execa } from 'execa';
 import { randomBytes, randomInt, randomUUID } from 'node:crypto';
-import { readlinkSync } from 'node:fs';
+import { readFileSync, readlinkSync, watch } from 'node:fs';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -354,6 +355,40 @@ export class Churn {
     return count;
   }
 
+  /**
+   * Resolves true as soon as the agent writes a record in phase `adding` (an ADD whose plugins are
+   * about to run), false after `timeoutMs`. Watches the records directory (inotify): a poll that
+   * reads every record takes a few ms under load, and an ADD's plugins only ~15 ms.
+   */
+  private addStarted(timeoutMs: number): Promise<boolean> {
+    const dir = this.node.sb.hostPath(join(this.node.stateDir, 'pods'));
+    return new Promise((resolve) => {
+      let done = false;
+      let watcher: ReturnType<typeof watch> | undefined;
+      const finish = (v: boolean) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        watcher?.close();
+        resolve(v);
+      };
+      const timer = setTimeout(() => finish(false), timeoutMs);
+      try {
+        watcher = watch(dir, (_event, name) => {
+          if (done || !name?.endsWith('.json')) return;
+          try {
+            if (readFileSync(join(dir, name), 'utf8').includes('"phase":"adding"')) finish(true);
+          } catch {
+            // removed meanwhile
+          }
+        });
+        watcher.on('error', () => finish(false));
+      } catch {
+        finish(false); // no records directory yet
+      }
+    });
+  }
+
   /** Reference CNI plugins running in the node now (after a kill: started by the dead agent). */
   private runningPlugins(): number {
     return this.node.sb.processes().filter((pid) => {
@@ -378,10 +413,10 @@ export class Churn {
       if (this.stopping) return;
       const aimedAtAdd = extra || k % 2 === 0;
       if (aimedAtAdd) {
-        // Poll the records for an ADD in flight (record written, plugins about to run), for up to
-        // 10 s; then 0-60 ms more, so the kill lands at any stage: before, in or after the plugins.
-        const until = Date.now() + 10_000;
-        while (!this.stopping && Date.now() < until && (await this.addingRecords()) === 0) await sleep(1);
+        // Wait for an ADD to write its record (plugins about to run), for up to 10 s; then 0-60 ms
+        // more, so the kill lands at any stage: before, in or after the plugins.
+        if (extra && this.next >= this.opts.cycles) return; // no ADD will come any more
+        await this.addStarted(10_000);
         // The last aimed kill with none landed mid-ADD yet, and any extra one, kill at once.
         const lastAimed = k + 2 >= kills;
         if (!(lastAimed && this.report.killsMidAdd === 0)) await sleep(randomInt(0, 60));
