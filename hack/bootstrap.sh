@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(containernetworking-plugins libnl-3-200 libnl-route-3-200 iproute2 iperf3 iputils-ping iptables ebtables dnsmasq-base kmod gcc libc6-dev golang-go golang-github-appc-cni-dev containerd runc openssl)
+PKGS=(containernetworking-plugins libnl-3-200 libnl-route-3-200 iproute2 iperf3 iputils-ping iptables ebtables util-linux dnsmasq-base kmod gcc libc6-dev golang-go golang-github-appc-cni-dev containerd runc openssl)
 
 missing=()
 for p in "${PKGS[@]}"; do

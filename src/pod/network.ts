@@ -46,7 +46,7 @@ import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules,
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
 import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
-import { listReservations } from './reservations.js';
+import { listReservations, removeEmptyReservations } from './reservations.js';
 import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
 import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
@@ -742,6 +742,16 @@ export class PodNetwork {
           if (reservations.some((r) => r.containerId === s.containerId)) removed.reservations++;
         })
         .catch((err: unknown) => errors.push(err));
+    }
+    if (!this.dhcp) {
+      // Files a host-local killed mid-ADD created but never wrote (reservations.ts).
+      await removeEmptyReservations(this.opts.ipamDataDir, NETWORK_NAME).then(
+        (freed) => {
+          removed.reservations += freed.length;
+          if (freed.length > 0) this.log.info({ addresses: freed }, 'released addresses a killed host-local had reserved without an owner');
+        },
+        (err: unknown) => errors.push(err),
+      );
     }
     if (this.adding.size === 0) {
       const known = new Set(this.store.all().flatMap((r) => (r.hostVeth ? [r.hostVeth] : [])));

@@ -292,6 +292,28 @@ itest('a restarted plugin tears down a pod it did not set up, through its record
   t.false(await linkExists('eth0', p.netnsName));
 });
 
+itest('an empty reservation file (host-local killed between creating and writing it) is freed by the next start; a live pod\'s reservation stays', async (t) => {
+  const h = await harness(t);
+  const first = await h.start();
+  await first.init(h.host, 'none', '0.0.0.0/0');
+  const cidr = subnet();
+  await first.event('pod-cidr-change', { 'pod-cidr': cidr });
+  const p = await h.addPod('live');
+  await first.setUpPod(p.namespace, p.name, p.id);
+  const [liveIp] = await h.reservedIps();
+  // What a SIGKILLed host-local leaves: the address's file, created, never written.
+  const orphan = cidr.replace(/0\/24$/, '77');
+  await writeFile(join(h.ipamDir, 'kubenet', orphan), '');
+  const lines: string[] = [];
+  const second = h.newPlugin({ logger: pino({ level: 'info' }, { write: (l: string) => void lines.push(l) }) });
+  await second.init(h.host, 'none', '0.0.0.0/0');
+  await second.event('pod-cidr-change', { 'pod-cidr': cidr });
+  t.deepEqual(await h.reservedIps(), [liveIp], 'the empty reservation is gone, the live pod\'s kept');
+  t.true(lines.some((l) => l.includes(`"addresses":["${orphan}"]`)), 'the start says which address it freed');
+  await second.tearDownPod(p.namespace, p.name, p.id);
+  t.deepEqual(await h.reservedIps(), []);
+});
+
 itest('teardown deletes only a veth on the bridge that is provably the pod\'s; a record naming another link leaves it alone', async (t) => {
   const h = await harness(t);
   const plugin = await h.start();
