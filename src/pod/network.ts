@@ -33,15 +33,15 @@ import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.
 import { AggregateKubenetError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
-import { cidrContains, parseCidr, parsePodCidrs, parsePrefixed, type Subnet } from '../net/ip.js';
+import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import type { ShapingCounters } from '../shaper/counters.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, portmapOnly, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
+import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, portmapOnly, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
 import { bridgeVeths, ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
 import { bridgeMac, syncDedup, type DedupTarget } from './dedup.js';
-import { DhcpLeaseError, socketAnswers } from './dhcp.js';
+import { DhcpLeaseError, leaseSubnets, readoptLeases, releaseLease, socketAnswers } from './dhcp.js';
 import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules, removeMasquerade } from './host-setup.js';
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
@@ -508,7 +508,7 @@ export class PodNetwork {
       }
     };
     // A DHCP lease is released through the pod's interface: before its veth goes.
-    if (dhcpIpamOf(record.network)) await step(() => this.releaseLease(record, log));
+    if (dhcpIpamOf(record.network)) await step(() => releaseLease(this.dhcpCni ?? this.cni, record, log));
     // The veth and the shaping together: the veth's qdiscs and its redirect to the ifb go with it,
     // the pod's classes and filters on the ifb (matched by its addresses) are removed meanwhile.
     // The address is released only after both, so no new pod gets it while they still match it.
@@ -550,66 +550,10 @@ export class PodNetwork {
     if (rest) await this.cni.del(rest, rt, prev);
   }
 
-  /**
-   * Releases the pod's DHCP lease: the dhcp plugin's DEL has the lease daemon stop renewing it and
-   * send a DHCPRELEASE through the pod's interface. A lease the daemon does not hold is success
-   * (the plugin says so); a daemon that does not answer holds no lease either: nothing renews it
-   * and the server lets it expire.
-   */
-  private async releaseLease(record: PodRecord, log: Logger): Promise<void> {
-    const network = record.network;
-    const ipam = dhcpIpamOf(network);
-    if (!network || !ipam) return;
-    if (!(await socketAnswers(ipam.daemonSocketPath))) {
-      log.warn({ socket: ipam.daemonSocketPath, ips: record.ips }, 'the DHCP lease daemon does not answer: the lease is not released (nothing renews it; the server lets it expire)');
-      return;
-    }
-    const started = performance.now();
-    // The netns path is only made absolute by the plugin (the daemon's release does not enter it).
-    await (this.dhcpCni ?? this.cni).del(dhcpIpamNetwork(network), runtimeConf(record, record.netns));
-    log.info({ ips: record.ips, ms: round(performance.now() - started) }, 'DHCP lease released');
-  }
-
-  /**
-   * dhcp: has the lease daemon acquire again the lease of every pod set up here, with the same client
-   * ID (the dhcp plugin's ADD in the pod's netns, as at the pod's own ADD): the server recognises the
-   * client and hands out the same address, and the daemon renews it from then on. The agent calls
-   * this whenever the daemon (re)starts: it keeps leases in memory only. Pods whose netns is gone are
-   * left to the reconcile and the runtime's DEL. Returns how many leases were re-acquired and which
-   * pods failed (to try again later).
-   */
-  async readoptLeases(): Promise<{ adopted: number; failed: string[] }> {
-    const cni = this.dhcpCni;
-    if (!cni) return { adopted: 0, failed: [] };
-    const out = { adopted: 0, failed: [] as string[] };
-    const records = this.store.all().filter((r) => r.phase === 'ready' && dhcpIpamOf(r.network));
-    await Promise.all(
-      records.map((r) =>
-        this.locks.run(recordKey(r.containerId, r.ifName), async () => {
-          const cur = this.store.get(r.containerId, r.ifName);
-          if (!cur?.network || cur.phase !== 'ready' || !sameNetns(netnsIdIfAlive(cur.netns), cur.netnsId)) return;
-          const log = this.log.child({ pod: podName(cur), id: shortId(cur.containerId) });
-          const started = performance.now();
-          try {
-            const result = await cni.add(dhcpIpamNetwork(cur.network), runtimeConf(cur, cur.netns));
-            const ips = result.ips.map((i) => i.address.split('/')[0] ?? '');
-            const ms = round(performance.now() - started);
-            if (ips.length > 0 && ips.every((ip) => cur.ips.includes(ip))) {
-              out.adopted++;
-              log.info({ ips, ms }, 'DHCP lease acquired again: same address');
-            } else {
-              out.failed.push(cur.containerId);
-              log.error({ recorded: cur.ips, leased: ips, ms }, 'DHCP lease acquired again, but the server gave another address than the pod has');
-            }
-          } catch (err) {
-            out.failed.push(cur.containerId);
-            log.warn({ err, ips: cur.ips, ms: round(performance.now() - started) }, 'could not acquire the DHCP lease again');
-          }
-        }),
-      ),
-    );
-    if (records.length > 0) this.log.info({ pods: records.length, ...out }, 'DHCP leases of known pods acquired again');
-    return out;
+  /** dhcp: every known pod's lease acquired again after the lease daemon (re)started (dhcp.ts). */
+  readoptLeases(): Promise<{ adopted: number; failed: string[] }> {
+    if (!this.dhcpCni) return Promise.resolve({ adopted: 0, failed: [] });
+    return readoptLeases({ cni: this.dhcpCni, store: this.store, locks: this.locks, log: this.log });
   }
 
   /** The pod's veth, deleted from the host side (veth.ts: only a link provably the pod's). */
@@ -860,17 +804,3 @@ export class PodNetwork {
 }
 
 
-/** The subnets of the addresses in the records' results ("198.18.5.50/24" → 198.18.5.0/24). */
-function leaseSubnets(records: PodRecord[]): Subnet[] {
-  const out = new Map<string, Subnet>();
-  for (const r of records) {
-    const ips = (r.result as { ips?: Array<{ address?: unknown }> } | undefined)?.ips ?? [];
-    for (const i of ips) {
-      const p = parsePrefixed(i.address);
-      if (!p) continue;
-      const sub = parseCidr(`${p.ip}/${p.prefixLen}`);
-      out.set(sub.cidr, sub);
-    }
-  }
-  return [...out.values()];
-}
