@@ -15,6 +15,7 @@
 import { execa } from 'execa';
 import { readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { ToolError } from '../errors.js';
 import { isIpAddress } from '../net/ip.js';
 
 export interface Reservation {
@@ -65,7 +66,10 @@ export async function removeEmptyReservations(dataDir: string, networkName: stri
   // find -empty -delete: only what is still empty once the lock is ours.
   const files = empty.map((n) => join(dir, n));
   const r = await execa('flock', ['-w', '10', join(dir, 'lock'), 'find', ...files, '-maxdepth', '0', '-type', 'f', '-empty', '-delete', '-print'], { reject: false });
-  if (r.exitCode !== 0 && r.stdout === '') throw new Error(`flock/find on ${dir}: exit ${r.exitCode}: ${r.stderr}`);
+  if (r.exitCode !== 0 && r.stdout === '') {
+    const why = (r as { code?: string }).code === 'ENOENT' ? 'flock(1) is not installed (package util-linux)' : `exit ${r.exitCode}: ${r.stderr}`;
+    throw new ToolError('flock', ['-w', '10', join(dir, 'lock'), 'find', '…'], r.exitCode, `cannot free ${empty.length} empty reservation file(s) in ${dir}: ${why}`);
+  }
   return r.stdout
     .split('\n')
     .filter((l) => l !== '')
