@@ -546,6 +546,19 @@ export class Shaper {
       if (prev.egressInstalled) pre.push(`qdisc del dev ${prev.hostVeth} ingress`);
     }
     const sameVeth = prev?.hostVeth === veth;
+    // A bulk leaf whose bucket shrinks is made anew, not changed in place: tbf keeps the packets it
+    // queued under the old, larger bucket (GSO super-packets it did not segment), and one larger
+    // than the new bucket can never be sent: the pod's traffic that way stopped for good (a 200M ->
+    // 100M re-shape under an iperf3 flow). Deleting the leaf drops its queue once (at most 25 ms of
+    // the old rate; TCP recovers); the replace line below makes the new one.
+    const shrinks = (before: number | undefined, beforeBurst: number | undefined, after: number | undefined, afterBurst: number | undefined) =>
+      before !== undefined && after !== undefined && podLayout(after, afterBurst).bulk.leaf.burst < podLayout(before, beforeBurst).bulk.leaf.burst;
+    if (sameVeth && prev.ingressInstalled && shrinks(prev.limits.ingress, prev.limits.ingressBurst, limits.ingress, limits.ingressBurst)) {
+      pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
+    }
+    if (prev?.egressInstalled && prev.classId === rec.classId && shrinks(prev.limits.egress, prev.limits.egressBurst, limits.egress, limits.egressBurst)) {
+      pre.push(`qdisc del dev ${this.ifbName} parent 1:${hex(ifbClassIds(rec.classId).bulk)}`);
+    }
     // TO the pod: htb with two leaves on the host veth.
     if (limits.ingress !== undefined) {
       optional.add(lines.length + 1);

@@ -87,3 +87,28 @@ kTest('after remove the pod is unshaped again', async (t) => {
   const r = await iperf(b, a, { onRetry: retryLog(t), seconds: 3 });
   t.true(r.bps > 200e6, `removed pod still limited: ${r.bps / 1e6} Mbit/s`);
 });
+
+kTest('a limit lowered under a saturating flow (200M -> 100M) keeps the flow going at the new rate, both ways', async (t) => {
+  const [a, b] = pods();
+  for (const dir of ['ingress', 'egress'] as const) {
+    await shaper!.ensure(podOf(a, { [dir]: 200e6 }));
+    let changed: Promise<unknown> | undefined;
+    // ingress: b's server sends to a (reverse); egress: a sends to b.
+    const r = await iperf(b, a, {
+      onRetry: retryLog(t),
+      seconds: 6,
+      reverse: dir === 'ingress',
+      onStart: () => {
+        changed = new Promise((res) => setTimeout(res, 2500)).then(() => shaper!.ensure(podOf(a, { [dir]: 100e6 })));
+      },
+    });
+    await changed;
+    const mbit = (v: number) => (v / 1e6).toFixed(1);
+    t.log(`${dir}: intervals ${r.intervals.map(mbit).join(' ')} Mbit/s, retransmits ${r.retransmits}`);
+    // Before the fix the bulk leaf kept GSO packets larger than its new bucket: 0 from the change on.
+    for (const v of r.intervals.slice(-2)) {
+      t.true(v >= 0.8 * 100e6 && v <= 1.25 * 100e6, `${dir}: ${mbit(v)} Mbit/s in a 1 s interval after the change, not near the new 100M`);
+    }
+    await shaper!.ensure(podOf(a, {}));
+  }
+});
