@@ -802,5 +802,3 @@ export class PodNetwork {
     this.store.close();
   }
 }
-
-
