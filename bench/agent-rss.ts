@@ -15,7 +15,7 @@ import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
-import { FakeApiServer, node, pod } from '../hack/support/fake-apiserver.js';
+import { FakeApiServer, fakeKubeConfig, node, pod } from '../hack/support/fake-apiserver.js';
 import { CNI_BIN_DIRS, delLink, makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -42,17 +42,7 @@ async function runAgent(mode: 'cluster' | 'static', api: FakeApiServer, cidr: st
   let proc: ResultPromise | undefined;
   try {
     const kubeconfig = join(root, 'kubeconfig');
-    await writeFile(
-      kubeconfig,
-      JSON.stringify({
-        apiVersion: 'v1',
-        kind: 'Config',
-        clusters: [{ name: 'fake', cluster: { server: api.url, 'insecure-skip-tls-verify': true } }],
-        users: [{ name: 'u', user: { token: 'fake-token' } }],
-        contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'u' } }],
-        'current-context': 'fake',
-      }),
-    );
+    await writeFile(kubeconfig, fakeKubeConfig(api).exportConfig());
     const socket = join(root, 'kubenet.sock');
     const flags = [
       ...(mode === 'cluster' ? ['--kubeconfig', kubeconfig, '--node-name', 'kfx-node'] : ['--pod-cidr', cidr]),

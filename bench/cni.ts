@@ -474,17 +474,7 @@ class CniBench {
     const flags = configFlags(this.api ? cluster : this.h.config);
     if (this.api) {
       const kubeconfig = join(this.h.root, 'kubeconfig');
-      await writeFile(
-        kubeconfig,
-        JSON.stringify({
-          apiVersion: 'v1',
-          kind: 'Config',
-          clusters: [{ name: 'fake', cluster: { server: this.api.url, 'insecure-skip-tls-verify': true } }],
-          users: [{ name: 'bench', user: { token: 'fake-token' } }],
-          contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'bench' } }],
-          'current-context': 'fake',
-        }),
-      );
+      await writeFile(kubeconfig, fakeKubeConfig(this.api).exportConfig());
       flags.push('--kubeconfig', kubeconfig, '--node-name', NODE_NAME);
     }
     const { NODE_OPTIONS: _drop, ...env } = process.env;

@@ -38,7 +38,7 @@ import { Shaper } from '../src/shaper/tc.js';
 import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../hack/support/probe.js';
 import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
 import { AgentHarness, type AgentPod } from '../hack/support/agent-harness.js';
-import { FakeApiServer, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { uniq } from '../hack/support/kernel.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 
@@ -476,17 +476,7 @@ async function liveBench(): Promise<void> {
   try {
     api.setNode(nodeObject(nodeName, { podCIDRs: ['10.92.0.0/22'] }));
     const kubeconfig = join(h.root, 'kubeconfig.yaml');
-    await writeFile(
-      kubeconfig,
-      JSON.stringify({
-        apiVersion: 'v1',
-        kind: 'Config',
-        clusters: [{ name: 'fake', cluster: { server: api.url, 'insecure-skip-tls-verify': true } }],
-        users: [{ name: 'bench', user: { token: 'bench' } }],
-        contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'bench' } }],
-        'current-context': 'fake',
-      }),
-    );
+    await writeFile(kubeconfig, fakeKubeConfig(api, 'bench').exportConfig());
     // The agent as it runs in a cluster: its own process, the Node's pod CIDR, pods' annotations.
     const { podCIDR: _cidr, ...rest } = h.config;
     const flags = configFlags({ ...rest, kubeconfig, nodeName });
