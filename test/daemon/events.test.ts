@@ -11,19 +11,10 @@ import type { PodUpdate } from '../../src/daemon/cni-handler.js';
 import { KubeApi, KubeApiError } from '../../src/daemon/kube-watch.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { FakeApiServer, fakeKubeConfig, pod } from '../../hack/support/fake-apiserver.js';
+import { until } from '../../hack/support/until.js';
 
 const RETRY = { retryMinMs: 20, retryMaxMs: 200 };
 const silent = pino({ level: 'silent' });
-
-async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 10_000): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(10);
-  }
-}
 
 async function fakeApi(t: ExecutionContext): Promise<FakeApiServer> {
   const api = await FakeApiServer.start();

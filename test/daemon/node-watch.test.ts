@@ -13,6 +13,7 @@ import { KubenetError } from '../../src/errors.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { FakeApiServer, fakeKubeConfig, node, pod } from '../../hack/support/fake-apiserver.js';
+import { until } from '../../hack/support/until.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const NODES = '/api/v1/nodes';
@@ -22,17 +23,6 @@ const V4B = '10.244.7.0/24';
 const V4C = '10.244.9.0/24';
 const V6 = 'fd00:10:244:1::/64';
 const RETRY = { retryMinMs: 20, retryMaxMs: 200 };
-
-/** Polls `probe` until it returns something truthy; fails after `timeoutMs`. */
-async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 10_000): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(10);
-  }
-}
 
 interface LogLine {
   level: number;

@@ -21,6 +21,7 @@ import { FakeApiServer, fakeKubeConfig, pod as podObject } from '../../hack/supp
 import { kernelTestBlocker } from '../../hack/support/kernel.js';
 import { iperf, retryLog, type IperfResult, type TopoPod } from '../../hack/support/topo.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { until } from '../../hack/support/until.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;
@@ -352,12 +353,3 @@ serialTest('kubenet top in a terminal (pseudo-terminal): draws the pods, exits 0
   t.false(batch.stdout.includes('\x1b['), 'no terminal control in batch mode');
 });
 
-async function until<T>(what: string, probe: () => T | Promise<T>, timeoutMs = 10_000): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}

@@ -8,17 +8,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SpareFileWriter } from '../../src/util/atomic-file.js';
+import { until } from '../../hack/support/until.js';
 
 async function tmp(t: import('ava').ExecutionContext): Promise<string> {
   const d = await mkdtemp(join(tmpdir(), 'katom-'));
   t.teardown(() => rm(d, { recursive: true, force: true }));
   return d;
-}
-
-async function until(what: string, probe: () => boolean | Promise<boolean>): Promise<void> {
-  for (const deadline = Date.now() + 5000; !(await probe()); await sleep(5)) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-  }
 }
 
 const ls = async (d: string) => (await readdir(d).catch(() => [] as string[])).sort();
@@ -34,7 +29,7 @@ test('writes, replaces and removes files; the target directory holds only the ta
   w.write('a.json', '{"v":1}');
   t.is(await readFile(join(dir, 'a.json'), 'utf8'), '{"v":1}');
   t.is((await stat(join(dir, 'a.json'))).mode & 0o777, 0o600);
-  await until('4 spares', () => w.spareCount === 4);
+  await until('4 spares', () => w.spareCount === 4, 5000, 5);
   t.is((await ls(spareDir)).length, 4);
 
   // A write through a spare: the spare's inode becomes the target; the replaced file becomes a spare, with no other link.
@@ -71,7 +66,7 @@ test('sweepSpares removes what a previous process left; writes still work when s
   const spareDir = join(root, '.pods-spare');
   const first = new SpareFileWriter(dir, spareDir, { mode: 0o600, keep: 2, delayMs: 0 });
   first.write('a.json', '1');
-  await until('spares', () => first.spareCount === 2);
+  await until('spares', () => first.spareCount === 2, 5000, 5);
 
   const second = new SpareFileWriter(dir, spareDir, { mode: 0o600, keep: 2, delayMs: 0 });
   await writeFile(join(spareDir, 'leftover'), 'x');
