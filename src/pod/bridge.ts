@@ -37,13 +37,18 @@ export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf 
     routes: subnets.map((sub) => ({ dst: sub.family === 4 ? '0.0.0.0/0' : '::/0' })),
     dataDir: s.ipamDataDir,
   };
+  return bridgeNetConf(s, true, ipam);
+}
+
+/** The bridge plugin's part of both configs; masquerading is kubenet's own rule, never the plugin's. */
+function bridgeNetConf(s: BridgeSettings, isGateway: boolean, ipam: IpamConf): BridgeNetConf {
   return {
     cniVersion: CNI_VERSION,
     name: NETWORK_NAME,
     type: 'bridge',
     bridge: s.bridgeName,
     mtu: s.mtu,
-    isGateway: true,
+    isGateway,
     ipMasq: false,
     hairpinMode: s.hairpinMode !== 'none',
     ipam,
@@ -63,17 +68,7 @@ export interface DhcpIpamConf extends IpamConf {
  */
 export function dhcpBridgeConf(s: BridgeSettings, daemonSocketPath: string): BridgeNetConf {
   const ipam: DhcpIpamConf = { type: 'dhcp', daemonSocketPath };
-  return {
-    cniVersion: CNI_VERSION,
-    name: NETWORK_NAME,
-    type: 'bridge',
-    bridge: s.bridgeName,
-    mtu: s.mtu,
-    isGateway: false,
-    ipMasq: false,
-    hairpinMode: s.hairpinMode !== 'none',
-    ipam,
-  };
+  return bridgeNetConf(s, false, ipam);
 }
 
 /** The bridge plugin's config in a network (a list's first plugin); undefined when it has none. */
