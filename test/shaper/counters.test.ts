@@ -4,38 +4,17 @@
  * plus its leaves (drops, backlog); unshaped directions and gone devices are left out. Traffic: a
  * few pings and one short UDP burst between the test's own namespaces (no rate is measured).
  */
-import test, { type ExecutionContext } from 'ava';
+import test from 'ava';
 import { execa } from 'execa';
 import { directionCounters } from '../../src/shaper/counters.js';
-import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
 import type { TcClassStats } from '../../src/netlink/index.js';
-import { isRoot, uniq } from '../../hack/support/kernel.js';
-import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
+import { isRoot } from '../../hack/support/kernel.js';
+import type { TopoPod } from '../../hack/support/topo.js';
+import { podOf, shaperEnv } from '../helpers/shaper-env.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
 const kTest = skip ? test.skip : test;
 
-interface Env {
-  topo: Topology;
-  shaper: Shaper;
-  ifb: string;
-}
-
-async function setup(t: ExecutionContext, pods: number): Promise<Env> {
-  const ifb = `kif${uniq(8)}`;
-  const topo = await makeTopology(pods);
-  const shaper = new Shaper({ ifbName: ifb });
-  t.teardown(async () => {
-    await shaper.reset().catch(() => undefined);
-    shaper.close();
-    await execa('ip', ['link', 'del', ifb], { reject: false });
-    await topo.destroy();
-  });
-  await shaper.init();
-  return { topo, shaper, ifb };
-}
-
-const podOf = (p: TopoPod, limits: PodShaping['limits']): PodShaping => ({ id: p.id, hostVeth: p.hostVeth, ips: [p.ip4, p.ip6], limits });
 
 interface TextClass {
   bytes: number;
@@ -73,7 +52,7 @@ test('directionCounters: bytes, packets, overlimits and limit of the pod class; 
 });
 
 kTest('counters of each shaped pod and direction equal tc -s of its classes; unshaped directions and other pods apart', async (t) => {
-  const env = await setup(t, 3);
+  const env = await shaperEnv(t, 3);
   const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
   await env.shaper.ensure(podOf(a, { ingress: 40e6, egress: 20e6 }));
   await env.shaper.ensure(podOf(b, { egress: 8e6 }));
@@ -128,7 +107,7 @@ kTest('counters of each shaped pod and direction equal tc -s of its classes; uns
 });
 
 kTest('drops and overlimits count when a burst overruns a small limit; a gone veth leaves the direction out', async (t) => {
-  const env = await setup(t, 2);
+  const env = await shaperEnv(t, 2);
   const [a, b] = env.topo.pods as [TopoPod, TopoPod];
   await env.shaper.ensure(podOf(a, { ingress: 1e6, egress: 1e6 }));
   await execa('ip', ['netns', 'exec', a.netns, 'ping', '-c', '1', '-W', '2', b.ip4]);

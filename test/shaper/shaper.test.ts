@@ -3,15 +3,16 @@
  * reused, restart recovery and the orphan sweep. Each test has its own bridge, namespaces, ifb and
  * state dir, removed in t.teardown even on failure.
  */
-import test, { type ExecutionContext } from 'ava';
+import test from 'ava';
 import { execa } from 'execa';
 import { existsSync } from 'node:fs';
 import { ConfigError } from '../../src/errors.js';
 import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/shaper/limits.js';
 import { interactiveQueueBytes } from '../../src/shaper/sizing.js';
-import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
+import { Shaper } from '../../src/shaper/tc.js';
 import { isRoot, uniq } from '../../hack/support/kernel.js';
-import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
+import type { TopoPod } from '../../hack/support/topo.js';
+import { podOf, shaperEnv, type ShaperEnv } from '../helpers/shaper-env.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
 const kTest = skip ? test.skip : test;
@@ -21,29 +22,6 @@ async function tc(args: string[]): Promise<string> {
   return r.stdout;
 }
 
-interface Env {
-  topo: Topology;
-  shaper: Shaper;
-  ifb: string;
-}
-
-async function setup(t: ExecutionContext, pods = 3): Promise<Env> {
-  const ifb = `kif${uniq(8)}`;
-  const topo = await makeTopology(pods);
-  const shaper = new Shaper({ ifbName: ifb });
-  t.teardown(async () => {
-    await shaper.reset().catch(() => undefined);
-    shaper.close();
-    await execa('ip', ['link', 'del', ifb], { reject: false });
-    await topo.destroy();
-  });
-  await shaper.init();
-  return { topo, shaper, ifb };
-}
-
-function podOf(p: TopoPod, limits: PodShaping['limits'], dual = true): PodShaping {
-  return { id: p.id, hostVeth: p.hostVeth, ips: dual ? [p.ip4, p.ip6] : [p.ip4], limits };
-}
 
 /** A pod's class ids on the ifb (hex): its own, interactive leaf, bulk leaf. */
 function ifbIds(classId: number | undefined): string[] {
@@ -51,7 +29,7 @@ function ifbIds(classId: number | undefined): string[] {
 }
 
 /** Everything of one pod the kernel holds: veth qdiscs/classes/filters and ifb classes/filters of its classes. */
-async function podObjects(env: Env, p: TopoPod, classId: number | undefined) {
+async function podObjects(env: ShaperEnv, p: TopoPod, classId: number | undefined) {
   const vethQdiscs = (await tc(['qdisc', 'show', 'dev', p.hostVeth])).split('\n').filter((l) => l && !l.startsWith('qdisc noqueue'));
   const vethClasses = (await tc(['class', 'show', 'dev', p.hostVeth])).split('\n').filter((l) => l.startsWith('class htb'));
   const vethFilters = (await tc(['filter', 'show', 'dev', p.hostVeth, 'ingress'])).split('\n').filter((l) => l.includes('fh'));
@@ -68,7 +46,7 @@ async function allIfbPodFilters(ifb: string): Promise<string[]> {
 }
 
 kTest('ensure installs both directions with explicit quantum; remove leaves nothing of the pod', async (t) => {
-  const env = await setup(t);
+  const env = await shaperEnv(t);
   const a = env.topo.pods[0]!;
   await env.shaper.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
   const id = env.shaper.classIdOf(a.id);
@@ -99,7 +77,7 @@ kTest('ensure installs both directions with explicit quantum; remove leaves noth
 });
 
 kTest('re-ensure replaces rates, switches directions, and empty limits remove', async (t) => {
-  const env = await setup(t);
+  const env = await shaperEnv(t);
   const a = env.topo.pods[0]!;
   await env.shaper.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
   await env.shaper.ensure(podOf(a, { ingress: 30e6, egress: 5e6 }));
@@ -138,7 +116,7 @@ kTest('re-ensure replaces rates, switches directions, and empty limits remove', 
 });
 
 kTest('class ids are unique among live pods and reused after teardown', async (t) => {
-  const env = await setup(t, 3);
+  const env = await shaperEnv(t, 3);
   const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
   await Promise.all([a, b, c].map((p) => env.shaper.ensure(podOf(p, { egress: 5e6 }))));
   const ids = [a, b, c].map((p) => env.shaper.classIdOf(p.id));
@@ -152,7 +130,7 @@ kTest('class ids are unique among live pods and reused after teardown', async (t
 });
 
 kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods removed, orphans swept', async (t) => {
-  const env = await setup(t, 3);
+  const env = await shaperEnv(t, 3);
   const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
   for (const p of [a, b, c]) await env.shaper.ensure(podOf(p, { ingress: 8e6, egress: 4e6 }));
   const before = Object.fromEntries([a, b, c].map((p) => [p.id, env.shaper.classIdOf(p.id)]));
@@ -191,7 +169,7 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
 });
 
 kTest('restart after the ifb was lost: structure rebuilt, known pods restored', async (t) => {
-  const env = await setup(t, 2);
+  const env = await shaperEnv(t, 2);
   const [a] = env.topo.pods as [TopoPod];
   await env.shaper.ensure(podOf(a, { egress: 4e6 }));
   await execa('ip', ['link', 'del', env.ifb]);
@@ -206,7 +184,7 @@ kTest('restart after the ifb was lost: structure rebuilt, known pods restored', 
 });
 
 kTest('a veth or ifb re-created under the same name while the tc session runs', async (t) => {
-  const env = await setup(t, 1);
+  const env = await shaperEnv(t, 1);
   const a = env.topo.pods[0]!;
   await env.shaper.ensure(podOf(a, { ingress: 3e6, egress: 3e6 }));
   t.teardown(() => execa('ip', ['link', 'del', a.hostVeth], { reject: false }));
@@ -226,7 +204,7 @@ kTest('a veth or ifb re-created under the same name while the tc session runs', 
 });
 
 kTest('invalid input is refused before touching the kernel', async (t) => {
-  const env = await setup(t, 1);
+  const env = await shaperEnv(t, 1);
   const a = env.topo.pods[0]!;
   t.throws(() => bandwidthFromAnnotations({ [EGRESS_ANNOTATION]: '10 Mbit' }), { instanceOf: ConfigError });
   await t.throwsAsync(env.shaper.ensure({ ...podOf(a, { egress: 1e6 }), ips: ['10.0.0.1/24'] }), { instanceOf: ConfigError });
@@ -243,7 +221,7 @@ kTest('invalid input is refused before touching the kernel', async (t) => {
 });
 
 kTest('reset removes the shared ifb', async (t) => {
-  const env = await setup(t, 1);
+  const env = await shaperEnv(t, 1);
   await env.shaper.ensure(podOf(env.topo.pods[0]!, { ingress: 2e6, egress: 2e6 }));
   await env.shaper.reset();
   t.false(existsSync(`/sys/class/net/${env.ifb}`));
@@ -291,7 +269,7 @@ async function jsonFilters(args: string[]): Promise<JsonFilter[]> {
 }
 
 kTest('each direction is a pod class with an interactive (prio 0) and a bulk (prio 1) leaf; u32 picks the leaf', async (t) => {
-  const env = await setup(t, 1);
+  const env = await shaperEnv(t, 1);
   const a = env.topo.pods[0]!;
   await env.shaper.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
   // Twice more: the veth filters are flushed and re-added, never duplicated.
@@ -345,7 +323,7 @@ async function udp(from: TopoPod, to: string, sport: number, dport: number, size
 }
 
 kTest('packets land in the leaf their kind asks for, both directions, IPv4 and IPv6 (tc -s counters)', async (t) => {
-  const env = await setup(t, 2);
+  const env = await shaperEnv(t, 2);
   const [a, b] = env.topo.pods as [TopoPod, TopoPod];
   // Far above what is sent: nothing queues or drops.
   await env.shaper.ensure(podOf(a, { ingress: 100e6, egress: 100e6 }));
@@ -393,7 +371,7 @@ kTest('packets land in the leaf their kind asks for, both directions, IPv4 and I
 });
 
 kTest('an earlier layout (tbf root on the veth, ifb without the interactive tables) is replaced in place', async (t) => {
-  const env = await setup(t, 1);
+  const env = await shaperEnv(t, 1);
   const a = env.topo.pods[0]!;
   env.shaper.close();
   // What an earlier version left: a tbf 1: root on the veth, and an ifb with only tables 10:/11:.
@@ -428,7 +406,7 @@ kTest('an earlier layout (tbf root on the veth, ifb without the interactive tabl
 });
 
 kTest('the bounds the limits accept install: 1 kbit/s and 10 Tbit/s, with and without the largest burst', async (t) => {
-  const env = await setup(t, 1);
+  const env = await shaperEnv(t, 1);
   const p = env.topo.pods[0];
   if (!p) return t.fail('no pod');
   for (const rate of [MIN_BANDWIDTH, MAX_BANDWIDTH]) {

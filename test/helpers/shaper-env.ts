@@ -1,0 +1,34 @@
+/**
+ * A Shaper on its own uniquely named ifb over a topology of pods (hack/support/topo.ts), removed
+ * with everything the test made when the test ends: the setup of the shaper's kernel tests.
+ */
+import type { ExecutionContext } from 'ava';
+import { execa } from 'execa';
+import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
+import { uniq } from '../../hack/support/kernel.js';
+import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
+
+export interface ShaperEnv {
+  topo: Topology;
+  shaper: Shaper;
+  ifb: string;
+}
+
+export async function shaperEnv(t: ExecutionContext, pods = 3): Promise<ShaperEnv> {
+  const ifb = `kif${uniq(8)}`;
+  const topo = await makeTopology(pods);
+  const shaper = new Shaper({ ifbName: ifb });
+  t.teardown(async () => {
+    await shaper.reset().catch(() => undefined);
+    shaper.close();
+    await execa('ip', ['link', 'del', ifb], { reject: false });
+    await topo.destroy();
+  });
+  await shaper.init();
+  return { topo, shaper, ifb };
+}
+
+/** The shaper's view of a topology pod with these limits: both its addresses, or only IPv4. */
+export function podOf(p: TopoPod, limits: PodShaping['limits'], dual = true): PodShaping {
+  return { id: p.id, hostVeth: p.hostVeth, ips: dual ? [p.ip4, p.ip6] : [p.ip4], limits };
+}
