@@ -46,7 +46,7 @@ import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules,
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
 import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
-import { listReservations, removeEmptyReservations } from './reservations.js';
+import { listReservations, readReservations, removeEmptyReservations } from './reservations.js';
 import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
 import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
@@ -653,7 +653,7 @@ export class PodNetwork {
     const { conf } = this.state;
     // dhcp mode: no reservations; host-port rules are ours when they forward into the LAN subnets of our pods' leases.
     const subnets = this.dhcp ? leaseSubnets(this.store.all()) : this.state.subnets;
-    const reservations = this.dhcp ? [] : await listReservations(this.opts.ipamDataDir, NETWORK_NAME);
+    const { held: reservations, empty: emptyReservations } = this.dhcp ? { held: [], empty: [] } : await readReservations(this.opts.ipamDataDir, NETWORK_NAME);
     // The uplink (and one an earlier start enslaved) is a port of the bridge too, and may be a veth.
     const uplinks = new Set([this.dhcp?.uplink, markedUplink(this.opts.stateDir)]);
     const veths = bridgeVeths(this.bridgeName).filter((v) => !uplinks.has(v.name));
@@ -687,9 +687,9 @@ export class PodNetwork {
         })
         .catch((err: unknown) => errors.push(err));
     }
-    if (!this.dhcp) {
+    if (emptyReservations.length > 0) {
       // Files a host-local killed mid-ADD created but never wrote (reservations.ts).
-      await removeEmptyReservations(this.opts.ipamDataDir, NETWORK_NAME).then(
+      await removeEmptyReservations(this.opts.ipamDataDir, NETWORK_NAME, emptyReservations).then(
         (freed) => {
           removed.reservations += freed.length;
           if (freed.length > 0) this.log.info({ addresses: freed }, 'released addresses a killed host-local had reserved without an owner');

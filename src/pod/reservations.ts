@@ -13,7 +13,7 @@
  * writing is touched.
  */
 import { execa } from 'execa';
-import { readdir, readFile, stat } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ToolError } from '../errors.js';
 import { isIpAddress } from '../net/ip.js';
@@ -24,16 +24,23 @@ export interface Reservation {
   ifName: string;
 }
 
-export async function listReservations(dataDir: string, networkName: string): Promise<Reservation[]> {
+/** What a network's reservation directory holds: the reservations, and the addresses of empty files (see the module doc). */
+export interface ReservationFiles {
+  held: Reservation[];
+  empty: string[];
+}
+
+/** Reads every reservation of the network; a missing directory holds none. */
+export async function readReservations(dataDir: string, networkName: string): Promise<ReservationFiles> {
   const dir = join(dataDir, networkName);
+  const out: ReservationFiles = { held: [], empty: [] };
   let names: string[];
   try {
     names = await readdir(dir);
   } catch (err) {
-    if ((err as { code?: string }).code === 'ENOENT') return [];
+    if ((err as { code?: string }).code === 'ENOENT') return out;
     throw err;
   }
-  const out: Reservation[] = [];
   for (const name of names) {
     // IPv6 reservations are named with the address as is; anything else (lock, last_reserved_ip.N) is not one.
     if (!isIpAddress(name)) continue;
@@ -43,26 +50,29 @@ export async function listReservations(dataDir: string, networkName: string): Pr
     } catch {
       continue; // released meanwhile
     }
+    if (text === '') {
+      out.empty.push(name);
+      continue;
+    }
     const [id = '', ifName = 'eth0'] = text.split(/\r?\n/).map((s) => s.trim());
-    if (id) out.push({ ip: name, containerId: id, ifName: ifName || 'eth0' });
+    if (id) out.held.push({ ip: name, containerId: id, ifName: ifName || 'eth0' });
   }
   return out;
 }
 
+/** The network's reservations (files naming a container). */
+export async function listReservations(dataDir: string, networkName: string): Promise<Reservation[]> {
+  return (await readReservations(dataDir, networkName)).held;
+}
+
 /**
- * Deletes the empty reservation files of the network (see the module doc) under host-local's lock,
- * re-checking under it that each is still empty. Returns the addresses freed.
+ * Deletes the empty reservation files `empty` (addresses, as readReservations found them; see the
+ * module doc) under host-local's lock, re-checking under it that each is still empty. Returns the
+ * addresses freed.
  */
-export async function removeEmptyReservations(dataDir: string, networkName: string): Promise<string[]> {
-  const dir = join(dataDir, networkName);
-  const names = await readdir(dir).catch(() => [] as string[]);
-  const empty: string[] = [];
-  for (const name of names) {
-    if (!isIpAddress(name)) continue;
-    const st = await stat(join(dir, name)).catch(() => undefined);
-    if (st?.isFile() && st.size === 0) empty.push(name);
-  }
+export async function removeEmptyReservations(dataDir: string, networkName: string, empty: string[]): Promise<string[]> {
   if (empty.length === 0) return [];
+  const dir = join(dataDir, networkName);
   // find -empty -delete: only what is still empty once the lock is ours.
   const files = empty.map((n) => join(dir, n));
   const r = await execa('flock', ['-w', '10', join(dir, 'lock'), 'find', ...files, '-maxdepth', '0', '-type', 'f', '-empty', '-delete', '-print'], { reject: false });
