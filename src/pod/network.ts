@@ -281,9 +281,10 @@ export class PodNetwork {
   }
 
   /**
-   * Makes the node's dedup rules match the mode, the pod CIDR and the bridge's MAC (which changes as
-   * ports come and go). In promiscuous-bridge mode every ADD checks them (two ebtables listings;
-   * rules removed by hand come back); other modes remove them once, at init. Without a bridge there
+   * Makes the node's dedup rules match the mode, the pod CIDR and the bridge's MAC (pinned by
+   * ensureBridge, so ports coming and going no longer change it; an operator still can). In
+   * promiscuous-bridge mode every ADD checks them (two ebtables listings; rules removed by hand come
+   * back); other modes remove them once, at init. Without a bridge there
    * is nothing to protect and no rule. Failures are logged, not thrown: duplicates are not worth
    * failing a pod's setup for, and the next ADD tries again.
    */
@@ -299,7 +300,6 @@ export class PodNetwork {
       this.log.error({ err }, 'could not sync the promiscuous-bridge dedup rules (ebtables)');
     }
   }
-
 
   private settings(): BridgeSettings {
     return { bridgeName: this.bridgeName, mtu: this.mtu, hairpinMode: this.hairpinMode, ipamDataDir: this.opts.ipamDataDir };
