@@ -22,6 +22,7 @@ import { parseResult } from '../../src/cni/result.js';
 import { CNI_VERSIONS } from '../../src/cni/types.js';
 import { PARSED, WIRE } from './fixtures.js';
 import { calls, printing, recording, shQuote, writeScript } from './helpers.js';
+import { until } from '../../hack/support/until.js';
 
 let root = '';
 test.before(async () => {
@@ -333,7 +334,8 @@ console.log('spawner ' + sharedSpawner().pid);
   let out = '';
   agent.stdout.on('data', (b: Buffer) => (out += b.toString()));
   const [pluginPid, delegatePid] = await chain.pids();
-  const spawnerPid = Number(/spawner (\d+)/.exec(out)?.[1]);
+  // The agent prints the spawner's pid as it starts the plugin; the line may arrive after the pid files.
+  const spawnerPid = Number((await until('the spawner pid on the agent\'s stdout', () => /spawner (\d+)/.exec(out)))[1]);
   const everyone = [pluginPid ?? 0, delegatePid ?? 0, spawnerPid];
   t.teardown(() => everyone.forEach((p) => void tryKill(p)));
   t.true(spawnerPid > 0, out);
