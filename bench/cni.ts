@@ -53,6 +53,7 @@
  *   --burst-reps   repetitions per side (default 2)  --soak    ADD/DEL cycles of the soak (default 0: skip)
  * Run it under the machine-wide lock: flock /tmp/kubenet-traffic.lock npx tsx bench/cni.ts
  * KUBENET_LOG_LEVEL=debug shows the agent's logs (per-step times of every ADD: `steps`).
+ * KBENCH_AGENT_NODE_FLAGS='--cpu-prof --cpu-prof-dir=/tmp/prof' passes node flags to the agent process.
  */
 import { execa, type ResultPromise } from 'execa';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -477,8 +478,9 @@ class CniBench {
       await writeFile(kubeconfig, fakeKubeConfig(this.api).exportConfig());
       flags.push('--kubeconfig', kubeconfig, '--node-name', NODE_NAME);
     }
-    const { NODE_OPTIONS: _drop, ...env } = process.env;
-    this.agentProc = execa(process.execPath, [DIST_MAIN, 'daemon', ...flags], { env, extendEnv: false, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    const { NODE_OPTIONS: _drop, KBENCH_AGENT_NODE_FLAGS: nodeFlags, ...env } = process.env;
+    const node = nodeFlags ? nodeFlags.split(' ').filter((f) => f !== '') : [];
+    this.agentProc = execa(process.execPath, [...node, DIST_MAIN, 'daemon', ...flags], { env, extendEnv: false, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
     let exited = false;
     void this.agentProc.then(() => (exited = true));
     await this.waitHealthy(() => exited);

@@ -20,8 +20,17 @@
  * else /run/kubenet/kubenet.sock. Timeout for the whole exchange: $KUBENET_CNI_TIMEOUT_SECONDS
  * (default 120). VERSION is answered locally without touching the socket.
  *
- * Single file, libc only: node needs ~40 ms to start, this needs ~1 ms.
- * Build: cc -O2 -Wall -Wextra -Werror -o native/build/kubenet-cni native/kubenet-cni.c
+ * IPAM mode: exec'd under the name `kubenet-ipam` (hack/build-native.sh links it as
+ * native/build/ipam/kubenet-ipam), it is the IPAM plugin of the agent's own bridge config. The
+ * agent starts the reference host-local ADD for a pod itself, next to the bridge plugin's exec,
+ * and this answers the bridge's IPAM ADD with that result: `POST /v1/ipam` with the same body,
+ * to the socket named by the bridge config's top-level "socket". Every other command (DEL,
+ * CHECK, GC, STATUS, VERSION) is host-local's own: this execs host-local (first of $CNI_PATH)
+ * with the same environment and the unread stdin.
+ *
+ * Single file, libc only: node needs ~40 ms to start, this needs ~1 ms (statically linked, as
+ * hack/build-native.sh builds it when the C library allows: no dynamic loader at each exec).
+ * Build: cc -O2 -static -Wall -Wextra -Werror -o native/build/kubenet-cni native/kubenet-cni.c
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,11 +48,15 @@
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/kubenet/kubenet.sock"
+#define IPAM_NAME "kubenet-ipam"
+#define IPAM_DELEGATE "host-local"
 #define DEFAULT_CNI_VERSION "1.1.0"
 #define DEFAULT_TIMEOUT_SECONDS 120L
 #define MAX_RESPONSE (64u * 1024u * 1024u)
 
 #define CNI_ERR_INVALID_CONFIG 7
+/* what the reference plugins report for an error of their own */
+#define CNI_ERR_GENERIC 999
 #define CNI_ERR_TRY_AGAIN_LATER 11
 
 static const char VERSION_ANSWER[] =
@@ -644,8 +657,37 @@ static void read_stdin(buf_t *in) {
     }
 }
 
-int main(void) {
+/* IPAM mode, any command but ADD: becomes host-local, found in $CNI_PATH (stdin still unread). */
+static void exec_delegate(void) {
+    const char *path = getenv("CNI_PATH");
+    char file[4096];
+    int last_err = ENOENT;
+    for (const char *p = path ? path : ""; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && n + 1 + sizeof IPAM_DELEGATE < sizeof file) {
+            memcpy(file, p, n);
+            file[n] = '/';
+            memcpy(file + n + 1, IPAM_DELEGATE, sizeof IPAM_DELEGATE);
+            char *const argv[] = {file, NULL};
+            execv(file, argv);
+            if (errno != ENOENT) last_err = errno;
+        }
+        p += n;
+        if (*p == ':') p++;
+    }
+    char details[512];
+    snprintf(details, sizeof details, "CNI_PATH=%s: %s", path ? path : "(unset)", strerror(last_err));
+    cni_error_exit(CNI_ERR_GENERIC, IPAM_NAME ": cannot run " IPAM_DELEGATE, details);
+}
+
+int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
+
+    const char *self = argc > 0 && argv[0] ? strrchr(argv[0], '/') : NULL;
+    self = self ? self + 1 : (argc > 0 && argv[0] ? argv[0] : "");
+    const int ipam_mode = strcmp(self, IPAM_NAME) == 0;
+    const char *command = getenv("CNI_COMMAND");
+    if (ipam_mode && !(command && strcmp(command, "ADD") == 0)) exec_delegate();
 
     buf_t in = {0};
     read_stdin(&in);
@@ -658,7 +700,6 @@ int main(void) {
         else free(value);
     }
 
-    const char *command = getenv("CNI_COMMAND");
     if (command && strcmp(command, "VERSION") == 0) {
         if (write_all(1, VERSION_ANSWER, sizeof VERSION_ANSWER - 1) < 0 || write_all(1, "\n", 1) < 0) return 1;
         return 0;
@@ -697,13 +738,13 @@ int main(void) {
 
     char head[256];
     int head_len = snprintf(head, sizeof head,
-                            "POST /v1/cni HTTP/1.1\r\n"
+                            "POST %s HTTP/1.1\r\n"
                             "Host: kubenet\r\n"
                             "Content-Type: application/json\r\n"
                             "Content-Length: %zu\r\n"
                             "Connection: close\r\n"
                             "\r\n",
-                            body.len);
+                            ipam_mode ? "/v1/ipam" : "/v1/cni", body.len);
 
     clock_gettime(CLOCK_MONOTONIC, &g_deadline);
     g_deadline.tv_sec += g_timeout_seconds;

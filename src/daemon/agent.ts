@@ -10,13 +10,14 @@
  * the core acquire every known pod's lease again after each start of the daemon, retrying those
  * that fail (no server answering) with backoff.
  */
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
-import { PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
+import { IPAM_SHIM_TYPE, PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
-import { checkInstallConfig, installCni } from './cni-install.js';
+import { checkInstallConfig, installCni, ipamShimDir } from './cni-install.js';
 import { dhcpSocketPath, type AgentConfig } from './config.js';
 import { AgentApi } from './http-api.js';
 import { noEvents, type EventRecorder } from './events.js';
@@ -24,7 +25,7 @@ import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { AgentMetrics } from './metrics.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
-import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER } from './protocol.js';
+import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER, ipamSocketPath, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export interface StatusReport {
   podCIDR: string | undefined;
@@ -77,9 +78,11 @@ export class Agent {
     private readonly pods?: PodLookup,
     opts: AgentOptions = {},
   ) {
+    const ipam = ipamShimOf(config, log);
     this.network = new PodNetwork({
+      ...(ipam.prefetchSocket !== undefined ? { ipamPrefetchSocket: ipam.prefetchSocket } : {}),
       bridgeName: config.bridgeName,
-      pluginBinDirs: config.pluginBinDirs,
+      pluginBinDirs: ipam.binDir !== undefined ? [...config.pluginBinDirs, ipam.binDir] : config.pluginBinDirs,
       ipamDataDir: config.ipamDataDir,
       stateDir: config.stateDir,
       ifbName: config.ifbName,
@@ -114,13 +117,19 @@ export class Agent {
         metrics: () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight(), this.network.traffic()),
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
+        ipam: (req) => this.handler.ipam(req),
         answered: (answer, seconds) => {
           this.metrics.observe(answer.command, seconds, answer.status === 200 ? undefined : (answer.code ?? 999));
           if (answer.status !== 200) this.log.warn({ command: answer.command, body: answer.body }, 'CNI call failed');
           this.metrics.update(this.network.list(), this.network.vethDeletionsInFlight());
         },
       },
-      { socket: config.socket, log, ...(opts.shutdownGraceMs !== undefined ? { shutdownGraceMs: opts.shutdownGraceMs } : {}) },
+      {
+        socket: config.socket,
+        log,
+        ...(ipam.prefetchSocket !== undefined ? { ipamSocket: ipam.prefetchSocket } : {}),
+        ...(opts.shutdownGraceMs !== undefined ? { shutdownGraceMs: opts.shutdownGraceMs } : {}),
+      },
     );
   }
 
@@ -271,3 +280,25 @@ export class Agent {
   }
 }
 
+/**
+ * The IPAM shim in host-local mode (src/pod/network.ts ipamPrefetchSocket): its directory, added
+ * after the plugin dirs whenever it is built (the DEL of a pod set up through it runs it, whatever
+ * this start prefetches), and the socket it asks when the agent prefetches: unless the socket path
+ * would not fit a unix socket address, or KUBENET_IPAM_PREFETCH=off (the bridge plugin then execs
+ * host-local itself, as kubenet-ts 0.2.0 did; for comparison).
+ */
+export function ipamShimOf(config: AgentConfig, log: Logger): { binDir?: string; prefetchSocket?: string } {
+  if (config.ipam !== 'host-local') return {};
+  const binDir = ipamShimDir();
+  if (!existsSync(join(binDir, IPAM_SHIM_TYPE))) {
+    log.warn({ shim: join(binDir, IPAM_SHIM_TYPE) }, 'the IPAM shim is not built: the bridge plugin runs host-local itself (~1 ms more per pod ADD)');
+    return {};
+  }
+  if (process.env.KUBENET_IPAM_PREFETCH === 'off') return { binDir };
+  const socket = ipamSocketPath(config.socket);
+  if (Buffer.byteLength(socket) > MAX_SOCKET_PATH_BYTES) {
+    log.warn({ socket }, 'the IPAM socket path would be too long: the bridge plugin runs host-local itself (~1 ms more per pod ADD)');
+    return { binDir };
+  }
+  return { binDir, prefetchSocket: socket };
+}

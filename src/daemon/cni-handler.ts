@@ -8,7 +8,7 @@ import { convertResult } from '../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord } from '../pod/index.js';
-import { CniRequestError, parseCniCall, type CniCall } from './cni-request.js';
+import { CniRequestError, parseCniCall, parseIpamCall, type CniCall } from './cni-request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,
   CNI_ERR_INTERNAL,
@@ -80,6 +80,19 @@ export class CniHandler {
       const code = codeOf(err);
       if (code === CNI_ERR_INTERNAL) this.log.error({ err, command }, 'CNI call failed unexpectedly');
       return errorAnswer(command, cniVersion, code, err);
+    }
+  }
+
+  /** The IPAM shim's ADD: the host-local result of the pod ADD running for that attachment. */
+  async ipam(req: CniRequest): Promise<CniAnswer> {
+    let cniVersion = '1.1.0';
+    try {
+      const call = parseIpamCall(req);
+      cniVersion = call.cniVersion;
+      const result = await this.network.prefetchedIpam(call.containerId, call.ifName);
+      return { status: 200, body: JSON.stringify(convertResult(result, call.cniVersion)), command: 'IPAM' };
+    } catch (err) {
+      return errorAnswer('IPAM', cniVersion, codeOf(err), err);
     }
   }
 

@@ -14,7 +14,7 @@ import type { Logger } from '../log.js';
 import { NETWORK_NAME, PLUGIN_TYPES } from '../pod/index.js';
 import { copyFileAtomic, writeFileAtomic } from '../util/atomic-file.js';
 import { packagePath } from '../util/package-root.js';
-import { CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CONF_SOCKET_KEY } from './protocol.js';
+import { CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CONF_SOCKET_KEY, IPAM_SHIM_BUILD_DIR } from './protocol.js';
 
 export const CONFLIST_NAME = '10-kubenet.conflist';
 
@@ -33,6 +33,11 @@ export function buildConflist(socket: string): object {
 /** The built forwarder: native/build/kubenet-cni at the package root. */
 export function forwarderBinaryPath(): string {
   return packagePath(CNI_BINARY_BUILD_PATH);
+}
+
+/** The directory holding only the IPAM shim (the forwarder as `kubenet-ipam`), as hack/build-native.sh builds it. */
+export function ipamShimDir(): string {
+  return packagePath(IPAM_SHIM_BUILD_DIR);
 }
 
 export interface InstallConfig {

@@ -152,6 +152,25 @@ export function parseCniCall(req: CniRequest): CniCall {
   }
 }
 
+/** The IPAM shim's call (POST /v1/ipam): the bridge plugin's IPAM ADD, with the agent's bridge config on stdin. */
+export interface IpamCall {
+  containerId: string;
+  ifName: string;
+  cniVersion: string;
+}
+
+export function parseIpamCall(req: CniRequest): IpamCall {
+  const command = req.env.CNI_COMMAND;
+  if (command !== 'ADD') throw env4(`CNI_COMMAND ${describe(command)}: the agent answers only the IPAM shim's ADD (the shim runs host-local for the rest)`);
+  const a = attachment(req, true);
+  if (req.stdin.trim() === '') throw new CniRequestError(CNI_ERR_DECODE, 'the network config on stdin is empty');
+  const v = parseJsonBounded(req.stdin, 'the network config on stdin');
+  if (!isObj(v) || typeof v.cniVersion !== 'string' || !isSupportedVersion(v.cniVersion)) {
+    throw new CniRequestError(CNI_ERR_INCOMPATIBLE_VERSION, `the bridge config's cniVersion ${describe(isObj(v) ? v.cniVersion : v)} is not supported`);
+  }
+  return { containerId: a.containerId, ifName: a.ifName, cniVersion: v.cniVersion };
+}
+
 /** The network config on stdin: a JSON object of a supported version, for network kubenet, plugin kubenet. */
 function parseConf(stdin: string): Record<string, unknown> {
   if (stdin.trim() === '') throw new CniRequestError(CNI_ERR_DECODE, 'the network config on stdin is empty');

@@ -5,6 +5,11 @@
  * (`kubenet shape`: body `{"ingress"?: "10M", "egress"?: "5M", "clear"?: true}`; 200 with the pod's
  * attachments and their limits, 400 for a bad request, 404 for a pod not attached here).
  *
+ * With `ipamSocket`, a second socket (0600 too) serves `POST /v1/ipam` only: the IPAM shim of the
+ * agent's own bridge config (native/kubenet-cni.c as `kubenet-ipam`) fetching the host-local result
+ * of a pod ADD the agent is running. It has a socket of its own because it must answer until the
+ * last CNI call in flight is done: the main socket stops accepting when close() begins.
+ *
  * Bounded in every direction a client controls: a request body over MAX_REQUEST_BYTES is refused
  * (413) without being read whole; a request must arrive completely within `requestTimeoutMs`; on
  * close, connections still sending their request are cut at once, CNI calls already running get
@@ -17,7 +22,7 @@ import { performance } from 'node:perf_hooks';
 import type { Logger } from '../log.js';
 import type { CniAnswer } from './cni-handler.js';
 import { CniRequestError, parseJsonBounded } from './cni-request.js';
-import { CNI_API_PATH, CNI_ERR_DECODE, cniErrorBody, HEALTH_PATH, MAX_REQUEST_BYTES, parseCniRequest, type CniRequest } from './protocol.js';
+import { CNI_API_PATH, CNI_ERR_DECODE, cniErrorBody, HEALTH_PATH, IPAM_API_PATH, MAX_REQUEST_BYTES, parseCniRequest, type CniRequest } from './protocol.js';
 
 export const STATUS_PATH = '/v1/status';
 export const METRICS_PATH = '/metrics';
@@ -37,6 +42,8 @@ export interface ApiHandlers {
   limits(namespace: string, name: string, body: unknown): Promise<{ status: number; body: unknown }>;
   /** One CNI call answered (metrics, logs). */
   answered(answer: CniAnswer, seconds: number): void;
+  /** The IPAM shim's ADD (on `ipamSocket`). */
+  ipam?(req: CniRequest): Promise<CniAnswer>;
 }
 
 export interface ApiOptions {
@@ -48,6 +55,8 @@ export interface ApiOptions {
   shutdownGraceMs?: number;
   /** Default MAX_REQUEST_BYTES. */
   maxBodyBytes?: number;
+  /** Where `POST /v1/ipam` is served (with the `ipam` handler). */
+  ipamSocket?: string;
 }
 
 class BodyTooLarge extends Error {}
@@ -58,6 +67,7 @@ const DISCARD_MS = 2_000;
 
 export class AgentApi {
   private server: Server | undefined;
+  private ipamServer: Server | undefined;
   /** Requests whose body is still arriving (no CNI call started for them yet). */
   private readonly receiving = new Set<IncomingMessage>();
   private calls = 0;
@@ -78,11 +88,27 @@ export class AgentApi {
   }
 
   async listen(): Promise<void> {
-    const { socket, log } = this.opts;
+    const { socket, ipamSocket, log } = this.opts;
+    if (ipamSocket !== undefined && this.handlers.ipam) {
+      this.ipamServer = await this.serve(ipamSocket, (req, res) => this.routeIpam(req, res));
+    }
+    try {
+      this.server = await this.serve(socket, (req, res) => this.route(req, res));
+    } catch (err) {
+      this.ipamServer?.close();
+      this.ipamServer = undefined;
+      if (ipamSocket !== undefined) rmSync(ipamSocket, { force: true });
+      throw err;
+    }
+    log.info({ socket, ...(this.ipamServer ? { ipamSocket } : {}) }, 'serving the CNI API');
+  }
+
+  private async serve(socket: string, route: (req: IncomingMessage, res: ServerResponse) => Promise<void>): Promise<Server> {
+    const { log } = this.opts;
     mkdirSync(dirname(socket), { recursive: true });
     rmSync(socket, { force: true });
     const server = createServer({ requestTimeout: this.opts.requestTimeoutMs ?? 10_000, headersTimeout: 5_000, connectionsCheckingInterval: 500 }, (req, res) => {
-      this.route(req, res).catch((err: unknown) => {
+      route(req, res).catch((err: unknown) => {
         log.error({ err }, 'request failed');
         if (!res.headersSent) res.writeHead(500);
         res.end();
@@ -100,8 +126,33 @@ export class AgentApi {
       process.umask(umask);
     }
     chmodSync(socket, 0o600);
-    this.server = server;
-    log.info({ socket }, 'serving the CNI API');
+    return server;
+  }
+
+  /** The IPAM socket: POST /v1/ipam, nothing else. Not a CNI call of its own (no metrics): part of a pod ADD's. */
+  private async routeIpam(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const handler = this.handlers.ipam;
+    if (req.method !== 'POST' || req.url !== IPAM_API_PATH || !handler) {
+      req.resume();
+      return this.reply(res, 404, 'text/plain', 'not found\n');
+    }
+    let body: string;
+    try {
+      body = await this.readBody(req);
+    } catch (err) {
+      if (!(err instanceof BodyTooLarge)) return;
+      this.reply(res, 413, 'application/json', JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)));
+      this.discardRest(req);
+      return;
+    }
+    let answer: CniAnswer;
+    try {
+      answer = await handler(parseCniRequest(parseJsonBounded(body, 'the request body')));
+    } catch (err) {
+      const code = err instanceof CniRequestError ? err.code : CNI_ERR_DECODE;
+      answer = { status: 400, command: 'unknown', code, body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))) };
+    }
+    this.reply(res, answer.status, 'application/json', answer.body);
   }
 
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -276,5 +327,14 @@ export class AgentApi {
     server.closeAllConnections();
     await closed;
     rmSync(this.opts.socket, { force: true });
+    // The IPAM socket answered the calls above until they were done.
+    const ipam = this.ipamServer;
+    this.ipamServer = undefined;
+    if (ipam) {
+      const ipamClosed = new Promise<void>((ok) => ipam.close(() => ok()));
+      ipam.closeAllConnections();
+      await ipamClosed;
+      if (this.opts.ipamSocket !== undefined) rmSync(this.opts.ipamSocket, { force: true });
+    }
   }
 }

@@ -49,6 +49,14 @@ export const MAX_REQUEST_BYTES = 1024 * 1024;
 /** Path and method of the CNI call endpoint. */
 export const CNI_API_PATH = '/v1/cni';
 export const CNI_API_METHOD = 'POST';
+/**
+ * The IPAM shim's endpoint (POST, same envelope as a CNI call: the bridge plugin's IPAM ADD), on the
+ * agent's IPAM socket (http-api.ts). The shim sends it to the top-level "socket" of the bridge
+ * config, which the agent writes there: {@link ipamSocketPath}.
+ */
+export const IPAM_API_PATH = '/v1/ipam';
+/** The agent's IPAM socket, beside its CNI socket. */
+export const ipamSocketPath = (socket: string): string => `${socket}.ipam`;
 /** Readiness endpoint on the same socket (GET). */
 export const HEALTH_PATH = '/healthz';
 /** The Host header the binary sends. */
@@ -69,6 +77,8 @@ export const MAX_SOCKET_PATH_BYTES = 107;
 export const CNI_BINARY_NAME = 'kubenet';
 /** Where `npm run build:native` puts the binary, relative to the package root. */
 export const CNI_BINARY_BUILD_PATH = 'native/build/kubenet-cni';
+/** Where it puts the same binary as the IPAM shim (named as src/pod/bridge.ts IPAM_SHIM_TYPE, alone in its directory). */
+export const IPAM_SHIM_BUILD_DIR = 'native/build/ipam';
 
 /** The CNI environment variables the binary forwards, in the order it writes them. */
 export const CNI_ENV_KEYS = ['CNI_COMMAND', 'CNI_CONTAINERID', 'CNI_NETNS', 'CNI_IFNAME', 'CNI_ARGS', 'CNI_PATH'] as const;

@@ -27,9 +27,25 @@ export interface BridgeSettings {
   mtu: number;
   hairpinMode: HairpinMode;
   ipamDataDir: string;
+  /**
+   * The agent's socket when it runs host-local itself, next to the bridge plugin (prefetch): the
+   * bridge's IPAM is then {@link IPAM_SHIM_TYPE}, which fetches that result over this socket.
+   */
+  ipamPrefetchSocket?: string;
 }
 
-/** The bridge + host-local config for the pod subnets. */
+/**
+ * The IPAM type of the agent's bridge config when host-local is prefetched: native/kubenet-cni.c
+ * exec'd as `kubenet-ipam` (native/build/ipam/). For ADD it answers with the result of the
+ * host-local ADD the agent started with the bridge plugin's exec (POST /v1/ipam); every other
+ * command it hands to host-local itself. Its config is host-local's (host-local ignores `type`).
+ */
+export const IPAM_SHIM_TYPE = 'kubenet-ipam';
+
+/**
+ * The bridge + host-local config for the pod subnets. With `ipamPrefetchSocket`, the bridge reaches
+ * host-local through the shim: same ranges, routes and data dir, so the same reservations.
+ */
 export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf {
   const ipam: HostLocalIpamConf = {
     type: 'host-local',
@@ -37,7 +53,19 @@ export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf 
     routes: subnets.map((sub) => ({ dst: sub.family === 4 ? '0.0.0.0/0' : '::/0' })),
     dataDir: s.ipamDataDir,
   };
-  return bridgeNetConf(s, true, ipam);
+  if (s.ipamPrefetchSocket === undefined) return bridgeNetConf(s, true, ipam);
+  return { ...bridgeNetConf(s, true, { ...ipam, type: IPAM_SHIM_TYPE }), socket: s.ipamPrefetchSocket };
+}
+
+/**
+ * The host-local network the agent runs for a bridge network whose IPAM is the shim (same name,
+ * version and IPAM section, so the same reservations as the bridge's own IPAM calls); undefined
+ * for any other network.
+ */
+export function prefetchedIpamNetwork(network: NetConf | NetConfList): NetConf | undefined {
+  const ipam = bridgePlugin(network)?.ipam;
+  if (ipam?.type !== IPAM_SHIM_TYPE) return undefined;
+  return { cniVersion: network.cniVersion, name: network.name, type: 'host-local', ipam: { ...ipam, type: 'host-local' } };
 }
 
 /** The bridge plugin's part of both configs; masquerading is kubenet's own rule, never the plugin's. */

@@ -3,7 +3,7 @@
  * src/daemon) see it: the core itself, the pod record, netns identity, and the bandwidth limits they
  * parse from their inputs. Nothing above this reaches into the shaper or netlink directly.
  */
-export { HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, type HairpinMode } from './bridge.js';
+export { HAIRPIN_MODES, IPAM_SHIM_TYPE, NETWORK_NAME, POD_IFNAME, type HairpinMode } from './bridge.js';
 export { DhcpLeaseError, socketAnswers } from './dhcp.js';
 export { NetnsError, podNetnsId } from './netns.js';
 export { PLUGIN_TYPES, PodNetwork, REQUIRED_PLUGINS, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions, type PodTraffic } from './network.js';

@@ -19,7 +19,10 @@
  *   from inside its netns (veth.ts), where that ADD had checked no such interface existed.
  * - Leftovers of attachments that no longer exist (reservations, veths on the bridge, host-port
  *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
- * - Addresses come from host-local (the pod CIDR) or, in dhcp mode, from the LAN's DHCP server
+ * - Addresses come from host-local (the pod CIDR); with `ipamPrefetchSocket` the ADD starts host-local
+ *   itself, beside the bridge plugin's exec, whose IPAM (the shim) then fetches that result
+ *   (`prefetchedIpam`): host-local's ~3 ms no longer wait for the bridge plugin to reach its IPAM
+ *   step. A failed ADD waits for that host-local before its undo releases the address. Or, in dhcp mode, from the LAN's DHCP server
  *   through the reference dhcp IPAM plugin and its lease daemon (dhcp.ts): the bridge is then no
  *   gateway, the uplink is one of its ports (uplink.ts), DEL releases the lease through the plugin
  *   while the pod's interface still exists (the release leaves through it), and `readoptLeases`
@@ -38,7 +41,20 @@ import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../sh
 import { Shaper } from '../shaper/tc.js';
 import type { ShapingCounters } from '../shaper/counters.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { afterBridge, bridgeConf, CNI_VERSION, dhcpBridgeConf, dhcpIpamOf, NETWORK_NAME, POD_IFNAME, portmapOnly, withPortmap, type BridgeSettings, type HairpinMode } from './bridge.js';
+import {
+  afterBridge,
+  bridgeConf,
+  CNI_VERSION,
+  dhcpBridgeConf,
+  dhcpIpamOf,
+  NETWORK_NAME,
+  POD_IFNAME,
+  portmapOnly,
+  prefetchedIpamNetwork,
+  withPortmap,
+  type BridgeSettings,
+  type HairpinMode,
+} from './bridge.js';
 import { bridgeVeths, ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
 import { bridgeMac, syncDedup, type DedupTarget } from './dedup.js';
 import { DhcpLeaseError, leaseSubnets, readoptLeases, releaseLease, socketAnswers } from './dhcp.js';
@@ -89,6 +105,12 @@ export interface PodNetworkOptions {
   legacyCniCacheDir?: string;
   /** Default host-local. */
   ipam?: IpamSettings;
+  /**
+   * host-local mode: run host-local for a pod's ADD beside the bridge plugin instead of inside it.
+   * The bridge's IPAM is then the shim (bridge.ts IPAM_SHIM_TYPE, which must be in pluginBinDirs),
+   * which fetches the result from this socket: the caller serves it with `prefetchedIpam`.
+   */
+  ipamPrefetchSocket?: string;
   logger: Logger;
 }
 
@@ -134,9 +156,13 @@ export interface Attachment {
 
 type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: Subnet[]; conf: NetConf };
 
-/** Per-step wall times of one operation, logged at debug level (`steps`, ms since the previous mark). */
+/**
+ * Per-step wall times of one operation, logged at debug level (`steps`, ms since the previous
+ * mark), and work that ran beside the steps (`beside`, ms from the start to its end).
+ */
 class StepTimer {
   private readonly marks: Array<[string, number]> = [];
+  private readonly notes: Array<[string, number]> = [];
   private last: number;
   constructor(start: number) {
     this.last = start;
@@ -146,8 +172,12 @@ class StepTimer {
     this.marks.push([name, round(now - this.last)]);
     this.last = now;
   }
-  fields(log: Logger): { steps?: Record<string, number> } {
-    return log.isLevelEnabled('debug') ? { steps: Object.fromEntries(this.marks) } : {};
+  note(name: string, ms: number): void {
+    this.notes.push([name, round(ms)]);
+  }
+  fields(log: Logger): { steps?: Record<string, number>; beside?: Record<string, number> } {
+    if (!log.isLevelEnabled('debug')) return {};
+    return { steps: Object.fromEntries(this.marks), ...(this.notes.length > 0 ? { beside: Object.fromEntries(this.notes) } : {}) };
   }
 }
 
@@ -160,6 +190,8 @@ export class PodNetwork {
   private readonly locks = new KeyedMutex();
   /** Attachments whose ADD is running now (their records say `adding`). */
   private readonly adding = new Set<string>();
+  /** The host-local ADDs started for ADDs running now (ipamPrefetchSocket), by record key. */
+  private readonly prefetched = new Map<string, Promise<CniResult>>();
   private state: State = { phase: 'uninitialized' };
   private hairpinMode: HairpinMode = 'hairpin-veth';
   private mtu = DEFAULT_MTU;
@@ -302,7 +334,14 @@ export class PodNetwork {
   }
 
   private settings(): BridgeSettings {
-    return { bridgeName: this.bridgeName, mtu: this.mtu, hairpinMode: this.hairpinMode, ipamDataDir: this.opts.ipamDataDir };
+    const prefetch = this.dhcp ? undefined : this.opts.ipamPrefetchSocket;
+    return {
+      bridgeName: this.bridgeName,
+      mtu: this.mtu,
+      hairpinMode: this.hairpinMode,
+      ipamDataDir: this.opts.ipamDataDir,
+      ...(prefetch !== undefined ? { ipamPrefetchSocket: prefetch } : {}),
+    };
   }
 
   private requireReady(what: string): Extract<State, { phase: 'ready' }> {
@@ -386,10 +425,18 @@ export class PodNetwork {
     this.store.put(record);
     steps.mark('record');
     this.adding.add(key);
+    const rt = runtimeConf(record, req.netns);
+    // host-local runs now, beside the bridge plugin's exec, which gets its result when it asks its IPAM (the shim).
+    const ipamNetwork = prefetchedIpamNetwork(network);
+    const prefetch = ipamNetwork ? this.cni.add(ipamNetwork, { ...rt, capabilityArgs: {} }) : undefined;
+    if (prefetch) {
+      prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
+      this.prefetched.set(key, prefetch);
+      void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
+    }
     try {
       // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
       await ensureBridge(this.settings(), log);
-      const rt = runtimeConf(record, req.netns);
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
       const result = await this.addNetwork(network, rt, req);
       steps.mark('bridge');
@@ -414,6 +461,8 @@ export class PodNetwork {
       return { record, result, repeated: false };
     } catch (err) {
       log.warn({ err }, 'pod setup failed; undoing what it made');
+      // A host-local ADD still running would reserve an address after the undo's release of it.
+      await prefetch?.catch(() => undefined);
       try {
         await this.teardown(record, log);
       } catch (undoErr) {
@@ -423,7 +472,22 @@ export class PodNetwork {
       throw err;
     } finally {
       this.adding.delete(key);
+      this.prefetched.delete(key);
     }
+  }
+
+  /**
+   * The shim's IPAM ADD (ipamPrefetchSocket): the result of the host-local ADD started for this
+   * attachment's ADD, once it is there. Only the bridge plugin of an ADD of ours asks.
+   * @throws UnknownPodError when no ADD of this attachment is running (the bridge plugin run by
+   *   hand with the agent's config): nothing is allocated for it.
+   */
+  prefetchedIpam(containerId: string, ifName: string): Promise<CniResult> {
+    const running = this.prefetched.get(recordKey(containerId, ifName));
+    if (running) return running;
+    return Promise.reject(
+      new UnknownPodError(`kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`),
+    );
   }
 
   /**

@@ -7,16 +7,19 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { readFile, rm, stat } from 'node:fs/promises';
+import { readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { agentPost } from '../../src/daemon/protocol.js';
+import type { Logger } from '../../src/log.js';
+import { pino } from 'pino';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
 import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../../hack/support/agent-harness.js';
-import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
+import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf } from '../../hack/support/kernel.js';
+import { findPlugin } from '../../src/cni/exec.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
@@ -482,6 +485,129 @@ serialTest('many pods added, then deleted, all at once through libcni: distinct 
 function conf(h: AgentHarness, extra: Record<string, unknown> = {}): string {
   return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket, ...extra });
 }
+
+/** The pod records on disk (the agent's only pod state). */
+async function records(h: AgentHarness): Promise<Array<{ containerId: string; network: { type?: string; socket?: string; ipam?: { type: string } } }>> {
+  return Promise.all((await h.podStateFiles()).filter((f) => f.endsWith('.json')).map(async (f) => JSON.parse(await readFile(join(h.config.stateDir, 'pods', f), 'utf8'))));
+}
+
+/** A debug logger whose entries the test can read. */
+function capturingLogger(): { logger: Logger; lines: Array<Record<string, unknown>> } {
+  const lines: Array<Record<string, unknown>> = [];
+  const logger = pino({ level: 'debug' }, { write: (s: string) => void lines.push(JSON.parse(s) as Record<string, unknown>) });
+  return { logger, lines };
+}
+
+serialTest('host-local runs beside the bridge plugin (the IPAM shim fetches its result): same reservations; its failure fails the ADD and leaves nothing', async (t) => {
+  // A /30: host-local has exactly one address for pods (.2; .1 is the gateway).
+  const h = await harness(t, '10.93.20.0/30');
+  const { logger, lines } = capturingLogger();
+  await h.startAgent(undefined, undefined, logger);
+  t.is((await stat(`${h.config.socket}.ipam`)).mode & 0o777, 0o600, 'the IPAM socket is 0600');
+  const a = await h.addPod('ipam-a');
+  const ra = await addOk(t, h, a);
+  t.is(podIp(ra), '10.93.20.2');
+  t.deepEqual(await h.reservedIps(), ['10.93.20.2'], "host-local's reservation, where the bridge's own IPAM would make it");
+  const [rec] = await records(h);
+  t.is(rec?.network.ipam?.type, 'kubenet-ipam', "the bridge's IPAM is the shim");
+  t.is(rec?.network.socket, `${h.config.socket}.ipam`);
+  const ran = (plugin: string, id: string) => lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === plugin && l.command === 'ADD' && l.containerId === id);
+  t.is(ran('host-local', a.id).length, 1, 'the agent ran host-local for the ADD');
+  t.is(ran('bridge', a.id).length, 1);
+
+  // The range is full: host-local's own error is the ADD's, and nothing of the pod stays.
+  const b = await h.addPod('ipam-b');
+  const rb = await h.libcni('add', b);
+  t.not(rb.exitCode, 0);
+  t.regex(rb.stdout + rb.stderr, /no IP addresses available/);
+  t.deepEqual(await h.reservedIps(), ['10.93.20.2']);
+  t.is((await records(h)).length, 1, 'no record of the failed pod');
+  t.is((await bridgePorts(h)).length, 1, 'no veth of the failed pod');
+  t.is((await h.libcni('del', b)).exitCode, 0);
+  t.is((await h.libcni('del', a)).exitCode, 0);
+  await assertNothingLeft(t, h);
+});
+
+serialTest('an ADD that fails before the bridge plugin asks for its address releases the address host-local reserved beside it', async (t) => {
+  // host-local's ADD takes 300 ms longer (its DEL does not): the undo must wait for it, or the
+  // release would come first and the reservation after it.
+  const slow = await makeTmpDir('kslowhl');
+  t.teardown(() => rmrf(slow));
+  await writeFile(join(slow, 'host-local'), `#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] && sleep 0.3\nexec ${findPlugin('host-local', CNI_BIN_DIRS)}\n`, { mode: 0o755 });
+  const h = await new AgentHarness().setup('10.93.21.0/24', { pluginBinDirs: [slow, ...CNI_BIN_DIRS] });
+  t.teardown(() => h.cleanup.run());
+  const { logger, lines } = capturingLogger();
+  await h.startAgent(undefined, undefined, logger);
+  // The bridge replaced by a link of another kind: the ADD fails after host-local started, before the bridge plugin runs.
+  await execa('ip', ['link', 'del', h.bridge]);
+  await execa('ip', ['link', 'add', h.bridge, 'type', 'ifb']);
+  const a = await h.addPod('early-fail');
+  const r = await h.libcni('add', a);
+  t.not(r.exitCode, 0);
+  t.regex(r.stdout + r.stderr, /is not a bridge/);
+  const hostLocal = lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === 'host-local' && l.containerId === a.id);
+  t.is(hostLocal.length, 1, 'host-local did reserve an address for it');
+  t.deepEqual(await h.reservedIps(), [], 'and the undo released it');
+  t.deepEqual(await h.podStateFiles(), []);
+  await execa('ip', ['link', 'del', h.bridge]);
+  // The next ADD makes the bridge again.
+  await addOk(t, h, a);
+  t.is((await h.libcni('del', a)).exitCode, 0);
+  await assertNothingLeft(t, h);
+});
+
+serialTest('the IPAM socket answers only the IPAM ADD of an ADD the agent is running', async (t) => {
+  const h = await harness(t, '10.93.22.0/24');
+  await h.startAgent();
+  const a = await h.addPod('stray');
+  const env = { CNI_COMMAND: 'ADD', CNI_CONTAINERID: a.id, CNI_NETNS: a.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(a) };
+  const stdin = JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'bridge', ipam: { type: 'kubenet-ipam' } });
+  const ipamSocket = `${h.config.socket}.ipam`;
+  const stray = await agentPost(ipamSocket, '/v1/ipam', { env, stdin });
+  t.is(stray.status, 500, stray.body);
+  t.is((JSON.parse(stray.body) as { code: number }).code, 3);
+  t.regex(stray.body, /no pod ADD of container/);
+  const del = await agentPost(ipamSocket, '/v1/ipam', { env: { ...env, CNI_COMMAND: 'DEL' }, stdin });
+  t.is((JSON.parse(del.body) as { code: number }).code, 4, 'only ADD reaches the agent');
+  t.is((await agentPost(ipamSocket, '/v1/cni', { env, stdin })).status, 404, 'CNI calls go to the main socket');
+  t.deepEqual(await h.reservedIps(), [], 'nothing allocated');
+  await h.stopAgent();
+  await t.throwsAsync(stat(ipamSocket), { code: 'ENOENT' }, 'the IPAM socket goes with the agent');
+});
+
+serialTest('pods set up with and without the host-local prefetch are deleted by an agent started the other way', async (t) => {
+  const h = await harness(t, '10.93.23.0/24');
+  const withEnv = async (v: string | undefined, fn: () => Promise<void>) => {
+    const old = process.env.KUBENET_IPAM_PREFETCH;
+    if (v === undefined) delete process.env.KUBENET_IPAM_PREFETCH;
+    else process.env.KUBENET_IPAM_PREFETCH = v;
+    try {
+      await fn();
+    } finally {
+      if (old === undefined) delete process.env.KUBENET_IPAM_PREFETCH;
+      else process.env.KUBENET_IPAM_PREFETCH = old;
+    }
+  };
+  const off = await h.addPod('plain');
+  const on = await h.addPod('shim');
+  await withEnv('off', async () => {
+    await h.startAgent();
+    await addOk(t, h, off);
+    t.deepEqual((await records(h)).map((r) => r.network.ipam?.type), ['host-local']);
+    await h.stopAgent();
+  });
+  await withEnv(undefined, async () => {
+    await h.startAgent();
+    await addOk(t, h, on);
+    t.is((await h.libcni('del', off)).exitCode, 0, 'a pod of the bridge + host-local config');
+    await h.stopAgent();
+  });
+  await withEnv('off', async () => {
+    await h.startAgent();
+    t.is((await h.libcni('del', on)).exitCode, 0, 'a pod of the shim config');
+  });
+  await assertNothingLeft(t, h);
+});
 
 serialTest('a configuration in which the agent would run its own forwarding binary as a plugin is refused at startup, naming it', async (t) => {
   const h = await harness(t, '10.93.11.0/24');

@@ -7,7 +7,7 @@ import test from 'ava';
 import { execa } from 'execa';
 import { spawn } from 'node:child_process';
 import { accessSync, constants as fsConstants, readFileSync } from 'node:fs';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, link, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { createServer as createHttpServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createNetServer, type Server, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -52,6 +52,7 @@ const ccSerialTest = blocker ? test.skip : test.serial;
 
 let dir = '';
 let bin = '';
+let ipamBin = '';
 let sockSeq = 0;
 
 test.before(async () => {
@@ -59,6 +60,10 @@ test.before(async () => {
   dir = await mkdtemp(join(tmpdir(), 'kcni-'));
   bin = join(dir, 'kubenet-cni');
   await execa('cc', [...CC_FLAGS, ...EXTRA_CFLAGS, '-o', bin, SOURCE]);
+  // The same program under the IPAM shim's name, as hack/build-native.sh links it.
+  await mkdir(join(dir, 'ipam'));
+  ipamBin = join(dir, 'ipam', 'kubenet-ipam');
+  await link(bin, ipamBin);
 });
 
 test.after.always(async () => {
@@ -147,9 +152,9 @@ interface Run {
   stderr: string;
 }
 
-/** Runs the binary with exactly `env` (nothing inherited) and `stdin`. */
-async function runCni(env: Record<string, string>, stdin: string | Buffer): Promise<Run> {
-  const r = await execa(bin, [], { env: { ...env, ...SANITIZER_ENV }, extendEnv: false, input: stdin, reject: false, stripFinalNewline: false, timeout: 60_000 });
+/** Runs the binary (or `path`, e.g. the IPAM shim) with exactly `env` (nothing inherited) and `stdin`. */
+async function runCni(env: Record<string, string>, stdin: string | Buffer, path = bin): Promise<Run> {
+  const r = await execa(path, [], { env: { ...env, ...SANITIZER_ENV }, extendEnv: false, input: stdin, reject: false, stripFinalNewline: false, timeout: 60_000 });
   return { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -189,6 +194,8 @@ test('npm run build:native (hack/build-native.sh) uses the same compiler command
   t.regex(pkg.scripts['test'] ?? '', /npm run build:native/, 'npm test builds the binary the agent installs');
   const script = readFileSync(join(ROOT, 'hack/build-native.sh'), 'utf8');
   t.true(script.includes(`cc ${CC_FLAGS.join(' ')} -o "$tmp" native/kubenet-cni.c`), script);
+  t.true(script.includes(`cc -O2 -static ${CC_FLAGS.slice(1).join(' ')} -o "$tmp" native/kubenet-cni.c`), 'statically linked when it can be');
+  t.true(script.includes('ipam=native/build/ipam/kubenet-ipam'), 'the IPAM shim is the same binary under its own name');
 });
 
 ccTest('forwards env and stdin exactly as POST /v1/cni and prints the 200 body', async (t) => {
@@ -616,5 +623,59 @@ ccSerialTest('forwarding overhead (numbers only, no assertion on time)', async (
     t.is(agent.seen.length, runs + 10);
   } finally {
     await agent.close();
+  }
+});
+
+// ---------------------------------------------------------------------------------------------
+// As the IPAM shim (exec'd as kubenet-ipam by the bridge plugin of the agent's own config)
+
+/** A fake host-local: prints its command, argv[0] and stdin, so a run shows what it was handed. */
+async function fakeHostLocal(): Promise<string> {
+  const d = join(dir, `hl-${++sockSeq}`);
+  await mkdir(d);
+  const script = join(d, 'host-local');
+  await writeFile(script, '#!/bin/sh\nprintf \'{"ran":"%s","cmd":"%s","id":"%s","stdin":%s}\' "$0" "$CNI_COMMAND" "$CNI_CONTAINERID" "$(cat)"\n');
+  await chmod(script, 0o755);
+  return d;
+}
+
+ccTest('kubenet-ipam: ADD is POSTed to /v1/ipam on the socket of the bridge config, and the answer printed', async (t) => {
+  const result = { cniVersion: '1.0.0', ips: [{ address: '10.244.1.7/24', gateway: '10.244.1.1' }] };
+  const agent = await fakeAgent(ok(result));
+  try {
+    const stdin = JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'bridge', socket: agent.path, ipam: { type: 'kubenet-ipam', dataDir: '/x' } });
+    const r = await runCni(cniEnv(), stdin, ipamBin);
+    t.is(r.exitCode, 0, r.stdout + r.stderr);
+    t.deepEqual(JSON.parse(r.stdout), result);
+    t.is(agent.seen.length, 1);
+    t.is(agent.seen[0]?.url, '/v1/ipam');
+    t.deepEqual(parseCniRequest(JSON.parse(agent.seen[0]!.rawBody.toString('utf8'))), { env: cniEnv(), stdin });
+  } finally {
+    await agent.close();
+  }
+});
+
+ccTest('kubenet-ipam: every other command is host-local itself, first in CNI_PATH, with the stdin unread; none there is an error', async (t) => {
+  const agent = await fakeAgent(ok({}));
+  const hl = await fakeHostLocal();
+  try {
+    const stdin = JSON.stringify({ cniVersion: '1.1.0', name: 'kubenet', type: 'bridge', socket: agent.path, ipam: { type: 'kubenet-ipam' } });
+    const empty = join(dir, 'empty-dir');
+    await mkdir(empty, { recursive: true });
+    for (const cmd of ['DEL', 'CHECK', 'GC', 'STATUS', 'VERSION']) {
+      const r = await runCni(cniEnv({ CNI_COMMAND: cmd, CNI_PATH: `${empty}:${hl}:/nonexistent` }), stdin, ipamBin);
+      t.is(r.exitCode, 0, `${cmd}: ${r.stdout}${r.stderr}`);
+      t.deepEqual(JSON.parse(r.stdout), { ran: join(hl, 'host-local'), cmd, id: 'c0ffee', stdin: JSON.parse(stdin) }, cmd);
+    }
+    t.is(agent.seen.length, 0, 'the agent is asked only for ADD');
+    const r = await runCni(cniEnv({ CNI_COMMAND: 'DEL', CNI_PATH: `${empty}:/nonexistent` }), stdin, ipamBin);
+    t.is(r.exitCode, 1);
+    const err = parseError(t, r.stdout);
+    t.is(err.code, 999);
+    t.is(err.msg, 'kubenet-ipam: cannot run host-local');
+    t.regex(err.details ?? '', /CNI_PATH=.*empty-dir:\/nonexistent: No such file or directory/);
+  } finally {
+    await agent.close();
+    await rm(hl, { recursive: true, force: true });
   }
 });
