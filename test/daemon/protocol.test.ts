@@ -7,11 +7,13 @@ import {
   CNI_ENV_KEYS,
   CNI_VERSION_ANSWER,
   DEFAULT_SOCKET_PATH,
+  IPAM_API_PATH,
   SOCKET_ENV,
   TIMEOUT_ENV,
   cniErrorBody,
   parseCniRequest,
 } from '../../src/daemon/protocol.js';
+import { IPAM_SHIM_TYPE } from '../../src/pod/index.js';
 
 test('parseCniRequest accepts what the binary sends', (t) => {
   const body = { env: { CNI_COMMAND: 'ADD', CNI_CONTAINERID: 'x', CNI_ARGS: '' }, stdin: '{"cniVersion":"1.0.0"}' };
@@ -32,7 +34,9 @@ test('cniErrorBody omits details when there are none', (t) => {
 
 test('the constants match the C source of the binary', (t) => {
   const c = readFileSync(fileURLToPath(new URL('../../native/kubenet-cni.c', import.meta.url)), 'utf8');
-  t.true(c.includes(`"POST ${CNI_API_PATH} HTTP/1.1\\r\\n"`));
+  t.true(c.includes(`"POST %s HTTP/1.1\\r\\n"`));
+  t.true(c.includes(`ipam_mode ? "${IPAM_API_PATH}" : "${CNI_API_PATH}"`), 'the CNI call, or the IPAM shim\'s');
+  t.true(c.includes(`#define IPAM_NAME "${IPAM_SHIM_TYPE}"`));
   t.true(c.includes(`#define DEFAULT_SOCKET "${DEFAULT_SOCKET_PATH}"`));
   t.true(c.includes(`getenv("${SOCKET_ENV}")`));
   t.true(c.includes(`getenv("${TIMEOUT_ENV}")`));

@@ -150,7 +150,7 @@ serialTest('the manifest config, no directory flag: the agent installs kubenet +
   t.deepEqual(await tree('/etc/cni/net.d'), ['10-kubenet.conflist']);
   const conflist = JSON.parse(await readFile(w().sb.hostPath('/etc/cni/net.d/10-kubenet.conflist'), 'utf8')) as { name: string; plugins: Array<{ type: string; socket: string; capabilities: object }> };
   t.like(conflist, { name: 'kubenet', plugins: [{ type: 'kubenet', socket: '/run/kubenet/kubenet.sock', capabilities: { bandwidth: true, portMappings: true } }] });
-  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock'], '/run/kubenet: the socket');
+  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], '/run/kubenet: the sockets (CNI API, IPAM shim)');
   t.deepEqual(await tree('/var/lib/cni'), [], 'nothing in /var/lib/cni before a pod');
   const state = await tree('/var/lib/kubenet');
   t.true(state.every((f) => /^(pods|shaper)(\/|$)/.test(f)), `/var/lib/kubenet holds pods/ and shaper/ only: ${state.join(' ')}`);
@@ -184,7 +184,7 @@ serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR
   const records = (await tree('/var/lib/kubenet/pods')).sort();
   t.deepEqual(records, pods().map((p) => `${p.id}@eth0.json`).sort(), 'one agent record per pod, under /var/lib/kubenet/pods');
   t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], 'nothing else in /opt/cni/bin');
-  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock'], 'nothing else in /run/kubenet');
+  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], 'nothing else in /run/kubenet');
 
   // The shaped pod: its veth's root qdisc (ingress) and its class on the ifb (egress) at the asked rates.
   const status = JSON.parse((await agentGet(sb.hostPath(node.settings.socket), '/v1/status')).body) as { pods: Array<{ id: string; hostVeth: string; limits: object; portMappings?: Array<{ hostPort: number }> }> };

@@ -4,7 +4,7 @@
  * flag per mode, and the KUBE-DEDUP rules exactly as `ebtables -L --Lmac2` lists them.
  */
 import test from 'ava';
-import { afterBridge, bridgeConf, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, withPortmap, type BridgeSettings } from '../../src/pod/bridge.js';
+import { afterBridge, bridgeConf, dhcpBridgeConf, dhcpIpamNetwork, dhcpIpamOf, prefetchedIpamNetwork, withPortmap, type BridgeSettings } from '../../src/pod/bridge.js';
 import { dedupRules } from '../../src/pod/dedup.js';
 import { firstHost, parsePodCidrs } from '../../src/net/ip.js';
 
@@ -20,6 +20,20 @@ test('dhcp mode: bridge + dhcp IPAM, no gateway, no masquerade; the lease socket
   t.is(dhcpIpamOf(undefined), undefined);
   t.deepEqual(dhcpIpamNetwork(withPortmap(conf)), { cniVersion: '1.0.0', name: 'kubenet', type: 'dhcp', ipam: conf.ipam });
   t.throws(() => dhcpIpamNetwork(bridgeConf(S, parsePodCidrs('10.244.1.0/24'))));
+});
+
+test('host-local prefetch: the bridge asks the shim, which has host-local\'s section; the agent runs host-local with that section', (t) => {
+  const subnets = parsePodCidrs('10.244.1.0/24,fd00:1::/64');
+  const plain = bridgeConf(S, subnets);
+  const shim = bridgeConf({ ...S, ipamPrefetchSocket: '/run/kubenet/kubenet.sock.ipam' }, subnets);
+  t.is(plain.ipam?.type, 'host-local');
+  t.is(plain.socket, undefined);
+  t.deepEqual(shim, { ...plain, ipam: { ...plain.ipam, type: 'kubenet-ipam' }, socket: '/run/kubenet/kubenet.sock.ipam' }, 'the same config but for the IPAM type and the socket');
+  const hostLocal = { cniVersion: '1.0.0', name: 'kubenet', type: 'host-local', ipam: plain.ipam };
+  t.deepEqual(prefetchedIpamNetwork(shim), hostLocal);
+  t.deepEqual(prefetchedIpamNetwork(withPortmap(shim)), hostLocal, 'found in a list too');
+  t.is(prefetchedIpamNetwork(plain), undefined, 'the bridge runs host-local itself');
+  t.is(prefetchedIpamNetwork(dhcpBridgeConf(S, '/run/kubenet/dhcp.sock')), undefined);
 });
 
 test('afterBridge: the plugins a dhcp network still runs on DEL', (t) => {
