@@ -138,7 +138,8 @@ export class AgentApi {
     }
     let body: string;
     try {
-      body = await this.readBody(req);
+      // Not among the requests close() cuts: the ADD waiting for it may be one close() lets finish.
+      body = await this.readBody(req, this.maxBody, false);
     } catch (err) {
       if (!(err instanceof BodyTooLarge)) return;
       this.reply(res, 413, 'application/json', JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)));
@@ -267,13 +268,13 @@ export class AgentApi {
     req.resume();
   }
 
-  /** The request body, refused past maxBody without reading it whole. */
-  private readBody(req: IncomingMessage, maxBody = this.maxBody): Promise<string> {
+  /** The request body, refused past maxBody without reading it whole; `cutOnClose`: among the requests close() cuts. */
+  private readBody(req: IncomingMessage, maxBody = this.maxBody, cutOnClose = true): Promise<string> {
     const declared = Number(req.headers['content-length']);
     if (Number.isFinite(declared) && declared > maxBody) {
       return Promise.reject(new BodyTooLarge(`request body of ${declared} bytes is larger than ${maxBody}`));
     }
-    this.receiving.add(req);
+    if (cutOnClose) this.receiving.add(req);
     return new Promise<string>((resolve, reject) => {
       const chunks: Buffer[] = [];
       let size = 0;
