@@ -11,6 +11,10 @@
  * test workers then serialize on INNER_LOCK instead, so two test files of one suite never measure
  * at the same time either way. Nested sections of one process run directly.
  *
+ * Sections that load the CPU for long (the package e2e's npm install and tsc, the churn suites)
+ * take it too: on this 2-core machine a 20M iperf3 flow of another suite dipped to 8.8 Mbit/s while
+ * the package e2e ran beside it, and a starved flow measures the machine, not the shaper.
+ *
  * The lock is held by an `flock(1)` child whose command waits on its stdin: releasing closes that
  * stdin, and if this process dies the pipe closes too, so a crashed test never keeps the lock.
  */

@@ -25,6 +25,7 @@ import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { onNodeSandbox, startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../helpers/agent-process.js';
 import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../helpers/churn.js';
 import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../helpers/node-leaks.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
 import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni } from '../helpers/sandbox-libcni.js';
@@ -102,21 +103,24 @@ async function churnAndCheck(
 }
 
 serialTest('churn with SIGKILLs, the agent configured by flags with private dirs: 300 cycles, 8 at a time, 5 kills', async (t) => {
-  // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it).
-  t.timeout(120_000);
+  // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it), after waiting for
+  // the traffic lock (a measurement of another suite may hold it for a minute).
+  t.timeout(300_000);
   await onNodeSandbox(t, 'kch', async (sb, _cleanup, watch) => {
     const cidr = podCidr();
     const { agent, settings: s } = await startFlagsAgent(sb, { podCidr: cidr });
     watch(agent);
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, dirs under ${sb.tmpDir}`);
-    await churnAndCheck(t, 'flags, private dirs', sb, agent, s, libcni, cidr, { cycles: 300, kills: 5 });
+    // CPU-heavy: never beside another suite's traffic measurement (hack/support/traffic-lock.ts).
+    await withTrafficLock(() => churnAndCheck(t, 'flags, private dirs', sb, agent, s, libcni, cidr, { cycles: 300, kills: 5 }));
   });
 });
 
 serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'s default cache dir): 80 cycles, 5 kills', async (t) => {
-  // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it).
-  t.timeout(120_000);
+  // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it), after waiting for
+  // the traffic lock (a measurement of another suite may hold it for a minute).
+  t.timeout(300_000);
   await onNodeSandbox(t, 'kch', async (sb, cleanup, watch) => {
     const cidr = podCidr();
     const { agent, settings: s } = await startManifestAgent(sb, cleanup, { nodeName: `kch-node-${sb.tag}`, podCidr: cidr });
@@ -125,6 +129,7 @@ serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir] });
     t.is(libcni.cacheDir, LIBCNI_DEFAULT_CACHE_DIR);
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, the manifest's directories`);
-    await churnAndCheck(t, 'literal defaults', sb, agent, s, libcni, cidr, { cycles: 80, kills: 5 });
+    // CPU-heavy: never beside another suite's traffic measurement (hack/support/traffic-lock.ts).
+    await withTrafficLock(() => churnAndCheck(t, 'literal defaults', sb, agent, s, libcni, cidr, { cycles: 80, kills: 5 }));
   });
 });
