@@ -1206,6 +1206,13 @@ async function main(): Promise<number> {
   };
   process.on('SIGINT', () => onSignal('SIGINT'));
   process.on('SIGTERM', () => onSignal('SIGTERM'));
+  // Its reader gone (`... | head`): without a listener the EPIPE killed the bench before its cleanup,
+  // leaving its netns, bridges and veths. Now it stops like on a signal; what it prints is dropped.
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on('error', () => {
+      if (!aborted) onSignal('EPIPE');
+    });
+  }
 
   console.log('CNI ADD/DEL through libcni (as containerd drives it): kubenet agent vs reference chain, same run (issue 10 goals)');
   console.log(
