@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the C programs under native/ into native/build/: kubenet-cni (the CNI forwarding binary
-# the agent installs as <cniBinDir>/kubenet; also ipam/kubenet-ipam) and kubenet-spawner (the agent's plugin exec'er,
-# src/cni/spawner.ts). Each is built to a temp file and renamed, so concurrent builds and a
-# running copy never see a half-written binary.
+# the agent installs as <cniBinDir>/kubenet; also ipam/kubenet-ipam, the same program) and
+# kubenet-spawner (the agent's plugin exec'er, src/cni/spawner.ts). Each is built to a temp file
+# and renamed, so concurrent builds and a running copy never see a half-written binary.
 #   --optional: without a C compiler, warn and succeed (the package's install step: the library
 #               works without the binaries; `kubenet daemon` then refuses to start, saying why).
 set -euo pipefail

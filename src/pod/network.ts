@@ -19,14 +19,15 @@
  *   from inside its netns (veth.ts), where that ADD had checked no such interface existed.
  * - Leftovers of attachments that no longer exist (reservations, veths on the bridge, host-port
  *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
- * - Addresses come from host-local (the pod CIDR); with `ipamPrefetchSocket` the ADD starts host-local
- *   itself, beside the bridge plugin's exec, whose IPAM (the shim) then fetches that result
- *   (`prefetchedIpam`): host-local's ~3 ms no longer wait for the bridge plugin to reach its IPAM
- *   step. A failed ADD waits for that host-local before its undo releases the address. Or, in dhcp mode, from the LAN's DHCP server
- *   through the reference dhcp IPAM plugin and its lease daemon (dhcp.ts): the bridge is then no
- *   gateway, the uplink is one of its ports (uplink.ts), DEL releases the lease through the plugin
- *   while the pod's interface still exists (the release leaves through it), and `readoptLeases`
- *   has a restarted lease daemon take every known pod's lease again.
+ * - Addresses come from host-local (the pod CIDR). With `ipamPrefetchSocket` the ADD starts
+ *   host-local itself, beside the bridge plugin's exec, whose IPAM (the shim) then fetches that
+ *   result (`prefetchedIpam`): host-local's ~3 ms no longer wait for the bridge plugin to reach its
+ *   IPAM step; a failed ADD waits for that host-local before its undo releases the address.
+ * - In dhcp mode addresses come from the LAN's DHCP server through the reference dhcp IPAM plugin
+ *   and its lease daemon (dhcp.ts): the bridge is then no gateway, the uplink is one of its ports
+ *   (uplink.ts), DEL releases the lease through the plugin while the pod's interface still exists
+ *   (the release leaves through it), and `readoptLeases` has a restarted lease daemon take every
+ *   known pod's lease again.
  */
 import { performance } from 'node:perf_hooks';
 import { PluginTimeoutError } from '../cni/errors.js';
