@@ -122,18 +122,24 @@ async function main(cleanup: Cleanup): Promise<boolean> {
 
 const cleanup = new Cleanup();
 let interrupted = false;
-process.on('SIGINT', () => {
+// One cleanup, whoever asks first: two runs at once split the work, and the first to finish exited.
+let cleaning: Promise<void> | undefined;
+const cleanupOnce = () => (cleaning ??= cleanup.run().catch((err: unknown) => console.error('cleanup failed:', err)));
+const interrupt = () => {
   if (interrupted) return;
   interrupted = true;
   console.error('interrupted: cleaning up');
-  void cleanup.run().finally(() => process.exit(130));
-});
+  void cleanupOnce().finally(() => process.exit(130));
+};
+process.on('SIGINT', interrupt);
+// Its reader gone (`... | head`): cleaned up like on Ctrl-C (without a listener the EPIPE killed it first).
+for (const stream of [process.stdout, process.stderr]) stream.on('error', interrupt);
 let ok = false;
 try {
   ok = await main(cleanup);
 } catch (err) {
   console.error(err);
 } finally {
-  await cleanup.run().catch((err: unknown) => console.error('cleanup failed:', err));
+  await cleanupOnce();
 }
-process.exit(ok ? 0 : 1);
+process.exit(interrupted ? 130 : ok ? 0 : 1);

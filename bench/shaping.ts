@@ -650,6 +650,10 @@ if (process.getuid?.() !== 0) {
   console.error('bench/shaping.ts needs root');
   process.exit(1);
 }
+// Its reader gone (`... | head`): without a listener the EPIPE killed the bench before its cleanup
+// (its `finally` blocks), leaving namespaces, veths and tc objects. It now runs on to its cleanup;
+// what it prints is dropped.
+for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
 console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'})`);
 if (!has('--no-rates')) await withTrafficLock(() => rateBench());
 if (!has('--no-cost')) await costBench();
