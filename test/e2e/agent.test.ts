@@ -599,6 +599,7 @@ serialTest('pods set up with and without the host-local prefetch are deleted by 
   await withEnv(undefined, async () => {
     await h.startAgent();
     await addOk(t, h, on);
+    t.deepEqual((await records(h)).map((r) => r.network.ipam?.type).sort(), ['host-local', 'kubenet-ipam']);
     t.is((await h.libcni('del', off)).exitCode, 0, 'a pod of the bridge + host-local config');
     await h.stopAgent();
   });
