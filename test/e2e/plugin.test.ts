@@ -8,6 +8,8 @@ import { syncDedup } from '../../src/pod/dedup.js';
 import { silentLogger } from '../../src/log.js';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../../hack/support/kernel.js';
+import type { KubenetPlugin } from '../../src/plugin/kubenet.js';
+import type { KubenetOptions } from '../../src/plugin/types.js';
 import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
 
 const blocker = kernelTestBlocker();
@@ -24,6 +26,15 @@ async function harness(t: { teardown: (fn: () => Promise<void>) => void }): Prom
   const h = new PluginHarness();
   t.teardown(() => h.cleanup.run());
   return h;
+}
+
+/** A started plugin, initialized (hairpin none, no masquerade) and given a pod CIDR of its own. */
+async function ready(h: PluginHarness, opts: Partial<KubenetOptions> = {}): Promise<{ plugin: KubenetPlugin; cidr: string }> {
+  const plugin = await h.start(opts);
+  await plugin.init(h.host, 'none', '0.0.0.0/0');
+  const cidr = subnet();
+  await plugin.event('pod-cidr-change', { 'pod-cidr': cidr });
+  return { plugin, cidr };
 }
 
 interface IpRoute {
@@ -138,10 +149,7 @@ itest('setUpPod and status before any pod CIDR fail clearly', async (t) => {
 
 itest('malformed pod CIDR is refused and the old config stays', async (t) => {
   const h = await harness(t);
-  const plugin = await h.start();
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  const cidr = subnet();
-  await plugin.event('pod-cidr-change', { 'pod-cidr': cidr });
+  const { plugin, cidr } = await ready(h);
   const before = JSON.stringify(plugin.currentConfig());
   for (const bad of ['10.97.1.0', '10.97.300.0/24', '10.97.1.0/33', 'banana/24', '', '10.1.0.0/24,10.2.0.0/24', '10.1.0.0/31']) {
     await t.throwsAsync(plugin.event('pod-cidr-change', { 'pod-cidr': bad }), { instanceOf: ConfigError }, bad);
@@ -156,10 +164,7 @@ itest('malformed pod CIDR is refused and the old config stays', async (t) => {
 
 itest('a changed pod CIDR removes the stale gateway address from the bridge', async (t) => {
   const h = await harness(t);
-  const plugin = await h.start();
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  const first = subnet();
-  await plugin.event('pod-cidr-change', { 'pod-cidr': first });
+  const { plugin, cidr: first } = await ready(h);
   const p = await h.addPod('old');
   await plugin.setUpPod(p.namespace, p.name, p.id);
   await plugin.tearDownPod(p.namespace, p.name, p.id);
@@ -182,9 +187,7 @@ itest('missing CNI binaries: status and setUpPod name the dirs searched', async 
   const h = await harness(t);
   const empty = await makeTmpDir('kpl-bin');
   t.teardown(() => rmrf(empty));
-  const plugin = await h.start({ cniBinDirs: [empty] });
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin } = await ready(h, { cniBinDirs: [empty] });
   const err = t.throws(() => plugin.status(), { instanceOf: NotReadyError });
   t.regex(err?.message ?? '', /bridge, host-local, loopback/);
   t.true(err?.message.includes(empty));
@@ -196,9 +199,7 @@ itest('missing CNI binaries: status and setUpPod name the dirs searched', async 
 
 itest('missing netns is refused before any kernel change', async (t) => {
   const h = await harness(t);
-  const plugin = await h.start();
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin } = await ready(h);
   const p = await h.addPod('gone');
   await delNetns(p.netnsName);
   await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: ConfigError, message: /does not exist/ });
@@ -240,9 +241,7 @@ itest('a plugin returning a CNI error fails setUpPod with its code and leaks not
     `#!/bin/sh\ncat >/dev/null\nif [ "$CNI_COMMAND" = ADD ]; then\n  echo '{"cniVersion":"1.0.0","code":7,"msg":"invalid network config","details":"fake bridge says no"}'\n  exit 1\nfi\nexit 0\n`,
   );
   await chmod(join(bin, 'bridge'), 0o755);
-  const plugin = await h.start({ cniBinDirs: [bin] });
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin } = await ready(h, { cniBinDirs: [bin] });
   const p = await h.addPod('err');
   const err = await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: CniPluginError });
   t.is(err?.code, 7);
@@ -253,9 +252,7 @@ itest('a plugin returning a CNI error fails setUpPod with its code and leaks not
 
 itest('teardown of an unknown pod and of a pod whose netns vanished succeeds and leaks nothing', async (t) => {
   const h = await harness(t);
-  const plugin = await h.start();
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin } = await ready(h);
   await plugin.tearDownPod('default', 'never', 'f'.repeat(64));
   const p = await h.addPod('vanish');
   await plugin.setUpPod(p.namespace, p.name, p.id);
@@ -270,9 +267,7 @@ itest('teardown of an unknown pod and of a pod whose netns vanished succeeds and
 
 itest('a restarted plugin tears down a pod it did not set up, through its record', async (t) => {
   const h = await harness(t);
-  const first = await h.start();
-  await first.init(h.host, 'none', '0.0.0.0/0');
-  await first.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin: first } = await ready(h);
   const p = await h.addPod('restart');
   await first.setUpPod(p.namespace, p.name, p.id);
   // Its logs say which way the veth went: deleted from the host side, found by the recorded ifindex.
@@ -294,10 +289,7 @@ itest('a restarted plugin tears down a pod it did not set up, through its record
 
 itest('an empty reservation file (host-local killed between creating and writing it) is freed by the next start; a live pod\'s reservation stays', async (t) => {
   const h = await harness(t);
-  const first = await h.start();
-  await first.init(h.host, 'none', '0.0.0.0/0');
-  const cidr = subnet();
-  await first.event('pod-cidr-change', { 'pod-cidr': cidr });
+  const { plugin: first, cidr } = await ready(h);
   const p = await h.addPod('live');
   await first.setUpPod(p.namespace, p.name, p.id);
   const [liveIp] = await h.reservedIps();
@@ -316,9 +308,7 @@ itest('an empty reservation file (host-local killed between creating and writing
 
 itest('teardown deletes only a veth on the bridge that is provably the pod\'s; a record naming another link leaves it alone', async (t) => {
   const h = await harness(t);
-  const plugin = await h.start();
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin } = await ready(h);
   const [a, b] = await Promise.all([h.addPod('fast'), h.addPod('guarded')]);
   if (!a || !b) return t.fail('no pods');
   await plugin.setUpPod(a.namespace, a.name, a.id);
@@ -375,9 +365,7 @@ serialTest('init ensures exactly one masquerade rule and sets the bridge sysctl 
 // it makes the bridge, which is what keeps it in dhcp mode (no gateway): test/e2e/dhcp.test.ts's CHECK.
 itest("the bridge exists once the pod CIDR is known and keeps its MAC when ports with lower MACs join (CHECK compares it)", async (t) => {
   const h = await harness(t);
-  const plugin = await h.start();
-  await plugin.init(h.host, 'none', '0.0.0.0/0');
-  await plugin.event('pod-cidr-change', { 'pod-cidr': subnet() });
+  const { plugin } = await ready(h);
   const mac = async () => (await ipJson<Array<{ address: string }>>(['link', 'show', h.bridge]))[0]?.address ?? '';
   const before = await mac();
   t.regex(before, /^([0-9a-f]{2}:){5}[0-9a-f]{2}$/, 'the bridge exists once the pod CIDR is known');
