@@ -61,6 +61,21 @@ export interface ApiOptions {
 
 class BodyTooLarge extends Error {}
 
+/** The answer to a CNI or IPAM request whose body is too large: 413, code 6. */
+function tooLarge(err: BodyTooLarge): CniAnswer {
+  return { status: 413, command: 'unknown', code: CNI_ERR_DECODE, body: JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)) };
+}
+
+/** The request envelope of a CNI or IPAM call, or the 400 answer (with the spec's code) to one that is not. */
+function parseEnvelope(body: string): CniRequest | CniAnswer {
+  try {
+    return parseCniRequest(parseJsonBounded(body, 'the request body'));
+  } catch (err) {
+    const code = err instanceof CniRequestError ? err.code : CNI_ERR_DECODE;
+    return { status: 400, command: 'unknown', code, body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))) };
+  }
+}
+
 /** How much of a refused body is read and dropped so its client can read the refusal. */
 const DISCARD_BYTES = 64 * 1024 * 1024;
 const DISCARD_MS = 2_000;
@@ -142,17 +157,12 @@ export class AgentApi {
       body = await this.readBody(req, this.maxBody, false);
     } catch (err) {
       if (!(err instanceof BodyTooLarge)) return;
-      this.reply(res, 413, 'application/json', JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)));
+      this.reply(res, 413, 'application/json', tooLarge(err).body);
       this.discardRest(req);
       return;
     }
-    let answer: CniAnswer;
-    try {
-      answer = await handler(parseCniRequest(parseJsonBounded(body, 'the request body')));
-    } catch (err) {
-      const code = err instanceof CniRequestError ? err.code : CNI_ERR_DECODE;
-      answer = { status: 400, command: 'unknown', code, body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))) };
-    }
+    const call = parseEnvelope(body);
+    const answer = 'status' in call ? call : await handler(call);
     this.reply(res, answer.status, 'application/json', answer.body);
   }
 
@@ -214,7 +224,7 @@ export class AgentApi {
       body = await this.readBody(req);
     } catch (err) {
       if (!(err instanceof BodyTooLarge)) return; // the client went away, or close() cut it
-      const answer = { status: 413, command: 'unknown', code: CNI_ERR_DECODE, body: JSON.stringify(cniErrorBody(CNI_ERR_DECODE, err.message)) };
+      const answer = tooLarge(err);
       this.handlers.answered(answer, 0);
       this.reply(res, 413, 'application/json', answer.body);
       this.discardRest(req);
@@ -224,14 +234,8 @@ export class AgentApi {
     const started = performance.now();
     let answer: CniAnswer | undefined;
     try {
-      let call: CniRequest | undefined;
-      try {
-        call = parseCniRequest(parseJsonBounded(body, 'the request body'));
-      } catch (err) {
-        const code = err instanceof CniRequestError ? err.code : CNI_ERR_DECODE;
-        answer = { status: 400, command: 'unknown', code, body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))) };
-      }
-      if (call) answer = await this.handlers.cni(call);
+      const call = parseEnvelope(body);
+      answer = 'status' in call ? call : await this.handlers.cni(call);
     } finally {
       this.calls--;
       if (this.calls === 0) for (const done of this.idle.splice(0)) done();
