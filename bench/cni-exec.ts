@@ -34,8 +34,9 @@ import { performance } from 'node:perf_hooks';
 import { execPlugin, findPlugin } from '../src/cni/exec.js';
 import { sharedSpawner } from '../src/cni/spawner.js';
 import { posixSpawnRun, SHIM_C } from './posix-spawn.js';
+import { CNI_BIN_DIRS } from '../hack/support/kernel.js';
 
-const DIRS = ['/usr/lib/cni', '/opt/cni/bin'];
+const DIRS = CNI_BIN_DIRS;
 
 function arg(name: string, def: string): string {
   const i = process.argv.indexOf(name);

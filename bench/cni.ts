@@ -1,6 +1,6 @@
 /**
  * CNI ADD and DEL through the kubenet node agent vs the reference CNI chain (bridge + host-local +
- * bandwidth from /usr/lib/cni), both driven the way containerd drives them: through the reference
+ * bandwidth: the pinned release hack/build-upstream.sh built), both driven the way containerd drives them: through the reference
  * runtime library (libcni, native/build/libcni-driver), the same netns setup and pod identities, and
  * both shaping at 100 Mbit/s each way. Prints the goal lines of issue 10 as PASS/MISS, per mode:
  *
@@ -72,11 +72,12 @@ import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
+import { REF_PLUGINS_DIR } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /** The `kubenet` command as package.json's bin ships it. */
 const DIST_MAIN = join(ROOT, 'dist/src/cli/main.js');
-const REF_BIN_DIR = '/usr/lib/cni';
+const REF_BIN_DIR = REF_PLUGINS_DIR;
 const REF_PLUGINS = ['bridge', 'host-local', 'bandwidth'];
 /** 100 Mbit/s both ways; bursts as containerd 1.6 passes them when the pod sets none. */
 const RATE = 100_000_000;

@@ -11,8 +11,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
+import { CNI_BIN_DIRS } from '../hack/support/kernel.js';
 
-const CNI_DIR = ['/opt/cni/bin', '/usr/lib/cni'];
+const CNI_DIR = CNI_BIN_DIRS;
 const sizes = (argValue('--sizes') ?? '1,50,200').split(',').map(Number);
 const tag = randomBytes(3).toString('hex');
 

@@ -40,6 +40,7 @@ import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod }
 import { AgentHarness, type AgentPod } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { uniq } from '../hack/support/kernel.js';
+import { REF_PLUGINS_DIR, refPlugin } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 
 const argv = process.argv.slice(2);
@@ -61,7 +62,7 @@ const scrapes = Number(argValue('--scrapes') ?? 20);
 const reshapeRates = (argValue('--reshape-rates') ?? '1M,10M,100M').split(',');
 /** TCP congestion control of the (4) flows; default the host's (net.ipv4.tcp_congestion_control). */
 const congestion = argValue('--cc');
-const BANDWIDTH_BIN = '/usr/lib/cni/bandwidth';
+const BANDWIDTH_BIN = refPlugin('bandwidth');
 const NET_NAME = 'kshbench';
 
 const mbit = (v: number) => (v / 1e6).toFixed(v < 10e6 ? 3 : 1);
@@ -104,7 +105,7 @@ async function refExec(command: 'ADD' | 'DEL', pod: TopoPod, rate: number, burst
       CNI_CONTAINERID: pod.id,
       CNI_NETNS: pod.netnsPath,
       CNI_IFNAME: 'eth0',
-      CNI_PATH: '/usr/lib/cni',
+      CNI_PATH: REF_PLUGINS_DIR,
       PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin',
     },
   });

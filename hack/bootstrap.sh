@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 node lacks for kubenet-ts, then the npm dependencies.
-# Idempotent: packages already present are not fetched again; safe to run on every CI start.
+# Installs what a fresh Debian 12 node lacks for kubenet-ts, builds the pinned upstream parts, then
+# the npm dependencies. Idempotent: packages already present are not fetched again, and upstream
+# parts already built at their pinned versions are not built again (hack/build-upstream.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(containernetworking-plugins libnl-3-200 libnl-route-3-200 iproute2 iperf3 iputils-ping iptables ebtables util-linux dnsmasq-base kmod gcc libc6-dev golang-go golang-github-appc-cni-dev containerd runc openssl)
+# Runtime: libnl (the agent's netlink), iproute2 (tc), iptables/ebtables, util-linux (flock), kmod.
+# Tests and benches: iperf3, ping, dnsmasq (dhcp e2e), openssl (test PKI), gcc + libc6-dev (the native
+# binaries, static), libseccomp-dev + pkg-config (runc), mmdebstrap (the image's Debian files).
+PKGS=(libnl-3-200 libnl-route-3-200 iproute2 iptables ebtables util-linux kmod iperf3 iputils-ping dnsmasq-base openssl gcc libc6-dev libseccomp-dev pkg-config mmdebstrap)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -19,6 +23,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The reference CNI plugins, containerd and runc at their pinned versions (cached by version).
+bash hack/build-upstream.sh >/dev/null
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "bootstrap: npm ci"

@@ -16,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
 import { iperf, serverIntervals, type TopoPod } from './support/topo.js';
 import { withTrafficLock } from './support/traffic-lock.js';
+import { CNI_BIN_DIRS } from './support/kernel.js';
 
 export const DEMO_POD_CIDR = '10.244.0.0/24';
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -59,6 +60,7 @@ async function main(): Promise<void> {
     '--socket', socket,
     '--cni-bin-dir', cniBin,
     '--cni-conf-dir', cniConf,
+    '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
     '--bridge-name', bridge,
     '--ifb-name', ifb,
     '--non-masquerade-cidr', '0.0.0.0/0',
@@ -78,7 +80,7 @@ async function main(): Promise<void> {
         CNI_CONTAINERID: pod.id,
         CNI_NETNS: `/var/run/netns/${pod.netns}`,
         CNI_IFNAME: 'eth0',
-        CNI_PATH: `${cniBin}:/usr/lib/cni:/opt/cni/bin`,
+        CNI_PATH: [cniBin, ...CNI_BIN_DIRS].join(':'),
         CNI_ARGS: `IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=${pod.name};K8S_POD_INFRA_CONTAINER_ID=${pod.id}`,
       },
     });

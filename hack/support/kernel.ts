@@ -5,21 +5,19 @@
 import { execa } from 'execa';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { REF_PLUGINS_DIR, upstreamBlocker } from './upstream.js';
 
 export const isRoot = process.getuid?.() === 0;
 
-export const CNI_BIN_DIRS = ['/usr/lib/cni', '/opt/cni/bin'];
+/** Where tests and benches find the reference CNI plugins: the pinned release hack/build-upstream.sh built. */
+export const CNI_BIN_DIRS = [REF_PLUGINS_DIR];
 
 /** Why kernel tests cannot run here, or undefined when they can. */
 export function kernelTestBlocker(): string | undefined {
   if (!isRoot) return 'needs root (network namespaces, bridges, veths)';
-  for (const p of ['bridge', 'host-local', 'loopback']) {
-    if (!CNI_BIN_DIRS.some((d) => existsSync(join(d, p)))) return `needs the reference CNI plugin ${p} (run hack/bootstrap.sh)`;
-  }
-  return undefined;
+  return upstreamBlocker('cni-plugins', ['bridge', 'host-local', 'loopback']);
 }
 
 /** A short random suffix: interface names must stay within 15 characters. */

@@ -22,7 +22,7 @@ function blocker(): string | undefined {
     try {
       findPlugin(p, CNI_BIN_DIRS);
     } catch {
-      return `needs the reference CNI plugin ${p} in ${CNI_BIN_DIRS.join(' or ')} (Debian package containernetworking-plugins)`;
+      return `needs the reference CNI plugin ${p} in ${CNI_BIN_DIRS.join(' or ')} (bash hack/build-upstream.sh cni-plugins)`;
     }
   }
   return undefined;

@@ -9,7 +9,7 @@ import { stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { agentTestBlocker } from '../../hack/support/agent-harness.js';
-import { Cleanup, delLink, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { Cleanup, CNI_BIN_DIRS, delLink, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const MAIN = join(ROOT, 'src/cli/main.ts');
@@ -41,7 +41,7 @@ kernelTest('kubenet daemon --pod-cidr: health, status, SIGTERM exits 0 and remov
       ...flags,
       '--cni-bin-dir', join(dir, 'bin'),
       '--cni-conf-dir', join(dir, 'conf'),
-      '--plugin-bin-dirs', '/usr/lib/cni,/opt/cni/bin',
+      '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
       '--bridge-name', bridge,
       '--ifb-name', `kci${tag}`,
       '--non-masquerade-cidr', '0.0.0.0/0',

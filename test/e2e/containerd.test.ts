@@ -1,5 +1,5 @@
 /**
- * kubenet-ts under a real container runtime, as deployed: Debian's containerd 1.6 + runc, driven
+ * kubenet-ts under a real container runtime, as deployed: containerd 2.x + runc (the pinned versions hack/build-upstream.sh builds), driven
  * over the Kubernetes CRI gRPC API (runtime.v1) exactly as kubelet drives it (RunPodSandbox with the
  * pod's metadata, labels, bandwidth annotations and host ports; PodSandboxStatus; StopPodSandbox;
  * RemovePodSandbox), with containerd's default CNI dirs and cache dir, and the node agent started as

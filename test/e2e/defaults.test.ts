@@ -4,7 +4,7 @@
  * server serves its Node's pod CIDR; `--kubeconfig`, NODE_NAME), inside a NodeSandbox whose tmpfs
  * mounts cover /var/lib/cni, /var/lib/kubenet, /etc/cni/net.d, /opt/cni/bin and /run/kubenet, so
  * nothing of the host is touched; the reference plugins are where the DaemonSet image holds them
- * (/usr/lib/cni, the host's, visible inside as is). The bridge is literally cbr0 and the ifb
+ * (/usr/lib/cni: the sandbox bind-mounts the pinned release hack/build-upstream.sh built there). The bridge is literally cbr0 and the ifb
  * kubenet-ifb0: they live in the sandbox's node netns, never the machine's.
  *
  * Pods (network namespaces made with `ip netns add`) go through libcni run inside the node as
@@ -27,6 +27,7 @@ import { pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../helpers/node-leaks.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
+import { refPlugin } from '../../hack/support/upstream.js';
 import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
@@ -146,7 +147,7 @@ serialTest('the manifest config, no directory flag: the agent installs kubenet +
   );
   t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], '/opt/cni/bin: the forwarder as kubenet, and loopback for the runtime');
   t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/kubenet')), await readFile(FORWARDER), '/opt/cni/bin/kubenet is the forwarding binary');
-  t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/loopback')), await readFile('/usr/lib/cni/loopback'), '/opt/cni/bin/loopback is the reference plugin');
+  t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/loopback')), await readFile(refPlugin('loopback')), '/opt/cni/bin/loopback is the reference plugin');
   t.deepEqual(await tree('/etc/cni/net.d'), ['10-kubenet.conflist']);
   const conflist = JSON.parse(await readFile(w().sb.hostPath('/etc/cni/net.d/10-kubenet.conflist'), 'utf8')) as { name: string; plugins: Array<{ type: string; socket: string; capabilities: object }> };
   t.like(conflist, { name: 'kubenet', plugins: [{ type: 'kubenet', socket: '/run/kubenet/kubenet.sock', capabilities: { bandwidth: true, portMappings: true } }] });

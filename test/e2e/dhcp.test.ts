@@ -25,15 +25,16 @@ import { agentGet } from '../../src/daemon/protocol.js';
 import { socketAnswers } from '../../src/pod/index.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { refPlugin } from '../../hack/support/upstream.js';
 import { AgentProcess } from '../helpers/agent-process.js';
 import { Dnsmasq, pluginClientId } from '../helpers/dnsmasq.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
 
-const tools = ['/usr/sbin/dnsmasq', '/usr/lib/cni/dhcp'].find((p) => !existsSync(p));
+const tools = ['/usr/sbin/dnsmasq', refPlugin('dhcp')].find((p) => !existsSync(p));
 const blocker =
   kernelTestBlocker() ??
   (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)') ??
-  (tools ? `needs ${tools} (hack/bootstrap.sh installs dnsmasq-base and containernetworking-plugins)` : undefined);
+  (tools ? `needs ${tools} (hack/bootstrap.sh installs dnsmasq-base and builds the reference plugins)` : undefined);
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`dhcp e2e tests skipped: ${blocker}`);

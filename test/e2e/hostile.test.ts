@@ -21,6 +21,7 @@ import { agentGet } from '../../src/daemon/protocol.js';
 import { AgentProcess } from '../helpers/agent-process.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { refPlugin } from '../../hack/support/upstream.js';
 import { NodeSandbox } from '../helpers/node-sandbox.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
@@ -426,7 +427,7 @@ serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of i
   const slow = join(w().sb.tmpDir, 'slow-plugins');
   const marker = join(w().sb.tmpDir, 'portmap-started');
   await mkdir(slow, { recursive: true });
-  await execa('sh', ['-c', `printf '#!/bin/sh\\ntouch ${marker}\\nsleep 2\\nexec /usr/lib/cni/portmap\\n' > ${slow}/portmap && chmod 755 ${slow}/portmap`]);
+  await execa('sh', ['-c', `printf '#!/bin/sh\\ntouch ${marker}\\nsleep 2\\nexec ${refPlugin('portmap')}\\n' > ${slow}/portmap && chmod 755 ${slow}/portmap`]);
   const agent = w().agent;
   await agent.stop(5000);
   const slowAgent = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-slow.log'), w().dirs.socket);

@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import type { AgentConfig } from '../../src/daemon/config.js';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../../hack/support/fake-apiserver.js';
-import { Cleanup } from '../../hack/support/kernel.js';
+import { Cleanup, CNI_BIN_DIRS } from '../../hack/support/kernel.js';
 import { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -127,7 +127,7 @@ export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts
 
 /**
  * The agent configured by flags alone, inside `sb`, on private directories under sb.tmpDir and its
- * own bridge and ifb names, the reference plugins of /usr/lib/cni: with a static `podCidr` (no API
+ * own bridge and ifb names, the reference plugins hack/build-upstream.sh built: with a static `podCidr` (no API
  * server), or in cluster mode with `kubeconfig` (then NODE_NAME is `nodeName`).
  */
 export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig?: string; nodeName?: string; logFile?: string }): { agent: AgentProcess; settings: ManifestSettings } {
@@ -136,7 +136,7 @@ export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig
     socket: join(root, 'kubenet.sock'),
     cniBinDir: join(root, 'cni-bin'),
     cniConfDir: join(root, 'cni-conf'),
-    pluginBinDirs: ['/usr/lib/cni'],
+    pluginBinDirs: CNI_BIN_DIRS,
     bridgeName: `${sb.prefix}${sb.tag}b`,
     ifbName: `${sb.prefix}${sb.tag}i`,
     ipamDataDir: join(root, 'ipam'),

@@ -1,14 +1,16 @@
 /**
- * A real containerd (Debian's containerd 1.6 + runc) inside a NodeSandbox, driven over CRI as
- * kubelet drives it. It has its own root, state, temp and plugin dirs (under the sandbox's tmpfs
+ * A real containerd (2.x, with runc: the pinned versions hack/build-upstream.sh builds) inside a
+ * NodeSandbox, driven over CRI as kubelet drives it. It has its own root, state, temp and plugin dirs (under the sandbox's tmpfs
  * /var/lib/containerd and /run/containerd, so create the sandbox with CONTAINERD_TMPFS_DIRS) and
  * its own gRPC socket in the sandbox's tmpDir; the CRI plugin keeps containerd's DEFAULT CNI
  * settings: bin_dir /opt/cni/bin, conf_dir /etc/cni/net.d (both the sandbox's tmpfs), max_conf_num
  * 1 (only the lexically first conflist), and libcni's default cache dir /var/lib/cni.
  *
- * Config (version 2) beyond the defaults:
- * - `sandbox_image`: the locally built image (hack/build-sandbox-image.sh), imported with
+ * Config (version 3, containerd 2.x's) beyond the defaults:
+ * - `pinned_images.sandbox`: the locally built image (hack/build-sandbox-image.sh), imported with
  *   `ctr -n k8s.io images import` at start (no registry is reachable);
+ * - runc by absolute path (`BinaryName`), the shim found through PATH (the built containerd's dir);
+ * - NRI off: it would listen on the host's /var/run/nri;
  * - `restrict_oom_score_adj = true`: root here lacks CAP_SYS_RESOURCE, runc could not set the
  *   sandbox's oom_score_adj below its own;
  * - `netns_mounts_under_state_dir = true`: pod netns bind mounts go under the state dir (tmpfs)
@@ -27,6 +29,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CriClient } from './cri/client.js';
 import { Cleanup } from '../../hack/support/kernel.js';
+import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
 import type { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -34,12 +37,18 @@ const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const SANDBOX_IMAGE_TAR = join(ROOT, 'native/build/sandbox-image.oci.tar');
 /** The name the image carries (io.containerd.image.name) and containerd's sandbox_image. */
 export const SANDBOX_IMAGE = 'kubenet-ts.local/sandbox:1';
+const CONTAINERD_DIR = upstreamDir('containerd');
+const RUNC = join(upstreamDir('runc'), 'runc');
+/** containerd finds its shim, and the shim runc, through PATH: the built ones come first. */
+const CONTAINERD_ENV = { PATH: [CONTAINERD_DIR, upstreamDir('runc'), process.env.PATH ?? ''].join(':') };
 
 /** Why containerd tests cannot run here, or undefined when they can. */
 export async function containerdTestBlocker(): Promise<string | undefined> {
-  for (const tool of ['containerd', 'ctr', 'runc', 'containerd-shim-runc-v2', 'nsenter', 'unshare']) {
+  const built = upstreamBlocker('containerd', ['containerd', 'ctr', 'containerd-shim-runc-v2']) ?? upstreamBlocker('runc', ['runc']);
+  if (built) return built;
+  for (const tool of ['nsenter', 'unshare']) {
     const r = await execa('sh', ['-c', `command -v ${tool}`], { reject: false });
-    if (r.exitCode !== 0) return `needs ${tool} (Debian packages containerd and runc: run hack/bootstrap.sh)`;
+    if (r.exitCode !== 0) return `needs ${tool} (util-linux)`;
   }
   if (!existsSync(SANDBOX_IMAGE_TAR)) return `needs ${SANDBOX_IMAGE_TAR} (npm run build:test-tools; npm test builds it)`;
   return undefined;
@@ -113,11 +122,11 @@ export class Containerd {
     return c;
   }
 
-  /** The config file (version 2); see the module doc for what differs from the defaults. */
+  /** The config file (version 3); see the module doc for what differs from the defaults. */
   configToml(): string {
     const q = (s: string) => JSON.stringify(s);
     return [
-      'version = 2',
+      'version = 3',
       `root = ${q(this.root + '/root')}`,
       `state = ${q(this.state + '/state')}`,
       `temp = ${q(this.root + '/tmp')}`,
@@ -131,17 +140,24 @@ export class Containerd {
       '[plugins."io.containerd.internal.v1.opt"]',
       `  path = ${q(this.root + '/opt')}`,
       '',
-      '[plugins."io.containerd.grpc.v1.cri"]',
-      `  sandbox_image = ${q(SANDBOX_IMAGE)}`,
+      '[plugins."io.containerd.nri.v1.nri"]',
+      '  disable = true',
+      '',
+      '[plugins."io.containerd.cri.v1.images"]',
+      `  snapshotter = ${q(this.snapshotter)}`,
+      '  [plugins."io.containerd.cri.v1.images".pinned_images]',
+      `    sandbox = ${q(SANDBOX_IMAGE)}`,
+      '',
+      '[plugins."io.containerd.cri.v1.runtime"]',
       '  restrict_oom_score_adj = true',
       '  netns_mounts_under_state_dir = true',
       // CNI: containerd's defaults, written out so the test reads what it relies on.
-      '  [plugins."io.containerd.grpc.v1.cri".cni]',
-      '    bin_dir = "/opt/cni/bin"',
+      '  [plugins."io.containerd.cri.v1.runtime".cni]',
+      '    bin_dirs = ["/opt/cni/bin"]',
       '    conf_dir = "/etc/cni/net.d"',
       '    max_conf_num = 1',
-      '  [plugins."io.containerd.grpc.v1.cri".containerd]',
-      `    snapshotter = ${q(this.snapshotter)}`,
+      '  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]',
+      `    BinaryName = ${q(RUNC)}`,
       '',
     ].join('\n');
   }
@@ -153,7 +169,7 @@ export class Containerd {
 
   /** Runs `ctr --address <socket> -n k8s.io ARGS` inside the sandbox. */
   ctr(args: string[]) {
-    return this.sandbox.exec('ctr', ['--address', this.socket, '--namespace', 'k8s.io', ...args], { cwd: '/' });
+    return this.sandbox.exec(join(CONTAINERD_DIR, 'ctr'), ['--address', this.socket, '--namespace', 'k8s.io', ...args], { cwd: '/', env: CONTAINERD_ENV });
   }
 
   get running(): boolean {
@@ -220,7 +236,7 @@ export class Containerd {
 
   private async startProcess(): Promise<void> {
     if (this.proc) return;
-    this.proc = this.sandbox.spawn('containerd', ['--config', this.configPath], { cwd: '/', logFile: this.logFile });
+    this.proc = this.sandbox.spawn(join(CONTAINERD_DIR, 'containerd'), ['--config', this.configPath], { cwd: '/', logFile: this.logFile, env: CONTAINERD_ENV });
     const proc = this.proc;
     const exited = proc.then((r) => r);
     try {
@@ -269,7 +285,7 @@ export class Containerd {
     const ours = (pid: number) => {
       try {
         const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
-        return cmd.startsWith('containerd-shim') || cmd.includes(this.state) || cmd.includes(this.socket) || cmd.startsWith('/pause');
+        return /(^|\/)containerd-shim[^\0]*/.test(cmd.split('\0')[0] ?? '') || cmd.includes(this.state) || cmd.includes(this.socket) || cmd.startsWith('/pause');
       } catch {
         return false;
       }

@@ -29,16 +29,18 @@
  *
  * Host changes that remain: a `tmpfsDirs` entry missing on the host is created there as an empty
  * directory (a mount point must exist), and is never removed, because another sandbox may be using
- * it as its mount point at that moment. The reference CNI plugins of the host's /usr/lib/cni are
- * visible inside as they are (where the DaemonSet image holds them).
+ * it as its mount point at that moment; so is /usr/lib/cni, where the reference CNI plugins that
+ * hack/build-upstream.sh built are bind-mounted inside, read-only (where the DaemonSet image holds
+ * them).
  * Needs root, iproute2, util-linux (unshare, nsenter, mountpoint) and node.
  */
 import { execa, type Options as ExecaOptions, type ResultPromise } from 'execa';
 import { randomInt } from 'node:crypto';
-import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync, realpathSync } from 'node:fs';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { Cleanup, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { REF_PLUGINS_DIR } from '../../hack/support/upstream.js';
 
 /** The directories an agent and CNI plugins write with their defaults. */
 export const NODE_TMPFS_DIRS = ['/var/lib/cni', '/var/lib/kubenet', '/etc/cni/net.d', '/opt/cni/bin', '/run/kubenet'] as const;
@@ -81,11 +83,14 @@ export interface Uplink {
 }
 
 const HOLDER_SCRIPT = `set -eu
-scratch="$1"; shift
+scratch="$1"; refplugins="$2"; shift 2
 for d in "$@"; do
   mkdir -p "$d"
   mount -t tmpfs -o mode=0755 kcr-node-sandbox "$d"
 done
+# The reference plugins where the DaemonSet image holds them (manifest: pluginBinDirs).
+mkdir -p /usr/lib/cni
+mount --bind -o ro "$refplugins" /usr/lib/cni
 # /sys as seen from the node netns (what ip netns exec does), keeping the host's cgroup mounts.
 mkdir -p "$scratch/sys"
 mount -t sysfs kcr-sysfs "$scratch/sys"
@@ -166,7 +171,7 @@ export class NodeSandbox {
     });
 
     this.cleanup.add(() => this.killAll());
-    const holder = execa('unshare', ['--mount', '--propagation', 'slave', '--', 'nsenter', `--net=${this.netnsPath}`, '--', 'sh', '-c', HOLDER_SCRIPT, 'holder', tmpDir, ...this.tmpfsDirs], {
+    const holder = execa('unshare', ['--mount', '--propagation', 'slave', '--', 'nsenter', `--net=${this.netnsPath}`, '--', 'sh', '-c', HOLDER_SCRIPT, 'holder', tmpDir, realpathSync(REF_PLUGINS_DIR), ...this.tmpfsDirs], {
       reject: false,
       stdin: 'ignore',
     });

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Builds the upstream Go parts kubenet-ts runs and tests against, from their Go modules, at the
+# versions pinned in hack/upstream/<part>/go.mod (+ go.sum): the one place those versions live.
+#
+#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc (default: all of them)
+#
+#   cni-plugins  github.com/containernetworking/plugins: every plugin listed as a `tool` in its go.mod
+#                (loopback, bridge, host-local, dhcp, portmap, bandwidth, tuning)
+#   containerd   github.com/containerd/containerd/v2: containerd, containerd-shim-runc-v2, ctr
+#   runc         github.com/opencontainers/runc (cgo, libseccomp: Debian's libseccomp-dev)
+#
+# Each part is built into a cache directory keyed by its module version and the Go version,
+#   $KUBENET_CACHE_DIR/upstream/<part>-<version>-go<go version>/bin
+# (KUBENET_CACHE_DIR defaults to /var/cache/kubenet-ts as root, else ~/.cache/kubenet-ts), once: a
+# build whose stamp (go.mod, go.sum, this recipe) matches is not run again. native/build/upstream/
+# <part> is a symlink to that bin directory: the tests, the demo, the benches and the image take the
+# parts from there. Binaries are built one at a time (2 cores; each link takes up to ~1 GB), each to
+# a temp name and renamed, and a part's directory appears whole (built aside, then renamed), so a
+# concurrent or interrupted run never leaves a half-built part behind.
+# Offline apart from the Go module proxy; the machine's own Go (>= the go.mod's go line) is used:
+# GOTOOLCHAIN=local, and /usr/local/go/bin first on PATH when it exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+
+die() { echo "build-upstream: $*" >&2; exit 1; }
+
+[ -x /usr/local/go/bin/go ] && PATH="/usr/local/go/bin:$PATH"
+export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
+command -v go >/dev/null 2>&1 || die "go not found: this project needs the machine's Go (>= 1.26) on PATH"
+GOVER="$(go env GOVERSION)"
+
+if [ -n "${KUBENET_CACHE_DIR:-}" ]; then CACHE="$KUBENET_CACHE_DIR"
+elif [ "$(id -u)" -eq 0 ]; then CACHE=/var/cache/kubenet-ts
+else CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/kubenet-ts"; fi
+mkdir -p "$CACHE/upstream" native/build/upstream
+
+# version PART MODULE: the pinned version of MODULE in hack/upstream/PART/go.mod.
+version() {
+  local v
+  v="$(cd "hack/upstream/$1" && go list -m -f '{{.Version}}' "$2")" || die "$1: cannot read the version of $2 from hack/upstream/$1/go.mod"
+  echo "$v"
+}
+
+# gobuild PART OUT PKG [go build args...]: one binary, built to a temp name and renamed.
+gobuild() {
+  local part="$1" out="$2" pkg="$3"
+  shift 3
+  local t0=$SECONDS
+  (cd "hack/upstream/$part" && go build -trimpath "$@" -o "$out.partial" "$pkg") || { rm -f "$out.partial"; die "$part: go build $pkg failed"; }
+  mv -f "$out.partial" "$out"
+  echo "build-upstream: $part: $(basename "$out") ($((SECONDS - t0)) s)" >&2
+}
+
+build_cni_plugins() { # DIR VERSION
+  local pkg
+  while read -r pkg; do
+    CGO_ENABLED=0 gobuild cni-plugins "$1/bin/$(basename "$pkg")" "$pkg" \
+      -ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$2"
+  done < <(tools cni-plugins)
+}
+
+build_containerd() { # DIR VERSION
+  local m=github.com/containerd/containerd/v2 pkg
+  while read -r pkg; do
+    CGO_ENABLED=0 gobuild containerd "$1/bin/$(basename "$pkg")" "$pkg" \
+      -ldflags "-s -w -X $m/version.Version=$2 -X $m/version.Package=$m"
+  done < <(tools containerd)
+}
+
+build_runc() { # DIR VERSION
+  pkg-config --exists libseccomp 2>/dev/null || die "runc: libseccomp not found: install Debian packages libseccomp-dev and pkg-config (hack/bootstrap.sh)"
+  # The release build's tags less libpathrs (a Rust library Debian 12 does not package).
+  CGO_ENABLED=1 gobuild runc "$1/bin/runc" github.com/opencontainers/runc \
+    -buildmode=pie -tags "seccomp urfave_cli_no_docs" -ldflags "-s -w"
+}
+
+# tools PART: the packages of the `tool` lines of hack/upstream/PART/go.mod.
+tools() {
+  awk '/^tool \(/{b=1; next} b && /^\)/{b=0} b{print $1} /^tool [^(]/{print $2}' "hack/upstream/$1/go.mod"
+}
+
+declare -A MODULE=(
+  [cni-plugins]=github.com/containernetworking/plugins
+  [containerd]=github.com/containerd/containerd/v2
+  [runc]=github.com/opencontainers/runc
+)
+
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(cni-plugins containerd runc)
+for part in "${parts[@]}"; do
+  [ -n "${MODULE[$part]:-}" ] || die "unknown part '$part' (known: ${!MODULE[*]})"
+  ver="$(version "$part" "${MODULE[$part]}")"
+  dir="$CACHE/upstream/$part-$ver-$GOVER"
+  stamp="$(cat "hack/upstream/$part/go.mod" "hack/upstream/$part/go.sum" <(declare -f "build_${part//-/_}" gobuild tools) | sha256sum | cut -c1-16)"
+  if [ "$(cat "$dir/stamp" 2>/dev/null)" != "$stamp" ]; then
+    echo "build-upstream: building $part $ver with $GOVER into $dir" >&2
+    t0=$SECONDS
+    tmp="$dir.partial.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp/bin"
+    trap 'rm -rf "$tmp"' EXIT
+    "build_${part//-/_}" "$tmp" "$ver"
+    echo "$stamp" >"$tmp/stamp"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    trap - EXIT
+    echo "build-upstream: $part $ver built in $((SECONDS - t0)) s" >&2
+  fi
+  ln -sfn "$dir/bin" "native/build/upstream/$part.partial.$$"
+  mv -fT "native/build/upstream/$part.partial.$$" "native/build/upstream/$part"
+  echo "$ROOT/native/build/upstream/$part"
+done
