@@ -9,6 +9,7 @@ import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join, posix } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { execa } from 'execa';
 import yaml from 'js-yaml';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
 
@@ -182,6 +183,13 @@ test('DaemonSet: host network, privileged, node-critical, runs on every node', (
   t.deepEqual([...(agent.command ?? []), ...(agent.args ?? [])], ['kubenet', 'daemon', '--config', '/etc/kubenet/config.yaml']);
   const probe = agent.readinessProbe?.exec?.command;
   t.deepEqual(probe, ['kubenet', 'health', '--config', '/etc/kubenet/config.yaml']);
+});
+
+test('the image is the one hack/build-image.sh builds: kubenet-ts:<package version>', async (t) => {
+  const version = (JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+  t.is(agent.image, `kubenet-ts:${version}`);
+  const built = (await execa('bash', [fileURLToPath(new URL('../../hack/build-image.sh', import.meta.url)), '--print-name'])).stdout.trim();
+  t.is(built, `docker.io/library/${agent.image}`, 'the build names its output as containerd resolves the manifest\'s image');
 });
 
 function mountFor(path: string): { mount: VolumeMount; volume: Volume } | undefined {

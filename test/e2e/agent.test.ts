@@ -106,7 +106,8 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   const b = await h.addPod('b');
   const ra = await addOk(t, h, a);
   const rb = await addOk(t, h, b);
-  t.is(ra.cniVersion, '1.0.0');
+  // libcni (1.3) runs the highest version of the conflist's cniVersions it supports.
+  t.is(ra.cniVersion, '1.1.0');
   t.regex(ra.ips[0]?.address ?? '', /^10\.93\.1\.\d+\/24$/);
   t.is(ra.ips[0]?.gateway, '10.93.1.1');
   t.not(podIp(ra), podIp(rb));

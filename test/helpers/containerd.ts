@@ -13,8 +13,9 @@
  * - NRI off: it would listen on the host's /var/run/nri;
  * - `restrict_oom_score_adj = true`: root here lacks CAP_SYS_RESOURCE, runc could not set the
  *   sandbox's oom_score_adj below its own;
- * - `netns_mounts_under_state_dir = true`: pod netns bind mounts go under the state dir (tmpfs)
- *   instead of the host's /run/netns (where the files would be visible and could be left behind);
+ * - `netns_mounts_under_state_dir = true` (unless `netnsUnderStateDir: false`): pod netns bind
+ *   mounts go under the state dir (tmpfs) instead of /run/netns (the host's, unless the sandbox has
+ *   a tmpfs there, where the files would be visible and could be left behind);
  * - snapshotter `overlayfs`, falling back to `native` when containerd skipped overlayfs.
  *
  * Pods get the cgroup parent `/<prefix>-<tag>/pod<uid>` (podCgroupParent), which destroy() removes.
@@ -35,6 +36,8 @@ import type { NodeSandbox } from './node-sandbox.js';
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 /** Built by hack/build-sandbox-image.sh (npm test runs it through build:test-tools). */
 export const SANDBOX_IMAGE_TAR = join(ROOT, 'native/build/sandbox-image.oci.tar');
+/** The agent's image, built by hack/build-image.sh (npm test runs it through build:test-tools). */
+export const AGENT_IMAGE_TAR = join(ROOT, 'native/build/kubenet-image.oci.tar');
 /** The name the image carries (io.containerd.image.name) and containerd's sandbox_image. */
 export const SANDBOX_IMAGE = 'kubenet-ts.local/sandbox:1';
 const CONTAINERD_DIR = upstreamDir('containerd');
@@ -61,6 +64,12 @@ export interface ContainerdOptions {
   snapshotter?: Snapshotter | 'auto';
   /** containerd's log level; default 'info'. */
   logLevel?: string;
+  /**
+   * Default true: pod netns bind mounts under the state dir (tmpfs). false: containerd's default,
+   * /var/run/netns, which a DaemonSet's agent mounts HostToContainer; the sandbox then needs a
+   * tmpfs over /run/netns (so nothing lands in the host's).
+   */
+  netnsUnderStateDir?: boolean;
 }
 
 export class Containerd {
@@ -78,6 +87,7 @@ export class Containerd {
   cri: CriClient;
   private proc: ResultPromise | undefined;
   private readonly logLevel: string;
+  private readonly netnsUnderStateDir: boolean;
 
   private constructor(
     readonly sandbox: NodeSandbox,
@@ -91,12 +101,13 @@ export class Containerd {
     this.logFile = join(sandbox.tmpDir, 'containerd.log');
     this.cgroupRoot = `/${id}`;
     this.logLevel = opts.logLevel ?? 'info';
+    this.netnsUnderStateDir = opts.netnsUnderStateDir ?? true;
     this.cri = new CriClient(this.socket);
   }
 
   /** Starts containerd in the sandbox and imports the sandbox image; ready for RunPodSandbox once the CNI config exists. */
   static async start(sandbox: NodeSandbox, opts: ContainerdOptions = {}): Promise<Containerd> {
-    for (const d of ['/run/containerd', '/var/lib/containerd']) {
+    for (const d of ['/run/containerd', '/var/lib/containerd', ...(opts.netnsUnderStateDir === false ? ['/run/netns'] : [])]) {
       if (!sandbox.tmpfsDirs.includes(d)) throw new Error(`the node sandbox needs a tmpfs over ${d} for containerd (CONTAINERD_TMPFS_DIRS)`);
     }
     const c = new Containerd(sandbox, opts);
@@ -114,7 +125,7 @@ export class Containerd {
         await c.writeConfig();
         await c.startProcess();
       }
-      await c.ctr(['images', 'import', '--snapshotter', c.snapshotter, SANDBOX_IMAGE_TAR]);
+      await c.importImage(SANDBOX_IMAGE_TAR);
     } catch (err) {
       await c.destroy().catch(() => undefined);
       throw err;
@@ -150,7 +161,7 @@ export class Containerd {
       '',
       '[plugins."io.containerd.cri.v1.runtime"]',
       '  restrict_oom_score_adj = true',
-      '  netns_mounts_under_state_dir = true',
+      `  netns_mounts_under_state_dir = ${this.netnsUnderStateDir}`,
       // CNI: containerd's defaults, written out so the test reads what it relies on.
       '  [plugins."io.containerd.cri.v1.runtime".cni]',
       '    bin_dirs = ["/opt/cni/bin"]',
@@ -160,6 +171,11 @@ export class Containerd {
       `    BinaryName = ${q(RUNC)}`,
       '',
     ].join('\n');
+  }
+
+  /** `ctr -n k8s.io images import` of an OCI archive, unpacked for the CRI's snapshotter. */
+  async importImage(tar: string): Promise<void> {
+    await this.ctr(['images', 'import', '--snapshotter', this.snapshotter, tar]);
   }
 
   /** The cgroup parent kubelet-style for a pod (cgroupfs syntax). */

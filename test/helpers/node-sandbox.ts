@@ -87,6 +87,9 @@ scratch="$1"; refplugins="$2"; shift 2
 for d in "$@"; do
   mkdir -p "$d"
   mount -t tmpfs -o mode=0755 kcr-node-sandbox "$d"
+  # Shared, as every mount of a systemd host is: a container's HostToContainer (rslave) mount of
+  # it sees what is mounted there later (containerd's pod netns under /run/netns).
+  mount --make-shared "$d"
 done
 # The reference plugins where the DaemonSet image holds them (manifest: pluginBinDirs).
 mkdir -p /usr/lib/cni

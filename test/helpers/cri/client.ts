@@ -2,7 +2,8 @@
  * A minimal Kubernetes CRI client (RuntimeService of `runtime.v1`) over a unix socket, for driving
  * a real container runtime the way kubelet does: RunPodSandbox, PodSandboxStatus (verbose, to find
  * the sandbox process and its network namespace), StopPodSandbox, RemovePodSandbox, plus Version,
- * Status and ListPodSandbox. The messages are those of ./runtime-v1.proto (field numbers from
+ * Status and ListPodSandbox; and for a pod's containers CreateContainer, StartContainer,
+ * StopContainer, RemoveContainer, ContainerStatus and ListContainers. The messages are those of ./runtime-v1.proto (field numbers from
  * k8s.io/cri-api); fields are camelCase here, as @grpc/proto-loader maps them.
  */
 import * as grpc from '@grpc/grpc-js';
@@ -87,6 +88,55 @@ export interface RuntimeCondition {
   status: boolean;
   reason: string;
   message: string;
+}
+
+export type MountPropagation = 'PROPAGATION_PRIVATE' | 'PROPAGATION_HOST_TO_CONTAINER' | 'PROPAGATION_BIDIRECTIONAL';
+export type ContainerState = 'CONTAINER_CREATED' | 'CONTAINER_RUNNING' | 'CONTAINER_EXITED' | 'CONTAINER_UNKNOWN';
+
+export interface ContainerMount {
+  containerPath: string;
+  hostPath: string;
+  readonly?: boolean;
+  propagation?: MountPropagation;
+}
+
+export interface ContainerConfig {
+  metadata: { name: string; attempt?: number };
+  image: { image: string };
+  command?: string[];
+  args?: string[];
+  workingDir?: string;
+  envs?: Array<{ key: string; value: string }>;
+  mounts?: ContainerMount[];
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  /** Relative to the sandbox's logDirectory. */
+  logPath?: string;
+  linux?: { securityContext?: { privileged?: boolean; namespaceOptions?: { network?: NamespaceMode; pid?: NamespaceMode; ipc?: NamespaceMode } } };
+}
+
+export interface ContainerStatus {
+  id: string;
+  metadata: { name: string; attempt: number };
+  state: ContainerState;
+  createdAt: number;
+  startedAt: number;
+  finishedAt: number;
+  exitCode: number;
+  image: { image: string } | null;
+  imageRef: string;
+  reason: string;
+  message: string;
+  logPath: string;
+}
+
+export interface ContainerSummary {
+  id: string;
+  podSandboxId: string;
+  metadata: { name: string; attempt: number };
+  state: ContainerState;
+  imageRef: string;
+  labels: Record<string, string>;
 }
 
 /** A failed CRI call: the gRPC status code (grpc.status) and details, and which call it was. */
@@ -178,6 +228,36 @@ export class CriClient {
     return r.items;
   }
 
+  /** CreateContainer in a running sandbox (its config as given to RunPodSandbox); returns the container ID. */
+  async createContainer(podSandboxId: string, config: ContainerConfig, sandboxConfig: PodSandboxConfig): Promise<string> {
+    const r = await this.call<{ containerId: string }>('CreateContainer', { podSandboxId, config, sandboxConfig });
+    return r.containerId;
+  }
+
+  async startContainer(id: string): Promise<void> {
+    await this.call('StartContainer', { containerId: id });
+  }
+
+  /** StopContainer: SIGTERM (or the image's stop signal), SIGKILL after `timeoutS`. */
+  async stopContainer(id: string, timeoutS: number): Promise<void> {
+    await this.call('StopContainer', { containerId: id, timeout: timeoutS });
+  }
+
+  async removeContainer(id: string): Promise<void> {
+    await this.call('RemoveContainer', { containerId: id });
+  }
+
+  async containerStatus(id: string): Promise<ContainerStatus> {
+    const r = await this.call<{ status: ContainerStatus }>('ContainerStatus', { containerId: id, verbose: false });
+    return r.status;
+  }
+
+  async listContainers(filter?: { podSandboxId?: string; state?: ContainerState }): Promise<ContainerSummary[]> {
+    const f = filter ? { podSandboxId: filter.podSandboxId ?? '', ...(filter.state ? { state: { state: filter.state } } : {}) } : undefined;
+    const r = await this.call<{ containers: ContainerSummary[] }>('ListContainers', f ? { filter: f } : {});
+    return r.containers;
+  }
+
   close(): void {
     this.client.close();
   }
@@ -194,7 +274,7 @@ export class CriClient {
   }
 }
 
-/** What containerd 1.6 reports about a sandbox in PodSandboxStatus's verbose `info` (the fields used here). */
+/** What containerd reports about a sandbox in PodSandboxStatus's verbose `info` (the fields used here). */
 export interface ContainerdSandboxInfo {
   pid: number;
   /** The pod's network namespace path, as containerd passed it to CNI (CNI_NETNS). */
