@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 node lacks for kubenet-ts, builds the pinned upstream parts, then
-# the npm dependencies. Idempotent: packages already present are not fetched again, and upstream
-# parts already built at their pinned versions are not built again (hack/build-upstream.sh).
+# Installs what a fresh Debian 12 node lacks for kubenet-ts, builds the pinned reference CNI plugins,
+# then the npm dependencies. Idempotent: packages already present are not fetched again, and the
+# plugins already built at their pinned version are not built again (hack/build-upstream.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,8 +24,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The reference CNI plugins, containerd and runc at their pinned versions (cached by version).
-bash hack/build-upstream.sh >/dev/null
+# The reference CNI plugins at their pinned version (cached by version); containerd and runc, which
+# only the tests run, are built by `npm test` (build:test-tools).
+bash hack/build-upstream.sh cni-plugins >/dev/null
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   echo "bootstrap: npm ci"

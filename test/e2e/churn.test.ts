@@ -19,6 +19,7 @@
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { randomInt } from 'node:crypto';
 import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
@@ -89,6 +90,12 @@ async function churnAndCheck(
       `  the final restart's sweep removed: ${JSON.stringify(finalSweep)}; leaks after it: ${countLeftovers(final)}`,
     ].join('\n'),
   );
+  if (countLeftovers(afterChurn) > 0) {
+    // What the agent said about shaping and every warning: where a leftover came from.
+    const text = await readFile(agent.logFile, 'utf8').catch(() => '');
+    const said = text.split('\n').filter((l) => /"level":(40|50|60)|shap|orphan/.test(l));
+    t.log(`agent log, warnings and shaping (${said.length} lines, the last 60):\n${said.slice(-60).join('\n')}`);
+  }
   t.is(r.cycles, opts.cycles, 'every cycle ran');
   t.true(r.kills.length >= opts.kills, `${r.kills.length} SIGKILLs`);
   if (opts.kills > 0) t.true(r.killsMidAdd >= 1, 'at least one SIGKILL landed while an ADD was in flight');
