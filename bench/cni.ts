@@ -72,7 +72,7 @@ import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
-import { REF_PLUGINS_DIR } from '../hack/support/upstream.js';
+import { libcniVersion, REF_PLUGINS_DIR, refPluginsVersion } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /** The `kubenet` command as package.json's bin ships it. */
@@ -998,17 +998,12 @@ async function linkNames(): Promise<string[]> {
   return (JSON.parse(r.stdout || '[]') as Array<{ ifname: string }>).map((l) => l.ifname);
 }
 
-async function versionOf(pkg: string): Promise<string> {
-  const r = await execa('dpkg-query', ['-W', '-f', '${Version}', pkg], { reject: false });
-  return r.exitCode === 0 ? r.stdout : 'unknown';
-}
-
 function blocker(): string | undefined {
   if (process.getuid?.() !== 0) return 'needs root (network namespaces, bridges, veths, tc)';
   if (!existsSync(FORWARDER)) return `needs ${FORWARDER}: bash hack/build-native.sh`;
   if (!existsSync(LIBCNI_DRIVER)) return `needs ${LIBCNI_DRIVER}: bash hack/build-libcni-driver.sh`;
   for (const p of [...REF_PLUGINS, 'loopback']) {
-    if (!existsSync(join(REF_BIN_DIR, p))) return `needs the reference CNI plugin ${REF_BIN_DIR}/${p} (Debian containernetworking-plugins; hack/bootstrap.sh)`;
+    if (!existsSync(join(REF_BIN_DIR, p))) return `needs the reference CNI plugin ${REF_BIN_DIR}/${p} (bash hack/build-upstream.sh cni-plugins)`;
   }
   return undefined;
 }
@@ -1217,8 +1212,8 @@ async function main(): Promise<number> {
 
   console.log('CNI ADD/DEL through libcni (as containerd drives it): kubenet agent vs reference chain, same run (issue 10 goals)');
   console.log(
-    `kernel ${release()}, nproc ${availableParallelism()}, node ${process.version}, containernetworking-plugins ${await versionOf('containernetworking-plugins')}, ` +
-      `libcni ${await versionOf('golang-github-appc-cni-dev')}`,
+    `kernel ${release()}, nproc ${availableParallelism()}, node ${process.version}, reference plugins ${await refPluginsVersion()} (${REF_BIN_DIR}), ` +
+      `libcni ${libcniVersion()}`,
   );
   console.log(
     `pods ${o.pods} per round (sequential), rounds ${o.rounds} counted + 1 warm-up, kubenet/reference/floor interleaved pod by pod; burst ${o.burst} pods ${o.concurrency} at a time × ${o.burstReps}; ` +

@@ -40,7 +40,7 @@ import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod }
 import { AgentHarness, type AgentPod } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { uniq } from '../hack/support/kernel.js';
-import { REF_PLUGINS_DIR, refPlugin } from '../hack/support/upstream.js';
+import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 
 const argv = process.argv.slice(2);
@@ -655,7 +655,7 @@ if (process.getuid?.() !== 0) {
 // (its `finally` blocks), leaving namespaces, veths and tc objects. It now runs on to its cleanup;
 // what it prints is dropped.
 for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
-console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'})`);
+console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`);
 if (!has('--no-rates')) await withTrafficLock(() => rateBench());
 if (!has('--no-cost')) await costBench();
 if (!has('--no-live')) await liveBench();

@@ -4,7 +4,8 @@
  * Tests, benches and the demo take the reference CNI plugins, containerd and runc from here, never
  * from the host's own packages.
  */
-import { existsSync } from 'node:fs';
+import { execa } from 'execa';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -34,4 +35,16 @@ export function upstreamBlocker(part: UpstreamPart, bins: string[]): string | un
   const missing = bins.filter((b) => !existsSync(join(upstreamDir(part), b)));
   if (missing.length === 0) return undefined;
   return `needs ${missing.join(', ')} of ${part} in ${upstreamDir(part)} (bash hack/build-upstream.sh ${part}; npm test builds it)`;
+}
+
+/** What the reference bridge plugin says of its version ("CNI bridge plugin v1.10.0" → "v1.10.0"; Debian's 1.1.1 build says "unknown"). */
+export async function refPluginsVersion(dir = REF_PLUGINS_DIR): Promise<string> {
+  const r = await execa(join(dir, 'bridge'), [], { reject: false, env: {}, extendEnv: false });
+  return /plugin (\S+)/.exec(r.stdout || r.stderr)?.[1] ?? 'unknown';
+}
+
+/** The libcni version the test driver is built against (test/libcni/go.mod). */
+export function libcniVersion(): string {
+  const mod = readFileSync(join(ROOT, 'test/libcni/go.mod'), 'utf8');
+  return /github\.com\/containernetworking\/cni (v\S+)/.exec(mod)?.[1] ?? 'unknown';
 }
