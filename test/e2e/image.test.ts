@@ -212,6 +212,8 @@ serialTest('the image the manifest names runs the agent as the DaemonSet says: i
   t.deepEqual(await readdir(sb.hostPath('/etc/cni/net.d')), ['10-kubenet.conflist']);
   const log = await agentLog(agent, 200);
   t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
+  t.regex(log, /"backend":"nft".*"msg":"iptables backend of this node"/, 'the agent chose the node\'s iptables backend (a node with no rules yet: nft)');
+  t.regex((await sb.exec('iptables', ['-t', 'nat', '-S'])).stdout, /--comment "kubenet-ts: SNAT for outbound traffic from cluster".* -j MASQUERADE/, 'its masquerade rule is in the tables the node\'s own iptables (nft) shows');
 });
 
 serialTest('pods through the same containerd get addresses from the pod CIDR and their limits in the kernel; they reach each other and the node', async (t) => {
