@@ -11,9 +11,7 @@ cd "$(dirname "$0")/.."
 OUT="${1:-native/build/libcni-driver}"
 die() { echo "build-libcni-driver: $*" >&2; exit 1; }
 
-[ -x /usr/local/go/bin/go ] && PATH="/usr/local/go/bin:$PATH"
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
-command -v go >/dev/null 2>&1 || die "go not found: this project needs the machine's Go (>= 1.26) on PATH"
+. hack/support/go-env.sh
 
 mkdir -p "$(dirname "$OUT")"
 OUT="$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")"

@@ -25,9 +25,7 @@ ROOT="$PWD"
 
 die() { echo "build-upstream: $*" >&2; exit 1; }
 
-[ -x /usr/local/go/bin/go ] && PATH="/usr/local/go/bin:$PATH"
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
-command -v go >/dev/null 2>&1 || die "go not found: this project needs the machine's Go (>= 1.26) on PATH"
+. hack/support/go-env.sh
 GOVER="$(go env GOVERSION)"
 
 if [ -n "${KUBENET_CACHE_DIR:-}" ]; then CACHE="$KUBENET_CACHE_DIR"
