@@ -2,12 +2,17 @@
 # Builds the upstream Go parts kubenet-ts runs and tests against, from their Go modules, at the
 # versions pinned in hack/upstream/<part>/go.mod (+ go.sum): the one place those versions live.
 #
-#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc (default: all of them)
+#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes
+#                                        (default: cni-plugins containerd runc)
 #
 #   cni-plugins  github.com/containernetworking/plugins: every plugin listed as a `tool` in its go.mod
 #                (loopback, bridge, host-local, dhcp, portmap, bandwidth, tuning)
 #   containerd   github.com/containerd/containerd/v2: containerd, containerd-shim-runc-v2, ctr
 #   runc         github.com/opencontainers/runc (cgo, libseccomp: Debian's libseccomp-dev)
+#   etcd         go.etcd.io/etcd/server/v3 (etcd) and go.etcd.io/etcd/etcdctl/v3 (etcdctl)
+#   kubernetes   k8s.io/kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+#                kube-proxy, kubectl (hack/upstream/kubernetes/update.sh writes its go.mod, which replaces each
+#                k8s.io staging module with its published version). Each takes ~1-2 GB to link.
 #
 # Each part is built into a cache directory keyed by its module version and the Go version,
 #   $KUBENET_CACHE_DIR/upstream/<part>-<version>-go<go version>/bin
@@ -15,8 +20,8 @@
 # build whose stamp (go.mod, go.sum, this recipe) matches is not run again. native/build/upstream/
 # <part> is a symlink to that bin directory: the tests, the demo, the benches and the image take the
 # parts from there. Binaries are built one at a time (2 cores; each link takes up to ~1 GB), each to
-# a temp name and renamed, and a part's directory appears whole (built aside, then renamed), so a
-# concurrent or interrupted run never leaves a half-built part behind.
+# a temp name and renamed, and a part's directory appears whole (built aside, then renamed, under a
+# lock per part), so a concurrent or interrupted run never leaves a half-built part behind.
 # Offline apart from the Go module proxy; the machine's own Go (>= the go.mod's go line) is used:
 # GOTOOLCHAIN=local, and /usr/local/go/bin first on PATH when it exists.
 set -euo pipefail
@@ -73,6 +78,25 @@ build_runc() { # DIR VERSION
     -buildmode=pie -tags "seccomp urfave_cli_no_docs" -ldflags "-s -w"
 }
 
+build_etcd() { # DIR VERSION
+  CGO_ENABLED=0 gobuild etcd "$1/bin/etcd" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
+  CGO_ENABLED=0 gobuild etcd "$1/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3 -ldflags "-s -w"
+}
+
+build_kubernetes() { # DIR VERSION
+  local v="$2" x="" p pkg
+  local minor="${v#v1.}"
+  minor="${minor%%.*}"
+  # What `make` stamps (hack/lib/version.sh): the version every component reports (a kubelet's
+  # Node status, version skew checks), with a fixed build date for reproducible binaries.
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    x+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  while read -r pkg; do
+    CGO_ENABLED=0 gobuild kubernetes "$1/bin/$(basename "$pkg")" "$pkg" -ldflags "-s -w$x"
+  done < <(tools kubernetes)
+}
+
 # tools PART: the packages of the `tool` lines of hack/upstream/PART/go.mod.
 tools() {
   awk '/^tool \(/{b=1; next} b && /^\)/{b=0} b{print $1} /^tool [^(]/{print $2}' "hack/upstream/$1/go.mod"
@@ -82,6 +106,8 @@ declare -A MODULE=(
   [cni-plugins]=github.com/containernetworking/plugins
   [containerd]=github.com/containerd/containerd/v2
   [runc]=github.com/opencontainers/runc
+  [etcd]=go.etcd.io/etcd/server/v3
+  [kubernetes]=k8s.io/kubernetes
 )
 
 parts=("$@")
@@ -91,6 +117,9 @@ for part in "${parts[@]}"; do
   ver="$(version "$part" "${MODULE[$part]}")"
   dir="$CACHE/upstream/$part-$ver-$GOVER"
   stamp="$(cat "hack/upstream/$part/go.mod" "hack/upstream/$part/go.sum" <(declare -f "build_${part//-/_}" gobuild tools) | sha256sum | cut -c1-16)"
+  # One build of a part at a time on this machine: a second run waits, then finds it built.
+  exec 9>"$CACHE/upstream/$part.lock"
+  flock 9
   if [ "$(cat "$dir/stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "build-upstream: building $part $ver with $GOVER into $dir" >&2
     t0=$SECONDS
@@ -107,5 +136,6 @@ for part in "${parts[@]}"; do
   fi
   ln -sfn "$dir/bin" "native/build/upstream/$part.partial.$$"
   mv -fT "native/build/upstream/$part.partial.$$" "native/build/upstream/$part"
+  exec 9>&-
   echo "$ROOT/native/build/upstream/$part"
 done
