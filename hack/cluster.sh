@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# A local, real Kubernetes cluster on this machine, offline, with nothing of the host touched:
+#
+#   sudo bash hack/cluster.sh up [--nodes N]   brings it up (N nodes, default 1); prints the kubeconfig
+#   sudo bash hack/cluster.sh down             removes everything `up` made
+#   sudo bash hack/cluster.sh kubectl ARGS...  kubectl against it
+#
+# Parts (hack/build-upstream.sh, pinned in hack/upstream/): etcd, kube-apiserver (Node + RBAC
+# authorization, NodeRestriction, ServiceAccount tokens, privileged pods allowed), kube-controller-
+# manager (--allocate-node-cidrs: Nodes get spec.podCIDR(s) from the cluster CIDR, as kubenet
+# clusters do), kube-scheduler, and on every node containerd 2.x + runc (the locally built pause
+# image pinned as its sandbox image, both images imported), kubelet and kube-proxy (iptables).
+# Node 1 also runs the control plane, as a kubeadm control-plane node does. No CNI is installed:
+# nodes stay NotReady until a network plugin writes its conflist (kubectl apply -f
+# manifests/kubenet.yaml).
+#
+# Each node is a sandbox: a netns kcl-n<i> whose uplink kcl<i>u (198.18.252.<10+i>/24) reaches a
+# shared LAN bridge in netns kcl-lan, and a private mount namespace (held by a `sleep infinity`)
+# with fresh tmpfs over the directories a node writes (/var/lib/kubelet, /var/lib/containerd,
+# /run/containerd, /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/lib/kubenet, /run/kubenet,
+# /run/netns, /var/log/pods, /var/log/containers), /sys as seen from its netns, and files of its own
+# bind-mounted over the global sysctls kubelet sets (vm.overcommit_memory, vm.panic_on_oom,
+# kernel.panic, kernel.panic_on_oops, kernel.keys.root_max*): kubelet reads and writes those, the
+# host's stay as they are; /etc/resolv.conf names only 127.0.0.1 (no lookup leaves the cluster, and
+# the API server reaches kubelets by their InternalIP, never a name). Pods' cgroups live under /kcl-n<i> in every hierarchy. The API server is
+# reached from the host through 127.0.0.1:$KCL_API_PORT (default 16443), relayed into node 1.
+# Everything else is under $KCL_DIR (default /tmp/kubenet-cluster): PKI, kubeconfigs, logs, etcd.
+# Host changes that remain: empty mount-point directories a tmpfs needed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+DIR="${KCL_DIR:-/tmp/kubenet-cluster}"
+API_PORT="${KCL_API_PORT:-16443}"
+LAN=198.18.252
+CLUSTER_CIDR=10.244.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+B="$ROOT/native/build/upstream"
+TMPFS_DIRS=(/var/lib/kubelet /var/lib/containerd /run/containerd /etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubenet /run/kubenet /run/netns /var/log/pods /var/log/containers)
+SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+CGROUPS=(cpu cpuacct cpuset memory devices freezer blkio pids systemd unified)
+
+die() { echo "cluster: $*" >&2; exit 1; }
+log() { echo "cluster: $*" >&2; }
+[ "$(id -u)" -eq 0 ] || die "run as root (network namespaces, mounts, cgroups)"
+
+holder() { cat "$DIR/n$1/holder.pid"; }
+# in I CMD...: CMD in node I's namespaces, in $DIR.
+in_node() { local i="$1"; shift; nsenter -t "$(holder "$i")" -m -n --wdns="$DIR" "$@"; }
+# start I NAME CMD...: a long-running process of node I, logged to $DIR/n<I>/NAME.log.
+start() {
+  local i="$1" name="$2"; shift 2
+  setsid nsenter -t "$(holder "$i")" -m -n --wdns="$DIR" "$@" >"$DIR/n$i/$name.log" 2>&1 </dev/null &
+  echo $! >"$DIR/n$i/$name.pid"
+}
+kctl() { in_node 1 "$B/kubernetes/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@"; }
+wait_for() { # WHAT SECONDS CMD...
+  local what="$1" s="$2"; shift 2
+  local end=$((SECONDS + s))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || die "timed out after $s s waiting for $what (logs: $DIR)"
+    sleep 0.5
+  done
+}
+
+pki() {
+  local o="openssl"
+  mkdir -p "$DIR/pki"
+  cd "$DIR/pki"
+  $o req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.crt -days 7 -subj /CN=kubenet-cluster-ca 2>/dev/null
+  $o genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
+  $o pkey -in sa.key -pubout -out sa.pub 2>/dev/null
+  cd "$ROOT"
+}
+# cert NAME SUBJECT EXT: a key and certificate signed by the cluster CA.
+cert() {
+  (cd "$DIR/pki" && printf '%b\n' "$3" >"$1.ext" &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null &&
+    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 7 -extfile "$1.ext" 2>/dev/null)
+}
+# kubeconfig NAME SERVER: $DIR/NAME.kubeconfig with the client certificate NAME.
+kubeconfig() {
+  cat >"$DIR/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: kubenet-cluster, cluster: {server: "$2", certificate-authority: $DIR/pki/ca.crt}}]
+users: [{name: $1, user: {client-certificate: $DIR/pki/$1.crt, client-key: $DIR/pki/$1.key}}]
+contexts: [{name: kubenet-cluster, context: {cluster: kubenet-cluster, user: $1}}]
+current-context: kubenet-cluster
+EOF
+}
+
+# node_sandbox I: node I's netns on the LAN, its mount namespace, cgroups and credentials.
+node_sandbox() {
+  local i="$1" ip="$LAN.$((10 + $1))" nd="$DIR/n$1"
+  mkdir -p "$nd"
+  ip netns add "kcl-n$i"
+  ip -n "kcl-n$i" link set lo up
+  ip -n "kcl-n$i" link add "kcl${i}u" type veth peer name "kcl${i}l" netns kcl-lan
+  ip -n "kcl-n$i" addr add "$ip/24" dev "kcl${i}u"
+  ip -n "kcl-n$i" link set "kcl${i}u" up
+  ip -n "kcl-n$i" route add default via "$LAN.1"
+  ip -n kcl-lan link set "kcl${i}l" master kcl-br up
+  for f in "${SYSCTLS[@]}"; do cat "/proc/sys/$f" >"$nd/sysctl-${f//\//_}"; done
+  echo "nameserver 127.0.0.1" >"$nd/resolv.conf"
+  for d in "${TMPFS_DIRS[@]}"; do mkdir -p "$d"; done
+  cat >"$nd/holder.sh" <<EOF
+set -eu
+for d in ${TMPFS_DIRS[*]}; do mount -t tmpfs -o mode=0755 kcl-node "\$d"; mount --make-shared "\$d"; done
+for f in ${SYSCTLS[*]}; do mount --bind "$nd/sysctl-\$(echo \$f | tr / _)" "/proc/sys/\$f"; done
+# No DNS server the node could reach: nothing it looks up leaves the cluster's namespaces.
+mount --bind "$nd/resolv.conf" /etc/resolv.conf
+mkdir -p "$nd/sys"; mount -t sysfs kcl-sysfs "$nd/sys"
+if mountpoint -q /sys/fs/cgroup; then mount --move /sys/fs/cgroup "$nd/sys/fs/cgroup"; fi
+umount -l /sys; mount --move "$nd/sys" /sys
+echo ready
+exec sleep infinity
+EOF
+  setsid unshare --mount --propagation slave -- nsenter --net="/var/run/netns/kcl-n$i" -- sh "$nd/holder.sh" >"$nd/holder.log" 2>&1 </dev/null &
+  wait_for "node $i's mount namespace" 10 grep -q ready "$nd/holder.log"
+  # The holder: the `sleep infinity` in node i's netns.
+  local net p
+  net="net:[$(stat -L -c %i "/var/run/netns/kcl-n$i")]"
+  for p in $(pgrep -x sleep); do
+    [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$net" ] && [ "$(tr '\0' ' ' <"/proc/$p/cmdline")" = "sleep infinity " ] && echo "$p" >"$nd/holder.pid"
+  done
+  [ -s "$nd/holder.pid" ] || die "node $i: no holder process"
+  for c in "${CGROUPS[@]}"; do
+    [ -d "/sys/fs/cgroup/$c" ] || continue
+    mkdir -p "/sys/fs/cgroup/$c/kcl-n$i"
+    if [ "$c" = cpuset ]; then
+      cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/kcl-n$i/cpuset.cpus"
+      cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/kcl-n$i/cpuset.mems"
+    fi
+  done
+  cert "node-$i" "/O=system:nodes/CN=system:node:kcl-n$i" 'extendedKeyUsage=clientAuth'
+  cert "kubelet-$i" "/CN=kcl-n$i" "subjectAltName=IP:$ip,DNS:kcl-n$i\nextendedKeyUsage=serverAuth"
+  kubeconfig "node-$i" "https://$LAN.11:6443"
+}
+
+# node_services I: containerd (images imported), kubelet and kube-proxy of node I.
+node_services() {
+  local i="$1" ip="$LAN.$((10 + $1))" nd="$DIR/n$1"
+  cat >"$nd/containerd.toml" <<EOF
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "kubenet-ts.local/sandbox:1"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+    BinaryName = "$B/runc/runc"
+EOF
+  start "$i" containerd env PATH="$B/containerd:$PATH" "$B/containerd/containerd" --config "$nd/containerd.toml"
+  wait_for "node $i's containerd" 30 in_node "$i" "$B/containerd/ctr" --address /run/containerd/containerd.sock version
+  for img in native/build/sandbox-image.oci.tar native/build/kubenet-image.oci.tar; do
+    in_node "$i" "$B/containerd/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$ROOT/$img" >/dev/null
+  done
+  for img in "${KCL_IMAGES[@]}"; do
+    in_node "$i" "$B/containerd/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$img" >/dev/null
+  done
+  cat >"$nd/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+failSwapOn: false
+cgroupDriver: cgroupfs
+cgroupRoot: /kcl-n$i
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $DIR/pki/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $DIR/pki/kubelet-$i.crt
+tlsPrivateKeyFile: $DIR/pki/kubelet-$i.key
+address: $ip
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+clusterDomain: cluster.local
+clusterDNS: [10.96.0.10]
+resolvConf: /etc/resolv.conf
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {}
+rotateCertificates: false
+serializeImagePulls: false
+EOF
+  start "$i" kubelet "$B/kubernetes/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$DIR/node-$i.kubeconfig" --hostname-override "kcl-n$i" --node-ip "$ip" --root-dir /var/lib/kubelet
+  cat >"$nd/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: $DIR/kube-proxy.kubeconfig}
+clusterCIDR: $CLUSTER_CIDR
+hostnameOverride: kcl-n$i
+bindAddress: $ip
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+nodePortAddresses: [primary]
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+  start "$i" kube-proxy "$B/kubernetes/kube-proxy" --config "$nd/kube-proxy.yaml"
+}
+
+up() {
+  local nodes=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --nodes) nodes="${2:?--nodes N}"; shift 2 ;;
+      *) die "unknown argument $1 (up [--nodes N])" ;;
+    esac
+  done
+  [[ "$nodes" =~ ^[1-9]$ ]] || die "--nodes: 1..9"
+  [ ! -e "$DIR" ] || die "$DIR exists: a cluster is up (or was not taken down): hack/cluster.sh down"
+  local t0=$SECONDS
+  bash hack/build-upstream.sh etcd kubernetes containerd runc >/dev/null
+  bash hack/build-sandbox-image.sh >/dev/null
+  bash hack/build-image.sh >/dev/null
+  mkdir -p "$DIR"
+  echo "$nodes" >"$DIR/nodes"
+  read -r -a KCL_IMAGES <<<"${KCL_EXTRA_IMAGES:-}"
+  pki
+  cert apiserver /CN=kube-apiserver "subjectAltName=IP:127.0.0.1,IP:$LAN.11,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\nextendedKeyUsage=serverAuth"
+  cert admin "/O=system:masters/CN=kubernetes-admin" 'extendedKeyUsage=clientAuth'
+  cert kube-controller-manager /CN=system:kube-controller-manager 'extendedKeyUsage=clientAuth'
+  cert kube-scheduler /CN=system:kube-scheduler 'extendedKeyUsage=clientAuth'
+  cert kube-proxy /CN=system:kube-proxy 'extendedKeyUsage=clientAuth'
+  cert apiserver-kubelet-client "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client" 'extendedKeyUsage=clientAuth'
+  for c in admin kube-controller-manager kube-scheduler kube-proxy; do kubeconfig "$c" "https://$LAN.11:6443"; done
+  # The LAN: a bridge in its own netns, with the nodes' gateway address.
+  ip netns add kcl-lan
+  ip -n kcl-lan link set lo up
+  ip -n kcl-lan link add kcl-br type bridge
+  ip -n kcl-lan addr add "$LAN.1/24" dev kcl-br
+  ip -n kcl-lan link set kcl-br up
+  for ((i = 1; i <= nodes; i++)); do
+    node_sandbox "$i"
+    [ "$i" -eq 1 ] && control_plane_up
+    node_services "$i"
+  done
+  # The host's way in: 127.0.0.1:API_PORT -> a unix socket -> node 1 -> the API server.
+  start 1 api-relay-in node -e "require('net').createServer((c)=>{const u=require('net').connect(6443,'$LAN.11');c.pipe(u).pipe(c);c.on('error',()=>u.destroy());u.on('error',()=>c.destroy())}).listen('$DIR/api.sock')"
+  wait_for "the API relay in node 1" 10 test -S "$DIR/api.sock"
+  setsid node -e "require('net').createServer((c)=>{const u=require('net').connect('$DIR/api.sock');c.pipe(u).pipe(c);c.on('error',()=>u.destroy());u.on('error',()=>c.destroy())}).listen($API_PORT,'127.0.0.1')" >"$DIR/api-relay-out.log" 2>&1 </dev/null &
+  echo $! >"$DIR/api-relay-out.pid"
+  sed "s#https://$LAN.11:6443#https://127.0.0.1:$API_PORT#" "$DIR/admin.kubeconfig" >"$DIR/kubeconfig"
+  wait_for "$nodes node(s) registered" 120 nodes_registered "$nodes"
+  log "up in $((SECONDS - t0)) s: $nodes node(s), Kubernetes $("$B/kubernetes/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1); nodes are NotReady until a network plugin runs (kubectl apply -f manifests/kubenet.yaml)"
+  echo "$DIR/kubeconfig"
+}
+
+nodes_registered() { [ "$(kctl get nodes -o name | wc -l)" -eq "$1" ]; }
+
+# The control plane, in node 1's sandbox (before its containerd, kubelet and kube-proxy).
+control_plane_up() {
+  start 1 etcd "$B/etcd/etcd" --data-dir "$DIR/etcd" --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380
+  start 1 kube-apiserver "$B/kubernetes/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
+    --bind-address 0.0.0.0 --advertise-address "$LAN.11" --secure-port 6443 --allow-privileged=true \
+    --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" --client-ca-file "$DIR/pki/ca.crt" \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --kubelet-preferred-address-types InternalIP \
+    --kubelet-client-certificate "$DIR/pki/apiserver-kubelet-client.crt" --kubelet-client-key "$DIR/pki/apiserver-kubelet-client.key" --kubelet-certificate-authority "$DIR/pki/ca.crt"
+  wait_for "the API server" 90 kctl get --raw /readyz
+  # kube-apiserver's kubelet client (logs, exec) gets the role kubeadm gives it.
+  kctl create clusterrolebinding kubeadm:cluster-admins --clusterrole cluster-admin --group kubeadm:cluster-admins >/dev/null
+  start 1 kube-controller-manager "$B/kubernetes/kube-controller-manager" --kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$DIR/kube-controller-manager.kubeconfig" --authorization-kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
+    --allocate-node-cidrs --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 --service-cluster-ip-range "$SERVICE_CIDR" \
+    --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" --use-service-account-credentials \
+    --bind-address 127.0.0.1 --leader-elect=false
+  start 1 kube-scheduler "$B/kubernetes/kube-scheduler" --kubeconfig "$DIR/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig "$DIR/kube-scheduler.kubeconfig" --authorization-kubeconfig "$DIR/kube-scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false
+}
+
+down() {
+  [ -d "$DIR" ] || { log "no cluster at $DIR"; return 0; }
+  local n i
+  n="$(cat "$DIR/nodes" 2>/dev/null || echo 9)"
+  [ -f "$DIR/api-relay-out.pid" ] && kill "$(cat "$DIR/api-relay-out.pid")" 2>/dev/null || true
+  for ((i = n; i >= 1; i--)); do
+    [ -f "$DIR/n$i/holder.pid" ] || continue
+    local h mnt
+    h="$(holder "$i")"
+    mnt="$(readlink "/proc/$h/ns/mnt" 2>/dev/null || true)"
+    # Every process of the node: its mount namespace's, and whatever runs in its cgroups (pods).
+    for round in 1 2 3 4 5; do
+      local pids=()
+      if [ -n "$mnt" ]; then
+        for p in /proc/[0-9]*; do [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$mnt" ] && [ "${p#/proc/}" != "$h" ] && pids+=("${p#/proc/}"); done
+      fi
+      for c in "${CGROUPS[@]}"; do
+        [ -d "/sys/fs/cgroup/$c/kcl-n$i" ] && while read -r p; do pids+=("$p"); done < <(find "/sys/fs/cgroup/$c/kcl-n$i" -name cgroup.procs -exec cat {} + 2>/dev/null)
+      done
+      [ ${#pids[@]} -eq 0 ] && break
+      kill -9 "${pids[@]}" 2>/dev/null || true
+      sleep 0.5
+    done
+    kill -9 "$h" 2>/dev/null || true
+    for c in "${CGROUPS[@]}"; do
+      [ -d "/sys/fs/cgroup/$c/kcl-n$i" ] && find "/sys/fs/cgroup/$c/kcl-n$i" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    done
+    ip netns del "kcl-n$i" 2>/dev/null || true
+  done
+  ip netns del kcl-lan 2>/dev/null || true
+  local left=""
+  for c in "${CGROUPS[@]}"; do for d in /sys/fs/cgroup/$c/kcl-n*; do [ -d "$d" ] && left+=" $d"; done; done
+  ip netns list | grep -q '^kcl-' && left+=" $(ip netns list | grep '^kcl-' | cut -d' ' -f1 | tr '\n' ' ')"
+  rm -rf "$DIR"
+  [ -z "$left" ] || die "left behind:$left"
+  log "down: nothing left"
+}
+
+case "${1:-}" in
+  up) shift; up "$@" ;;
+  down) down ;;
+  kubectl) shift; in_node 1 "$B/kubernetes/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@" ;;
+  *) die "usage: hack/cluster.sh up [--nodes N] | down | kubectl ARGS..." ;;
+esac

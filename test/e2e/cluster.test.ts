@@ -1,0 +1,156 @@
+/**
+ * kubenet-ts on a real Kubernetes cluster (hack/cluster.sh: etcd, kube-apiserver with Node + RBAC
+ * authorization, kube-controller-manager allocating Node pod CIDRs, kube-scheduler, kubelet,
+ * kube-proxy, containerd 2.x, all built from their modules at pinned versions, in a node sandbox):
+ * `kubectl apply -f manifests/kubenet.yaml`, nothing else edited (the image imported into the node's
+ * containerd by hack/cluster.sh), rolls out on the real kubelet; the node goes Ready once the agent
+ * wrote its conflist; a Deployment of 20 pods runs with addresses from the node's spec.podCIDR and
+ * their bandwidth annotations applied (Events through the real API server, judged by the real RBAC
+ * authorizer); pods reach each other and the node; deleting them leaves nothing; `down` removes the
+ * cluster. Traffic only between the cluster's own namespaces (pings). Bringing the cluster up and
+ * every step that loads the CPU hold the traffic lock (hack/support/traffic-lock.ts): a control plane
+ * starting beside another suite's iperf3 measurement would measure the machine.
+ */
+import anyTest, { type TestFn } from 'ava';
+import { execa } from 'execa';
+import { randomInt } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { cidrContains, parseCidr } from '../../src/net/ip.js';
+import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
+import { withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { AGENT_IMAGE_TAR } from '../helpers/containerd.js';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const CLUSTER = join(ROOT, 'hack/cluster.sh');
+const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
+const blocker =
+  kernelTestBlocker() ??
+  upstreamBlocker('kubernetes', ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kubelet', 'kube-proxy', 'kubectl']) ??
+  upstreamBlocker('etcd', ['etcd']) ??
+  upstreamBlocker('containerd', ['containerd', 'ctr', 'containerd-shim-runc-v2']) ??
+  (existsSync(AGENT_IMAGE_TAR) ? undefined : `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`);
+const test = anyTest as TestFn;
+const serialTest = blocker ? test.serial.skip : test.serial;
+if (blocker) console.warn(`cluster e2e tests skipped: ${blocker}`);
+
+const DIR = `/tmp/kcl-e2e-${uniq(6)}`;
+const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(randomInt(20000, 30000)) };
+const NODE = 'kcl-n1';
+let up = false;
+
+const kubectl = async (args: string[], opts: { input?: string; reject?: boolean } = {}) =>
+  execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], { reject: opts.reject ?? true, ...(opts.input !== undefined ? { input: opts.input } : {}) });
+const json = async <T>(args: string[]): Promise<T> => JSON.parse((await kubectl([...args, '-o', 'json'])).stdout) as T;
+
+/** A command in the node's namespaces (its netns and private mounts). */
+function inNode(cmd: string, args: string[], reject = true) {
+  const holder = readFileSync(join(DIR, 'n1/holder.pid'), 'utf8').trim();
+  return execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject });
+}
+
+interface PodList {
+  items: Array<{ metadata: { name: string; annotations?: Record<string, string> }; status: { podIP?: string; phase?: string } }>;
+}
+
+test.before(async (t) => {
+  if (blocker) return;
+  const t0 = Date.now();
+  const r = await withTrafficLock(() => execa('bash', [CLUSTER, 'up'], { env: ENV, reject: false, all: true }));
+  up = true;
+  if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
+  t.log(`cluster up in ${Date.now() - t0} ms: ${r.stdout.trim()}`);
+});
+
+test.after.always(async () => {
+  if (!up) return;
+  await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=60s', '--ignore-not-found'], { reject: false });
+  const r = await execa('bash', [CLUSTER, 'down'], { env: ENV, reject: false, all: true });
+  if (r.exitCode !== 0) throw new Error(`hack/cluster.sh down failed: ${r.all ?? ''}`);
+});
+
+serialTest('the manifest, unchanged, rolls out on a real kubelet: the node goes from NotReady to Ready once the agent writes its conflist', (t) => withTrafficLock(async () => {
+  const ready = async () => ((await json<{ status: { conditions: Array<{ type: string; status: string }> } }>(['get', 'node', NODE])).status.conditions.find((c) => c.type === 'Ready')?.status);
+  t.is(await ready(), 'False', 'NotReady before a network plugin');
+  const t0 = Date.now();
+  await kubectl(['apply', '-f', join(ROOT, 'manifests/kubenet.yaml')]);
+  await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
+  const rolled = Date.now();
+  await kubectl(['wait', '--for=condition=Ready', `node/${NODE}`, '--timeout=60s']);
+  t.log(`DaemonSet rolled out ${rolled - t0} ms after apply; node Ready ${Date.now() - t0} ms after apply`);
+  t.is(await ready(), 'True');
+  t.deepEqual((await inNode('ls', ['/etc/cni/net.d'])).stdout.split('\n'), ['10-kubenet.conflist']);
+}));
+
+serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.podCIDR, limits applied (Events), pods reach each other and the node; the agent logs no authorization error', (t) => withTrafficLock(async () => {
+  const podCidr = (await json<{ spec: { podCIDR: string } }>(['get', 'node', NODE])).spec.podCIDR;
+  const deployment = {
+    apiVersion: 'apps/v1',
+    kind: 'Deployment',
+    metadata: { name: 'web', namespace: 'default' },
+    spec: {
+      replicas: 20,
+      selector: { matchLabels: { app: 'web' } },
+      template: {
+        metadata: { labels: { app: 'web' }, annotations: { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' } },
+        spec: { containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 },
+      },
+    },
+  };
+  const t0 = Date.now();
+  await kubectl(['apply', '-f', '-'], { input: JSON.stringify(deployment) });
+  await kubectl(['rollout', 'status', 'deployment/web', '--timeout=180s']);
+  t.log(`20 pods Ready ${Date.now() - t0} ms after apply`);
+  const pods = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items;
+  t.is(pods.length, 20);
+  const ips = pods.map((p) => p.status.podIP ?? '');
+  t.is(new Set(ips).size, 20, 'distinct addresses');
+  const subnet = parseCidr(podCidr);
+  for (const ip of ips) t.true(cidrContains(subnet, ip), `${ip} in the node's spec.podCIDR ${podCidr}`);
+  t.log(`pod CIDR ${podCidr}; addresses ${ips.sort().join(' ')}`);
+
+  const events = (await json<{ items: Array<{ involvedObject: { name: string }; message: string }> }>(['get', 'events', '--field-selector', 'reason=BandwidthApplied'])).items;
+  const applied = new Set(events.filter((e) => /ingress 10M, egress 20M/.test(e.message)).map((e) => e.involvedObject.name));
+  t.deepEqual(pods.map((p) => p.metadata.name).filter((n) => !applied.has(n)), [], 'a BandwidthApplied Event on every pod');
+
+  // The node reaches every pod; one pod reaches every other (from its own netns: its pause process's).
+  const fromNode = await Promise.all(ips.map((ip) => inNode('ping', ['-c', '1', '-W', '2', ip], false)));
+  t.deepEqual(ips.filter((_, i) => fromNode[i]?.exitCode !== 0), [], 'the node pings every pod');
+  const first = ips[0] ?? '';
+  const pausePid = readdirSync('/proc').find((p) => {
+    try {
+      return /^\d+$/.test(p) && readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' && readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(first);
+    } catch {
+      return false;
+    }
+  });
+  t.truthy(pausePid, `the pause process of the pod with ${first}`);
+  const fromPod = await Promise.all(ips.slice(1).map((ip) => execa('nsenter', ['-t', pausePid ?? '', '-n', 'ping', '-c', '1', '-W', '2', ip], { reject: false })));
+  t.deepEqual(ips.slice(1).filter((_, i) => fromPod[i]?.exitCode !== 0), [], `${first} pings every other pod`);
+  t.is((await execa('nsenter', ['-t', pausePid ?? '', '-n', 'ping', '-c', '1', '-W', '2', '198.18.252.11'], { reject: false })).exitCode, 0, 'a pod pings the node');
+
+  const log = (await kubectl(['-n', 'kube-system', 'logs', 'daemonset/kubenet'])).stdout;
+  t.notRegex(log, /forbidden|Forbidden|"statusCode":403/, 'no authorization error from the real RBAC authorizer');
+  t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
+}));
+
+serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record or shaping class', (t) => withTrafficLock(async () => {
+  await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=120s']);
+  await kubectl(['wait', '--for=delete', 'pod', '-l', 'app=web', '--timeout=120s'], { reject: false });
+  const settled = async () => {
+    const reservations = (await inNode('ls', ['/var/lib/cni/networks/kubenet'], false)).stdout.split('\n').filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f));
+    const veths = (await inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0'], false)).stdout.split('\n').filter((l) => l.trim() !== '');
+    const records = (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '');
+    const classes = (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.split('\n').filter((l) => /^class htb 1:/.test(l));
+    return { reservations, veths, records, classes };
+  };
+  const deadline = Date.now() + 30_000;
+  let left = await settled();
+  while (Object.values(left).some((v) => v.length > 0) && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 500));
+    left = await settled();
+  }
+  t.deepEqual(left, { reservations: [], veths: [], records: [], classes: [] });
+}));
