@@ -25,6 +25,8 @@
 # the API server reaches kubelets by their InternalIP, never a name). Pods' cgroups live under /kcl-n<i> in every hierarchy. The API server is
 # reached from the host through 127.0.0.1:$KCL_API_PORT (default 16443), relayed into node 1.
 # Everything else is under $KCL_DIR (default /tmp/kubenet-cluster): PKI, kubeconfigs, logs, etcd.
+# KCL_EXTRA_IMAGES="A.oci.tar B.oci.tar" imports more images into every node's containerd. A failed
+# `up` removes what it made; a second `up` while a cluster is up is refused.
 # Host changes that remain: empty mount-point directories a tmpfs needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -219,12 +221,15 @@ up() {
   done
   [[ "$nodes" =~ ^[1-9]$ ]] || die "--nodes: 1..9"
   [ ! -e "$DIR" ] || die "$DIR exists: a cluster is up (or was not taken down): hack/cluster.sh down"
+  ! ip netns list | grep -q '^kcl-' || die "network namespaces kcl-* exist: another cluster is up (its KCL_DIR's down removes it)"
   local t0=$SECONDS
   bash hack/build-upstream.sh etcd kubernetes containerd runc >/dev/null
   bash hack/build-sandbox-image.sh >/dev/null
   bash hack/build-image.sh >/dev/null
   mkdir -p "$DIR"
   echo "$nodes" >"$DIR/nodes"
+  # A failed `up` takes down what it made.
+  trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed: removing what it made (its logs go too; KCL_KEEP=1 keeps $DIR)"; [ -n "${KCL_KEEP:-}" ] || down; fi' EXIT
   read -r -a KCL_IMAGES <<<"${KCL_EXTRA_IMAGES:-}"
   pki
   cert apiserver /CN=kube-apiserver "subjectAltName=IP:127.0.0.1,IP:$LAN.11,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:localhost\nextendedKeyUsage=serverAuth"
@@ -253,6 +258,7 @@ up() {
   sed "s#https://$LAN.11:6443#https://127.0.0.1:$API_PORT#" "$DIR/admin.kubeconfig" >"$DIR/kubeconfig"
   wait_for "$nodes node(s) registered" 120 nodes_registered "$nodes"
   log "up in $((SECONDS - t0)) s: $nodes node(s), Kubernetes $("$B/kubernetes/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1); nodes are NotReady until a network plugin runs (kubectl apply -f manifests/kubenet.yaml)"
+  trap - EXIT
   echo "$DIR/kubeconfig"
 }
 
