@@ -136,6 +136,45 @@ serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.po
   t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
 }));
 
+serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, with a BandwidthApplied Event that says what they were', (t) => withTrafficLock(async () => {
+  const pod = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items[0]?.metadata.name ?? '';
+  await kubectl(['annotate', 'pod', pod, 'kubernetes.io/egress-bandwidth=5M', '--overwrite']);
+  const deadline = Date.now() + 30_000;
+  let messages: string[] = [];
+  while (Date.now() < deadline) {
+    const events = (await json<{ items: Array<{ involvedObject: { name: string }; message: string }> }>(['get', 'events', '--field-selector', `reason=BandwidthApplied,involvedObject.name=${pod}`])).items;
+    messages = events.map((e) => e.message);
+    if (messages.some((m) => /egress 5M/.test(m))) break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  t.true(messages.some((m) => /ingress 10M, egress 5M \(were ingress 10M, egress 20M\)/.test(m)), `the Event: ${messages.join(' | ')}`);
+  const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ name: string; limits: object }> };
+  t.deepEqual(status.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6 }, 'kubenet status in the agent pod shows the new limits');
+}));
+
+serialTest('a rolling update of the DaemonSet to a new image tag: a running pod keeps its network (pinged every 50 ms, at most 1 s lost) and the new agent knows every pod', (t) => withTrafficLock(async () => {
+  const tag = `kubenet-ts:e2e-${uniq(4)}`;
+  const current = (await json<{ spec: { template: { spec: { containers: Array<{ image: string }> } } } }>(['-n', 'kube-system', 'get', 'daemonset', 'kubenet'])).spec.template.spec.containers[0]?.image ?? '';
+  await inNode(join(upstreamDir('containerd'), 'ctr'), ['--address', '/run/containerd/containerd.sock', '-n', 'k8s.io', 'images', 'tag', `docker.io/library/${current}`, `docker.io/library/${tag}`]);
+  const target = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items[1]?.status.podIP ?? '';
+  const pinger = inNode('ping', ['-i', '0.05', '-w', '120', target], false);
+  await new Promise((r) => setTimeout(r, 500));
+  const t0 = Date.now();
+  await kubectl(['-n', 'kube-system', 'set', 'image', 'daemonset/kubenet', `kubenet=${tag}`]);
+  await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
+  const rolled = Date.now() - t0;
+  await new Promise((r) => setTimeout(r, 500));
+  await inNode('pkill', ['-INT', '-f', `ping -i 0.05 -w 120 ${target}`], false);
+  const m = /(\d+) packets transmitted, (\d+) received/.exec((await pinger).stdout);
+  const sent = Number(m?.[1] ?? 0);
+  const lost = sent - Number(m?.[2] ?? 0);
+  t.log(`rolled out to ${tag} in ${rolled} ms; ping every 50 ms: ${sent} sent, ${lost} lost`);
+  t.true(sent >= 20, `the ping ran (${sent} sent)`);
+  t.true(lost * 50 <= 1000, `at most 1 s of loss: ${lost} of ${sent}`);
+  const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: unknown[] };
+  t.is(status.pods.length, 20, 'the new agent knows the 20 pods');
+}));
+
 serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record or shaping class', (t) => withTrafficLock(async () => {
   await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=120s']);
   await kubectl(['wait', '--for=delete', 'pod', '-l', 'app=web', '--timeout=120s'], { reject: false });
