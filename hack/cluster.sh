@@ -4,6 +4,7 @@
 #   sudo bash hack/cluster.sh up [--nodes N]   brings it up (N nodes, default 1); prints the kubeconfig
 #   sudo bash hack/cluster.sh down             removes everything `up` made
 #   sudo bash hack/cluster.sh kubectl ARGS...  kubectl against it
+#   sudo bash hack/cluster.sh restart kubelet|containerd|kube-proxy [NODE]   as a service restart
 #
 # Parts (hack/build-upstream.sh, pinned in hack/upstream/): etcd, kube-apiserver (Node + RBAC
 # authorization, NodeRestriction, ServiceAccount tokens, privileged pods allowed), kube-controller-
@@ -51,8 +52,22 @@ in_node() { local i="$1"; shift; nsenter -t "$(holder "$i")" -m -n --wdns="$DIR"
 # start I NAME CMD...: a long-running process of node I, logged to $DIR/n<I>/NAME.log.
 start() {
   local i="$1" name="$2"; shift 2
-  setsid nsenter -t "$(holder "$i")" -m -n --wdns="$DIR" "$@" >"$DIR/n$i/$name.log" 2>&1 </dev/null &
+  printf '%s\0' "$@" >"$DIR/n$i/$name.cmd"
+  setsid nsenter -t "$(holder "$i")" -m -n --wdns="$DIR" "$@" >>"$DIR/n$i/$name.log" 2>&1 </dev/null &
   echo $! >"$DIR/n$i/$name.pid"
+}
+# restart NAME [I]: SIGTERM (SIGKILL after 10 s) node I's NAME (kubelet, containerd, kube-proxy...)
+# and start it again as it was started; what it ran (pods, shims) goes on, as after a service restart.
+restart() {
+  local name="$1" i="${2:-1}" pid args
+  [ -f "$DIR/n$i/$name.cmd" ] || die "node $i runs no $name"
+  pid="$(cat "$DIR/n$i/$name.pid")"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  mapfile -d '' args <"$DIR/n$i/$name.cmd"
+  start "$i" "$name" "${args[@]}"
+  log "restarted $name on node $i (pid $(cat "$DIR/n$i/$name.pid"))"
 }
 kctl() { in_node 1 "$B/kubernetes/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@"; }
 wait_for() { # WHAT SECONDS CMD...
@@ -329,5 +344,6 @@ case "${1:-}" in
   up) shift; up "$@" ;;
   down) down ;;
   kubectl) shift; in_node 1 "$B/kubernetes/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@" ;;
-  *) die "usage: hack/cluster.sh up [--nodes N] | down | kubectl ARGS..." ;;
+  restart) shift; restart "$@" ;;
+  *) die "usage: hack/cluster.sh up [--nodes N] | down | kubectl ARGS... | restart kubelet|containerd|kube-proxy [NODE]" ;;
 esac

@@ -175,7 +175,28 @@ serialTest('a rolling update of the DaemonSet to a new image tag: a running pod 
   t.is(status.pods.length, 20, 'the new agent knows the 20 pods');
 }));
 
-serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record or shaping class', (t) => withTrafficLock(async () => {
+serialTest('a kubelet restart and a containerd restart: the node stays Ready, running pods keep their network and their address, and a new pod still gets one', (t) => withTrafficLock(async () => {
+  const before = new Map((await json<PodList>(['get', 'pods', '-l', 'app=web'])).items.map((p) => [p.metadata.name, p.status.podIP ?? '']));
+  for (const service of ['kubelet', 'containerd']) {
+    const t0 = Date.now();
+    await execa('bash', [CLUSTER, 'restart', service], { env: ENV });
+    // The node's kubelet sees its runtime again, and reports Ready.
+    await new Promise((r) => setTimeout(r, 2000));
+    await kubectl(['wait', '--for=condition=Ready', `node/${NODE}`, '--timeout=60s']);
+    const pods = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items;
+    t.deepEqual(new Map(pods.map((p) => [p.metadata.name, p.status.podIP ?? ''])), before, `after the ${service} restart: the same pods, the same addresses`);
+    const pings = await Promise.all([...before.values()].map((ip) => inNode('ping', ['-c', '1', '-W', '2', ip], false)));
+    t.deepEqual([...before.values()].filter((_, i) => pings[i]?.exitCode !== 0), [], `after the ${service} restart the node pings every pod`);
+    t.log(`${service} restarted; node Ready and every pod answering ${Date.now() - t0} ms later`);
+  }
+  await kubectl(['scale', 'deployment/web', '--replicas=21']);
+  await kubectl(['rollout', 'status', 'deployment/web', '--timeout=120s']);
+  const after = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items.filter((p) => !before.has(p.metadata.name));
+  t.is(after.length, 1, 'one new pod');
+  t.truthy(after[0]?.status.podIP, 'the new pod has an address');
+}));
+
+serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record, shaping class or runtime cache entry', (t) => withTrafficLock(async () => {
   await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=120s']);
   await kubectl(['wait', '--for=delete', 'pod', '-l', 'app=web', '--timeout=120s'], { reject: false });
   const settled = async () => {
@@ -183,7 +204,8 @@ serialTest('deleting the pods leaves nothing on the node: no reservation, veth, 
     const veths = (await inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0'], false)).stdout.split('\n').filter((l) => l.trim() !== '');
     const records = (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '');
     const classes = (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.split('\n').filter((l) => /^class htb 1:/.test(l));
-    return { reservations, veths, records, classes };
+    const runtimeCache = (await inNode('ls', ['/var/lib/cni/results'], false)).stdout.split('\n').filter((f) => f !== '');
+    return { reservations, veths, records, classes, runtimeCache };
   };
   const deadline = Date.now() + 30_000;
   let left = await settled();
@@ -191,5 +213,5 @@ serialTest('deleting the pods leaves nothing on the node: no reservation, veth, 
     await new Promise((r) => setTimeout(r, 500));
     left = await settled();
   }
-  t.deepEqual(left, { reservations: [], veths: [], records: [], classes: [] });
+  t.deepEqual(left, { reservations: [], veths: [], records: [], classes: [], runtimeCache: [] });
 }));
