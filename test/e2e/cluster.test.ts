@@ -21,6 +21,7 @@ import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { iperf, retryLog } from '../../hack/support/topo.js';
 import { AGENT_IMAGE_TAR } from '../helpers/containerd.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -119,13 +120,7 @@ serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.po
   const fromNode = await Promise.all(ips.map((ip) => inNode('ping', ['-c', '1', '-W', '2', ip], false)));
   t.deepEqual(ips.filter((_, i) => fromNode[i]?.exitCode !== 0), [], 'the node pings every pod');
   const first = ips[0] ?? '';
-  const pausePid = readdirSync('/proc').find((p) => {
-    try {
-      return /^\d+$/.test(p) && readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' && readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(first);
-    } catch {
-      return false;
-    }
-  });
+  const pausePid = pausePidOf(first);
   t.truthy(pausePid, `the pause process of the pod with ${first}`);
   const fromPod = await Promise.all(ips.slice(1).map((ip) => execa('nsenter', ['-t', pausePid ?? '', '-n', 'ping', '-c', '1', '-W', '2', ip], { reject: false })));
   t.deepEqual(ips.slice(1).filter((_, i) => fromPod[i]?.exitCode !== 0), [], `${first} pings every other pod`);
@@ -134,6 +129,41 @@ serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.po
   const log = (await kubectl(['-n', 'kube-system', 'logs', 'daemonset/kubenet'])).stdout;
   t.notRegex(log, /forbidden|Forbidden|"statusCode":403/, 'no authorization error from the real RBAC authorizer');
   t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
+}));
+
+/** The pid of the pause process of the pod with `ip` (its netns is the pod's). */
+function pausePidOf(ip: string): string | undefined {
+  return readdirSync('/proc').find((p) => {
+    try {
+      return /^\d+$/.test(p) && readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' && readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(` ${ip}\n`);
+    } catch {
+      return false;
+    }
+  });
+}
+
+serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced between two pods: iperf3 within ±10 %, no full second above 1.25×', (t) => withTrafficLock(async () => {
+  const pod = (name: string, annotations: Record<string, string>) => ({
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: { name, namespace: 'default', annotations },
+    spec: { containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 },
+  });
+  await kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [pod('shaped', { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' }), pod('free', {})] }) });
+  await kubectl(['wait', '--for=condition=Ready', 'pod/shaped', 'pod/free', '--timeout=60s']);
+  const ipOf = async (name: string) => (await json<{ status: { podIP: string } }>(['get', 'pod', name])).status.podIP;
+  const [shapedIp, freeIp] = [await ipOf('shaped'), await ipOf('free')];
+  const ep = (ip: string) => ({ netns: '', netnsPath: `/proc/${pausePidOf(ip) ?? 'none'}/ns/net`, ip4: ip });
+  const check = (what: string, bps: number, intervals: number[], limit: number) => {
+    t.log(`${what}: ${(bps / 1e6).toFixed(2)} Mbit/s of ${limit / 1e6} (${((bps / limit) * 100).toFixed(1)} %), 1 s intervals ${intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`);
+    t.true(bps >= 0.9 * limit && bps <= 1.1 * limit, `${what}: ${bps} within ±10 % of ${limit}`);
+    t.true(Math.max(...intervals) <= 1.25 * limit, `${what}: no 1 s interval above 1.25 × ${limit}`);
+  };
+  const ingress = await iperf(ep(shapedIp), ep(freeIp), { onRetry: retryLog(t), seconds: 5 });
+  check('ingress 10M (free → shaped)', ingress.bps, ingress.intervals, 10e6);
+  const egress = await iperf(ep(freeIp), ep(shapedIp), { onRetry: retryLog(t), seconds: 5 });
+  check('egress 20M (shaped → free)', egress.bps, egress.intervals, 20e6);
+  await kubectl(['delete', 'pod', 'shaped', 'free', '--wait=true', '--timeout=60s']);
 }));
 
 serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, with a BandwidthApplied Event that says what they were', (t) => withTrafficLock(async () => {
