@@ -166,7 +166,7 @@ serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced
   await kubectl(['delete', 'pod', 'shaped', 'free', '--wait=true', '--timeout=60s']);
 }));
 
-serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, with a BandwidthApplied Event that says what they were', (t) => withTrafficLock(async () => {
+serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, with a BandwidthApplied Event that says what they were; an invalid value keeps them, with a BandwidthRejected Warning', (t) => withTrafficLock(async () => {
   const pod = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items[0]?.metadata.name ?? '';
   await kubectl(['annotate', 'pod', pod, 'kubernetes.io/egress-bandwidth=5M', '--overwrite']);
   const deadline = Date.now() + 30_000;
@@ -180,6 +180,19 @@ serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, w
   t.true(messages.some((m) => /ingress 10M, egress 5M \(were ingress 10M, egress 20M\)/.test(m)), `the Event: ${messages.join(' | ')}`);
   const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ name: string; limits: object }> };
   t.deepEqual(status.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6 }, 'kubenet status in the agent pod shows the new limits');
+  // An invalid value keeps the limits and says why (Warning BandwidthRejected, in kubectl describe).
+  await kubectl(['annotate', 'pod', pod, 'kubernetes.io/egress-bandwidth=5 Mbit', '--overwrite']);
+  const rejectedBy = Date.now() + 30_000;
+  let described = '';
+  while (Date.now() < rejectedBy) {
+    described = (await kubectl(['describe', 'pod', pod])).stdout;
+    if (/Warning\s+BandwidthRejected/.test(described)) break;
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  t.regex(described, /Warning\s+BandwidthRejected\s.*5 Mbit/, 'kubectl describe pod shows the Warning BandwidthRejected with the value');
+  t.regex(described, /Normal\s+BandwidthApplied\s/, 'and the earlier BandwidthApplied');
+  const kept = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ name: string; limits: object }> };
+  t.deepEqual(kept.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6 }, 'the invalid value kept the limits');
 }));
 
 serialTest('a rolling update of the DaemonSet to a new image tag: a running pod keeps its network (pinged every 50 ms, at most 1 s lost) and the new agent knows every pod', (t) => withTrafficLock(async () => {
