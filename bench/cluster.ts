@@ -1,0 +1,137 @@
+/**
+ * Pod startup on a real cluster (hack/cluster.sh, one node): kubenet-ts as installed by
+ * manifests/kubenet.yaml against the same cluster whose node runs the reference conflist instead
+ * (bridge + host-local + portmap + bandwidth, the pinned current plugins, the same pod CIDR, the
+ * same annotations), same run. For each side `--pods` pods (default 60) are created `--concurrency`
+ * at a time (default 10; the next batch when the last is Ready), each pod annotated ingress 10M /
+ * egress 20M; a pod's startup is from just before its batch is sent to the moment the API server's
+ * watch (kubectl get -w) shows it Ready. Also the agent's CPU time and RSS over its run. Prints
+ * p50/p99, the ratios and PASS/MISS for issue 20's goals (p50 ≤ the reference's, p99 ≤ 1.1×).
+ * Reference first, then kubenet: its pods are deleted and its conflist and bridge removed before the
+ * manifest is applied. Root only; takes the cluster down at the end, also on failure.
+ *
+ * Usage: npx tsx bench/cluster.ts [--pods 60] [--concurrency 10]
+ */
+import { execa, type ResultPromise } from 'execa';
+import { copyFile, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { uniq } from '../hack/support/kernel.js';
+import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../hack/support/upstream.js';
+
+const ROOT = fileURLToPath(new URL('../', import.meta.url));
+const arg = (name: string, dflt: number) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : dflt;
+};
+const PODS = arg('pods', 60);
+const CONC = arg('concurrency', 10);
+const DIR = `/tmp/kcl-bench-${uniq(6)}`;
+const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)) };
+const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
+const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input } : {});
+const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
+const nodePath = async (p: string) => `/proc/${await holder()}/root${p}`;
+
+function pct(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? NaN;
+}
+
+/** Creates the pods in batches; returns each pod's startup in ms. */
+async function startup(prefix: string): Promise<number[]> {
+  const readyAt = new Map<string, number>();
+  const watch: ResultPromise = execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), 'get', 'pods', '-w', '-o', 'jsonpath={.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\\n"}'], { reject: false, buffer: false });
+  watch.stdout?.on('data', (d: Buffer) => {
+    for (const line of d.toString().split('\n')) {
+      const [name, ready] = line.trim().split(' ');
+      if (name && ready === 'True' && !readyAt.has(name)) readyAt.set(name, performance.now());
+    }
+  });
+  await new Promise((r) => setTimeout(r, 1000));
+  const times: number[] = [];
+  try {
+    for (let b = 0; b < PODS; b += CONC) {
+      const names = Array.from({ length: Math.min(CONC, PODS - b) }, (_, k) => `${prefix}-${b + k}`);
+      const items = names.map((name) => ({
+        apiVersion: 'v1',
+        kind: 'Pod',
+        metadata: { name, namespace: 'default', annotations: { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' } },
+        spec: { containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 },
+      }));
+      const t0 = performance.now();
+      await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
+      const deadline = Date.now() + 120_000;
+      while (names.some((n) => !readyAt.has(n))) {
+        if (Date.now() > deadline) throw new Error(`pods not Ready after 120 s: ${names.filter((n) => !readyAt.has(n)).join(' ')}`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      for (const n of names) times.push((readyAt.get(n) ?? t0) - t0);
+    }
+  } finally {
+    watch.kill();
+  }
+  await kubectl(['delete', 'pods', '--all', '--wait=true', '--timeout=180s']);
+  return times;
+}
+
+async function referenceConflist(): Promise<void> {
+  // The controller-manager allocates the Node's pod CIDR a moment after the Node registers.
+  let cidr = '';
+  for (const end = Date.now() + 60_000; !cidr && Date.now() < end; await new Promise((r) => setTimeout(r, 200))) {
+    cidr = (JSON.parse((await kubectl(['get', 'node', 'kcl-n1', '-o', 'json'])).stdout) as { spec: { podCIDR?: string } }).spec.podCIDR ?? '';
+  }
+  if (!cidr) throw new Error('the node got no pod CIDR within 60 s');
+  for (const p of ['bridge', 'host-local', 'portmap', 'bandwidth', 'loopback']) await copyFile(join(REF_PLUGINS_DIR, p), await nodePath(`/opt/cni/bin/${p}`));
+  const conf = {
+    cniVersion: '1.0.0',
+    name: 'ref',
+    plugins: [
+      { type: 'bridge', bridge: 'cni0', isGateway: true, ipMasq: false, ipam: { type: 'host-local', ranges: [[{ subnet: cidr }]], routes: [{ dst: '0.0.0.0/0' }] } },
+      { type: 'portmap', capabilities: { portMappings: true } },
+      { type: 'bandwidth', capabilities: { bandwidth: true } },
+    ],
+  };
+  await writeFile(await nodePath('/etc/cni/net.d/10-ref.conflist'), JSON.stringify(conf));
+}
+
+async function agentUsage(): Promise<{ cpuMs: number; rssMb: number; pid: string }> {
+  const { stdout } = await execa('pgrep', ['-f', '/usr/local/bin/kubenet daemon']);
+  const pid = stdout.split('\n')[0] ?? '';
+  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
+  const ticks = Number(stat[11]) + Number(stat[12]);
+  const rss = /VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, 'utf8'))?.[1];
+  return { cpuMs: (ticks * 1000) / 100, rssMb: Number(rss) / 1024, pid };
+}
+
+const t0 = Date.now();
+try {
+  const up = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'up'], { env: ENV, all: true, reject: false });
+  if (up.exitCode !== 0) throw new Error(`cluster up failed:\n${up.all ?? ''}`);
+  console.log(`kubenet-ts cluster bench: ${PODS} pods, ${CONC} at a time; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}, reference plugins ${await refPluginsVersion()}`);
+  await referenceConflist();
+  await kubectl(['wait', '--for=condition=Ready', 'node/kcl-n1', '--timeout=60s']);
+  const ref = await startup('ref');
+  await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-ref.conflist')]);
+  await execa('nsenter', ['-t', await holder(), '-n', 'ip', 'link', 'del', 'cni0'], { reject: false });
+  await kubectl(['apply', '-f', join(ROOT, 'manifests/kubenet.yaml')]);
+  await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
+  await new Promise((r) => setTimeout(r, 2000));
+  const before = await agentUsage();
+  const ours = await startup('kn');
+  const after = await agentUsage();
+  const row = (side: string, xs: number[]) => console.log(`${side.padEnd(10)} ${String(xs.length).padStart(4)} ${pct(xs, 50).toFixed(0).padStart(8)} ${pct(xs, 99).toFixed(0).padStart(8)} ${Math.min(...xs).toFixed(0).padStart(8)} ${Math.max(...xs).toFixed(0).padStart(8)}`);
+  console.log('\npod startup, ms (create -> Ready, seen on the API server\'s watch)');
+  console.log('side          n      p50      p99      min      max');
+  row('reference', ref);
+  row('kubenet', ours);
+  const r50 = pct(ours, 50) / pct(ref, 50);
+  const r99 = pct(ours, 99) / pct(ref, 99);
+  console.log(`ratio k/r        ${r50.toFixed(3).padStart(8)} ${r99.toFixed(3).padStart(8)}`);
+  console.log(`agent (pid ${after.pid}) over its ${PODS} pods: CPU ${(after.cpuMs - before.cpuMs).toFixed(0)} ms (${((after.cpuMs - before.cpuMs) / PODS).toFixed(1)} ms per pod, ADD + DEL), RSS ${before.rssMb.toFixed(0)} -> ${after.rssMb.toFixed(0)} MB`);
+  console.log(`${r50 <= 1 ? 'PASS' : 'MISS'}  startup p50 <= the reference's: ${r50.toFixed(3)}x`);
+  console.log(`${r99 <= 1.1 ? 'PASS' : 'MISS'}  startup p99 <= 1.1x the reference's: ${r99.toFixed(3)}x`);
+} finally {
+  const down = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'down'], { env: ENV, all: true, reject: false });
+  console.log(`cluster down: ${down.all?.trim() ?? ''} (total ${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+}
