@@ -23,6 +23,7 @@ import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
 import { AGENT_IMAGE_TAR } from '../helpers/containerd.js';
+import { checkPingLoss, logRate, pingThroughout } from '../helpers/measure.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const CLUSTER = join(ROOT, 'hack/cluster.sh');
@@ -154,15 +155,10 @@ serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced
   const ipOf = async (name: string) => (await json<{ status: { podIP: string } }>(['get', 'pod', name])).status.podIP;
   const [shapedIp, freeIp] = [await ipOf('shaped'), await ipOf('free')];
   const ep = (ip: string) => ({ netns: '', netnsPath: `/proc/${pausePidOf(ip) ?? 'none'}/ns/net`, ip4: ip });
-  const check = (what: string, bps: number, intervals: number[], limit: number) => {
-    t.log(`${what}: ${(bps / 1e6).toFixed(2)} Mbit/s of ${limit / 1e6} (${((bps / limit) * 100).toFixed(1)} %), 1 s intervals ${intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`);
-    t.true(bps >= 0.9 * limit && bps <= 1.1 * limit, `${what}: ${bps} within ±10 % of ${limit}`);
-    t.true(Math.max(...intervals) <= 1.25 * limit, `${what}: no 1 s interval above 1.25 × ${limit}`);
-  };
   const ingress = await iperf(ep(shapedIp), ep(freeIp), { onRetry: retryLog(t), seconds: 5 });
-  check('ingress 10M (free → shaped)', ingress.bps, ingress.intervals, 10e6);
+  logRate(t, 'ingress 10M (free → shaped)', ingress.bps, ingress.intervals, 10e6);
   const egress = await iperf(ep(freeIp), ep(shapedIp), { onRetry: retryLog(t), seconds: 5 });
-  check('egress 20M (shaped → free)', egress.bps, egress.intervals, 20e6);
+  logRate(t, 'egress 20M (shaped → free)', egress.bps, egress.intervals, 20e6);
   await kubectl(['delete', 'pod', 'shaped', 'free', '--wait=true', '--timeout=60s']);
 }));
 
@@ -200,20 +196,16 @@ serialTest('a rolling update of the DaemonSet to a new image tag: a running pod 
   const current = (await json<{ spec: { template: { spec: { containers: Array<{ image: string }> } } } }>(['-n', 'kube-system', 'get', 'daemonset', 'kubenet'])).spec.template.spec.containers[0]?.image ?? '';
   await inNode(join(upstreamDir('containerd'), 'ctr'), ['--address', '/run/containerd/containerd.sock', '-n', 'k8s.io', 'images', 'tag', `docker.io/library/${current}`, `docker.io/library/${tag}`]);
   const target = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items[1]?.status.podIP ?? '';
-  const pinger = inNode('ping', ['-i', '0.05', '-w', '120', target], false);
+  const pinger = pingThroughout((cmd, args) => inNode(cmd, args, false), target, 120);
   await new Promise((r) => setTimeout(r, 500));
   const t0 = Date.now();
   await kubectl(['-n', 'kube-system', 'set', 'image', 'daemonset/kubenet', `kubenet=${tag}`]);
   await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
   const rolled = Date.now() - t0;
   await new Promise((r) => setTimeout(r, 500));
-  await inNode('pkill', ['-INT', '-f', `ping -i 0.05 -w 120 ${target}`], false);
-  const m = /(\d+) packets transmitted, (\d+) received/.exec((await pinger).stdout);
-  const sent = Number(m?.[1] ?? 0);
-  const lost = sent - Number(m?.[2] ?? 0);
-  t.log(`rolled out to ${tag} in ${rolled} ms; ping every 50 ms: ${sent} sent, ${lost} lost`);
-  t.true(sent >= 20, `the ping ran (${sent} sent)`);
-  t.true(lost * 50 <= 1000, `at most 1 s of loss: ${lost} of ${sent}`);
+  const ping = await pinger.stop();
+  t.log(`rolled out to ${tag} in ${rolled} ms; ping every 50 ms: ${ping.sent} sent, ${ping.lost} lost`);
+  checkPingLoss(t, ping);
   const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: unknown[] };
   t.is(status.pods.length, 20, 'the new agent knows the 20 pods');
 }));

@@ -23,6 +23,7 @@ import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../../hack/support/agent-harness.js';
 import { AgentProcess, startManifestAgent } from '../helpers/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
+import { logRate } from '../helpers/measure.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
 import { pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
@@ -120,12 +121,6 @@ async function nodeState(sb: NodeSandbox, agent: AgentSettings, uplink: string):
     ifbFilters: (await tc(['filter', 'show', 'dev', agent.ifbName, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)),
     natRules: nat.sort(),
   };
-}
-
-function logRate(t: ExecutionContext, what: string, bps: number, intervals: number[], limit: number): void {
-  t.log(`${what}: ${(bps / MBIT).toFixed(2)} Mbit/s of ${limit / MBIT} (${((bps / limit) * 100).toFixed(1)} %), 1 s intervals ${intervals.map((i) => (i / MBIT).toFixed(2)).join(' ')}`);
-  t.true(bps >= 0.9 * limit && bps <= 1.1 * limit, `${what}: ${bps} within ±10 % of ${limit}`);
-  t.true(Math.max(...intervals) <= 1.25 * limit, `${what}: no 1 s interval above 1.25 × ${limit}: ${intervals.join(' ')}`);
 }
 
 /** A TCP listener in a pod's netns that greets whoever connects (until the caller kills it). */
