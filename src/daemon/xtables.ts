@@ -28,12 +28,12 @@ export interface BackendRules {
 }
 
 const MULTI: Record<XtablesBackend, string> = { legacy: 'xtables-legacy-multi', nft: 'xtables-nft-multi' };
-/** The links pointed at the chosen backend's binary, and what each is called in that binary. */
-const LINKS: Array<{ link: string; legacy: string; nft: string }> = [
-  ...['iptables', 'iptables-save', 'iptables-restore', 'ip6tables', 'ip6tables-save', 'ip6tables-restore'].map((n) => ({ link: n, legacy: n, nft: n })),
+/** The links pointed at the chosen backend's multi-call binary; `legacyProgram` where legacy has a program of its own. */
+const LINKS: Array<{ link: string; legacyProgram?: string }> = [
+  ...['iptables', 'iptables-save', 'iptables-restore', 'ip6tables', 'ip6tables-save', 'ip6tables-restore'].map((link) => ({ link })),
   // ebtables (the agent runs `ebtables -L/-N/-A/-D/-F/-X` only): Debian's legacy ebtables is a
   // program of its own; nft's lives in the multi binary.
-  { link: 'ebtables', legacy: 'ebtables-legacy', nft: 'ebtables' },
+  { link: 'ebtables', legacyProgram: 'ebtables-legacy' },
 ];
 
 const HINT = /^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY) /m;
@@ -81,7 +81,7 @@ export async function selectXtablesBackend(dir: string, log: Logger): Promise<{ 
   const choice = pickBackend(countRules(legacy), countRules(nft));
   let changed = 0;
   for (const l of LINKS) {
-    const target = choice.backend === 'nft' || l.legacy === l.link ? MULTI[choice.backend] : l.legacy;
+    const target = (choice.backend === 'legacy' && l.legacyProgram) || MULTI[choice.backend];
     const path = join(dir, l.link);
     if ((await readlink(path).catch(() => undefined)) === target) continue;
     const tmp = `${path}.kubenet-${process.pid}`;
