@@ -47,6 +47,12 @@ export function ipFamily(ip: string, what = 'IP address'): Family {
   return f;
 }
 
+/** The canonical text of an address given without prefix (IPv6 compressed, lower case); ConfigError otherwise. */
+export function canonicalIp(ip: string, what = 'IP address'): string {
+  const f = ipFamily(ip, what);
+  return f === 4 ? new Address4(ip).correctForm() : new Address6(ip).correctForm();
+}
+
 /** "ADDRESS/PREFIX" with host bits kept, or undefined when it is not one. */
 export function parsePrefixed(text: unknown): PrefixedAddress | undefined {
   if (typeof text !== 'string') return undefined;

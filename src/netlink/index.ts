@@ -12,7 +12,6 @@
  * explicit table in ./errno.ts (libnl loses the kernel errno, so the table is the single place that decides).
  * Kernel operations are idempotent where the contract says so: deleting what is absent succeeds.
  */
-import { writeSync } from 'node:fs';
 import {
   AF_INET,
   AF_INET6,
@@ -47,9 +46,11 @@ import {
 import { ConfigError, NetlinkError } from '../errors.js';
 import { isValidIfName } from '../net/ifname.js';
 import { parsePrefixed, type PrefixedAddress } from '../net/ip.js';
-import { CLEAN_NLE, E, NLE, nlError, sysError } from './errno.js';
+import { E, NLE, nlError, sysError } from './errno.js';
+import { check, connectSocket, dumpCache, hostSocket, socketInNetns } from './socket.js';
 
 export { E, NLE, nleToErrno } from './errno.js';
+export { routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from './route.js';
 
 export interface LinkInfo {
   name: string;
@@ -114,76 +115,6 @@ export interface AddrInfo {
   cidr: string;
   /** rtm scope: 0 universe/global, 200 site, 253 link, 254 host. */
   scope: number;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Sockets.
-
-/** Host-namespace socket, opened lazily, reused by every call on this thread's module instance. */
-let hostSock: Ptr | null = null;
-
-function connectSocket(op: string): Ptr {
-  const sk = nl.nl_socket_alloc() as Ptr;
-  if (!sk) throw new NetlinkError(op, E.ENOMEM, 'nl_socket_alloc failed');
-  const rc = nl.nl_connect(sk, NETLINK_ROUTE) as number;
-  if (rc < 0) {
-    nl.nl_socket_free(sk);
-    throw nlError(op, rc);
-  }
-  return sk;
-}
-
-function hostSocket(op: string): Ptr {
-  if (hostSock === null) hostSock = connectSocket(op);
-  return hostSock;
-}
-
-/** Drops a host socket whose state is unknown after an error; the next call reopens one. */
-function afterError(sk: Ptr, rc: number): void {
-  if (sk === hostSock && !CLEAN_NLE.has(Math.abs(rc))) {
-    hostSock = null;
-    nl.nl_socket_free(sk);
-  }
-}
-
-/** Throws a NetlinkError for a negative libnl return code, recycling the host socket when needed. */
-function check(sk: Ptr, op: string, rc: number, notFound: number = E.ENODEV): void {
-  if (rc >= 0) return;
-  afterError(sk, rc);
-  throw nlError(op, rc, notFound);
-}
-
-/**
- * Opens a NETLINK_ROUTE socket inside the network namespace at `netnsPath`. The calling thread enters
- * the namespace only for nl_socket_alloc + nl_connect, synchronously, and returns before this function
- * does; if it cannot return, the process aborts (a thread left in a pod namespace would silently
- * configure the wrong network from then on). The caller frees the socket with nl_socket_free.
- */
-function socketInNetns(op: string, netnsPath: string): Ptr {
-  const flags = O_RDONLY | O_CLOEXEC;
-  const target = libcNs.open(netnsPath, flags) as number;
-  if (target < 0) throw sysError(op, lastErrno(), `open ${netnsPath}`);
-  let self = -1;
-  try {
-    self = libcNs.open('/proc/thread-self/ns/net', flags) as number;
-    if (self < 0) throw sysError(op, lastErrno(), 'open /proc/thread-self/ns/net');
-    if ((libcNs.setns(target, CLONE_NEWNET) as number) < 0) {
-      // Still in our own namespace (EINVAL: not a network namespace file).
-      throw sysError(op, lastErrno(), `setns ${netnsPath}`);
-    }
-    try {
-      return connectSocket(op);
-    } finally {
-      if ((libcNs.setns(self, CLONE_NEWNET) as number) < 0) {
-        const errno = lastErrno();
-        writeSync(2, `kubenet netlink: FATAL: cannot return from network namespace ${netnsPath} (errno ${errno}); aborting\n`);
-        process.abort();
-      }
-    }
-  } finally {
-    if (self >= 0) libcNs.close(self);
-    libcNs.close(target);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -263,18 +194,6 @@ function getLink(sk: Ptr, op: string, nameOrIndex: string | number): Ptr {
   check(sk, op, rc as number, E.ENODEV);
   if (!out[0]) throw new NetlinkError(op, E.ENODEV, 'Object not found');
   return out[0];
-}
-
-/** Dumps into a cache, retrying a dump the kernel flagged as interrupted (NLM_F_DUMP_INTR). */
-function dumpCache(sk: Ptr, op: string, fill: (out: Out) => number): Ptr {
-  for (let attempt = 1; ; attempt++) {
-    const out: Out = [null];
-    const rc = fill(out);
-    if (rc >= 0 && out[0]) return out[0];
-    if (rc >= 0) throw new NetlinkError(op, E.EIO, 'libnl returned no cache');
-    if (Math.abs(rc) === NLE.DUMP_INTR && attempt < 5) continue;
-    check(sk, op, rc, E.ENOENT);
-  }
 }
 
 /** A u64 from koffi: a number, or a BigInt beyond 2^53 (counters are exact far below that). */
@@ -500,6 +419,23 @@ export function setPromiscOff(name: string): void {
 export function addrList(name: string, family?: 4 | 6): AddrInfo[] {
   const op = `addrList ${name}`;
   return addrListOn(hostSocket(op), op, name, family);
+}
+
+/** `ip addr show` of every link: each address with the ifindex of its link. */
+export function addrListAll(): Array<AddrInfo & { ifindex: number }> {
+  const op = 'addrListAll';
+  const sk = hostSocket(op);
+  const cache = dumpCache(sk, op, (out) => route.rtnl_addr_alloc_cache(sk, out) as number);
+  try {
+    const result: Array<AddrInfo & { ifindex: number }> = [];
+    for (let a = nl.addr_cache_first(cache) as Ptr; a; a = nl.addr_cache_next(a) as Ptr) {
+      const info = toAddrInfo(a);
+      if (info) result.push({ ...info, ifindex: route.rtnl_addr_get_ifindex(a) as number });
+    }
+    return result;
+  } finally {
+    nl.nl_cache_free(cache);
+  }
 }
 
 /**

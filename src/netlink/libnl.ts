@@ -17,6 +17,8 @@ export const types = {
   rtnl_link: koffi.opaque('rtnl_link'),
   rtnl_addr: koffi.opaque('rtnl_addr'),
   rtnl_class: koffi.opaque('rtnl_class'),
+  rtnl_route: koffi.opaque('rtnl_route'),
+  rtnl_nexthop: koffi.opaque('rtnl_nexthop'),
 };
 
 /** A pointer to one of the opaque types above, as koffi hands it out (never dereferenced in JS). */
@@ -67,6 +69,8 @@ export const nl = {
   addr_cache_next: libnl.func('rtnl_addr *nl_cache_get_next(rtnl_addr *obj)'),
   class_cache_first: libnl.func('rtnl_class *nl_cache_get_first(nl_cache *cache)'),
   class_cache_next: libnl.func('rtnl_class *nl_cache_get_next(rtnl_class *obj)'),
+  route_cache_first: libnl.func('rtnl_route *nl_cache_get_first(nl_cache *cache)'),
+  route_cache_next: libnl.func('rtnl_route *nl_cache_get_next(rtnl_route *obj)'),
   // netlink/addr.h — nl_addr_parse gives the caller a reference: nl_addr_put.
   nl_addr_parse: libnl.func('int nl_addr_parse(const char *addr, int hint, _Out_ nl_addr **result)'),
   nl_addr_put: libnl.func('void nl_addr_put(nl_addr *addr)'),
@@ -125,6 +129,46 @@ export const route = {
   // Borrowed from the rtnl_addr: never nl_addr_put it.
   rtnl_addr_get_local: libroute.func('nl_addr *rtnl_addr_get_local(rtnl_addr *addr)'),
 };
+
+/**
+ * libnl-route-3 routes (netlink/route/route.h, nexthop.h). rtnl_route_alloc gives the caller a
+ * reference (rtnl_route_put); rtnl_route_add_nexthop hands the nexthop to the route, which frees it.
+ * Getters return objects borrowed from the route. rtnl_route_add sends RTM_NEWROUTE with
+ * NLM_F_CREATE plus `flags` (NLM_F_REPLACE: replace a route with the same key).
+ */
+export const rt = {
+  rtnl_route_alloc: libroute.func('rtnl_route *rtnl_route_alloc(void)'),
+  rtnl_route_put: libroute.func('void rtnl_route_put(rtnl_route *route)'),
+  rtnl_route_alloc_cache: libroute.func('int rtnl_route_alloc_cache(nl_sock *sk, int family, int flags, _Out_ nl_cache **result)'),
+  rtnl_route_add: libroute.func('int rtnl_route_add(nl_sock *sk, rtnl_route *route, int flags)'),
+  rtnl_route_delete: libroute.func('int rtnl_route_delete(nl_sock *sk, rtnl_route *route, int flags)'),
+  rtnl_route_set_table: libroute.func('void rtnl_route_set_table(rtnl_route *route, uint32_t table)'),
+  rtnl_route_get_table: libroute.func('uint32_t rtnl_route_get_table(rtnl_route *route)'),
+  rtnl_route_set_family: libroute.func('int rtnl_route_set_family(rtnl_route *route, uint8_t family)'),
+  rtnl_route_get_family: libroute.func('uint8_t rtnl_route_get_family(rtnl_route *route)'),
+  rtnl_route_set_protocol: libroute.func('void rtnl_route_set_protocol(rtnl_route *route, uint8_t proto)'),
+  rtnl_route_get_protocol: libroute.func('uint8_t rtnl_route_get_protocol(rtnl_route *route)'),
+  // RT_SCOPE_NOWHERE (the default) makes libnl guess: link scope for a route without a gateway.
+  rtnl_route_set_scope: libroute.func('void rtnl_route_set_scope(rtnl_route *route, uint8_t scope)'),
+  rtnl_route_get_type: libroute.func('uint8_t rtnl_route_get_type(rtnl_route *route)'),
+  // set_dst takes its own reference on the nl_addr; the caller still puts its own.
+  rtnl_route_set_dst: libroute.func('int rtnl_route_set_dst(rtnl_route *route, nl_addr *addr)'),
+  rtnl_route_get_dst: libroute.func('nl_addr *rtnl_route_get_dst(rtnl_route *route)'),
+  rtnl_route_get_nnexthops: libroute.func('int rtnl_route_get_nnexthops(rtnl_route *route)'),
+  rtnl_route_nexthop_n: libroute.func('rtnl_nexthop *rtnl_route_nexthop_n(rtnl_route *route, int n)'),
+  rtnl_route_add_nexthop: libroute.func('void rtnl_route_add_nexthop(rtnl_route *route, rtnl_nexthop *nh)'),
+  rtnl_route_nh_alloc: libroute.func('rtnl_nexthop *rtnl_route_nh_alloc(void)'),
+  rtnl_route_nh_set_gateway: libroute.func('void rtnl_route_nh_set_gateway(rtnl_nexthop *nh, nl_addr *addr)'),
+  rtnl_route_nh_get_gateway: libroute.func('nl_addr *rtnl_route_nh_get_gateway(rtnl_nexthop *nh)'),
+  rtnl_route_nh_set_ifindex: libroute.func('void rtnl_route_nh_set_ifindex(rtnl_nexthop *nh, int ifindex)'),
+  rtnl_route_nh_get_ifindex: libroute.func('int rtnl_route_nh_get_ifindex(rtnl_nexthop *nh)'),
+};
+
+/** linux/rtnetlink.h */
+export const RT_TABLE_MAIN = 254;
+export const RTN_UNICAST = 1;
+export const RT_SCOPE_UNIVERSE = 0;
+export const NLM_F_REPLACE = 0x100;
 
 /**
  * libnl-route-3 traffic control (netlink/route/class.h, tc.h, qdisc/htb.h). A class cache holds the

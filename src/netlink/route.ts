@@ -1,0 +1,153 @@
+/**
+ * Routes, named after iproute2: `ip route show proto P`, `ip route replace DST via GW dev IFINDEX
+ * proto P`, `ip route del DST proto P`, in the main table of the process's own namespace, over the
+ * shared host socket (./socket.ts).
+ *
+ * Every function here names a routing protocol number: routes are listed by it and deleted only when
+ * they carry it, so a caller that owns a protocol number can never change or remove anyone else's
+ * route (the kernel's, DHCP's, a cloud agent's, an operator's).
+ */
+import { AF_INET, AF_INET6, nl, NLM_F_REPLACE, rt, RT_SCOPE_UNIVERSE, RT_TABLE_MAIN, RTN_UNICAST, type Out, type Ptr } from './libnl.js';
+import { ConfigError, NetlinkError } from '../errors.js';
+import { canonicalIp, familyOf, parseCidr } from '../net/ip.js';
+import { E, NLE, nlError } from './errno.js';
+import { check, dumpCache, hostSocket } from './socket.js';
+
+export interface RouteInfo {
+  family: 4 | 6;
+  /** "10.244.1.0/24": canonical, host bits cleared. */
+  dst: string;
+  /** The first nexthop's gateway, when it has one. */
+  gateway: string | undefined;
+  /** The first nexthop's output link. */
+  ifindex: number;
+  protocol: number;
+}
+
+export interface RouteSpec {
+  dst: string;
+  gateway: string;
+  ifindex: number;
+  protocol: number;
+}
+
+const buf = Buffer.alloc(128);
+
+function addrText(a: Ptr, family: 4 | 6): string {
+  const text = nl.nl_addr2str(a, buf, buf.length) as string;
+  return text.includes('/') ? text : `${text}/${family === 4 ? 32 : 128}`;
+}
+
+function checkProto(op: string, protocol: number): void {
+  // 0-4 are the kernel's own (unspec, redirect, kernel, boot, static): never ours to manage.
+  if (!Number.isInteger(protocol) || protocol < 5 || protocol > 255) throw new ConfigError(`${op}: routing protocol must be 5..255, got ${JSON.stringify(protocol)}`);
+}
+
+/** nl_addr_parse of a canonical text; the caller puts the result. */
+function parseNlAddr(op: string, text: string, family: 4 | 6): Ptr {
+  const out: Out = [null];
+  const rc = nl.nl_addr_parse(text, family === 4 ? AF_INET : AF_INET6, out) as number;
+  if (rc < 0 || !out[0]) throw nlError(op, rc < 0 ? rc : -NLE.PARSE_ERR);
+  return out[0];
+}
+
+/** A route object for DST in the main table with PROTOCOL (and, for add, one nexthop). The caller puts it. */
+function buildRoute(op: string, dst: string, protocol: number, nexthop?: { gateway: string; ifindex: number }): Ptr {
+  const d = parseCidr(dst);
+  const route = rt.rtnl_route_alloc() as Ptr;
+  if (!route) throw new NetlinkError(op, E.ENOMEM, 'rtnl_route_alloc failed');
+  try {
+    rt.rtnl_route_set_family(route, d.family === 4 ? AF_INET : AF_INET6);
+    rt.rtnl_route_set_table(route, RT_TABLE_MAIN);
+    rt.rtnl_route_set_protocol(route, protocol);
+    // Our routes all go via a gateway (universe scope); a delete must name that scope to match them.
+    rt.rtnl_route_set_scope(route, RT_SCOPE_UNIVERSE);
+    const dstAddr = parseNlAddr(op, d.cidr, d.family);
+    try {
+      const rc = rt.rtnl_route_set_dst(route, dstAddr) as number;
+      if (rc < 0) throw nlError(op, rc);
+    } finally {
+      nl.nl_addr_put(dstAddr);
+    }
+    if (nexthop) {
+      if (familyOf(nexthop.gateway) !== d.family) throw new ConfigError(`${op}: gateway ${JSON.stringify(nexthop.gateway)} is not an IPv${d.family} address`);
+      const nh = rt.rtnl_route_nh_alloc() as Ptr;
+      if (!nh) throw new NetlinkError(op, E.ENOMEM, 'rtnl_route_nh_alloc failed');
+      const gwAddr = parseNlAddr(op, nexthop.gateway, d.family);
+      try {
+        rt.rtnl_route_nh_set_gateway(nh, gwAddr);
+      } finally {
+        nl.nl_addr_put(gwAddr);
+      }
+      rt.rtnl_route_nh_set_ifindex(nh, nexthop.ifindex);
+      rt.rtnl_route_add_nexthop(route, nh); // the route owns it now
+    }
+    return route;
+  } catch (err) {
+    rt.rtnl_route_put(route);
+    throw err;
+  }
+}
+
+/** `ip route show table main proto PROTOCOL` (both families, unicast routes only). */
+export function routeList(protocol: number): RouteInfo[] {
+  const op = `routeList proto ${protocol}`;
+  checkProto(op, protocol);
+  const sk = hostSocket(op);
+  const result: RouteInfo[] = [];
+  for (const af of [AF_INET, AF_INET6]) {
+    const cache = dumpCache(sk, op, (out) => rt.rtnl_route_alloc_cache(sk, af, 0, out) as number);
+    try {
+      for (let r = nl.route_cache_first(cache) as Ptr; r; r = nl.route_cache_next(r) as Ptr) {
+        if ((rt.rtnl_route_get_protocol(r) as number) !== protocol) continue;
+        if ((rt.rtnl_route_get_table(r) as number) !== RT_TABLE_MAIN || (rt.rtnl_route_get_type(r) as number) !== RTN_UNICAST) continue;
+        const family = af === AF_INET ? 4 : 6;
+        const dst = rt.rtnl_route_get_dst(r) as Ptr;
+        if (!dst) continue;
+        let gateway: string | undefined;
+        let ifindex = 0;
+        if ((rt.rtnl_route_get_nnexthops(r) as number) > 0) {
+          const nh = rt.rtnl_route_nexthop_n(r, 0) as Ptr;
+          const gw = rt.rtnl_route_nh_get_gateway(nh) as Ptr;
+          if (gw) gateway = canonicalIp((nl.nl_addr2str(gw, buf, buf.length) as string).split('/')[0] ?? '');
+          ifindex = rt.rtnl_route_nh_get_ifindex(nh) as number;
+        }
+        result.push({ family, dst: parseCidr(addrText(dst, family)).cidr, gateway, ifindex, protocol });
+      }
+    } finally {
+      nl.nl_cache_free(cache);
+    }
+  }
+  return result;
+}
+
+/** `ip route replace DST via GATEWAY dev IFINDEX proto PROTOCOL` in the main table. */
+export function routeReplace(spec: RouteSpec): void {
+  const op = `routeReplace ${spec.dst} via ${spec.gateway}`;
+  checkProto(op, spec.protocol);
+  const sk = hostSocket(op);
+  const route = buildRoute(op, spec.dst, spec.protocol, { gateway: spec.gateway, ifindex: spec.ifindex });
+  try {
+    check(sk, op, rt.rtnl_route_add(sk, route, NLM_F_REPLACE) as number, E.ENODEV);
+  } finally {
+    rt.rtnl_route_put(route);
+  }
+}
+
+/**
+ * `ip route del DST table main proto PROTOCOL`: only a route carrying PROTOCOL matches (the kernel
+ * compares it). Idempotent: no such route is success.
+ */
+export function routeDel(dst: string, protocol: number): void {
+  const op = `routeDel ${dst} proto ${protocol}`;
+  checkProto(op, protocol);
+  const sk = hostSocket(op);
+  const route = buildRoute(op, dst, protocol);
+  try {
+    const rc = rt.rtnl_route_delete(sk, route, 0) as number;
+    if (rc < 0 && Math.abs(rc) === NLE.OBJ_NOTFOUND) return; // ESRCH: no such route
+    check(sk, op, rc, E.ENOENT);
+  } finally {
+    rt.rtnl_route_put(route);
+  }
+}
