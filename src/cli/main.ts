@@ -16,6 +16,7 @@ import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
 import { KubeEventRecorder } from '../daemon/events.js';
+import type { NodeRoutes } from '../daemon/routes.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
 import { describeLimits, formatBandwidth } from '../pod/index.js';
@@ -100,6 +101,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   let source: PodCidrSource;
   let pods: PodLookup | undefined;
   let events: KubeEventRecorder | undefined;
+  let routes: NodeRoutes | undefined;
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig.
     source = new StaticCidr(config.podCIDR);
@@ -110,12 +112,16 @@ async function daemon(config: AgentConfig): Promise<number> {
     source = new NodeWatchPodCidrSource(kube);
     pods = new ClusterPodLookup(kube);
     events = new KubeEventRecorder(kube);
+    if (config.routes === 'direct') {
+      const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/routes.js');
+      routes = new NodeRoutes({ ...kube, events, kernel: netlinkRouteKernel(config.bridgeName) });
+    }
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
   // In the image: write through the iptables backend the node uses (src/daemon/xtables.ts).
   const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
   if (xtablesLinks) await (await import('../daemon/xtables.js')).selectXtablesBackend(xtablesLinks, log);
-  const agent = new Agent(config, source, log, pods, events ? { events } : {});
+  const agent = new Agent(config, source, log, pods, { ...(events ? { events } : {}), ...(routes ? { routes } : {}) });
   await agent.start();
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
@@ -180,6 +186,12 @@ async function status(socket: string, json: boolean, windowS: number | undefined
     console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${cells.join(' ')} ${ports(p)}`);
   }
   if (seconds !== undefined) console.log(`(INGRESS/EGRESS: limits to/from the pod; IN/OUT RATE: measured over the last ${seconds} s, bits/s on the wire)`);
+  if (s.routes) {
+    const problems = Object.entries(s.routes.problems);
+    console.log(`routes:   ${s.routes.routes.length} to other nodes' pods (proto 98)${problems.length > 0 ? `, ${problems.length} node(s) without` : ''}`);
+    for (const r of s.routes.routes) console.log(`  ${r.dst.padEnd(28)} via ${r.via.padEnd(28)} ${r.node}`);
+    for (const [node, why] of problems) console.log(`  no route to ${node}: ${why}`);
+  }
   return 0;
 }
 

@@ -25,12 +25,15 @@ import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { AgentMetrics } from './metrics.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
+import type { NodeRoutes, RouteStatus } from './routes.js';
 import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER, ipamSocketPath, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export interface StatusReport {
   podCIDR: string | undefined;
   bridge: string;
   ready: boolean;
+  /** With `routes: direct`: the routes to other Nodes' pod CIDRs, and the Nodes that have none. */
+  routes?: RouteStatus;
   pods: Array<{
     namespace: string;
     name: string;
@@ -55,6 +58,8 @@ export interface AgentOptions {
   shutdownGraceMs?: number;
   /** Where Events on pods go (cluster mode: events.ts KubeEventRecorder). Default: nowhere. */
   events?: EventRecorder;
+  /** Routes to the other Nodes' pod CIDRs (`routes: direct`, cluster mode). */
+  routes?: NodeRoutes;
 }
 
 export class Agent {
@@ -65,6 +70,7 @@ export class Agent {
   readonly live: LiveShaping;
   private readonly rates: RateTracker;
   private readonly events: EventRecorder;
+  private readonly routes: NodeRoutes | undefined;
   private confWritten = false;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
@@ -107,6 +113,7 @@ export class Agent {
       });
     }
     this.events = opts.events ?? noEvents;
+    this.routes = opts.routes;
     this.live = new LiveShaping(this.network, this.events, pods, log);
     this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
     this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live);
@@ -154,6 +161,7 @@ export class Agent {
       this.readoptLeases();
     }
     this.live.start();
+    this.routes?.start();
     await this.pods?.start?.();
     await this.api.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
@@ -226,6 +234,7 @@ export class Agent {
       podCIDR: this.network.podCidr(),
       bridge: this.config.bridgeName,
       ready: this.ready().ok,
+      ...(this.routes ? { routes: this.routes.status() } : {}),
       pods: this.network.list().map((p) => {
         const rate = rates.get(rateKey(p.containerId, p.ifName));
         return {
@@ -261,6 +270,7 @@ export class Agent {
     this.stopped = true;
     clearTimeout(this.readoptTimer);
     await this.source.stop();
+    await this.routes?.stop();
     await this.api.close();
     await this.pods?.stop?.();
     this.rates.stop();

@@ -23,6 +23,9 @@ export type LogLevel = (typeof LOG_LEVELS)[number];
 /** Where pod addresses come from: the node's pod CIDR (host-local) or the LAN's DHCP server. */
 export const IPAM_MODES = ['host-local', 'dhcp'] as const;
 export type IpamMode = (typeof IPAM_MODES)[number];
+/** Routes to other Nodes' pod CIDRs (src/daemon/routes.ts). */
+export const ROUTE_MODES = ['none', 'direct'] as const;
+export type RouteMode = (typeof ROUTE_MODES)[number];
 /** The DHCP lease daemon's socket: beside the agent's own socket, in the agent's run dir. */
 export const DHCP_SOCKET_NAME = 'dhcp.sock';
 
@@ -50,6 +53,8 @@ export interface AgentConfig {
   hairpinMode: HairpinMode;
   /** Traffic to this CIDR is not masqueraded. */
   nonMasqueradeCIDR: string;
+  /** Routes to the other Nodes' pod CIDRs (src/daemon/routes.ts): `direct` via their InternalIPs, or none. */
+  routes: RouteMode;
   /** Where pod addresses come from. */
   ipam: IpamMode;
   /** dhcp: the host interface enslaved to the bridge (required with dhcp, refused without). */
@@ -80,6 +85,7 @@ export const DEFAULT_CONFIG: Readonly<DefaultedConfig> = Object.freeze({
   ifbName: 'kubenet-ifb0',
   hairpinMode: 'hairpin-veth',
   nonMasqueradeCIDR: '10.0.0.0/8',
+  routes: 'none',
   ipam: 'host-local',
   dhcpTimeout: 30,
   ipamDataDir: '/var/lib/cni/networks',
@@ -178,6 +184,14 @@ export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.fr
     default: DEFAULT_CONFIG.nonMasqueradeCIDR,
     flag: '--non-masquerade-cidr',
     description: 'Traffic from pods to this CIDR keeps its source address; other off-node traffic is masqueraded. 0.0.0.0/0 disables masquerading.',
+  },
+  routes: {
+    type: 'string',
+    values: ROUTE_MODES,
+    default: DEFAULT_CONFIG.routes,
+    flag: '--routes',
+    description:
+      'Routes to the pods of other nodes: `direct` watches every Node and routes its pod CIDRs via its InternalIP when that is on a subnet directly connected to this node (routing protocol 98: `ip route show proto 98`; a Node it cannot route gets a Warning Event `NodeRouteUnavailable`), so a cluster needs no cloud route controller; keep the cluster CIDR inside `nonMasqueradeCIDR`. `none` leaves routes to others (a cloud, an operator). `direct` needs the Kubernetes API (no `podCIDR`) and `ipam: host-local`.',
   },
   ipam: {
     type: 'string',
@@ -296,6 +310,7 @@ export async function loadConfig(opts: LoadConfigOptions): Promise<AgentConfig> 
   };
   checkDirectories(out, opts.file ?? 'flags');
   checkIpam(out, merged, opts.file ?? 'flags');
+  checkRoutes(out, opts.file ?? 'flags');
   return out;
 }
 
@@ -318,6 +333,17 @@ function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): v
     if (set[key] !== undefined) {
       throw new AgentConfigError({ source, key, expected: 'ipam "dhcp"', problem: `${key} applies only to ipam "dhcp" (ipam is "${c.ipam}")` });
     }
+  }
+}
+
+/** `routes: direct` routes the Nodes' pod CIDRs: it needs the Nodes (cluster mode) and pods in those CIDRs (host-local). */
+function checkRoutes(c: AgentConfig, source: string): void {
+  if (c.routes !== 'direct') return;
+  if (c.podCIDR !== undefined) {
+    throw new AgentConfigError({ source, key: 'routes', expected: '"none" with a static podCIDR', problem: 'routes "direct" watches the Nodes of a cluster; with a static podCIDR there is no Kubernetes API to watch (unset podCIDR, or set routes: none)' });
+  }
+  if (c.ipam !== 'host-local') {
+    throw new AgentConfigError({ source, key: 'routes', expected: '"none" with ipam "dhcp"', problem: `routes "direct" routes the Nodes' pod CIDRs; with ipam "${c.ipam}" pods take their addresses from the LAN, which needs no routes` });
   }
 }
 
@@ -493,6 +519,7 @@ const VALIDATORS: Record<ConfigKey, Validator> = {
       throw fail(expected, causeText(err));
     }
   },
+  routes: oneOf(ROUTE_MODES),
   ipam: oneOf(IPAM_MODES),
   uplink: ifName,
   dhcpTimeout: (value, fail) => {

@@ -21,10 +21,23 @@ export interface PodRef {
   uid?: string | undefined;
 }
 
+/** A Node (routes between nodes, src/daemon/routes.ts): its Events go to namespace `default`, as kubelet's do. */
+export interface NodeRef {
+  kind: 'Node';
+  name: string;
+}
+
+export type ObjectRef = PodRef | NodeRef;
+
+const isNode = (o: ObjectRef): o is NodeRef => 'kind' in o && o.kind === 'Node';
+/** The namespace an Event about `o` lives in. */
+const eventNamespace = (o: ObjectRef) => (isNode(o) ? 'default' : o.namespace);
+const refText = (o: ObjectRef) => (isNode(o) ? `node/${o.name}` : `${o.namespace}/${o.name}`);
+
 export type EventType = 'Normal' | 'Warning';
 
 export interface EventRecorder {
-  record(pod: PodRef, type: EventType, reason: string, message: string): void;
+  record(obj: ObjectRef, type: EventType, reason: string, message: string): void;
   /** Resolves once every event recorded so far is answered (or failed). */
   flush(): Promise<void>;
   /** Aborts posts in flight; later records are dropped. */
@@ -42,15 +55,17 @@ const MAX_PENDING = 64;
 /** The API server refuses a longer message. */
 const MAX_MESSAGE = 1024;
 
-/** The Event object for one occurrence (core/v1, the fields kubelet's recorder sets). */
-export function eventObject(pod: PodRef, type: EventType, reason: string, message: string, node: string, now = new Date()): Record<string, unknown> {
+/** The Event object for one occurrence (core/v1, the fields kubelet's recorder sets; a Node's uid is its name, as kubelet gives it). */
+export function eventObject(obj: ObjectRef, type: EventType, reason: string, message: string, node: string, now = new Date()): Record<string, unknown> {
   const ts = now.toISOString().replace(/\.\d+Z$/, 'Z');
   const nanos = BigInt(now.getTime()) * 1_000_000n + BigInt(Math.floor(Math.random() * 1_000_000));
   return {
     apiVersion: 'v1',
     kind: 'Event',
-    metadata: { name: `${pod.name}.${nanos.toString(16)}`, namespace: pod.namespace },
-    involvedObject: { apiVersion: 'v1', kind: 'Pod', namespace: pod.namespace, name: pod.name, ...(pod.uid ? { uid: pod.uid } : {}) },
+    metadata: { name: `${obj.name}.${nanos.toString(16)}`, namespace: eventNamespace(obj) },
+    involvedObject: isNode(obj)
+      ? { apiVersion: 'v1', kind: 'Node', name: obj.name, uid: obj.name }
+      : { apiVersion: 'v1', kind: 'Pod', namespace: obj.namespace, name: obj.name, ...(obj.uid ? { uid: obj.uid } : {}) },
     reason,
     message: message.length > MAX_MESSAGE ? `${message.slice(0, MAX_MESSAGE - 1)}…` : message,
     type,
@@ -75,19 +90,20 @@ export class KubeEventRecorder implements EventRecorder {
     this.log = opts.logger.child({ component: 'events' });
   }
 
-  record(pod: PodRef, type: EventType, reason: string, message: string): void {
-    if (!pod.namespace || !pod.name || this.aborter.signal.aborted) return;
+  record(obj: ObjectRef, type: EventType, reason: string, message: string): void {
+    if (!obj.name || (!isNode(obj) && !obj.namespace) || this.aborter.signal.aborted) return;
+    const about = { object: refText(obj), reason };
     if (this.pending.size >= MAX_PENDING) {
-      if (this.dropped++ % 100 === 0) this.log.warn({ dropped: this.dropped, pod: `${pod.namespace}/${pod.name}`, reason }, 'too many events in flight; dropping');
+      if (this.dropped++ % 100 === 0) this.log.warn({ dropped: this.dropped, ...about }, 'too many events in flight; dropping');
       return;
     }
-    const path = `/api/v1/namespaces/${encodeURIComponent(pod.namespace)}/events`;
+    const path = `/api/v1/namespaces/${encodeURIComponent(eventNamespace(obj))}/events`;
     const p = this.api
-      .postJson(path, eventObject(pod, type, reason, message, this.opts.nodeName), this.aborter.signal)
+      .postJson(path, eventObject(obj, type, reason, message, this.opts.nodeName), this.aborter.signal)
       .then(
-        () => this.log.debug({ pod: `${pod.namespace}/${pod.name}`, reason }, 'event recorded'),
+        () => this.log.debug(about, 'event recorded'),
         (err: unknown) => {
-          if (!this.aborter.signal.aborted) this.log.warn({ err, pod: `${pod.namespace}/${pod.name}`, reason }, 'could not record an event');
+          if (!this.aborter.signal.aborted) this.log.warn({ err, ...about }, 'could not record an event');
         },
       )
       .finally(() => this.pending.delete(p));

@@ -45,6 +45,7 @@ test('defaults: no file, no flags', async (t) => {
     ifbName: 'kubenet-ifb0',
     hairpinMode: 'hairpin-veth',
     nonMasqueradeCIDR: '10.0.0.0/8',
+    routes: 'none',
     ipam: 'host-local',
     dhcpTimeout: 30,
     ipamDataDir: '/var/lib/cni/networks',
@@ -210,6 +211,19 @@ test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', a
   const md = configKeysMarkdown();
   for (const key of keys) t.true(md.includes(`| \`${key}\` |`), key);
   t.is(md.split('\n').length, keys.length + 2);
+});
+
+test('routes: direct in cluster mode with host-local; refused with a static pod CIDR or with dhcp, saying why', async (t) => {
+  t.is((await loadConfig({ file: await yamlFile('routes: direct\n'), flags: {}, env: ENV })).routes, 'direct');
+  t.is((await loadConfig({ flags: { routes: 'none', podCIDR: '10.244.1.0/24' }, env: ENV })).routes, 'none');
+  const stat = await t.throwsAsync(loadConfig({ file: await yamlFile('routes: direct\npodCIDR: 10.244.1.0/24\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(stat?.key, 'routes');
+  t.regex(stat?.message ?? '', /no Kubernetes API to watch/);
+  const dhcp = await t.throwsAsync(loadConfig({ flags: { routes: 'direct', ipam: 'dhcp', uplink: 'eth1' }, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(dhcp?.key, 'routes');
+  t.regex(dhcp?.message ?? '', /take their addresses from the LAN/);
+  const bad = await t.throwsAsync(loadConfig({ file: await yamlFile('routes: host-gw\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  t.regex(bad?.message ?? '', /one of "none", "direct"/);
 });
 
 test('ipam dhcp: uplink required there and refused elsewhere, validated as an interface name; dhcpTimeout bounds', async (t) => {

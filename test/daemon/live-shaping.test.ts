@@ -6,7 +6,7 @@
 import test from 'ava';
 import { pino } from 'pino';
 import { ConfigError, UnknownPodError } from '../../src/errors.js';
-import type { EventRecorder, EventType, PodRef } from '../../src/daemon/events.js';
+import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/events.js';
 import { LiveShaping, parseShapeRequest } from '../../src/daemon/live-shaping.js';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
 import { RateTracker } from '../../src/daemon/rates.js';
@@ -38,7 +38,7 @@ function fakeNetwork(records: PodRecord[]) {
 }
 
 function fakeEvents() {
-  const got: Array<{ pod: PodRef; type: EventType; reason: string; message: string }> = [];
+  const got: Array<{ pod: ObjectRef; type: EventType; reason: string; message: string }> = [];
   const rec: EventRecorder = { record: (pod, type, reason, message) => void got.push({ pod, type, reason, message }), flush: async () => undefined, stop: async () => undefined };
   return { rec, got };
 }

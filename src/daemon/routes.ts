@@ -1,0 +1,207 @@
+/**
+ * Routes between nodes (`routes: direct`): the agent lists + watches every Node and keeps, for each
+ * other Node, a route from its pod CIDRs via its InternalIP (src/daemon/route-plan.ts decides which),
+ * so pods on different nodes reach each other with no cloud route controller and no encapsulation,
+ * as flannel's host-gw and kindnet do.
+ *
+ * Ours are the main-table routes with routing protocol {@link ROUTE_PROTOCOL} (`ip route show proto
+ * 98`): only those are ever replaced or deleted, so an operator's, DHCP's or a cloud's routes stay
+ * as they are. A change is applied as a diff against the kernel's routes of that protocol:
+ * - a Node added, removed, or whose address or CIDR changed is reconciled on the next turn of the
+ *   event loop (a burst of watch events, or the first list, is one reconcile);
+ * - a restart does not flap: routes stay when the agent stops, and the first reconcile after the
+ *   first full list changes only what differs; routes of Nodes deleted while the agent was down go
+ *   then; nothing is removed before that list has arrived;
+ * - every {@link RESYNC_MS} the kernel is compared again (a route someone deleted comes back; the
+ *   uplink's address changed) and failed changes are retried after {@link RETRY_MS}.
+ * A Node that gets no route has a Warning Event `NodeRouteUnavailable` saying why, once per reason.
+ */
+import type { V1Node } from '@kubernetes/client-node';
+import type { Logger } from '../log.js';
+import { addrListAll, linkIndexByName, routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from '../netlink/index.js';
+import type { EventRecorder } from './events.js';
+import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
+import { diffRoutes, nodeRouteSource, planRoutes, sameRouteSource, type LocalAddress, type NodeRouteSource } from './route-plan.js';
+
+/** Our routing protocol number (iproute2 shows it as "proto 98"); unassigned in /etc/iproute2/rt_protos. */
+export const ROUTE_PROTOCOL = 98;
+export const REASON_NO_ROUTE = 'NodeRouteUnavailable';
+const RESYNC_MS = 30_000;
+const RETRY_MS = 1_000;
+
+/** The kernel side, replaceable in tests. */
+export interface RouteKernel {
+  list(): RouteInfo[];
+  replace(spec: RouteSpec): void;
+  del(dst: string): void;
+  /** This node's addresses that may carry a route (not the pod bridge's, not host-scoped ones). */
+  localAddresses(): LocalAddress[];
+}
+
+export function netlinkRouteKernel(bridgeName: string): RouteKernel {
+  return {
+    list: () => routeList(ROUTE_PROTOCOL),
+    replace: (spec) => routeReplace(spec),
+    del: (dst) => routeDel(dst, ROUTE_PROTOCOL),
+    localAddresses: () => {
+      const bridge = linkIndexByName(bridgeName);
+      // Universe scope only: loopback's (host) and IPv6 link-local (link) addresses route nothing.
+      return addrListAll()
+        .filter((a) => a.scope === 0 && a.ifindex !== bridge)
+        .map((a) => ({ ifindex: a.ifindex, cidr: a.cidr }));
+    },
+  };
+}
+
+export interface NodeRoutesOptions extends Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs'> {
+  events: EventRecorder;
+  kernel: RouteKernel;
+  resyncMs?: number;
+}
+
+export interface RouteStatus {
+  /** Routes held now (after the last reconcile). */
+  routes: Array<{ node: string; dst: string; via: string }>;
+  /** Nodes without a route and why. */
+  problems: Record<string, string>;
+}
+
+export class NodeRoutes {
+  private readonly log: Logger;
+  private readonly loop: ListWatchLoop<V1Node>;
+  private readonly nodes = new Map<string, NodeRouteSource>();
+  private listed = false;
+  private scheduled: NodeJS.Immediate | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private stopped = false;
+  /** Node → the reason last reported in an Event (reported again only when it changes). */
+  private readonly reported = new Map<string, string>();
+  private held: RouteStatus = { routes: [], problems: {} };
+  /** Reconciles done, routes replaced and removed, failures: for metrics and the bench. */
+  readonly counters = { reconciles: 0, replaced: 0, removed: 0, failed: 0 };
+
+  constructor(private readonly o: NodeRoutesOptions) {
+    this.log = o.logger.child({ component: 'routes' });
+    this.loop = new ListWatchLoop<V1Node>({
+      api: new KubeApi(loadKubeConfig(o)),
+      log: this.log,
+      path: '/api/v1/nodes',
+      fieldSelector: '',
+      retryMinMs: o.retryMinMs,
+      retryMaxMs: o.retryMaxMs,
+      onList: (items) => {
+        this.nodes.clear();
+        for (const n of items) {
+          const s = nodeRouteSource(n);
+          if (s) this.nodes.set(s.name, s);
+        }
+        this.listed = true;
+        this.schedule();
+      },
+      onEvent: (type, n) => {
+        const s = nodeRouteSource(n);
+        if (!s) return;
+        if (type === 'DELETED') {
+          if (this.nodes.delete(s.name)) this.schedule();
+          this.reported.delete(s.name);
+          return;
+        }
+        if (sameRouteSource(this.nodes.get(s.name), s)) return; // a heartbeat
+        this.nodes.set(s.name, s);
+        this.schedule();
+      },
+    });
+  }
+
+  start(): void {
+    this.loop.start();
+    this.log.info({ protocol: ROUTE_PROTOCOL }, 'routing the pod CIDRs of the other Nodes via their InternalIPs');
+  }
+
+  /** Stops watching; the routes stay (the next agent takes them over without a flap). */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearImmediate(this.scheduled);
+    clearTimeout(this.timer);
+    await this.loop.stop();
+  }
+
+  status(): RouteStatus {
+    return this.held;
+  }
+
+  private schedule(delayMs = 0): void {
+    if (this.stopped) return;
+    if (delayMs === 0) {
+      if (this.scheduled) return;
+      this.scheduled = setImmediate(() => {
+        this.scheduled = undefined;
+        this.reconcile();
+      });
+      return;
+    }
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.schedule(), delayMs);
+    this.timer.unref();
+  }
+
+  /** Brings the kernel's routes of our protocol to the plan; never before the first full list. */
+  reconcile(): void {
+    if (!this.listed || this.stopped) return;
+    const t0 = performance.now();
+    let failed = 0;
+    let current: RouteInfo[];
+    let plan: ReturnType<typeof planRoutes>;
+    try {
+      plan = planRoutes(this.o.nodeName, this.nodes.values(), this.o.kernel.localAddresses());
+      current = this.o.kernel.list();
+    } catch (err) {
+      this.log.error({ err }, 'reading this node\'s addresses or routes failed; trying again');
+      this.counters.failed++;
+      this.schedule(RETRY_MS);
+      return;
+    }
+    const { replace, remove } = diffRoutes(current, plan.routes);
+    for (const r of remove) {
+      try {
+        this.o.kernel.del(r.dst);
+        this.counters.removed++;
+        this.log.info({ dst: r.dst, via: r.gateway }, 'route removed (no Node has this pod CIDR any more, or its route changed)');
+      } catch (err) {
+        failed++;
+        this.log.warn({ err, dst: r.dst }, 'removing a route failed; trying again');
+      }
+    }
+    for (const w of replace) {
+      try {
+        this.o.kernel.replace({ dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
+        this.counters.replaced++;
+        this.log.info({ node: w.node, dst: w.dst, via: w.gateway, ifindex: w.ifindex }, 'route to a Node\'s pod CIDR set');
+      } catch (err) {
+        failed++;
+        this.log.warn({ err, node: w.node, dst: w.dst, via: w.gateway }, 'setting a route failed; trying again');
+      }
+    }
+    this.report(plan.problems);
+    this.held = { routes: plan.routes.map((r) => ({ node: r.node, dst: r.dst, via: r.gateway })), problems: Object.fromEntries(plan.problems) };
+    this.counters.reconciles++;
+    this.counters.failed += failed;
+    if (replace.length + remove.length > 0 || failed > 0) {
+      this.log.debug({ replaced: replace.length, removed: remove.length, failed, routes: plan.routes.length, ms: +(performance.now() - t0).toFixed(2) }, 'routes reconciled');
+    }
+    this.schedule(failed > 0 ? RETRY_MS : (this.o.resyncMs ?? RESYNC_MS));
+  }
+
+  /** A Warning Event on each Node that gets no route, once per reason. */
+  private report(problems: Map<string, string>): void {
+    for (const [node, why] of problems) {
+      if (this.reported.get(node) === why) continue;
+      this.reported.set(node, why);
+      this.log.warn({ node, why }, 'no route to a Node\'s pod CIDR');
+      this.o.events.record({ kind: 'Node', name: node }, 'Warning', REASON_NO_ROUTE, `kubenet on ${this.o.nodeName}: no route to this node's pods: ${why}`);
+    }
+    for (const node of [...this.reported.keys()]) {
+      if (!problems.has(node)) this.reported.delete(node);
+    }
+  }
+}
