@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A local, real Kubernetes cluster on this machine, offline, with nothing of the host touched:
 #
-#   sudo bash hack/cluster.sh up [--nodes N]   brings it up (N nodes, default 1); prints the kubeconfig
+#   sudo bash hack/cluster.sh up [--nodes N] [--dual-stack]
+#                                              brings it up (N nodes, default 1; IPv4, or IPv4 + IPv6);
+#                                              prints the kubeconfig
 #   sudo bash hack/cluster.sh down             removes everything `up` made
 #   sudo bash hack/cluster.sh kubectl ARGS...  kubectl against it
 #   sudo bash hack/cluster.sh restart kubelet|containerd|kube-proxy [NODE]   as a service restart
@@ -15,7 +17,8 @@
 # nodes stay NotReady until a network plugin writes its conflist (kubectl apply -f
 # manifests/kubenet.yaml).
 #
-# Each node is a sandbox: a netns kcl-n<i> whose uplink kcl<i>u (198.18.252.<10+i>/24) reaches a
+# Each node is a sandbox: a netns kcl-n<i> whose uplink kcl<i>u (198.18.252.<10+i>/24, with
+# --dual-stack also fd00:4b:252::<10+i>/64) reaches a
 # shared LAN bridge in netns kcl-lan, and a private mount namespace (held by a `sleep infinity`)
 # with fresh tmpfs over the directories a node writes (/var/lib/kubelet, /var/lib/containerd,
 # /run/containerd, /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/lib/kubenet, /run/kubenet,
@@ -35,9 +38,14 @@ ROOT="$PWD"
 DIR="${KCL_DIR:-/tmp/kubenet-cluster}"
 API_PORT="${KCL_API_PORT:-16443}"
 LAN=198.18.252
+LAN6=fd00:4b:252:
 CLUSTER_CIDR=10.244.0.0/16
 SERVICE_CIDR=10.96.0.0/16
+# --dual-stack: the IPv6 halves (a /64 per node out of a /56, as kubeadm's dual-stack defaults).
+CLUSTER_CIDR6=fd00:10:244::/56
+SERVICE_CIDR6=fd00:10:96::/112
 B="$ROOT/native/build/upstream"
+DUAL=0
 TMPFS_DIRS=(/var/lib/kubelet /var/lib/containerd /run/containerd /etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubenet /run/kubenet /run/netns /var/log/pods /var/log/containers)
 SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
 CGROUPS=(cpu cpuacct cpuset memory devices freezer blkio pids systemd unified)
@@ -116,6 +124,10 @@ node_sandbox() {
   ip -n "kcl-n$i" addr add "$ip/24" dev "kcl${i}u"
   ip -n "kcl-n$i" link set "kcl${i}u" up
   ip -n "kcl-n$i" route add default via "$LAN.1"
+  if [ "$DUAL" = 1 ]; then
+    ip -n "kcl-n$i" addr add "$LAN6:$((10 + i))/64" dev "kcl${i}u" nodad
+    ip -n "kcl-n$i" route add default via "$LAN6:1"
+  fi
   ip -n kcl-lan link set "kcl${i}l" master kcl-br up
   for f in "${SYSCTLS[@]}"; do cat "/proc/sys/$f" >"$nd/sysctl-${f//\//_}"; done
   echo "nameserver 127.0.0.1" >"$nd/resolv.conf"
@@ -150,7 +162,7 @@ EOF
     fi
   done
   cert "node-$i" "/O=system:nodes/CN=system:node:kcl-n$i" 'extendedKeyUsage=clientAuth'
-  cert "kubelet-$i" "/CN=kcl-n$i" "subjectAltName=IP:$ip,DNS:kcl-n$i\nextendedKeyUsage=serverAuth"
+  cert "kubelet-$i" "/CN=kcl-n$i" "subjectAltName=IP:$ip,$([ "$DUAL" = 1 ] && echo "IP:$LAN6:$((10 + i)),")DNS:kcl-n$i\nextendedKeyUsage=serverAuth"
   kubeconfig "node-$i" "https://$LAN.11:6443"
 }
 
@@ -209,13 +221,15 @@ evictionHard: {}
 rotateCertificates: false
 serializeImagePulls: false
 EOF
-  start "$i" kubelet "$B/kubernetes/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$DIR/node-$i.kubeconfig" --hostname-override "kcl-n$i" --node-ip "$ip" --root-dir /var/lib/kubelet
+  local node_ip="$ip"
+  [ "$DUAL" = 1 ] && node_ip="$ip,$LAN6:$((10 + i))"
+  start "$i" kubelet "$B/kubernetes/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$DIR/node-$i.kubeconfig" --hostname-override "kcl-n$i" --node-ip "$node_ip" --root-dir /var/lib/kubelet
   cat >"$nd/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
 clientConnection: {kubeconfig: $DIR/kube-proxy.kubeconfig}
-clusterCIDR: $CLUSTER_CIDR
+clusterCIDR: $(cluster_cidrs)
 hostnameOverride: kcl-n$i
 bindAddress: $ip
 metricsBindAddress: 127.0.0.1:10249
@@ -226,12 +240,16 @@ EOF
   start "$i" kube-proxy "$B/kubernetes/kube-proxy" --config "$nd/kube-proxy.yaml"
 }
 
+cluster_cidrs() { if [ "$DUAL" = 1 ]; then echo "$CLUSTER_CIDR,$CLUSTER_CIDR6"; else echo "$CLUSTER_CIDR"; fi; }
+service_cidrs() { if [ "$DUAL" = 1 ]; then echo "$SERVICE_CIDR,$SERVICE_CIDR6"; else echo "$SERVICE_CIDR"; fi; }
+
 up() {
   local nodes=1
   while [ $# -gt 0 ]; do
     case "$1" in
       --nodes) nodes="${2:?--nodes N}"; shift 2 ;;
-      *) die "unknown argument $1 (up [--nodes N])" ;;
+      --dual-stack) DUAL=1; shift ;;
+      *) die "unknown argument $1 (up [--nodes N] [--dual-stack])" ;;
     esac
   done
   [[ "$nodes" =~ ^[1-9]$ ]] || die "--nodes: 1..9"
@@ -243,6 +261,7 @@ up() {
   bash hack/build-image.sh >/dev/null
   mkdir -p "$DIR"
   echo "$nodes" >"$DIR/nodes"
+  echo "$DUAL" >"$DIR/dual-stack"
   # A failed `up` takes down what it made.
   trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed: removing what it made (its logs go too; KCL_KEEP=1 keeps $DIR)"; [ -n "${KCL_KEEP:-}" ] || down; fi' EXIT
   read -r -a KCL_IMAGES <<<"${KCL_EXTRA_IMAGES:-}"
@@ -259,6 +278,7 @@ up() {
   ip -n kcl-lan link set lo up
   ip -n kcl-lan link add kcl-br type bridge
   ip -n kcl-lan addr add "$LAN.1/24" dev kcl-br
+  [ "$DUAL" = 1 ] && ip -n kcl-lan addr add "$LAN6:1/64" dev kcl-br nodad
   ip -n kcl-lan link set kcl-br up
   for ((i = 1; i <= nodes; i++)); do
     node_sandbox "$i"
@@ -287,14 +307,14 @@ control_plane_up() {
     --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" --client-ca-file "$DIR/pki/ca.crt" \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR" --kubelet-preferred-address-types InternalIP \
+    --service-cluster-ip-range "$(service_cidrs)" --kubelet-preferred-address-types InternalIP \
     --kubelet-client-certificate "$DIR/pki/apiserver-kubelet-client.crt" --kubelet-client-key "$DIR/pki/apiserver-kubelet-client.key" --kubelet-certificate-authority "$DIR/pki/ca.crt"
   wait_for "the API server" 90 kctl get --raw /readyz
   # kube-apiserver's kubelet client (logs, exec) gets the role kubeadm gives it.
   kctl create clusterrolebinding kubeadm:cluster-admins --clusterrole cluster-admin --group kubeadm:cluster-admins >/dev/null
   start 1 kube-controller-manager "$B/kubernetes/kube-controller-manager" --kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig "$DIR/kube-controller-manager.kubeconfig" --authorization-kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
-    --allocate-node-cidrs --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 --service-cluster-ip-range "$SERVICE_CIDR" \
+    --allocate-node-cidrs --cluster-cidr "$(cluster_cidrs)" --node-cidr-mask-size-ipv4 24 --node-cidr-mask-size-ipv6 64 --service-cluster-ip-range "$(service_cidrs)" \
     --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" --use-service-account-credentials \
     --bind-address 127.0.0.1 --leader-elect=false
   start 1 kube-scheduler "$B/kubernetes/kube-scheduler" --kubeconfig "$DIR/kube-scheduler.kubeconfig" \

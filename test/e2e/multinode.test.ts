@@ -1,0 +1,262 @@
+/**
+ * Pods on several nodes without a cloud (`routes: direct`, src/daemon/routes.ts), on a real cluster:
+ * hack/cluster.sh up --nodes 3 --dual-stack (each node its own netns with its own uplink on a shared
+ * LAN, its own kubelet, containerd and kube-proxy; one API server; pod CIDRs of both families
+ * allocated by the controller-manager), `kubectl apply -f manifests/kubenet.yaml`, unchanged. Then:
+ * every node routes the other nodes' pod CIDRs via their InternalIPs (routing protocol 98); every
+ * pod reaches every pod on the other nodes in both families and sees the peer's own address (no
+ * masquerading inside the cluster CIDR); iperf3 across nodes honours both pods' limits; a Node
+ * added or deleted is routed or unrouted on the others within 1 s; a Node off the LAN gets a Warning
+ * Event instead of a route; killing one node's agent neither disturbs the other two nodes' pods nor
+ * flaps its own routes, and routes of a Node deleted while that agent was down go when it restarts.
+ * Traffic only between the cluster's namespaces. Every step holds the traffic lock.
+ */
+import anyTest, { type ExecutionContext, type TestFn } from 'ava';
+import { execa } from 'execa';
+import { statSync } from 'node:fs';
+import { withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { iperf, retryLog } from '../../hack/support/topo.js';
+import { clusterBlocker, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
+import { checkPingLoss, logRate, pingThroughout } from '../helpers/measure.js';
+
+const test = anyTest as TestFn;
+const blocker = clusterBlocker();
+const serialTest = blocker ? test.serial.skip : test.serial;
+if (blocker) console.warn(`multi-node e2e tests skipped: ${blocker}`);
+
+const NODES = [1, 2, 3];
+const node = (i: number) => `kcl-n${i}`;
+const c = new LocalCluster();
+let up = false;
+
+interface NodeJson {
+  metadata: { name: string };
+  spec: { podCIDRs?: string[] };
+  status: { addresses: Array<{ type: string; address: string }> };
+}
+interface Route {
+  dst: string;
+  gateway?: string;
+  dev: string;
+}
+
+/** `ip route show proto 98` of node i, both families, as "dst via gw". */
+async function ourRoutes(i: number): Promise<string[]> {
+  const out: string[] = [];
+  for (const f of ['-4', '-6']) {
+    const { stdout } = await execa('ip', ['-n', node(i), f, '-j', 'route', 'show', 'proto', '98']);
+    for (const r of JSON.parse(stdout || '[]') as Route[]) out.push(`${r.dst} via ${r.gateway ?? '-'} dev ${r.dev}`);
+  }
+  return out.sort();
+}
+
+/** Polls node i's routes every 20 ms until `ok`; returns the ms it took (Infinity after `limitMs`). */
+async function until(i: number, ok: (routes: string[]) => boolean, t0: number, limitMs = 5000): Promise<number> {
+  while (Date.now() - t0 < limitMs) {
+    if (ok(await ourRoutes(i))) return Date.now() - t0;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return Infinity;
+}
+
+/** The agent pod of node i. */
+async function agentPod(i: number): Promise<{ name: string; restarts: number }> {
+  const pods = await c.json<{ items: Array<{ metadata: { name: string }; spec: { nodeName: string }; status: { containerStatuses?: Array<{ restartCount: number; ready: boolean }> } }> }>(['-n', 'kube-system', 'get', 'pods', '-l', 'app.kubernetes.io/name=kubenet']);
+  const p = pods.items.find((x) => x.spec.nodeName === node(i));
+  return { name: p?.metadata.name ?? '', restarts: p?.status.containerStatuses?.[0]?.restartCount ?? -1 };
+}
+
+/** The pid of the agent process on node i (kubenet daemon in its network namespace). */
+async function agentPid(i: number): Promise<string> {
+  const net = `net:[${statSync(`/var/run/netns/${node(i)}`).ino}]`;
+  const { stdout } = await execa('pgrep', ['-f', '/usr/local/bin/kubenet daemon'], { reject: false });
+  for (const pid of stdout.split('\n').filter(Boolean)) {
+    if ((await execa('readlink', [`/proc/${pid}/ns/net`], { reject: false })).stdout === net) return pid;
+  }
+  throw new Error(`no agent process on ${node(i)}`);
+}
+
+test.before(async (t) => {
+  if (blocker) return;
+  const t0 = Date.now();
+  const r = await withTrafficLock(() => c.up(['--nodes', '3', '--dual-stack']));
+  up = true;
+  if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
+  await withTrafficLock(async () => {
+    await c.kubectl(['apply', '-f', MANIFEST]);
+    await c.kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=180s']);
+    await c.kubectl(['wait', '--for=condition=Ready', 'node', '--all', '--timeout=60s']);
+  });
+  t.log(`3 dual-stack nodes up and Ready with kubenet in ${Date.now() - t0} ms`);
+});
+
+test.after.always(async () => {
+  if (!up) return;
+  const r = await c.down();
+  if (r.exitCode !== 0) throw new Error(`hack/cluster.sh down failed: ${r.all ?? ''}`);
+});
+
+serialTest('every node routes the other nodes\' pod CIDRs (both families) via their InternalIPs, and nothing else', async (t) => {
+  const nodes = (await c.json<{ items: NodeJson[] }>(['get', 'nodes'])).items;
+  t.is(nodes.length, 3);
+  for (const i of NODES) {
+    const want = nodes
+      .filter((n) => n.metadata.name !== node(i))
+      .flatMap((n) =>
+        (n.spec.podCIDRs ?? []).map((cidr) => {
+          const v6 = cidr.includes(':');
+          const via = n.status.addresses.find((a) => a.type === 'InternalIP' && a.address.includes(':') === v6)?.address;
+          return `${cidr} via ${via} dev kcl${i}u`;
+        }),
+      )
+      .sort();
+    t.is(want.length, 4);
+    t.deepEqual(await ourRoutes(i), want, `${node(i)}'s routes`);
+  }
+  t.log(`routes of ${node(1)}: ${(await ourRoutes(1)).join('; ')}`);
+});
+
+/** Asks a UDP "who am I" server (in the pod with `toIp`) from the pod with netns pid `fromPid`; the answer is the source address it saw. */
+async function whoami(fromPid: string, toIp: string): Promise<string> {
+  const script = `const s=require('dgram').createSocket(${JSON.stringify(toIp.includes(':') ? 'udp6' : 'udp4')});s.on('message',(m)=>{console.log(String(m));process.exit(0)});const send=()=>s.send('?',7777,${JSON.stringify(toIp)});send();setInterval(send,200);setTimeout(()=>process.exit(1),3000)`;
+  const r = await execa('nsenter', ['-t', fromPid, '-n', process.execPath, '-e', script], { reject: false });
+  return r.exitCode === 0 ? r.stdout.trim() : `no answer (${r.exitCode})`;
+}
+
+serialTest('full mesh across nodes, both families: every pod pings every pod on the other nodes and sees its own address as the source', (t) =>
+  withTrafficLock(async () => {
+    await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: NODES.map((i) => pausePod(`mesh-${i}`, {}, node(i))) }) });
+    await c.kubectl(['wait', '--for=condition=Ready', ...NODES.map((i) => `pod/mesh-${i}`), '--timeout=90s']);
+    const pods = (await c.json<PodList>(['get', 'pods'])).items.filter((p) => p.metadata.name.startsWith('mesh-'));
+    const ips = new Map(pods.map((p) => [p.metadata.name, (p.status.podIPs ?? []).map((x) => x.ip)]));
+    const pid = new Map(pods.map((p) => [p.metadata.name, pausePidOf(p.status.podIP ?? '') ?? '']));
+    t.deepEqual([...ips.values()].map((a) => a.length), [2, 2, 2], 'every pod has an IPv4 and an IPv6 address');
+    // A UDP "who am I" server in every pod, both families: it answers with the sender's address.
+    const server = `for(const type of ['udp4','udp6']){const s=require('dgram').createSocket(type==='udp6'?{type,ipv6Only:true}:{type});s.on('message',(m,r)=>s.send(r.address,r.port,r.address));s.bind(7777)}setTimeout(()=>process.exit(0),120000)`;
+    const servers = [...pid.values()].map((p) => execa('nsenter', ['-t', p, '-n', process.execPath, '-e', server], { reject: false }));
+    try {
+      await new Promise((r) => setTimeout(r, 500));
+      const results: string[] = [];
+      for (const [from, fromIps] of ips) {
+        for (const [to, toIps] of ips) {
+          if (from === to) continue;
+          for (const [k, toIp] of toIps.entries()) {
+            const fromIp = fromIps[k] ?? '';
+            const ping = await execa('nsenter', ['-t', pid.get(from) ?? '', '-n', 'ping', '-c', '1', '-W', '2', toIp], { reject: false });
+            t.is(ping.exitCode, 0, `${from} (${fromIp}) pings ${to} (${toIp})`);
+            const seen = await whoami(pid.get(from) ?? '', toIp);
+            t.is(seen, fromIp, `${to} sees ${from}'s own address`);
+            results.push(`${from}->${to} ${toIp}: ping ${ping.exitCode === 0 ? 'ok' : 'FAILED'}, source seen ${seen}`);
+          }
+        }
+      }
+      t.log(results.join('\n'));
+      t.is(results.length, 12);
+    } finally {
+      for (const s of servers) s.kill();
+    }
+  }));
+
+serialTest('iperf3 across nodes honours both pods\' limits (±10 %, no full second above 1.25×)', (t) =>
+  withTrafficLock(async () => {
+    const items = [
+      pausePod('bw-1', { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' }, node(1)),
+      pausePod('bw-2', {}, node(2)),
+      pausePod('bw-3', { 'kubernetes.io/ingress-bandwidth': '15M' }, node(3)),
+    ];
+    await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items }) });
+    await c.kubectl(['wait', '--for=condition=Ready', 'pod/bw-1', 'pod/bw-2', 'pod/bw-3', '--timeout=90s']);
+    const ip = async (name: string) => (await c.json<{ status: { podIP: string } }>(['get', 'pod', name])).status.podIP;
+    const ep = async (name: string) => {
+      const a = await ip(name);
+      return { netns: '', netnsPath: `/proc/${pausePidOf(a) ?? 'none'}/ns/net`, ip4: a };
+    };
+    const [b1, b2, b3] = [await ep('bw-1'), await ep('bw-2'), await ep('bw-3')];
+    const into1 = await iperf(b1, b2, { onRetry: retryLog(t), seconds: 5 });
+    logRate(t, 'bw-2 (n2, unshaped) → bw-1 (n1, ingress 10M)', into1.bps, into1.intervals, 10e6);
+    const outOf1 = await iperf(b2, b1, { onRetry: retryLog(t), seconds: 5 });
+    logRate(t, 'bw-1 (n1, egress 20M) → bw-2 (n2, unshaped)', outOf1.bps, outOf1.intervals, 20e6);
+    const both = await iperf(b3, b1, { onRetry: retryLog(t), seconds: 5 });
+    logRate(t, 'bw-1 (n1, egress 20M) → bw-3 (n3, ingress 15M): the lower limit', both.bps, both.intervals, 15e6);
+    await c.kubectl(['delete', 'pod', 'bw-1', 'bw-2', 'bw-3', '--wait=true', '--timeout=60s']);
+  }));
+
+const fakeNode = (name: string, cidrs: string[], ip: string) => ({
+  apiVersion: 'v1',
+  kind: 'Node',
+  metadata: { name, labels: { 'kubenet-e2e': 'fake' } },
+  spec: { podCIDR: cidrs[0], podCIDRs: cidrs, unschedulable: true },
+  status: { addresses: [{ type: 'InternalIP', address: ip }] },
+});
+
+serialTest('a Node added or deleted is routed or unrouted on every other node within 1 s; a Node off the LAN gets a Warning Event instead of a route', async (t) => {
+  const dst = '10.244.200.0/24';
+  const t0 = Date.now();
+  await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(fakeNode('kcl-fake', [dst], '198.18.252.99')) });
+  const added = await Promise.all(NODES.map((i) => until(i, (r) => r.includes(`${dst} via 198.18.252.99 dev kcl${i}u`), t0)));
+  const t1 = Date.now();
+  await c.kubectl(['delete', 'node', 'kcl-fake']);
+  const removed = await Promise.all(NODES.map((i) => until(i, (r) => !r.some((x) => x.startsWith(dst)), t1)));
+  t.log(`route to a new Node's pod CIDR on n1..n3 after ${added.join(' / ')} ms (from before kubectl create); gone ${removed.join(' / ')} ms after kubectl delete started`);
+  for (const ms of [...added, ...removed]) t.true(ms <= 1000, `within 1 s: ${ms} ms`);
+
+  await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(fakeNode('kcl-far', ['10.244.201.0/24'], '203.0.113.9')) });
+  let events: Array<{ source: { host: string }; message: string; type: string }> = [];
+  for (const end = Date.now() + 10_000; Date.now() < end && events.length < 3; await new Promise((r) => setTimeout(r, 200))) {
+    events = (await c.json<{ items: typeof events }>(['get', 'events', '-n', 'default', '--field-selector', 'involvedObject.kind=Node,involvedObject.name=kcl-far,reason=NodeRouteUnavailable'])).items;
+  }
+  t.deepEqual(events.map((e) => e.source.host).sort(), NODES.map(node), 'one Warning Event from every node');
+  for (const e of events) {
+    t.is(e.type, 'Warning');
+    t.regex(e.message, /InternalIP 203\.0\.113\.9 is not on a subnet directly connected to this node \(198\.18\.252\.0\/24\)/);
+  }
+  t.log(`Event: ${events[0]?.message ?? '(none)'}`);
+  for (const i of NODES) t.false((await ourRoutes(i)).some((r) => r.startsWith('10.244.201.')), `no route on ${node(i)}`);
+  await c.kubectl(['delete', 'node', 'kcl-far']);
+});
+
+serialTest('killing one node\'s agent disturbs neither the other nodes\' pods nor its own routes; a Node deleted while it was down is unrouted when it starts again', (t) =>
+  withTrafficLock(async () => {
+    const ips = new Map((await c.json<PodList>(['get', 'pods'])).items.filter((p) => p.metadata.name.startsWith('mesh-')).map((p) => [p.metadata.name, p.status.podIP ?? '']));
+    const from = pausePidOf(ips.get('mesh-1') ?? '') ?? '';
+    // A Node that n3 routes; n3's agent is frozen, the Node deleted, then the agent killed.
+    await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(fakeNode('kcl-gone', ['10.244.202.0/24'], '198.18.252.98')) });
+    t.true((await until(3, (r) => r.some((x) => x.startsWith('10.244.202.0/24')), Date.now())) < 5000, 'n3 routes the new Node');
+    const before = await ourRoutes(3);
+    const monitor = execa('ip', ['-n', node(3), 'monitor', 'route'], { reject: false });
+    const pinger = pingThroughout((cmd, args) => execa('nsenter', ['-t', from, '-n', cmd, ...args], { reject: false }), ips.get('mesh-2') ?? '', 120);
+    const pid = await agentPid(3);
+    const restarts = (await agentPod(3)).restarts;
+    await execa('kill', ['-STOP', pid]);
+    await c.kubectl(['delete', 'node', 'kcl-gone']);
+    await new Promise((r) => setTimeout(r, 1500));
+    t.deepEqual(await ourRoutes(3), before, 'a frozen agent changes nothing');
+    const t0 = Date.now();
+    await execa('kill', ['-KILL', pid]);
+    let pod = await agentPod(3);
+    for (const end = Date.now() + 90_000; Date.now() < end && pod.restarts <= restarts; await new Promise((r) => setTimeout(r, 250))) pod = await agentPod(3);
+    t.true(pod.restarts > restarts, 'kubelet restarted the agent container');
+    const gone = await until(3, (r) => !r.some((x) => x.startsWith('10.244.202.')), t0, 90_000);
+    t.log(`n3's agent killed; restarted by kubelet; the deleted Node's route removed ${gone} ms after the kill`);
+    await c.kubectl(['-n', 'kube-system', 'wait', '--for=condition=Ready', `pod/${pod.name}`, '--timeout=90s']);
+    await new Promise((r) => setTimeout(r, 1000));
+    const ping = await pinger.stop();
+    monitor.kill();
+    const changes = (await monitor).stdout.split('\n').filter((l) => /proto 98/.test(l));
+    t.log(`mesh-1 (n1) → mesh-2 (n2) while n3's agent died and restarted: ${ping.sent} sent, ${ping.lost} lost; n3's route changes: ${changes.join(' | ') || 'none'}`);
+    checkPingLoss(t, ping);
+    t.is(ping.lost, 0, 'no ping lost between the other two nodes');
+    t.deepEqual(changes.filter((l) => !l.startsWith('Deleted 10.244.202.0/24 ')), [], 'no route of n3 flapped: the only change is the deleted Node\'s');
+    t.is(changes.length, 1);
+    t.deepEqual(await ourRoutes(3), before.filter((r) => !r.startsWith('10.244.202.')), 'every other route as before');
+  }));
+
+serialTest('deleting a real Node removes its routes on the others within 1 s', async (t: ExecutionContext) => {
+  const cidrs = (await c.json<NodeJson>(['get', 'node', node(3)])).spec.podCIDRs ?? [];
+  t.is(cidrs.length, 2);
+  const t0 = Date.now();
+  await c.kubectl(['delete', 'node', node(3), '--wait=false']);
+  const ms = await Promise.all([1, 2].map((i) => until(i, (r) => !r.some((x) => cidrs.some((cidr) => x.startsWith(`${cidr} `))), t0)));
+  t.log(`${node(3)} (${cidrs.join(', ')}) deleted: its routes gone on n1 / n2 after ${ms.join(' / ')} ms`);
+  for (const x of ms) t.true(x <= 1000, `within 1 s: ${x} ms`);
+});

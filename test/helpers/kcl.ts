@@ -1,0 +1,84 @@
+/**
+ * A local real cluster (hack/cluster.sh) as the e2e suites drive it: its own KCL_DIR and API port,
+ * kubectl against it, commands in a node's namespaces, and the pause process (the netns) of a pod.
+ */
+import { execa } from 'execa';
+import { randomInt } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
+import { AGENT_IMAGE_TAR } from './containerd.js';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+export const CLUSTER_SH = join(ROOT, 'hack/cluster.sh');
+export const MANIFEST = join(ROOT, 'manifests/kubenet.yaml');
+const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
+
+/** Why a cluster cannot come up here (a missing part), or undefined. */
+export function clusterBlocker(): string | undefined {
+  return (
+    kernelTestBlocker() ??
+    upstreamBlocker('kubernetes', ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kubelet', 'kube-proxy', 'kubectl']) ??
+    upstreamBlocker('etcd', ['etcd']) ??
+    upstreamBlocker('containerd', ['containerd', 'ctr', 'containerd-shim-runc-v2']) ??
+    (existsSync(AGENT_IMAGE_TAR) ? undefined : `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`)
+  );
+}
+
+export interface PodList {
+  items: Array<{ metadata: { name: string; annotations?: Record<string, string> }; spec?: { nodeName?: string }; status: { podIP?: string; podIPs?: Array<{ ip: string }>; phase?: string } }>;
+}
+
+export class LocalCluster {
+  readonly dir = `/tmp/kcl-e2e-${uniq(6)}`;
+  readonly env = { KCL_DIR: this.dir, KCL_API_PORT: String(randomInt(20000, 30000)) };
+
+  up(args: string[] = []) {
+    return execa('bash', [CLUSTER_SH, 'up', ...args], { env: this.env, reject: false, all: true });
+  }
+
+  down() {
+    return execa('bash', [CLUSTER_SH, 'down'], { env: this.env, reject: false, all: true });
+  }
+
+  restart(service: string, node = 1) {
+    return execa('bash', [CLUSTER_SH, 'restart', service, String(node)], { env: this.env });
+  }
+
+  kubectl(args: string[], opts: { input?: string; reject?: boolean } = {}) {
+    return execa(KUBECTL, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], { reject: opts.reject ?? true, ...(opts.input !== undefined ? { input: opts.input } : {}) });
+  }
+
+  async json<T>(args: string[]): Promise<T> {
+    return JSON.parse((await this.kubectl([...args, '-o', 'json'])).stdout) as T;
+  }
+
+  /** A command in node `node`'s namespaces (its netns and private mounts). */
+  inNode(node: number, cmd: string, args: string[], reject = true) {
+    const holder = readFileSync(join(this.dir, `n${node}/holder.pid`), 'utf8').trim();
+    return execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject });
+  }
+}
+
+/** The pid of the pause process of the pod with IPv4 address `ip` (its netns is the pod's). */
+export function pausePidOf(ip: string): string | undefined {
+  return readdirSync('/proc').find((p) => {
+    try {
+      return /^\d+$/.test(p) && readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' && readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(` ${ip}\n`);
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** A pod of the locally built pause image, with annotations, optionally pinned to a node. */
+export function pausePod(name: string, annotations: Record<string, string> = {}, nodeName?: string): Record<string, unknown> {
+  return {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: { name, namespace: 'default', annotations },
+    spec: { ...(nodeName ? { nodeName } : {}), containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 },
+  };
+}
