@@ -29,7 +29,8 @@
 # the API server reaches kubelets by their InternalIP, never a name). Pods' cgroups live under /kcl-n<i> in every hierarchy. The API server is
 # reached from the host through 127.0.0.1:$KCL_API_PORT (default 16443), relayed into node 1.
 # Everything else is under $KCL_DIR (default /tmp/kubenet-cluster): PKI, kubeconfigs, logs, etcd.
-# KCL_EXTRA_IMAGES="A.oci.tar B.oci.tar" imports more images into every node's containerd. A failed
+# KCL_EXTRA_IMAGES="A.oci.tar B.oci.tar" imports more images into every node's containerd;
+# KCL_CLUSTER_CIDR replaces the IPv4 cluster CIDR 10.244.0.0/16 (bench/routes: room for 1 000 Nodes). A failed
 # `up` removes what it made; a second `up` while a cluster is up is refused.
 # Host changes that remain: empty mount-point directories a tmpfs needed.
 set -euo pipefail
@@ -39,7 +40,7 @@ DIR="${KCL_DIR:-/tmp/kubenet-cluster}"
 API_PORT="${KCL_API_PORT:-16443}"
 LAN=198.18.252
 LAN6=fd00:4b:252:
-CLUSTER_CIDR=10.244.0.0/16
+CLUSTER_CIDR="${KCL_CLUSTER_CIDR:-10.244.0.0/16}"
 SERVICE_CIDR=10.96.0.0/16
 # --dual-stack: the IPv6 halves (a /64 per node out of a /56, as kubeadm's dual-stack defaults).
 CLUSTER_CIDR6=fd00:10:244::/56

@@ -33,6 +33,8 @@ export const DEFAULT_RETRY_MIN_MS = 1000;
 export const DEFAULT_RETRY_MAX_MS = 30_000;
 /** A list or GET that receives no byte for this long fails. */
 const REQUEST_IDLE_MS = 30_000;
+/** Objects per list request (client-go's reflector pages by 500 too). */
+const LIST_PAGE_SIZE = 500;
 /** Watches ask the server to end them after 5-10 min (randomized, as client-go does). */
 const WATCH_TIMEOUT_S = 300;
 
@@ -204,10 +206,22 @@ export class ListWatchLoop<T extends KubernetesObject> {
       let failure: unknown;
       try {
         if (!rv) {
-          const list = await this.o.api.getJson<KubernetesListObject<T>>(path, { fieldSelector: this.o.fieldSelector }, signal);
-          await this.o.onList(list.items ?? []);
-          rv = list.metadata?.resourceVersion ?? '';
-          log.debug({ path, resourceVersion: rv, items: list.items?.length ?? 0 }, 'listed');
+          // In pages of LIST_PAGE_SIZE, as client-go's reflector lists: no answer of thousands of
+          // objects held as one string (a Node is 2-4 kB of JSON).
+          const items: T[] = [];
+          let cont = '';
+          let listRv = '';
+          do {
+            const query: Record<string, string> = { fieldSelector: this.o.fieldSelector, limit: String(LIST_PAGE_SIZE), ...(cont ? { continue: cont } : {}) };
+            const page = await this.o.api.getJson<KubernetesListObject<T>>(path, query, signal);
+            for (const item of page.items ?? []) items.push(item);
+            // Raw JSON: the field is `continue` (client-node's type calls it `_continue` after its own mapping).
+            cont = (page.metadata as { continue?: string } | undefined)?.continue ?? '';
+            listRv = page.metadata?.resourceVersion ?? '';
+          } while (cont);
+          await this.o.onList(items);
+          rv = listRv; // only a whole list (all pages, handed over) is a place to watch from
+          log.debug({ path, resourceVersion: rv, items: items.length }, 'listed');
         }
         await this.watch(rv, signal, () => (progress.openedAt = Date.now()), (next) => {
           rv = next;

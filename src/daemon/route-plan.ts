@@ -11,7 +11,8 @@
  * by name) already claims the same CIDR. Nodes without a pod CIDR yet are skipped without a reason.
  */
 import type { V1Node } from '@kubernetes/client-node';
-import { canonicalIp, cidrContains, familyOf, parseCidr, type Family, type Subnet } from '../net/ip.js';
+import { BlockList } from 'node:net';
+import { canonicalIp, familyOf, parseCidr, type Family, type Subnet } from '../net/ip.js';
 import type { RouteInfo } from '../netlink/route.js';
 
 /** What a route needs of a Node. */
@@ -19,6 +20,8 @@ export interface NodeRouteSource {
   name: string;
   /** Canonical CIDRs, at most one per family. */
   podCIDRs: string[];
+  /** The family of each of podCIDRs (parsed once, when the Node is seen). */
+  families: Family[];
   /** The first InternalIP of each family (canonical text). */
   internalIPs: Partial<Record<Family, string>>;
 }
@@ -51,9 +54,12 @@ export function nodeRouteSource(node: V1Node): NodeRouteSource | undefined {
   const raw = (node.spec?.podCIDRs ?? []).filter((c) => c !== '');
   if (raw.length === 0 && node.spec?.podCIDR) raw.push(node.spec.podCIDR);
   const podCIDRs: string[] = [];
+  const families: Family[] = [];
   for (const c of raw) {
     try {
-      podCIDRs.push(parseCidr(c).cidr);
+      const p = parseCidr(c);
+      podCIDRs.push(p.cidr);
+      families.push(p.family);
     } catch {
       // The API server validates podCIDRs; anything unparsable is left out (and has no route).
     }
@@ -64,7 +70,7 @@ export function nodeRouteSource(node: V1Node): NodeRouteSource | undefined {
     if (a.type !== 'InternalIP' || f === 0 || internalIPs[f] !== undefined) continue;
     internalIPs[f] = canonicalIp(a.address);
   }
-  return { name, podCIDRs, internalIPs };
+  return { name, podCIDRs, families, internalIPs };
 }
 
 /** Equal as far as routes are concerned (a Node's heartbeat changes nothing here). */
@@ -75,8 +81,38 @@ export function sameRouteSource(a: NodeRouteSource | undefined, b: NodeRouteSour
 
 interface Connected {
   subnet: Subnet;
+  /** Whether an address of the subnet's family lies in it: u32 arithmetic for IPv4 (~0.05 µs), node:net's BlockList for IPv6 (~2.5 µs). */
+  has: (ip: string) => boolean;
   ifindex: number;
   ip: string;
+}
+
+/** A dotted quad as an unsigned 32-bit number (the address is known to be valid IPv4). */
+function u32(ip: string): number {
+  let n = 0;
+  let part = 0;
+  for (let i = 0; i < ip.length; i++) {
+    const c = ip.charCodeAt(i);
+    if (c === 46) {
+      n = n * 256 + part;
+      part = 0;
+    } else part = part * 10 + (c - 48);
+  }
+  return n * 256 + part;
+}
+
+function containment(subnet: Subnet): (ip: string) => boolean {
+  if (subnet.family === 4) {
+    const size = 2 ** (32 - subnet.prefixLen);
+    const start = u32(subnet.network);
+    return (ip) => {
+      const v = u32(ip);
+      return v >= start && v < start + size;
+    };
+  }
+  const block = new BlockList();
+  block.addSubnet(subnet.network, subnet.prefixLen, 'ipv6');
+  return (ip) => block.check(ip, 'ipv6');
 }
 
 /** The routes this node (`self`) should hold for the other Nodes. */
@@ -85,7 +121,8 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
   for (const a of local) {
     try {
       const ip = a.cidr.split('/')[0] ?? '';
-      connected.push({ subnet: parseCidr(a.cidr), ifindex: a.ifindex, ip: canonicalIp(ip) });
+      const subnet = parseCidr(a.cidr);
+      connected.push({ subnet, has: containment(subnet), ifindex: a.ifindex, ip: canonicalIp(ip) });
     } catch {
       // not an address with a prefix: ignore
     }
@@ -101,8 +138,8 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
   for (const n of sorted) {
     if (n.name === self) continue;
     const why: string[] = [];
-    for (const dst of n.podCIDRs) {
-      const family = parseCidr(dst).family;
+    for (const [k, dst] of n.podCIDRs.entries()) {
+      const family = n.families[k] ?? 4;
       const gateway = n.internalIPs[family];
       if (gateway === undefined) {
         why.push(`no InternalIP of IPv${family} for pod CIDR ${dst}`);
@@ -116,7 +153,7 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
         why.push(`pod CIDR ${dst} is also ${ownCidrs.has(dst) ? "this node's" : `node ${claimed.get(dst) ?? ''}'s`}`);
         continue;
       }
-      const link = connected.find((c) => cidrContains(c.subnet, gateway));
+      const link = connected.find((c) => c.subnet.family === family && c.has(gateway));
       if (!link) {
         const subnets = connected.filter((c) => c.subnet.family === family).map((c) => c.subnet.cidr);
         why.push(`its InternalIP ${gateway} is not on a subnet directly connected to this node (${subnets.join(', ') || `no IPv${family} subnet`}): pod CIDR ${dst} needs a router, not a direct route`);

@@ -9,7 +9,7 @@
  */
 import { AF_INET, AF_INET6, nl, NLM_F_REPLACE, rt, RT_SCOPE_UNIVERSE, RT_TABLE_MAIN, RTN_UNICAST, type Out, type Ptr } from './libnl.js';
 import { ConfigError, NetlinkError } from '../errors.js';
-import { canonicalIp, familyOf, parseCidr } from '../net/ip.js';
+import { familyOf, parseCidr } from '../net/ip.js';
 import { E, NLE, nlError } from './errno.js';
 import { check, dumpCache, hostSocket } from './socket.js';
 
@@ -109,10 +109,11 @@ export function routeList(protocol: number): RouteInfo[] {
         if ((rt.rtnl_route_get_nnexthops(r) as number) > 0) {
           const nh = rt.rtnl_route_nexthop_n(r, 0) as Ptr;
           const gw = rt.rtnl_route_nh_get_gateway(nh) as Ptr;
-          if (gw) gateway = canonicalIp((nl.nl_addr2str(gw, buf, buf.length) as string).split('/')[0] ?? '');
+          if (gw) gateway = (nl.nl_addr2str(gw, buf, buf.length) as string).split('/')[0];
           ifindex = rt.rtnl_route_nh_get_ifindex(nh) as number;
         }
-        result.push({ family, dst: parseCidr(addrText(dst, family)).cidr, gateway, ifindex, protocol });
+        // The kernel keeps destinations with host bits cleared; libnl prints them canonically.
+        result.push({ family, dst: addrText(dst, family), gateway, ifindex, protocol });
       }
     } finally {
       nl.nl_cache_free(cache);

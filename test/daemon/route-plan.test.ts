@@ -28,7 +28,7 @@ test('nodeRouteSource: podCIDRs (else podCIDR), canonical, the first InternalIP 
       ],
     },
   } as V1Node;
-  t.deepEqual(nodeRouteSource(n), { name: 'a', podCIDRs: ['10.244.1.0/24'], internalIPs: { 4: '198.18.252.12', 6: 'fd00:4b:252::12' } });
+  t.deepEqual(nodeRouteSource(n), { name: 'a', podCIDRs: ['10.244.1.0/24'], families: [4], internalIPs: { 4: '198.18.252.12', 6: 'fd00:4b:252::12' } });
   t.deepEqual(nodeRouteSource({ metadata: { name: 'b' }, spec: { podCIDR: '10.244.1.0/24', podCIDRs: ['10.244.2.0/24', 'fd00:10:244:2::/64'] } } as V1Node)?.podCIDRs, ['10.244.2.0/24', 'fd00:10:244:2::/64']);
   t.is(nodeRouteSource({ spec: {} } as V1Node), undefined);
   // A heartbeat (conditions, other addresses) is the same; a new InternalIP or CIDR is not.
@@ -52,6 +52,10 @@ test('planRoutes: one route per pod CIDR of every other Node, via its InternalIP
     { node: 'n4', family: 4, dst: '10.244.4.0/24', gateway: '192.0.2.4', ifindex: 3 },
   ]);
   t.deepEqual([...plan.problems], []);
+  // Subnet edges: the last address of 198.19.0.0/20 is on it, the next one is not.
+  const edge = planRoutes('n1', [node('last', ['10.244.10.0/24'], ['198.19.15.255']), node('next', ['10.244.11.0/24'], ['198.19.16.0'])], [{ ifindex: 5, cidr: '198.19.0.1/20' }]);
+  t.deepEqual(edge.routes.map((r) => `${r.node} ${r.ifindex}`), ['last 5']);
+  t.deepEqual([...edge.problems.keys()], ['next']);
 });
 
 test('planRoutes: no route, and a reason, for an address off every connected subnet, a missing family, our own address, a CIDR taken', (t) => {

@@ -1,0 +1,189 @@
+/**
+ * Routes between nodes at scale (`routes: direct`, src/daemon/routes.ts): one agent against the real
+ * API server of a local cluster (hack/cluster.sh up, one node) holding `--nodes` simulated Node
+ * objects (default 1 000; no real node behind them: each has a pod CIDR out of the cluster CIDR
+ * 10.128.0.0/9 and an InternalIP in 198.19.0.0/20, a subnet added to the node's uplink on the test
+ * LAN). The agent is the compiled package (dist/, as the image runs it) with the manifest
+ * ConfigMap's config (`routes: direct`), in node 1's namespaces, with the admin kubeconfig. Prints:
+ * - converge: from the agent's first log line (and from its spawn) until the kernel holds a
+ *   route for every simulated Node (ip monitor route in the node's netns);
+ * - one change: `--changes` times (default 100), one Node's InternalIP patched (status subresource,
+ *   straight over HTTPS) and the time until the kernel's route moved (ip -ts monitor), p50/p99;
+ * - the agent's CPU per change and its RSS with all the Nodes.
+ * Goals (issue 21): converge ≤ 2 s, one change ≤ 50 ms p99, RSS ≤ 120 MB. No reference: no plugin of
+ * the reference set routes between nodes. Root only; takes the cluster down at the end, also on failure.
+ *
+ * Usage: npx tsx bench/routes.ts [--nodes 1000] [--changes 100]
+ */
+import { execa, type ResultPromise } from 'execa';
+import { readFile, writeFile } from 'node:fs/promises';
+import yaml from 'js-yaml';
+import { request } from 'node:https';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { uniq } from '../hack/support/kernel.js';
+import { upstreamDir } from '../hack/support/upstream.js';
+
+const ROOT = fileURLToPath(new URL('../', import.meta.url));
+const arg = (name: string, dflt: number) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : dflt;
+};
+const NODES = arg('nodes', 1000);
+const CHANGES = arg('changes', 100);
+const DIR = `/tmp/kcl-routes-${uniq(6)}`;
+const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)), KCL_CLUSTER_CIDR: '10.128.0.0/9' };
+const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
+const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input, maxBuffer: 1e9 } : {});
+const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
+const now = () => performance.timeOrigin + performance.now();
+
+function pct(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? NaN;
+}
+
+/** Simulated Node k: pod CIDR 10.(130 + k / 256).(k % 256).0/24, InternalIP 198.19.0.16 + k. */
+const gw = (k: number, alt = false) => {
+  const n = 16 + k + (alt ? 2048 : 0);
+  return `198.19.${n >> 8}.${n & 255}`;
+};
+const cidr = (k: number) => `10.${130 + (k >> 8)}.${k & 255}.0/24`;
+const simNode = (k: number) => ({
+  apiVersion: 'v1',
+  kind: 'Node',
+  metadata: { name: `sim-${k}`, labels: { 'kubenet-bench': 'sim' } },
+  spec: { podCIDR: cidr(k), podCIDRs: [cidr(k)], unschedulable: true },
+  status: { addresses: [{ type: 'InternalIP', address: gw(k) }] },
+});
+
+/** PATCHes a Node's status over HTTPS with the cluster's admin credentials. */
+async function patchAddress(k: number, ip: string, creds: { ca: Buffer; cert: Buffer; key: Buffer }, port: string): Promise<void> {
+  const body = JSON.stringify({ status: { addresses: [{ type: 'InternalIP', address: ip }] } });
+  await new Promise<void>((resolve, reject) => {
+    const req = request({ host: '127.0.0.1', port, method: 'PATCH', path: `/api/v1/nodes/sim-${k}/status`, headers: { 'Content-Type': 'application/merge-patch+json', 'Content-Length': Buffer.byteLength(body) }, ...creds }, (res) => {
+      res.resume();
+      res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`PATCH sim-${k}: ${res.statusCode}`))));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+/** `ip -ts monitor route` in node 1's netns: each line with its wall-clock time (ms). */
+function monitor(): { lines: Array<{ at: number; text: string }>; proc: ResultPromise } {
+  const lines: Array<{ at: number; text: string }> = [];
+  const proc = execa('ip', ['-n', 'kcl-n1', '-ts', 'monitor', 'route'], { reject: false, buffer: false, env: { TZ: 'UTC' } });
+  let buf = '';
+  proc.stdout?.on('data', (d: Buffer) => {
+    buf += d.toString();
+    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
+      const line = buf.slice(0, nl);
+      buf = buf.slice(nl + 1);
+      const m = /^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)\]\s*(.*)$/.exec(line);
+      // "2026-11-26T13:50:00.123456" (UTC: TZ is set below): whole seconds plus the fraction.
+      const [secs, frac = '0'] = (m?.[1] ?? '').split('.');
+      if (m) lines.push({ at: Date.parse(`${secs}Z`) + Number(`0.${frac}`) * 1000, text: m[2] ?? '' });
+    }
+  });
+  return { lines, proc };
+}
+
+async function usage(pid: string): Promise<{ cpuMs: number; rssMb: number }> {
+  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
+  const rss = /VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, 'utf8'))?.[1];
+  return { cpuMs: ((Number(stat[11]) + Number(stat[12])) * 1000) / 100, rssMb: Number(rss) / 1024 };
+}
+
+const t0 = Date.now();
+let stopAgent = async () => undefined as unknown;
+try {
+  const up = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'up'], { env: ENV, all: true, reject: false });
+  if (up.exitCode !== 0) throw new Error(`cluster up failed:\n${up.all ?? ''}`);
+  await execa('ip', ['-n', 'kcl-n1', 'addr', 'add', '198.19.0.1/20', 'dev', 'kcl1u']);
+  console.log(`kubenet-ts routes bench: ${NODES} simulated Nodes, ${CHANGES} changes; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}`);
+  const tc = Date.now();
+  for (let b = 0; b < NODES; b += 250) {
+    const items = Array.from({ length: Math.min(250, NODES - b) }, (_, j) => simNode(b + j));
+    await kubectl(['create', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
+  }
+  console.log(`${NODES} Nodes created in ${Date.now() - tc} ms`);
+  // Let the controller-manager finish with the new Nodes (CIDR bookkeeping, lifecycle taints) first.
+  await new Promise((r) => setTimeout(r, 10_000));
+
+  // The manifest's ConfigMap config, as the DaemonSet gives it, to the compiled agent (dist/, what
+  // the image runs) in node 1's namespaces. Not the DaemonSet itself: it would also place a pod on
+  // each of the 1 000 simulated Nodes, which no kubelet ever runs.
+  await execa('npx', ['tsc', '-p', 'tsconfig.build.json'], { cwd: ROOT });
+  const docs = yaml.loadAll(await readFile(join(ROOT, 'manifests/kubenet.yaml'), 'utf8')) as Array<{ kind?: string; data?: Record<string, string> } | null>;
+  const configFile = join(DIR, 'agent-config.yaml');
+  await writeFile(configFile, docs.find((d) => d?.kind === 'ConfigMap')?.data?.['config.yaml'] ?? '');
+  const mon = monitor();
+  await new Promise((r) => setTimeout(r, 300));
+  const spawned = now();
+  const agent = execa('nsenter', ['-t', await holder(), '-m', '-n', `--wdns=${ROOT}`, process.execPath, join(ROOT, 'dist/src/cli/main.js'), 'daemon',
+    '--config', configFile, '--kubeconfig', join(DIR, 'admin.kubeconfig')], { env: { NODE_NAME: 'kcl-n1' }, reject: false, buffer: false, all: true });
+  stopAgent = async () => {
+    agent.kill('SIGTERM');
+    await agent;
+  };
+  const log: string[] = [];
+  agent.all?.on('data', (d: Buffer) => log.push(...d.toString().split('\n').filter(Boolean)));
+  const want = new Set(Array.from({ length: NODES }, (_, k) => cidr(k)));
+  const seen = new Set<string>();
+  let convergedAt = 0;
+  for (const end = Date.now() + 60_000; Date.now() < end && !convergedAt; await new Promise((r) => setTimeout(r, 50))) {
+    for (const l of mon.lines) {
+      const dst = /^(\d+\.\d+\.\d+\.\d+\/24) via .*proto 98/.exec(l.text)?.[1];
+      if (dst && want.has(dst) && !seen.has(dst)) {
+        seen.add(dst);
+        if (seen.size === want.size) convergedAt = l.at;
+      }
+    }
+  }
+  if (!convergedAt) throw new Error(`not converged after 60 s: ${seen.size}/${NODES} routes\n${log.slice(-20).join('\n')}`);
+  const firstLog = Number((JSON.parse(log.find((l) => l.startsWith('{')) ?? '{}') as { time?: number }).time ?? NaN);
+  const routesStart = Number((JSON.parse(log.find((l) => l.includes('routing the pod CIDRs')) ?? '{}') as { time?: number }).time ?? NaN);
+  // nsenter (without -p) execs the agent: same pid.
+  const pid = String(agent.pid);
+  await new Promise((r) => setTimeout(r, 2000));
+  const settled = await usage(pid);
+
+  const [ca, cert, key] = await Promise.all(['ca.crt', 'admin.crt', 'admin.key'].map((f) => readFile(join(DIR, 'pki', f))));
+  const creds = { ca: ca as Buffer, cert: cert as Buffer, key: key as Buffer };
+  const lat: number[] = [];
+  const before = await usage(pid);
+  for (let i = 0; i < CHANGES; i++) {
+    const k = (i * 7919) % NODES;
+    const target = gw(k, true);
+    const from = mon.lines.length;
+    const sent = now();
+    await patchAddress(k, target, creds, ENV.KCL_API_PORT);
+    let at = 0;
+    for (const end = Date.now() + 5000; Date.now() < end && !at; await new Promise((r) => setTimeout(r, 2))) {
+      const hit = mon.lines.slice(from).find((l) => l.text.startsWith(`${cidr(k)} via ${target} `));
+      if (hit) at = hit.at;
+    }
+    if (!at) throw new Error(`change ${i}: the route of sim-${k} did not move to ${target} within 5 s`);
+    lat.push(at - sent);
+    await patchAddress(k, gw(k), creds, ENV.KCL_API_PORT); // back, for the next round
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const after = await usage(pid);
+  const conv = convergedAt - firstLog;
+  console.log('\nconverge with all Nodes (ms)');
+  console.log(`  from the agent's first log line   ${conv.toFixed(0)}`);
+  console.log(`  from the routes controller start  ${(convergedAt - routesStart).toFixed(0)}`);
+  console.log(`  from spawn                        ${(convergedAt - spawned).toFixed(0)}`);
+  console.log(`one Node change -> kernel route (ms, ${lat.length} changes): p50 ${pct(lat, 50).toFixed(1)}  p99 ${pct(lat, 99).toFixed(1)}  max ${Math.max(...lat).toFixed(1)}`);
+  console.log(`agent CPU per change: ${((after.cpuMs - before.cpuMs) / (2 * CHANGES)).toFixed(2)} ms (each round is 2 changes; includes every other watch event meanwhile)`);
+  console.log(`agent RSS with ${NODES} Nodes: ${settled.rssMb.toFixed(0)} MB after converging, ${after.rssMb.toFixed(0)} MB after the changes`);
+  console.log(`${conv <= 2000 ? 'PASS' : 'MISS'}  converge <= 2 s: ${conv.toFixed(0)} ms`);
+  console.log(`${pct(lat, 99) <= 50 ? 'PASS' : 'MISS'}  one change <= 50 ms p99: ${pct(lat, 99).toFixed(1)} ms`);
+  console.log(`${Math.max(settled.rssMb, after.rssMb) <= 120 ? 'PASS' : 'MISS'}  RSS <= 120 MB: ${Math.max(settled.rssMb, after.rssMb).toFixed(0)} MB`);
+  mon.proc.kill();
+} finally {
+  await stopAgent();
+  const down = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'down'], { env: ENV, all: true, reject: false });
+  console.log(`cluster down: ${down.all?.trim().split('\n').pop() ?? ''} (total ${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+}
