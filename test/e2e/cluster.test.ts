@@ -13,54 +13,33 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { randomInt } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
-import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
+import { uniq } from '../../hack/support/kernel.js';
+import { upstreamDir } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
-import { AGENT_IMAGE_TAR } from '../helpers/containerd.js';
+import { clusterBlocker, LocalCluster, MANIFEST, pausePidOf, type PodList } from '../helpers/kcl.js';
 import { checkPingLoss, logRate, pingThroughout } from '../helpers/measure.js';
 
-const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const CLUSTER = join(ROOT, 'hack/cluster.sh');
-const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
-const blocker =
-  kernelTestBlocker() ??
-  upstreamBlocker('kubernetes', ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kubelet', 'kube-proxy', 'kubectl']) ??
-  upstreamBlocker('etcd', ['etcd']) ??
-  upstreamBlocker('containerd', ['containerd', 'ctr', 'containerd-shim-runc-v2']) ??
-  (existsSync(AGENT_IMAGE_TAR) ? undefined : `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`);
+const blocker = clusterBlocker();
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`cluster e2e tests skipped: ${blocker}`);
 
-const DIR = `/tmp/kcl-e2e-${uniq(6)}`;
-const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(randomInt(20000, 30000)) };
 const NODE = 'kcl-n1';
+const c = new LocalCluster();
 let up = false;
 
-const kubectl = async (args: string[], opts: { input?: string; reject?: boolean } = {}) =>
-  execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], { reject: opts.reject ?? true, ...(opts.input !== undefined ? { input: opts.input } : {}) });
-const json = async <T>(args: string[]): Promise<T> => JSON.parse((await kubectl([...args, '-o', 'json'])).stdout) as T;
-
+const kubectl = (args: string[], opts: { input?: string; reject?: boolean } = {}) => c.kubectl(args, opts);
+const json = <T>(args: string[]): Promise<T> => c.json<T>(args);
 /** A command in the node's namespaces (its netns and private mounts). */
-function inNode(cmd: string, args: string[], reject = true) {
-  const holder = readFileSync(join(DIR, 'n1/holder.pid'), 'utf8').trim();
-  return execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject });
-}
-
-interface PodList {
-  items: Array<{ metadata: { name: string; annotations?: Record<string, string> }; status: { podIP?: string; phase?: string } }>;
-}
+const inNode = (cmd: string, args: string[], reject = true) => c.inNode(1, cmd, args, reject);
 
 test.before(async (t) => {
   if (blocker) return;
   const t0 = Date.now();
-  const r = await withTrafficLock(() => execa('bash', [CLUSTER, 'up'], { env: ENV, reject: false, all: true }));
+  const r = await withTrafficLock(() => c.up());
   up = true;
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
   t.log(`cluster up in ${Date.now() - t0} ms: ${r.stdout.trim()}`);
@@ -69,7 +48,7 @@ test.before(async (t) => {
 test.after.always(async () => {
   if (!up) return;
   await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=60s', '--ignore-not-found'], { reject: false });
-  const r = await execa('bash', [CLUSTER, 'down'], { env: ENV, reject: false, all: true });
+  const r = await c.down();
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh down failed: ${r.all ?? ''}`);
 });
 
@@ -77,7 +56,7 @@ serialTest('the manifest, unchanged, rolls out on a real kubelet: the node goes 
   const ready = async () => ((await json<{ status: { conditions: Array<{ type: string; status: string }> } }>(['get', 'node', NODE])).status.conditions.find((c) => c.type === 'Ready')?.status);
   t.is(await ready(), 'False', 'NotReady before a network plugin');
   const t0 = Date.now();
-  await kubectl(['apply', '-f', join(ROOT, 'manifests/kubenet.yaml')]);
+  await kubectl(['apply', '-f', MANIFEST]);
   await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
   const rolled = Date.now();
   await kubectl(['wait', '--for=condition=Ready', `node/${NODE}`, '--timeout=60s']);
@@ -131,17 +110,6 @@ serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.po
   t.notRegex(log, /forbidden|Forbidden|"statusCode":403/, 'no authorization error from the real RBAC authorizer');
   t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
 }));
-
-/** The pid of the pause process of the pod with `ip` (its netns is the pod's). */
-function pausePidOf(ip: string): string | undefined {
-  return readdirSync('/proc').find((p) => {
-    try {
-      return /^\d+$/.test(p) && readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' && readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(` ${ip}\n`);
-    } catch {
-      return false;
-    }
-  });
-}
 
 serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced between two pods: iperf3 within ±10 %, no full second above 1.25×', (t) => withTrafficLock(async () => {
   const pod = (name: string, annotations: Record<string, string>) => ({
@@ -214,7 +182,7 @@ serialTest('a kubelet restart and a containerd restart: the node stays Ready, ru
   const before = new Map((await json<PodList>(['get', 'pods', '-l', 'app=web'])).items.map((p) => [p.metadata.name, p.status.podIP ?? '']));
   for (const service of ['kubelet', 'containerd']) {
     const t0 = Date.now();
-    await execa('bash', [CLUSTER, 'restart', service], { env: ENV });
+    await c.restart(service);
     // The node's kubelet sees its runtime again, and reports Ready.
     await new Promise((r) => setTimeout(r, 2000));
     await kubectl(['wait', '--for=condition=Ready', `node/${NODE}`, '--timeout=60s']);
@@ -231,7 +199,9 @@ serialTest('a kubelet restart and a containerd restart: the node stays Ready, ru
   t.truthy(after[0]?.status.podIP, 'the new pod has an address');
 }));
 
-serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record, shaping class or runtime cache entry', (t) => withTrafficLock(async () => {
+serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record, shaping class, iptables rule or runtime cache entry', (t) => withTrafficLock(async () => {
+  const podIps = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items.map((p) => p.status.podIP ?? '').filter(Boolean);
+  t.true(podIps.length >= 20);
   await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=120s']);
   await kubectl(['wait', '--for=delete', 'pod', '-l', 'app=web', '--timeout=120s'], { reject: false });
   const settled = async () => {
@@ -240,7 +210,10 @@ serialTest('deleting the pods leaves nothing on the node: no reservation, veth, 
     const records = (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '');
     const classes = (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.split('\n').filter((l) => /^class htb 1:/.test(l));
     const runtimeCache = (await inNode('ls', ['/var/lib/cni/results'], false)).stdout.split('\n').filter((f) => f !== '');
-    return { reservations, veths, records, classes, runtimeCache };
+    // No rule of any table names a pod that was (kube-proxy's, the runtime's or ours).
+    const rules = (await inNode('iptables-save', [], false)).stdout.split('\n');
+    const iptables = rules.filter((l) => podIps.some((ip) => new RegExp(`[^0-9.]${ip.replace(/\./g, '\\.')}(/32)?[^0-9.]`).test(` ${l} `)));
+    return { reservations, veths, records, classes, runtimeCache, iptables };
   };
   const deadline = Date.now() + 30_000;
   let left = await settled();
@@ -248,5 +221,5 @@ serialTest('deleting the pods leaves nothing on the node: no reservation, veth, 
     await new Promise((r) => setTimeout(r, 500));
     left = await settled();
   }
-  t.deepEqual(left, { reservations: [], veths: [], records: [], classes: [], runtimeCache: [] });
+  t.deepEqual(left, { reservations: [], veths: [], records: [], classes: [], runtimeCache: [], iptables: [] });
 }));
