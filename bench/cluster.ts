@@ -7,16 +7,18 @@
  * egress 20M; a pod's startup is from just before its batch is sent to the moment the API server's
  * watch (kubectl get -w) shows it Ready. Also the agent's CPU time and RSS over its run. Prints
  * p50/p99, the ratios and PASS/MISS for issue 20's goals (p50 ≤ the reference's, p99 ≤ 1.1×).
- * Reference first, then kubenet: its pods are deleted and its conflist and bridge removed before the
- * manifest is applied. Root only; takes the cluster down at the end, also on failure.
+ * In `--rounds` rounds (default 2) that alternate which side goes first; between sides the pods are
+ * deleted and the other side's conflist, bridge (and DaemonSet) removed. Root only; takes the
+ * cluster down at the end, also on failure.
  *
- * Usage: npx tsx bench/cluster.ts [--pods 60] [--concurrency 10]
+ * Usage: npx tsx bench/cluster.ts [--pods 60] [--concurrency 10] [--rounds 2]
  */
 import { execa, type ResultPromise } from 'execa';
 import { copyFile, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { uniq } from '../hack/support/kernel.js';
+import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
 import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -26,6 +28,7 @@ const arg = (name: string, dflt: number) => {
 };
 const PODS = arg('pods', 60);
 const CONC = arg('concurrency', 10);
+const ROUNDS = arg('rounds', 2);
 const DIR = `/tmp/kcl-bench-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)) };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
@@ -39,7 +42,7 @@ function pct(xs: number[], p: number): number {
 }
 
 /** Creates the pods in batches; returns each pod's startup in ms. */
-async function startup(prefix: string): Promise<number[]> {
+async function startup(prefix: string, count: number): Promise<number[]> {
   const readyAt = new Map<string, number>();
   const watch: ResultPromise = execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), 'get', 'pods', '-w', '-o', 'jsonpath={.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\\n"}'], { reject: false, buffer: false });
   watch.stdout?.on('data', (d: Buffer) => {
@@ -51,8 +54,8 @@ async function startup(prefix: string): Promise<number[]> {
   await new Promise((r) => setTimeout(r, 1000));
   const times: number[] = [];
   try {
-    for (let b = 0; b < PODS; b += CONC) {
-      const names = Array.from({ length: Math.min(CONC, PODS - b) }, (_, k) => `${prefix}-${b + k}`);
+    for (let b = 0; b < count; b += CONC) {
+      const names = Array.from({ length: Math.min(CONC, count - b) }, (_, k) => `${prefix}-${b + k}`);
       const items = names.map((name) => ({
         apiVersion: 'v1',
         kind: 'Pod',
@@ -75,7 +78,14 @@ async function startup(prefix: string): Promise<number[]> {
   return times;
 }
 
-async function referenceConflist(): Promise<void> {
+/** The node runs the reference conflist: kubenet's DaemonSet, conflist and bridge gone first. */
+async function useReference(): Promise<void> {
+  if ((await kubectl(['-n', 'kube-system', 'get', 'daemonset', 'kubenet', '--ignore-not-found', '-o', 'name'])).stdout.trim()) {
+    await kubectl(['delete', '-f', join(ROOT, 'manifests/kubenet.yaml'), '--wait=true', '--timeout=120s']);
+    await kubectl(['-n', 'kube-system', 'wait', '--for=delete', 'pod', '-l', 'app.kubernetes.io/name=kubenet', '--timeout=120s'], undefined).catch(() => undefined);
+    await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-kubenet.conflist')]);
+    await execa('nsenter', ['-t', await holder(), '-n', 'ip', 'link', 'del', 'cbr0'], { reject: false });
+  }
   // The controller-manager allocates the Node's pod CIDR a moment after the Node registers.
   let cidr = '';
   for (const end = Date.now() + 60_000; !cidr && Date.now() < end; await new Promise((r) => setTimeout(r, 200))) {
@@ -93,6 +103,17 @@ async function referenceConflist(): Promise<void> {
     ],
   };
   await writeFile(await nodePath('/etc/cni/net.d/10-ref.conflist'), JSON.stringify(conf));
+  await kubectl(['wait', '--for=condition=Ready', 'node/kcl-n1', '--timeout=60s']);
+}
+
+/** The node runs kubenet-ts as the manifest installs it: the reference conflist and bridge gone first. */
+async function useKubenet(): Promise<void> {
+  await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-ref.conflist')]);
+  await execa('nsenter', ['-t', await holder(), '-n', 'ip', 'link', 'del', 'cni0'], { reject: false });
+  await kubectl(['apply', '-f', join(ROOT, 'manifests/kubenet.yaml')]);
+  await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
+  await kubectl(['wait', '--for=condition=Ready', 'node/kcl-n1', '--timeout=60s']);
+  await new Promise((r) => setTimeout(r, 2000));
 }
 
 async function agentUsage(): Promise<{ cpuMs: number; rssMb: number; pid: string }> {
@@ -105,21 +126,37 @@ async function agentUsage(): Promise<{ cpuMs: number; rssMb: number; pid: string
 }
 
 const t0 = Date.now();
+// One local cluster at a time on the machine (its namespaces are kcl-*), and no measurement beside this one.
+const releaseCluster = await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, onWait: () => console.log('waiting for another local cluster to go down') });
+const releaseTraffic = await holdLock(TRAFFIC_LOCK, { onWait: () => console.log('waiting for the traffic lock') });
 try {
   const up = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'up'], { env: ENV, all: true, reject: false });
   if (up.exitCode !== 0) throw new Error(`cluster up failed:\n${up.all ?? ''}`);
-  console.log(`kubenet-ts cluster bench: ${PODS} pods, ${CONC} at a time; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}, reference plugins ${await refPluginsVersion()}`);
-  await referenceConflist();
-  await kubectl(['wait', '--for=condition=Ready', 'node/kcl-n1', '--timeout=60s']);
-  const ref = await startup('ref');
-  await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-ref.conflist')]);
-  await execa('nsenter', ['-t', await holder(), '-n', 'ip', 'link', 'del', 'cni0'], { reject: false });
-  await kubectl(['apply', '-f', join(ROOT, 'manifests/kubenet.yaml')]);
-  await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
-  await new Promise((r) => setTimeout(r, 2000));
-  const before = await agentUsage();
-  const ours = await startup('kn');
-  const after = await agentUsage();
+  console.log(`kubenet-ts cluster bench: ${PODS} pods per side in ${ROUNDS} rounds, ${CONC} at a time; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}, reference plugins ${await refPluginsVersion()}`);
+  const ref: number[] = [];
+  const ours: number[] = [];
+  let cpuMs = 0;
+  let rss = { first: NaN, last: NaN };
+  // Rounds alternate the order (reference first, then kubenet first, ...): whatever drifts over the
+  // run (the API server's caches, etcd's size, page cache) falls on both sides alike.
+  const perRound = Math.ceil(PODS / ROUNDS);
+  for (let r = 0; r < ROUNDS; r++) {
+    const order = r % 2 === 0 ? (['ref', 'kn'] as const) : (['kn', 'ref'] as const);
+    for (const side of order) {
+      if (side === 'ref') {
+        await useReference();
+        ref.push(...(await startup(`ref${r}`, perRound)));
+      } else {
+        await useKubenet();
+        const before = await agentUsage();
+        ours.push(...(await startup(`kn${r}`, perRound)));
+        const after = await agentUsage();
+        cpuMs += after.cpuMs - before.cpuMs;
+        if (Number.isNaN(rss.first)) rss.first = before.rssMb;
+        rss.last = after.rssMb;
+      }
+    }
+  }
   const row = (side: string, xs: number[]) => console.log(`${side.padEnd(10)} ${String(xs.length).padStart(4)} ${pct(xs, 50).toFixed(0).padStart(8)} ${pct(xs, 99).toFixed(0).padStart(8)} ${Math.min(...xs).toFixed(0).padStart(8)} ${Math.max(...xs).toFixed(0).padStart(8)}`);
   console.log('\npod startup, ms (create -> Ready, seen on the API server\'s watch)');
   console.log('side          n      p50      p99      min      max');
@@ -128,10 +165,12 @@ try {
   const r50 = pct(ours, 50) / pct(ref, 50);
   const r99 = pct(ours, 99) / pct(ref, 99);
   console.log(`ratio k/r        ${r50.toFixed(3).padStart(8)} ${r99.toFixed(3).padStart(8)}`);
-  console.log(`agent (pid ${after.pid}) over its ${PODS} pods: CPU ${(after.cpuMs - before.cpuMs).toFixed(0)} ms (${((after.cpuMs - before.cpuMs) / PODS).toFixed(1)} ms per pod, ADD + DEL), RSS ${before.rssMb.toFixed(0)} -> ${after.rssMb.toFixed(0)} MB`);
+  console.log(`agent over its ${ours.length} pods: CPU ${cpuMs.toFixed(0)} ms (${(cpuMs / ours.length).toFixed(1)} ms per pod, ADD + DEL), RSS ${rss.first.toFixed(0)} -> ${rss.last.toFixed(0)} MB`);
   console.log(`${r50 <= 1 ? 'PASS' : 'MISS'}  startup p50 <= the reference's: ${r50.toFixed(3)}x`);
   console.log(`${r99 <= 1.1 ? 'PASS' : 'MISS'}  startup p99 <= 1.1x the reference's: ${r99.toFixed(3)}x`);
 } finally {
   const down = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'down'], { env: ENV, all: true, reject: false });
+  await releaseTraffic();
+  await releaseCluster();
   console.log(`cluster down: ${down.all?.trim() ?? ''} (total ${((Date.now() - t0) / 1000).toFixed(0)} s)`);
 }

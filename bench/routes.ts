@@ -22,6 +22,7 @@ import { request } from 'node:https';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { uniq } from '../hack/support/kernel.js';
+import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
 import { upstreamDir } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -96,6 +97,9 @@ async function usage(pid: string): Promise<{ cpuMs: number; rssMb: number }> {
 }
 
 const t0 = Date.now();
+// One local cluster at a time on the machine (its namespaces are kcl-*), and no measurement beside this one.
+const releaseCluster = await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, onWait: () => console.log('waiting for another local cluster to go down') });
+const releaseTraffic = await holdLock(TRAFFIC_LOCK, { onWait: () => console.log('waiting for the traffic lock') });
 let stopAgent = async () => undefined as unknown;
 try {
   const up = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'up'], { env: ENV, all: true, reject: false });
@@ -185,5 +189,7 @@ try {
 } finally {
   await stopAgent();
   const down = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'down'], { env: ENV, all: true, reject: false });
+  await releaseTraffic();
+  await releaseCluster();
   console.log(`cluster down: ${down.all?.trim().split('\n').pop() ?? ''} (total ${((Date.now() - t0) / 1000).toFixed(0)} s)`);
 }

@@ -242,6 +242,8 @@ EOF
 }
 
 cluster_cidrs() { if [ "$DUAL" = 1 ]; then echo "$CLUSTER_CIDR,$CLUSTER_CIDR6"; else echo "$CLUSTER_CIDR"; fi; }
+# The controller-manager refuses the per-family mask flags in a single-stack cluster.
+mask_sizes() { if [ "$DUAL" = 1 ]; then echo "--node-cidr-mask-size-ipv4 24 --node-cidr-mask-size-ipv6 64"; else echo "--node-cidr-mask-size 24"; fi; }
 service_cidrs() { if [ "$DUAL" = 1 ]; then echo "$SERVICE_CIDR,$SERVICE_CIDR6"; else echo "$SERVICE_CIDR"; fi; }
 
 up() {
@@ -293,12 +295,15 @@ up() {
   echo $! >"$DIR/api-relay-out.pid"
   sed "s#https://$LAN.11:6443#https://127.0.0.1:$API_PORT#" "$DIR/admin.kubeconfig" >"$DIR/kubeconfig"
   wait_for "$nodes node(s) registered" 120 nodes_registered "$nodes"
+  # The controller-manager works (a part that exited would show here, not later): every Node has its pod CIDR(s).
+  wait_for "pod CIDRs of every node (kube-controller-manager: $DIR/n1/kube-controller-manager.log)" 60 cidrs_allocated
   log "up in $((SECONDS - t0)) s: $nodes node(s), Kubernetes $("$B/kubernetes/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1); nodes are NotReady until a network plugin runs (kubectl apply -f manifests/kubenet.yaml)"
   trap - EXIT
   echo "$DIR/kubeconfig"
 }
 
 nodes_registered() { [ "$(kctl get nodes -o name | wc -l)" -eq "$1" ]; }
+cidrs_allocated() { ! kctl get nodes -o jsonpath='{range .items[*]}{.metadata.name}={.spec.podCIDR}{"\n"}{end}' | grep -q '=$'; }
 
 # The control plane, in node 1's sandbox (before its containerd, kubelet and kube-proxy).
 control_plane_up() {
@@ -315,7 +320,7 @@ control_plane_up() {
   kctl create clusterrolebinding kubeadm:cluster-admins --clusterrole cluster-admin --group kubeadm:cluster-admins >/dev/null
   start 1 kube-controller-manager "$B/kubernetes/kube-controller-manager" --kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig "$DIR/kube-controller-manager.kubeconfig" --authorization-kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
-    --allocate-node-cidrs --cluster-cidr "$(cluster_cidrs)" --node-cidr-mask-size-ipv4 24 --node-cidr-mask-size-ipv6 64 --service-cluster-ip-range "$(service_cidrs)" \
+    --allocate-node-cidrs --cluster-cidr "$(cluster_cidrs)" $(mask_sizes) --service-cluster-ip-range "$(service_cidrs)" \
     --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" --use-service-account-credentials \
     --bind-address 127.0.0.1 --leader-elect=false
   start 1 kube-scheduler "$B/kubernetes/kube-scheduler" --kubeconfig "$DIR/kube-scheduler.kubeconfig" \

@@ -22,6 +22,11 @@ import { execa } from 'execa';
 import { readFileSync, statSync } from 'node:fs';
 
 export const TRAFFIC_LOCK = '/tmp/kubenet-traffic.lock';
+/**
+ * hack/cluster.sh names its network namespaces kcl-*, so one local cluster runs on the machine at a
+ * time: the suites and benches that bring one up hold this lock from before `up` until after `down`.
+ */
+export const CLUSTER_LOCK = '/tmp/kubenet-cluster.lock';
 /** Taken by the test workers of a run whose ancestor holds TRAFFIC_LOCK. */
 export const INNER_LOCK = '/tmp/kubenet-traffic.inner.lock';
 
@@ -79,35 +84,48 @@ export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: 
 }
 
 async function locked<T>(file: string, fn: () => Promise<T>, opts: { waitMs?: number; onWait?: () => void }): Promise<T> {
+  const release = await holdLock(file, opts);
+  try {
+    return await fn();
+  } finally {
+    await release();
+  }
+}
+
+/**
+ * Takes an exclusive flock on `file` (waiting up to `waitMs`, telling `onWait` once when someone
+ * else holds it) and returns its release. The lock is held by an `flock(1)` child that waits on its
+ * stdin, so it goes when this process dies.
+ */
+export async function holdLock(file: string, opts: { waitMs?: number; onWait?: () => void } = {}): Promise<() => Promise<void>> {
   const holder = execa('flock', ['--exclusive', '--timeout', String(Math.ceil((opts.waitMs ?? 600_000) / 1000)), file, 'sh', '-c', 'echo locked; exec cat >/dev/null'], {
     reject: false,
     stdin: 'pipe',
   });
-  try {
-    const locked = await new Promise<boolean>((resolve) => {
-      const waitTimer = setTimeout(() => opts.onWait?.(), 500);
-      holder.stdout?.on('data', (d: Buffer) => {
-        if (d.toString().includes('locked')) {
-          clearTimeout(waitTimer);
-          resolve(true);
-        }
-      });
-      void holder.then(() => {
-        clearTimeout(waitTimer);
-        resolve(false);
-      });
-    });
-    if (!locked) {
-      const r = await holder;
-      throw new Error(`could not take the traffic lock ${file} (flock exit ${r.exitCode}): ${String(r.stderr)}`);
-    }
-    return await fn();
-  } finally {
+  const release = async () => {
     holder.stdin?.end();
     const done = await Promise.race([holder.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 2000))]);
     if (!done) {
       holder.kill('SIGKILL');
       await holder;
     }
+  };
+  const locked = await new Promise<boolean>((resolve) => {
+    const waitTimer = setTimeout(() => opts.onWait?.(), 500);
+    holder.stdout?.on('data', (d: Buffer) => {
+      if (d.toString().includes('locked')) {
+        clearTimeout(waitTimer);
+        resolve(true);
+      }
+    });
+    void holder.then(() => {
+      clearTimeout(waitTimer);
+      resolve(false);
+    });
+  });
+  if (!locked) {
+    const r = await holder;
+    throw new Error(`could not take the lock ${file} (flock exit ${r.exitCode}): ${String(r.stderr)}`);
   }
+  return release;
 }

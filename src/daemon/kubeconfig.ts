@@ -61,7 +61,10 @@ export class KubeCredentials implements KubeClientConfig {
     readonly source: string,
     private readonly tokenRereadMs = TOKEN_REREAD_MS,
   ) {
-    this.agent = server.startsWith('https:') ? new HttpsAgent({ ...tls }) : new HttpAgent();
+    // Keep-alive: an Event POST or a pod GET reuses an open TLS connection instead of a handshake
+    // each (CPU on both sides: ~1 ms here and in the API server per request, on every pod ADD).
+    const keep = { keepAlive: true, keepAliveMsecs: 30_000, maxFreeSockets: 4 };
+    this.agent = server.startsWith('https:') ? new HttpsAgent({ ...tls, ...keep }) : new HttpAgent(keep);
   }
 
   getCurrentCluster(): { server: string } {

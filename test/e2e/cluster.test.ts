@@ -39,7 +39,7 @@ const inNode = (cmd: string, args: string[], reject = true) => c.inNode(1, cmd, 
 test.before(async (t) => {
   if (blocker) return;
   const t0 = Date.now();
-  const r = await withTrafficLock(() => c.up());
+  const r = await c.up([], () => t.log('waiting for another suite\'s cluster to go down'));
   up = true;
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
   t.log(`cluster up in ${Date.now() - t0} ms: ${r.stdout.trim()}`);

@@ -79,7 +79,7 @@ async function agentPid(i: number): Promise<string> {
 test.before(async (t) => {
   if (blocker) return;
   const t0 = Date.now();
-  const r = await withTrafficLock(() => c.up(['--nodes', '3', '--dual-stack']));
+  const r = await c.up(['--nodes', '3', '--dual-stack'], () => t.log('waiting for another suite\'s cluster to go down'));
   up = true;
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
   await withTrafficLock(async () => {
@@ -116,9 +116,12 @@ serialTest('every node routes the other nodes\' pod CIDRs (both families) via th
   t.log(`routes of ${node(1)}: ${(await ourRoutes(1)).join('; ')}`);
 });
 
+/** A UDP "who am I" server on port 7777, both families, for 120 s: it answers with the sender's address. */
+const WHOAMI_SERVER = `for(const type of ['udp4','udp6']){const s=require('dgram').createSocket(type==='udp6'?{type,ipv6Only:true}:{type});s.on('message',(m,r)=>s.send(r.address,r.port,r.address));s.bind(7777)}setTimeout(()=>process.exit(0),120000)`;
+
 /** Asks a UDP "who am I" server (in the pod with `toIp`) from the pod with netns pid `fromPid`; the answer is the source address it saw. */
-async function whoami(fromPid: string, toIp: string): Promise<string> {
-  const script = `const s=require('dgram').createSocket(${JSON.stringify(toIp.includes(':') ? 'udp6' : 'udp4')});s.on('message',(m)=>{console.log(String(m));process.exit(0)});const send=()=>s.send('?',7777,${JSON.stringify(toIp)});send();setInterval(send,200);setTimeout(()=>process.exit(1),3000)`;
+async function whoami(fromPid: string, toIp: string, port = 7777): Promise<string> {
+  const script = `const s=require('dgram').createSocket(${JSON.stringify(toIp.includes(':') ? 'udp6' : 'udp4')});s.on('message',(m)=>{console.log(String(m));process.exit(0)});const send=()=>s.send('?',${port},${JSON.stringify(toIp)});send();setInterval(send,200);setTimeout(()=>process.exit(1),3000)`;
   const r = await execa('nsenter', ['-t', fromPid, '-n', process.execPath, '-e', script], { reject: false });
   return r.exitCode === 0 ? r.stdout.trim() : `no answer (${r.exitCode})`;
 }
@@ -132,8 +135,7 @@ serialTest('full mesh across nodes, both families: every pod pings every pod on 
     const pid = new Map(pods.map((p) => [p.metadata.name, pausePidOf(p.status.podIP ?? '') ?? '']));
     t.deepEqual([...ips.values()].map((a) => a.length), [2, 2, 2], 'every pod has an IPv4 and an IPv6 address');
     // A UDP "who am I" server in every pod, both families: it answers with the sender's address.
-    const server = `for(const type of ['udp4','udp6']){const s=require('dgram').createSocket(type==='udp6'?{type,ipv6Only:true}:{type});s.on('message',(m,r)=>s.send(r.address,r.port,r.address));s.bind(7777)}setTimeout(()=>process.exit(0),120000)`;
-    const servers = [...pid.values()].map((p) => execa('nsenter', ['-t', p, '-n', process.execPath, '-e', server], { reject: false }));
+    const servers = [...pid.values()].map((p) => execa('nsenter', ['-t', p, '-n', process.execPath, '-e', WHOAMI_SERVER], { reject: false }));
     try {
       await new Promise((r) => setTimeout(r, 500));
       const results: string[] = [];
@@ -154,6 +156,28 @@ serialTest('full mesh across nodes, both families: every pod pings every pod on 
       t.is(results.length, 12);
     } finally {
       for (const s of servers) s.kill();
+    }
+  }));
+
+serialTest('a host port on one node is reached from a pod on another (through the masquerade, as any node address outside nonMasqueradeCIDR)', (t) =>
+  withTrafficLock(async () => {
+    const hp = pausePod('hp-2', {}, node(2));
+    (hp.spec as { containers: Array<Record<string, unknown>> }).containers[0]!.ports = [{ containerPort: 7777, hostPort: 17777, protocol: 'UDP' }];
+    await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify(hp) });
+    await c.kubectl(['wait', '--for=condition=Ready', 'pod/hp-2', '--timeout=90s']);
+    const hpIp = (await c.json<{ status: { podIP: string } }>(['get', 'pod', 'hp-2'])).status.podIP;
+    const server = execa('nsenter', ['-t', pausePidOf(hpIp) ?? '', '-n', process.execPath, '-e', WHOAMI_SERVER], { reject: false });
+    try {
+      await new Promise((r) => setTimeout(r, 500));
+      const fromIp = (await c.json<{ status: { podIP: string } }>(['get', 'pod', 'mesh-1'])).status.podIP;
+      const seen = await whoami(pausePidOf(fromIp) ?? '', '198.18.252.12', 17777);
+      t.log(`mesh-1 (${fromIp}, n1) → ${node(2)}'s host port 198.18.252.12:17777/udp → hp-2 (${hpIp}): source seen ${seen}`);
+      // The destination is a node address, outside nonMasqueradeCIDR: n1 masquerades it as kubenet
+      // always has (only pod-to-pod traffic inside the cluster CIDR keeps its source address).
+      t.is(seen, '198.18.252.11', 'answered; the source is n1\'s address (masqueraded on the way out of n1)');
+    } finally {
+      server.kill();
+      await c.kubectl(['delete', 'pod', 'hp-2', '--wait=true', '--timeout=60s']);
     }
   }));
 

@@ -8,6 +8,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { CLUSTER_LOCK, holdLock, withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
 import { AGENT_IMAGE_TAR } from './containerd.js';
 
@@ -34,13 +35,26 @@ export interface PodList {
 export class LocalCluster {
   readonly dir = `/tmp/kcl-e2e-${uniq(6)}`;
   readonly env = { KCL_DIR: this.dir, KCL_API_PORT: String(randomInt(20000, 30000)) };
+  private release: (() => Promise<void>) | undefined;
 
-  up(args: string[] = []) {
-    return execa('bash', [CLUSTER_SH, 'up', ...args], { env: this.env, reject: false, all: true });
+  /**
+   * Takes the cluster lock (waiting while another suite's cluster is up), then brings this one up
+   * under the traffic lock (a control plane starting loads both cores). Never call it inside a
+   * traffic-lock section: the suite holding the cluster lock needs the traffic lock to finish.
+   */
+  async up(args: string[] = [], onWait?: () => void) {
+    this.release ??= await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(onWait ? { onWait } : {}) });
+    return withTrafficLock(() => execa('bash', [CLUSTER_SH, 'up', ...args], { env: this.env, reject: false, all: true }));
   }
 
-  down() {
-    return execa('bash', [CLUSTER_SH, 'down'], { env: this.env, reject: false, all: true });
+  /** Takes the cluster down and releases the cluster lock. */
+  async down() {
+    try {
+      return await execa('bash', [CLUSTER_SH, 'down'], { env: this.env, reject: false, all: true });
+    } finally {
+      await this.release?.();
+      this.release = undefined;
+    }
   }
 
   restart(service: string, node = 1) {
