@@ -112,8 +112,11 @@ try {
     await kubectl(['create', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
   }
   console.log(`${NODES} Nodes created in ${Date.now() - tc} ms`);
-  // Let the controller-manager finish with the new Nodes (CIDR bookkeeping, lifecycle taints) first.
-  await new Promise((r) => setTimeout(r, 10_000));
+  // Let the controller-manager finish with the new Nodes first: it marks a Node that never
+  // reported NotReady and taints it 50 s after it appeared (node-monitor-grace-period), a storm of
+  // 1 000 Node updates through the API server and etcd that would be measured instead of the agent.
+  const settle = Math.max(0, 65_000 - (Date.now() - tc));
+  await new Promise((r) => setTimeout(r, settle));
 
   // The manifest's ConfigMap config, as the DaemonSet gives it, to the compiled agent (dist/, what
   // the image runs) in node 1's namespaces. Not the DaemonSet itself: it would also place a pod on
