@@ -11,7 +11,10 @@
  * already holds an address of a set is refused; a failed ADD releases what it reserved in earlier
  * sets; a release removes every file naming the container ID and interface, or (only when there is
  * none) every file naming the ID alone (host-local < 0.8.6). Its errors carry host-local's words.
- * One difference: an ADD holds the lock across all its range sets, where host-local takes it per set.
+ * One difference: an ADD holds the lock across all its range sets, where host-local takes it per
+ * set. Cost: like host-local, an ADD (its duplicate check) and a DEL read every reservation file of
+ * the network, ~10-25 µs each (measured: 0.3 ms per ADD with no other reservation, 2.6 ms with 100,
+ * on a loaded 2-core machine), on the event loop, under the lock.
  */
 import { ConflictError, ConfigError, KubenetError } from '../../errors.js';
 import type { CniResult, Route } from '../../cni/types.js';
@@ -93,9 +96,12 @@ function heldBy(store: LockedStore, containerId: string, ifName: string): string
  */
 export function allocate(store: LockedStore, sets: RangeSet[], containerId: string, ifName: string): Allocated[] {
   const out: Allocated[] = [];
+  // One scan for all sets (host-local scans per set): under the one lock, what this ADD reserves in
+  // a set is in no other set's ranges, so the later sets would find nothing more.
+  const held = heldBy(store, containerId, ifName);
   try {
     for (const [idx, set] of sets.entries()) {
-      for (const name of heldBy(store, containerId, ifName)) {
+      for (const name of held) {
         const a = parseAddr(name);
         if (a && rangeIndexFor(set, a) >= 0) throw new DuplicateAllocationError(idx, formatAddr(a.family, a.value), containerId);
       }
