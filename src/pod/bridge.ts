@@ -28,7 +28,7 @@ export interface BridgeSettings {
   hairpinMode: HairpinMode;
   ipamDataDir: string;
   /**
-   * The agent's socket when it runs host-local itself, next to the bridge plugin (prefetch): the
+   * The agent's socket when it allocates host-local's addresses itself, next to the bridge plugin (prefetch): the
    * bridge's IPAM is then {@link IPAM_SHIM_TYPE}, which fetches that result over this socket.
    */
   ipamPrefetchSocket?: string;
@@ -37,8 +37,9 @@ export interface BridgeSettings {
 /**
  * The IPAM type of the agent's bridge config when host-local is prefetched: native/kubenet-cni.c
  * exec'd as `kubenet-ipam` (native/build/ipam/). For ADD it answers with the result of the
- * host-local ADD the agent started with the bridge plugin's exec (POST /v1/ipam); every other
- * command it hands to host-local itself. Its config is host-local's (host-local ignores `type`).
+ * host-local allocation the agent started in-process with the bridge plugin's exec (POST
+ * /v1/ipam); every other command it hands to host-local itself (the agent's DEL never runs the
+ * bridge plugin, so in practice that is CHECK). Its config is host-local's (host-local ignores `type`).
  */
 export const IPAM_SHIM_TYPE = 'kubenet-ipam';
 
@@ -58,13 +59,24 @@ export function bridgeConf(s: BridgeSettings, subnets: Subnet[]): BridgeNetConf 
 }
 
 /**
- * The host-local network the agent runs for a bridge network whose IPAM is the shim (same name,
+ * The host-local network the agent allocates from for a bridge network whose IPAM is the shim (same name,
  * version and IPAM section, so the same reservations as the bridge's own IPAM calls); undefined
  * for any other network.
  */
 export function prefetchedIpamNetwork(network: NetConf | NetConfList): NetConf | undefined {
   const ipam = bridgePlugin(network)?.ipam;
   if (ipam?.type !== IPAM_SHIM_TYPE) return undefined;
+  return { cniVersion: network.cniVersion, name: network.name, type: 'host-local', ipam: { ...ipam, type: 'host-local' } };
+}
+
+/**
+ * The host-local network of a bridge network whose addresses are host-local's, through the shim or
+ * not (same name, version and IPAM section, type host-local): what the agent's own allocator
+ * (host-local/) releases; undefined for any other network.
+ */
+export function hostLocalIpamNetwork(network: NetConf | NetConfList): NetConf | undefined {
+  const ipam = bridgePlugin(network)?.ipam;
+  if (ipam?.type !== IPAM_SHIM_TYPE && ipam?.type !== 'host-local') return undefined;
   return { cniVersion: network.cniVersion, name: network.name, type: 'host-local', ipam: { ...ipam, type: 'host-local' } };
 }
 

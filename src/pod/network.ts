@@ -19,10 +19,14 @@
  *   from inside its netns (veth.ts), where that ADD had checked no such interface existed.
  * - Leftovers of attachments that no longer exist (reservations, veths on the bridge, host-port
  *   rules, tc objects) are removed by the sweep that GC and the reconcile share.
- * - Addresses come from host-local (the pod CIDR). With `ipamPrefetchSocket` the ADD starts
- *   host-local itself, beside the bridge plugin's exec, whose IPAM (the shim) then fetches that
- *   result (`prefetchedIpam`): host-local's ~3 ms no longer wait for the bridge plugin to reach its
- *   IPAM step; a failed ADD waits for that host-local before its undo releases the address.
+ * - Addresses come from host-local (the pod CIDR). With `ipamPrefetchSocket` (the agent) they are
+ *   allocated in-process by host-local's own allocator on host-local's own store (host-local/), no
+ *   host-local exec'd: the ADD starts the allocation beside the bridge plugin's exec, whose IPAM
+ *   (the shim) then fetches that result (`prefetchedIpam`); a failed ADD waits for the allocation
+ *   before its undo releases the address. DEL releases in-process too, without the bridge plugin:
+ *   its DEL without a netns is only its IPAM DEL; host-port rules (portmap) go before the address.
+ *   The generated config still describes bridge + host-local (through the shim), and the real
+ *   host-local can release, check and collect what the agent reserved, and the agent what it did.
  * - In dhcp mode addresses come from the LAN's DHCP server through the reference dhcp IPAM plugin
  *   and its lease daemon (dhcp.ts): the bridge is then no gateway, the uplink is one of its ports
  *   (uplink.ts), DEL releases the lease through the plugin while the pod's interface still exists
@@ -52,6 +56,7 @@ import {
   POD_IFNAME,
   portmapOnly,
   prefetchedIpamNetwork,
+  hostLocalIpamNetwork,
   withPortmap,
   type BridgeSettings,
   type HairpinMode,
@@ -67,6 +72,7 @@ import { listReservations, readReservations, removeEmptyReservations } from './r
 import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
 import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
+import { HostLocalAllocator, parseHostLocal } from './host-local/allocator.js';
 
 export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
 const DEFAULT_MTU = 1460;
@@ -193,6 +199,8 @@ export class PodNetwork {
   private readonly adding = new Set<string>();
   /** The host-local ADDs started for ADDs running now (ipamPrefetchSocket), by record key. */
   private readonly prefetched = new Map<string, Promise<CniResult>>();
+  /** host-local's allocator, in-process (ipamPrefetchSocket). */
+  private readonly hostLocal = new HostLocalAllocator();
   private state: State = { phase: 'uninitialized' };
   private hairpinMode: HairpinMode = 'hairpin-veth';
   private mtu = DEFAULT_MTU;
@@ -427,9 +435,10 @@ export class PodNetwork {
     steps.mark('record');
     this.adding.add(key);
     const rt = runtimeConf(record, req.netns);
-    // host-local runs now, beside the bridge plugin's exec, which gets its result when it asks its IPAM (the shim).
+    // host-local's allocation runs now, in-process, beside the bridge plugin's exec, which gets its
+    // result when it asks its IPAM (the shim).
     const ipamNetwork = prefetchedIpamNetwork(network);
-    const prefetch = ipamNetwork ? this.cni.add(ipamNetwork, { ...rt, capabilityArgs: {} }) : undefined;
+    const prefetch = ipamNetwork ? this.allocate(ipamNetwork, rt) : undefined;
     if (prefetch) {
       prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
       this.prefetched.set(key, prefetch);
@@ -489,6 +498,11 @@ export class PodNetwork {
     return Promise.reject(
       new UnknownPodError(`kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`),
     );
+  }
+
+  /** host-local's ADD for the attachment, in-process (host-local/allocator.ts). */
+  private async allocate(ipamNetwork: NetConf, rt: RuntimeConf): Promise<CniResult> {
+    return this.hostLocal.add(parseHostLocal(ipamNetwork), rt.containerId, rt.ifName);
   }
 
   /**
@@ -607,12 +621,18 @@ export class PodNetwork {
   /**
    * DEL of a network with the reference plugins. For a dhcp network only the plugins after the
    * bridge run (portmap): the bridge plugin's DEL without a netns is only its IPAM DEL, and the
-   * lease was released before the veth went (releaseLease), or its daemon is gone.
+   * lease was released before the veth went (releaseLease), or its daemon is gone. For host-local
+   * (ipamPrefetchSocket) the same plugins run, then the address is released in-process.
    */
   private async delNetwork(network: NetConf | NetConfList, rt: RuntimeConf, prev?: CniResult): Promise<void> {
-    if (!dhcpIpamOf(network)) return this.cni.del(network, rt, prev);
+    // The agent releases host-local's addresses itself: the bridge plugin's DEL without a netns
+    // would only exec host-local (through the shim, or its own IPAM) to do the same.
+    const hostLocal = this.opts.ipamPrefetchSocket !== undefined && !this.dhcp && rt.netns === '' ? hostLocalIpamNetwork(network) : undefined;
+    if (!dhcpIpamOf(network) && !hostLocal) return this.cni.del(network, rt, prev);
+    // As libcni runs a list's DELs: the plugins after the bridge first, the address last.
     const rest = afterBridge(network);
     if (rest) await this.cni.del(rest, rt, prev);
+    if (hostLocal) await this.hostLocal.del(parseHostLocal(hostLocal), rt.containerId, rt.ifName);
   }
 
   /** dhcp: every known pod's lease acquired again after the lease daemon (re)started (dhcp.ts). */

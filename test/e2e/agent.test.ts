@@ -7,7 +7,7 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { readFile, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { agentPost } from '../../src/daemon/protocol.js';
@@ -18,8 +18,7 @@ import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
 import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../../hack/support/agent-harness.js';
-import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf } from '../../hack/support/kernel.js';
-import { findPlugin } from '../../src/cni/exec.js';
+import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
@@ -499,7 +498,7 @@ function capturingLogger(): { logger: Logger; lines: Array<Record<string, unknow
   return { logger, lines };
 }
 
-serialTest('host-local runs beside the bridge plugin (the IPAM shim fetches its result): same reservations; its failure fails the ADD and leaves nothing', async (t) => {
+serialTest('host-local\'s allocation runs in the agent beside the bridge plugin (the IPAM shim fetches its result): host-local\'s reservations, no host-local exec on ADD or DEL; a full range fails the ADD with host-local\'s error and leaves nothing', async (t) => {
   // A /30: host-local has exactly one address for pods (.2; .1 is the gateway).
   const h = await harness(t, '10.93.20.0/30');
   const { logger, lines } = capturingLogger();
@@ -512,30 +511,28 @@ serialTest('host-local runs beside the bridge plugin (the IPAM shim fetches its 
   const [rec] = await records(h);
   t.is(rec?.network.ipam?.type, 'kubenet-ipam', "the bridge's IPAM is the shim");
   t.is(rec?.network.socket, `${h.config.socket}.ipam`);
-  const ran = (plugin: string, id: string) => lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === plugin && l.command === 'ADD' && l.containerId === id);
-  t.is(ran('host-local', a.id).length, 1, 'the agent ran host-local for the ADD');
+  t.is(await readFile(join(h.config.ipamDataDir, 'kubenet', '10.93.20.2'), 'utf8'), `${a.id}\r\neth0`, "host-local's own file, byte for byte");
+  const ran = (plugin: string, id: string, command = 'ADD') => lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === plugin && l.command === command && l.containerId === id);
+  t.is(ran('host-local', a.id).length, 0, 'no host-local exec: the agent allocated the address itself');
   t.is(ran('bridge', a.id).length, 1);
 
   // The range is full: host-local's own error is the ADD's, and nothing of the pod stays.
   const b = await h.addPod('ipam-b');
   const rb = await h.libcni('add', b);
   t.not(rb.exitCode, 0);
-  t.regex(rb.stdout + rb.stderr, /no IP addresses available/);
+  t.regex(rb.stdout + rb.stderr, /no IP addresses available in range set: 10\.93\.20\.1-10\.93\.20\.2/);
   t.deepEqual(await h.reservedIps(), ['10.93.20.2']);
   t.is((await records(h)).length, 1, 'no record of the failed pod');
   t.is((await bridgePorts(h)).length, 1, 'no veth of the failed pod');
   t.is((await h.libcni('del', b)).exitCode, 0);
   t.is((await h.libcni('del', a)).exitCode, 0);
+  t.deepEqual(await h.reservedIps(), [], 'released by the DEL');
+  t.is(ran('host-local', a.id, 'DEL').length + ran('bridge', a.id, 'DEL').length, 0, 'in-process: neither bridge nor host-local exec\'d for the DEL');
   await assertNothingLeft(t, h);
 });
 
-serialTest('an ADD that fails before the bridge plugin asks for its address releases the address host-local reserved beside it', async (t) => {
-  // host-local's ADD takes 300 ms longer (its DEL does not): the undo must wait for it, or the
-  // release would come first and the reservation after it.
-  const slow = await makeTmpDir('kslowhl');
-  t.teardown(() => rmrf(slow));
-  await writeFile(join(slow, 'host-local'), `#!/bin/sh\n[ "$CNI_COMMAND" = ADD ] && sleep 0.3\nexec ${findPlugin('host-local', CNI_BIN_DIRS)}\n`, { mode: 0o755 });
-  const h = await new AgentHarness().setup('10.93.21.0/24', { pluginBinDirs: [slow, ...CNI_BIN_DIRS] });
+serialTest('an ADD that fails before the bridge plugin asks for its address releases the address reserved beside it', async (t) => {
+  const h = await new AgentHarness().setup('10.93.21.0/24', { pluginBinDirs: CNI_BIN_DIRS });
   t.teardown(() => h.cleanup.run());
   const { logger, lines } = capturingLogger();
   await h.startAgent(undefined, undefined, logger);
@@ -547,7 +544,8 @@ serialTest('an ADD that fails before the bridge plugin asks for its address rele
   t.not(r.exitCode, 0);
   t.regex(r.stdout + r.stderr, /is not a bridge/);
   const hostLocal = lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === 'host-local' && l.containerId === a.id);
-  t.is(hostLocal.length, 1, 'host-local did reserve an address for it');
+  t.is(hostLocal.length, 0, 'no host-local exec');
+  t.is(await readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'), '10.93.21.2', 'the agent did reserve an address for it');
   t.deepEqual(await h.reservedIps(), [], 'and the undo released it');
   t.deepEqual(await h.podStateFiles(), []);
   await execa('ip', ['link', 'del', h.bridge]);
