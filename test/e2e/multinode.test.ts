@@ -159,7 +159,7 @@ serialTest('full mesh across nodes, both families: every pod pings every pod on 
     }
   }));
 
-serialTest('a host port on one node is reached from a pod on another (through the masquerade, as any node address outside nonMasqueradeCIDR)', (t) =>
+serialTest('a host port on one node is reached from a pod on another, and traffic leaving the cluster (to a node address or a LAN host) is masqueraded', (t) =>
   withTrafficLock(async () => {
     const hp = pausePod('hp-2', {}, node(2));
     (hp.spec as { containers: Array<Record<string, unknown>> }).containers[0]!.ports = [{ containerPort: 7777, hostPort: 17777, protocol: 'UDP' }];
@@ -175,6 +175,17 @@ serialTest('a host port on one node is reached from a pod on another (through th
       // The destination is a node address, outside nonMasqueradeCIDR: n1 masquerades it as kubenet
       // always has (only pod-to-pod traffic inside the cluster CIDR keeps its source address).
       t.is(seen, '198.18.252.11', 'answered; the source is n1\'s address (masqueraded on the way out of n1)');
+      // Traffic leaving the cluster is masqueraded too: a host on the LAN (the test's own LAN
+      // namespace) sees n1's address, not the pod's.
+      const lanServer = execa('ip', ['netns', 'exec', 'kcl-lan', process.execPath, '-e', WHOAMI_SERVER], { reject: false });
+      try {
+        await new Promise((r) => setTimeout(r, 500));
+        const lanSeen = await whoami(pausePidOf(fromIp) ?? '', '198.18.252.1');
+        t.log(`mesh-1 (${fromIp}) → a LAN host 198.18.252.1: source seen ${lanSeen}`);
+        t.is(lanSeen, '198.18.252.11', 'leaving the cluster, a pod\'s traffic is masqueraded');
+      } finally {
+        lanServer.kill();
+      }
     } finally {
       server.kill();
       await c.kubectl(['delete', 'pod', 'hp-2', '--wait=true', '--timeout=60s']);
