@@ -123,11 +123,18 @@ serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced
   const ipOf = async (name: string) => (await json<{ status: { podIP: string } }>(['get', 'pod', name])).status.podIP;
   const [shapedIp, freeIp] = [await ipOf('shaped'), await ipOf('free')];
   const ep = (ip: string) => ({ netns: '', netnsPath: `/proc/${pausePidOf(ip) ?? 'none'}/ns/net`, ip4: ip });
-  const ingress = await iperf(ep(shapedIp), ep(freeIp), { onRetry: retryLog(t), seconds: 5 });
-  logRate(t, 'ingress 10M (free → shaped)', ingress.bps, ingress.intervals, 10e6);
-  const egress = await iperf(ep(freeIp), ep(shapedIp), { onRetry: retryLog(t), seconds: 5 });
-  logRate(t, 'egress 20M (shaped → free)', egress.bps, egress.intervals, 20e6);
-  await kubectl(['delete', 'pod', 'shaped', 'free', '--wait=true', '--timeout=60s']);
+  // 10 s per direction: a second or two of another suite's CPU load (outside the traffic lock: an
+  // agent starting, a test compiling) averages out instead of failing the mean; the 1.25x bound
+  // still holds per second.
+  try {
+    const ingress = await iperf(ep(shapedIp), ep(freeIp), { onRetry: retryLog(t), seconds: 10 });
+    logRate(t, 'ingress 10M (free → shaped)', ingress.bps, ingress.intervals, 10e6);
+    const egress = await iperf(ep(freeIp), ep(shapedIp), { onRetry: retryLog(t), seconds: 10 });
+    logRate(t, 'egress 20M (shaped → free)', egress.bps, egress.intervals, 20e6);
+  } finally {
+    // Also after a failed measurement: the later tests count the pods and check for leftovers.
+    await kubectl(['delete', 'pod', 'shaped', 'free', '--wait=true', '--timeout=60s']);
+  }
 }));
 
 serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, with a BandwidthApplied Event that says what they were; an invalid value keeps them, with a BandwidthRejected Warning', (t) => withTrafficLock(async () => {

@@ -207,13 +207,16 @@ serialTest('iperf3 across nodes honours both pods\' limits (±10 %, no full seco
       return { netns: '', netnsPath: `/proc/${pausePidOf(a) ?? 'none'}/ns/net`, ip4: a };
     };
     const [b1, b2, b3] = [await ep('bw-1'), await ep('bw-2'), await ep('bw-3')];
-    const into1 = await iperf(b1, b2, { onRetry: retryLog(t), seconds: 5 });
+    try {
+    const into1 = await iperf(b1, b2, { onRetry: retryLog(t), seconds: 10 });
     logRate(t, 'bw-2 (n2, unshaped) → bw-1 (n1, ingress 10M)', into1.bps, into1.intervals, 10e6);
-    const outOf1 = await iperf(b2, b1, { onRetry: retryLog(t), seconds: 5 });
+    const outOf1 = await iperf(b2, b1, { onRetry: retryLog(t), seconds: 10 });
     logRate(t, 'bw-1 (n1, egress 20M) → bw-2 (n2, unshaped)', outOf1.bps, outOf1.intervals, 20e6);
-    const both = await iperf(b3, b1, { onRetry: retryLog(t), seconds: 5 });
+    const both = await iperf(b3, b1, { onRetry: retryLog(t), seconds: 10 });
     logRate(t, 'bw-1 (n1, egress 20M) → bw-3 (n3, ingress 15M): the lower limit', both.bps, both.intervals, 15e6);
-    await c.kubectl(['delete', 'pod', 'bw-1', 'bw-2', 'bw-3', '--wait=true', '--timeout=60s']);
+    } finally {
+      await c.kubectl(['delete', 'pod', 'bw-1', 'bw-2', 'bw-3', '--wait=true', '--timeout=60s']);
+    }
   }));
 
 const fakeNode = (name: string, cidrs: string[], ip: string) => ({

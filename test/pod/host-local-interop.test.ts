@@ -2,7 +2,8 @@
  * host-local in the agent (src/pod/host-local) against a temp directory and the real `host-local`
  * of the reference plugins (v1.10.0) in the same directory: the files byte for byte, the lock,
  * each side releasing the other's, a full range failing with host-local's words on both sides, an
- * 8-way concurrent mix of 2 000 ADDs and DELs, and a child process SIGKILLed mid-allocation.
+ * 8-way concurrent mix of 2 000 ADDs and DELs, and a child process SIGKILLed mid-allocation (these
+ * two load both cores for ~18 s each: they hold the traffic lock, so no rate is measured meanwhile).
  * No network namespaces: host-local never enters one.
  */
 import test, { type ExecutionContext } from 'ava';
@@ -14,6 +15,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { AddressesExhaustedError, HostLocalAllocator, parseHostLocal, type HostLocalNetwork } from '../../src/pod/host-local/allocator.js';
 import { refPlugin, upstreamBlocker } from '../../hack/support/upstream.js';
+import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 
 const HOST_LOCAL = refPlugin('host-local');
 const blocker = upstreamBlocker('cni-plugins', ['host-local']) ?? (existsSync('/usr/bin/flock') ? undefined : 'needs flock(1) (util-linux)');
@@ -138,7 +140,7 @@ maybe('the agent waits for host-local\'s lock (flock on <dir>/lock) without bloc
   await new Promise((r) => holder.on('exit', r));
 });
 
-maybe('8-way concurrent ADD+DEL, agent and host-local mixed, 2 000 operations: no duplicate, nothing lost, each releases the other\'s', async (t) => {
+maybe('8-way concurrent ADD+DEL, agent and host-local mixed, 2 000 operations: no duplicate, nothing lost, each releases the other\'s', (t) => withTrafficLock(async () => {
   t.timeout(300_000);
   const dir = tempDir(t);
   const c = conf(dir, [[{ subnet: '10.9.0.0/24' }], [{ subnet: 'fd00:9::/120' }]]);
@@ -210,9 +212,9 @@ maybe('8-way concurrent ADD+DEL, agent and host-local mixed, 2 000 operations: n
   const left = files(store);
   t.deepEqual([...left.reservations.keys()], [], 'no reservation left');
   t.deepEqual(left.other, ['last_reserved_ip.0', 'last_reserved_ip.1', 'lock']);
-});
+}));
 
-maybe('a child allocating in a loop, SIGKILLed mid-allocation (25 times): no empty file, no stray file, all releasable by host-local', async (t) => {
+maybe('a child allocating in a loop, SIGKILLed mid-allocation (25 times): no empty file, no stray file, all releasable by host-local', (t) => withTrafficLock(async () => {
   t.timeout(300_000);
   const dir = tempDir(t);
   const c = conf(dir, [[{ subnet: '10.9.0.0/24' }], [{ subnet: 'fd00:9::/120' }]]);
@@ -258,4 +260,4 @@ for (;;) {
   for (const id of ids) t.true((await hostLocal('DEL', c, id)).ok);
   t.deepEqual([...files(store).reservations.keys()], [], 'all released');
   t.log({ rounds: ROUNDS, idsReleasedAfter: ids.size });
-});
+}));
