@@ -127,8 +127,11 @@ maybe('the agent waits for host-local\'s lock (flock on <dir>/lock) without bloc
   const net = parseHostLocal(c);
   const alloc = new HostLocalAllocator();
   await alloc.add(net, 'kia-first', 'eth0'); // makes the directory and the lock file
-  const holder = spawn('flock', [join(dir, 'kubenet', 'lock'), 'sleep', '0.5'], { stdio: 'ignore' });
-  await new Promise((r) => setTimeout(r, 100));
+  const holder = spawn('flock', [join(dir, 'kubenet', 'lock'), 'sh', '-c', 'echo held; exec sleep 0.5'], { stdio: ['ignore', 'pipe', 'ignore'] });
+  // Listened for at once: the holder exits (releasing the lock) before the waiting ADD returns.
+  const exited = new Promise((r) => holder.on('exit', r));
+  // Once it says so, host-local's lock is held (however slow the machine is to start it).
+  await new Promise<void>((r) => holder.stdout?.once('data', () => r()));
   const started = performance.now();
   let ticks = 0;
   const ticker = setInterval(() => ticks++, 10);
@@ -137,7 +140,7 @@ maybe('the agent waits for host-local\'s lock (flock on <dir>/lock) without bloc
   const waited = performance.now() - started;
   t.true(waited >= 300, `waited ${Math.round(waited)} ms for the lock`);
   t.true(ticks >= 20, `the event loop kept running meanwhile (${ticks} ticks of 10 ms)`);
-  await new Promise((r) => holder.on('exit', r));
+  await exited;
 });
 
 maybe('8-way concurrent ADD+DEL, agent and host-local mixed, 2 000 operations: no duplicate, nothing lost, each releases the other\'s', (t) => withTrafficLock(async () => {
