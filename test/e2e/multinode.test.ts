@@ -114,6 +114,12 @@ serialTest('every node routes the other nodes\' pod CIDRs (both families) via th
     t.deepEqual(await ourRoutes(i), want, `${node(i)}'s routes`);
   }
   t.log(`routes of ${node(1)}: ${(await ourRoutes(1)).join('; ')}`);
+  // kubenet status in the agent pod says the same.
+  const status = JSON.parse((await c.kubectl(['-n', 'kube-system', 'exec', (await agentPod(1)).name, '--', 'kubenet', 'status', '--json'])).stdout) as { routes?: { routes: Array<{ node: string; dst: string; via: string }>; problems: Record<string, string> } };
+  t.deepEqual(status.routes?.routes.map((r) => `${r.dst} via ${r.via}`).sort(), (await ourRoutes(1)).map((r) => r.replace(/ dev \S+$/, '')), 'kubenet status lists the routes');
+  t.deepEqual(status.routes?.problems, {});
+  const text = (await c.kubectl(['-n', 'kube-system', 'exec', (await agentPod(1)).name, '--', 'kubenet', 'status'])).stdout;
+  t.regex(text, /routes: +4 to other nodes' pods \(proto 98\)/);
 });
 
 /** A UDP "who am I" server on port 7777, both families, for 120 s: it answers with the sender's address. */
