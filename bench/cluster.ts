@@ -17,29 +17,21 @@ import { execa, type ResultPromise } from 'execa';
 import { copyFile, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { numArg, percentile, processUsage } from '../hack/support/bench-kit.js';
 import { uniq } from '../hack/support/kernel.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
 import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i > 0 ? Number(process.argv[i + 1]) : dflt;
-};
-const PODS = arg('pods', 60);
-const CONC = arg('concurrency', 10);
-const ROUNDS = arg('rounds', 2);
+const PODS = numArg('pods', 60);
+const CONC = numArg('concurrency', 10);
+const ROUNDS = numArg('rounds', 2);
 const DIR = `/tmp/kcl-bench-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)) };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
 const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input } : {});
 const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
 const nodePath = async (p: string) => `/proc/${await holder()}/root${p}`;
-
-function pct(xs: number[], p: number): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? NaN;
-}
 
 /** Creates the pods in batches; returns each pod's startup in ms. */
 async function startup(prefix: string, count: number): Promise<number[]> {
@@ -119,10 +111,7 @@ async function useKubenet(): Promise<void> {
 async function agentUsage(): Promise<{ cpuMs: number; rssMb: number; pid: string }> {
   const { stdout } = await execa('pgrep', ['-f', '/usr/local/bin/kubenet daemon']);
   const pid = stdout.split('\n')[0] ?? '';
-  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
-  const ticks = Number(stat[11]) + Number(stat[12]);
-  const rss = /VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, 'utf8'))?.[1];
-  return { cpuMs: (ticks * 1000) / 100, rssMb: Number(rss) / 1024, pid };
+  return { ...(await processUsage(pid)), pid };
 }
 
 const t0 = Date.now();
@@ -157,13 +146,13 @@ try {
       }
     }
   }
-  const row = (side: string, xs: number[]) => console.log(`${side.padEnd(10)} ${String(xs.length).padStart(4)} ${pct(xs, 50).toFixed(0).padStart(8)} ${pct(xs, 99).toFixed(0).padStart(8)} ${Math.min(...xs).toFixed(0).padStart(8)} ${Math.max(...xs).toFixed(0).padStart(8)}`);
+  const row = (side: string, xs: number[]) => console.log(`${side.padEnd(10)} ${String(xs.length).padStart(4)} ${percentile(xs, 50).toFixed(0).padStart(8)} ${percentile(xs, 99).toFixed(0).padStart(8)} ${Math.min(...xs).toFixed(0).padStart(8)} ${Math.max(...xs).toFixed(0).padStart(8)}`);
   console.log('\npod startup, ms (create -> Ready, seen on the API server\'s watch)');
   console.log('side          n      p50      p99      min      max');
   row('reference', ref);
   row('kubenet', ours);
-  const r50 = pct(ours, 50) / pct(ref, 50);
-  const r99 = pct(ours, 99) / pct(ref, 99);
+  const r50 = percentile(ours, 50) / percentile(ref, 50);
+  const r99 = percentile(ours, 99) / percentile(ref, 99);
   console.log(`ratio k/r        ${r50.toFixed(3).padStart(8)} ${r99.toFixed(3).padStart(8)}`);
   console.log(`agent over its ${ours.length} pods: CPU ${cpuMs.toFixed(0)} ms (${(cpuMs / ours.length).toFixed(1)} ms per pod, ADD + DEL), RSS ${rss.first.toFixed(0)} -> ${rss.last.toFixed(0)} MB`);
   console.log(`${r50 <= 1 ? 'PASS' : 'MISS'}  startup p50 <= the reference's: ${r50.toFixed(3)}x`);

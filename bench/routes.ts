@@ -21,28 +21,20 @@ import yaml from 'js-yaml';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { numArg, percentile, processUsage } from '../hack/support/bench-kit.js';
 import { uniq } from '../hack/support/kernel.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
 import { upstreamDir } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const arg = (name: string, dflt: number) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i > 0 ? Number(process.argv[i + 1]) : dflt;
-};
-const NODES = arg('nodes', 1000);
-const CHANGES = arg('changes', 100);
+const NODES = numArg('nodes', 1000);
+const CHANGES = numArg('changes', 100);
 const DIR = `/tmp/kcl-routes-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)), KCL_CLUSTER_CIDR: '10.128.0.0/9' };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
 const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input, maxBuffer: 1e9 } : {});
 const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
 const now = () => performance.timeOrigin + performance.now();
-
-function pct(xs: number[], p: number): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? NaN;
-}
 
 /** Simulated Node k: pod CIDR 10.(130 + k / 256).(k % 256).0/24, InternalIP 198.19.0.16 + k. */
 const gw = (k: number, alt = false) => {
@@ -88,12 +80,6 @@ function monitor(): { lines: Array<{ at: number; text: string }>; proc: ResultPr
     }
   });
   return { lines, proc };
-}
-
-async function usage(pid: string): Promise<{ cpuMs: number; rssMb: number }> {
-  const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
-  const rss = /VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, 'utf8'))?.[1];
-  return { cpuMs: ((Number(stat[11]) + Number(stat[12])) * 1000) / 100, rssMb: Number(rss) / 1024 };
 }
 
 const t0 = Date.now();
@@ -154,12 +140,12 @@ try {
   // nsenter (without -p) execs the agent: same pid.
   const pid = String(agent.pid);
   await new Promise((r) => setTimeout(r, 2000));
-  const settled = await usage(pid);
+  const settled = await processUsage(pid);
 
   const [ca, cert, key] = await Promise.all(['ca.crt', 'admin.crt', 'admin.key'].map((f) => readFile(join(DIR, 'pki', f))));
   const creds = { ca: ca as Buffer, cert: cert as Buffer, key: key as Buffer };
   const lat: number[] = [];
-  const before = await usage(pid);
+  const before = await processUsage(pid);
   for (let i = 0; i < CHANGES; i++) {
     const k = (i * 7919) % NODES;
     const target = gw(k, true);
@@ -176,17 +162,17 @@ try {
     await patchAddress(k, gw(k), creds, ENV.KCL_API_PORT); // back, for the next round
     await new Promise((r) => setTimeout(r, 20));
   }
-  const after = await usage(pid);
+  const after = await processUsage(pid);
   const conv = convergedAt - firstLog;
   console.log('\nconverge with all Nodes (ms)');
   console.log(`  from the agent's first log line   ${conv.toFixed(0)}`);
   console.log(`  from the routes controller start  ${(convergedAt - routesStart).toFixed(0)}`);
   console.log(`  from spawn                        ${(convergedAt - spawned).toFixed(0)}`);
-  console.log(`one Node change -> kernel route (ms, ${lat.length} changes): p50 ${pct(lat, 50).toFixed(1)}  p99 ${pct(lat, 99).toFixed(1)}  max ${Math.max(...lat).toFixed(1)}`);
+  console.log(`one Node change -> kernel route (ms, ${lat.length} changes): p50 ${percentile(lat, 50).toFixed(1)}  p99 ${percentile(lat, 99).toFixed(1)}  max ${Math.max(...lat).toFixed(1)}`);
   console.log(`agent CPU per change: ${((after.cpuMs - before.cpuMs) / (2 * CHANGES)).toFixed(2)} ms (each round is 2 changes; includes every other watch event meanwhile)`);
   console.log(`agent RSS with ${NODES} Nodes: ${settled.rssMb.toFixed(0)} MB after converging, ${after.rssMb.toFixed(0)} MB after the changes`);
   console.log(`${conv <= 2000 ? 'PASS' : 'MISS'}  converge <= 2 s: ${conv.toFixed(0)} ms`);
-  console.log(`${pct(lat, 99) <= 50 ? 'PASS' : 'MISS'}  one change <= 50 ms p99: ${pct(lat, 99).toFixed(1)} ms`);
+  console.log(`${percentile(lat, 99) <= 50 ? 'PASS' : 'MISS'}  one change <= 50 ms p99: ${percentile(lat, 99).toFixed(1)} ms`);
   console.log(`${Math.max(settled.rssMb, after.rssMb) <= 120 ? 'PASS' : 'MISS'}  RSS <= 120 MB: ${Math.max(settled.rssMb, after.rssMb).toFixed(0)} MB`);
   mon.proc.kill();
 } finally {

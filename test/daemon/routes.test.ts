@@ -8,6 +8,7 @@
  */
 import test from 'ava';
 import { FakeApiServer, fakeKubeConfig, type FakeObject } from '../../hack/support/fake-apiserver.js';
+import { until } from '../../hack/support/until.js';
 import type { EventRecorder, ObjectRef } from '../../src/daemon/events.js';
 import { NodeRoutes, ROUTE_PROTOCOL, type RouteKernel } from '../../src/daemon/routes.js';
 import { silentLogger } from '../../src/log.js';
@@ -53,11 +54,6 @@ function recorder() {
   return { rec, got };
 }
 
-async function until(what: string, ok: () => boolean, ms = 5000): Promise<void> {
-  for (const end = Date.now() + ms; Date.now() < end; await new Promise((r) => setTimeout(r, 10))) if (ok()) return;
-  throw new Error(`timed out waiting for ${what}`);
-}
-
 test('routes follow the Nodes: only differences applied, no removal before the first list, changes without a dump, resync restores, failures retried', async (t) => {
   const api = await FakeApiServer.start();
   t.teardown(() => api.stop());
@@ -74,7 +70,7 @@ test('routes follow the Nodes: only differences applied, no removal before the f
   routes.reconcile();
   t.deepEqual(kernel.ops, [], 'nothing before the first list');
   routes.start();
-  await until('the first reconcile', () => routes.counters.reconciles >= 1);
+  await until('the first reconcile', () => routes.counters.reconciles >= 1, 5000);
   t.deepEqual(kernel.ops, ['del 10.244.7.0/24'], 'b\'s route stays as it was (no flap); the vanished Node\'s goes');
   t.deepEqual(routes.status().routes, [{ node: 'b', dst: '10.244.1.0/24', via: '198.18.0.2' }]);
   t.deepEqual(got.map((e) => [e.obj, e.reason]), [[{ kind: 'Node', name: 'far' }, 'NodeRouteUnavailable']]);
@@ -84,9 +80,9 @@ test('routes follow the Nodes: only differences applied, no removal before the f
   const lists = kernel.lists;
   kernel.ops = [];
   api.setNode(node('c', '10.244.2.0/24', '198.18.0.3'));
-  await until('c routed', () => kernel.table.has('10.244.2.0/24'));
+  await until('c routed', () => kernel.table.has('10.244.2.0/24'), 5000);
   api.setNode(node('b', '10.244.1.0/24', '198.18.0.12'));
-  await until('b moved', () => kernel.table.get('10.244.1.0/24')?.gateway === '198.18.0.12');
+  await until('b moved', () => kernel.table.get('10.244.1.0/24')?.gateway === '198.18.0.12', 5000);
   t.deepEqual(kernel.ops, ['replace 10.244.2.0/24 via 198.18.0.3', 'replace 10.244.1.0/24 via 198.18.0.12']);
   t.is(kernel.lists, lists, 'no kernel dump for a change');
   // A heartbeat (same CIDR and address) changes nothing; a Node deleted is unrouted.
@@ -95,7 +91,7 @@ test('routes follow the Nodes: only differences applied, no removal before the f
   await new Promise((r) => setTimeout(r, 100));
   t.is(routes.counters.reconciles, reconciles, 'a heartbeat is not even a reconcile');
   api.deleteNode('c');
-  await until('c unrouted', () => !kernel.table.has('10.244.2.0/24'));
+  await until('c unrouted', () => !kernel.table.has('10.244.2.0/24'), 5000);
 
   // Someone deletes our route behind our back: the next resync (300 ms here, 30 s by default) restores it.
   kernel.table.delete('10.244.1.0/24');
