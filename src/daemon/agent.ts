@@ -11,6 +11,7 @@
  * that fail (no server answering) with backoff.
  */
 import { existsSync } from 'node:fs';
+import { ConfigError } from '../errors.js';
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
 import { IPAM_SHIM_TYPE, PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
@@ -97,6 +98,7 @@ export class Agent {
       // The runtime calling us runs loopback for lo itself.
       manageLoopback: false,
       legacyCniCacheDir: config.cniCacheDir,
+      ...dedupResync(),
       logger: log,
       ...(config.mtu !== undefined ? { mtu: config.mtu } : {}),
       ...(config.ipam === 'dhcp' && config.uplink !== undefined
@@ -311,4 +313,13 @@ export function ipamShimOf(config: AgentConfig, log: Logger): { binDir?: string;
     return { binDir };
   }
   return { binDir, prefetchSocket: socket };
+}
+
+/** KUBENET_DEDUP_RESYNC_MS: the dedup rules' check period (tests; default PodNetwork's 30 s). */
+function dedupResync(): { dedupResyncMs?: number } {
+  const v = process.env.KUBENET_DEDUP_RESYNC_MS;
+  if (v === undefined || v === '') return {};
+  const ms = Number(v);
+  if (!Number.isInteger(ms) || ms < 100) throw new ConfigError(`KUBENET_DEDUP_RESYNC_MS must be an integer number of milliseconds >= 100, not ${JSON.stringify(v)}`);
+  return { dedupResyncMs: ms };
 }

@@ -118,8 +118,17 @@ export interface PodNetworkOptions {
    * which fetches the result from this socket: the caller serves it with `prefetchedIpam`.
    */
   ipamPrefetchSocket?: string;
+  /**
+   * promiscuous-bridge mode: how often the dedup rules are checked and restored (default 30 000 ms,
+   * kube-proxy's resync period). They are also synced when the pod CIDR is set, at init, and when a
+   * pod's ADD finds the bridge made anew (a new bridge, a new MAC); never otherwise on the ADD path.
+   */
+  dedupResyncMs?: number;
   logger: Logger;
 }
+
+/** The dedup rules' periodic check, by default (PodNetworkOptions.dedupResyncMs). */
+export const DEDUP_RESYNC_MS = 30_000;
 
 type DhcpSettings = Extract<IpamSettings, { mode: 'dhcp' }>;
 
@@ -205,6 +214,9 @@ export class PodNetwork {
   private hairpinMode: HairpinMode = 'hairpin-veth';
   private mtu = DEFAULT_MTU;
   private swept = false;
+  /** The bridge (ifindex) the dedup rules were last synced for; another one is a new MAC. */
+  private dedupBridge: number | undefined;
+  private dedupTimer: NodeJS.Timeout | undefined;
   private readonly dhcp: DhcpSettings | undefined;
   /** dhcp: plugin execs bounded by the lease timeout (the bridge ADD waits for the lease). */
   private readonly dhcpCni: CniRuntime | undefined;
@@ -279,7 +291,17 @@ export class PodNetwork {
     // promiscuous-bridge syncs them once the pod CIDR is known.
     tuneBridgeIfPresent(this.settings(), this.log);
     if (!this.wantsDedup()) await this.syncDedup();
+    this.scheduleDedupCheck();
     await this.reconcile();
+  }
+
+  /** promiscuous-bridge mode: the periodic check that restores dedup rules someone removed. */
+  private scheduleDedupCheck(): void {
+    clearInterval(this.dedupTimer);
+    this.dedupTimer = undefined;
+    if (!this.wantsDedup()) return;
+    this.dedupTimer = setInterval(() => void this.syncDedup(), this.opts.dedupResyncMs ?? DEDUP_RESYNC_MS);
+    this.dedupTimer.unref();
   }
 
   /** Sets the pod CIDR ("v4" or "v4,v6"); a malformed value is refused and the old one stays. */
@@ -324,22 +346,30 @@ export class PodNetwork {
   /**
    * Makes the node's dedup rules match the mode, the pod CIDR and the bridge's MAC (pinned by
    * ensureBridge, so ports coming and going no longer change it; an operator still can). In
-   * promiscuous-bridge mode every ADD checks them (two ebtables listings; rules removed by hand come
-   * back); other modes remove them once, at init. Without a bridge there
-   * is nothing to protect and no rule. Failures are logged, not thrown: duplicates are not worth
-   * failing a pod's setup for, and the next ADD tries again.
+   * promiscuous-bridge mode they are kept by a reconcile, not checked per ADD (two ebtables
+   * listings, ~10 ms): when the pod CIDR is set, at init, every `dedupResyncMs` (rules removed by
+   * hand come back then) and when an ADD finds a bridge made anew; other modes remove them once,
+   * at init. Without a bridge there is nothing to protect and no rule. One sync at a time. Failures
+   * are logged, not thrown: duplicates are not worth failing a pod's setup for, and the next check
+   * tries again.
    */
-  private async syncDedup(): Promise<void> {
-    let target: DedupTarget | undefined;
-    if (this.wantsDedup() && this.state.phase === 'ready') {
-      const mac = bridgeMac(this.bridgeName);
-      if (mac) target = { bridgeMac: mac, subnets: this.state.subnets };
-    }
-    try {
-      await syncDedup(target, this.log);
-    } catch (err) {
-      this.log.error({ err }, 'could not sync the promiscuous-bridge dedup rules (ebtables)');
-    }
+  private syncDedup(): Promise<void> {
+    return this.locks.run('dedup', async () => {
+      // Until the pod CIDR is known the rules (of the last run) stay: setPodCidr syncs them.
+      if (this.wantsDedup() && this.state.phase !== 'ready') return;
+      let target: DedupTarget | undefined;
+      const bridge = nl.linkIndexByName(this.bridgeName);
+      if (this.wantsDedup() && this.state.phase === 'ready' && bridge !== undefined) {
+        const mac = bridgeMac(this.bridgeName);
+        if (mac) target = { bridgeMac: mac, subnets: this.state.subnets };
+      }
+      try {
+        await syncDedup(target, this.log);
+        this.dedupBridge = target ? bridge : undefined;
+      } catch (err) {
+        this.log.error({ err }, 'could not sync the promiscuous-bridge dedup rules (ebtables)');
+      }
+    });
   }
 
   private settings(): BridgeSettings {
@@ -446,7 +476,9 @@ export class PodNetwork {
     }
     try {
       // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
-      await ensureBridge(this.settings(), log);
+      const bridge = await ensureBridge(this.settings(), log);
+      // A bridge made anew has a new MAC: its dedup rules now, not at the next periodic check.
+      if (this.wantsDedup() && bridge.index !== this.dedupBridge) await this.syncDedup();
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
       const result = await this.addNetwork(network, rt, req);
       steps.mark('bridge');
@@ -460,7 +492,6 @@ export class PodNetwork {
       if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
       record.hostVethIndex = hostVethIndex;
       steps.mark('veth');
-      if (this.wantsDedup()) await this.syncDedup();
       await this.applyShaping(record);
       steps.mark('shape');
       record.phase = 'ready';
@@ -883,6 +914,8 @@ export class PodNetwork {
   }
 
   close(): void {
+    clearInterval(this.dedupTimer);
+    this.dedupTimer = undefined;
     this.shaper.close();
     this.store.close();
   }

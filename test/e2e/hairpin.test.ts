@@ -80,10 +80,11 @@ async function addPod(t: ExecutionContext, name: string): Promise<Pod> {
   return p;
 }
 
-async function startAgent(podCidr: string, hairpinMode: string): Promise<void> {
+/** The agent; its dedup rules checked every `dedupResyncMs` (the default is 30 s). */
+async function startAgent(podCidr: string, hairpinMode: string, dedupResyncMs = 60_000): Promise<void> {
   await w().agent?.stop(5000);
   const args = ['--pod-cidr', podCidr, '--hairpin-mode', hairpinMode, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','), '--log-level', 'info'];
-  const agent = new AgentProcess(w().sb, args, {}, join(w().sb.tmpDir, 'agent.log'), SOCKET);
+  const agent = new AgentProcess(w().sb, args, { KUBENET_DEDUP_RESYNC_MS: String(dedupResyncMs) }, join(w().sb.tmpDir, 'agent.log'), SOCKET);
   w().agent = agent;
   await agent.start();
 }
@@ -178,7 +179,7 @@ test.after.always(async () => {
 });
 
 serialTest('promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup rules for the bridge MAC and pod CIDR; no DUP! between pods', async (t) => {
-  await startAgent(CIDR_A, 'promiscuous-bridge');
+  await startAgent(CIDR_A, 'promiscuous-bridge', 1000);
   const a = await addPod(t, 'a');
   const b = await addPod(t, 'b');
   t.regex(await inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'the bridge is promiscuous');
@@ -207,9 +208,13 @@ serialTest('promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup
   await w().sb.exec('ebtables', ['-t', 'filter', '-F', 'KUBE-DEDUP']);
   const without = await pingDups(a, b);
   t.log(`ping a -> b with the dedup rules: ${withRules.dups} DUP!; with KUBE-DEDUP flushed: ${without.dups} DUP! (${without.out})`);
-  // The next ADD puts them back (and another pod, not shaped, changes nothing else).
+  // The periodic check (every 1 s here) puts them back; an ADD no longer looks at them.
+  const flushed = performance.now();
+  const want = expectedRules(await bridgeMac(), CIDR_A);
+  while (JSON.stringify(await dedupChain()) !== JSON.stringify(want) && performance.now() - flushed < 5000) await new Promise((r) => setTimeout(r, 50));
+  t.deepEqual(await dedupChain(), want, 'the periodic check restored the rules');
+  t.log(`KUBE-DEDUP restored ${Math.round(performance.now() - flushed)} ms after the flush (check period 1 s)`);
   const c = await addPod(t, 'c');
-  t.deepEqual(await dedupChain(), expectedRules(await bridgeMac(), CIDR_A), 'the next ADD restored the rules');
   const again = await pingDups(c, b);
   t.is(again.dups, 0, `no duplicate replies once restored: ${again.out}`);
   t.is(await hairpin(a), 'hairpin-ok from a', 'hairpin still works');
@@ -229,6 +234,15 @@ serialTest('promiscuous-bridge: the rules follow a new pod CIDR (both families),
   t.deepEqual(await dedupChain(), expectedRules(await bridgeMac(), CIDR_B), 'unchanged by an ADD');
   t.is(await outputJumps(), 1, 'still one jump');
   t.is((await libcni('del', d)).exitCode, 0);
+  // The bridge deleted and made anew by the next ADD has another MAC: that ADD syncs the rules
+  // (the periodic check is 60 s away here).
+  const oldMac = await bridgeMac();
+  await inNode('ip', ['link', 'del', BRIDGE]);
+  const d2 = await addPod(t, 'd2');
+  const newMac = await bridgeMac();
+  t.not(newMac, oldMac, 'a new bridge, a new MAC');
+  t.deepEqual(await dedupChain(), expectedRules(newMac, CIDR_B), 'the rules name the new MAC right after the ADD that made the bridge');
+  t.is((await libcni('del', d2)).exitCode, 0);
 });
 
 serialTest('hairpin-veth: no dedup rules, the bridge not promiscuous; the same hairpin test passes and ping shows no DUP!', async (t) => {
