@@ -33,6 +33,25 @@ const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfi
 const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
 const nodePath = async (p: string) => `/proc/${await holder()}/root${p}`;
 
+/**
+ * How long containerd's RunPodSandbox took for each pod whose name starts with `prefix` (its log:
+ * "RunPodSandbox for &PodSandboxMetadata{Name:<pod>,..." to "... returns sandbox id"): the netns,
+ * the CNI ADD and the pause container's start, the part of a pod's startup the network plugin is in.
+ */
+async function sandboxTimes(prefix: string): Promise<number[]> {
+  const text = await readFile(join(DIR, 'n1/containerd.log'), 'utf8').catch(() => '');
+  const started = new Map<string, number>();
+  const took: number[] = [];
+  for (const line of text.split('\n')) {
+    const m = /^time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),/.exec(line);
+    if (!m?.[1] || !m[2]?.startsWith(`${prefix}-`)) continue;
+    const at = Date.parse(m[1]);
+    if (!line.includes('returns sandbox id')) started.set(m[2], at);
+    else if (started.has(m[2])) took.push(at - (started.get(m[2]) ?? at));
+  }
+  return took;
+}
+
 /** Creates the pods in batches; returns each pod's startup in ms. */
 async function startup(prefix: string, count: number): Promise<number[]> {
   const readyAt = new Map<string, number>();
@@ -124,6 +143,7 @@ try {
   console.log(`kubenet-ts cluster bench: ${PODS} pods per side in ${ROUNDS} rounds, ${CONC} at a time; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}, reference plugins ${await refPluginsVersion()}`);
   const ref: number[] = [];
   const ours: number[] = [];
+  const sandbox = { ref: [] as number[], ours: [] as number[] };
   let cpuMs = 0;
   let rss = { first: NaN, last: NaN };
   // Rounds alternate the order (reference first, then kubenet first, ...): whatever drifts over the
@@ -135,11 +155,13 @@ try {
       if (side === 'ref') {
         await useReference();
         ref.push(...(await startup(`ref${r}`, perRound)));
+        sandbox.ref.push(...(await sandboxTimes(`ref${r}`)));
       } else {
         await useKubenet();
         const before = await agentUsage();
         ours.push(...(await startup(`kn${r}`, perRound)));
         const after = await agentUsage();
+        sandbox.ours.push(...(await sandboxTimes(`kn${r}`)));
         cpuMs += after.cpuMs - before.cpuMs;
         if (Number.isNaN(rss.first)) rss.first = before.rssMb;
         rss.last = after.rssMb;
@@ -154,6 +176,10 @@ try {
   const r50 = percentile(ours, 50) / percentile(ref, 50);
   const r99 = percentile(ours, 99) / percentile(ref, 99);
   console.log(`ratio k/r        ${r50.toFixed(3).padStart(8)} ${r99.toFixed(3).padStart(8)}`);
+  console.log("\nof which the pod's sandbox, ms (containerd's RunPodSandbox: netns, CNI ADD, pause start)");
+  console.log('side          n      p50      p99      min      max');
+  row('reference', sandbox.ref);
+  row('kubenet', sandbox.ours);
   console.log(`agent over its ${ours.length} pods: CPU ${cpuMs.toFixed(0)} ms (${(cpuMs / ours.length).toFixed(1)} ms per pod, ADD + DEL), RSS ${rss.first.toFixed(0)} -> ${rss.last.toFixed(0)} MB`);
   console.log(`${r50 <= 1 ? 'PASS' : 'MISS'}  startup p50 <= the reference's: ${r50.toFixed(3)}x`);
   console.log(`${r99 <= 1.1 ? 'PASS' : 'MISS'}  startup p99 <= 1.1x the reference's: ${r99.toFixed(3)}x`);
