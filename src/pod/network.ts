@@ -38,13 +38,12 @@ import { PluginTimeoutError } from '../cni/errors.js';
 import { CniRuntime, deepFreeze } from '../cni/runtime.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
-import { AggregateKubenetError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
+import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
-import type { ShapingCounters } from '../shaper/counters.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import {
   afterBridge,
@@ -807,11 +806,8 @@ export class PodNetwork {
       const s = shaping.get(record.containerId);
       if (s && (s.ingress || s.egress)) t.shaping = s;
       if (opts.links && record.hostVethIndex) {
-        try {
-          t.link = nl.linkStats(record.hostVethIndex);
-        } catch (err) {
-          if (!(err instanceof NetlinkError && err.errno === nl.E.ENODEV)) throw err;
-        }
+        const link = nl.ifPresent(() => nl.linkStats(record.hostVethIndex ?? 0));
+        if (link) t.link = link;
       }
       return t;
     });

@@ -88,7 +88,7 @@
  * last pod goes (creating it is the expensive part and it costs nothing idle); `reset()` removes it.
  */
 import { performance } from 'node:perf_hooks';
-import { AggregateKubenetError, ConfigError, KubenetError, NetlinkError } from '../errors.js';
+import { AggregateKubenetError, ConfigError, KubenetError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import { silentLogger, type Logger } from '../log.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
@@ -211,22 +211,12 @@ function ifbClassIds(classId: number): { pod: number; interactive: number; bulk:
 
 /** The link, read over netlink; undefined when there is none. */
 function linkOf(name: string): nl.LinkInfo | undefined {
-  try {
-    return nl.linkByName(name);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
-    throw err;
-  }
+  return nl.ifPresent(() => nl.linkByName(name));
 }
 
 /** The classes of a device over netlink; undefined when the device is gone. */
 function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
-  try {
-    return nl.classList(dev);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
-    throw err;
-  }
+  return nl.ifPresent(() => nl.classList(dev));
 }
 
 /** Whether the link exists (one ioctl). */
