@@ -154,3 +154,18 @@ export function sysError(op: string, errno: number, what: string): NetlinkError 
   return new NetlinkError(op, errno, `${what}: ${name}`);
 }
 
+
+/** Whether `err` says the link (or device) is not there: a NetlinkError with ENODEV. */
+export function isNoDevice(err: unknown): boolean {
+  return err instanceof NetlinkError && err.errno === E.ENODEV;
+}
+
+/** `read()`, or undefined when the link it reads is not there (ENODEV); any other failure is thrown. */
+export function ifPresent<T>(read: () => T): T | undefined {
+  try {
+    return read();
+  } catch (err) {
+    if (isNoDevice(err)) return undefined;
+    throw err;
+  }
+}

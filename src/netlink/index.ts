@@ -27,10 +27,7 @@ import {
   lastErrno,
   libcNs,
   NS_GET_NSTYPE,
-  NETLINK_ROUTE,
   nl,
-  O_CLOEXEC,
-  O_RDONLY,
   route,
   RTNL_LINK,
   RTNL_TC,
@@ -49,7 +46,7 @@ import { parsePrefixed, type PrefixedAddress } from '../net/ip.js';
 import { E, NLE, nlError, sysError } from './errno.js';
 import { check, connectSocket, dumpCache, hostSocket, socketInNetns } from './socket.js';
 
-export { E, NLE, nleToErrno } from './errno.js';
+export { E, ifPresent, isNoDevice, NLE, nleToErrno } from './errno.js';
 export { routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from './route.js';
 
 export interface LinkInfo {

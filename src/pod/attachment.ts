@@ -10,7 +10,7 @@ import type { Logger } from '../log.js';
 import { sameLimits } from '../shaper/limits.js';
 import { POD_IFNAME } from './bridge.js';
 import { sameNetns, type NetnsId } from './netns.js';
-import type { AttachRequest } from './network.js';
+import type { AttachRequest } from './requests.js';
 import type { PodRecord, PortMapping } from './record.js';
 
 /** A port mapping that makes portmap's DEL run (it removes the container's chains whatever the list holds). */

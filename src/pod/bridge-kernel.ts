@@ -6,7 +6,7 @@
  * gateway addresses left from an earlier pod CIDR, and lists the pod veths enslaved to it.
  */
 import { execa } from 'execa';
-import { ConfigError, NetlinkError, ToolError } from '../errors.js';
+import { ConfigError, ToolError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { cidrContains, type Subnet } from '../net/ip.js';
 import * as nl from '../netlink/index.js';
@@ -26,7 +26,7 @@ export async function ensureBridge(s: BridgeSettings, log: Logger): Promise<nl.L
   try {
     link = nl.linkByName(s.bridgeName);
   } catch (err) {
-    if (!(err instanceof NetlinkError && err.errno === nl.E.ENODEV)) throw err;
+    if (!nl.isNoDevice(err)) throw err;
   }
   if (!link) {
     const args = ['link', 'add', 'name', s.bridgeName, 'mtu', String(s.mtu), 'type', 'bridge'];
@@ -72,23 +72,13 @@ export function tuneBridge(s: BridgeSettings, log: Logger, known?: nl.LinkInfo):
 
 /** tuneBridge when the bridge exists (at startup: a mode change applies before the next ADD). */
 export function tuneBridgeIfPresent(s: BridgeSettings, log: Logger): void {
-  try {
-    tuneBridge(s, log);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return;
-    throw err;
-  }
+  nl.ifPresent(() => tuneBridge(s, log));
 }
 
 /** Removes addresses on the bridge outside the pod subnets (left from an earlier pod CIDR). */
 export function removeStaleBridgeAddresses(bridgeName: string, subnets: Subnet[], log: Logger): void {
-  let addrs: nl.AddrInfo[];
-  try {
-    addrs = nl.addrList(bridgeName);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return; // no bridge yet
-    throw err;
-  }
+  const addrs = nl.ifPresent(() => nl.addrList(bridgeName));
+  if (!addrs) return; // no bridge yet
   for (const a of addrs) {
     if (a.family === 6 && a.ip.toLowerCase().startsWith('fe80:')) continue;
     if (subnets.some((sub) => cidrContains(sub, a.ip))) continue;
@@ -99,12 +89,7 @@ export function removeStaleBridgeAddresses(bridgeName: string, subnets: Subnet[]
 
 /** The bridge's ports that are veths (name and index); [] when there is no bridge. */
 export function bridgeVeths(bridgeName: string): nl.LinkInfo[] {
-  let bridge: nl.LinkInfo;
-  try {
-    bridge = nl.linkByName(bridgeName);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return [];
-    throw err;
-  }
+  const bridge = nl.ifPresent(() => nl.linkByName(bridgeName));
+  if (!bridge) return [];
   return nl.linkList().filter((l) => l.master === bridge.index && l.type === 'veth');
 }

@@ -38,13 +38,12 @@ import { PluginTimeoutError } from '../cni/errors.js';
 import { CniRuntime, deepFreeze } from '../cni/runtime.js';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
-import { AggregateKubenetError, ConflictError, KubenetError, NetlinkError, NotReadyError, UnknownPodError } from '../errors.js';
+import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
 import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
-import type { ShapingCounters } from '../shaper/counters.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import {
   afterBridge,
@@ -67,6 +66,19 @@ import { DhcpLeaseError, leaseSubnets, readoptLeases, releaseLease, socketAnswer
 import { checkHostPorts, ensureBridgeNetfilter, ensureMasquerade, hostPortRules, removeMasquerade } from './host-setup.js';
 import { netnsIdIfAlive, NetnsError, podNetnsId, sameNetns, type NetnsId } from './netns.js';
 import { PodStore, RECORD_VERSION, recordKey, type PodRecord, type PortMapping } from './record.js';
+import {
+  DEDUP_RESYNC_MS,
+  LOOPBACK_NETWORK_NAME,
+  PLUGIN_TYPES,
+  type AttachRequest,
+  type Attachment,
+  type CheckRequest,
+  type DetachRequest,
+  type DhcpSettings,
+  type IpamSettings,
+  type PodNetworkOptions,
+  type PodTraffic,
+} from './requests.js';
 import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
 import { listReservations, readReservations, removeEmptyReservations } from './reservations.js';
 import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
@@ -74,101 +86,7 @@ import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
 import { HostLocalAllocator, parseHostLocal } from './host-local/allocator.js';
 
-export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
 const DEFAULT_MTU = 1460;
-/** The only plugins kubenet-ts ever runs: never its own forwarding binary, never a type from a request. */
-export const PLUGIN_TYPES = ['bridge', 'host-local', 'dhcp', 'loopback', 'portmap'] as const;
-/** What must be installed to set pods up (portmap only for pods with host ports: its absence fails those clearly). */
-export const REQUIRED_PLUGINS = ['bridge', 'host-local', 'loopback'] as const;
-
-/** Where pod addresses come from: the pod CIDR (host-local), or the LAN's DHCP server through `uplink`. */
-export type IpamSettings =
-  | { mode: 'host-local' }
-  | {
-      mode: 'dhcp';
-      /** Host interface enslaved to the bridge. */
-      uplink: string;
-      /** The lease daemon's socket (the dhcp plugin's daemonSocketPath); the caller runs the daemon. */
-      daemonSocket: string;
-      /** An ADD (or a lease re-acquired) that has no lease after this long fails. */
-      timeoutMs: number;
-    };
-
-export interface PodNetworkOptions {
-  bridgeName: string;
-  /** Directories searched for the reference plugins, in order. */
-  pluginBinDirs: string[];
-  ipamDataDir: string;
-  /** Pod records live under `<stateDir>/pods`. */
-  stateDir: string;
-  ifbName?: string;
-  /** Where kubenet-ts 0.1.0's shaper kept one file per shaped pod: read once to upgrade in place. */
-  legacyShaperStateDir?: string;
-  mtu?: number;
-  cniTimeoutMs?: number;
-  /** Run the loopback plugin for the pod's lo (kubelet's kubenet did; container runtimes do it themselves). */
-  manageLoopback: boolean;
-  /** Where kubenet-ts 0.1.0 kept its CNI result cache (libcni layout), read once to upgrade in place. */
-  legacyCniCacheDir?: string;
-  /** Default host-local. */
-  ipam?: IpamSettings;
-  /**
-   * host-local mode: run host-local for a pod's ADD beside the bridge plugin instead of inside it.
-   * The bridge's IPAM is then the shim (bridge.ts IPAM_SHIM_TYPE, which must be in pluginBinDirs),
-   * which fetches the result from this socket: the caller serves it with `prefetchedIpam`.
-   */
-  ipamPrefetchSocket?: string;
-  /**
-   * promiscuous-bridge mode: how often the dedup rules are checked and restored (default 30 000 ms,
-   * kube-proxy's resync period). They are also synced when the pod CIDR is set, at init, and when a
-   * pod's ADD finds the bridge made anew (a new bridge, a new MAC); never otherwise on the ADD path.
-   */
-  dedupResyncMs?: number;
-  logger: Logger;
-}
-
-/** The dedup rules' periodic check, by default (PodNetworkOptions.dedupResyncMs). */
-export const DEDUP_RESYNC_MS = 30_000;
-
-type DhcpSettings = Extract<IpamSettings, { mode: 'dhcp' }>;
-
-export interface AttachRequest {
-  containerId: string;
-  ifName: string;
-  /** Pod identity; '' when unknown. */
-  namespace: string;
-  name: string;
-  netns: string;
-  limits: BandwidthLimits;
-  portMappings: PortMapping[];
-}
-
-export interface DetachRequest {
-  containerId: string;
-  ifName: string;
-  /** Host ports the runtime passes on DEL (libcni does): used only when there is no record. */
-  portMappings?: PortMapping[];
-}
-
-export interface CheckRequest {
-  containerId: string;
-  ifName: string;
-  netns: string;
-}
-
-/** What a pod's traffic did, from the kernel: see PodNetwork.traffic(). */
-export interface PodTraffic {
-  record: PodRecord;
-  /** The tc counters of its shaped directions (src/shaper/counters.ts); absent when unshaped. */
-  shaping?: ShapingCounters;
-  /** Its host veth's own counters (rx = from the pod, tx = to the pod), when asked for. */
-  link?: nl.LinkStats;
-}
-
-export interface Attachment {
-  containerId: string;
-  ifName: string;
-}
 
 type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: Subnet[]; conf: NetConf };
 
@@ -888,11 +806,8 @@ export class PodNetwork {
       const s = shaping.get(record.containerId);
       if (s && (s.ingress || s.egress)) t.shaping = s;
       if (opts.links && record.hostVethIndex) {
-        try {
-          t.link = nl.linkStats(record.hostVethIndex);
-        } catch (err) {
-          if (!(err instanceof NetlinkError && err.errno === nl.E.ENODEV)) throw err;
-        }
+        const link = nl.ifPresent(() => nl.linkStats(record.hostVethIndex ?? 0));
+        if (link) t.link = link;
       }
       return t;
     });

@@ -19,7 +19,7 @@ import { basename, dirname, join } from 'node:path';
 import type { NetConf, NetConfList, WireResult } from '../cni/types.js';
 import type { Logger } from '../log.js';
 import type { BandwidthLimits } from '../shaper/limits.js';
-import type { ShapingState } from '../shaper/tc.js';
+import type { ShapingState } from '../shaper/tc-layout.js';
 import { isTempFile, SpareFileWriter } from '../util/atomic-file.js';
 import { sameNetns, type NetnsId } from './netns.js';
 

@@ -15,7 +15,7 @@ import { readdirSync, readFileSync, rmdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { isValidContainerId } from '../cni/names.js';
 import type { NetConf, NetConfList, WireResult } from '../cni/types.js';
-import type { ShapingState } from '../shaper/tc.js';
+import type { ShapingState } from '../shaper/tc-layout.js';
 import { NetlinkError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';

@@ -4,7 +4,6 @@
  * netns while that netns is still the same one), and deleted without waiting for the kernel to
  * free it (nl.linkDelete).
  */
-import { NetlinkError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { round } from './attachment.js';
@@ -19,23 +18,23 @@ import type { PodRecord } from './record.js';
  * netns, when that netns is still the same one. Anything else is left alone.
  */
 export async function deletePodVeth(record: PodRecord, bridgeName: string, records: PodRecord[], log: Logger): Promise<void> {
-  const bridge = linkOrUndefined(() => nl.linkByName(bridgeName));
+  const bridge = nl.ifPresent(() => nl.linkByName(bridgeName));
   if (!bridge) return; // no bridge: no pod veth either
   const candidates: Array<() => nl.LinkInfo | undefined> = [
     () => {
-      const link = record.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(record.hostVethIndex ?? 0)) : undefined;
+      const link = record.hostVethIndex ? nl.ifPresent(() => nl.linkByIndex(record.hostVethIndex ?? 0)) : undefined;
       return link && link.name === record.hostVeth ? link : undefined;
     },
     () => {
       if (!sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) return undefined;
       const inPod = nl.netnsLinkByName(record.netns, record.ifName);
-      return inPod?.type === 'veth' && inPod.peerIndex > 0 ? linkOrUndefined(() => nl.linkByIndex(inPod.peerIndex)) : undefined;
+      return inPod?.type === 'veth' && inPod.peerIndex > 0 ? nl.ifPresent(() => nl.linkByIndex(inPod.peerIndex)) : undefined;
     },
     () => {
       // A 0.1.0 record whose netns is gone: the name alone, unless another record claims it.
       if (!record.hostVeth || record.hostVethIndex || record.netnsId) return undefined;
       if (records.some((r) => r !== record && r.containerId !== record.containerId && r.hostVeth === record.hostVeth)) return undefined;
-      return linkOrUndefined(() => nl.linkByName(record.hostVeth ?? ''));
+      return nl.ifPresent(() => nl.linkByName(record.hostVeth ?? ''));
     },
   ];
   for (const find of candidates) {
@@ -64,15 +63,6 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
 
 /** Whether the pod's host veth still exists (by recorded index, else by name). */
 export function podVethPresent(r: PodRecord): boolean {
-  const link = r.hostVethIndex ? linkOrUndefined(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? linkOrUndefined(() => nl.linkByName(r.hostVeth ?? '')) : undefined;
+  const link = r.hostVethIndex ? nl.ifPresent(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? nl.ifPresent(() => nl.linkByName(r.hostVeth ?? '')) : undefined;
   return link !== undefined && (r.hostVeth === undefined || link.name === r.hostVeth);
-}
-
-export function linkOrUndefined(get: () => nl.LinkInfo): nl.LinkInfo | undefined {
-  try {
-    return get();
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === nl.E.ENODEV) return undefined;
-    throw err;
-  }
 }

@@ -1,6 +1,6 @@
 /**
  * What a pod's shaping really did, from the kernel's own tc counters (read over netlink by
- * `Shaper.counters()`, src/netlink `classList`): per shaped direction, the pod's htb class (at the
+ * `readCounters`, src/netlink `classList`): per shaped direction, the pod's htb class (at the
  * pod's limit) and its two leaves (interactive, bulk) summed into one set of figures.
  *
  * - bytes, packets: what the pod's class sent (dequeued), so what got through the limit. L2 frames
@@ -11,7 +11,9 @@
  * - backlog: bytes queued in the pod's leaves now.
  * - limit: the class's rate as the kernel holds it, bits/s (htb keeps bytes/s).
  */
+import * as nl from '../netlink/index.js';
 import type { TcClassStats } from '../netlink/index.js';
+import { ifbClassIds, type ShapingState } from './tc-layout.js';
 
 export interface DirectionCounters {
   limit: number;
@@ -50,4 +52,38 @@ export function directionCounters(pod: TcClassStats | undefined, leaves: Array<T
     backlog += l.backlog;
   }
   return { limit: pod.ceil ?? pod.rate ?? 0, bytes: pod.bytes, packets: pod.packets, drops, overlimits: pod.overlimits, backlog };
+}
+
+/**
+ * The counters of the given pods' shaping, read over netlink: one listing of the ifb's classes for
+ * all of them, one of each shaped veth's (by `ifindex(pod)` when known, else by name); a device
+ * that is gone gives no figures.
+ */
+export function readCounters(states: ShapingState[], ifbName: string, ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
+  let ifb: Map<number, nl.TcClassStats> | undefined;
+  if (states.some((s) => s.egressInstalled && s.classId)) ifb = byHandle(classesOf(ifbName) ?? []);
+  const out: ShapingCounters[] = [];
+  for (const s of states) {
+    const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
+    if (s.ingressInstalled) {
+      const classes = classesOf(ifindex?.(s.id) ?? s.hostVeth);
+      if (classes) {
+        const m = byHandle(classes);
+        const ingress = directionCounters(m.get(tcHandle(2, 1)), [m.get(tcHandle(2, 2)), m.get(tcHandle(2, 3))]); // VETH.pod, .interactive, .bulk
+        if (ingress) c.ingress = ingress;
+      }
+    }
+    if (s.egressInstalled && s.classId && ifb) {
+      const ids = ifbClassIds(s.classId);
+      const egress = directionCounters(ifb.get(tcHandle(1, ids.pod)), [ifb.get(tcHandle(1, ids.interactive)), ifb.get(tcHandle(1, ids.bulk))]);
+      if (egress) c.egress = egress;
+    }
+    out.push(c);
+  }
+  return out;
+}
+
+/** The classes of a device over netlink; undefined when the device is gone. */
+function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
+  return nl.ifPresent(() => nl.classList(dev));
 }

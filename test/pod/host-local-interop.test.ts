@@ -13,7 +13,7 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { AddressesExhaustedError, HostLocalAllocator, parseHostLocal, type HostLocalNetwork } from '../../src/pod/host-local/allocator.js';
+import { AddressesExhaustedError, HostLocalAllocator, parseHostLocal } from '../../src/pod/host-local/allocator.js';
 import { refPlugin, upstreamBlocker } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 

@@ -1,0 +1,259 @@
+/**
+ * The shaper's objects in the kernel and the tc lines that make and remove them: pure, no kernel
+ * access (tc.ts runs the lines; tc-plan.ts decides which). Exact-output tests:
+ * test/shaper/tc-layout.test.ts.
+ *
+ * Layout (per node):
+ *   TO the pod   (ingress annotation): htb 2: as the root qdisc of the pod's host veth (one pod per
+ *                device: no per-pod hash), `default 3`:
+ *                  class 2:1 rate = ceil = limit
+ *                    class 2:2 interactive (prio 0), leaf bfifo 22:
+ *                    class 2:3 bulk (prio 1), leaf tbf 23: (segments GSO, bounds the queue)
+ *                filters on 2: (u32): prio 1 IPv4 and prio 2 IPv6 interactive selectors, prio 3
+ *                ARP (all of it), each -> 2:2; anything else -> 2:3 by `default`. Every ensure
+ *                flushes and re-adds them (handle-less: nothing is ever deleted one by one), so the
+ *                lines stay idempotent. Handle 2:, not the tbf 1: of earlier versions: a replace at
+ *                another handle grafts the new root over the old one, where the same handle with
+ *                another kind is refused.
+ *   FROM the pod (egress annotation):  ingress qdisc on the host veth, one u32 match-all filter with
+ *                `mirred egress redirect` to ONE shared ifb (default `kubenet-ifb0`). The ifb root is
+ *                htb 1: (`default 0`: unclassified frames such as ARP pass unshaped); each pod owns
+ *                class 1:<id> (rate = ceil = limit) with two leaf classes, 1:<id+0x800>
+ *                interactive (prio 0, bfifo <0x2000+id>:) and 1:<id+0x1000> bulk (prio 1, tbf
+ *                <0x1000+id>:). Classification is by source address with u32 hash tables keyed on
+ *                the last address byte (256 buckets), one node per pod address in each of two
+ *                tables per family: 12: (IPv4, prio 8) and 13: (IPv6, prio 9) are reached only
+ *                through shared link filters that carry the interactive selectors, and send to the
+ *                pod's interactive leaf; 10: (IPv4, prio 10) and 11: (IPv6, prio 11) are reached
+ *                by every packet and send to its bulk leaf. The selectors are thus shared (made
+ *                once with the ifb), and a pod costs two /32 or /128 nodes per address with the
+ *                explicit handle <table>:<last byte>:<node>. Removal deletes by those handles:
+ *                nothing is listed per pod.
+ *
+ */
+import { ConfigError } from '../errors.js';
+import { ipFamily, lastByte } from '../net/ip.js';
+import type { BandwidthLimits } from './limits.js';
+import { podLayout, SMALL_PACKET_BYTES, type HtbClass, type PodLayout } from './sizing.js';
+
+export const DEFAULT_IFB = 'kubenet-ifb0';
+
+/** Class ids 1..MAX_CLASS (u32 node ids are 12 bits: node = class id + 0x800 * slot, two addresses per family). */
+export const MAX_CLASS = 0x7ff;
+/** On the ifb, a pod's leaves are 1:<id + offset>, their qdiscs <base + id>:. */
+export const INTERACTIVE_CLASS_OFFSET = 0x800;
+export const BULK_CLASS_OFFSET = 0x1000;
+const BULK_LEAF_MAJOR_BASE = 0x1000;
+const INTERACTIVE_LEAF_MAJOR_BASE = 0x2000;
+/** Mask of the length bits that make a packet not small (512 -> 0xfe00). */
+const NOT_SMALL_MASK = `0x${(0xffff & ~(SMALL_PACKET_BYTES - 1)).toString(16)}`;
+
+interface Family {
+  proto: 'ip' | 'ipv6';
+  match: 'ip src' | 'ip6 src';
+  plen: number;
+  /** Offset of the 32-bit word whose last byte (the address's last byte) is the hash key. */
+  hashAt: number;
+  /** Every packet of the family: node per pod address -> its bulk leaf. */
+  bulk: { prio: number; table: string };
+  /** Reached through the shared links carrying `selectors`: node per pod address -> its interactive leaf. */
+  interactive: { prio: number; table: string };
+  /** u32 selectors of interactive packets, OR'd (one filter each): small, ICMP, DNS answers. */
+  selectors: string[];
+}
+const V4: Family = {
+  proto: 'ip',
+  match: 'ip src',
+  plen: 32,
+  hashAt: 12,
+  bulk: { prio: 10, table: '10' },
+  interactive: { prio: 8, table: '12' },
+  selectors: [`match u16 0 ${NOT_SMALL_MASK} at 2`, 'match ip protocol 1 0xff', 'match ip protocol 17 0xff match ip sport 53 0xffff'],
+};
+const V6: Family = {
+  proto: 'ipv6',
+  match: 'ip6 src',
+  plen: 128,
+  hashAt: 20,
+  bulk: { prio: 11, table: '11' },
+  interactive: { prio: 9, table: '13' },
+  selectors: [`match u16 0 ${NOT_SMALL_MASK} at 4`, 'match ip6 protocol 58 0xff', 'match ip6 protocol 17 0xff match ip6 sport 53 0xffff'],
+};
+export const TABLES = ['10', '11', '12', '13'];
+/** The veth-side redirect filter: first (and only) node of the root hash table of its u32 instance. */
+const REDIRECT_HANDLE = '800::800';
+/** The veth root (traffic TO the pod): htb 2:, pod class 2:1, interactive 2:2 (leaf 22:), bulk 2:3 (leaf 23:). */
+export const VETH = { root: '2:', pod: '2:1', interactive: '2:2', bulk: '2:3', interactiveLeaf: '22:', bulkLeaf: '23:', bulkMinor: 3 } as const;
+export const STATE_VERSION = 1;
+
+export interface FilterRef {
+  prio: number;
+  proto: string;
+  /** u32 handle, "10:b:3" */
+  handle: string;
+}
+
+/** What the shaper installed for one pod: kept by the caller (the pod record) and given back to `init`. */
+export interface ShapingState {
+  version: number;
+  id: string;
+  hostVeth: string;
+  ips: string[];
+  limits: BandwidthLimits;
+  /** htb class minor on the ifb, 0 when egress is not shaped. */
+  classId: number;
+  ingressInstalled: boolean;
+  egressInstalled: boolean;
+  filters: FilterRef[];
+}
+
+export const hex = (n: number) => n.toString(16);
+
+/** The bulk leaf: a tbf that segments GSO and bounds the queue (sizing.ts leafParams). */
+function tbfArgs(l: PodLayout): string {
+  return `tbf rate ${l.bulk.leaf.rate}bit burst ${l.bulk.leaf.burst}b limit ${l.bulk.leaf.limit}b`;
+}
+
+
+/** tc's htb class parameters. */
+function htbArgs(c: HtbClass): string {
+  return `htb rate ${c.rate}bit ceil ${c.ceil}bit burst ${c.burst}b cburst ${c.cburst}b quantum ${c.quantum} prio ${c.prio}`;
+}
+
+/** The pod's classes on the ifb: its own, then its leaves (deleted in the reverse order). */
+export function ifbClassIds(classId: number): { pod: number; interactive: number; bulk: number } {
+  return { pod: classId, interactive: classId + INTERACTIVE_CLASS_OFFSET, bulk: classId + BULK_CLASS_OFFSET };
+}
+
+/** What init learned from its one listing of the ifb. */
+export interface IfbListing {
+  htbRoot: boolean;
+  tables: Set<string>;
+  links: Set<string>;
+  classes: Set<number>;
+  podFilters: Array<FilterRef & { flowid: number }>;
+}
+
+export function parseIfbListing(text: string): IfbListing {
+  const out: IfbListing = { htbRoot: false, tables: new Set(), links: new Set(), classes: new Set(), podFilters: [] };
+  for (const line of text.split('\n')) {
+    if (/^qdisc htb 1: root/.test(line)) out.htbRoot = true;
+    let m = /^class htb 1:([0-9a-f]+) /.exec(line);
+    if (m?.[1]) out.classes.add(parseInt(m[1], 16));
+    m = /^filter protocol (\S+) pref (\d+) u32 .*fh (1[0-3]): ht divisor 256/.exec(line);
+    if (m?.[3]) out.tables.add(m[3]);
+    m = /^filter protocol (\S+) pref (\d+) u32 .*fh [0-9a-f]+::[0-9a-f]+ .* link (1[0-3]):/.exec(line);
+    if (m?.[3]) out.links.add(m[3]);
+    m = /^filter protocol (\S+) pref (\d+) u32 .*fh (1[0-3]:[0-9a-f]+:[0-9a-f]+) .*flowid 1:([0-9a-f]+)/.exec(line);
+    if (m?.[1] && m[2] && m[3] && m[4]) out.podFilters.push({ proto: m[1], prio: Number(m[2]), handle: m[3], flowid: parseInt(m[4], 16) });
+  }
+  return out;
+}
+
+/** The ifb's shared structure: the htb root, the u32 hash tables and the links into them. */
+export function structureLines(ifb: string): string[] {
+  const lines = [`qdisc replace dev ${ifb} root handle 1: htb default 0 direct_qlen 1000`];
+  const hash = (f: Family) => `hashkey mask 0x000000ff at ${f.hashAt}`;
+  for (const f of [V4, V6]) {
+    const t = f.interactive;
+    lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} handle ${t.table}: protocol ${f.proto} u32 divisor 256`);
+    for (const sel of f.selectors) lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} protocol ${f.proto} u32 ${sel} ${hash(f)} link ${t.table}:`);
+  }
+  for (const f of [V4, V6]) {
+    const t = f.bulk;
+    lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} handle ${t.table}: protocol ${f.proto} u32 divisor 256`);
+    lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} protocol ${f.proto} u32 match u32 0 0 at 0 ${hash(f)} link ${t.table}:`);
+  }
+  return lines;
+}
+
+/** Per pod address: a node in the family's interactive table and one in its bulk table. */
+export function filtersFor(ifb: string, ips: string[], classId: number): Array<FilterRef & { ip: string; line: string }> {
+  const slots = { 4: 0, 6: 0 };
+  const ids = ifbClassIds(classId);
+  const out: Array<FilterRef & { ip: string; line: string }> = [];
+  for (const ip of ips) {
+    const fam = ipFamily(ip);
+    const f = fam === 4 ? V4 : V6;
+    const slot = slots[fam]++;
+    if (slot > 1) throw new ConfigError(`pod has more than two IPv${fam} addresses; the shaper classifies at most two per family`);
+    const node = `${hex(lastByte(ip))}:${hex(classId + slot * 0x800)}`;
+    for (const [t, leaf] of [
+      [f.interactive, ids.interactive],
+      [f.bulk, ids.bulk],
+    ] as const) {
+      const handle = `${t.table}:${node}`;
+      const bucket = handle.slice(0, handle.lastIndexOf(':') + 1);
+      out.push({
+        prio: t.prio,
+        proto: f.proto,
+        handle,
+        ip,
+        line: `filter replace dev ${ifb} parent 1: prio ${t.prio} handle ${handle} protocol ${f.proto} u32 ht ${bucket} match ${f.match} ${ip}/${f.plen} flowid 1:${hex(leaf)}`,
+      });
+    }
+  }
+  return out;
+}
+
+/** A pod's ifb classes, leaves first (htb refuses to delete a class with children). */
+export function classDelLines(ifb: string, classId: number): string[] {
+  const ids = ifbClassIds(classId);
+  return [ids.interactive, ids.bulk, ids.pod].map((c) => `class del dev ${ifb} classid 1:${hex(c)}`);
+}
+
+/** Deletes one pod filter node by its handle. */
+export function filterDelLine(ifb: string, f: FilterRef): string {
+  return `filter del dev ${ifb} parent 1: prio ${f.prio} handle ${f.handle} protocol ${f.proto} u32`;
+}
+
+/** The ifb side of a pod (class, leaves, their qdiscs, filters), as replace lines. */
+export function ifbLines(ifb: string, rec: ShapingState): string[] {
+  if (rec.limits.egress === undefined || !rec.classId) return [];
+  const l = podLayout(rec.limits.egress, rec.limits.egressBurst);
+  const ids = ifbClassIds(rec.classId);
+  const [pod, int, bulk] = [ids.pod, ids.interactive, ids.bulk].map(hex) as [string, string, string];
+  return [
+    `class replace dev ${ifb} parent 1: classid 1:${pod} ${htbArgs(l.pod)}`,
+    `class replace dev ${ifb} parent 1:${pod} classid 1:${int} ${htbArgs(l.interactive)}`,
+    `class replace dev ${ifb} parent 1:${pod} classid 1:${bulk} ${htbArgs(l.bulk)}`,
+    `qdisc replace dev ${ifb} parent 1:${int} handle ${hex(INTERACTIVE_LEAF_MAJOR_BASE + rec.classId)}: bfifo limit ${l.interactive.queue}`,
+    `qdisc replace dev ${ifb} parent 1:${bulk} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(l)}`,
+    ...filtersFor(ifb, rec.ips, rec.classId).map((f) => f.line),
+  ];
+}
+
+/**
+ * The veth root for traffic TO the pod (see the module doc). The first line fails, expectedly,
+ * when our htb is already there (htb has no change operation); it creates it on a bare veth and
+ * grafts it over any other root (an earlier version's tbf 1:). The filter flush makes the filter
+ * lines idempotent without handles; on a fresh htb it is a no-op.
+ */
+export function vethLines(veth: string, l: PodLayout): string[] {
+  const lines = [
+    `qdisc replace dev ${veth} root handle ${VETH.root} htb default ${VETH.bulkMinor}`,
+    `class replace dev ${veth} parent ${VETH.root} classid ${VETH.pod} ${htbArgs(l.pod)}`,
+    `class replace dev ${veth} parent ${VETH.pod} classid ${VETH.interactive} ${htbArgs(l.interactive)}`,
+    `class replace dev ${veth} parent ${VETH.pod} classid ${VETH.bulk} ${htbArgs(l.bulk)}`,
+    `qdisc replace dev ${veth} parent ${VETH.interactive} handle ${VETH.interactiveLeaf} bfifo limit ${l.interactive.queue}`,
+    `qdisc replace dev ${veth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(l)}`,
+    `filter del dev ${veth} parent ${VETH.root}`,
+  ];
+  [V4, V6].forEach((f, i) => {
+    for (const sel of f.selectors) lines.push(`filter add dev ${veth} parent ${VETH.root} prio ${i + 1} protocol ${f.proto} u32 ${sel} flowid ${VETH.interactive}`);
+  });
+  lines.push(`filter add dev ${veth} parent ${VETH.root} prio 3 protocol arp u32 match u32 0 0 flowid ${VETH.interactive}`);
+  return lines;
+}
+
+/**
+ * The ingress qdisc on the host veth and its one match-all filter redirecting everything the pod
+ * sends to the ifb. `ingress`, not `clsact`: one tcf block instead of two, and every block
+ * creation walks a kernel list of all blocks on the host (flow_indr_dev_setup_offload).
+ */
+export function redirectLines(veth: string, ifb: string): string[] {
+  return [
+    `qdisc replace dev ${veth} ingress`,
+    `filter replace dev ${veth} parent ffff: prio 1 handle ${REDIRECT_HANDLE} protocol all u32 match u32 0 0 action mirred egress redirect dev ${ifb}`,
+  ];
+}

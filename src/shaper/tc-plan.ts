@@ -1,0 +1,104 @@
+/**
+ * What a change of one pod's shaping deletes and installs, decided without the kernel (pure):
+ * the egress class ids on the shared ifb, and the tc lines of an ensure (delete-then-create where
+ * tc cannot change in place). tc.ts runs the plan. Exact-output tests: test/shaper/tc-layout.test.ts.
+ */
+import { KubenetError } from '../errors.js';
+import type { BandwidthLimits } from './limits.js';
+import { podLayout } from './sizing.js';
+import { classDelLines, filterDelLine, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, redirectLines, VETH, vethLines, type ShapingState } from './tc-layout.js';
+
+/** The pods' egress class ids on one ifb, 1..MAX_CLASS: the lowest free one is handed out. */
+export class ClassIds {
+  private readonly used = new Uint8Array(MAX_CLASS + 1);
+
+  constructor(private readonly ifbName: string) {}
+
+  /** @throws KubenetError when all MAX_CLASS are in use. */
+  allocate(): number {
+    for (let i = 1; i <= MAX_CLASS; i++) {
+      if (!this.used[i]) {
+        this.used[i] = 1;
+        return i;
+      }
+    }
+    throw new KubenetError(`shaper: all ${MAX_CLASS} egress classes on ${this.ifbName} are in use`);
+  }
+
+  /** Marks a kept id as used; false when it is out of range or already claimed. */
+  claim(id: number): boolean {
+    if (id < 1 || id > MAX_CLASS || this.used[id]) return false;
+    this.used[id] = 1;
+    return true;
+  }
+
+  free(id: number): void {
+    if (id > 0 && id <= MAX_CLASS) this.used[id] = 0;
+  }
+
+  clear(): void {
+    this.used.fill(0);
+  }
+}
+
+export interface EnsurePlan {
+  /** Deletes of what the pod no longer has, run first; absent objects are fine. */
+  pre: string[];
+  /** The pod's objects as they must be; the 1-based line numbers in `optional` may fail (tc -batch). */
+  lines: string[];
+  optional: Set<number>;
+}
+
+/**
+ * The lines that take the pod from `prev` (what was installed, if anything) to `next` (its limits,
+ * ips and class id decided; `next.filters` is filled in here). `prevVethExists`: whether the old
+ * veth is still there when the pod moved to another one (its qdiscs are then cleared).
+ */
+export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean): EnsurePlan {
+  const veth = next.hostVeth;
+  const limits = next.limits;
+  const pre: string[] = [];
+  const lines: string[] = [];
+  const optional = new Set<number>();
+  // A different veth than before (sandbox recreated under the same id): clear the old one.
+  if (prev && prev.hostVeth !== veth && prevVethExists) {
+    if (prev.ingressInstalled) pre.push(`qdisc del dev ${prev.hostVeth} root`);
+    if (prev.egressInstalled) pre.push(`qdisc del dev ${prev.hostVeth} ingress`);
+  }
+  const sameVeth = prev?.hostVeth === veth;
+  // A bulk leaf whose bucket shrinks is made anew, not changed in place: tbf keeps the packets it
+  // queued under the old, larger bucket (GSO super-packets it did not segment), and one larger
+  // than the new bucket can never be sent: the pod's traffic that way stopped for good (a 200M ->
+  // 100M re-shape under an iperf3 flow). Deleting the leaf drops its queue once (at most 25 ms of
+  // the old rate; TCP recovers); the replace line below makes the new one.
+  if (sameVeth && prev.ingressInstalled && shrinks(prev.limits, limits, 'ingress')) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
+  if (prev?.egressInstalled && prev.classId === next.classId && shrinks(prev.limits, limits, 'egress')) {
+    pre.push(`qdisc del dev ${ifb} parent 1:${hex(ifbClassIds(next.classId).bulk)}`);
+  }
+  // TO the pod: htb with two leaves on the host veth.
+  if (limits.ingress !== undefined) {
+    optional.add(lines.length + 1);
+    lines.push(...vethLines(veth, podLayout(limits.ingress, limits.ingressBurst)));
+  } else if (sameVeth && prev?.ingressInstalled) {
+    lines.push(`qdisc del dev ${veth} root`);
+  }
+  // FROM the pod: redirect to the shared ifb, class + filters there.
+  if (limits.egress !== undefined) {
+    next.filters = filtersFor(ifb, next.ips, next.classId).map(({ prio, proto, handle }) => ({ prio, proto, handle }));
+    const keep = new Set(next.filters.map((f) => `${f.prio}/${f.handle}`));
+    for (const f of prev?.filters ?? []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
+    lines.push(...ifbLines(ifb, next));
+    lines.push(...redirectLines(veth, ifb));
+  } else if (prev?.egressInstalled) {
+    if (sameVeth) pre.push(`qdisc del dev ${veth} ingress`);
+    for (const f of prev.filters) pre.push(filterDelLine(ifb, f));
+    pre.push(...classDelLines(ifb, prev.classId));
+  }
+  return { pre, lines, optional };
+}
+
+/** Whether the direction's bulk leaf bucket gets smaller from `before` to `after` (both limited). */
+function shrinks(before: BandwidthLimits, after: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
+  const [b, bBurst, a, aBurst] = dir === 'ingress' ? [before.ingress, before.ingressBurst, after.ingress, after.ingressBurst] : [before.egress, before.egressBurst, after.egress, after.egressBurst];
+  return b !== undefined && a !== undefined && podLayout(a, aBurst).bulk.leaf.burst < podLayout(b, bBurst).bulk.leaf.burst;
+}
