@@ -20,14 +20,10 @@ import type { NodeRoutes } from '../daemon/routes.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
 import { describeLimits, formatBandwidth } from '../pod/index.js';
+import { commandHelp, usage } from './help.js';
 import { rateText, top } from './top.js';
 
-const USAGE = `usage:
-  kubenet daemon [--config FILE] [--pod-cidr CIDR] [--socket PATH] [--cni-bin-dir DIR] [--cni-conf-dir DIR] [...]
-  kubenet status [--config FILE] [--socket PATH] [--json] [--window SECONDS]
-  kubenet shape NAMESPACE/NAME [--ingress Q] [--egress Q] [--clear] [--config FILE] [--socket PATH]
-  kubenet top [-d SECONDS] [-b] [-n FRAMES] [--config FILE] [--socket PATH]
-  kubenet health [--config FILE] [--socket PATH]`;
+const USAGE = usage();
 
 /** Every config key is also a flag (CONFIG_KEYS[k].flag, e.g. --pod-cidr); then each command's own. */
 function flagOptions() {
@@ -60,9 +56,19 @@ function flagsToConfig(values: Record<string, unknown>): Partial<AgentConfig> {
 
 async function main(argv: string[]): Promise<number> {
   const [cmd, ...rest] = argv;
-  if (!cmd || cmd === '--help' || cmd === 'help') {
+  if (!cmd || cmd === '--help' || cmd === '-h' || (cmd === 'help' && rest.length === 0)) {
     console.log(USAGE);
     return cmd ? 0 : 2;
+  }
+  const helpOf = cmd === 'help' ? rest[0] : rest.includes('--help') || rest.includes('-h') ? cmd : undefined;
+  if (helpOf !== undefined) {
+    const text = commandHelp(helpOf);
+    if (text === undefined) {
+      console.error(`unknown command ${JSON.stringify(helpOf)}\n${USAGE}`);
+      return 2;
+    }
+    console.log(text);
+    return 0;
   }
   const { values, positionals } = parseArgs({ args: rest, options: flagOptions(), strict: true, allowPositionals: true });
   const own: Record<string, string[]> = { status: ['json', 'window'], shape: ['ingress', 'egress', 'clear'], top: ['delay', 'batch', 'iterations'] };

@@ -1,0 +1,88 @@
+/**
+ * `kubenet --help`, `kubenet help CMD` and `kubenet CMD --help`: the usage of each command and, for
+ * `daemon`, every config key with its flag, type, default and meaning, from CONFIG_KEYS (the one
+ * description of each key; README's table comes from the same).
+ */
+import { CONFIG_KEYS, type ConfigKey, type ConfigKeySpec } from '../daemon/config.js';
+
+const COMMANDS: Record<string, { usage: string; about: string; options?: Array<[string, string]> }> = {
+  daemon: {
+    usage: 'kubenet daemon [--config FILE] [flags]',
+    about: 'The node agent: sets pods up and shapes them for the container runtime through its CNI binary. Every config key below is a key of the YAML file given with --config and a flag; a flag wins over the file, the file over the default.',
+  },
+  status: {
+    usage: 'kubenet status [--config FILE] [--socket PATH] [--json] [--window SECONDS]',
+    about: "What the agent knows: its mode, pod CIDR, routes, and each pod's addresses, limits and measured rates.",
+    options: [
+      ['--json', 'the report as JSON'],
+      ['--window SECONDS', 'the window of the measured rates (default 5)'],
+    ],
+  },
+  shape: {
+    usage: 'kubenet shape NAMESPACE/NAME [--ingress Q] [--egress Q] [--clear] [--config FILE] [--socket PATH]',
+    about: "Changes a running pod's limits: the given directions, the others stay. In a cluster the pod's annotations stay the source of truth: such a change lasts until they change.",
+    options: [
+      ['--ingress Q', 'limit of traffic to the pod, a Kubernetes quantity such as 10M'],
+      ['--egress Q', 'limit of traffic from the pod'],
+      ['--clear', 'starts from no limits (alone: removes both)'],
+    ],
+  },
+  top: {
+    usage: 'kubenet top [-d SECONDS] [-b] [-n FRAMES] [--config FILE] [--socket PATH]',
+    about: 'Pods by measured rate against their limits, refreshed like top(1).',
+    options: [
+      ['-d SECONDS', 'refresh interval (default 1)'],
+      ['-b', 'batch mode: plain frames, no screen control'],
+      ['-n FRAMES', 'stop after this many frames'],
+    ],
+  },
+  health: {
+    usage: 'kubenet health [--config FILE] [--socket PATH]',
+    about: "Exits 0 when the agent answers and is ready (the DaemonSet's probe), 1 otherwise.",
+  },
+};
+
+/** All commands' usage lines. */
+export function usage(): string {
+  return ['usage:', ...Object.values(COMMANDS).map((c) => `  ${c.usage}`), '', 'kubenet help COMMAND (or kubenet COMMAND --help) says more.'].join('\n');
+}
+
+/** One command's help; undefined for an unknown command. */
+export function commandHelp(cmd: string): string | undefined {
+  const c = COMMANDS[cmd];
+  if (!c) return undefined;
+  const out = [`usage: ${c.usage}`, '', ...wrap(c.about, 100, '')];
+  if (cmd !== 'daemon') {
+    const options: Array<[string, string]> = [
+      ...(c.options ?? []),
+      ['--config FILE', "the agent's config file, for its socket"],
+      ['--socket PATH', `the agent's socket (default: the config's, else ${CONFIG_KEYS.socket.default ?? ''})`],
+    ];
+    out.push('', 'options:');
+    for (const [flag, text] of options) out.push(`  ${flag.padEnd(18)} ${text}`);
+    return out.join('\n');
+  }
+  out.push('', 'config keys (YAML key, flag, type, default):');
+  for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>) {
+    const type = spec.values ? spec.values.join(' | ') : spec.type === 'string[]' ? 'list (flag: comma-separated)' : spec.type;
+    out.push('', `  ${key}  ${spec.flag}  ${type}  default: ${spec.default ?? 'unset'}`);
+    out.push(...wrap(spec.description.replace(/`/g, ''), 96, '    '));
+  }
+  return out.join('\n');
+}
+
+/** Words of `text` in lines of at most `width` characters (a longer word stands alone). */
+export function wrap(text: string, width: number, indent: string): string[] {
+  const lines: string[] = [];
+  let line = '';
+  for (const word of text.split(/\s+/).filter(Boolean)) {
+    if (line && indent.length + line.length + 1 + word.length > width) {
+      lines.push(indent + line);
+      line = word;
+    } else {
+      line = line ? `${line} ${word}` : word;
+    }
+  }
+  if (line) lines.push(indent + line);
+  return lines;
+}
