@@ -11,6 +11,7 @@ import { ConfigError, NetlinkError } from '../src/errors.js';
 import {
   addrDel,
   addrList,
+  classGet,
   classList,
   linkStats,
   linkByIndex,
@@ -516,6 +517,15 @@ kTest('classList reads every class of a device with the kernel counters tc -s sh
   t.is(ours.find((c) => c.handle === toHandle('2:3'))?.rate, 3_000_000);
   t.true((pod?.packets ?? 0) >= 5 && (pod?.bytes ?? 0) >= 5 * 1200, `the replies went through 2:1: ${JSON.stringify(pod)}`);
   t.deepEqual(classList(linkByName(veth).index), ours, 'by ifindex: the same');
+  // One class by its handle, without the dump: the same figures; absent ones are undefined, and the
+  // socket stays in step (every reply and ACK read) for the calls after them.
+  const index = linkByName(veth).index;
+  for (const c of ours) t.deepEqual(classGet(index, c.handle), c, `classGet ${c.handle.toString(16)}`);
+  t.is(classGet(index, toHandle('2:9')), undefined, 'no class 2:9');
+  t.is(classGet(index, toHandle('7:1')), undefined, 'no qdisc 7:');
+  t.deepEqual(classGet(index, toHandle('2:1')), pod, 'after two misses');
+  t.deepEqual(classList(veth), ours, 'a dump after the gets');
+  netlinkErrno(t, () => classGet(0x7ffffff0, toHandle('2:1')), ENODEV, 'classGet on a missing ifindex');
 
   const stats = linkStats(veth);
   const ip = (await ipJson<Array<{ stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } } }>>(['-s', 'link', 'show', 'dev', veth]))[0];

@@ -30,7 +30,6 @@ import {
   nl,
   route,
   RTNL_LINK,
-  RTNL_TC,
   SIOCGIFINDEX,
   SIOCGIFNAME,
   SIOCGIFTXQLEN,
@@ -45,8 +44,10 @@ import { isValidIfName } from '../net/ifname.js';
 import { parsePrefixed, type PrefixedAddress } from '../net/ip.js';
 import { E, NLE, nlError, sysError } from './errno.js';
 import { check, connectSocket, dumpCache, hostSocket, socketInNetns } from './socket.js';
+import { toClassStats, type TcClassStats } from './tc-class.js';
 
 export { E, ifPresent, isNoDevice, NLE, nleToErrno } from './errno.js';
+export { classGet, type TcClassStats } from './tc-class.js';
 export { routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from './route.js';
 
 export interface LinkInfo {
@@ -80,28 +81,6 @@ export interface LinkStats {
   txPackets: number;
   rxDropped: number;
   txDropped: number;
-}
-
-/** One tc class with the kernel's counters (`tc -s class show dev NAME`). */
-export interface TcClassStats {
-  /** major << 16 | minor, e.g. 0x20001 for 2:1. */
-  handle: number;
-  parent: number;
-  /** 'htb', ... */
-  kind: string;
-  /** Bytes and packets the class has sent (dequeued), L2 frames as the device carries them. */
-  bytes: number;
-  packets: number;
-  /** Packets dropped (htb: by the class's leaf queue). */
-  drops: number;
-  /** Times the class was over its rate / ceil (htb: had to wait or borrow). */
-  overlimits: number;
-  /** Bytes and packets queued now (htb: in the leaf queue; 0 for an inner class). */
-  backlog: number;
-  qlen: number;
-  /** htb only: the class's rate and ceil in bits/s. */
-  rate?: number;
-  ceil?: number;
 }
 
 export interface AddrInfo {
@@ -320,8 +299,6 @@ export function linkStats(dev: string | number): LinkStats {
   }
 }
 
-const rateOut: [number | bigint] = [0];
-
 /**
  * `tc -s class show dev NAME` (NAME, or an ifindex): every class of the device with the kernel's
  * counters, from ONE RTM_GETTCLASS dump (the kernel dumps classes per device). No exec, no text:
@@ -343,26 +320,7 @@ export function classList(dev: string | number): TcClassStats[] {
   const cache = dumpCache(sk, op, (out) => tc.rtnl_class_alloc_cache(sk, ifindex, out) as number);
   try {
     const result: TcClassStats[] = [];
-    for (let c = nl.class_cache_first(cache) as Ptr; c; c = nl.class_cache_next(c) as Ptr) {
-      const stat = (id: number) => u64(tc.rtnl_tc_get_stat(c, id));
-      const kind = (tc.rtnl_tc_get_kind(c) as string | null) ?? '';
-      const cls: TcClassStats = {
-        handle: tc.rtnl_tc_get_handle(c) as number,
-        parent: tc.rtnl_tc_get_parent(c) as number,
-        kind,
-        bytes: stat(RTNL_TC.BYTES),
-        packets: stat(RTNL_TC.PACKETS),
-        drops: stat(RTNL_TC.DROPS),
-        overlimits: stat(RTNL_TC.OVERLIMITS),
-        backlog: stat(RTNL_TC.BACKLOG),
-        qlen: stat(RTNL_TC.QLEN),
-      };
-      if (kind === 'htb') {
-        if ((tc.rtnl_htb_get_rate64(c, rateOut) as number) === 0) cls.rate = u64(rateOut[0]) * 8;
-        if ((tc.rtnl_htb_get_ceil64(c, rateOut) as number) === 0) cls.ceil = u64(rateOut[0]) * 8;
-      }
-      result.push(cls);
-    }
+    for (let c = nl.class_cache_first(cache) as Ptr; c; c = nl.class_cache_next(c) as Ptr) result.push(toClassStats(c));
     return result;
   } finally {
     nl.nl_cache_free(cache);

@@ -12,6 +12,7 @@ import koffi from 'koffi';
 /** libnl's struct types, opaque to us. Pointers to them arrive in JS as koffi external objects. */
 export const types = {
   nl_sock: koffi.opaque('nl_sock'),
+  nl_msg: koffi.opaque('nl_msg'),
   nl_cache: koffi.opaque('nl_cache'),
   nl_addr: koffi.opaque('nl_addr'),
   rtnl_link: koffi.opaque('rtnl_link'),
@@ -60,6 +61,18 @@ export const nl = {
   nl_geterror: libnl.func('const char *nl_geterror(int error)'),
   // netlink/cache.h — objects returned by get_first/get_next are borrowed from the cache.
   nl_cache_free: libnl.func('void nl_cache_free(nl_cache *cache)'),
+  // An empty cache of a kind ("route/class"), filled by nl_cache_pickup from what the socket
+  // receives next (the reply to a request sent by hand); the caller owns it: nl_cache_free.
+  nl_cache_alloc_name: libnl.func('int nl_cache_alloc_name(const char *kind, _Out_ nl_cache **result)'),
+  nl_cache_pickup: libnl.func('int nl_cache_pickup(nl_sock *sk, nl_cache *cache)'),
+  // netlink/msg.h — a request built by hand (header type + flags, then the family header appended);
+  // the caller owns it: nlmsg_free. nl_send_auto completes it (seq, NLM_F_REQUEST, NLM_F_ACK unless the
+  // socket disabled auto-ack) and sends it; nl_wait_for_ack then reads the kernel's ACK.
+  nlmsg_alloc_simple: libnl.func('nl_msg *nlmsg_alloc_simple(int nlmsgtype, int flags)'),
+  nlmsg_append: libnl.func('int nlmsg_append(nl_msg *msg, void *data, size_t len, int pad)'),
+  nlmsg_free: libnl.func('void nlmsg_free(nl_msg *msg)'),
+  nl_send_auto: libnl.func('int nl_send_auto(nl_sock *sk, nl_msg *msg)'),
+  nl_wait_for_ack: libnl.func('int nl_wait_for_ack(nl_sock *sk)'),
   // Typed walks of a link / address cache: same C functions, declared with the concrete object type.
   // Every libnl object starts with the nl_object header (NLHDR_COMMON), so the cast is the one libnl
   // itself does; koffi checks pointer types and would refuse an nl_object * where rtnl_link * is expected.
@@ -169,6 +182,12 @@ export const RT_TABLE_MAIN = 254;
 export const RTN_UNICAST = 1;
 export const RT_SCOPE_UNIVERSE = 0;
 export const NLM_F_REPLACE = 0x100;
+/** linux/netlink.h: the kernel sends a request's resulting object back to the sender. */
+export const NLM_F_ECHO = 0x8;
+/** linux/rtnetlink.h */
+export const RTM_GETTCLASS = 42;
+/** linux/netlink.h NLMSG_ALIGNTO */
+export const NLMSG_ALIGNTO = 4;
 
 /**
  * libnl-route-3 traffic control (netlink/route/class.h, tc.h, qdisc/htb.h). A class cache holds the

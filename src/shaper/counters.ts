@@ -13,7 +13,7 @@
  */
 import * as nl from '../netlink/index.js';
 import type { TcClassStats } from '../netlink/index.js';
-import { ifbClassIds, type ShapingState } from './tc-layout.js';
+import { ifbClassIds, type CounterBase, type ShapingState } from './tc-layout.js';
 
 export interface DirectionCounters {
   limit: number;
@@ -76,7 +76,7 @@ export function readCounters(states: ShapingState[], ifbName: string, ifindex?: 
     if (s.egressInstalled && s.classId && ifb) {
       const ids = ifbClassIds(s.classId);
       const egress = directionCounters(ifb.get(tcHandle(1, ids.pod)), [ifb.get(tcHandle(1, ids.interactive)), ifb.get(tcHandle(1, ids.bulk))]);
-      if (egress) c.egress = egress;
+      if (egress) c.egress = s.egressBase ? sinceBase(egress, s.egressBase) : egress;
     }
     out.push(c);
   }
@@ -86,4 +86,10 @@ export function readCounters(states: ShapingState[], ifbName: string, ifindex?: 
 /** The classes of a device over netlink; undefined when the device is gone. */
 function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
   return nl.ifPresent(() => nl.classList(dev));
+}
+
+/** A direction's counters since `base` (classes taken over from an earlier pod); never below zero. */
+export function sinceBase(d: DirectionCounters, base: CounterBase): DirectionCounters {
+  const since = (now: number, then: number) => Math.max(0, now - then);
+  return { ...d, bytes: since(d.bytes, base.bytes), packets: since(d.packets, base.packets), drops: since(d.drops, base.drops), overlimits: since(d.overlimits, base.overlimits) };
 }

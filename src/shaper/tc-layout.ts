@@ -105,6 +105,20 @@ export interface ShapingState {
   ingressInstalled: boolean;
   egressInstalled: boolean;
   filters: FilterRef[];
+  /**
+   * The ifb classes' counters when this pod took them from the pool of idle classes (tc-plan.ts
+   * ClassIds): htb counts on across pods, so the pod's own figures are the kernel's minus these.
+   * Absent for classes made for the pod.
+   */
+  egressBase?: CounterBase;
+}
+
+/** What a pod's direction had counted before it was the pod's (ShapingState.egressBase). */
+export interface CounterBase {
+  bytes: number;
+  packets: number;
+  drops: number;
+  overlimits: number;
 }
 
 export const hex = (n: number) => n.toString(16);
@@ -194,6 +208,16 @@ export function filtersFor(ifb: string, ips: string[], classId: number): Array<F
     }
   }
   return out;
+}
+
+/**
+ * A pod's ifb classes back to the pool: its two leaf qdiscs deleted (their queues dropped; htb gives
+ * each class a default pfifo until the next pod replaces it), the classes kept for the next pod. No
+ * traffic reaches them once the pod's filters are gone.
+ */
+export function idleLines(ifb: string, classId: number): string[] {
+  const ids = ifbClassIds(classId);
+  return [ids.interactive, ids.bulk].map((c) => `qdisc del dev ${ifb} parent 1:${hex(c)}`);
 }
 
 /** A pod's ifb classes, leaves first (htb refuses to delete a class with children). */

@@ -6,20 +6,32 @@
 import { KubenetError } from '../errors.js';
 import type { BandwidthLimits } from './limits.js';
 import { podLayout } from './sizing.js';
-import { classDelLines, filterDelLine, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, redirectLines, VETH, vethLines, type ShapingState } from './tc-layout.js';
+import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, redirectLines, VETH, vethLines, type ShapingState } from './tc-layout.js';
 
-/** The pods' egress class ids on one ifb, 1..MAX_CLASS: the lowest free one is handed out. */
+/**
+ * The pods' egress class ids on one ifb, 1..MAX_CLASS, and the pool of idle ones: ids whose classes
+ * still exist on the ifb after their pod went (released, not freed). A new pod takes the lowest
+ * pooled id before making new classes: a change of an existing htb class costs what it costs with
+ * 10 pods, a new one grows with every tcf block on the host (docs/shaping.md).
+ */
 export class ClassIds {
   private readonly used = new Uint8Array(MAX_CLASS + 1);
+  private readonly idle = new Set<number>();
 
   constructor(private readonly ifbName: string) {}
 
-  /** @throws KubenetError when all MAX_CLASS are in use. */
-  allocate(): number {
+  /** An id for a pod: a pooled one (`reused`, its classes exist) or the lowest unused. @throws KubenetError when all MAX_CLASS are in use. */
+  allocate(): { id: number; reused: boolean } {
+    if (this.idle.size > 0) {
+      const id = Math.min(...this.idle);
+      this.idle.delete(id);
+      this.used[id] = 1;
+      return { id, reused: true };
+    }
     for (let i = 1; i <= MAX_CLASS; i++) {
       if (!this.used[i]) {
         this.used[i] = 1;
-        return i;
+        return { id: i, reused: false };
       }
     }
     throw new KubenetError(`shaper: all ${MAX_CLASS} egress classes on ${this.ifbName} are in use`);
@@ -28,16 +40,39 @@ export class ClassIds {
   /** Marks a kept id as used; false when it is out of range or already claimed. */
   claim(id: number): boolean {
     if (id < 1 || id > MAX_CLASS || this.used[id]) return false;
+    this.idle.delete(id);
     this.used[id] = 1;
     return true;
   }
 
-  free(id: number): void {
-    if (id > 0 && id <= MAX_CLASS) this.used[id] = 0;
+  /** The pod is gone, its classes stay on the ifb for the next pod. */
+  release(id: number): void {
+    if (id < 1 || id > MAX_CLASS) return;
+    this.used[id] = 0;
+    this.idle.add(id);
   }
 
+  /** The id and its classes are gone. */
+  free(id: number): void {
+    if (id < 1 || id > MAX_CLASS) return;
+    this.used[id] = 0;
+    this.idle.delete(id);
+  }
+
+  /** Idle ids: classes on the ifb that no pod uses now. */
+  get pooled(): number {
+    return this.idle.size;
+  }
+
+  /** Forgets the idle ids (their classes went with the ifb's old root). */
+  forgetIdle(): void {
+    this.idle.clear();
+  }
+
+  /** Forgets everything (the ifb's classes are gone, or are about to be adopted anew). */
   clear(): void {
     this.used.fill(0);
+    this.idle.clear();
   }
 }
 
@@ -92,7 +127,7 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   } else if (prev?.egressInstalled) {
     if (sameVeth) pre.push(`qdisc del dev ${veth} ingress`);
     for (const f of prev.filters) pre.push(filterDelLine(ifb, f));
-    pre.push(...classDelLines(ifb, prev.classId));
+    pre.push(...idleLines(ifb, prev.classId));
   }
   return { pre, lines, optional };
 }

@@ -35,12 +35,12 @@ import { checkIfName } from '../net/ifname.js';
 import { ipFamily } from '../net/ip.js';
 import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
-import { readCounters, type ShapingCounters } from './counters.js';
+import { directionCounters, readCounters, tcHandle, type ShapingCounters } from './counters.js';
 import {
-  classDelLines,
   DEFAULT_IFB,
   filterDelLine,
   hex,
+  idleLines,
   ifbClassIds,
   ifbLines,
   parseIfbListing,
@@ -48,6 +48,7 @@ import {
   STATE_VERSION,
   structureLines,
   TABLES,
+  type CounterBase,
   type IfbListing,
   type ShapingState,
 } from './tc-layout.js';
@@ -136,6 +137,7 @@ export class Shaper {
     const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t));
     if (!healthy) {
       const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(this.ifbName)];
+      this.classIds.forgetIdle();
       await this.tc(lines);
       // Every class went with the old root: put back the ifb side of the pods we know.
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
@@ -233,11 +235,16 @@ export class Shaper {
       ingressInstalled: limits.ingress !== undefined,
       egressInstalled: limits.egress !== undefined,
       filters: [],
+      ...(limits.egress !== undefined && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
     };
     let allocated = false;
     if (rec.egressInstalled && !rec.classId) {
-      rec.classId = this.classIds.allocate();
+      const { id, reused } = this.classIds.allocate();
+      rec.classId = id;
       allocated = true;
+      // Classes of an earlier pod, taken from the pool: what they counted so far is not this pod's.
+      const base = reused ? this.baseline(id) : undefined;
+      if (base) rec.egressBase = base;
     }
     const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
     // The bridge plugin makes veths with txqueuelen 0; htb and its leaves want a queue. Netlink, not an `ip`
@@ -255,11 +262,11 @@ export class Shaper {
         // Roll back a half-done new setup.
         await this.kernelRemove(rec, log).catch(() => undefined);
       }
-      if (allocated) this.classIds.free(rec.classId);
+      if (allocated) this.classIds.release(rec.classId);
       throw err;
     }
     if (!rec.egressInstalled && prev?.classId) {
-      this.classIds.free(prev.classId);
+      this.classIds.release(prev.classId);
       rec.classId = 0;
     }
     this.records.set(pod.id, rec);
@@ -267,8 +274,24 @@ export class Shaper {
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
 
+  /** What the pod classes of `classId` on the ifb have counted so far (one netlink get per class). */
+  private baseline(classId: number): CounterBase | undefined {
+    const ifindex = nl.linkIndexByName(this.ifbName);
+    if (ifindex === undefined) return undefined;
+    const ids = ifbClassIds(classId);
+    const pod = nl.classGet(ifindex, tcHandle(1, ids.pod));
+    const d = directionCounters(pod, [nl.classGet(ifindex, tcHandle(1, ids.interactive)), nl.classGet(ifindex, tcHandle(1, ids.bulk))]);
+    return d && { bytes: d.bytes, packets: d.packets, drops: d.drops, overlimits: d.overlimits };
+  }
+
+  /** Idle egress classes on the ifb, kept for the next pods (`kubenet status`). */
+  idleClasses(): number {
+    return this.classIds.pooled;
+  }
+
   /**
-   * Removes every class, filter and qdisc of the pod; an unknown pod is a success. With
+   * Removes every filter and qdisc of the pod, and its classes on the veth; its classes on the ifb
+   * go idle, for the next pod (ClassIds). An unknown pod is a success. With
    * `vethDeleted` (the caller deletes the pod's veth meanwhile) the veth's own qdiscs are left to go
    * with it, and only the ifb side is removed.
    */
@@ -281,7 +304,7 @@ export class Shaper {
       const t0 = performance.now();
       await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
-      this.classIds.free(rec.classId);
+      if (rec.classId) this.classIds.release(rec.classId);
       log.debug({ ms: +(performance.now() - t0).toFixed(2) }, 'pod shaping removed');
     });
   }
@@ -299,7 +322,8 @@ export class Shaper {
     }
     if (rec.egressInstalled || rec.classId) {
       for (const f of rec.filters) lines.push(filterDelLine(this.ifbName, f));
-      if (rec.classId) lines.push(...classDelLines(this.ifbName, rec.classId));
+      // The classes stay for the next pod (ClassIds' pool); their leaves go.
+      if (rec.classId) lines.push(...idleLines(this.ifbName, rec.classId));
     }
     const r = await this.tc(lines, { force: true });
     if (r.failed.length > 0) log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');

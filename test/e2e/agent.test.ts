@@ -20,6 +20,7 @@ import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hac
 import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../../hack/support/agent-harness.js';
 import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
+import { podLeaves } from '../helpers/node-leaks.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;
@@ -65,6 +66,11 @@ async function harness(t: import('ava').ExecutionContext, podCidr: string): Prom
 }
 
 /** `tc class show` of the agent's shared ifb ('' when it does not exist). */
+/** The pods' leaf qdiscs on the ifb (node-leaks.ts podLeaves). */
+async function ifbLeaves(h: AgentHarness): Promise<string[]> {
+  return podLeaves((await execa('tc', ['qdisc', 'show', 'dev', h.ifb], { reject: false })).stdout.split('\n'));
+}
+
 async function ifbClasses(h: AgentHarness): Promise<string> {
   return (await execa('tc', ['class', 'show', 'dev', h.ifb], { reject: false })).stdout;
 }
@@ -177,8 +183,7 @@ serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-ma
   }
 
   for (const pod of [shaped, peer]) t.is((await h.libcni('del', pod)).exitCode, 0);
-  const classes = await ifbClasses(h);
-  t.false(/class htb 1:/.test(classes), `no pod class left on the ifb: ${classes}`);
+  t.deepEqual(await ifbLeaves(h), [], 'no pod leaf left on the ifb (the classes stay idle for the next pods)');
   await assertNothingLeft(t, h);
 });
 
@@ -205,7 +210,7 @@ serialTest('after an agent restart the pods are still known (IPs, limits) and DE
   t.is(await ifbClasses(h), before, 'shaping untouched by the restart');
   t.is((await h.libcni('check', pod)).exitCode, 0, 'CHECK passes after the restart');
   t.is((await h.libcni('del', pod)).exitCode, 0);
-  t.false(/class htb 1:/.test(await ifbClasses(h)));
+  t.deepEqual(await ifbLeaves(h), []);
   await assertNothingLeft(t, h);
 });
 
@@ -477,8 +482,7 @@ serialTest('many pods added, then deleted, all at once through libcni: distinct 
   await h.agent?.network.settled();
   t.regex((await h.get('/metrics')).body, /^kubenet_veth_deletions_in_flight 0$/m);
   for (const p of pods) t.false(await linkExists('eth0', p.netnsName), `${p.name}: no eth0 left in the pod`);
-  const classes = await ifbClasses(h);
-  t.false(/class htb 1:/.test(classes), `no pod class left on the ifb: ${classes}`);
+  t.deepEqual(await ifbLeaves(h), [], 'no pod leaf left on the ifb');
 });
 
 /** A network config as a runtime would pass the kubenet plugin (the socket key points the binary at this agent). */

@@ -21,6 +21,7 @@ import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
 import { clusterBlocker, LocalCluster, MANIFEST, pausePidOf, type PodList } from '../helpers/kcl.js';
 import { checkPingLoss, logRate, pingThroughout } from '../helpers/measure.js';
+import { podLeaves } from '../helpers/node-leaks.js';
 
 const blocker = clusterBlocker();
 const test = anyTest as TestFn;
@@ -206,7 +207,7 @@ serialTest('a kubelet restart and a containerd restart: the node stays Ready, ru
   t.truthy(after[0]?.status.podIP, 'the new pod has an address');
 }));
 
-serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record, shaping class, iptables rule or runtime cache entry', (t) => withTrafficLock(async () => {
+serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record, shaping leaf or filter, iptables rule or runtime cache entry', (t) => withTrafficLock(async () => {
   const podIps = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items.map((p) => p.status.podIP ?? '').filter(Boolean);
   t.true(podIps.length >= 20);
   await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=120s']);
@@ -215,12 +216,15 @@ serialTest('deleting the pods leaves nothing on the node: no reservation, veth, 
     const reservations = (await inNode('ls', ['/var/lib/cni/networks/kubenet'], false)).stdout.split('\n').filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f));
     const veths = (await inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0'], false)).stdout.split('\n').filter((l) => l.trim() !== '');
     const records = (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '');
-    const classes = (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.split('\n').filter((l) => /^class htb 1:/.test(l));
+    // A pod's ifb classes stay idle for the next pods; its leaves and filters go.
+    const shaping = podLeaves((await inNode('tc', ['qdisc', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.split('\n')).concat(
+      (await inNode('tc', ['filter', 'show', 'dev', 'kubenet-ifb0', 'parent', '1:'], false)).stdout.split('\n').filter((l) => /flowid 1:[0-9a-f]+/.test(l)),
+    );
     const runtimeCache = (await inNode('ls', ['/var/lib/cni/results'], false)).stdout.split('\n').filter((f) => f !== '');
     // No rule of any table names a pod that was (kube-proxy's, the runtime's or ours).
     const rules = (await inNode('iptables-save', [], false)).stdout.split('\n');
     const iptables = rules.filter((l) => podIps.some((ip) => new RegExp(`[^0-9.]${ip.replace(/\./g, '\\.')}(/32)?[^0-9.]`).test(` ${l} `)));
-    return { reservations, veths, records, classes, runtimeCache, iptables };
+    return { reservations, veths, records, shaping, runtimeCache, iptables };
   };
   const deadline = Date.now() + 30_000;
   let left = await settled();
@@ -228,5 +232,5 @@ serialTest('deleting the pods leaves nothing on the node: no reservation, veth, 
     await new Promise((r) => setTimeout(r, 500));
     left = await settled();
   }
-  t.deepEqual(left, { reservations: [], veths: [], records: [], classes: [], runtimeCache: [], iptables: [] });
+  t.deepEqual(left, { reservations: [], veths: [], records: [], shaping: [], runtimeCache: [], iptables: [] });
 }));

@@ -30,6 +30,7 @@ import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog, type IperfEndpoint } from '../../hack/support/topo.js';
+import { podLeaves } from '../helpers/node-leaks.js';
 
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
@@ -87,7 +88,7 @@ interface NodeState {
   cniResults: string[];
   podRecords: string[];
   qdiscs: string[];
-  ifbClasses: string[];
+  ifbLeaves: string[];
   ifbFilters: string[];
   natRules: string[];
 }
@@ -117,7 +118,7 @@ async function nodeState(sb: NodeSandbox, agent: AgentSettings, uplink: string):
     cniResults: cniResults.sort(),
     podRecords: await listDir(sb.hostPath(join(agent.stateDir, 'pods'))),
     qdiscs: (await tc(['qdisc', 'show'])).sort(),
-    ifbClasses: (await tc(['class', 'show', 'dev', agent.ifbName])).filter((l) => /^class htb 1:/.test(l)),
+    ifbLeaves: podLeaves(await tc(['qdisc', 'show', 'dev', agent.ifbName])),
     ifbFilters: (await tc(['filter', 'show', 'dev', agent.ifbName, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)),
     natRules: nat.sort(),
   };
@@ -376,14 +377,14 @@ serialTest('Stop + Remove leave no veth, IP reservation, CNI cache entry, agent 
     reservations: after.reservations,
     cniCacheEntries: after.cniResults,
     agentPodRecords: after.podRecords,
-    ifbClasses: after.ifbClasses,
+    ifbLeaves: after.ifbLeaves,
     ifbFilters: after.ifbFilters,
     shapingQdiscs: after.qdiscs.filter((l) => !/^qdisc noqueue /.test(l) && !l.includes(` dev ${cfg.ifbName} `)),
     podNatRules: newRules.filter(
       (r) => /CNI-DN-|CNI-SN-/.test(r) || podIps.some((ip) => r.includes(ip)) || r.includes(String(hostPort)) || [...pods.values()].some((p) => r.includes(p.id)),
     ),
   };
-  const nothing = { veths: [], reservations: [], cniCacheEntries: [], agentPodRecords: [], ifbClasses: [], ifbFilters: [], shapingQdiscs: [], podNatRules: [] };
+  const nothing = { veths: [], reservations: [], cniCacheEntries: [], agentPodRecords: [], ifbLeaves: [], ifbFilters: [], shapingQdiscs: [], podNatRules: [] };
   t.deepEqual(left, nothing, 'nothing of any pod is left on the node');
   const shared = newRules.filter((r) => !left.podNatRules.includes(r));
   if (shared.length > 0) t.log(`nat rules added since before the pods, shared by all pods (portmap never removes these):\n${shared.join('\n')}`);

@@ -1,7 +1,8 @@
 /**
  * What pods can leave behind on a node sandbox's node (its netns and its private directories):
  * veths, host-local reservations, the runtime's libcni cache entries, the agent's pod records and
- * shaper state, tc classes and filters on the shared ifb, qdiscs on pod veths, host-port nat rules.
+ * shaper state, the pods' leaf qdiscs and filters on the shared ifb (their classes stay, idle, for
+ * the next pods: src/shaper/tc-plan.ts ClassIds), qdiscs on pod veths, host-port nat rules.
  * `podLeftovers` lists them; after the last pod is gone every list must be empty.
  */
 import { readdir } from 'node:fs/promises';
@@ -26,7 +27,8 @@ export interface PodLeftovers {
   runtimeCacheEntries: string[];
   podRecords: string[];
   shaperState: string[];
-  ifbClasses: string[];
+  /** tbf / bfifo leaves of pod classes on the ifb (a pod's classes go idle without them). */
+  ifbLeaves: string[];
   ifbFilters: string[];
   /** Root/ingress qdiscs on pod veths (only while veths are left). */
   vethQdiscs: string[];
@@ -40,7 +42,7 @@ export const NO_LEFTOVERS: PodLeftovers = {
   runtimeCacheEntries: [],
   podRecords: [],
   shaperState: [],
-  ifbClasses: [],
+  ifbLeaves: [],
   ifbFilters: [],
   vethQdiscs: [],
   natRules: [],
@@ -79,7 +81,7 @@ export async function podLeftovers(sb: NodeSandbox, n: NodeLayout): Promise<PodL
     runtimeCacheEntries: await ls(sb.hostPath(join(n.runtimeCacheDir, 'results'))),
     podRecords: await ls(sb.hostPath(join(n.stateDir, 'pods'))),
     shaperState: await ls(sb.hostPath(join(n.stateDir, 'shaper'))),
-    ifbClasses: ifbUp ? (await lines(sb, 'tc', ['class', 'show', 'dev', n.ifbName])).filter((l) => /^class htb 1:/.test(l)) : [],
+    ifbLeaves: ifbUp ? podLeaves(await lines(sb, 'tc', ['qdisc', 'show', 'dev', n.ifbName])) : [],
     ifbFilters: ifbUp ? (await lines(sb, 'tc', ['filter', 'show', 'dev', n.ifbName, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)) : [],
     vethQdiscs,
     natRules: podNatRules(await lines(sb, 'iptables-save', ['-t', 'nat'])),
@@ -96,4 +98,9 @@ export function describeLeftovers(l: PodLeftovers): string {
 
 export function countLeftovers(l: PodLeftovers): number {
   return Object.values(l).reduce((s, v: string[]) => s + v.length, 0);
+}
+
+/** The pods' leaf qdiscs among `tc qdisc show dev <ifb>` lines: tbf and bfifo under a class 1:x. */
+export function podLeaves(qdiscLines: string[]): string[] {
+  return qdiscLines.filter((l) => /^qdisc (tbf|bfifo) \S+ parent 1:[0-9a-f]+ /.test(l));
 }

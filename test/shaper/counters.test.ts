@@ -127,3 +127,32 @@ kTest('drops and overlimits count when a burst overruns a small limit; a gone ve
   t.is(gone?.ingress, undefined, 'the veth is gone: no ingress counters');
   t.truthy(gone?.egress, 'the ifb class is still there until the pod is removed');
 });
+
+kTest("a pod taking over idle ifb classes counts from zero, not the earlier pod's traffic; the kernel's own counters go on", async (t) => {
+  const env = await shaperEnv(t, 3);
+  const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
+  await env.shaper.ensure(podOf(a, { egress: 20e6 }));
+  const id = env.shaper.classIdOf(a.id);
+  await execa('ip', ['netns', 'exec', a.netns, 'ping', '-q', '-c', '10', '-i', '0.02', '-s', '1000', '-W', '2', c.ip4]);
+  const aEgress = env.shaper.counters().find((x) => x.id === a.id)?.egress;
+  t.true((aEgress?.packets ?? 0) >= 10, `a sent through its class: ${JSON.stringify(aEgress)}`);
+  await env.shaper.remove(a.id);
+  t.is(env.shaper.idleClasses(), 1);
+  await env.shaper.ensure(podOf(b, { egress: 10e6 }));
+  t.is(env.shaper.classIdOf(b.id), id, "b took a's idle classes");
+  t.is(env.shaper.idleClasses(), 0);
+  const kernel = (await tcClasses(env.ifb)).get(`1:${(id ?? 0).toString(16)}`);
+  t.true((kernel?.packets ?? 0) >= (aEgress?.packets ?? 1), `the kernel's class still counts a's packets: ${JSON.stringify(kernel)}`);
+  t.like(env.shaper.counters().find((x) => x.id === b.id)?.egress, { limit: 10e6, bytes: 0, packets: 0, drops: 0 }, 'b starts from zero');
+  await execa('ip', ['netns', 'exec', b.netns, 'ping', '-q', '-c', '3', '-i', '0.02', '-s', '500', '-W', '2', c.ip4]);
+  const bEgress = env.shaper.counters().find((x) => x.id === b.id)?.egress;
+  const after = (await tcClasses(env.ifb)).get(`1:${(id ?? 0).toString(16)}`);
+  t.is(bEgress?.packets, (after?.packets ?? 0) - (kernel?.packets ?? 0), "b's packets: the kernel's since b took the class");
+  t.true((bEgress?.packets ?? 0) >= 3 && (bEgress?.packets ?? 0) <= 6, `b's own pings (and at most a neighbour probe or two): ${JSON.stringify(bEgress)}`);
+  // The base is part of the state the caller keeps: a restarted shaper counts from the same point.
+  const again = new (await import('../../src/shaper/tc.js')).Shaper({ ifbName: env.ifb });
+  t.teardown(() => again.close());
+  env.shaper.close();
+  await again.init(env.shaper.states());
+  t.is(again.counters().find((x) => x.id === b.id)?.egress?.packets, bEgress?.packets, 'after a restart too');
+});

@@ -3,7 +3,7 @@
  * reused, restart recovery and the orphan sweep. Each test has its own bridge, namespaces, ifb and
  * state dir, removed in t.teardown even on failure.
  */
-import test from 'ava';
+import test, { type ExecutionContext } from 'ava';
 import { execa } from 'execa';
 import { existsSync } from 'node:fs';
 import { ConfigError } from '../../src/errors.js';
@@ -36,16 +36,23 @@ async function podObjects(env: ShaperEnv, p: TopoPod, classId: number | undefine
   const ids = ifbIds(classId);
   const ifbClasses = (await tc(['class', 'show', 'dev', env.ifb])).split('\n').filter((l) => ids.some((id) => l.startsWith(`class htb 1:${id} `)));
   const ifbFilters = (await tc(['filter', 'show', 'dev', env.ifb, 'parent', '1:'])).split('\n').filter((l) => ids.some((id) => l.includes(`flowid 1:${id} `)));
-  return { vethQdiscs, vethClasses, vethFilters, ifbClasses, ifbFilters };
+  const ifbLeaves = (await tc(['qdisc', 'show', 'dev', env.ifb])).split('\n').filter((l) => /^qdisc (tbf|bfifo) /.test(l) && ids.some((id) => l.includes(` parent 1:${id} `)));
+  return { vethQdiscs, vethClasses, vethFilters, ifbClasses, ifbLeaves, ifbFilters };
 }
 
-const NOTHING = { vethQdiscs: [], vethClasses: [], vethFilters: [], ifbClasses: [], ifbFilters: [] };
+const NOTHING = { vethQdiscs: [], vethClasses: [], vethFilters: [], ifbClasses: [], ifbLeaves: [], ifbFilters: [] };
+
+/** What a removed pod leaves: its three ifb classes, idle (no leaf qdisc, no filter), for the next pod. */
+function idleOnly(t: ExecutionContext, objs: Awaited<ReturnType<typeof podObjects>>, what: string): void {
+  t.is(objs.ifbClasses.length, 3, `${what}: its ifb classes stay idle for the next pod`);
+  t.deepEqual({ ...objs, ifbClasses: [] }, NOTHING, `${what}: nothing else`);
+}
 
 async function allIfbPodFilters(ifb: string): Promise<string[]> {
   return (await tc(['filter', 'show', 'dev', ifb, 'parent', '1:'])).split('\n').filter((l) => l.includes('flowid 1:'));
 }
 
-kTest('ensure installs both directions with explicit quantum; remove leaves nothing of the pod', async (t) => {
+kTest('ensure installs both directions with explicit quantum; remove leaves nothing of the pod but its idle ifb classes', async (t) => {
   const env = await shaperEnv(t);
   const a = env.topo.pods[0]!;
   await env.shaper.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
@@ -66,8 +73,8 @@ kTest('ensure installs both directions with explicit quantum; remove leaves noth
   t.not((await execa('cat', [`/sys/class/net/${env.ifb}/tx_queue_len`])).stdout.trim(), '0');
 
   await env.shaper.remove(a.id);
-  const after = await podObjects(env, a, id);
-  t.deepEqual(after, NOTHING);
+  idleOnly(t, await podObjects(env, a, id), 'removed');
+  t.is(env.shaper.idleClasses(), 1);
   t.deepEqual(env.shaper.list(), []);
   t.deepEqual(env.shaper.states(), [], 'nothing left to keep');
   // The shared ifb is kept (documented); removing an unknown pod succeeds.
@@ -100,10 +107,11 @@ kTest('re-ensure replaces rates, switches directions, and empty limits remove', 
   t.false(objs.vethQdiscs.some((l) => l.includes('htb')));
   t.deepEqual(objs.vethClasses, []);
   t.is(objs.ifbClasses.length, 3);
-  // Ingress only: class, filters and the ingress qdisc go; the class id is freed.
+  // Ingress only: filters, leaves and the ingress qdisc go; the class id goes idle.
   await env.shaper.ensure(podOf(a, { ingress: 1e6 }));
   objs = await podObjects(env, a, id);
-  t.deepEqual(objs.ifbClasses, []);
+  t.is(objs.ifbClasses.length, 3, 'idle, kept for the next pod');
+  t.deepEqual(objs.ifbLeaves, []);
   t.deepEqual(objs.ifbFilters, []);
   t.false(objs.vethQdiscs.some((l) => l.includes('qdisc ingress')));
   t.regex(objs.vethClasses.join('\n'), /class htb 2:1 root rate 1Mbit/);
@@ -156,11 +164,11 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
   await again.reconcile([podOf(a, { ingress: 8e6, egress: 4e6 }), podOf(c, { ingress: 8e6, egress: 2e6 })]);
   t.deepEqual(again.list().map((p) => p.id).sort(), [a.id, c.id].sort());
   const classes = (await tc(['class', 'show', 'dev', env.ifb])).split('\n').filter((l) => l.startsWith('class htb'));
-  t.is(classes.length, 6, 'no duplicated classes');
+  t.is(classes.length, 9, "no duplicated classes: a's and c's, and b's idle");
+  t.is(again.idleClasses(), 1);
   t.is((await allIfbPodFilters(env.ifb)).length, 8, 'no duplicated filters');
   t.regex(classes.join('\n'), /rate 2Mbit/);
-  const bObjs = await podObjects(env, b, before[b.id]);
-  t.deepEqual(bObjs, NOTHING);
+  idleOnly(t, await podObjects(env, b, before[b.id]), 'b after the reconcile');
   t.deepEqual(again.states().map((st) => st.id).sort(), [a.id, c.id].sort(), 'the states to keep: the two live pods');
 
   // A new pod after restart does not collide with recovered ids.
@@ -215,7 +223,7 @@ kTest('invalid input is refused before touching the kernel', async (t) => {
   await t.throwsAsync(env.shaper.ensure({ ...podOf(a, { egress: 1e6 }), hostVeth: `kvnone${uniq(4)}` }));
   t.deepEqual(env.shaper.list(), []);
   t.deepEqual(await allIfbPodFilters(env.ifb), []);
-  t.is((await tc(['class', 'show', 'dev', env.ifb])).trim(), '');
+  t.notRegex(await tc(['qdisc', 'show', 'dev', env.ifb]), /qdisc (tbf|bfifo) /, 'no leaf of the failed setup');
   await env.shaper.ensure(podOf(a, { egress: 1e6 }));
   t.is(env.shaper.classIdOf(a.id), 1);
 });

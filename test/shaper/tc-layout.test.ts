@@ -108,16 +108,15 @@ test('plan: a shrinking bucket remakes the bulk leaf; a growing one changes it i
   t.deepEqual(up.pre, []);
 });
 
-test('plan: limits dropped remove their objects; a pod moved to a new veth clears the old one if it is still there', (t) => {
+test('plan: limits dropped remove their objects (the ifb classes go idle, their leaves go); a pod moved to a new veth clears the old one if it is still there', (t) => {
   const prev = state({ limits: { ingress: 10_000_000, egress: 20_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true, filters: [{ prio: 8, proto: 'ip', handle: '12:5:3' }, { prio: 10, proto: 'ip', handle: '10:5:3' }] });
   const noEgress = planEnsure(IFB, prev, state({ limits: { ingress: 10_000_000 }, classId: 3, ingressInstalled: true }), true);
   t.deepEqual(noEgress.pre, [
     'qdisc del dev vethab ingress',
     'filter del dev kifb parent 1: prio 8 handle 12:5:3 protocol ip u32',
     'filter del dev kifb parent 1: prio 10 handle 10:5:3 protocol ip u32',
-    'class del dev kifb classid 1:803',
-    'class del dev kifb classid 1:1003',
-    'class del dev kifb classid 1:3',
+    'qdisc del dev kifb parent 1:803',
+    'qdisc del dev kifb parent 1:1003',
   ]);
   t.deepEqual(noEgress.lines, VETH_10M);
   const noIngress = planEnsure(IFB, prev, state({ limits: { egress: 20_000_000 }, classId: 3, egressInstalled: true }), true);
@@ -129,16 +128,29 @@ test('plan: limits dropped remove their objects; a pod moved to a new veth clear
   t.false(movedGone.pre.some((l) => l.includes('vethab root')), 'an old veth that is gone took its qdiscs with it');
 });
 
-test('class ids: the lowest free one, claims of kept ids, and a clear error when all are taken', (t) => {
+test('class ids: idle ones first, then the lowest unused; claims of kept ids; a clear error when all are taken', (t) => {
   const ids = new ClassIds(IFB);
   t.true(ids.claim(2));
   t.false(ids.claim(2), 'claimed twice');
   t.false(ids.claim(0));
   t.false(ids.claim(MAX_CLASS + 1));
-  t.is(ids.allocate(), 1);
-  t.is(ids.allocate(), 3);
-  ids.free(1);
-  t.is(ids.allocate(), 1);
+  t.deepEqual(ids.allocate(), { id: 1, reused: false });
+  t.deepEqual(ids.allocate(), { id: 3, reused: false });
+  ids.release(3);
+  ids.release(1);
+  t.is(ids.pooled, 2);
+  t.deepEqual(ids.allocate(), { id: 1, reused: true }, 'the lowest idle id, its classes kept');
+  t.deepEqual(ids.allocate(), { id: 3, reused: true });
+  t.deepEqual(ids.allocate(), { id: 4, reused: false }, 'no idle id left: a new one');
+  ids.release(4);
+  ids.free(4);
+  t.is(ids.pooled, 0, 'freed: its classes are gone, not idle');
+  ids.release(3);
+  t.true(ids.claim(3), 'a kept state claims an idle id');
+  t.is(ids.pooled, 0);
+  ids.release(1);
+  ids.forgetIdle();
+  t.deepEqual(ids.allocate(), { id: 1, reused: false }, 'idle ids forgotten with the ifb root they lived on');
   for (let i = 4; i <= MAX_CLASS; i++) ids.allocate();
   t.throws(() => ids.allocate(), { message: `shaper: all ${MAX_CLASS} egress classes on kifb are in use` });
 });
