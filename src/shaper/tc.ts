@@ -11,10 +11,8 @@
  * The kernel here has no fq, sfq, prio or codel: htb's priority between two leaves of one class
  * and u32 are what it offers for this.
  *
- * The layout (per node) and the lines: tc-layout.ts. What a change deletes and installs: tc-plan.ts.
- *
- * What this layout costs and buys, measured, with the command for each figure: docs/shaping.md.
- *
+ * The layout and its lines: tc-layout.ts; what a change deletes and installs, and the pool of idle
+ * ifb classes: tc-plan.ts; what it costs and buys, measured: docs/shaping.md.
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
  * limits: a `ShapingState`) lives in memory; the shaper writes nothing to disk. `ensure` returns the
