@@ -282,10 +282,8 @@ export class Shaper {
     return d && { bytes: d.bytes, packets: d.packets, drops: d.drops, overlimits: d.overlimits };
   }
 
-  /** Idle egress classes on the ifb, kept for the next pods (`kubenet status`). */
-  idleClasses(): number {
-    return this.classIds.pooled;
-  }
+  /** Idle egress classes on the ifb, kept for the next pods (logged with each removal). */
+  idleClasses = (): number => this.classIds.pooled;
 
   /**
    * Removes every filter and qdisc of the pod, and its classes on the veth; its classes on the ifb
@@ -303,7 +301,7 @@ export class Shaper {
       await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
       if (rec.classId) this.classIds.release(rec.classId);
-      log.debug({ ms: +(performance.now() - t0).toFixed(2) }, 'pod shaping removed');
+      log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.classIds.pooled }, 'pod shaping removed');
     });
   }
 
