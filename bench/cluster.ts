@@ -35,7 +35,7 @@ const nodePath = async (p: string) => `/proc/${await holder()}/root${p}`;
 
 /**
  * How long containerd's RunPodSandbox took for each pod whose name starts with `prefix` (its log:
- * "RunPodSandbox for &PodSandboxMetadata{Name:<pod>,..." to "... returns sandbox id"): the netns,
+ * `RunPodSandbox for name:"<pod>" uid:...` to `... returns sandbox id`): the netns,
  * the CNI ADD and the pause container's start, the part of a pod's startup the network plugin is in.
  */
 async function sandboxTimes(prefix: string): Promise<number[]> {
@@ -43,7 +43,7 @@ async function sandboxTimes(prefix: string): Promise<number[]> {
   const started = new Map<string, number>();
   const took: number[] = [];
   for (const line of text.split('\n')) {
-    const m = /^time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),/.exec(line);
+    const m = /^time="([^"]+)".*msg="RunPodSandbox for name:\\"([^\\"]+)\\"/.exec(line);
     if (!m?.[1] || !m[2]?.startsWith(`${prefix}-`)) continue;
     const at = Date.parse(m[1]);
     if (!line.includes('returns sandbox id')) started.set(m[2], at);
