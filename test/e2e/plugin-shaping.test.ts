@@ -9,6 +9,7 @@ import { ConfigError } from '../../src/errors.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { PluginHarness, type TestPod } from '../helpers/plugin-harness.js';
+import { podLeaves } from '../helpers/node-leaks.js';
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
 const blocker = kernelTestBlocker() ?? (iperfMissing ? 'needs iperf3 (run hack/bootstrap.sh)' : undefined);
@@ -68,7 +69,8 @@ serialTest('annotated pods are shaped both ways, an unshaped pod is not, an inva
   t.is((await classes()).length, 3, 'the shaped pod has one egress class on the ifb, with an interactive and a bulk leaf');
 
   for (const pod of [shaped, free, peer]) await plugin.tearDownPod(pod.namespace, pod.name, pod.id);
-  t.deepEqual(await classes(), [], 'no class left on the ifb');
+  t.deepEqual(podLeaves((await execa('tc', ['qdisc', 'show', 'dev', h.ifb])).stdout.split('\n')), [], 'no pod leaf left on the ifb');
+  t.is((await classes()).length, 3, "the pod's classes stay, idle, for the next shaped pod");
   const filters = (await execa('tc', ['filter', 'show', 'dev', h.ifb, 'parent', '1:'])).stdout;
   t.false(/flowid 1:[0-9a-f]+/.test(filters), `no pod filter left on the ifb: ${filters}`);
   t.false(await linkExists(hostVeth), 'host veth (and its qdiscs) gone');
