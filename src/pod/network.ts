@@ -84,36 +84,12 @@ import { listReservations, readReservations, removeEmptyReservations } from './r
 import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
 import { deletePodVeth, podVethPresent } from './veth.js';
 import { upgradeFromV010 } from './upgrade.js';
+import { StepTimer } from './step-timer.js';
 import { HostLocalAllocator, parseHostLocal } from './host-local/allocator.js';
 
 const DEFAULT_MTU = 1460;
 
 type State = { phase: 'uninitialized' } | { phase: 'waiting-for-pod-cidr' } | { phase: 'ready'; subnets: Subnet[]; conf: NetConf };
-
-/**
- * Per-step wall times of one operation, logged at debug level (`steps`, ms since the previous
- * mark), and work that ran beside the steps (`beside`, ms from the start to its end).
- */
-class StepTimer {
-  private readonly marks: Array<[string, number]> = [];
-  private readonly notes: Array<[string, number]> = [];
-  private last: number;
-  constructor(start: number) {
-    this.last = start;
-  }
-  mark(name: string): void {
-    const now = performance.now();
-    this.marks.push([name, round(now - this.last)]);
-    this.last = now;
-  }
-  note(name: string, ms: number): void {
-    this.notes.push([name, round(ms)]);
-  }
-  fields(log: Logger): { steps?: Record<string, number>; beside?: Record<string, number> } {
-    if (!log.isLevelEnabled('debug')) return {};
-    return { steps: Object.fromEntries(this.marks), ...(this.notes.length > 0 ? { beside: Object.fromEntries(this.notes) } : {}) };
-  }
-}
 
 export class PodNetwork {
   readonly store: PodStore;
@@ -392,6 +368,10 @@ export class PodNetwork {
       this.prefetched.set(key, prefetch);
       void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
     }
+    // The egress side on the shared ifb needs only the pod's addresses: made beside the bridge exec
+    // too, once they are allocated; after the exec only the veth's part is left to shape.
+    const egressFirst = prefetch && req.limits.egress !== undefined ? prefetch.then((r) => this.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits: req.limits })) : undefined;
+    egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
     try {
       // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
       const bridge = await ensureBridge(this.settings(), log);
@@ -400,7 +380,7 @@ export class PodNetwork {
       if (this.opts.manageLoopback) await this.cni.add(this.loopbackConf, { ...rt, ifName: 'lo', capabilityArgs: {} });
       const result = await this.addNetwork(network, rt, req);
       steps.mark('bridge');
-      const ips = result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
+      const ips = resultIps(result);
       if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
       const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== this.bridgeName)?.name;
       if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
@@ -410,6 +390,7 @@ export class PodNetwork {
       if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
       record.hostVethIndex = hostVethIndex;
       steps.mark('veth');
+      await egressFirst;
       await this.applyShaping(record);
       steps.mark('shape');
       record.phase = 'ready';
@@ -422,6 +403,7 @@ export class PodNetwork {
       log.warn({ err }, 'pod setup failed; undoing what it made');
       // A host-local ADD still running would reserve an address after the undo's release of it.
       await prefetch?.catch(() => undefined);
+      await egressFirst?.catch(() => undefined);
       try {
         await this.teardown(record, log);
       } catch (undoErr) {
@@ -834,4 +816,9 @@ export class PodNetwork {
     this.shaper.close();
     this.store.close();
   }
+}
+
+/** A CNI result's addresses without their prefix length. */
+function resultIps(result: CniResult): string[] {
+  return result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
 }

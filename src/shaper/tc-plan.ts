@@ -87,7 +87,9 @@ export interface EnsurePlan {
 /**
  * The lines that take the pod from `prev` (what was installed, if anything) to `next` (its limits,
  * ips and class id decided; `next.filters` is filled in here). `prevVethExists`: whether the old
- * veth is still there when the pod moved to another one (its qdiscs are then cleared).
+ * veth is still there when the pod moved to another one (its qdiscs are then cleared). A `next`
+ * without a veth (hostVeth '') gets its ifb side only; the next plan, with the veth, then adds only
+ * the veth's lines when the ifb side is what it needs.
  */
 export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean): EnsurePlan {
   const veth = next.hostVeth;
@@ -110,8 +112,10 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   if (prev?.egressInstalled && prev.classId === next.classId && shrinks(prev.limits, limits, 'egress')) {
     pre.push(`qdisc del dev ${ifb} parent 1:${hex(ifbClassIds(next.classId).bulk)}`);
   }
-  // TO the pod: htb with two leaves on the host veth.
-  if (limits.ingress !== undefined) {
+  // TO the pod: htb with two leaves on the host veth ('': no veth yet, the ifb side only).
+  if (veth === '') {
+    // nothing on a veth
+  } else if (limits.ingress !== undefined) {
     optional.add(lines.length + 1);
     lines.push(...vethLines(veth, podLayout(limits.ingress, limits.ingressBurst)));
   } else if (sameVeth && prev?.ingressInstalled) {
@@ -122,8 +126,11 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
     next.filters = filtersFor(ifb, next.ips, next.classId).map(({ prio, proto, handle }) => ({ prio, proto, handle }));
     const keep = new Set(next.filters.map((f) => `${f.prio}/${f.handle}`));
     for (const f of prev?.filters ?? []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
-    lines.push(...ifbLines(ifb, next));
-    lines.push(...redirectLines(veth, ifb));
+    // The ifb side made moments ago for this very veth-less state (hostVeth ''): only the veth's part is left.
+    const ifbReady =
+      prev?.hostVeth === '' && prev.egressInstalled && prev.classId === next.classId && prev.limits.egress === limits.egress && prev.limits.egressBurst === limits.egressBurst && prev.ips.join() === next.ips.join();
+    if (!ifbReady) lines.push(...ifbLines(ifb, next));
+    if (veth !== '') lines.push(...redirectLines(veth, ifb));
   } else if (prev?.egressInstalled) {
     if (sameVeth) pre.push(`qdisc del dev ${veth} ingress`);
     for (const f of prev.filters) pre.push(filterDelLine(ifb, f));

@@ -57,7 +57,7 @@ export { DEFAULT_IFB, MAX_CLASS, parseIfbListing, type ShapingState } from './tc
 export interface PodShaping {
   /** Stable pod key, e.g. the sandbox container id. */
   id: string;
-  /** Host side of the pod's veth, a port of the bridge. */
+  /** Host side of the pod's veth, a port of the bridge; '' installs only the ifb side of its egress (the veth to come). */
   hostVeth: string;
   /** Pod IPs without prefix, IPv4 and/or IPv6. */
   ips: string[];
@@ -80,9 +80,9 @@ function linkOf(name: string): nl.LinkInfo | undefined {
   return nl.ifPresent(() => nl.linkByName(name));
 }
 
-/** Whether the link exists (one ioctl). */
+/** Whether the link exists (one ioctl); '' never does. */
 function linkExists(name: string): boolean {
-  return nl.linkIndexByName(name) !== undefined;
+  return name !== '' && nl.linkIndexByName(name) !== undefined;
 }
 
 export class Shaper {
@@ -196,7 +196,7 @@ export class Shaper {
    * caller to keep); limits with neither direction remove it (and return undefined).
    */
   async ensure(pod: PodShaping): Promise<ShapingState | undefined> {
-    checkIfName(pod.hostVeth, 'hostVeth');
+    if (pod.hostVeth !== '' || pod.limits.egress === undefined) checkIfName(pod.hostVeth, 'hostVeth');
     if (typeof pod.id !== 'string' || pod.id === '') throw new ConfigError('pod id must be a non-empty string');
     checkLimits(pod.limits, `pod ${pod.id}`);
     const perFamily = { 4: 0, 6: 0 };
@@ -222,6 +222,7 @@ export class Shaper {
     const log = this.log.child({ pod: pod.id });
     const prev = this.records.get(pod.id);
     const veth = pod.hostVeth;
+    if (veth === '' && prev?.hostVeth) return { ...prev }; // the ifb side first is for a new pod only; a shaped one keeps its veth
     const limits: BandwidthLimits = { ...pod.limits };
     const rec: ShapingState = {
       version: STATE_VERSION,
@@ -230,7 +231,7 @@ export class Shaper {
       ips: [...pod.ips],
       limits,
       classId: prev?.classId ?? 0,
-      ingressInstalled: limits.ingress !== undefined,
+      ingressInstalled: limits.ingress !== undefined && veth !== '',
       egressInstalled: limits.egress !== undefined,
       filters: [],
       ...(limits.egress !== undefined && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
@@ -247,7 +248,7 @@ export class Shaper {
     const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
     // The bridge plugin makes veths with txqueuelen 0; htb and its leaves want a queue. Netlink, not an `ip`
     // exec: the exec alone cost ~5 ms of a ~6.5 ms ensure.
-    if (limits.ingress !== undefined && nl.linkTxQLen(veth) === 0) nl.linkSetTxQLen(veth, 1000);
+    if (rec.ingressInstalled && nl.linkTxQLen(veth) === 0) nl.linkSetTxQLen(veth, 1000);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {

@@ -154,3 +154,20 @@ test('class ids: idle ones first, then the lowest unused; claims of kept ids; a 
   for (let i = 4; i <= MAX_CLASS; i++) ids.allocate();
   t.throws(() => ids.allocate(), { message: `shaper: all ${MAX_CLASS} egress classes on kifb are in use` });
 });
+
+test("plan: a pod's ifb side first (no veth yet), then its veth's part alone", (t) => {
+  const limits = { ingress: 10_000_000, egress: 20_000_000 };
+  const first = state({ hostVeth: '', limits, classId: 3, egressInstalled: true });
+  const early = planEnsure(IFB, undefined, first, false);
+  t.deepEqual(early.pre, []);
+  t.deepEqual(early.lines, [
+    ...IFB_20M_CLASS_3,
+    'filter replace dev kifb parent 1: prio 8 handle 12:5:3 protocol ip u32 ht 12:5: match ip src 10.244.0.5/32 flowid 1:803',
+    'filter replace dev kifb parent 1: prio 10 handle 10:5:3 protocol ip u32 ht 10:5: match ip src 10.244.0.5/32 flowid 1:1003',
+  ]);
+  const late = planEnsure(IFB, first, state({ limits, classId: 3, ingressInstalled: true, egressInstalled: true }), false);
+  t.deepEqual(late.pre, []);
+  t.deepEqual(late.lines, [...VETH_10M, ...redirectLines('vethab', IFB)], 'the veth root and the redirect only');
+  const other = planEnsure(IFB, first, state({ limits: { ...limits, egress: 30_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }), false);
+  t.true(other.lines.some((l) => l.startsWith('class replace dev kifb')), 'other limits than the ifb side was made with: made again');
+});
