@@ -17,9 +17,8 @@ const MAX_LINES = 400;
 /** Over MAX_LINES when the rule came; the ceiling each may not exceed until it is split. */
 const OVERSIZE: Record<string, number> = {
   'src/cni/runtime.ts': 416,
-  'src/daemon/config.ts': 546,
   'src/netlink/index.ts': 651,
-  'src/pod/network.ts': 837,
+  'src/pod/network.ts': 824,
 };
 
 function sources(dir: string): string[] {

@@ -1,0 +1,368 @@
+/**
+ * The agent's config keys, each defined once: its type, allowed values, default, flag, meaning and
+ * validation (`CONFIG_KEYS`). From this table come the defaults (`DEFAULT_CONFIG`), the YAML loader's
+ * and the flags' checks (config.ts), `kubenet daemon --help` (src/cli/help.ts), the flags of an
+ * agent started as configured (`configFlags`) and README's table (`configKeysMarkdown`). A new key
+ * is one entry here plus its field in `AgentConfig`; rules between keys live in config.ts.
+ */
+import { isAbsolute } from 'node:path';
+import { isValidIfName } from '../net/ifname.js';
+import { parseCidr, parsePodCidrs } from '../net/ip.js';
+import { HAIRPIN_MODES, type HairpinMode } from '../pod/bridge.js';
+import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
+
+export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'silent'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+/** Where pod addresses come from: the node's pod CIDR (host-local) or the LAN's DHCP server. */
+export const IPAM_MODES = ['host-local', 'dhcp'] as const;
+export type IpamMode = (typeof IPAM_MODES)[number];
+/** Routes to other Nodes' pod CIDRs (src/daemon/routes.ts). */
+export const ROUTE_MODES = ['none', 'direct'] as const;
+export type RouteMode = (typeof ROUTE_MODES)[number];
+/** The DHCP lease daemon's socket: beside the agent's own socket, in the agent's run dir. */
+export const DHCP_SOCKET_NAME = 'dhcp.sock';
+
+/** The resolved agent configuration. Optional keys are absent (not undefined) when unset. */
+export interface AgentConfig {
+  /** Static pod CIDR ("v4" or "v4,v6", host bits cleared): the no-cluster mode. Unset: watch this Node's spec.podCIDRs. */
+  podCIDR?: string;
+  /** The Node this agent runs on. */
+  nodeName: string;
+  /** Kubeconfig file for the API server; unset: in-cluster config. */
+  kubeconfig?: string;
+  /** Unix socket the agent serves the CNI API on (see protocol.ts). */
+  socket: string;
+  /** Where the agent installs its CNI binary as `kubenet`. */
+  cniBinDir: string;
+  /** Where the agent writes `10-kubenet.conflist`. */
+  cniConfDir: string;
+  /** Where the reference CNI plugins (bridge, host-local, loopback) are looked up, in order. */
+  pluginBinDirs: string[];
+  bridgeName: string;
+  /** The shared ifb device that carries every shaped pod's egress (traffic from pods). */
+  ifbName: string;
+  /** Bridge/veth MTU; unset: the smallest MTU of the host's uplinks. */
+  mtu?: number;
+  hairpinMode: HairpinMode;
+  /** Traffic to this CIDR is not masqueraded. */
+  nonMasqueradeCIDR: string;
+  /** Routes to the other Nodes' pod CIDRs (src/daemon/routes.ts): `direct` via their InternalIPs, or none. */
+  routes: RouteMode;
+  /** Where pod addresses come from. */
+  ipam: IpamMode;
+  /** dhcp: the host interface enslaved to the bridge (required with dhcp, refused without). */
+  uplink?: string;
+  /** dhcp: seconds an ADD waits for a lease before it fails. */
+  dhcpTimeout: number;
+  /** host-local IPAM data directory. */
+  ipamDataDir: string;
+  /** CNI result cache directory (libcni layout). */
+  cniCacheDir: string;
+  /** The agent's own state. */
+  stateDir: string;
+  logLevel: LogLevel;
+}
+
+export type ConfigKey = keyof AgentConfig;
+/** Keys without a fixed default: optional ones and nodeName (from the environment). */
+export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink';
+export type DefaultedConfig = Omit<AgentConfig, UndefaultedConfigKey>;
+
+/** Env var nodeName defaults to (set by the DaemonSet from spec.nodeName). */
+export const NODE_NAME_ENV = 'NODE_NAME';
+
+/** Makes the error of a bad value: what was expected, and why it is not (the caller adds where). */
+export type Fail = (expected: string, detail?: string) => Error;
+/** Checks and normalizes one key's value, or throws fail(...). */
+export type Validator = (value: unknown, fail: Fail) => unknown;
+
+function str(value: unknown, fail: Fail, expected: string): string {
+  if (typeof value !== 'string' || value === '' || value.includes('\0')) throw fail(expected);
+  return value;
+}
+
+function ifName(value: unknown, fail: Fail): string {
+  const expected = 'a Linux interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")';
+  const s = str(value, fail, expected);
+  if (!isValidIfName(s)) throw fail(expected);
+  return s;
+}
+
+function absPath(expected = 'an absolute path'): Validator {
+  return (value, fail) => {
+    const s = str(value, fail, expected);
+    if (!isAbsolute(s)) throw fail(expected);
+    return s;
+  };
+}
+
+function oneOf(values: readonly string[]): Validator {
+  const expected = `one of ${values.map((v) => JSON.stringify(v)).join(', ')}`;
+  return (value, fail) => {
+    if (typeof value !== 'string' || !values.includes(value)) throw fail(expected);
+    return value;
+  };
+}
+
+export function causeText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+export interface ConfigKeySpec {
+  /** Type in the YAML file. */
+  type: 'string' | 'string[]' | 'integer';
+  /** The allowed values, for enums. */
+  values?: readonly string[];
+  /** The default value; absent for keys without a fixed one. */
+  value?: unknown;
+  /** The default as README and --help show it; undefined for optional keys without one. */
+  default: string | undefined;
+  /** The matching `kubenet daemon` flag. */
+  flag: string;
+  description: string;
+  validate: Validator;
+}
+
+type KeyDefinition = Omit<ConfigKeySpec, 'default'> & { defaultText?: string };
+
+const KEYS: Record<ConfigKey, KeyDefinition> = {
+  podCIDR: {
+    type: 'string',
+    flag: '--pod-cidr',
+    description:
+      'Static pod CIDR, "v4" or "v4,v6" (e.g. "10.244.1.0/24,fd00:10:244:1::/64"): the embedded default that needs no Kubernetes API. Unset: watch this Node\'s spec.podCIDRs.',
+    validate: (value, fail) => {
+      const expected = 'a CIDR or a "v4,v6" pair such as "10.244.1.0/24" or "10.244.1.0/24,fd00:10:244:1::/64"';
+      const s = str(value, fail, expected);
+      try {
+        return parsePodCidrs(s)
+          .map((subnet) => subnet.cidr)
+          .join(',');
+      } catch (err) {
+        throw fail(expected, causeText(err));
+      }
+    },
+  },
+  nodeName: {
+    type: 'string',
+    defaultText: `env ${NODE_NAME_ENV}, else the host name (lower case)`,
+    flag: '--node-name',
+    description: 'Name of the Node this agent runs on.',
+    validate: (value, fail) => {
+      const expected = 'a Kubernetes node name (lower-case DNS subdomain, at most 253 characters)';
+      const s = str(value, fail, expected);
+      if (s.length > 253 || !/^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/.test(s)) throw fail(expected);
+      return s;
+    },
+  },
+  kubeconfig: {
+    type: 'string',
+    flag: '--kubeconfig',
+    description: 'Kubeconfig file for the API server. Unset: the in-cluster service account config.',
+    validate: (value, fail) => str(value, fail, 'a path to a kubeconfig file'),
+  },
+  socket: {
+    type: 'string',
+    value: DEFAULT_SOCKET_PATH,
+    flag: '--socket',
+    description: `Absolute path of the unix socket serving the CNI API (at most ${MAX_SOCKET_PATH_BYTES} bytes); written into the conflist for the CNI binary.`,
+    validate: (value, fail) => {
+      const expected = `an absolute path of at most ${MAX_SOCKET_PATH_BYTES} bytes (the unix socket address limit)`;
+      const s = absPath(expected)(value, fail) as string;
+      if (Buffer.byteLength(s) > MAX_SOCKET_PATH_BYTES) throw fail(expected);
+      return s;
+    },
+  },
+  cniBinDir: {
+    type: 'string',
+    value: '/opt/cni/bin',
+    flag: '--cni-bin-dir',
+    description: 'Directory the agent installs its CNI binary into, as `kubenet`.',
+    validate: absPath(),
+  },
+  cniConfDir: {
+    type: 'string',
+    value: '/etc/cni/net.d',
+    flag: '--cni-conf-dir',
+    description: 'Directory the agent writes `10-kubenet.conflist` into once the pod CIDR is known.',
+    validate: absPath(),
+  },
+  pluginBinDirs: {
+    type: 'string[]',
+    value: ['/opt/cni/bin', '/usr/lib/cni'],
+    flag: '--plugin-bin-dirs',
+    description: 'Directories searched, in order, for the reference CNI plugins (bridge, host-local, loopback).',
+    validate: (value, fail) => {
+      const expected = 'a non-empty list of absolute paths';
+      if (!Array.isArray(value) || value.length === 0) throw fail(expected);
+      return value.map((v) => {
+        if (typeof v !== 'string' || !isAbsolute(v) || v.includes('\0')) throw fail(expected, `element ${describe(v)}`);
+        return v;
+      });
+    },
+  },
+  bridgeName: {
+    type: 'string',
+    value: 'cbr0',
+    flag: '--bridge-name',
+    description: 'Linux bridge every pod veth is attached to (at most 15 bytes).',
+    validate: ifName,
+  },
+  ifbName: {
+    type: 'string',
+    value: 'kubenet-ifb0',
+    flag: '--ifb-name',
+    description: 'The one ifb device that shapes the egress of every shaped pod (at most 15 bytes); created with the first shaped pod.',
+    validate: ifName,
+  },
+  mtu: {
+    type: 'integer',
+    flag: '--mtu',
+    description: 'MTU of the bridge and pod interfaces, 68..65535. Unset: the smallest MTU of the host\'s up, non-loopback links.',
+    validate: (value, fail) => {
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 68 || value > 65535) throw fail('an integer from 68 to 65535');
+      return value;
+    },
+  },
+  hairpinMode: {
+    type: 'string',
+    values: HAIRPIN_MODES,
+    value: 'hairpin-veth',
+    flag: '--hairpin-mode',
+    description: 'How a pod reaches itself through a service: hairpin on each veth, promiscuous bridge, or none.',
+    validate: oneOf(HAIRPIN_MODES),
+  },
+  nonMasqueradeCIDR: {
+    type: 'string',
+    value: '10.0.0.0/8',
+    flag: '--non-masquerade-cidr',
+    description: 'Traffic from pods to this CIDR keeps its source address; other off-node traffic is masqueraded. 0.0.0.0/0 disables masquerading.',
+    validate: (value, fail) => {
+      const expected = 'a CIDR such as "10.0.0.0/8"';
+      const s = str(value, fail, expected);
+      try {
+        return parseCidr(s).cidr;
+      } catch (err) {
+        throw fail(expected, causeText(err));
+      }
+    },
+  },
+  routes: {
+    type: 'string',
+    values: ROUTE_MODES,
+    value: 'none',
+    flag: '--routes',
+    description:
+      'Routes to the pods of other nodes: `direct` watches every Node and routes its pod CIDRs via its InternalIP when that is on a subnet directly connected to this node (routing protocol 98: `ip route show proto 98`; a Node it cannot route gets a Warning Event `NodeRouteUnavailable`), so a cluster needs no cloud route controller; keep the cluster CIDR inside `nonMasqueradeCIDR`. `none` leaves routes to others (a cloud, an operator). `direct` needs the Kubernetes API (no `podCIDR`) and `ipam: host-local`.',
+    validate: oneOf(ROUTE_MODES),
+  },
+  ipam: {
+    type: 'string',
+    values: IPAM_MODES,
+    value: 'host-local',
+    flag: '--ipam',
+    description:
+      'Where pod addresses come from: `host-local`, the node\'s pod CIDR (the bridge is the pods\' gateway, off-node traffic is masqueraded); or `dhcp`, the LAN\'s DHCP server through `uplink` (address, gateway and routes from each pod\'s lease; the bridge is no gateway, no masquerade rule; the agent runs the reference lease daemon).',
+    validate: oneOf(IPAM_MODES),
+  },
+  uplink: {
+    type: 'string',
+    flag: '--uplink',
+    description:
+      'With `ipam: dhcp` (required there, refused otherwise): the host interface the agent enslaves to the bridge, so pods share the LAN\'s L2 segment. It must carry no IP address of its own (the node\'s address belongs on another interface, or on the bridge).',
+    validate: ifName,
+  },
+  dhcpTimeout: {
+    type: 'integer',
+    value: 30,
+    flag: '--dhcp-timeout',
+    description: 'With `ipam: dhcp`: seconds, 2..600, a pod\'s ADD waits for its lease before it fails (no DHCP server answered) and is undone.',
+    validate: (value, fail) => {
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 2 || value > 600) throw fail('an integer number of seconds from 2 to 600');
+      return value;
+    },
+  },
+  ipamDataDir: {
+    type: 'string',
+    value: '/var/lib/cni/networks',
+    flag: '--ipam-data-dir',
+    description: 'host-local IPAM data directory (unused with `ipam: dhcp`).',
+    validate: absPath(),
+  },
+  cniCacheDir: {
+    type: 'string',
+    value: '/var/lib/cni',
+    flag: '--cni-cache-dir',
+    description:
+      "Where kubenet-ts 0.1.0 kept the agent's CNI results (libcni layout, results/ under it): read once at startup to upgrade in place, never written. The agent's own state, pod records included, lives in stateDir.",
+    validate: absPath(),
+  },
+  stateDir: {
+    type: 'string',
+    value: '/var/lib/kubenet',
+    flag: '--state-dir',
+    description: "The agent's own state: a record per pod (written before any plugin runs, so a DEL after a crash undoes everything) and the shaper's state.",
+    validate: absPath(),
+  },
+  logLevel: {
+    type: 'string',
+    values: LOG_LEVELS,
+    value: 'info',
+    flag: '--log-level',
+    description: 'Log level.',
+    validate: oneOf(LOG_LEVELS),
+  },
+};
+
+/** Every config key: type, default, flag, description and validation. Order is README's order. */
+export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.freeze(
+  Object.fromEntries(
+    Object.entries(KEYS).map(([key, { defaultText, ...k }]) => [
+      key,
+      Object.freeze({ ...k, default: defaultText ?? (k.value === undefined ? undefined : Array.isArray(k.value) ? k.value.join(',') : String(k.value)) }),
+    ]),
+  ) as Record<ConfigKey, ConfigKeySpec>,
+);
+
+/** Defaults of every key that has a fixed one (CONFIG_KEYS' values). Frozen; loadConfig returns copies. */
+export const DEFAULT_CONFIG: Readonly<DefaultedConfig> = Object.freeze(
+  Object.fromEntries(
+    Object.entries(KEYS).flatMap(([key, k]) => (k.value === undefined ? [] : [[key, Array.isArray(k.value) ? Object.freeze([...(k.value as string[])]) : k.value]])),
+  ) as unknown as DefaultedConfig,
+);
+
+/** README's table of config keys, generated from CONFIG_KEYS. */
+export function configKeysMarkdown(): string {
+  const rows = (Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>).map(([key, s]) => {
+    const type = s.values ? s.values.map((v) => `\`${v}\``).join(' \\| ') : s.type;
+    const def = s.default === undefined ? '—' : key === 'nodeName' ? s.default : `\`${s.default}\``;
+    return `| \`${key}\` | \`${s.flag}\` | ${type} | ${def} | ${s.description.replace(/\|/g, '\\|')} |`;
+  });
+  return ['| key | flag | type | default | description |', '| --- | --- | --- | --- | --- |', ...rows].join('\n');
+}
+
+/**
+ * The `kubenet daemon` flags that give a config (each set key as CONFIG_KEYS[k].flag; lists joined
+ * with commas), for starting an agent process as configured. dhcp's own keys are left out unless
+ * ipam is dhcp: the agent refuses them otherwise, even at their defaults.
+ */
+export function configFlags(c: Partial<AgentConfig>): string[] {
+  const flags: string[] = [];
+  for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>) {
+    const v = c[key];
+    if (v === undefined) continue;
+    if ((key === 'uplink' || key === 'dhcpTimeout') && c.ipam !== 'dhcp') continue;
+    flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
+  }
+  return flags;
+}
+
+/** A value as an error message shows it. */
+export function describe(v: unknown): string {
+  if (v === null) return 'null';
+  if (v === undefined) return 'nothing';
+  if (Array.isArray(v)) return 'a list';
+  if (typeof v === 'object') return 'a mapping';
+  if (typeof v === 'string') return JSON.stringify(v);
+  return `${String(v)} (${typeof v})`;
+}
