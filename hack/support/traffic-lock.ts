@@ -15,6 +15,9 @@
  * take it too: on this 2-core machine a 20M iperf3 flow of another suite dipped to 8.8 Mbit/s while
  * the package e2e ran beside it, and a starved flow measures the machine, not the shaper.
  *
+ * A section also waits while another suite's local cluster is up (CLUSTER_LOCK), and keeps one from
+ * coming up meanwhile: lock order is always CLUSTER_LOCK, then TRAFFIC_LOCK.
+ *
  * The lock is held by an `flock(1)` child whose command waits on its stdin: releasing closes that
  * stdin, and if this process dies the pipe closes too, so a crashed test never keeps the lock.
  */
@@ -49,24 +52,44 @@ function ancestry(): Set<number> {
   return out;
 }
 
-/** Whether this process or an ancestor holds an flock on `file` (from /proc/locks). */
-export function heldByAncestor(file = TRAFFIC_LOCK): boolean {
+/** The PIDs holding an flock on `file` now (from /proc/locks; waiters left out). */
+function lockHolders(file: string): number[] {
   let ino: number;
   try {
     ino = statSync(file).ino;
   } catch {
-    return false;
+    return [];
   }
-  const mine = ancestry();
+  const out: number[] = [];
   // "1: FLOCK  ADVISORY  WRITE 1234 fe:00:56789 0 EOF" (a "->" marks waiters; skip those)
   for (const line of readFileSync('/proc/locks', 'utf8').split('\n')) {
     const f = line.trim().split(/\s+/);
     if (f[1] !== 'FLOCK') continue;
-    const pid = Number(f[4]);
-    const lockIno = Number(f[5]?.split(':')[2]);
-    if (lockIno === ino && mine.has(pid)) return true;
+    if (Number(f[5]?.split(':')[2]) === ino) out.push(Number(f[4]));
   }
-  return false;
+  return out;
+}
+
+/** The parent of `pid`, or 0. */
+function parentOf(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+  } catch {
+    return 0;
+  }
+}
+
+/** Whether this process or an ancestor holds an flock on `file` (from /proc/locks). */
+export function heldByAncestor(file = TRAFFIC_LOCK): boolean {
+  const mine = ancestry();
+  return lockHolders(file).some((pid) => mine.has(pid));
+}
+
+/** Whether this process (through its holdLock child) or an ancestor holds `file`. */
+function heldHere(file: string): boolean {
+  const mine = ancestry();
+  return lockHolders(file).some((pid) => mine.has(pid) || mine.has(parentOf(pid)));
 }
 
 /**
@@ -77,7 +100,16 @@ export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: 
   if (depth > 0) return fn();
   depth++;
   try {
-    return await locked(heldByAncestor() ? INNER_LOCK : TRAFFIC_LOCK, fn, opts);
+    // Not beside another suite's local cluster either: an idle control plane and kubelet still take
+    // a share of both cores in bursts (a 20M flow of the containerd suite dipped to 14.4 Mbit/s for
+    // a second while the cluster suite's cluster was up between its sections). A suite that runs the
+    // cluster itself measures on it, so it is not kept waiting for its own.
+    const quiet = heldHere(CLUSTER_LOCK) ? undefined : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(opts.onWait ? { onWait: opts.onWait } : {}) });
+    try {
+      return await locked(heldByAncestor() ? INNER_LOCK : TRAFFIC_LOCK, fn, opts);
+    } finally {
+      await quiet?.();
+    }
   } finally {
     depth--;
   }
