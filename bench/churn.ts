@@ -21,12 +21,12 @@
 import { randomInt } from 'node:crypto';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../test/helpers/agent-process.js';
-import { Churn, leftoversAcrossRestart, percentile, rssKb } from '../test/helpers/churn.js';
+import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../hack/support/agent-process.js';
+import { Churn, leftoversAcrossRestart, percentile, rssKb } from '../hack/support/churn.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../hack/support/kernel.js';
-import { countLeftovers, describeLeftovers, podLeftovers, type NodeLayout } from '../test/helpers/node-leaks.js';
-import { NodeSandbox } from '../test/helpers/node-sandbox.js';
-import { SandboxLibcni } from '../test/helpers/sandbox-libcni.js';
+import { countLeftovers, describeLeftovers, podLeftovers, type NodeLayout } from '../hack/support/node-leaks.js';
+import { NodeSandbox } from '../hack/support/node-sandbox.js';
+import { SandboxLibcni } from '../hack/support/sandbox-libcni.js';
 
 const { values } = parseArgs({
   options: {

@@ -35,6 +35,7 @@ import { execPlugin, findPlugin } from '../src/cni/exec.js';
 import { sharedSpawner } from '../src/cni/spawner.js';
 import { posixSpawnRun, SHIM_C } from './posix-spawn.js';
 import { CNI_BIN_DIRS } from '../hack/support/kernel.js';
+import { summary } from '../hack/support/bench-kit.js';
 
 const DIRS = CNI_BIN_DIRS;
 
@@ -51,11 +52,7 @@ const LEVELS = arg('--rss', '60,170')
 
 const rssMB = () => process.memoryUsage().rss / 1048576;
 
-function stats(xs: number[]) {
-  const s = [...xs].sort((a, b) => a - b);
-  const q = (p: number) => s[Math.min(s.length - 1, Math.floor(p * s.length))] ?? NaN;
-  return { p50: q(0.5), p99: q(0.99), mean: xs.reduce((a, b) => a + b, 0) / xs.length, n: xs.length };
-}
+const stats = summary;
 
 type Method = { name: string; run: () => Promise<string> };
 

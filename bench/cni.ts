@@ -72,6 +72,7 @@ import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
+import { summary } from '../hack/support/bench-kit.js';
 import { libcniVersion, REF_PLUGINS_DIR, refPluginsVersion } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -189,16 +190,8 @@ function checkArgs(): void {
   }
 }
 
-/** Nearest-rank percentile of sorted samples. */
-function pct(sorted: number[], p: number): number {
-  if (sorted.length === 0) return NaN;
-  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] ?? NaN;
-}
 
-function stats(xs: number[]): Stats {
-  const s = [...xs].sort((a, b) => a - b);
-  return { n: s.length, p50: pct(s, 50), p99: pct(s, 99), min: s[0] ?? NaN, max: s[s.length - 1] ?? NaN, mean: xs.reduce((a, b) => a + b, 0) / xs.length };
-}
+const stats = (xs: number[]): Stats => summary(xs);
 
 const median = (xs: number[]) => stats(xs).p50;
 const ms = (x: number, w = 8) => x.toFixed(2).padStart(w);

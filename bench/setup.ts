@@ -17,6 +17,7 @@ import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { syncDedup } from '../src/pod/dedup.js';
 import { silentLogger } from '../src/log.js';
 import { CNI_BIN_DIRS } from '../hack/support/kernel.js';
+import { argValue, summary } from '../hack/support/bench-kit.js';
 
 const CNI_DIR = CNI_BIN_DIRS;
 const sizes = (argValue('--sizes') ?? '1,50,200').split(',').map(Number);
@@ -25,20 +26,7 @@ const HAIRPIN_ARG = argValue('--hairpin-mode') ?? 'promiscuous-bridge';
 if (HAIRPIN_ARG !== 'promiscuous-bridge' && HAIRPIN_ARG !== 'hairpin-veth') throw new Error(`--hairpin-mode: promiscuous-bridge or hairpin-veth, not ${HAIRPIN_ARG}`);
 const HAIRPIN: 'promiscuous-bridge' | 'hairpin-veth' = HAIRPIN_ARG;
 
-function argValue(name: string): string | undefined {
-  const i = process.argv.indexOf(name);
-  return i >= 0 ? process.argv[i + 1] : undefined;
-}
-
-function pct(sorted: number[], p: number): number {
-  if (sorted.length === 0) return NaN;
-  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? NaN;
-}
-
-function stats(samples: number[]): { p50: number; p99: number } {
-  const s = [...samples].sort((a, b) => a - b);
-  return { p50: pct(s, 50), p99: pct(s, 99) };
-}
+const stats = summary;
 
 async function findBin(name: string): Promise<string> {
   for (const d of CNI_DIR) {

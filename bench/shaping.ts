@@ -42,13 +42,10 @@ import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } f
 import { uniq } from '../hack/support/kernel.js';
 import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
+import { argValue, percentile } from '../hack/support/bench-kit.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);
-function argValue(name: string): string | undefined {
-  const i = argv.indexOf(name);
-  return i >= 0 ? argv[i + 1] : undefined;
-}
 const quick = has('--quick');
 const seconds = Number(argValue('--seconds') ?? (quick ? 5 : 10));
 const rates = (argValue('--rates') ?? '1M,10M,100M,1G').split(',');
@@ -269,10 +266,6 @@ function goals(ours: RateRow, ref: RateRow): Goal[] {
   ];
 }
 
-function percentile(xs: number[], p: number): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : (s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? NaN);
-}
 
 async function rateBench(): Promise<void> {
   const topo = await makeTopology(2);

@@ -1,10 +1,22 @@
-/** What the cluster benches share: numeric flags, percentiles, and a process's CPU time and RSS. */
+/** What the benches (and the test suites that print figures) share: flags, percentiles, a process's CPU time and RSS. */
 import { readFile } from 'node:fs/promises';
 
 /** `--NAME N` from the command line, else `dflt`. */
 export function numArg(name: string, dflt: number): number {
   const i = process.argv.indexOf(`--${name}`);
   return i > 0 ? Number(process.argv[i + 1]) : dflt;
+}
+
+/** `--NAME VALUE` (name with its dashes) from the command line, else undefined. */
+export function argValue(name: string): string | undefined {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? process.argv[i + 1] : undefined;
+}
+
+/** Count, nearest-rank p50 and p99, min, max and mean of unsorted samples (NaN for none). */
+export function summary(xs: number[]): { n: number; p50: number; p99: number; min: number; max: number; mean: number } {
+  const s = [...xs].sort((a, b) => a - b);
+  return { n: s.length, p50: percentile(s, 50), p99: percentile(s, 99), min: s[0] ?? NaN, max: s[s.length - 1] ?? NaN, mean: s.length ? xs.reduce((a, b) => a + b, 0) / s.length : NaN };
 }
 
 /** The p-th percentile (nearest rank) of unsorted samples; NaN for none. */

@@ -20,7 +20,7 @@ import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hac
 import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../../hack/support/agent-harness.js';
 import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
-import { podLeaves } from '../helpers/node-leaks.js';
+import { podLeaves } from '../../hack/support/node-leaks.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;

@@ -23,13 +23,13 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { onNodeSandbox, startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../helpers/agent-process.js';
-import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../helpers/churn.js';
+import { onNodeSandbox, startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../../hack/support/agent-process.js';
+import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../../hack/support/churn.js';
 import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../helpers/node-leaks.js';
-import { NodeSandbox } from '../helpers/node-sandbox.js';
-import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni } from '../helpers/sandbox-libcni.js';
+import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../../hack/support/node-leaks.js';
+import { NodeSandbox } from '../../hack/support/node-sandbox.js';
+import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni } from '../../hack/support/sandbox-libcni.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
 const test = anyTest as TestFn;

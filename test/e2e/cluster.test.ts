@@ -21,7 +21,7 @@ import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
 import { clusterBlocker, LocalCluster, MANIFEST, pausePidOf, type PodList } from '../helpers/kcl.js';
 import { checkPingLoss, logRate, pingThroughout } from '../helpers/measure.js';
-import { podLeaves } from '../helpers/node-leaks.js';
+import { podLeaves } from '../../hack/support/node-leaks.js';
 
 const blocker = clusterBlocker();
 const test = anyTest as TestFn;

@@ -21,16 +21,16 @@ import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../../hack/support/agent-harness.js';
-import { AgentProcess, startManifestAgent } from '../helpers/agent-process.js';
+import { AgentProcess, startManifestAgent } from '../../hack/support/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
 import { logRate } from '../helpers/measure.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
 import { pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
+import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog, type IperfEndpoint } from '../../hack/support/topo.js';
-import { podLeaves } from '../helpers/node-leaks.js';
+import { podLeaves } from '../../hack/support/node-leaks.js';
 
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;

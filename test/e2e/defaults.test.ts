@@ -22,13 +22,13 @@ import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { startManifestAgent, type ManifestAgent } from '../helpers/agent-process.js';
+import { startManifestAgent, type ManifestAgent } from '../../hack/support/agent-process.js';
 import { pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../helpers/node-leaks.js';
-import { NodeSandbox } from '../helpers/node-sandbox.js';
+import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../../hack/support/node-leaks.js';
+import { NodeSandbox } from '../../hack/support/node-sandbox.js';
 import { refPlugin } from '../../hack/support/upstream.js';
-import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
+import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../../hack/support/sandbox-libcni.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
 const test = anyTest as TestFn;

@@ -26,9 +26,9 @@ import { socketAnswers } from '../../src/pod/index.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { refPlugin } from '../../hack/support/upstream.js';
-import { AgentProcess } from '../helpers/agent-process.js';
+import { AgentProcess } from '../../hack/support/agent-process.js';
 import { Dnsmasq, pluginClientId } from '../helpers/dnsmasq.js';
-import { NodeSandbox } from '../helpers/node-sandbox.js';
+import { NodeSandbox } from '../../hack/support/node-sandbox.js';
 
 const tools = ['/usr/sbin/dnsmasq', refPlugin('dhcp')].find((p) => !existsSync(p));
 const blocker =

@@ -20,8 +20,8 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { AgentProcess } from '../helpers/agent-process.js';
-import { NodeSandbox } from '../helpers/node-sandbox.js';
+import { AgentProcess } from '../../hack/support/agent-process.js';
+import { NodeSandbox } from '../../hack/support/node-sandbox.js';
 
 const blocker =
   kernelTestBlocker() ??

@@ -18,11 +18,11 @@ import { mkdir, readdir, readFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { AgentProcess } from '../helpers/agent-process.js';
+import { AgentProcess } from '../../hack/support/agent-process.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { refPlugin } from '../../hack/support/upstream.js';
-import { NodeSandbox } from '../helpers/node-sandbox.js';
+import { NodeSandbox } from '../../hack/support/node-sandbox.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
 const test = anyTest as TestFn;

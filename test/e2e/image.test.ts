@@ -30,8 +30,8 @@ import { AGENT_IMAGE_TAR, Containerd, containerdTestBlocker } from '../helpers/c
 import { containerdSandboxInfo, type PodSandboxConfig } from '../helpers/cri/client.js';
 import { kubeletPod, manifestDaemonSet, type DaemonSetSpec } from '../helpers/daemonset-pod.js';
 import { checkPingLoss, pingThroughout } from '../helpers/measure.js';
-import { describeLeftovers, NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../helpers/node-leaks.js';
-import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
+import { describeLeftovers, NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../../hack/support/node-leaks.js';
+import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
 
 const blocker =
   kernelTestBlocker() ??

@@ -12,7 +12,7 @@ import { readdir, stat } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { isRoot, uniq } from '../../hack/support/kernel.js';
-import { NODE_TMPFS_DIRS, NodeSandbox } from '../helpers/node-sandbox.js';
+import { NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
 
 const test = anyTest as TestFn;
 const blocker = isRoot ? undefined : 'needs root (network and mount namespaces)';

@@ -9,7 +9,7 @@ import { ConfigError } from '../../src/errors.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { PluginHarness, type TestPod } from '../helpers/plugin-harness.js';
-import { podLeaves } from '../helpers/node-leaks.js';
+import { podLeaves } from '../../hack/support/node-leaks.js';
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
 const blocker = kernelTestBlocker() ?? (iperfMissing ? 'needs iperf3 (run hack/bootstrap.sh)' : undefined);

@@ -24,11 +24,11 @@ import { readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { flagsAgent, onNodeSandbox, startFlagsAgent } from '../helpers/agent-process.js';
+import { flagsAgent, onNodeSandbox, startFlagsAgent } from '../../hack/support/agent-process.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../../hack/support/fake-apiserver.js';
 import { delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { NO_LEFTOVERS, podLeftovers, podNatRules } from '../helpers/node-leaks.js';
-import { cniErrorCode, resultIp, SandboxLibcni, type CniPod } from '../helpers/sandbox-libcni.js';
+import { NO_LEFTOVERS, podLeftovers, podNatRules } from '../../hack/support/node-leaks.js';
+import { cniErrorCode, resultIp, SandboxLibcni, type CniPod } from '../../hack/support/sandbox-libcni.js';
 
 const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
 const test = anyTest as TestFn;

@@ -24,7 +24,7 @@ import { parseCidr } from '../../src/net/ip.js';
 import { Shaper } from '../../src/shaper/tc.js';
 import { AgentHarness, agentTestBlocker, LIBCNI_DRIVER, type AgentPod } from '../../hack/support/agent-harness.js';
 import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
-import { podLeaves } from '../helpers/node-leaks.js';
+import { podLeaves } from '../../hack/support/node-leaks.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;

@@ -12,8 +12,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { AgentConfig } from '../../src/daemon/config.js';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
-import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../../hack/support/fake-apiserver.js';
-import { Cleanup, CNI_BIN_DIRS } from '../../hack/support/kernel.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject } from './fake-apiserver.js';
+import { Cleanup, CNI_BIN_DIRS } from './kernel.js';
 import { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));

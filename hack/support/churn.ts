@@ -30,7 +30,7 @@ import { readdir, readFile, stat } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { AgentProcess } from './agent-process.js';
-import { delNetns } from '../../hack/support/kernel.js';
+import { delNetns } from './kernel.js';
 import { podLeftovers, type NodeLayout, type PodLeftovers } from './node-leaks.js';
 import type { NodeSandbox } from './node-sandbox.js';
 import { agentDiedMidCall, CNI_TRY_AGAIN_LATER, cniErrorCode, inCidr4, resultIp, type CniPod, type LibcniCall, type SandboxLibcni } from './sandbox-libcni.js';
@@ -446,12 +446,7 @@ export class Churn {
   }
 }
 
-/** p-th percentile (0..100) of `xs` (nearest rank), NaN when empty. */
-export function percentile(xs: number[], p: number): number {
-  if (xs.length === 0) return NaN;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? NaN;
-}
+export { percentile } from './bench-kit.js';
 
 /** The agent's resident set size, kB (from /proc/<pid>/status), or undefined. */
 export async function rssKb(pid: number | undefined): Promise<number | undefined> {

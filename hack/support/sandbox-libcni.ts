@@ -6,7 +6,7 @@
  * the sandbox: the driver refuses --default-cache-dir anywhere else).
  */
 import { performance } from 'node:perf_hooks';
-import { LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
+import { LIBCNI_DRIVER } from './agent-harness.js';
 import type { NodeSandbox } from './node-sandbox.js';
 
 /** libcni's default cache dir (libcni.CacheDir): where containerd and CRI-O keep their results. */

@@ -39,8 +39,8 @@ import { randomInt } from 'node:crypto';
 import { readdirSync, readFileSync, readlinkSync, realpathSync } from 'node:fs';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
-import { Cleanup, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
-import { REF_PLUGINS_DIR } from '../../hack/support/upstream.js';
+import { Cleanup, makeTmpDir, rmrf, uniq } from './kernel.js';
+import { REF_PLUGINS_DIR } from './upstream.js';
 
 /** The directories an agent and CNI plugins write with their defaults. */
 export const NODE_TMPFS_DIRS = ['/var/lib/cni', '/var/lib/kubenet', '/etc/cni/net.d', '/opt/cni/bin', '/run/kubenet'] as const;
