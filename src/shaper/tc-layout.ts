@@ -220,12 +220,6 @@ export function idleLines(ifb: string, classId: number): string[] {
   return [ids.interactive, ids.bulk].map((c) => `qdisc del dev ${ifb} parent 1:${hex(c)}`);
 }
 
-/** A pod's ifb classes, leaves first (htb refuses to delete a class with children). */
-export function classDelLines(ifb: string, classId: number): string[] {
-  const ids = ifbClassIds(classId);
-  return [ids.interactive, ids.bulk, ids.pod].map((c) => `class del dev ${ifb} classid 1:${hex(c)}`);
-}
-
 /** Deletes one pod filter node by its handle. */
 export function filterDelLine(ifb: string, f: FilterRef): string {
   return `filter del dev ${ifb} parent 1: prio ${f.prio} handle ${f.handle} protocol ${f.proto} u32`;
