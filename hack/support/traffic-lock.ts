@@ -3,7 +3,7 @@
  * measurements are only meaningful when no other measurement runs at the same time. Every run
  * that sends measured traffic holds an flock(2) on TRAFFIC_LOCK:
  *
- *   flock /tmp/kubenet-traffic.lock npx ava test/e2e/containerd.test.ts
+ *   flock /tmp/kubenet-cluster.lock flock /tmp/kubenet-traffic.lock npx ava test/e2e/containerd.test.ts
  *
  * and inside tests `withTrafficLock(fn)` takes it around each measurement section (`iperf()` of
  * topo.ts always does). When the lock is already held by an ancestor of this process (the `flock …
@@ -16,7 +16,8 @@
  * the package e2e ran beside it, and a starved flow measures the machine, not the shaper.
  *
  * A section also waits while another suite's local cluster is up (CLUSTER_LOCK), and keeps one from
- * coming up meanwhile: lock order is always CLUSTER_LOCK, then TRAFFIC_LOCK.
+ * coming up meanwhile: lock order is always CLUSTER_LOCK, then TRAFFIC_LOCK (so a run by hand takes
+ * both, as above; one under TRAFFIC_LOCK alone does not wait for clusters: it could deadlock).
  *
  * The lock is held by an `flock(1)` child whose command waits on its stdin: releasing closes that
  * stdin, and if this process dies the pipe closes too, so a crashed test never keeps the lock.
@@ -104,7 +105,11 @@ export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: 
     // a share of both cores in bursts (a 20M flow of the containerd suite dipped to 14.4 Mbit/s for
     // a second while the cluster suite's cluster was up between its sections). A suite that runs the
     // cluster itself measures on it, so it is not kept waiting for its own.
-    const quiet = heldHere(CLUSTER_LOCK) ? undefined : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(opts.onWait ? { onWait: opts.onWait } : {}) });
+    // An ancestor that took TRAFFIC_LOCK without CLUSTER_LOCK (`flock traffic npx ava FILE`) made
+    // taking CLUSTER_LOCK now an inversion of the lock order: a suite holding the cluster and
+    // waiting for traffic would wait on us while we wait on it. Then only the traffic lock counts.
+    const inverted = heldByAncestor(TRAFFIC_LOCK);
+    const quiet = heldHere(CLUSTER_LOCK) || inverted ? undefined : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(opts.onWait ? { onWait: opts.onWait } : {}) });
     try {
       return await locked(heldByAncestor() ? INNER_LOCK : TRAFFIC_LOCK, fn, opts);
     } finally {
