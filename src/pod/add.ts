@@ -1,0 +1,149 @@
+/**
+ * The core's ADD (network.ts holds the locks around it): the checks against what the node holds,
+ * the record of the intent before any plugin runs, the plugins (with the address mode's allocation
+ * and the pod's egress shaping started beside the bridge exec), the veth looked up, the shaping,
+ * the record of the result; a failure undoes what this ADD made (del.ts).
+ */
+import { performance } from 'node:perf_hooks';
+import { convertResult, parseResult } from '../cni/result.js';
+import type { CniResult, NetConf, NetConfList } from '../cni/types.js';
+import { ConflictError, KubenetError } from '../errors.js';
+import * as nl from '../netlink/index.js';
+import { isUnshaped } from '../shaper/limits.js';
+import { differences, podCniArgs, podName, round, runtimeConf, shortId } from './attachment.js';
+import { CNI_VERSION, withPortmap } from './bridge.js';
+import { ensureBridge } from './bridge-kernel.js';
+import type { Core } from './core.js';
+import { NetnsError, type NetnsId } from './netns.js';
+import { RECORD_VERSION, recordKey, type PodRecord } from './record.js';
+import { LOOPBACK_NETWORK_NAME, type AttachRequest } from './requests.js';
+import { StepTimer } from './step-timer.js';
+
+const LOOPBACK_CONF: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
+
+/** The ADD of an attachment, under its lock and its netns's; `conf` is the network config in force. */
+export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
+  const started = performance.now();
+  const steps = new StepTimer(started);
+  const key = recordKey(req.containerId, req.ifName);
+  const log = core.log.child({ pod: podName(req), id: shortId(req.containerId) });
+  const existing = core.store.get(req.containerId, req.ifName);
+  if (existing?.phase === 'ready') {
+    const diff = differences(existing, req, netnsId);
+    if (diff.length === 0 && existing.result) {
+      log.info('ADD repeated with the same parameters: returning the recorded result');
+      return { record: existing, result: parseResult(existing.result), repeated: true };
+    }
+    throw new ConflictError(
+      `container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`,
+    );
+  }
+  if (existing) {
+    log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
+    await core.teardown(existing, log);
+  }
+  const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
+  if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+  steps.mark('lookup');
+  if (nl.netnsLinkByName(req.netns, req.ifName)) {
+    throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
+  }
+  await core.mode().precheck(conf, podName(req));
+  steps.mark('precheck');
+
+  const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
+  const record: PodRecord = {
+    version: RECORD_VERSION,
+    containerId: req.containerId,
+    ifName: req.ifName,
+    namespace: req.namespace,
+    name: req.name,
+    netns: req.netns,
+    netnsId,
+    phase: 'adding',
+    network,
+    cniArgs: podCniArgs(req),
+    portMappings: req.portMappings,
+    limits: req.limits,
+    ips: [],
+    addedAt: new Date().toISOString(),
+  };
+  // The intent, before any plugin runs.
+  core.store.put(record);
+  steps.mark('record');
+  core.adding.add(key);
+  const rt = runtimeConf(record, req.netns);
+  // The agent's allocation runs now, in-process, beside the bridge plugin's exec, which gets its
+  // result when it asks its IPAM (the shim).
+  const prefetch = core.mode().startAllocation(network, rt);
+  if (prefetch) {
+    prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
+    core.prefetched.set(key, prefetch);
+    void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
+  }
+  // The egress side on the shared ifb needs only the pod's addresses: made beside the bridge exec
+  // too, once they are allocated; after the exec only the veth's part is left to shape.
+  const egressFirst = prefetch && req.limits.egress !== undefined ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits: req.limits })) : undefined;
+  egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
+  try {
+    // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
+    const bridge = await ensureBridge(core.settings(), log);
+    await core.dedup.syncIfNewBridge(bridge.index);
+    if (core.opts.manageLoopback) await core.cni.add(LOOPBACK_CONF, { ...rt, ifName: 'lo', capabilityArgs: {} });
+    const result = await core.mode().add(network, rt, podName(req));
+    steps.mark('bridge');
+    const ips = resultIps(result);
+    if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
+    const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== core.bridgeName)?.name;
+    if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
+    record.ips = ips;
+    record.hostVeth = hostVeth;
+    const hostVethIndex = nl.linkIndexByName(hostVeth);
+    if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
+    record.hostVethIndex = hostVethIndex;
+    steps.mark('veth');
+    await egressFirst;
+    await applyShaping(core, record);
+    steps.mark('shape');
+    record.phase = 'ready';
+    record.result = convertResult(result, network.cniVersion);
+    core.store.put(record);
+    steps.mark('record2');
+    log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started), ...steps.fields(log) }, 'pod set up');
+    return { record, result, repeated: false };
+  } catch (err) {
+    log.warn({ err }, 'pod setup failed; undoing what it made');
+    // A host-local ADD still running would reserve an address after the undo's release of it.
+    await prefetch?.catch(() => undefined);
+    await egressFirst?.catch(() => undefined);
+    try {
+      await core.teardown(record, log);
+    } catch (undoErr) {
+      // The record stays (phase adding): the runtime's DEL, or the next start, finishes the undo.
+      log.error({ err: undoErr }, 'undoing the failed setup left something behind; the record is kept for DEL');
+    }
+    throw err;
+  } finally {
+    core.adding.delete(key);
+    core.prefetched.delete(key);
+  }
+}
+
+
+/** Shapes the pod as its limits say (without limits, any old shaping goes); the record keeps what was installed. */
+export async function applyShaping(core: Core, record: PodRecord): Promise<void> {
+  if (isUnshaped(record.limits)) {
+    await core.shaper.remove(record.containerId);
+    delete record.shaping;
+    return;
+  }
+  if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
+  const state = await core.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits });
+  if (state) record.shaping = state;
+}
+
+
+/** A CNI result's addresses without their prefix length. */
+function resultIps(result: CniResult): string[] {
+  return result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
+}
