@@ -16,7 +16,6 @@ const SRC = join(ROOT, 'src');
 const MAX_LINES = 400;
 /** Over MAX_LINES when the rule came; the ceiling each may not exceed until it is split. */
 const OVERSIZE: Record<string, number> = {
-  'src/cni/runtime.ts': 416,
   'src/pod/network.ts': 824,
 };
 
