@@ -1,6 +1,7 @@
 /**
  * The CNI runtime (libcni's CNIConfig): runs network configs and config lists against the
- * plugin binaries with libcni's semantics, and keeps the result cache.
+ * plugin binaries with libcni's semantics, and keeps the result cache. Every config and runtime
+ * config is checked completely (./netconf.ts) before any plugin runs.
  *
  * - Each plugin of a list gets the list's `name` and `cniVersion` injected, `runtimeConfig`
  *   holding only the capability args it declares in `capabilities`, and on ADD the previous
@@ -18,11 +19,13 @@ import { performance } from 'node:perf_hooks';
 import { CniPluginError, ConfigError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
 import { makeCacheEntry, ResultCache, type AttachmentKey } from './cache.js';
-import { validateContainerId, validateInterfaceName, validateNetworkName } from './names.js';
 import { InvalidResultError, NoCachedResultError, UnsupportedVersionError } from './errors.js';
 import { DEFAULT_TIMEOUT_MS, execPlugin, findPlugin } from './exec.js';
-import { convertResult, isSupportedVersion, parseResult, versionAtLeast } from './result.js';
+import { cachedNetwork, checkRuntimeConf, listNetwork, networkOf, singleNetwork, type Network } from './netconf.js';
+import { convertResult, parseResult, versionAtLeast } from './result.js';
 import { CNI_VERSIONS, type CacheEntry, type CniCommand, type CniResult, type NetConf, type NetConfList, type PluginConf, type PluginVersionInfo, type RuntimeConf } from './types.js';
+
+export { deepFreeze } from './netconf.js';
 
 export interface CniRuntimeOptions {
   /** Directories searched for plugin binaries, in order; also passed to plugins as CNI_PATH. */
@@ -43,98 +46,10 @@ export interface CniRuntimeOptions {
   logger?: Logger;
 }
 
-/** A network to run: its name and version, its plugins in order, and the config bytes to cache. */
-interface Network {
-  name: string;
-  cniVersion: string;
-  plugins: PluginConf[];
-  /** The exact serialized config (single or list), cached for DEL after a restart. */
-  bytes: string;
-  /** A single config (not a list): its bytes are sent as they are when nothing needs injecting. */
-  single: boolean;
-  disableCheck: boolean;
-}
-
 const LATEST_VERSION = CNI_VERSIONS[CNI_VERSIONS.length - 1] as string;
 
 function isObj(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function checkVersion(v: unknown, what: string): string {
-  if (!isSupportedVersion(v)) {
-    throw new UnsupportedVersionError(String(v), `${what}: unsupported cniVersion ${JSON.stringify(v)} (supported: ${CNI_VERSIONS.join(', ')})`);
-  }
-  return v;
-}
-
-function checkPlugin(p: unknown, what: string): PluginConf {
-  if (!isObj(p) || typeof p.type !== 'string' || p.type === '') throw new ConfigError(`${what}: a plugin config needs a non-empty "type"`);
-  if (p.capabilities !== undefined && !isObj(p.capabilities)) throw new ConfigError(`${what}: "capabilities" must be an object`);
-  return p as PluginConf;
-}
-
-function singleNetwork(conf: NetConf): Network {
-  if (!isObj(conf)) throw new ConfigError('network config must be an object');
-  const what = `network ${JSON.stringify(conf.name)}`;
-  if (typeof conf.name !== 'string') throw new ConfigError('network config needs a "name"');
-  validateNetworkName(conf.name);
-  const cniVersion = checkVersion(conf.cniVersion, what);
-  checkPlugin(conf, what);
-  return { name: conf.name, cniVersion, plugins: [conf], bytes: JSON.stringify(conf), single: true, disableCheck: false };
-}
-
-function listNetwork(list: NetConfList, bytes?: string): Network {
-  if (!isObj(list)) throw new ConfigError('network config list must be an object');
-  if (typeof list.name !== 'string') throw new ConfigError('network config list needs a "name"');
-  validateNetworkName(list.name);
-  const what = `network list ${JSON.stringify(list.name)}`;
-  const cniVersion = checkVersion(list.cniVersion, what);
-  if (!Array.isArray(list.plugins) || list.plugins.length === 0) throw new ConfigError(`${what}: "plugins" must be a non-empty list`);
-  list.plugins.forEach((p, i) => checkPlugin(p, `${what} plugin ${i}`));
-  if (list.disableCheck !== undefined && typeof list.disableCheck !== 'boolean') throw new ConfigError(`${what}: "disableCheck" must be a boolean`);
-  return {
-    name: list.name,
-    cniVersion,
-    plugins: list.plugins,
-    bytes: bytes ?? JSON.stringify(list),
-    single: false,
-    disableCheck: list.disableCheck === true,
-  };
-}
-
-/** Validated networks of deeply frozen configs (which cannot change), so a config used for every call is checked and serialized once. */
-const frozenNetworks = new WeakMap<object, Network>();
-
-/** A single config or a list, validated. */
-function networkOf(conf: NetConf | NetConfList): Network {
-  const cached = isObj(conf) ? frozenNetworks.get(conf) : undefined;
-  if (cached) return cached;
-  const net = isObj(conf) && Array.isArray((conf as { plugins?: unknown }).plugins) ? listNetwork(conf as unknown as NetConfList) : singleNetwork(conf as NetConf);
-  if (isDeepFrozen(conf)) frozenNetworks.set(conf, net);
-  return net;
-}
-
-function isDeepFrozen(v: unknown): boolean {
-  if (typeof v !== 'object' || v === null) return true;
-  if (!Object.isFrozen(v)) return false;
-  return Object.values(v).every(isDeepFrozen);
-}
-
-/** Freezes `v` and everything it holds (a config the caller will use for many calls: see networkOf). */
-export function deepFreeze<T>(v: T): T {
-  if (typeof v === 'object' && v !== null && !Object.isFrozen(v)) {
-    for (const x of Object.values(v)) deepFreeze(x);
-    Object.freeze(v);
-  }
-  return v;
-}
-
-function checkRuntimeConf(rt: RuntimeConf): void {
-  if (!isObj(rt)) throw new ConfigError('runtime config must be an object');
-  validateContainerId(rt.containerId);
-  validateInterfaceName(rt.ifName);
-  if (typeof rt.netns !== 'string') throw new ConfigError('runtime config: netns must be a string (empty when there is none)');
 }
 
 /** libcni's injectRuntimeConfig: only the capabilities the plugin declares, only those the runtime has values for. */
@@ -215,9 +130,7 @@ export class CniRuntime {
     if (!entry) return false;
     let net: Network;
     try {
-      const bytes = Buffer.from(entry.config, 'base64').toString('utf8');
-      const conf: unknown = JSON.parse(bytes);
-      net = isObj(conf) && 'plugins' in conf ? listNetwork(conf as unknown as NetConfList, bytes) : singleNetwork(conf as NetConf);
+      net = cachedNetwork(Buffer.from(entry.config, 'base64').toString('utf8'));
     } catch (err) {
       this.log.warn({ err, networkName, containerId: rt.containerId }, 'cached CNI config is unusable; removing the entry');
       await this.cache().delete(key);

@@ -2,7 +2,7 @@
  * The NETLINK_ROUTE sockets of the netlink layer and the error check every call shares: one host
  * socket, opened lazily and reused (dropped after an error that leaves its state unknown), sockets
  * into other namespaces opened per call, and cache dumps retried when the kernel flags them
- * interrupted. Used by ./index.ts (links, addresses, classes) and ./route.ts (routes).
+ * interrupted. Used by every per-object file of the API (links, addresses, namespaces, routes, classes).
  */
 import { writeSync } from 'node:fs';
 import { CLONE_NEWNET, lastErrno, libcNs, NETLINK_ROUTE, nl, O_CLOEXEC, O_RDONLY, type Out, type Ptr } from './libnl.js';
