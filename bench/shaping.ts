@@ -8,7 +8,8 @@
  *       of issue 14 (1b);
  *   (2) per-pod setup and teardown cost with 10, 100, 500 pods already shaped (probe pods added and
  *       removed at each level, ours and the reference interleaved).
- *   [--dirs egress,ingress] [--impls ours,exec,ref] (cost table: which implementations to run)
+ *   [--dirs egress,ingress] [--impls ours,exec,ref,unshaped] [--unshaped-cidrs 10] (cost table: which
+ *       implementations to run; unshaped = ours with that many unshaped destinations on its ifb)
  *   (3) live re-shaping through the agent as it runs in a cluster (`kubenet daemon` in its own
  *       process, watching the fake API server of hack/support, pods added through its CNI binary with
  *       their limits from their annotations), with 10, 100, 500 shaped pods on the node: the time from
@@ -35,6 +36,7 @@ import { classList } from '../src/netlink/index.js';
 import { formatBandwidth, parseBandwidth } from '../src/shaper/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
+import { parseUnshaped } from '../src/shaper/unshaped.js';
 import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../hack/support/probe.js';
 import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
 import { AgentHarness, type AgentPod } from '../hack/support/agent-harness.js';
@@ -51,7 +53,9 @@ const seconds = Number(argValue('--seconds') ?? (quick ? 5 : 10));
 const rates = (argValue('--rates') ?? '1M,10M,100M,1G').split(',');
 const sizes = (argValue('--sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
 const probes = Number(argValue('--probes') ?? 10);
-const impls = new Set((argValue('--impls') ?? 'ours,exec,ref').split(','));
+const impls = new Set((argValue('--impls') ?? 'ours,exec,ref,unshaped').split(','));
+/** How many unshaped destinations the `unshaped` implementation's ifb holds (issue 24: 10). */
+const unshapedCount = Number(argValue('--unshaped-cidrs') ?? 10);
 const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
 const liveSizes = (argValue('--live-sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
 const changes = Number(argValue('--changes') ?? 50);
@@ -360,17 +364,24 @@ async function costBench(): Promise<void> {
   const tA = performance.now();
   const useExec = impls.has('exec');
   const useRef = impls.has('ref');
+  const useUnshaped = impls.has('unshaped');
   const ours = await makeTopology(total, { addresses: false });
+  const oursU = await makeTopology(useUnshaped ? total : 0, { addresses: false });
   const oursExec = await makeTopology(useExec ? total : 0, { addresses: false });
   const ref = await makeTopology(useRef ? total : 0, { addresses: false });
   console.error(`  done in ${((performance.now() - tA) / 1000).toFixed(1)} s`);
   const shaper = new Shaper({ ifbName: `kshbc${ours.tag}` });
   const shaperExec = new Shaper({ ifbName: `kshbe${oursExec.tag}`, tcMode: 'exec' });
+  // The same shaper with UNSHAPED_CIDRS destinations not shaped (its ifb's filters; the mangle
+  // rules for traffic to the pods are per node and not made here: the bench runs in the host's netns).
+  const unshaped = parseUnshaped(Array.from({ length: unshapedCount }, (_, i) => `10.${i}.0.0/16`));
+  const shaperU = new Shaper({ ifbName: `kshbu${oursU.tag}`, unshaped: { subnets: unshaped } });
   const rate = 10e6;
   const burstBits = burstBytes(rate) * 8;
   const limits = { ingress: rate, egress: rate };
   const spec = (p: TopoPod) => ({ id: p.id, hostVeth: p.hostVeth, ips: [p.ip4, p.ip6], limits });
   const rows: string[][] = [];
+  const unshapedTotals: Array<[number, number, number]> = [];
   let shaped = 0;
   let shapedRef = 0;
   const timed = async (fn: () => Promise<unknown>, into: number[]) => {
@@ -381,25 +392,31 @@ async function costBench(): Promise<void> {
   try {
     await shaper.init();
     if (useExec) await shaperExec.init();
+    if (useUnshaped) await shaperU.init();
     for (const n of [...sizes].sort((x, y) => x - y)) {
       // Bring all three to n shaped pods (untimed).
       for (; shaped < n; shaped++) {
         await shaper.ensure(spec(ours.pods[shaped]!));
         if (useExec) await shaperExec.ensure(spec(oursExec.pods[shaped]!));
+        if (useUnshaped) await shaperU.ensure(spec(oursU.pods[shaped]!));
       }
       for (; useRef && shapedRef < n; shapedRef++) await refExec('ADD', ref.pods[shapedRef]!, rate, burstBits);
       const s = { add: [] as number[], del: [] as number[] };
       const e = { add: [] as number[], del: [] as number[] };
       const r = { add: [] as number[], del: [] as number[] };
+      const u = { add: [] as number[], del: [] as number[] };
       // Interleaved probe pods: the three see the same machine load.
       for (let k = 0; k < probes; k++) {
         const ps = ours.pods[maxN + k]!;
         const pe = oursExec.pods[maxN + k];
         const pr = ref.pods[maxN + k];
+        const pu = oursU.pods[maxN + k];
         await timed(() => shaper.ensure(spec(ps)), s.add);
+        if (pu) await timed(() => shaperU.ensure(spec(pu)), u.add);
         if (pe) await timed(() => shaperExec.ensure(spec(pe)), e.add);
         if (pr) await timed(() => refExec('ADD', pr, rate, burstBits), r.add);
         await timed(() => shaper.remove(ps.id), s.del);
+        if (pu) await timed(() => shaperU.remove(pu.id), u.del);
         if (pe) await timed(() => shaperExec.remove(pe.id), e.del);
         if (pr) await timed(() => refExec('DEL', pr, rate, burstBits), r.del);
         if (pr) await refScrub(pr);
@@ -408,6 +425,8 @@ async function costBench(): Promise<void> {
       const [sa, sd] = m(s);
       const [ea, ed] = m(e);
       const [ra, rd] = m(r);
+      const [ua, ud] = m(u);
+      if (useUnshaped) unshapedTotals.push([n, sa + sd, ua + ud]);
       const f = (x: number) => (Number.isNaN(x) ? '-' : x.toFixed(2));
       const ratio = (a: number, b: number) => (Number.isNaN(a) || Number.isNaN(b) ? '-' : `${(a / b).toFixed(1)}x`);
       rows.push([String(n), f(sa), f(sd), f(sa + sd), f(ea), f(ed), f(ea + ed), f(ra), f(rd), f(ra + rd), ratio(ra + rd, sa + sd), ratio(ra + rd, ea + ed)]);
@@ -430,6 +449,10 @@ async function costBench(): Promise<void> {
       const g = Number(last[3]) / Number(first[3]);
       console.log(`goal per-pod cost flat (ours total at n=${last[0]} <= 1.5x n=${first[0]}): ${g <= 1.5 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
     }
+    for (const [n, plain, withU] of unshapedTotals) {
+      const g = withU / plain;
+      console.log(`goal per-pod cost with ${unshapedCount} unshaped CIDRs within 10 % of none at n=${n}: ${Math.abs(g - 1) <= 0.1 ? 'PASS' : 'MISS'} ${withU.toFixed(2)} / ${plain.toFixed(2)} ms (${g.toFixed(2)}x)`);
+    }
     const cheap = rows.map((r) => Number(r[9]) / Number(r[3]));
     if (cheap.every((x) => !Number.isNaN(x))) {
       console.log(`goal ours >= 10x cheaper than ref at every n: ${cheap.every((x) => x >= 10) ? 'PASS' : 'MISS'} ${cheap.map((x) => `${x.toFixed(1)}x`).join(' ')}`);
@@ -438,9 +461,11 @@ async function costBench(): Promise<void> {
     const t = performance.now();
     await shaper.reset().catch((err: unknown) => console.error(String(err)));
     if (useExec) await shaperExec.reset().catch((err: unknown) => console.error(String(err)));
+    if (useUnshaped) await shaperU.reset().catch((err: unknown) => console.error(String(err)));
     for (let i = 0; i < shapedRef; i++) await refExec('DEL', ref.pods[i]!, rate, burstBits).catch(() => undefined);
     await ours.destroy();
     await oursExec.destroy();
+    await oursU.destroy();
     await ref.destroy();
     console.error(`cleanup ${((performance.now() - t) / 1000).toFixed(1)} s`);
   }

@@ -19,7 +19,7 @@ import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
 import { checkInstallConfig, installCni, ipamShimDir } from './cni-install.js';
-import { dhcpSocketPath, type AgentConfig } from './config.js';
+import { dhcpSocketPath, unshapedCidrsOf, type AgentConfig } from './config.js';
 import { AgentApi } from './http-api.js';
 import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
@@ -93,6 +93,7 @@ export class Agent {
       ipamDataDir: config.ipamDataDir,
       stateDir: config.stateDir,
       ifbName: config.ifbName,
+      unshapedCIDRs: unshapedCidrsOf(config),
       // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
       legacyShaperStateDir: join(config.stateDir, 'shaper'),
       // The runtime calling us runs loopback for lo itself.

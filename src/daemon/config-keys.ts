@@ -48,6 +48,8 @@ export interface AgentConfig {
   nonMasqueradeCIDR: string;
   /** Routes to the other Nodes' pod CIDRs (src/daemon/routes.ts): `direct` via their InternalIPs, or none. */
   routes: RouteMode;
+  /** Destinations whose traffic with shaped pods is not shaped; unset: nonMasqueradeCIDR with routes direct, else none. */
+  unshapedCIDRs?: string[];
   /** Where pod addresses come from. */
   ipam: IpamMode;
   /** dhcp: the host interface enslaved to the bridge (required with dhcp, refused without). */
@@ -65,7 +67,7 @@ export interface AgentConfig {
 
 export type ConfigKey = keyof AgentConfig;
 /** Keys without a fixed default: optional ones and nodeName (from the environment). */
-export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink';
+export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink' | 'unshapedCIDRs';
 export type DefaultedConfig = Omit<AgentConfig, UndefaultedConfigKey>;
 
 /** Env var nodeName defaults to (set by the DaemonSet from spec.nodeName). */
@@ -255,6 +257,25 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     description:
       'Routes to the pods of other nodes: `direct` watches every Node and routes its pod CIDRs via its InternalIP when that is on a subnet directly connected to this node (routing protocol 98: `ip route show proto 98`; a Node it cannot route gets a Warning Event `NodeRouteUnavailable`), so a cluster needs no cloud route controller; keep the cluster CIDR inside `nonMasqueradeCIDR`. `none` leaves routes to others (a cloud, an operator). `direct` needs the Kubernetes API (no `podCIDR`) and `ipam: host-local`.',
     validate: oneOf(ROUTE_MODES),
+  },
+  unshapedCIDRs: {
+    type: 'string[]',
+    flag: '--unshaped-cidrs',
+    defaultText: 'see description',
+    description:
+      'CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod\'s limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the shared ifb\'s filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: `nonMasqueradeCIDR` (the cluster\'s pod and service range) with `routes: direct`, else none; an empty list shapes everything.',
+    validate: (value, fail) => {
+      const expected = 'a list of CIDRs such as ["10.0.0.0/8", "fd00::/8"]';
+      if (!Array.isArray(value)) throw fail(expected);
+      return value.map((v) => {
+        if (typeof v !== 'string') throw fail(expected, `element ${describe(v)}`);
+        try {
+          return parseCidr(v).cidr;
+        } catch (err) {
+          throw fail(expected, causeText(err));
+        }
+      });
+    },
   },
   ipam: {
     type: 'string',

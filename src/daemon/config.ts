@@ -86,6 +86,16 @@ function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): v
   }
 }
 
+/**
+ * The destinations not shaped (config `unshapedCIDRs`): as set, else the cluster's own range when
+ * routes between nodes are on (nonMasqueradeCIDR, which holds the pod and service CIDRs there),
+ * except 0.0.0.0/0 (that would shape nothing); else none.
+ */
+export function unshapedCidrsOf(c: AgentConfig): string[] {
+  if (c.unshapedCIDRs !== undefined) return [...c.unshapedCIDRs];
+  return c.routes === 'direct' && c.nonMasqueradeCIDR !== '0.0.0.0/0' ? [c.nonMasqueradeCIDR] : [];
+}
+
 /** `routes: direct` routes the Nodes' pod CIDRs: it needs the Nodes (cluster mode) and pods in those CIDRs (host-local). */
 function checkRoutes(c: AgentConfig, source: string): void {
   if (c.routes !== 'direct') return;

@@ -34,6 +34,7 @@ import * as nl from '../netlink/index.js';
 import { parsePodCidrs, type Subnet } from '../net/ip.js';
 import { checkLimits, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
+import { parseUnshaped } from '../shaper/unshaped.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { applyShaping, setUp } from './add.js';
 import type { AddressMode } from './address-mode.js';
@@ -98,7 +99,11 @@ export class PodNetwork {
       logger: this.log,
       ...(opts.cniTimeoutMs !== undefined ? { timeoutMs: opts.cniTimeoutMs } : {}),
     });
-    this.shaper = new Shaper({ logger: this.log, ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}) });
+    this.shaper = new Shaper({
+      logger: this.log,
+      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}),
+      ...(opts.unshapedCIDRs !== undefined ? { unshaped: { subnets: parseUnshaped(opts.unshapedCIDRs), bridge: opts.bridgeName } } : {}),
+    });
     const { bridgeName, stateDir, ipamDataDir, pluginBinDirs } = opts;
     this.modes = addressModes(opts, { bridgeName, stateDir, ipamDataDir, pluginBinDirs, cni: this.cni, log: this.log });
     this.dedup = new DedupKeeper({

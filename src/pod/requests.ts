@@ -58,6 +58,11 @@ export interface PodNetworkOptions {
    * pod's ADD finds the bridge made anew (a new bridge, a new MAC); never otherwise on the ADD path.
    */
   dedupResyncMs?: number;
+  /**
+   * Destinations whose traffic with shaped pods is not shaped (src/shaper/unshaped.ts), made at
+   * init; unset: the node's rules for it are not touched, empty: removed.
+   */
+  unshapedCIDRs?: string[];
   logger: Logger;
 }
 

@@ -6,7 +6,7 @@
 import { KubenetError } from '../errors.js';
 import type { BandwidthLimits } from './limits.js';
 import { podLayout } from './sizing.js';
-import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, redirectLines, VETH, vethLines, type ShapingState } from './tc-layout.js';
+import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, redirectLines, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
 
 /**
  * The pods' egress class ids on one ifb, 1..MAX_CLASS, and the pool of idle ones: ids whose classes
@@ -143,4 +143,22 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
 function shrinks(before: BandwidthLimits, after: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
   const [b, bBurst, a, aBurst] = dir === 'ingress' ? [before.ingress, before.ingressBurst, after.ingress, after.ingressBurst] : [before.egress, before.egressBurst, after.egress, after.egressBurst];
   return b !== undefined && a !== undefined && podLayout(a, aBurst).bulk.leaf.burst < podLayout(b, bBurst).bulk.leaf.burst;
+}
+
+/** Deletes of the ifb's pod filters and classes that none of `owners` claims (init's one listing). */
+export function orphanLines(ifb: string, listing: IfbListing, owners: ShapingState[]): string[] {
+  const ownedClasses = new Set<number>();
+  const ownedFilters = new Set<string>();
+  for (const r of owners) {
+    if (r.classId) for (const c of Object.values(ifbClassIds(r.classId))) ownedClasses.add(c);
+    for (const f of r.filters) ownedFilters.add(`${f.prio}/${f.handle}`);
+  }
+  const lines: string[] = [];
+  for (const f of listing.podFilters) {
+    if (!ownedFilters.has(`${f.prio}/${f.handle}`)) lines.push(filterDelLine(ifb, f));
+  }
+  // Leaves before their parents: htb refuses to delete a class that has children.
+  const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c)).sort((a, b) => b - a);
+  for (const c of orphans) lines.push(`class del dev ${ifb} classid 1:${hex(c)}`);
+  return lines;
 }

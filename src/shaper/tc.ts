@@ -37,7 +37,6 @@ import { directionCounters, readCounters, tcHandle, type ShapingCounters } from 
 import {
   DEFAULT_IFB,
   filterDelLine,
-  hex,
   idleLines,
   ifbClassIds,
   ifbLines,
@@ -50,7 +49,8 @@ import {
   type IfbListing,
   type ShapingState,
 } from './tc-layout.js';
-import { ClassIds, planEnsure } from './tc-plan.js';
+import { ClassIds, orphanLines, planEnsure } from './tc-plan.js';
+import { ensureUnshaped, type Unshaped } from './unshaped.js';
 
 export { DEFAULT_IFB, MAX_CLASS, parseIfbListing, type ShapingState } from './tc-layout.js';
 
@@ -73,6 +73,8 @@ export interface ShaperOptions {
    * 'exec': one `tc -batch -` spawn per operation (2-4 ms each). Kept for comparison and fallback.
    */
   tcMode?: 'session' | 'exec';
+  /** Destinations not shaped (unshaped.ts), made at init; unset: untouched, empty: removed. */
+  unshaped?: Unshaped;
 }
 
 /** The link, read over netlink; undefined when there is none. */
@@ -93,8 +95,10 @@ export class Shaper {
   private readonly mutex = new KeyedMutex();
   private ready: Promise<void> | undefined;
   private readonly session: TcSession | undefined;
+  private readonly unshaped: Unshaped | undefined;
 
   constructor(opts: ShaperOptions = {}) {
+    this.unshaped = opts.unshaped;
     this.session = (opts.tcMode ?? 'session') === 'session' ? new TcSession() : undefined;
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
     checkIfName(this.ifbName, 'ifbName');
@@ -148,6 +152,7 @@ export class Shaper {
     } else {
       await this.removeOrphans(listing);
     }
+    if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), ifb, this.unshaped, this.log);
     this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size }, 'shaper ready');
   }
 
@@ -157,19 +162,7 @@ export class Shaper {
   }
 
   private async removeOrphans(listing: IfbListing): Promise<void> {
-    const ownedClasses = new Set<number>();
-    const ownedFilters = new Set<string>();
-    for (const r of this.records.values()) {
-      if (r.classId) for (const c of Object.values(ifbClassIds(r.classId))) ownedClasses.add(c);
-      for (const f of r.filters) ownedFilters.add(`${f.prio}/${f.handle}`);
-    }
-    const lines: string[] = [];
-    for (const f of listing.podFilters) {
-      if (!ownedFilters.has(`${f.prio}/${f.handle}`)) lines.push(filterDelLine(this.ifbName, f));
-    }
-    // Leaves before their parents: htb refuses to delete a class that has children.
-    const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c)).sort((a, b) => b - a);
-    for (const c of orphans) lines.push(`class del dev ${this.ifbName} classid 1:${hex(c)}`);
+    const lines = orphanLines(this.ifbName, listing, [...this.records.values()]);
     if (lines.length === 0) return;
     const res = await this.tc(lines, { force: true });
     this.log.info({ removed: lines.length - res.failed.length, failed: res.failed.length }, 'removed orphaned classes and filters');

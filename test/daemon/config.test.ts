@@ -11,6 +11,7 @@ import {
   configKeysMarkdown,
   dhcpSocketPath,
   loadConfig,
+  unshapedCidrsOf,
   type AgentConfig,
 } from '../../src/daemon/config.js';
 
@@ -195,7 +196,7 @@ test('flags are validated too and name the flag', async (t) => {
 test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', async (t) => {
   const c = await loadConfig({ flags: {}, env: ENV });
   const keys = Object.keys(CONFIG_KEYS).sort();
-  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'uplink'].sort());
+  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'unshapedCIDRs', 'uplink'].sort());
   for (const [key, value] of Object.entries(DEFAULT_CONFIG)) {
     const spec = CONFIG_KEYS[key as keyof typeof CONFIG_KEYS];
     t.is(spec.default, Array.isArray(value) ? value.join(',') : String(value), key);
@@ -279,4 +280,21 @@ test('configFlags: every set key as its flag, lists joined; dhcp keys only with 
   t.is(dhcp[dhcp.indexOf('--uplink') + 1], 'eth9');
   t.is(dhcp[dhcp.indexOf('--dhcp-timeout') + 1], '7');
   t.is(flags.length % 2, 0);
+});
+
+test('unshapedCIDRs: a list of CIDRs, normalized; unset, the cluster range with routes direct, else none', async (t) => {
+  await refuse(t, 'unshapedCIDRs: 10.0.0.0/8\n', 'unshapedCIDRs', /list of CIDRs/);
+  await refuse(t, 'unshapedCIDRs: [10.0.0.0/33]\n', 'unshapedCIDRs', /list of CIDRs/);
+  await refuse(t, 'unshapedCIDRs: [10.0.0.0/8, 3]\n', 'unshapedCIDRs', /list of CIDRs/);
+  const set = await loadConfig({ file: await yamlFile('unshapedCIDRs: [10.1.0.0/8, "fd00:10::/32"]\n'), flags: {}, env: ENV });
+  t.deepEqual(set.unshapedCIDRs, ['10.0.0.0/8', 'fd00:10::/32']);
+  t.deepEqual(unshapedCidrsOf(set), ['10.0.0.0/8', 'fd00:10::/32']);
+  const none = await loadConfig({ file: await yamlFile('unshapedCIDRs: []\n'), flags: {}, env: ENV });
+  t.deepEqual(unshapedCidrsOf({ ...none, routes: 'direct' }), [], 'an empty list shapes everything, routes or not');
+  const unset = await loadConfig({ flags: { podCIDR: '10.244.1.0/24' }, env: ENV });
+  t.is(unset.unshapedCIDRs, undefined);
+  t.deepEqual(unshapedCidrsOf(unset), [], 'routes none: nothing is unshaped');
+  t.deepEqual(unshapedCidrsOf({ ...unset, routes: 'direct', nonMasqueradeCIDR: '10.0.0.0/8' }), ['10.0.0.0/8']);
+  t.deepEqual(unshapedCidrsOf({ ...unset, routes: 'direct', nonMasqueradeCIDR: '0.0.0.0/0' }), [], 'never everything');
+  t.deepEqual(configFlags({ unshapedCIDRs: ['10.0.0.0/8', 'fd00:10::/32'] }), ['--unshaped-cidrs', '10.0.0.0/8,fd00:10::/32']);
 });

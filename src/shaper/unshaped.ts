@@ -1,0 +1,137 @@
+/**
+ * Unshaped destinations: traffic between a shaped pod and the listed CIDRs (config `unshapedCIDRs`;
+ * by default the cluster's own range when routes between nodes are on) runs at line rate, while
+ * the pod's limits hold for everything else, in both directions. The cost is per node, not per pod
+ * per CIDR: no pod gets an object for it.
+ *
+ * - FROM the pod: on the shared ifb, ahead of the pods' classification (prio 8..11), one u32
+ *   filter per CIDR matching the destination (prio 4 IPv4, prio 5 IPv6) with `flowid 1:`, the htb
+ *   root's own handle: htb sends such a packet straight out through its direct queue, unshaped.
+ * - TO the pod: every shaped pod's veth root is htb 2: (tc-layout.ts VETH), and htb sends a packet
+ *   whose skb priority is its own handle, 2:0, straight out the same way, before any filter. A
+ *   mangle chain `KUBENET-UNSHAPED`, jumped to from POSTROUTING for packets leaving through the
+ *   bridge (routed to it, or bridged through it: br_netfilter), sets that priority for each source
+ *   CIDR (`CLASSIFY --set-class 2:0`; iptables for IPv4, ip6tables for IPv6). A pod cannot set it on
+ *   its own traffic to escape its limits: the kernel resets a packet's priority when it crosses a
+ *   veth pair.
+ *
+ * Both parts are replaced as a whole at the shaper's start (the set is configuration), so a CIDR
+ * dropped from the list stops being unshaped on the next start.
+ */
+import { execa } from 'execa';
+import { ToolError } from '../errors.js';
+import type { Logger } from '../log.js';
+import { parseCidr, type Subnet } from '../net/ip.js';
+import { VETH } from './tc-layout.js';
+import type { BatchOptions, BatchResult } from './tc-exec.js';
+
+/** The destinations, and the bridge the pods' veths are ports of. */
+export interface Unshaped {
+  subnets: Subnet[];
+  /** Undefined: only the ifb's filters are made (traffic to the pods stays shaped; benches). */
+  bridge?: string;
+}
+
+export const UNSHAPED_CHAIN = 'KUBENET-UNSHAPED';
+/** The ifb filter priorities of the unshaped destinations, by family (ahead of the pods' 8..11). */
+export const UNSHAPED_PRIO = { 4: 4, 6: 5 } as const;
+
+/** The CIDRs, checked and normalized ("10.1.2.3/8" -> "10.0.0.0/8"), duplicates removed. */
+export function parseUnshaped(cidrs: string[]): Subnet[] {
+  const out = new Map<string, Subnet>();
+  for (const c of cidrs) {
+    const s = parseCidr(c);
+    out.set(s.cidr, s);
+  }
+  return [...out.values()];
+}
+
+/**
+ * The ifb's unshaped filters: both priorities removed (a missing one fails, harmlessly: run with
+ * force) and made again from the list (pure).
+ */
+export function unshapedIfbLines(ifb: string, subnets: Subnet[]): string[] {
+  const lines = [`filter del dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[4]} protocol ip`, `filter del dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[6]} protocol ipv6`];
+  for (const s of subnets) {
+    const [proto, match] = s.family === 4 ? ['ip', 'ip dst'] : ['ipv6', 'ip6 dst'];
+    lines.push(`filter add dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[s.family]} protocol ${proto} u32 match ${match} ${s.cidr} flowid 1:`);
+  }
+  return lines;
+}
+
+/** The chain's rules for one family, as `iptables -S CHAIN` lists them (pure). */
+export function unshapedRules(subnets: Subnet[], family: 4 | 6): string[][] {
+  const [major] = VETH.root.split(':');
+  const cls = `${(major ?? '2').padStart(4, '0')}:0000`;
+  return subnets.filter((s) => s.family === family).map((s) => ['-s', s.cidr, '-j', 'CLASSIFY', '--set-class', cls]);
+}
+
+/** The POSTROUTING rule that sends packets leaving through the bridge to the chain. */
+export function unshapedJump(bridge: string): string[] {
+  return ['-o', bridge, '-m', 'comment', '--comment', 'kubenet-ts: unshaped sources of shaped pods', '-j', UNSHAPED_CHAIN];
+}
+
+type Tool = 'iptables' | 'ip6tables';
+
+async function xt(tool: Tool, args: string[], ok: number[] = [0]): Promise<{ exitCode: number; stdout: string }> {
+  const full = ['-w', '5', '-t', 'mangle', ...args];
+  const r = await execa(tool, full, { reject: false });
+  if (r.exitCode === undefined || !ok.includes(r.exitCode)) {
+    throw new ToolError(tool, full, r.exitCode, r.exitCode === undefined ? `cannot run ${tool}: ${String(r.message)}` : r.stderr);
+  }
+  return { exitCode: r.exitCode, stdout: r.stdout };
+}
+
+/**
+ * Makes the node's mangle table hold exactly the unshaped rules for the bridge and subnets, per
+ * family: the chain rewritten only when it differs, one jump from POSTROUTING; none of them for a
+ * family without subnets. Returns whether anything changed. A family whose tool is missing and
+ * which has no subnets is left alone.
+ */
+export async function syncUnshapedRules(bridge: string, subnets: Subnet[], log: Logger): Promise<boolean> {
+  let changed = false;
+  for (const [family, tool] of [
+    [4, 'iptables'],
+    [6, 'ip6tables'],
+  ] as const) {
+    const want = unshapedRules(subnets, family);
+    let have: string[] | undefined;
+    try {
+      const r = await xt(tool, ['-S', UNSHAPED_CHAIN], [0, 1]);
+      have = r.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.startsWith('-A ')) : undefined;
+    } catch (err) {
+      if (want.length === 0 && err instanceof ToolError && err.exitCode === undefined) continue;
+      throw err;
+    }
+    const jump = unshapedJump(bridge);
+    if (want.length === 0) {
+      if (have === undefined) continue;
+      while ((await xt(tool, ['-D', 'POSTROUTING', ...jump], [0, 1, 2])).exitCode === 0);
+      await xt(tool, ['-F', UNSHAPED_CHAIN]);
+      await xt(tool, ['-X', UNSHAPED_CHAIN], [0, 1]);
+      log.info({ family }, 'removed the unshaped-destination rules');
+      changed = true;
+      continue;
+    }
+    if (have === undefined) await xt(tool, ['-N', UNSHAPED_CHAIN]);
+    const wantText = want.map((r) => [`-A ${UNSHAPED_CHAIN}`, ...r].join(' '));
+    if (have === undefined || have.join('\n') !== wantText.join('\n')) {
+      if (have !== undefined && have.length > 0) await xt(tool, ['-F', UNSHAPED_CHAIN]);
+      for (const rule of want) await xt(tool, ['-A', UNSHAPED_CHAIN, ...rule]);
+      changed = true;
+    }
+    if ((await xt(tool, ['-C', 'POSTROUTING', ...jump], [0, 1])).exitCode !== 0) {
+      await xt(tool, ['-A', 'POSTROUTING', ...jump]);
+      changed = true;
+    }
+    if (changed) log.info({ family, bridge, cidrs: subnets.filter((s) => s.family === family).map((s) => s.cidr) }, 'unshaped-destination rules in place');
+  }
+  return changed;
+}
+
+/** Both parts made as configured (the shaper's init; `tc` runs lines through its session). */
+export async function ensureUnshaped(tc: (lines: string[], o: BatchOptions) => Promise<BatchResult>, ifb: string, u: Unshaped, log: Logger): Promise<void> {
+  // The two deletes (lines 1, 2) fail when there was nothing to delete; a failed add throws.
+  await tc(unshapedIfbLines(ifb, u.subnets), { optional: new Set([1, 2]) });
+  if (u.bridge !== undefined) await syncUnshapedRules(u.bridge, u.subnets, log);
+}
