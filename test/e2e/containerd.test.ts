@@ -23,7 +23,7 @@ import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../../hack/support/agent-harness.js';
 import { AgentProcess, startManifestAgent } from '../../hack/support/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
-import { logRate } from '../helpers/measure.js';
+import { logRate, logUnshaped } from '../helpers/measure.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
 import { pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
@@ -270,22 +270,29 @@ serialTest('RunPodSandbox as kubelet: pod IPs from the pod CIDR in PodSandboxSta
   t.deepEqual(status.pods.find((p) => p.name === web.name)?.portMappings?.map((m) => m.hostPort), [hostPort], 'agent status: the web pod host port');
 });
 
-serialTest('bandwidth annotations are enforced both ways within ±10 %, no 1 s interval above 1.25 × the limit', async (t) => {
+serialTest('bandwidth annotations are enforced both ways with a host outside the cluster within ±10 %, no 1 s interval above 1.25 × the limit; the node (the bridge\'s gateway, in the cluster range) is not shaped', async (t) => {
   const { sb, cfg, podCidr, shaped, pods } = w();
   const pod = pods.get(shaped);
   if (!pod?.ip) throw new Error('the shaped pod is not running');
-  // Between the node netns (the bridge's gateway address) and the shaped pod's netns.
+  // The manifest's config: routes direct, so the cluster range (nonMasqueradeCIDR) is unshaped. The
+  // limits hold with the LAN host on the node's uplink (outside it), routed to the pod CIDR.
   const bridgeAddrs = JSON.parse((await sb.exec('ip', ['-j', '-4', 'addr', 'show', 'dev', cfg.bridgeName])).stdout) as Array<{ addr_info: Array<{ local: string }> }>;
   const gateway = bridgeAddrs[0]?.addr_info[0]?.local ?? '';
   t.true(cidrContains(parseCidr(podCidr), gateway), `bridge ${cfg.bridgeName} has the gateway ${gateway}`);
   const nodeEp: IperfEndpoint = { netns: sb.netns, ip4: gateway };
+  const lanEp: IperfEndpoint = { netns: sb.lanNetns, ip4: sb.uplink.lanIp };
   const podEp: IperfEndpoint = { netns: '', netnsPath: pod.netnsPath, ip4: pod.ip };
+  await execa('ip', ['-n', sb.lanNetns, 'route', 'replace', podCidr, 'via', sb.uplink.nodeIp]);
   await withTrafficLock(
     async () => {
-      const ingress = await iperf(podEp, nodeEp, { onRetry: retryLog(t), seconds: 5 });
-      logRate(t, 'ingress 20M (node → pod)', ingress.bps, ingress.intervals, INGRESS);
-      const egress = await iperf(nodeEp, podEp, { onRetry: retryLog(t), seconds: 5 });
-      logRate(t, 'egress 10M (pod → node)', egress.bps, egress.intervals, EGRESS);
+      const ingress = await iperf(podEp, lanEp, { onRetry: retryLog(t), seconds: 5 });
+      logRate(t, 'ingress 20M (LAN host → pod)', ingress.bps, ingress.intervals, INGRESS);
+      const egress = await iperf(lanEp, podEp, { onRetry: retryLog(t), seconds: 5 });
+      logRate(t, 'egress 10M (pod → LAN host, masqueraded)', egress.bps, egress.intervals, EGRESS);
+      const fromNode = await iperf(podEp, nodeEp, { onRetry: retryLog(t), seconds: 3 });
+      logUnshaped(t, 'node → pod (the gateway, in the cluster range)', fromNode.bps, fromNode.intervals, INGRESS);
+      const toNode = await iperf(nodeEp, podEp, { onRetry: retryLog(t), seconds: 3 });
+      logUnshaped(t, 'pod → node (the gateway, in the cluster range)', toNode.bps, toNode.intervals, EGRESS);
     },
     { onWait: () => t.log('waiting for the traffic lock') },
   );

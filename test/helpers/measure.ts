@@ -13,6 +13,15 @@ export function logRate(t: ExecutionContext, what: string, bps: number, interval
   t.true(Math.max(...intervals) <= 1.25 * limit, `${what}: no 1 s interval above 1.25 × ${limit}: ${intervals.join(' ')}`);
 }
 
+/**
+ * Logs a rate that no limit applies to (an unshaped destination) and asserts it is far above the
+ * pod's limit `limit`: at least 5 ×.
+ */
+export function logUnshaped(t: ExecutionContext, what: string, bps: number, intervals: number[], limit: number): void {
+  t.log(`${what}: ${(bps / MBIT).toFixed(1)} Mbit/s, not shaped (the pod's limit ${limit / MBIT}M), 1 s intervals ${intervals.map((i) => (i / MBIT).toFixed(0)).join(' ')}`);
+  t.true(bps >= 5 * limit, `${what}: ${bps} at least 5 × ${limit}`);
+}
+
 /** Runs a command where the ping should run (a node's namespaces); never rejects. */
 export type Runner = (cmd: string, args: string[]) => Promise<{ stdout: string }>;
 
