@@ -76,6 +76,23 @@ export class LocalCluster {
   }
 }
 
+/** A host on the cluster's LAN (netns kcl-lan, the nodes' gateway address), outside the cluster range: an iperf3 endpoint. */
+export const LAN_HOST = { netns: 'kcl-lan', ip4: '198.18.252.1' } as const;
+
+/** The address of node `node` on the LAN. */
+export const nodeLanIp = (node: number) => `198.18.252.${10 + node}`;
+
+/**
+ * Routes `cidrs` (pod CIDRs) from the LAN host via the nodes that hold them, so the LAN host reaches
+ * pods directly (traffic from outside the cluster); returns the undo.
+ */
+export async function lanRoutes(routes: Array<{ cidr: string; node: number }>): Promise<() => Promise<void>> {
+  for (const r of routes) await execa('ip', ['-n', LAN_HOST.netns, 'route', 'replace', r.cidr, 'via', nodeLanIp(r.node)]);
+  return async () => {
+    for (const r of routes) await execa('ip', ['-n', LAN_HOST.netns, 'route', 'del', r.cidr], { reject: false });
+  };
+}
+
 /** The pid of the pause process of the pod with IPv4 address `ip` (its netns is the pod's). */
 export function pausePidOf(ip: string): string | undefined {
   return readdirSync('/proc').find((p) => {
