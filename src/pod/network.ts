@@ -42,7 +42,7 @@ import { AggregateKubenetError, ConflictError, KubenetError, NotReadyError, Unkn
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains, parsePodCidrs, type Subnet } from '../net/ip.js';
-import { checkLimits, isUnshaped, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
+import { checkLimits, isUnshaped, type BandwidthLimits, type LimitSources } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import {
@@ -79,7 +79,7 @@ import {
   type PodNetworkOptions,
   type PodTraffic,
 } from './requests.js';
-import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
+import { bridgeOnly, checkAttachment, differences, PLACEHOLDER_PORT, podCniArgs, podName, reshapedRecord, round, runtimeConf, safeParseResult, shortId } from './attachment.js';
 import { listReservations, readReservations, removeEmptyReservations } from './reservations.js';
 import { ensureUplink, markedUplink, releaseOldUplink } from './uplink.js';
 import { deletePodVeth, podVethPresent } from './veth.js';
@@ -351,6 +351,7 @@ export class PodNetwork {
       cniArgs: podCniArgs(req),
       portMappings: req.portMappings,
       limits: req.limits,
+      ...(req.limitSources ? { limitSources: req.limitSources } : {}),
       ips: [],
       addedAt: new Date().toISOString(),
     };
@@ -465,19 +466,18 @@ export class PodNetwork {
     if (state) record.shaping = state;
   }
 
-  /** Changes a running pod's limits (empty limits remove its shaping); the record follows. */
-  async reshape(containerId: string, ifName: string, limits: BandwidthLimits): Promise<PodRecord> {
+  /** Changes a running pod's limits (empty limits remove its shaping) and where they came from; the record follows. */
+  async reshape(containerId: string, ifName: string, limits: BandwidthLimits, limitSources?: LimitSources): Promise<PodRecord> {
     checkLimits(limits, `container ${containerId}`);
     return this.locks.run(recordKey(containerId, ifName), async () => {
       const record = this.store.get(containerId, ifName);
       if (!record || record.phase !== 'ready') throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
-      if (sameLimits(record.limits, limits)) return record;
-      // A repeated ADD still compares with what the ADD asked for.
-      const updated: PodRecord = { ...record, limits, addLimits: record.addLimits ?? record.limits };
-      await this.applyShaping(updated);
-      this.store.put(updated);
-      this.log.info({ pod: podName(record), from: record.limits, to: limits }, 'pod limits changed');
-      return updated;
+      const next = reshapedRecord(record, limits, limitSources);
+      if (!next) return record;
+      if (next.rates) await this.applyShaping(next.record);
+      this.store.put(next.record);
+      this.log.info({ pod: podName(record), from: record.limits, to: limits, sources: limitSources }, 'pod limits changed');
+      return next.record;
     });
   }
 
