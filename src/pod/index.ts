@@ -20,7 +20,6 @@ export {
   isUnshaped,
   limitsFromRuntimeConfig,
   parseBandwidth,
-  LIMIT_SOURCES,
   sameLimits,
   sameRates,
   sameSources,

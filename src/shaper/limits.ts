@@ -20,7 +20,6 @@ export interface BandwidthLimits {
  * `kubenet shape`), its namespace's default, or its namespace's ceiling (namespace-policy.ts).
  */
 export type LimitSource = 'pod' | 'namespace-default' | 'namespace-ceiling';
-export const LIMIT_SOURCES: readonly LimitSource[] = ['pod', 'namespace-default', 'namespace-ceiling'];
 
 /** The source of each shaped direction. */
 export interface LimitSources {
