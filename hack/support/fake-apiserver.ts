@@ -1,8 +1,8 @@
 /**
  * A fake Kubernetes API server (node:http on 127.0.0.1) speaking enough of the real protocol for
- * the node agent: lists and watches of nodes and pods with field selectors and resourceVersions,
- * 410 for compacted resourceVersions, GET of one pod, creation (POST) of core/v1 Events, which it
- * records. Tests drive it: change objects (open watches get the events: a pod's new annotations
+ * the node agent: lists and watches of nodes, pods and namespaces with field selectors and
+ * resourceVersions, 410 for compacted resourceVersions, GET of one pod or namespace, creation (POST)
+ * of core/v1 Events, which it records. Tests drive it: change objects (open watches get the events: a pod's new annotations
  * reach the agent as MODIFIED), close watches, expire resourceVersions, stall, fail, stop and
  * restart on the same port.
  */
@@ -12,7 +12,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { KubeConfig } from '@kubernetes/client-node';
 
-type Kind = 'nodes' | 'pods';
+type Kind = 'nodes' | 'pods' | 'namespaces';
 type EventType = 'ADDED' | 'MODIFIED' | 'DELETED';
 
 export interface FakeObject {
@@ -84,7 +84,7 @@ export class FakeApiServer {
   private rv = 1;
   /** Watches from a resourceVersion below this get 410 Gone. */
   private compactedRv = 0;
-  private readonly objects: Record<Kind, Map<string, FakeObject>> = { nodes: new Map(), pods: new Map() };
+  private readonly objects: Record<Kind, Map<string, FakeObject>> = { nodes: new Map(), pods: new Map(), namespaces: new Map() };
   private readonly history: Change[] = [];
   private readonly watches = new Set<WatchStream>();
   private readonly sockets = new Set<Socket>();
@@ -205,6 +205,25 @@ export class FakeApiServer {
     this.setPod({ ...p, metadata: { ...p.metadata, annotations } });
   }
 
+  setNamespace(ns: FakeObject): void {
+    this.put('namespaces', ns.metadata.name, ns);
+  }
+
+  deleteNamespace(name: string): void {
+    this.remove('namespaces', name);
+  }
+
+  /** Changes a namespace's annotations as `kubectl annotate namespace` does (null removes one; a missing namespace is made). */
+  annotateNamespace(name: string, changes: Record<string, string | null>): void {
+    const ns = structuredClone(this.objects.namespaces.get(name) ?? namespace(name));
+    const annotations = { ...ns.metadata.annotations };
+    for (const [k, v] of Object.entries(changes)) {
+      if (v === null) delete annotations[k];
+      else annotations[k] = v;
+    }
+    this.setNamespace({ ...ns, metadata: { ...ns.metadata, annotations } });
+  }
+
   /** Events about one pod, optionally of one reason. */
   eventsFor(namespace: string, name: string, reason?: string): RecordedEvent[] {
     return this.events.filter((e) => e.involvedObject.namespace === namespace && e.involvedObject.name === name && (reason === undefined || e.reason === reason));
@@ -287,6 +306,14 @@ export class FakeApiServer {
     if (req.method !== 'GET') return sendStatus(res, 405, 'MethodNotAllowed', `${req.method} is not supported by the fake`);
     if (url.pathname === '/api/v1/nodes') return this.collection('nodes', url, watch, res);
     if (url.pathname === '/api/v1/pods') return this.collection('pods', url, watch, res);
+    if (url.pathname === '/api/v1/namespaces') return this.collection('namespaces', url, watch, res);
+    const n = /^\/api\/v1\/namespaces\/([^/]+)$/.exec(url.pathname);
+    if (n) {
+      const name = decodeURIComponent(n[1] ?? '');
+      const ns = this.objects.namespaces.get(name);
+      if (ns) return sendJson(res, 200, { apiVersion: 'v1', kind: 'Namespace', ...ns });
+      return sendStatus(res, 404, 'NotFound', `namespaces "${name}" not found`);
+    }
     const m = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)$/.exec(url.pathname);
     if (m) {
       const [ns, name] = [decodeURIComponent(m[1] ?? ''), decodeURIComponent(m[2] ?? '')];
@@ -332,7 +359,7 @@ export class FakeApiServer {
     if (!selector) return sendStatus(res, 400, 'BadRequest', `unsupported fieldSelector ${url.searchParams.get('fieldSelector')}`);
     const current = [...this.objects[kind].values()].filter((o) => matches(selector, o));
     if (!watch) {
-      const listKind = kind === 'nodes' ? 'NodeList' : 'PodList';
+      const listKind = kind === 'nodes' ? 'NodeList' : kind === 'pods' ? 'PodList' : 'NamespaceList';
       return sendJson(res, 200, { apiVersion: 'v1', kind: listKind, metadata: { resourceVersion: String(this.rv) }, items: current });
     }
     const from = url.searchParams.get('resourceVersion') ?? '';
@@ -410,6 +437,10 @@ export function fakeKubeConfig(server: string | FakeApiServer, token = 'fake-tok
 /** Test object builders. */
 export function node(name: string, spec: { podCIDR?: string; podCIDRs?: string[] } = {}, labels: Record<string, string> = {}): FakeObject {
   return { apiVersion: 'v1', kind: 'Node', metadata: { name, labels }, spec: { ...spec } };
+}
+
+export function namespace(name: string, annotations: Record<string, string> = {}): FakeObject {
+  return { apiVersion: 'v1', kind: 'Namespace', metadata: { name, annotations, uid: `uid-ns-${name}` }, spec: {} };
 }
 
 export function pod(namespace: string, name: string, nodeName: string, annotations: Record<string, string> = {}): FakeObject {

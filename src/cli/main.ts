@@ -16,12 +16,13 @@ import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
 import { KubeEventRecorder } from '../daemon/events.js';
+import type { NamespaceLookup } from '../daemon/namespace-lookup.js';
 import type { NodeRoutes } from '../daemon/routes.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
-import { describeLimits, formatBandwidth } from '../pod/index.js';
+import { describeLimits } from '../pod/index.js';
 import { commandHelp, usage } from './help.js';
-import { rateText, top } from './top.js';
+import { limitText, rateText, top } from './top.js';
 
 const USAGE = usage();
 
@@ -108,6 +109,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   let pods: PodLookup | undefined;
   let events: KubeEventRecorder | undefined;
   let routes: NodeRoutes | undefined;
+  let namespaces: NamespaceLookup | undefined;
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig.
     source = new StaticCidr(config.podCIDR);
@@ -117,6 +119,7 @@ async function daemon(config: AgentConfig): Promise<number> {
     const kube = { nodeName: config.nodeName, logger: log, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
     source = new NodeWatchPodCidrSource(kube);
     pods = new ClusterPodLookup(kube);
+    namespaces = new (await import('../daemon/namespace-lookup.js')).ClusterNamespaceLookup(kube);
     events = new KubeEventRecorder(kube);
     if (config.routes === 'direct') {
       const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/routes.js');
@@ -127,7 +130,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   // In the image: write through the iptables backend the node uses (src/daemon/xtables.ts).
   const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
   if (xtablesLinks) await (await import('../daemon/xtables.js')).selectXtablesBackend(xtablesLinks, log);
-  const agent = new Agent(config, source, log, pods, { ...(events ? { events } : {}), ...(routes ? { routes } : {}) });
+  const agent = new Agent(config, source, log, pods, { ...(events ? { events } : {}), ...(routes ? { routes } : {}), ...(namespaces ? { namespaces } : {}) });
   await agent.start();
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
@@ -181,17 +184,23 @@ async function status(socket: string, json: boolean, windowS: number | undefined
     return 0;
   }
   console.log(`pod CIDR: ${s.podCIDR ?? '(none yet)'}\nbridge:   ${s.bridge}\nready:    ${s.ready}\npods:     ${s.pods.length}`);
-  const limit = (bps: number | undefined) => (bps ? formatBandwidth(bps) : '-');
   const ports = (p: StatusReport['pods'][number]) => (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
   const seconds = s.pods.find((p) => p.rate)?.rate?.seconds;
+  // A limit from the pod's namespace says so ("10M ns-default", "20M ns-ceiling"); the column widens for it.
+  const limits = s.pods.map((p) => [limitText(p.limits.ingress || undefined, p.limitSources?.ingress), limitText(p.limits.egress || undefined, p.limitSources?.egress)] as const);
+  const lw = Math.max(9, ...limits.flat().map((c) => c.length));
   if (s.pods.length > 0) {
-    console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(9)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(9)} ${'OUT RATE'.padEnd(9)} HOST PORTS`);
+    console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(lw)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(lw)} ${'OUT RATE'.padEnd(9)} HOST PORTS`);
   }
-  for (const p of s.pods) {
-    const cells = [limit(p.limits.ingress), rateText(p.rate?.ingress), limit(p.limits.egress), rateText(p.rate?.egress)].map((c) => c.padEnd(9));
+  s.pods.forEach((p, i) => {
+    const [ingress, egress] = limits[i] ?? ['-', '-'];
+    const cells = [ingress.padEnd(lw), rateText(p.rate?.ingress).padEnd(9), egress.padEnd(lw), rateText(p.rate?.egress).padEnd(9)];
     console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${cells.join(' ')} ${ports(p)}`);
-  }
+  });
   if (seconds !== undefined) console.log(`(INGRESS/EGRESS: limits to/from the pod; IN/OUT RATE: measured over the last ${seconds} s, bits/s on the wire)`);
+  if (s.pods.some((p) => p.limitSources?.ingress?.startsWith('namespace') || p.limitSources?.egress?.startsWith('namespace'))) {
+    console.log('(ns-default / ns-ceiling: the limit is the default or the ceiling of the pod\'s namespace, not its own)');
+  }
   if (s.routes) {
     const problems = Object.entries(s.routes.problems);
     console.log(`routes:   ${s.routes.routes.length} to other nodes' pods (proto 98)${problems.length > 0 ? `, ${problems.length} node(s) without` : ''}`);

@@ -1,14 +1,15 @@
 /**
  * `kubenet top`: a refreshing per-pod view of what each pod really gets — the rates measured by the
  * agent (bits/s to the pod = IN, from the pod = OUT, over the refresh interval), its limits and
- * the drops of its shaping — like top(1): in a terminal it takes the alternate screen, redraws every
+ * the drops of its shaping (a limit from the pod's namespace says so: "10M ns-default", "20M
+ * ns-ceiling") — like top(1): in a terminal it takes the alternate screen, redraws every
  * interval and exits cleanly (terminal restored, exit 0) on `q` or Ctrl-C; `-b` (or a stdout that
  * is not a terminal) prints frames one after the other, `-n N` stops after N of them.
  */
 import type { StatusReport } from '../daemon/agent.js';
 import { STATUS_PATH } from '../daemon/http-api.js';
 import { agentGet } from '../daemon/protocol.js';
-import { formatBandwidth } from '../pod/index.js';
+import { formatBandwidth, sourceTag, type LimitSource } from '../pod/index.js';
 
 /** bits/s (or any rate) for a narrow column: "19.9M", "850k", "0". */
 export function rateText(v: number | undefined): string {
@@ -23,7 +24,12 @@ export function rateText(v: number | undefined): string {
   return v >= 10 ? String(Math.round(v)) : v === 0 ? '0' : v.toFixed(1);
 }
 
-const limitText = (v: number | undefined) => (v === undefined ? '-' : formatBandwidth(v));
+/** A limit, and where it came from when that is the pod's namespace: "20M", "10M ns-default", "5M ns-ceiling". */
+export function limitText(v: number | undefined, source?: LimitSource): string {
+  if (v === undefined) return '-';
+  const tag = sourceTag(source);
+  return tag ? `${formatBandwidth(v)} ${tag}` : formatBandwidth(v);
+}
 
 const COLUMNS = ['POD', 'IN RATE', 'IN LIMIT', 'IN DROP/s', 'OUT RATE', 'OUT LIMIT', 'OUT DROP/s'] as const;
 
@@ -38,10 +44,10 @@ export function renderTop(s: StatusReport, opts: { width?: number; height?: numb
   const rows = pods.map((p) => [
     p.namespace || p.name ? `${p.namespace}/${p.name}` : p.id.slice(0, 12),
     rateText(p.rate?.ingress),
-    limitText(p.limits.ingress),
+    limitText(p.limits.ingress, p.limitSources?.ingress),
     rateText(p.rate?.ingressDrops),
     rateText(p.rate?.egress),
-    limitText(p.limits.egress),
+    limitText(p.limits.egress, p.limitSources?.egress),
     rateText(p.rate?.egressDrops),
   ]);
   const widths = COLUMNS.map((c, i) => Math.max(c.length, ...rows.map((r) => (r[i] ?? '').length)));

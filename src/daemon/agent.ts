@@ -14,7 +14,7 @@ import { existsSync } from 'node:fs';
 import { ConfigError } from '../errors.js';
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
-import { IPAM_SHIM_TYPE, PodNetwork, REQUIRED_PLUGINS, type PodRecord } from '../pod/index.js';
+import { IPAM_SHIM_TYPE, isUnshaped, PodNetwork, REQUIRED_PLUGINS, type LimitSources, type PodRecord } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
@@ -24,6 +24,7 @@ import { AgentApi } from './http-api.js';
 import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { AgentMetrics } from './metrics.js';
+import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
 import type { NodeRoutes, RouteStatus } from './routes.js';
@@ -43,6 +44,8 @@ export interface StatusReport {
     ips: string[];
     hostVeth: string | undefined;
     limits: PodRecord['limits'];
+    /** Where each shaped direction's limit came from: the pod's own, or its namespace's default or ceiling. */
+    limitSources?: LimitSources;
     portMappings?: PodRecord['portMappings'];
     /** Measured over the last `rate.seconds`: bits/s (and drops/s) to the pod (ingress) and from it (egress). */
     rate?: PodRate;
@@ -61,6 +64,8 @@ export interface AgentOptions {
   events?: EventRecorder;
   /** Routes to the other Nodes' pod CIDRs (`routes: direct`, cluster mode). */
   routes?: NodeRoutes;
+  /** The namespaces' bandwidth policy (cluster mode: namespace-lookup.ts). */
+  namespaces?: NamespaceLookup;
 }
 
 export class Agent {
@@ -72,6 +77,7 @@ export class Agent {
   private readonly rates: RateTracker;
   private readonly events: EventRecorder;
   private readonly routes: NodeRoutes | undefined;
+  private readonly namespaces: NamespaceLookup | undefined;
   private confWritten = false;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
@@ -117,9 +123,10 @@ export class Agent {
     }
     this.events = opts.events ?? noEvents;
     this.routes = opts.routes;
-    this.live = new LiveShaping(this.network, this.events, pods, log);
+    this.namespaces = opts.namespaces;
+    this.live = new LiveShaping(this.network, this.events, pods, log, this.namespaces);
     this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
-    this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live);
+    this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live, this.namespaces);
     this.api = new AgentApi(
       {
         cni: (req) => this.handler.handle(req),
@@ -165,6 +172,7 @@ export class Agent {
     }
     this.live.start();
     this.routes?.start();
+    await this.namespaces?.start();
     await this.pods?.start?.();
     await this.api.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
@@ -248,6 +256,7 @@ export class Agent {
           ips: p.ips,
           hostVeth: p.hostVeth,
           limits: p.limits,
+          ...(isUnshaped(p.limits) ? {} : { limitSources: sourcesOf(p) }),
           ...(p.portMappings.length > 0 ? { portMappings: p.portMappings } : {}),
           ...(rate ? { rate } : {}),
         };
@@ -276,6 +285,7 @@ export class Agent {
     await this.routes?.stop();
     await this.api.close();
     await this.pods?.stop?.();
+    await this.namespaces?.stop();
     this.rates.stop();
     // Events still being posted get a moment (they report what this agent did), then are cut.
     let evTimer: NodeJS.Timeout | undefined;
@@ -291,6 +301,13 @@ export class Agent {
     this.network.close();
     this.log.info('agent stopped');
   }
+}
+
+/** Where each shaped direction's limit came from; a record without sources (no namespace policy, older agents): the pod's own. */
+export function sourcesOf(r: PodRecord): LimitSources {
+  const out: LimitSources = {};
+  for (const d of ['ingress', 'egress'] as const) if (r.limits[d] !== undefined) out[d] = r.limitSources?.[d] ?? 'pod';
+  return out;
 }
 
 /**

@@ -7,7 +7,7 @@ import { existsSync } from 'node:fs';
 import { convertResult } from '../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord } from '../pod/index.js';
+import { applyNamespacePolicy, bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord, type ResolvedLimits } from '../pod/index.js';
 import { CniRequestError, parseCniCall, parseIpamCall, type CniCall } from './cni-request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,
@@ -21,6 +21,7 @@ import {
   cniErrorBody,
   type CniRequest,
 } from './protocol.js';
+import type { NamespaceLookup } from './namespace-lookup.js';
 
 export interface CniAnswer {
   status: number;
@@ -55,7 +56,8 @@ export interface PodLookup {
 
 /** Told about what ADD did to a pod's bandwidth (Events, live re-shaping). */
 export interface AttachObserver {
-  attached(record: PodRecord): void;
+  /** `resolved`: how its namespace's policy shaped the limits (cluster mode). */
+  attached(record: PodRecord, resolved?: ResolvedLimits): void;
   /** The ADD was refused for the pod's bandwidth annotations. */
   refused(pod: { namespace: string; name: string }, err: unknown): void;
 }
@@ -67,6 +69,8 @@ export class CniHandler {
     private readonly notReady: () => string | undefined,
     private readonly log: Logger,
     private readonly observer?: AttachObserver,
+    /** Cluster mode: the namespaces' bandwidth policy (defaults and ceilings). */
+    private readonly namespaces?: NamespaceLookup,
   ) {}
 
   async handle(req: CniRequest): Promise<CniAnswer> {
@@ -118,6 +122,12 @@ export class CniHandler {
           }
         }
         limits ??= {};
+        // Cluster mode: the namespace's defaults and ceilings (a namespace without a policy changes nothing).
+        let resolved: ResolvedLimits | undefined;
+        if (this.namespaces && call.namespace) {
+          resolved = applyNamespacePolicy(limits, await this.namespaces.annotations(call.namespace), call.namespace);
+          limits = resolved.limits;
+        }
         const { result, record, repeated } = await this.network.attach({
           containerId: call.containerId,
           ifName: call.ifName,
@@ -125,9 +135,10 @@ export class CniHandler {
           name: call.name,
           netns: call.netns,
           limits,
+          ...(resolved?.policy ? { limitSources: resolved.sources } : {}),
           portMappings: call.portMappings,
         });
-        if (!repeated) this.observer?.attached(record);
+        if (!repeated) this.observer?.attached(record, resolved);
         return JSON.stringify(convertResult(result, call.cniVersion));
       }
       case 'DEL':

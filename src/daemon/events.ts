@@ -14,6 +14,8 @@ import { KubeApi, loadKubeConfig, sharedAborter, type KubeClientOptions } from '
 
 export const REASON_APPLIED = 'BandwidthApplied';
 export const REASON_REJECTED = 'BandwidthRejected';
+/** A pod asked more than its namespace's ceiling and got the ceiling (src/shaper/namespace-policy.ts). */
+export const REASON_CAPPED = 'BandwidthCapped';
 
 export interface PodRef {
   namespace: string;

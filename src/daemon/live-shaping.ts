@@ -1,40 +1,55 @@
 /**
  * Live bandwidth: a running pod's limits changed without restarting it or resetting its
- * connections (the shaper replaces its htb classes in place), from two sources:
+ * connections (the shaper replaces its htb classes in place), from three sources:
  *
  * - cluster mode: the pod watch (pod-lookup.ts). When `kubernetes.io/ingress-bandwidth` or
  *   `egress-bandwidth` is added, changed or removed on a pod this agent set up, its tc follows at
  *   once (the watch event's handler re-shapes; the watch waits for it, so one pod's changes apply in
  *   order). An invalid new value keeps the old limits. Pods the agent did not set up are ignored.
  *   A pod seen for the first time (the first list after a start, or a watch event during its ADD)
- *   is re-shaped only when it carries a bandwidth annotation whose rates differ from what it has:
- *   a pod without one may have its limits from the runtime's runtimeConfig.
+ *   is re-shaped only when it carries a bandwidth annotation whose rates differ from what it has,
+ *   or its namespace has a bandwidth policy: a pod without either may have its limits from the
+ *   runtime's runtimeConfig.
+ * - cluster mode: the namespace watch (namespace-lookup.ts). When a namespace's policy annotations
+ *   (src/shaper/namespace-policy.ts: defaults and ceilings) change, every pod of it on this node is
+ *   resolved again from its own annotations and the new policy, and re-shaped where that differs.
+ *   Pods in namespaces without a policy are resolved exactly as before (their own annotations).
  * - `kubenet shape NAMESPACE/NAME` through the agent socket (http-api.ts), in any mode. In cluster
  *   mode the annotations stay the source of truth: such a change lasts until they change.
  *
  * In cluster mode every change is an Event on the pod (events.ts): Normal `BandwidthApplied` with
- * the limits (also when an ADD applies limits), Warning `BandwidthRejected` with the annotation and
- * the error (an invalid value, at ADD or later).
+ * the limits (also when an ADD applies limits; a limit from the namespace says so), Warning
+ * `BandwidthRejected` with the annotation and the error (an invalid value of the pod, at ADD or
+ * later; an invalid value of its namespace, ignored, at ADD and when the namespace changes),
+ * Warning `BandwidthCapped` when the pod asks more than its namespace's ceiling and gets the ceiling.
  */
 import { ConfigError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import {
-  bandwidthFromAnnotations,
+  cappedMessage,
   describeLimits,
+  describeSourcedLimits,
   EGRESS_ANNOTATION,
   INGRESS_ANNOTATION,
   isUnshaped,
+  NAMESPACE_POLICY_ANNOTATIONS,
   parseBandwidth,
+  rawPolicy,
+  resolveLimits,
   sameLimits,
   sameRates,
+  sameSources,
   withRates,
   type BandwidthLimits,
+  type LimitSources,
   type PodNetwork,
   type PodRecord,
+  type ResolvedLimits,
 } from '../pod/index.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import type { PodLookup, PodUpdate } from './cni-handler.js';
-import { REASON_APPLIED, REASON_REJECTED, type EventRecorder } from './events.js';
+import { REASON_APPLIED, REASON_CAPPED, REASON_REJECTED, type EventRecorder } from './events.js';
+import type { NamespaceLookup, NamespaceUpdate } from './namespace-lookup.js';
 
 /** What `kubenet shape` asks: quantities as in the annotations; `clear` starts from no limits. */
 export interface ShapeRequest {
@@ -81,6 +96,22 @@ function hasBandwidthAnnotation(a: Record<string, string>): boolean {
   return a[INGRESS_ANNOTATION] !== undefined || a[EGRESS_ANNOTATION] !== undefined;
 }
 
+/** The namespace has policy annotations (valid or not). */
+function hasPolicyAnnotation(a: Record<string, string> | undefined): boolean {
+  return NAMESPACE_POLICY_ANNOTATIONS.some((k) => a?.[k] !== undefined);
+}
+
+type PodRef = { namespace: string; name: string; uid: string | undefined };
+
+/** Why a pod is resolved again: what it is told about besides a change of its limits. */
+interface Trigger {
+  via: string;
+  /** Its own annotations changed: a capped ask is reported even when the limits stay. */
+  podChanged: boolean;
+  /** Its namespace's policy changed: invalid namespace values are reported. */
+  namespaceChanged: boolean;
+}
+
 export class LiveShaping {
   private readonly log: Logger;
   private readonly mutex = new KeyedMutex();
@@ -90,13 +121,15 @@ export class LiveShaping {
     private readonly events: EventRecorder,
     private readonly pods: PodLookup | undefined,
     log: Logger,
+    private readonly namespaces?: NamespaceLookup,
   ) {
     this.log = log.child({ component: 'live-shaping' });
   }
 
-  /** Subscribes to the pod watch (cluster mode); before the lookup starts. */
+  /** Subscribes to the pod and namespace watches (cluster mode); before the lookups start. */
   start(): void {
     this.pods?.onPodUpdate?.((u) => this.onPodUpdate(u));
+    this.namespaces?.onNamespaceUpdate((u) => this.onNamespaceUpdate(u));
   }
 
   private ready(namespace: string, name: string): PodRecord[] {
@@ -107,53 +140,115 @@ export class LiveShaping {
     return this.pods?.uid?.(namespace, name);
   }
 
+  /** The namespace's policy annotations (cluster mode), or undefined: none, or the lookup failed (logged). */
+  private async policyOf(namespace: string): Promise<Record<string, string> | undefined> {
+    if (!this.namespaces) return undefined;
+    try {
+      return await this.namespaces.annotations(namespace);
+    } catch (err) {
+      this.log.warn({ err, namespace }, 'namespace policy unknown; resolving the pod without it');
+      return undefined;
+    }
+  }
+
   /** One pod as the watch saw it (see the module doc). */
   async onPodUpdate(u: PodUpdate): Promise<void> {
     if (!u.namespace || !u.name || this.ready(u.namespace, u.name).length === 0) return;
     if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations)) return;
-    if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) return;
+    if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) {
+      // Without a bandwidth annotation, only a namespace policy (now, or when it was set up) can say anything.
+      const policed = this.ready(u.namespace, u.name).some((r) => r.limitSources) || hasPolicyAnnotation(await this.policyOf(u.namespace));
+      if (!policed) return;
+    }
     const pod = { namespace: u.namespace, name: u.name, uid: u.uid };
-    await this.mutex.run(`${u.namespace}/${u.name}`, async () => {
-      const records = this.ready(u.namespace, u.name);
-      let rates: BandwidthLimits;
-      try {
-        rates = bandwidthFromAnnotations(u.annotations);
-      } catch (err) {
-        const keeping = describeLimits(records[0]?.limits ?? {});
-        const message = `${err instanceof Error ? err.message : String(err)}; the pod keeps its limits (${keeping})`;
-        this.log.warn({ pod: `${u.namespace}/${u.name}`, err }, 'bandwidth annotation refused; keeping the old limits');
-        this.events.record(pod, 'Warning', REASON_REJECTED, message);
-        return;
-      }
-      for (const r of records) {
-        if (sameRates(r.limits, rates)) continue;
-        await this.apply(r, withRates(r.limits, rates), pod, 'annotation');
-      }
-    });
+    await this.mutex.run(`${u.namespace}/${u.name}`, () => this.follow(pod, u.annotations, { via: 'annotation', podChanged: u.previous !== undefined, namespaceChanged: false }));
   }
 
-  /** Re-shapes one attachment, with its Event; false when it was gone or the kernel refused. */
-  private async apply(r: PodRecord, limits: BandwidthLimits, pod: { namespace: string; name: string; uid: string | undefined }, via: string): Promise<boolean> {
+  /** A namespace's policy annotations as the watch saw them (see the module doc). */
+  async onNamespaceUpdate(u: NamespaceUpdate): Promise<void> {
+    if (u.previous !== undefined && rawPolicy(u.previous) === rawPolicy(u.annotations)) return;
+    const records = this.network.list().filter((r) => r.phase === 'ready' && r.namespace === u.name && r.name);
+    // Seen for the first time without a policy: nothing of it is in force here.
+    if (records.length === 0 || (u.previous === undefined && !hasPolicyAnnotation(u.annotations) && !records.some((r) => r.limitSources))) return;
+    const names = [...new Set(records.map((r) => r.name))];
+    this.log.info({ namespace: u.name, policy: u.annotations, pods: names.length }, 'namespace bandwidth policy changed; resolving its pods again');
+    for (const name of names) {
+      // The pod watch has not listed it yet: its first sight there resolves it.
+      const annotations = this.pods?.cachedAnnotations?.(u.name, name);
+      if (!annotations) continue;
+      const pod = { namespace: u.name, name, uid: this.uid(u.name, name) };
+      await this.mutex.run(`${u.name}/${name}`, () => this.follow(pod, annotations, { via: 'namespace policy', podChanged: false, namespaceChanged: u.previous !== undefined }));
+    }
+  }
+
+  /** Resolves the pod's limits from its annotations and its namespace's policy now, and applies them where they differ. */
+  private async follow(pod: PodRef, annotations: Record<string, string>, why: Trigger): Promise<void> {
+    const records = this.ready(pod.namespace, pod.name);
+    if (records.length === 0) return;
+    // Read inside the pod's lock: the policy as it is now, not as it was when the event came.
+    const policy = await this.policyOf(pod.namespace);
+    let res: ResolvedLimits;
+    try {
+      res = resolveLimits(annotations, policy, pod.namespace);
+    } catch (err) {
+      const keeping = describeLimits(records[0]?.limits ?? {});
+      const message = `${err instanceof Error ? err.message : String(err)}; the pod keeps its limits (${keeping})`;
+      this.log.warn({ pod: `${pod.namespace}/${pod.name}`, err }, 'bandwidth annotation refused; keeping the old limits');
+      this.events.record(pod, 'Warning', REASON_REJECTED, message);
+      return;
+    }
+    if (why.namespaceChanged) this.reportProblems(pod, res);
+    const sources = res.policy ? res.sources : undefined;
+    let changed = false;
+    for (const r of records) {
+      if (sameRates(r.limits, res.limits) && sameSources(r.limitSources, sources)) continue;
+      changed = (await this.apply(r, withRates(r.limits, res.limits), sources, pod, why.via)) || changed;
+    }
+    if (changed || why.podChanged) for (const c of res.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, pod.namespace));
+  }
+
+  /** Invalid namespace values (ignored): logged, and a Warning on the pod. */
+  private reportProblems(pod: PodRef, res: ResolvedLimits): void {
+    for (const p of res.problems) {
+      this.log.warn({ pod: `${pod.namespace}/${pod.name}`, problem: p }, 'namespace bandwidth policy value refused; ignored');
+      this.events.record(pod, 'Warning', REASON_REJECTED, p);
+    }
+  }
+
+  /**
+   * Re-shapes one attachment (`sources`: where the limits came from, when a namespace policy took
+   * part), with its Event when the rates change; false when it was gone or the kernel refused.
+   */
+  private async apply(r: PodRecord, limits: BandwidthLimits, sources: LimitSources | undefined, pod: PodRef, via: string): Promise<boolean> {
     const t0 = performance.now();
     try {
-      await this.network.reshape(r.containerId, r.ifName, limits);
+      await this.network.reshape(r.containerId, r.ifName, limits, sources);
     } catch (err) {
       if (err instanceof UnknownPodError) return false; // deleted meanwhile
       this.log.error({ err, pod: `${r.namespace}/${r.name}` }, 'could not change the pod\'s limits');
       this.events.record(pod, 'Warning', REASON_REJECTED, `could not apply bandwidth limits ${describeLimits(limits)}: ${err instanceof Error ? err.message : String(err)}; the pod keeps ${describeLimits(r.limits)}`);
       throw err;
     }
+    if (sameLimits(r.limits, limits)) return true; // only where they came from changed: recorded, nothing to tell
     const ms = +(performance.now() - t0).toFixed(2);
-    this.log.info({ pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, via, ms }, 'pod re-shaped');
-    this.events.record(pod, 'Normal', REASON_APPLIED, isUnshaped(limits) ? `bandwidth limits removed (were ${describeLimits(r.limits)})` : `bandwidth limits applied: ${describeLimits(limits)} (were ${describeLimits(r.limits)})`);
+    this.log.info({ pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, ...(sources ? { sources } : {}), via, ms }, 'pod re-shaped');
+    const were = describeSourcedLimits(r.limits, r.limitSources);
+    this.events.record(pod, 'Normal', REASON_APPLIED, isUnshaped(limits) ? `bandwidth limits removed (were ${were})` : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`);
     return true;
   }
 
-  /** An ADD set the pod up: its limits (an Event), and a change of its annotations the ADD may have missed. */
-  attached(record: PodRecord): void {
+  /**
+   * An ADD set the pod up: its limits (an Event; a capped ask and invalid namespace values as
+   * Warnings, from the ADD's `resolved` policy), and a change of its annotations the ADD may have missed.
+   */
+  attached(record: PodRecord, resolved?: ResolvedLimits): void {
     if (!record.namespace || !record.name) return;
     const pod = { namespace: record.namespace, name: record.name, uid: this.uid(record.namespace, record.name) };
-    if (!isUnshaped(record.limits)) this.events.record(pod, 'Normal', REASON_APPLIED, `bandwidth limits applied: ${describeLimits(record.limits)}`);
+    if (!isUnshaped(record.limits)) this.events.record(pod, 'Normal', REASON_APPLIED, `bandwidth limits applied: ${describeSourcedLimits(record.limits, record.limitSources)}`);
+    if (resolved) {
+      for (const c of resolved.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, record.namespace));
+      this.reportProblems(pod, resolved);
+    }
     const now = this.pods?.cachedAnnotations?.(record.namespace, record.name);
     if (now) void this.onPodUpdate({ ...pod, annotations: now, previous: undefined }).catch((err: unknown) => this.log.error({ err }, 'late re-shape failed'));
   }
@@ -172,7 +267,7 @@ export class LiveShaping {
       for (const r of this.ready(namespace, name)) {
         const base = req.clear ? {} : r.limits;
         const limits = withRates(r.limits, { ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress });
-        const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, pod, 'kubenet shape'));
+        const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, undefined, pod, 'kubenet shape'));
         out.push({ namespace, name, id: r.containerId, limits: changed ? limits : r.limits, previous: r.limits, changed });
       }
       if (out.length === 0) throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);

@@ -6,13 +6,16 @@
  * `kubenet_pod_bandwidth_limit_bits_per_second`, `kubenet_pod_shaped_bytes_total`,
  * `kubenet_pod_shaped_packets_total`, `kubenet_pod_shaped_drops_total`,
  * `kubenet_pod_shaped_overlimits_total`, `kubenet_pod_shaped_backlog_bytes`. Only shaped
- * directions have series; they are rebuilt at every scrape, so a pod's go with it.
+ * directions have series; they are rebuilt at every scrape, so a pod's go with it. The limit series
+ * also carry `source`, where the limit came from: `pod` (its annotations or runtimeConfig, and
+ * every pod outside a namespace bandwidth policy), `namespace-default` or `namespace-ceiling`.
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { isUnshaped, type DirectionCounters, type PodRecord, type PodTraffic } from '../pod/index.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
 const POD_LABELS = ['namespace', 'pod', 'direction'] as const;
+const LIMIT_LABELS = [...POD_LABELS, 'source'] as const;
 
 export class AgentMetrics {
   readonly registry = new Registry();
@@ -25,7 +28,7 @@ export class AgentMetrics {
   // DEL answers once a pod's veth is gone; the kernel frees the device on a worker thread after.
   private readonly vethDeletions = new Gauge({ name: 'kubenet_veth_deletions_in_flight', help: 'Pod veths deleted but not yet freed by the kernel', registers: [this.registry] });
   private readonly perPod = {
-    limit: new Gauge({ name: 'kubenet_pod_bandwidth_limit_bits_per_second', help: "The pod's bandwidth limit as the kernel enforces it (its htb class rate), by direction: ingress = to the pod, egress = from the pod", labelNames: POD_LABELS, registers: [this.registry] }),
+    limit: new Gauge({ name: 'kubenet_pod_bandwidth_limit_bits_per_second', help: "The pod's bandwidth limit as the kernel enforces it (its htb class rate), by direction: ingress = to the pod, egress = from the pod", labelNames: LIMIT_LABELS, registers: [this.registry] }),
     bytes: new Counter({ name: 'kubenet_pod_shaped_bytes_total', help: "Bytes (L2 frames) that passed the pod's shaping, from the kernel's tc counters", labelNames: POD_LABELS, registers: [this.registry] }),
     packets: new Counter({ name: 'kubenet_pod_shaped_packets_total', help: "Packets that passed the pod's shaping", labelNames: POD_LABELS, registers: [this.registry] }),
     drops: new Counter({ name: 'kubenet_pod_shaped_drops_total', help: "Packets the pod's shaping queues dropped", labelNames: POD_LABELS, registers: [this.registry] }),
@@ -59,7 +62,7 @@ export class AgentMetrics {
         const c: DirectionCounters | undefined = s[direction];
         if (!c) continue;
         const labels = { namespace: t.record.namespace, pod, direction };
-        this.perPod.limit.set(labels, c.limit);
+        this.perPod.limit.set({ ...labels, source: t.record.limitSources?.[direction] ?? 'pod' }, c.limit);
         this.perPod.bytes.inc(labels, c.bytes);
         this.perPod.packets.inc(labels, c.packets);
         this.perPod.drops.inc(labels, c.drops);

@@ -65,6 +65,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     cniArgs: podCniArgs(req),
     portMappings: req.portMappings,
     limits: req.limits,
+    ...(req.limitSources ? { limitSources: req.limitSources } : {}),
     ips: [],
     addedAt: new Date().toISOString(),
   };

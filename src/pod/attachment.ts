@@ -7,7 +7,7 @@ import { parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
 import { ConfigError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { sameLimits } from '../shaper/limits.js';
+import { sameLimits, sameSources, type BandwidthLimits, type LimitSources } from '../shaper/limits.js';
 import { POD_IFNAME } from './bridge.js';
 import { sameNetns, type NetnsId } from './netns.js';
 import type { AttachRequest } from './requests.js';
@@ -29,6 +29,18 @@ export function differences(r: PodRecord, req: AttachRequest, netnsId: NetnsId):
   if (!sameLimits(r.addLimits ?? r.limits, req.limits)) out.push('bandwidth limits');
   if (JSON.stringify(r.portMappings) !== JSON.stringify(req.portMappings)) out.push('host ports');
   return out;
+}
+
+/**
+ * A ready record re-shaped to `limits` from `sources` (absent: the pod's own), or undefined when
+ * neither changes; `rates`: whether the kernel must follow. A repeated ADD still compares with what
+ * the ADD asked for (addLimits).
+ */
+export function reshapedRecord(r: PodRecord, limits: BandwidthLimits, sources: LimitSources | undefined): { record: PodRecord; rates: boolean } | undefined {
+  const rates = !sameLimits(r.limits, limits);
+  if (!rates && sameSources(r.limitSources, sources)) return undefined;
+  const { limitSources: _was, ...rest } = r;
+  return { record: { ...rest, limits, addLimits: r.addLimits ?? r.limits, ...(sources ? { limitSources: sources } : {}) }, rates };
 }
 
 /** The bridge plugin's part of a network (a list's first plugin, with the list's name and version). */

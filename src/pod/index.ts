@@ -22,6 +22,21 @@ export {
   parseBandwidth,
   sameLimits,
   sameRates,
+  sameSources,
   withRates,
   type BandwidthLimits,
+  type LimitSource,
+  type LimitSources,
 } from '../shaper/limits.js';
+export {
+  applyNamespacePolicy,
+  cappedMessage,
+  describeSourcedLimits,
+  NAMESPACE_ANNOTATIONS,
+  NAMESPACE_POLICY_ANNOTATIONS,
+  policyAnnotations,
+  rawPolicy,
+  resolveLimits,
+  sourceTag,
+  type ResolvedLimits,
+} from '../shaper/namespace-policy.js';

@@ -32,14 +32,14 @@ import { AggregateKubenetError, NotReadyError, UnknownPodError } from '../errors
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { parsePodCidrs, type Subnet } from '../net/ip.js';
-import { checkLimits, sameLimits, type BandwidthLimits } from '../shaper/limits.js';
+import { checkLimits, type BandwidthLimits, type LimitSources } from '../shaper/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { parseUnshaped } from '../shaper/unshaped.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { applyShaping, setUp } from './add.js';
 import type { AddressMode } from './address-mode.js';
 import { addressModes, type AddressModes } from './address-modes.js';
-import { checkAttachment, podName, shortId } from './attachment.js';
+import { checkAttachment, podName, reshapedRecord, shortId } from './attachment.js';
 import { NETWORK_NAME, POD_IFNAME, type BridgeSettings, type HairpinMode } from './bridge.js';
 import { ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
 import type { Core } from './core.js';
@@ -281,18 +281,17 @@ export class PodNetwork {
   }
 
   /** Changes a running pod's limits (empty limits remove its shaping); the record follows. */
-  async reshape(containerId: string, ifName: string, limits: BandwidthLimits): Promise<PodRecord> {
+  async reshape(containerId: string, ifName: string, limits: BandwidthLimits, limitSources?: LimitSources): Promise<PodRecord> {
     checkLimits(limits, `container ${containerId}`);
     return this.locks.run(recordKey(containerId, ifName), async () => {
       const record = this.store.get(containerId, ifName);
       if (!record || record.phase !== 'ready') throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
-      if (sameLimits(record.limits, limits)) return record;
-      // A repeated ADD still compares with what the ADD asked for.
-      const updated: PodRecord = { ...record, limits, addLimits: record.addLimits ?? record.limits };
-      await applyShaping(this.core, updated);
-      this.store.put(updated);
-      this.log.info({ pod: podName(record), from: record.limits, to: limits }, 'pod limits changed');
-      return updated;
+      const next = reshapedRecord(record, limits, limitSources);
+      if (!next) return record;
+      if (next.rates) await applyShaping(this.core, next.record);
+      this.store.put(next.record);
+      this.log.info({ pod: podName(record), from: record.limits, to: limits, sources: limitSources }, 'pod limits changed');
+      return next.record;
     });
   }
 

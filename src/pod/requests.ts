@@ -6,7 +6,7 @@
 import type { Logger } from '../log.js';
 import type * as nl from '../netlink/index.js';
 import type { ShapingCounters } from '../shaper/counters.js';
-import type { BandwidthLimits } from '../shaper/limits.js';
+import type { BandwidthLimits, LimitSources } from '../shaper/limits.js';
 import type { PodRecord, PortMapping } from './record.js';
 
 export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
@@ -79,6 +79,8 @@ export interface AttachRequest {
   name: string;
   netns: string;
   limits: BandwidthLimits;
+  /** Where the limits came from, when a namespace policy took part (kept in the record). */
+  limitSources?: LimitSources;
   portMappings: PortMapping[];
 }
 

@@ -15,6 +15,23 @@ export interface BandwidthLimits {
   egressBurst?: number;
 }
 
+/**
+ * Where a direction's limit came from: the pod's own (its annotations, a runtime's runtimeConfig,
+ * `kubenet shape`), its namespace's default, or its namespace's ceiling (namespace-policy.ts).
+ */
+export type LimitSource = 'pod' | 'namespace-default' | 'namespace-ceiling';
+
+/** The source of each shaped direction. */
+export interface LimitSources {
+  ingress?: LimitSource;
+  egress?: LimitSource;
+}
+
+/** Two sets of sources are the same (absent = none recorded). */
+export function sameSources(a: LimitSources | undefined, b: LimitSources | undefined): boolean {
+  return a?.ingress === b?.ingress && a?.egress === b?.egress;
+}
+
 /** Traffic TO the pod. */
 export const INGRESS_ANNOTATION = 'kubernetes.io/ingress-bandwidth';
 /** Traffic FROM the pod. */

@@ -167,7 +167,7 @@ test('metrics: one series per shaped pod and direction, rebuilt at each scrape (
   const first = await text([traffic('a', 1000, undefined), traffic('b', 2000, 3000), traffic('c', undefined, undefined)]);
   t.regex(first, /^kubenet_pod_shaped_bytes_total\{namespace="default",pod="a",direction="ingress"\} 1000$/m);
   t.regex(first, /^kubenet_pod_shaped_bytes_total\{namespace="default",pod="b",direction="egress"\} 3000$/m);
-  t.regex(first, /^kubenet_pod_bandwidth_limit_bits_per_second\{namespace="default",pod="b",direction="ingress"\} 10000000$/m);
+  t.regex(first, /^kubenet_pod_bandwidth_limit_bits_per_second\{namespace="default",pod="b",direction="ingress",source="pod"\} 10000000$/m);
   t.regex(first, /^kubenet_pod_shaped_overlimits_total\{namespace="default",pod="a",direction="ingress"\} 3$/m);
   t.false(/pod="a",direction="egress"/.test(first));
   t.false(/pod="c"/.test(first));

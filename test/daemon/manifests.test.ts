@@ -126,7 +126,7 @@ test('every document parses and the expected kinds are present', (t) => {
   }
 });
 
-test('RBAC: exactly get/list/watch on nodes and pods and create on events (core group), bound to the agent service account', (t) => {
+test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on events (core group), bound to the agent service account', (t) => {
   const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
   t.true(roles.length > 0);
   const granted = new Set<string>();
@@ -141,9 +141,10 @@ test('RBAC: exactly get/list/watch on nodes and pods and create on events (core 
       for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}`);
     }
   }
-  // The agent reads nodes (pod CIDR) and pods (annotations, live re-shaping) and creates Events
-  // (BandwidthApplied / BandwidthRejected); it never patches, updates or deletes anything.
-  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'create events'];
+  // The agent reads nodes (pod CIDR), pods (annotations, live re-shaping) and namespaces (their
+  // bandwidth policy, issue 24) and creates Events (BandwidthApplied / BandwidthRejected /
+  // BandwidthCapped); it never patches, updates or deletes anything.
+  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events'];
   t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');

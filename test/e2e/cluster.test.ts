@@ -7,8 +7,11 @@
  * wrote its conflist; a Deployment of 20 pods runs with addresses from the node's spec.podCIDR and
  * their bandwidth annotations applied (Events through the real API server, judged by the real RBAC
  * authorizer); pods reach each other and the node; deleting them leaves nothing; `down` removes the
- * cluster. Traffic only between the cluster's own namespaces (pings, iperf3 between pods and to the
- * cluster's LAN namespace). Bringing the cluster up and
+ * cluster. A namespace's bandwidth policy (kubenet.io/default-* and max-* annotations, issue 24):
+ * defaults, pod limits below and above its ceiling measured with iperf3, the BandwidthCapped
+ * Warning, status/top sources, and a ceiling lowered under load. Traffic only between the cluster's
+ * own namespaces (pings, iperf3 between its pods and with the cluster's LAN namespace, which is
+ * outside the cluster range that the manifest's config leaves unshaped). Bringing the cluster up and
  * every step that loads the CPU hold the traffic lock (hack/support/traffic-lock.ts): a control plane
  * starting beside another suite's iperf3 measurement would measure the machine.
  */
@@ -20,7 +23,7 @@ import { uniq } from '../../hack/support/kernel.js';
 import { upstreamDir } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
-import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, type PodList } from '../helpers/kcl.js';
+import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
 import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../helpers/measure.js';
 import { podLeaves } from '../../hack/support/node-leaks.js';
 
@@ -144,6 +147,86 @@ serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced
     await unroute();
     // Also after a failed measurement: the later tests count the pods and check for leftovers.
     await kubectl(['delete', 'pod', 'shaped', 'free', '--wait=true', '--timeout=60s']);
+  }
+}));
+
+serialTest('namespace policy: a default for pods that ask none, a ceiling for those that ask more (BandwidthCapped Warning), a pod\'s lower limit stands, each measured with iperf3 (±10 %); status and top say where each limit came from; the ceiling lowered under load re-shapes live', (t) => withTrafficLock(async () => {
+  const NS = 'bw-policy';
+  const DEFAULT_IN = 8e6;
+  const MAX_IN = 20e6;
+  const BELOW_IN = 12e6;
+  const LOWERED_IN = 15e6;
+  const namespace = { apiVersion: 'v1', kind: 'Namespace', metadata: { name: NS, annotations: { 'kubenet.io/default-ingress-bandwidth': '8M', 'kubenet.io/max-ingress-bandwidth': '20M' } } };
+  const inNs = (p: Record<string, unknown>, ns: string) => ({ ...p, metadata: { ...(p.metadata as object), namespace: ns } });
+  const items = [
+    inNs(pausePod('none'), NS),
+    inNs(pausePod('below', { 'kubernetes.io/ingress-bandwidth': '12M' }), NS),
+    inNs(pausePod('above', { 'kubernetes.io/ingress-bandwidth': '50M' }), NS),
+  ];
+  // The measuring client: the LAN host, outside the cluster range the manifest's config leaves
+  // unshaped (a pod of the cluster would reach these pods at line rate), routed to the pod CIDR.
+  const client = LAN_HOST;
+  const unroute = await lanRoutes([{ cidr: (await json<{ spec: { podCIDR: string } }>(['get', 'node', NODE])).spec.podCIDR, node: 1 }]);
+  await kubectl(['apply', '-f', '-'], { input: JSON.stringify(namespace) });
+  try {
+    await kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items }) });
+    await kubectl(['-n', NS, 'wait', '--for=condition=Ready', 'pod/none', 'pod/below', 'pod/above', '--timeout=60s']);
+    const ipOf = async (ns: string, name: string) => (await json<{ status: { podIP: string } }>(['-n', ns, 'get', 'pod', name])).status.podIP;
+    const ep = (ip: string) => ({ netns: '', netnsPath: `/proc/${pausePidOf(ip) ?? 'none'}/ns/net`, ip4: ip });
+
+    // What the agent applied, and says: status (JSON) and top.
+    const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ namespace: string; name: string; limits: object; limitSources?: object }> };
+    const mine = (name: string) => status.pods.find((p) => p.namespace === NS && p.name === name);
+    t.deepEqual([mine('none')?.limits, mine('none')?.limitSources], [{ ingress: DEFAULT_IN }, { ingress: 'namespace-default' }], 'no limit asked: the namespace default');
+    t.deepEqual([mine('below')?.limits, mine('below')?.limitSources], [{ ingress: BELOW_IN }, { ingress: 'pod' }], "under the ceiling: the pod's own");
+    t.deepEqual([mine('above')?.limits, mine('above')?.limitSources], [{ ingress: MAX_IN }, { ingress: 'namespace-ceiling' }], 'above the ceiling: the ceiling');
+    const topText = (await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'top', '-b', '-n', '1'])).stdout;
+    t.regex(topText, new RegExp(`${NS}/above +\\S+ +20M ns-ceiling `), 'top: the ceiling');
+    t.regex(topText, new RegExp(`${NS}/none +\\S+ +8M ns-default `), 'top: the default');
+    t.regex(topText, new RegExp(`${NS}/below +\\S+ +12M +`), "top: the pod's own, untagged");
+
+    // The Events: a Warning on the capped pod that says so; the applied limits say where they came from.
+    const events = (await json<{ items: Array<{ involvedObject: { name: string }; reason: string; type: string; message: string }> }>(['-n', NS, 'get', 'events'])).items;
+    const about = (name: string, reason: string) => events.filter((e) => e.involvedObject.name === name && e.reason === reason).map((e) => `${e.type} ${e.message}`);
+    t.deepEqual(about('above', 'BandwidthCapped'), ['Warning kubernetes.io/ingress-bandwidth 50M is above the ceiling kubenet.io/max-ingress-bandwidth 20M of namespace bw-policy: ingress limited to 20M']);
+    t.deepEqual(about('above', 'BandwidthApplied'), ['Normal bandwidth limits applied: ingress 20M (namespace ceiling)']);
+    t.deepEqual(about('none', 'BandwidthApplied'), ['Normal bandwidth limits applied: ingress 8M (namespace default)']);
+    t.deepEqual(about('below', 'BandwidthApplied'), ['Normal bandwidth limits applied: ingress 12M']);
+    t.deepEqual([...about('none', 'BandwidthCapped'), ...about('below', 'BandwidthCapped')], [], 'no Warning for pods within the policy');
+
+    // Measured: client → each pod (its ingress), 10 s each.
+    for (const [name, limit] of [['none', DEFAULT_IN], ['below', BELOW_IN], ['above', MAX_IN]] as const) {
+      const r = await iperf(ep(await ipOf(NS, name)), client, { onRetry: retryLog(t), seconds: 10 });
+      logRate(t, `${NS}/${name} ingress ${limit / 1e6}M`, r.bps, r.intervals, limit);
+    }
+
+    // The ceiling lowered to 15M (still above the pod asking 12M) while a flow saturates the capped pod: its limit follows live.
+    const above = ep(await ipOf(NS, 'above'));
+    let started = 0;
+    const flow = iperf(above, client, { onRetry: retryLog(t), seconds: 18, onStart: () => (started = Date.now()) });
+    while (started === 0) await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, 6000 - (Date.now() - started)));
+    const changedAt = Date.now() - started;
+    await kubectl(['annotate', 'namespace', NS, 'kubenet.io/max-ingress-bandwidth=15M', '--overwrite']);
+    const r = await flow;
+    const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+    const before = r.intervals.slice(1, 5);
+    const after = r.intervals.slice(9, 18);
+    t.log(`ceiling 20M -> 15M at ${changedAt} ms into the flow; 1 s intervals ${r.intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')} Mbit/s`);
+    t.true(Math.abs(mean(before) / MAX_IN - 1) <= 0.1, `before the change: ${mean(before)} within ±10 % of ${MAX_IN}`);
+    t.true(Math.abs(mean(after) / LOWERED_IN - 1) <= 0.1, `after the change: ${mean(after)} within ±10 % of ${LOWERED_IN}`);
+    t.true(Math.max(...after) <= 1.25 * LOWERED_IN, `after the change no 1 s interval above 1.25 × ${LOWERED_IN}: ${after.join(' ')}`);
+    const lowered = (await json<{ items: Array<{ involvedObject: { name: string }; reason: string; message: string }> }>(['-n', NS, 'get', 'events'])).items
+      .filter((e) => e.involvedObject.name === 'above')
+      .map((e) => `${e.reason} ${e.message}`);
+    t.true(lowered.includes('BandwidthApplied bandwidth limits applied: ingress 15M (namespace ceiling) (were ingress 20M (namespace ceiling))'), lowered.join(' | '));
+    t.true(lowered.includes('BandwidthCapped kubernetes.io/ingress-bandwidth 50M is above the ceiling kubenet.io/max-ingress-bandwidth 15M of namespace bw-policy: ingress limited to 15M'), lowered.join(' | '));
+    const after2 = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as typeof status;
+    t.deepEqual(after2.pods.filter((p) => p.namespace === NS).map((p) => [p.name, p.limits]).sort(), [['above', { ingress: LOWERED_IN }], ['below', { ingress: BELOW_IN }], ['none', { ingress: DEFAULT_IN }]], 'only the pod above the new ceiling changed');
+  } finally {
+    // Also after a failed measurement: the later tests count the pods and check for leftovers.
+    await unroute();
+    await kubectl(['delete', 'namespace', NS, '--wait=true', '--timeout=120s', '--ignore-not-found']);
   }
 }));
 

@@ -290,7 +290,8 @@ serialTest('metrics: per-pod shaping series from the kernel counters agree with 
   const p = await add(t, h, peer);
   const metrics = async () => (await h.get('/metrics')).body;
   const value = (text: string, name: string, pod: string, dir: string): number | undefined => {
-    const m = new RegExp(`^${name}\\{namespace="default",pod="${pod}",direction="${dir}"\\} (\\S+)$`, 'm').exec(text);
+    // The limit series carry `source` too (`pod` here).
+    const m = new RegExp(`^${name}\\{namespace="default",pod="${pod}",direction="${dir}"(?:,source="pod")?\\} (\\S+)$`, 'm').exec(text);
     return m ? Number(m[1]) : undefined;
   };
   const first = await metrics();

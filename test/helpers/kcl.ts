@@ -8,7 +8,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { CLUSTER_LOCK, holdLock, withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { CLUSTER_LOCK, heldByAncestor, holdLock, withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
 import { AGENT_IMAGE_TAR } from './containerd.js';
 
@@ -43,7 +43,8 @@ export class LocalCluster {
    * traffic-lock section: the suite holding the cluster lock needs the traffic lock to finish.
    */
   async up(args: string[] = [], onWait?: () => void) {
-    this.release ??= await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(onWait ? { onWait } : {}) });
+    // A run under `flock cluster.lock ...` (README) already holds it: taking it again would wait on ourselves.
+    this.release ??= heldByAncestor(CLUSTER_LOCK) ? () => Promise.resolve() : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(onWait ? { onWait } : {}) });
     return withTrafficLock(() => execa('bash', [CLUSTER_SH, 'up', ...args], { env: this.env, reject: false, all: true }));
   }
 
