@@ -16,14 +16,12 @@
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa, type ResultPromise } from 'execa';
 import { existsSync } from 'node:fs';
-import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { CNI_BIN_DIRS, kernelTestBlocker } from '../../hack/support/kernel.js';
-import { SandboxWorld } from '../../hack/support/sandbox-libcni.js';
+import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
+import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
 import type { TestPod } from '../../hack/support/test-pod.js';
 
 const blocker =
-  kernelTestBlocker() ??
-  (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)') ??
+  sandboxTestBlocker() ??
   (existsSync('/usr/sbin/ebtables') ? undefined : 'needs ebtables (hack/bootstrap.sh installs it)');
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
