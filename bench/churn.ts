@@ -1,6 +1,6 @@
 /**
  * Soak: thousands of pod ADD/DEL cycles through libcni against the node agent in a node sandbox,
- * with the mechanics of test/e2e/churn.test.ts (test/helpers/churn.ts): 8 pods at a time, a third
+ * with the mechanics of test/e2e/churn.test.ts (hack/support/churn.ts): 8 pods at a time, a third
  * shaped (half with containerd's burst 4294967295), a fifth with a host port, DEL twice (the second
  * with an empty CNI_NETNS), runtime-like retries, and optionally SIGKILLs of the agent (each followed
  * by a restart with the same config).

@@ -72,6 +72,7 @@ import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
+import { cniArgs, type TestPod } from '../hack/support/test-pod.js';
 import { summary } from '../hack/support/bench-kit.js';
 import { libcniVersion, REF_PLUGINS_DIR, refPluginsVersion } from '../hack/support/upstream.js';
 
@@ -103,13 +104,8 @@ type Mode = 'static' | 'cluster';
 type AgentMode = 'process' | 'in-process';
 type Op = 'ADD' | 'DEL';
 
-interface Pod {
-  side: Side | 'floor';
-  name: string;
-  id: string;
-  netnsName: string;
-  netnsPath: string;
-}
+/** A test pod, and which side of the comparison sets it up. */
+type Pod = TestPod & { side: Side | 'floor' };
 
 interface Call {
   exitCode: number;
@@ -550,26 +546,22 @@ class CniBench {
 
   pod(side: Pod['side'], round: number, i: number): Pod {
     const name = `${side === 'kubenet' ? 'k' : side === 'reference' ? 'r' : 'f'}${round}p${i}`;
-    const netnsName = `kbench-${this.tag}-${name}`;
+    const netns = `kbench-${this.tag}-${name}`;
     // The trailing '-' keeps p1 and p10 apart once padded.
     const id = `${this.tag}-${name}-`.padEnd(64, '0');
-    return { side, name, id, netnsName, netnsPath: `/var/run/netns/${netnsName}` };
+    return { side, namespace: 'default', name, uid: `uid-${this.tag}-${name}`, id, netns, netnsPath: `/var/run/netns/${netns}`, ifName: 'eth0' };
   }
 
   async addNetns(pods: Pod[]): Promise<void> {
     if (pods.length === 0) return;
-    for (const p of pods) this.liveNetns.add(p.netnsName);
-    await execa('ip', ['-batch', '-'], { input: pods.map((p) => `netns add ${p.netnsName}`).join('\n') + '\n' });
+    for (const p of pods) this.liveNetns.add(p.netns);
+    await execa('ip', ['-batch', '-'], { input: pods.map((p) => `netns add ${p.netns}`).join('\n') + '\n' });
   }
 
   async delNetns(names: string[]): Promise<void> {
     if (names.length === 0) return;
     await execa('ip', ['-force', '-batch', '-'], { input: names.map((n) => `netns del ${n}`).join('\n') + '\n', reject: false });
     for (const n of names) this.liveNetns.delete(n);
-  }
-
-  cniArgs(p: Pod): string {
-    return `IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=${p.name};K8S_POD_INFRA_CONTAINER_ID=${p.id};K8S_POD_UID=uid-${this.tag}-${p.name}`;
   }
 
   /** Cluster mode: the kubenet pods exist in the API server, annotated, and their state has gone out on the agent's watch. */
@@ -603,7 +595,7 @@ class CniBench {
       '--cache-dir', side.cache,
       '--netns', p.netnsPath,
       '--container-id', p.id,
-      '--args', this.cniArgs(p),
+      '--args', cniArgs(p),
       '--timeout', '60s',
     ];
     // Cluster mode: the kubenet side's limits come from the pod annotations in the agent's watch.
@@ -742,7 +734,7 @@ class CniBench {
       }
       this.unpublishPods(all);
     } finally {
-      await this.delNetns(all.map((p) => p.netnsName).filter((n) => this.liveNetns.has(n)));
+      await this.delNetns(all.map((p) => p.netns).filter((n) => this.liveNetns.has(n)));
     }
   }
 
@@ -765,7 +757,7 @@ class CniBench {
       const cpu = { runtime: cpu1.runtime - cpu0.runtime, agent: cpu1.agent - cpu0.agent, helpers: cpu1.helpers - cpu0.helpers };
       return { side, addMs: t1 - t0, delMs: t2 - t1, totalMs: t2 - t0, cpu };
     } finally {
-      await this.delNetns(pods.map((p) => p.netnsName).filter((n) => this.liveNetns.has(n)));
+      await this.delNetns(pods.map((p) => p.netns).filter((n) => this.liveNetns.has(n)));
     }
   }
 
@@ -796,7 +788,7 @@ class CniBench {
           CNI_CONTAINERID: p.id,
           CNI_NETNS: p.netnsPath,
           CNI_IFNAME: 'eth0',
-          CNI_ARGS: this.cniArgs(p),
+          CNI_ARGS: cniArgs(p),
           CNI_PATH: [this.h.config.cniBinDir, ...this.h.config.pluginBinDirs].join(':'),
         };
         const confFile = join(this.h.root, `bench-${command}.json`);
@@ -855,9 +847,9 @@ class CniBench {
       }
       return out;
     } finally {
-      if (this.liveNetns.has(p.netnsName)) {
+      if (this.liveNetns.has(p.netns)) {
         await this.libcni('del', p).catch(() => undefined);
-        await this.delNetns([p.netnsName]);
+        await this.delNetns([p.netns]);
       }
       this.unpublishPods([p]);
     }
@@ -891,7 +883,7 @@ class CniBench {
             this.checkAbort();
             const slot = free.pop()!;
             try {
-              const env = { CNI_CONTAINERID: p.id, CNI_NETNS: slot.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: this.cniArgs(p), CNI_PATH: this.h.config.pluginBinDirs.join(':') };
+              const env = { CNI_CONTAINERID: p.id, CNI_NETNS: slot.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(p), CNI_PATH: this.h.config.pluginBinDirs.join(':') };
               const add = await postCni(socket, { CNI_COMMAND: 'ADD', ...env }, stdin);
               if (add.status !== 200) throw new Error(`soak ADD ${p.name} failed (${add.status}): ${add.body}`);
               const del = await postCni(socket, { CNI_COMMAND: 'DEL', ...env }, stdin);
@@ -914,7 +906,7 @@ class CniBench {
         }
       }
     } finally {
-      await this.delNetns(slots.map((p) => p.netnsName));
+      await this.delNetns(slots.map((p) => p.netns));
     }
     return { cycles: done, seconds: (performance.now() - started) / 1000, rss, gets: this.podGets() - gets0 };
   }

@@ -39,9 +39,10 @@ import { Shaper } from '../src/shaper/tc.js';
 import { parseUnshaped } from '../src/shaper/unshaped.js';
 import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../hack/support/probe.js';
 import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
-import { AgentHarness, type AgentPod } from '../hack/support/agent-harness.js';
+import { AgentHarness } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { uniq } from '../hack/support/kernel.js';
+import type { TestPod } from '../hack/support/test-pod.js';
 import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 import { argValue, percentile } from '../hack/support/bench-kit.js';
@@ -505,15 +506,15 @@ async function liveBench(): Promise<void> {
       await new Promise((r) => setTimeout(r, 100));
     }
     const conf = JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: h.config.socket });
-    const pods: AgentPod[] = [];
+    const pods: TestPod[] = [];
     const addPods = async (n: number) => {
-      const fresh: AgentPod[] = [];
+      const fresh: TestPod[] = [];
       for (let i = pods.length; i < n; i++) {
         const name = `p${i}`;
-        fresh.push({ namespace: 'bench', name, id: `${tag}-${name}-`.padEnd(64, '0'), uid: `uid-${i}`, netnsName: `klb-${tag}-${i}`, netnsPath: `/var/run/netns/klb-${tag}-${i}` });
+        fresh.push({ namespace: 'bench', name, id: `${tag}-${name}-`.padEnd(64, '0'), uid: `uid-${i}`, netns: `klb-${tag}-${i}`, netnsPath: `/var/run/netns/klb-${tag}-${i}`, ifName: 'eth0' });
       }
-      await ipBatch(fresh.map((p) => `netns add ${p.netnsName}`));
-      netns.push(...fresh.map((p) => p.netnsName));
+      await ipBatch(fresh.map((p) => `netns add ${p.netns}`));
+      netns.push(...fresh.map((p) => p.netns));
       for (const p of fresh) api.setPod(podObject('bench', p.name, nodeName, { [IN]: '10M', [EG]: '10M' }));
       let next = 0;
       const worker = async () => {

@@ -17,7 +17,8 @@ import { agentGet, CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.
 import type { PodLookup } from '../../src/daemon/cni-handler.js';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
 import { createLogger, type Logger } from '../../src/log.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from './kernel.js';
+import { CNI_BIN_DIRS, Cleanup, delLink, makeTmpDir, rmrf, uniq } from './kernel.js';
+import { addTestPod, cniArgs, type TestPod } from './test-pod.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const LIBCNI_DRIVER = join(ROOT, 'native/build/libcni-driver');
@@ -28,15 +29,6 @@ export function agentTestBlocker(): string | undefined {
   if (!existsSync(FORWARDER)) return `needs ${FORWARDER} (npm run build:native; npm test builds it)`;
   if (!existsSync(LIBCNI_DRIVER)) return `needs ${LIBCNI_DRIVER} (npm run build:test-tools; npm test builds it)`;
   return undefined;
-}
-
-export interface AgentPod {
-  namespace: string;
-  name: string;
-  id: string;
-  uid: string;
-  netnsName: string;
-  netnsPath: string;
 }
 
 export interface DriverResult {
@@ -97,11 +89,9 @@ export class AgentHarness {
     await agent?.stop();
   }
 
-  async addPod(name: string): Promise<AgentPod> {
-    const netnsName = `kag-${this.tag}-${name}`;
-    const { path } = await addNetns(netnsName);
-    this.cleanup.add(() => delNetns(netnsName));
-    const pod = { namespace: 'default', name, id: `${this.tag}-${name}-`.padEnd(64, '0'), uid: `uid-${this.tag}-${name}`, netnsName, netnsPath: path };
+  /** A pod sandbox of the test's own (addTestPod: netns `kag-<tag>-<name>`). */
+  async addPod(name: string): Promise<TestPod> {
+    const pod = await addTestPod(this.cleanup, 'kag', this.tag, name);
     // Runs first (cleanup is last-in, first-out): a test that failed midway still gets the pod's
     // DEL, so host-wide state (portmap's nat rules, shaping) does not outlive it. Best effort:
     // a DEL of a pod never added succeeds, and a stopped agent just fails the call.
@@ -111,37 +101,35 @@ export class AgentHarness {
     return pod;
   }
 
-  /** CNI_ARGS exactly as containerd 1.6 passes them. */
-  cniArgs(pod: AgentPod): string {
-    return `IgnoreUnknown=1;K8S_POD_NAMESPACE=${pod.namespace};K8S_POD_NAME=${pod.name};K8S_POD_INFRA_CONTAINER_ID=${pod.id};K8S_POD_UID=${pod.uid}`;
-  }
-
   /**
    * The conflist through libcni, as containerd does: the lexically first file of the conf dir,
-   * plugins from the agent's bin dir then the reference dirs, runtimeConfig from capability args.
+   * plugins from the agent's bin dir then the reference dirs, runtimeConfig from capability args
+   * (`opts.runtimeConfig`, else the pod's). `cacheDir`: the runtime's cache, default `libcniCache`.
    */
   async libcni(
     cmd: 'add' | 'del' | 'check',
-    pod: AgentPod,
-    opts: { runtimeConfig?: object; netns?: string } = {},
+    pod: TestPod,
+    opts: { runtimeConfig?: object; netns?: string; cacheDir?: string } = {},
   ): Promise<DriverResult> {
     const args = [
       cmd,
       '--conf-dir', this.config.cniConfDir,
       '--bin-dir', [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'),
-      '--cache-dir', this.libcniCache,
+      '--cache-dir', opts.cacheDir ?? this.libcniCache,
       '--netns', opts.netns ?? pod.netnsPath,
       '--container-id', pod.id,
-      '--args', this.cniArgs(pod),
+      '--ifname', pod.ifName,
+      '--args', cniArgs(pod),
       '--timeout', '60s',
     ];
-    if (opts.runtimeConfig) args.push('--runtime-config', JSON.stringify(opts.runtimeConfig));
+    const runtimeConfig = opts.runtimeConfig ?? pod.runtimeConfig;
+    if (runtimeConfig) args.push('--runtime-config', JSON.stringify(runtimeConfig));
     const r = await execa(LIBCNI_DRIVER, args, { reject: false });
     return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
   }
 
   /** The installed CNI binary exec'd directly with the given command and config on stdin. */
-  async execCni(command: string, pod: AgentPod | undefined, stdin: string, env: Record<string, string> = {}): Promise<DriverResult> {
+  async execCni(command: string, pod: TestPod | undefined, stdin: string, env: Record<string, string> = {}): Promise<DriverResult> {
     const r = await execa(join(this.config.cniBinDir, 'kubenet'), [], {
       reject: false,
       input: stdin,
@@ -149,7 +137,7 @@ export class AgentHarness {
       env: {
         CNI_COMMAND: command,
         CNI_PATH: [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'),
-        ...(pod ? { CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: this.cniArgs(pod) } : {}),
+        ...(pod ? { CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: pod.ifName, CNI_ARGS: cniArgs(pod) } : {}),
         ...env,
       },
     });

@@ -13,8 +13,8 @@ import { fileURLToPath } from 'node:url';
 import type { AgentConfig } from '../../src/daemon/config.js';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject } from './fake-apiserver.js';
-import { Cleanup, CNI_BIN_DIRS } from './kernel.js';
-import { NodeSandbox } from './node-sandbox.js';
+import { CNI_BIN_DIRS, type Cleanup } from './kernel.js';
+import type { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const AGENT_MAIN = join(ROOT, 'src/cli/main.ts');
@@ -159,28 +159,4 @@ export async function startFlagsAgent(sb: NodeSandbox, opts: { podCidr: string; 
   const started = flagsAgent(sb, opts);
   await started.agent.start();
   return started;
-}
-
-/**
- * Runs `body` on a fresh NodeSandbox (`prefix`); when it fails, logs the tail of the log of the
- * agent `body` last registered with `watch`; removes the sandbox and whatever `body` put on `cleanup`.
- */
-export async function onNodeSandbox(
-  t: { log: (msg: string) => void },
-  prefix: string,
-  body: (sb: NodeSandbox, cleanup: Cleanup, watch: (agent: AgentProcess) => void) => Promise<void>,
-): Promise<void> {
-  const cleanup = new Cleanup();
-  let agent: AgentProcess | undefined;
-  try {
-    const sb = await NodeSandbox.create({ prefix });
-    cleanup.add(() => sb.destroy());
-    await body(sb, cleanup, (a) => (agent = a));
-  } catch (err) {
-    if (agent) t.log(`agent log (tail):\n${await agent.logTail(30)}`);
-    throw err;
-  } finally {
-    await agent?.stop(5000).catch(() => undefined);
-    await cleanup.run();
-  }
 }

@@ -33,7 +33,8 @@ import type { AgentProcess } from './agent-process.js';
 import { delNetns } from './kernel.js';
 import { podLeftovers, type NodeLayout, type PodLeftovers } from './node-leaks.js';
 import type { NodeSandbox } from './node-sandbox.js';
-import { agentDiedMidCall, CNI_TRY_AGAIN_LATER, cniErrorCode, inCidr4, resultIp, type CniPod, type LibcniCall, type SandboxLibcni } from './sandbox-libcni.js';
+import { agentDiedMidCall, CNI_TRY_AGAIN_LATER, cniErrorCode, inCidr4, resultIp, type LibcniCall, type SandboxLibcni } from './sandbox-libcni.js';
+import type { TestPod } from './test-pod.js';
 
 export interface ChurnNode {
   sb: NodeSandbox;
@@ -151,10 +152,6 @@ export function podRuntimeConfig(n: number): { shaped: boolean; hostPort: number
   return { shaped, hostPort, runtimeConfig: Object.keys(rc).length > 0 ? rc : undefined };
 }
 
-interface Pod extends CniPod {
-  netns: string;
-}
-
 export class Churn {
   private readonly report: ChurnReport = {
     cycles: 0,
@@ -231,19 +228,19 @@ export class Churn {
     }
   }
 
-  private async newPod(n: number, attempt: number): Promise<Pod> {
+  private async newPod(n: number, attempt: number): Promise<TestPod> {
     const netns = `${this.opts.netnsPrefix}-${n}-${attempt}`;
     await execa('ip', ['netns', 'add', netns]);
     this.netnsLive.add(netns);
-    return { namespace: 'churn', name: `pod-${n}`, uid: randomUUID(), id: randomBytes(32).toString('hex'), netns, netnsPath: `/var/run/netns/${netns}` };
+    return { namespace: 'churn', name: `pod-${n}`, uid: randomUUID(), id: randomBytes(32).toString('hex'), netns, netnsPath: `/var/run/netns/${netns}`, ifName: 'eth0' };
   }
 
-  private async removeNetns(pod: Pod): Promise<void> {
+  private async removeNetns(pod: TestPod): Promise<void> {
     await execa('ip', ['netns', 'del', pod.netns]);
     this.netnsLive.delete(pod.netns);
   }
 
-  private noteFailure(cmd: 'add' | 'del' | 'check', pod: Pod, r: LibcniCall): Failure {
+  private noteFailure(cmd: 'add' | 'del' | 'check', pod: TestPod, r: LibcniCall): Failure {
     const kind = classify(r);
     if (kind === 'later') this.report.failuresTryAgainLater++;
     else if (kind === 'cut') {
@@ -254,7 +251,7 @@ export class Churn {
   }
 
   /** DEL until it succeeds (the runtime's retry), with a short backoff. */
-  private async delUntilDone(pod: Pod, netns: string, runtimeConfig: object | undefined): Promise<void> {
+  private async delUntilDone(pod: TestPod, netns: string, runtimeConfig: object | undefined): Promise<void> {
     const deadline = Date.now() + DEL_DEADLINE_MS;
     for (let attempt = 0; ; attempt++) {
       if (attempt > 0) this.report.delRetries++;

@@ -4,23 +4,22 @@
  * plugins from the bin dirs, CNI_ARGS as containerd 1.6 passes them, runtimeConfig from capability
  * args, and either a cache dir of the test's or libcni's own default (`/var/lib/cni`, a tmpfs in
  * the sandbox: the driver refuses --default-cache-dir anywhere else).
+ *
+ * `SandboxWorld` is the fixture every sandbox e2e starts from: a NodeSandbox, the agent that runs
+ * in it now, libcni as its runtime, the test's pods (`TestPod`, netns `<prefix>-<tag>-<name>`),
+ * and one `destroy()` that DELs what is still attached, stops the agent and removes everything.
  */
+import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { LIBCNI_DRIVER } from './agent-harness.js';
-import type { NodeSandbox } from './node-sandbox.js';
+import { DEFAULT_SOCKET_PATH } from '../../src/daemon/protocol.js';
+import { agentTestBlocker, LIBCNI_DRIVER } from './agent-harness.js';
+import { AgentProcess } from './agent-process.js';
+import { Cleanup, CNI_BIN_DIRS, kernelTestBlocker, uniq } from './kernel.js';
+import { NodeSandbox, type NodeSandboxOptions } from './node-sandbox.js';
+import { addTestPod, cniArgs, type TestPod } from './test-pod.js';
 
 /** libcni's default cache dir (libcni.CacheDir): where containerd and CRI-O keep their results. */
 export const LIBCNI_DEFAULT_CACHE_DIR = '/var/lib/cni';
-
-export interface CniPod {
-  namespace: string;
-  name: string;
-  uid: string;
-  /** Sandbox (container) ID. */
-  id: string;
-  /** CNI_NETNS as the runtime passes it. */
-  netnsPath: string;
-}
 
 export interface LibcniCall {
   exitCode: number;
@@ -48,13 +47,11 @@ export class SandboxLibcni {
     return this.opts.cacheDir ?? LIBCNI_DEFAULT_CACHE_DIR;
   }
 
-  /** CNI_ARGS exactly as containerd 1.6 passes them. */
-  static cniArgs(p: CniPod): string {
-    return `IgnoreUnknown=1;K8S_POD_NAMESPACE=${p.namespace};K8S_POD_NAME=${p.name};K8S_POD_INFRA_CONTAINER_ID=${p.id};K8S_POD_UID=${p.uid}`;
-  }
-
-  /** One libcni call; `netns` overrides the pod's (containerd's second DEL passes ''). Never throws for a CNI failure. */
-  async call(cmd: 'add' | 'del' | 'check', pod: CniPod, opts: { runtimeConfig?: object; netns?: string } = {}): Promise<LibcniCall> {
+  /**
+   * One libcni call; `netns` overrides the pod's (containerd's second DEL passes ''), `runtimeConfig`
+   * the pod's. Never throws for a CNI failure.
+   */
+  async call(cmd: 'add' | 'del' | 'check', pod: TestPod, opts: { runtimeConfig?: object; netns?: string } = {}): Promise<LibcniCall> {
     const timeoutMs = this.opts.timeoutMs ?? 90_000;
     const args = [
       cmd,
@@ -63,13 +60,135 @@ export class SandboxLibcni {
       ...(this.opts.cacheDir === undefined ? ['--default-cache-dir'] : ['--cache-dir', this.opts.cacheDir]),
       '--netns', opts.netns ?? pod.netnsPath,
       '--container-id', pod.id,
-      '--args', SandboxLibcni.cniArgs(pod),
+      '--ifname', pod.ifName,
+      '--args', cniArgs(pod),
       '--timeout', `${Math.ceil(timeoutMs / 1000)}s`,
     ];
-    if (opts.runtimeConfig) args.push('--runtime-config', JSON.stringify(opts.runtimeConfig));
+    const runtimeConfig = opts.runtimeConfig ?? pod.runtimeConfig;
+    if (runtimeConfig) args.push('--runtime-config', JSON.stringify(runtimeConfig));
     const t0 = performance.now();
     const r = await this.sb.exec(LIBCNI_DRIVER, args, { reject: false, timeout: timeoutMs + 10_000 });
     return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr, ms: performance.now() - t0 };
+  }
+}
+
+/** Why a SandboxWorld e2e cannot run here (root, the reference plugins, the forwarder, the libcni driver), or undefined. */
+export function sandboxTestBlocker(): string | undefined {
+  return kernelTestBlocker() ?? agentTestBlocker();
+}
+
+export interface SandboxWorldOptions extends NodeSandboxOptions {
+  /** The runtime's libcni in the node; default `defaultWorldLibcni`. */
+  libcni?: (sb: NodeSandbox) => SandboxLibcniOptions;
+}
+
+/**
+ * A runtime on a node whose agent runs with the default directories: conf dir /etc/cni/net.d, the
+ * plugins from /opt/cni/bin and then the reference plugins, its results in a cache dir of the
+ * test's (<tmpDir>/libcni), 60 s per call.
+ */
+export function defaultWorldLibcni(sb: NodeSandbox): SandboxLibcniOptions {
+  return { confDir: '/etc/cni/net.d', binDirs: ['/opt/cni/bin', ...CNI_BIN_DIRS], cacheDir: join(sb.tmpDir, 'libcni'), timeoutMs: 60_000 };
+}
+
+/**
+ * The sandbox-world fixture: a NodeSandbox (`prefix` names its kernel objects and the pods'
+ * netns), the agent running in it, libcni as the node's runtime, and the pods the test made.
+ * `destroy()` (or `run`) removes all of it; a test adds what else it made to `cleanup`.
+ */
+export class SandboxWorld {
+  /** Steps run last-in, first-out by destroy(); the sandbox's removal is the first, so it runs last. */
+  readonly cleanup = new Cleanup();
+  /** Names the pods: netns `<prefix>-<tag>-<name>`. */
+  readonly tag = uniq(5);
+  /** Every pod newPod made, in order. */
+  readonly pods: TestPod[] = [];
+  /** The runtime; replace it once the agent's directories are known. */
+  libcni: SandboxLibcni;
+  /** Pods whose ADD through call() succeeded, with no successful DEL through it since. */
+  private readonly attached = new Set<TestPod>();
+  private current: AgentProcess | undefined;
+
+  private constructor(
+    readonly sb: NodeSandbox,
+    libcni: SandboxLibcniOptions,
+  ) {
+    this.libcni = new SandboxLibcni(sb, libcni);
+    this.cleanup.add(() => sb.destroy());
+  }
+
+  /** The agent running in the node now (startAgent's, or one started elsewhere and set here): destroy() stops it, run() prints its log when the body fails. */
+  get agent(): AgentProcess {
+    if (!this.current) throw new Error(`node sandbox ${this.sb.netns}: no agent started`);
+    return this.current;
+  }
+
+  set agent(agent: AgentProcess) {
+    this.current = agent;
+  }
+
+  static async create(opts: SandboxWorldOptions = {}): Promise<SandboxWorld> {
+    const sb = await NodeSandbox.create(opts);
+    return new SandboxWorld(sb, (opts.libcni ?? defaultWorldLibcni)(sb));
+  }
+
+  /** Runs `body` on a fresh world; when it fails, logs the tail of the agent's log; destroys the world either way. */
+  static async run(t: { log: (msg: string) => void }, opts: SandboxWorldOptions, body: (world: SandboxWorld) => Promise<void>): Promise<void> {
+    const world = await SandboxWorld.create(opts);
+    try {
+      await body(world);
+    } catch (err) {
+      if (world.current) t.log(`agent log (tail):\n${await world.current.logTail(30)}`);
+      throw err;
+    } finally {
+      await world.destroy();
+    }
+  }
+
+  /** A pod of this world (see addTestPod): netns `<prefix>-<tag>-<name>`, removed by destroy(). */
+  async newPod(name: string): Promise<TestPod> {
+    const pod = await addTestPod(this.cleanup, this.sb.prefix, this.tag, name);
+    this.pods.push(pod);
+    return pod;
+  }
+
+  /** One libcni call (SandboxLibcni.call); a successful ADD sets `pod.ip`, and destroy() DELs the pod unless a DEL here succeeded since. */
+  async call(cmd: 'add' | 'del' | 'check', pod: TestPod, opts: { runtimeConfig?: object; netns?: string } = {}): Promise<LibcniCall> {
+    const r = await this.libcni.call(cmd, pod, opts);
+    if (r.exitCode === 0 && cmd === 'add') {
+      pod.ip = resultIp(r.stdout);
+      this.attached.add(pod);
+    }
+    if (r.exitCode === 0 && cmd === 'del') this.attached.delete(pod);
+    return r;
+  }
+
+  /**
+   * `kubenet daemon ARGS` in the node (AgentProcess) in place of the agent that ran (stopped first);
+   * returns once it is ready. `socket` where it serves (default the agent's), `logFile` default
+   * <tmpDir>/agent.log.
+   */
+  async startAgent(args: string[], opts: { env?: Record<string, string>; socket?: string; logFile?: string } = {}): Promise<AgentProcess> {
+    await this.current?.stop(5000);
+    const agent = new AgentProcess(this.sb, args, opts.env ?? {}, opts.logFile ?? join(this.sb.tmpDir, 'agent.log'), opts.socket ?? DEFAULT_SOCKET_PATH);
+    this.current = agent;
+    await agent.start();
+    return agent;
+  }
+
+  /** The stdout of a command run in the node; a failure is no error (the output says what is there). */
+  async inNode(cmd: string, args: string[]): Promise<string> {
+    return (await this.sb.exec(cmd, args, { reject: false })).stdout;
+  }
+
+  /**
+   * DELs every pod still attached (while an agent runs), stops the agent, then runs `cleanup`: the
+   * pods' netns, what the test added, the sandbox. Reports the cleanup's failures together.
+   */
+  async destroy(): Promise<void> {
+    if (this.current?.pid !== undefined) for (const p of [...this.attached]) await this.call('del', p).catch(() => undefined);
+    await this.current?.stop(5000).catch(() => undefined);
+    await this.cleanup.run();
   }
 }
 

@@ -17,7 +17,8 @@ import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
 import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hack/support/fake-apiserver.js';
-import { AgentHarness, agentTestBlocker, postCni, type AgentPod } from '../../hack/support/agent-harness.js';
+import { AgentHarness, agentTestBlocker, postCni } from '../../hack/support/agent-harness.js';
+import { cniArgs, type TestPod } from '../../hack/support/test-pod.js';
 import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 import { podLeaves } from '../../hack/support/node-leaks.js';
@@ -52,7 +53,7 @@ function podIp(result: CniResultJson): string {
   return result.ips[0]?.address.split('/')[0] ?? '';
 }
 
-async function addOk(t: { is: (a: unknown, b: unknown, m?: string) => void }, h: AgentHarness, pod: AgentPod, runtimeConfig?: object): Promise<CniResultJson> {
+async function addOk(t: { is: (a: unknown, b: unknown, m?: string) => void }, h: AgentHarness, pod: TestPod, runtimeConfig?: object): Promise<CniResultJson> {
   const r = await h.libcni('add', pod, runtimeConfig ? { runtimeConfig } : {});
   t.is(r.exitCode, 0, `libcni ADD ${pod.name}: ${r.stderr}`);
   return JSON.parse(r.stdout) as CniResultJson;
@@ -117,9 +118,9 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   t.is(ra.ips[0]?.gateway, '10.93.1.1');
   t.not(podIp(ra), podIp(rb));
   t.true(ra.interfaces.some((i) => i.name === 'eth0' && i.sandbox === a.netnsPath), 'result names the pod interface and its netns');
-  const addrs = await ipJson<Array<{ addr_info: Array<{ local: string }> }>>(['-n', a.netnsName, 'addr', 'show', 'dev', 'eth0']);
+  const addrs = await ipJson<Array<{ addr_info: Array<{ local: string }> }>>(['-n', a.netns, 'addr', 'show', 'dev', 'eth0']);
   t.true(addrs[0]?.addr_info.some((x) => x.local === podIp(ra)), 'the address is on eth0 in the pod');
-  const ping = await execa('ip', ['netns', 'exec', a.netnsName, 'ping', '-c', '1', '-W', '2', podIp(rb)], { reject: false });
+  const ping = await execa('ip', ['netns', 'exec', a.netns, 'ping', '-c', '1', '-W', '2', podIp(rb)], { reject: false });
   t.is(ping.exitCode, 0, `pod a reaches pod b: ${ping.stdout}`);
 
   t.is((await h.libcni('check', a)).exitCode, 0, 'CHECK passes');
@@ -136,7 +137,7 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   t.regex(metrics, /^kubenet_cni_add_seconds_count 2$/m);
 
   // CHECK after the pod lost its address fails.
-  await execa('ip', ['-n', a.netnsName, 'addr', 'flush', 'dev', 'eth0']);
+  await execa('ip', ['-n', a.netns, 'addr', 'flush', 'dev', 'eth0']);
   const badCheck = await h.libcni('check', a);
   t.not(badCheck.exitCode, 0, 'CHECK fails once the address is gone');
   t.regex(badCheck.stderr, new RegExp(podIp(ra).replace(/\./g, '\\.')));
@@ -148,7 +149,7 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
     const again = await h.libcni('del', p, { netns: '' });
     t.is(again.exitCode, 0, again.stderr);
   }
-  t.false(await linkExists('eth0', a.netnsName));
+  t.false(await linkExists('eth0', a.netns));
   await assertNothingLeft(t, h);
   t.regex((await h.get('/metrics')).body, /^kubenet_cni_del_seconds_count 4$/m);
 });
@@ -169,7 +170,7 @@ serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-ma
   const hostVeth = (st.pods.find((p) => p.name === 'shaped') as { hostVeth?: string } | undefined)?.hostVeth ?? '';
   t.not(Number((await readFile(`/sys/class/net/${hostVeth}/tx_queue_len`, 'utf8')).trim()), 0, `txqueuelen of ${hostVeth}`);
 
-  const topo = (p: AgentPod, r: CniResultJson, index: number): TopoPod => ({ index, netns: p.netnsName, netnsPath: p.netnsPath, hostVeth: '', ip4: podIp(r), ip6: '', id: p.id });
+  const topo = (p: TestPod, r: CniResultJson, index: number): TopoPod => ({ index, netns: p.netns, netnsPath: p.netnsPath, hostVeth: '', ip4: podIp(r), ip6: '', id: p.id });
   const s = topo(shaped, rs, 0);
   const p = topo(peer, rp, 1);
   for (const [what, server, client, limit] of [
@@ -231,7 +232,7 @@ serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again lat
   await t.throwsAsync(stat(join(h.config.cniConfDir, '10-kubenet.conflist')), { code: 'ENOENT' });
 
   const pod = await h.addPod('early');
-  const early = await postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
+  const early = await postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(pod) }, conf(h));
   t.is(early.status, 500);
   t.is((JSON.parse(early.body) as { code: number }).code, 11, 'CNI code 11: try again later');
   t.deepEqual(await h.reservedIps(), []);
@@ -290,7 +291,7 @@ serialTest('in a cluster: no ADD waits on the API server for a pod already deliv
   t.is((await h.get('/healthz')).status, 200);
 
   const podGets = () => api.requests.filter((r) => /^\/api\/v1\/namespaces\/[^/]+\/pods\/[^/]+$/.test(r.path)).map((r) => r.path);
-  const pods: AgentPod[] = [];
+  const pods: TestPod[] = [];
   for (let i = 1; i <= 6; i++) {
     const p = await h.addPod(`w${i}`);
     api.setPod(podObject('default', p.name, 'test-node', { 'kubernetes.io/ingress-bandwidth': `${i}M` }));
@@ -356,14 +357,14 @@ serialTest('host ports: runtimeConfig.portMappings through the reference portmap
   t.is(check.exitCode, 0, `CHECK passes with the portmap plugin chained: ${check.stderr}`);
 
   // A server in the pod on 8080; a client pod connects to the node (the bridge gateway) on hostPort.
-  const server = execa('ip', ['netns', 'exec', web.netnsName, process.execPath, '-e', "require('net').createServer((s) => s.end('hello from web')).listen(8080, () => console.log('up'))"]);
+  const server = execa('ip', ['netns', 'exec', web.netns, process.execPath, '-e', "require('net').createServer((s) => s.end('hello from web')).listen(8080, () => console.log('up'))"]);
   t.teardown(() => {
     server.kill('SIGKILL');
     return server.catch(() => undefined);
   });
   await new Promise<void>((resolve) => server.stdout?.once('data', () => resolve()));
   const gw = rw.ips[0]?.gateway ?? '';
-  const got = await execa('ip', ['netns', 'exec', client.netnsName, process.execPath, '-e', `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`], { timeout: 10_000, reject: false });
+  const got = await execa('ip', ['netns', 'exec', client.netns, process.execPath, '-e', `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`], { timeout: 10_000, reject: false });
   t.is(got.stdout, 'hello from web', `host port ${gw}:${hostPort} reaches the pod: ${got.stderr}`);
 
   // The pod's record is lost (and the agent restarts): the startup sweep finds its host-port rules
@@ -435,7 +436,7 @@ serialTest('stop() lets a CNI call in flight finish before the agent exits', asy
   const h = await harness(t, '10.93.6.0/24');
   const agent = await h.startAgent();
   const pod = await h.addPod('inflight');
-  const add = postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(pod) }, conf(h));
+  const add = postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(pod) }, conf(h));
   const deadline = Date.now() + 5000;
   while (agent.callsInFlight() === 0 && Date.now() < deadline) await new Promise((r) => setImmediate(r));
   t.is(agent.callsInFlight(), 1, 'the ADD is in flight');
@@ -481,7 +482,7 @@ serialTest('many pods added, then deleted, all at once through libcni: distinct 
   // DEL answered once each veth was gone; the kernel finishes freeing them in the background.
   await h.agent?.network.settled();
   t.regex((await h.get('/metrics')).body, /^kubenet_veth_deletions_in_flight 0$/m);
-  for (const p of pods) t.false(await linkExists('eth0', p.netnsName), `${p.name}: no eth0 left in the pod`);
+  for (const p of pods) t.false(await linkExists('eth0', p.netns), `${p.name}: no eth0 left in the pod`);
   t.deepEqual(await ifbLeaves(h), [], 'no pod leaf left on the ifb');
 });
 
@@ -563,7 +564,7 @@ serialTest('the IPAM socket answers only the IPAM ADD of an ADD the agent is run
   const h = await harness(t, '10.93.22.0/24');
   await h.startAgent();
   const a = await h.addPod('stray');
-  const env = { CNI_COMMAND: 'ADD', CNI_CONTAINERID: a.id, CNI_NETNS: a.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: h.cniArgs(a) };
+  const env = { CNI_COMMAND: 'ADD', CNI_CONTAINERID: a.id, CNI_NETNS: a.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(a) };
   const stdin = JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'bridge', ipam: { type: 'kubenet-ipam' } });
   const ipamSocket = `${h.config.socket}.ipam`;
   const stray = await agentPost(ipamSocket, '/v1/ipam', { env, stdin });

@@ -3,7 +3,7 @@
  * them shaped (half of those with containerd's burst 4294967295, "none given"), a fifth with a host
  * port, DEL twice (Stop, then Remove with an empty CNI_NETNS), while the agent is SIGKILLed at
  * random moments and while an ADD is in flight, restarted each time with the same config; the
- * runtime retries as containerd does (test/helpers/churn.ts). Checked: no address is ever handed to
+ * runtime retries as containerd does (hack/support/churn.ts). Checked: no address is ever handed to
  * a pod while another pod that is up holds it; every ADD's address is in the pod CIDR and on the
  * pod's eth0; no failure but those the agent's death explains; at the end nothing of any pod is
  * left: addresses, veths, tc classes/filters on the ifb, qdiscs on veths, host-port nat rules,
@@ -18,20 +18,18 @@
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { randomInt } from 'node:crypto';
-import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { onNodeSandbox, startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../../hack/support/agent-process.js';
+import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../../hack/support/agent-process.js';
 import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../../hack/support/churn.js';
-import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { uniq } from '../../hack/support/kernel.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../../hack/support/node-leaks.js';
 import { NodeSandbox } from '../../hack/support/node-sandbox.js';
-import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni } from '../../hack/support/sandbox-libcni.js';
+import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
 
-const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
+const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`churn e2e skipped: ${blocker}`);
@@ -113,10 +111,11 @@ serialTest('churn with SIGKILLs, the agent configured by flags with private dirs
   // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it), after waiting for
   // the traffic lock (a measurement of another suite may hold it for a minute).
   t.timeout(300_000);
-  await onNodeSandbox(t, 'kch', async (sb, _cleanup, watch) => {
+  await SandboxWorld.run(t, { prefix: 'kch' }, async (world) => {
+    const sb = world.sb;
     const cidr = podCidr();
     const { agent, settings: s } = await startFlagsAgent(sb, { podCidr: cidr });
-    watch(agent);
+    world.agent = agent;
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, dirs under ${sb.tmpDir}`);
     // CPU-heavy: never beside another suite's traffic measurement (hack/support/traffic-lock.ts).
@@ -128,10 +127,11 @@ serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'
   // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it), after waiting for
   // the traffic lock (a measurement of another suite may hold it for a minute).
   t.timeout(300_000);
-  await onNodeSandbox(t, 'kch', async (sb, cleanup, watch) => {
+  await SandboxWorld.run(t, { prefix: 'kch' }, async (world) => {
+    const sb = world.sb;
     const cidr = podCidr();
-    const { agent, settings: s } = await startManifestAgent(sb, cleanup, { nodeName: `kch-node-${sb.tag}`, podCidr: cidr });
-    watch(agent);
+    const { agent, settings: s } = await startManifestAgent(sb, world.cleanup, { nodeName: `kch-node-${sb.tag}`, podCidr: cidr });
+    world.agent = agent;
     // As containerd runs libcni: /etc/cni/net.d, /opt/cni/bin, libcni's own default cache dir.
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir] });
     t.is(libcni.cacheDir, LIBCNI_DEFAULT_CACHE_DIR);

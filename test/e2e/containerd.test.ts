@@ -6,7 +6,7 @@
  * a process with exactly the YAML of manifests/kubenet.yaml's ConfigMap and no directory flag
  * (cluster mode: a fake API server serves the Node's pod CIDR and the pods).
  *
- * Everything runs in a NodeSandbox (test/helpers/node-sandbox.ts): the node's netns with an uplink
+ * Everything runs in a NodeSandbox (hack/support/node-sandbox.ts): the node's netns with an uplink
  * to a "lan" netns, and tmpfs over /var/lib/cni, /var/lib/kubenet, /etc/cni/net.d, /opt/cni/bin,
  * /run/kubenet, /run/containerd, /var/lib/containerd; traffic only between the test's namespaces.
  * Rate measurements hold the machine-wide traffic lock (hack/support/traffic-lock.ts); run this

@@ -16,52 +16,48 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { createHash, randomInt, randomUUID } from 'node:crypto';
+import { createHash, randomInt } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
+import { FORWARDER } from '../../hack/support/agent-harness.js';
 import { startManifestAgent, type ManifestAgent } from '../../hack/support/agent-process.js';
 import { pod as podObject } from '../../hack/support/fake-apiserver.js';
-import { Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../../hack/support/node-leaks.js';
-import { NodeSandbox } from '../../hack/support/node-sandbox.js';
 import { refPlugin } from '../../hack/support/upstream.js';
-import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxLibcni, type CniPod } from '../../hack/support/sandbox-libcni.js';
+import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
+import type { TestPod } from '../../hack/support/test-pod.js';
 
-const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
+const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`literal-defaults e2e skipped: ${blocker}`);
 
-interface TestPod extends CniPod {
-  netns: string;
-  runtimeConfig: object | undefined;
-  ip?: string;
-  /** sha256 and mtime of libcni's cache entry right after ADD. */
-  cacheEntry?: { sha: string; mtimeMs: number };
-}
-
-interface World {
-  cleanup: Cleanup;
-  sb: NodeSandbox;
+/** What the tests share besides the world. */
+interface Defaults {
   node: ManifestAgent;
   podCidr: string;
   hostPort: number;
-  libcni: SandboxLibcni;
   layout: NodeLayout;
   plain: TestPod;
   shaped: TestPod;
   web: TestPod;
+  /** sha256 and mtime of each pod's libcni cache entry right after its ADD. */
+  cacheEntries: Map<TestPod, { sha: string; mtimeMs: number } | undefined>;
 }
 
-let world: World | undefined;
-function w(): World {
+let world: SandboxWorld | undefined;
+let defaults: Defaults | undefined;
+function w(): SandboxWorld {
   if (!world) throw new Error('no node: the setup (before hook) failed');
   return world;
 }
-const pods = () => [w().plain, w().shaped, w().web];
+function shared(): Defaults {
+  if (!defaults) throw new Error('no node: the setup (before hook) failed');
+  return defaults;
+}
+const pods = () => [shared().plain, shared().shaped, shared().web];
 
 /** Every file under the sandbox's `dir` (relative paths, sorted; directories end in /). */
 async function tree(dir: string): Promise<string[]> {
@@ -73,11 +69,11 @@ async function tree(dir: string): Promise<string[]> {
     .sort();
 }
 
-function runtimeCacheFile(p: CniPod): string {
+function runtimeCacheFile(p: TestPod): string {
   return w().sb.hostPath(join(LIBCNI_DEFAULT_CACHE_DIR, 'results', `kubenet-${p.id}-eth0`));
 }
 
-async function cacheEntryStamp(p: CniPod): Promise<{ sha: string; mtimeMs: number } | undefined> {
+async function cacheEntryStamp(p: TestPod): Promise<{ sha: string; mtimeMs: number } | undefined> {
   const file = runtimeCacheFile(p);
   try {
     const [text, st] = await Promise.all([readFile(file), stat(file)]);
@@ -90,55 +86,42 @@ async function cacheEntryStamp(p: CniPod): Promise<{ sha: string; mtimeMs: numbe
 test.before(async (t) => {
   if (blocker) return;
   t.timeout(90_000);
-  const cleanup = new Cleanup();
-  try {
-    const tag = uniq(5);
-    const podCidr = `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`;
-    const sb = await NodeSandbox.create({ prefix: 'kch' });
-    cleanup.add(() => sb.destroy());
-    const nodeName = `kch-node-${tag}`;
-    const node = await startManifestAgent(sb, cleanup, { nodeName, podCidr });
-    const s = node.settings;
-    t.log(`node netns ${sb.netns}, pod CIDR ${podCidr}, agent pid ${node.agent.pid}, manifest config:\n${node.configText.trimEnd()}`);
-    // As containerd runs libcni: its conf dir and bin dir, libcni's own default cache dir.
-    const libcni = new SandboxLibcni(sb, { confDir: '/etc/cni/net.d', binDirs: ['/opt/cni/bin'] });
-    const hostPort = randomInt(30000, 32768);
-    const mk = (name: string, runtimeConfig: object | undefined): TestPod => {
-      const netns = `kch-${tag}-${name}`;
-      return { namespace: 'default', name: `${name}-${tag}`, uid: randomUUID(), id: createHash('sha256').update(`${tag}${name}`).digest('hex'), netns, netnsPath: `/var/run/netns/${netns}`, runtimeConfig };
-    };
-    const plain = mk('plain', undefined);
-    // containerd 1.6 passes the bandwidth annotations PascalCase, with burst 4294967295 for "none given".
-    const shaped = mk('shaped', { bandwidth: { IngressRate: 20_000_000, IngressBurst: 4294967295, EgressRate: 10_000_000, EgressBurst: 4294967295 } });
-    const web = mk('web', { portMappings: [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] });
-    for (const p of [plain, shaped, web]) {
-      await execa('ip', ['netns', 'add', p.netns]);
-      cleanup.add(() => delNetns(p.netns));
-      // As kubelet would have it: the pod exists in the API (the shaped one with its annotations).
-      node.api.setPod(podObject(p.namespace, p.name, nodeName, p === shaped ? { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' } : {}));
-    }
-    const layout: NodeLayout = { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: LIBCNI_DEFAULT_CACHE_DIR };
-    world = { cleanup, sb, node, podCidr, hostPort, libcni, layout, plain, shaped, web };
-  } catch (err) {
-    await cleanup.run().catch((e: unknown) => t.log(`cleanup after the failed setup: ${String(e)}`));
-    throw err;
+  const podCidr = `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`;
+  // As containerd runs libcni: its conf dir and bin dir, libcni's own default cache dir.
+  world = await SandboxWorld.create({ prefix: 'kch', libcni: () => ({ confDir: '/etc/cni/net.d', binDirs: ['/opt/cni/bin'] }) });
+  const sb = world.sb;
+  const nodeName = `kch-node-${world.tag}`;
+  const node = await startManifestAgent(sb, world.cleanup, { nodeName, podCidr });
+  world.agent = node.agent;
+  const s = node.settings;
+  t.log(`node netns ${sb.netns}, pod CIDR ${podCidr}, agent pid ${node.agent.pid}, manifest config:\n${node.configText.trimEnd()}`);
+  const hostPort = randomInt(30000, 32768);
+  const plain = await world.newPod('plain');
+  const shaped = await world.newPod('shaped');
+  // containerd 1.6 passes the bandwidth annotations PascalCase, with burst 4294967295 for "none given".
+  shaped.runtimeConfig = { bandwidth: { IngressRate: 20_000_000, IngressBurst: 4294967295, EgressRate: 10_000_000, EgressBurst: 4294967295 } };
+  const web = await world.newPod('web');
+  web.runtimeConfig = { portMappings: [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] };
+  for (const p of [plain, shaped, web]) {
+    // As kubelet would have it: the pod exists in the API (the shaped one with its annotations).
+    node.api.setPod(podObject(p.namespace, p.name, nodeName, p === shaped ? { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' } : {}));
   }
+  const layout: NodeLayout = { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: LIBCNI_DEFAULT_CACHE_DIR };
+  defaults = { node, podCidr, hostPort, layout, plain, shaped, web, cacheEntries: new Map() };
 });
 
 test.afterEach.always(async (t) => {
-  if (!t.passed && world) t.log(`agent log (tail):\n${await world.node.agent.logTail(40)}`);
+  if (!t.passed && defaults) t.log(`agent log (tail):\n${await defaults.node.agent.logTail(40)}`);
 });
 
 test.after.always(async () => {
-  if (!world) return;
   // A test that failed midway: DEL what may be left, so the node holds nothing when it goes.
-  for (const p of pods()) await world.libcni.call('del', p, { netns: '' }).catch(() => undefined);
-  await world.node.agent.stop(5000).catch(() => undefined);
-  await world.cleanup.run();
+  if (world && defaults) for (const p of pods()) await world.libcni.call('del', p, { netns: '' }).catch(() => undefined);
+  await world?.destroy();
 });
 
 serialTest('the manifest config, no directory flag: the agent installs kubenet + loopback in /opt/cni/bin and the conflist in /etc/cni/net.d; its own files are under /var/lib/kubenet and /run/kubenet only', async (t) => {
-  const { node } = w();
+  const { node } = shared();
   const s = node.settings;
   t.deepEqual(
     { bridge: s.bridgeName, ifb: s.ifbName, cniBinDir: s.cniBinDir, cniConfDir: s.cniConfDir, pluginBinDirs: s.pluginBinDirs, stateDir: s.stateDir, ipam: s.ipamDataDir, cache: s.cniCacheDir, socket: s.socket },
@@ -155,14 +138,15 @@ serialTest('the manifest config, no directory flag: the agent installs kubenet +
   t.deepEqual(await tree('/var/lib/cni'), [], 'nothing in /var/lib/cni before a pod');
   const state = await tree('/var/lib/kubenet');
   t.true(state.every((f) => /^(pods|shaper)(\/|$)/.test(f)), `/var/lib/kubenet holds pods/ and shaper/ only: ${state.join(' ')}`);
-  t.deepEqual(await podLeftovers(w().sb, w().layout), NO_LEFTOVERS, 'no pod state yet');
+  t.deepEqual(await podLeftovers(w().sb, shared().layout), NO_LEFTOVERS, 'no pod state yet');
 });
 
 serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR; libcni writes its own kubenet-<id>-eth0; limits and the host port applied; CHECK passes', async (t) => {
-  const { sb, libcni, podCidr, shaped, web, hostPort, node } = w();
+  const { sb, libcni } = w();
+  const { podCidr, shaped, web, hostPort, node, cacheEntries } = shared();
   for (const p of pods()) {
     t.false(existsSync(runtimeCacheFile(p)), `${p.name}: no cache entry before ADD`);
-    const r = await libcni.call('add', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
+    const r = await libcni.call('add', p);
     t.is(r.exitCode, 0, `ADD ${p.name}: ${r.stderr}`);
     p.ip = resultIp(r.stdout);
     t.true(inCidr4(p.ip, podCidr), `${p.name}: IP ${p.ip} in the pod CIDR ${podCidr}`);
@@ -173,7 +157,7 @@ serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR
     t.like(entry, { kind: 'cniCacheV1', containerId: p.id, ifName: 'eth0', networkName: 'kubenet' });
     t.like(JSON.parse(Buffer.from(entry.config, 'base64').toString('utf8')), { name: 'kubenet', plugins: [{ type: 'kubenet' }] }, `${p.name}: the cached config is the conflist libcni ran`);
     t.is(entry.result.ips[0]?.address.split('/')[0], p.ip, `${p.name}: the cached result is the one ADD returned`);
-    p.cacheEntry = await cacheEntryStamp(p);
+    cacheEntries.set(p, await cacheEntryStamp(p));
   }
   t.is(new Set(pods().map((p) => p.ip)).size, 3, 'three distinct IPs');
 
@@ -200,34 +184,35 @@ serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR
   t.true((await sb.exec('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.includes(`--to-destination ${web.ip}:8080`), `a DNAT rule for host port ${hostPort}`);
 
   for (const p of pods()) {
-    const r = await libcni.call('check', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
+    const r = await libcni.call('check', p);
     t.is(r.exitCode, 0, `CHECK ${p.name}: ${r.stderr}`);
   }
 });
 
 serialTest('an agent restart (SIGTERM, start) leaves libcni\'s entries untouched; CHECK still passes', async (t) => {
-  const { node, libcni } = w();
+  const { libcni } = w();
+  const { node, cacheEntries } = shared();
   t.is(await node.agent.stop(), 0, 'the agent exits 0 on SIGTERM');
   // The agent reads cniCacheDir (/var/lib/cni) once at startup to upgrade 0.1.0 state: never a runtime's entry.
   await node.agent.start();
   for (const p of pods()) {
-    t.deepEqual(await cacheEntryStamp(p), p.cacheEntry, `${p.name}: libcni's entry unchanged (content and mtime)`);
-    const r = await libcni.call('check', p, p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {});
+    t.deepEqual(await cacheEntryStamp(p), cacheEntries.get(p), `${p.name}: libcni's entry unchanged (content and mtime)`);
+    const r = await libcni.call('check', p);
     t.is(r.exitCode, 0, `CHECK ${p.name} after the restart: ${r.stderr}`);
-    t.deepEqual(await cacheEntryStamp(p), p.cacheEntry, `${p.name}: libcni's entry unchanged after CHECK`);
+    t.deepEqual(await cacheEntryStamp(p), cacheEntries.get(p), `${p.name}: libcni's entry unchanged after CHECK`);
   }
 });
 
 serialTest('DEL, then DEL again with an empty CNI_NETNS (as containerd on Stop and Remove): nothing of any pod is left', async (t) => {
-  const { libcni, sb, layout } = w();
+  const { libcni, sb } = w();
+  const { layout, cacheEntries } = shared();
   for (const p of pods()) {
-    t.deepEqual(await cacheEntryStamp(p), p.cacheEntry, `${p.name}: libcni's entry untouched until its DEL`);
-    const rc = p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {};
-    const first = await libcni.call('del', p, rc);
+    t.deepEqual(await cacheEntryStamp(p), cacheEntries.get(p), `${p.name}: libcni's entry untouched until its DEL`);
+    const first = await libcni.call('del', p);
     t.is(first.exitCode, 0, `DEL ${p.name}: ${first.stderr}`);
     t.false(existsSync(runtimeCacheFile(p)), `${p.name}: libcni removed its entry on DEL`);
     await execa('ip', ['netns', 'del', p.netns]);
-    const second = await libcni.call('del', p, { ...rc, netns: '' });
+    const second = await libcni.call('del', p, { netns: '' });
     t.is(second.exitCode, 0, `second DEL ${p.name} (empty CNI_NETNS): ${second.stderr}`);
   }
   const left = await podLeftovers(sb, layout);
@@ -235,6 +220,6 @@ serialTest('DEL, then DEL again with an empty CNI_NETNS (as containerd on Stop a
   t.deepEqual((await sb.exec('ip', ['-o', 'link', 'show', 'master', 'cbr0'])).stdout, '', 'no port on cbr0');
   t.deepEqual(await tree('/var/lib/kubenet/pods'), [], 'no record under /var/lib/kubenet/pods');
   t.deepEqual((await tree('/var/lib/cni')).filter((f) => !/^(networks\/|networks\/kubenet\/|networks\/kubenet\/lock|networks\/kubenet\/last_reserved_ip\.\d|results\/)$/.test(f)), [], 'only empty dirs and host-local\'s lock/last-reserved files in /var/lib/cni');
-  const status = JSON.parse((await agentGet(sb.hostPath(w().node.settings.socket), '/v1/status')).body) as { pods: unknown[] };
+  const status = JSON.parse((await agentGet(sb.hostPath(shared().node.settings.socket), '/v1/status')).body) as { pods: unknown[] };
   t.deepEqual(status.pods, [], 'the agent knows no pod');
 });

@@ -16,22 +16,17 @@
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa, type ResultPromise } from 'execa';
 import { existsSync } from 'node:fs';
-import { mkdir } from 'node:fs/promises';
-import { join } from 'node:path';
-import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { AgentProcess } from '../../hack/support/agent-process.js';
-import { NodeSandbox } from '../../hack/support/node-sandbox.js';
+import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
+import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
+import type { TestPod } from '../../hack/support/test-pod.js';
 
 const blocker =
-  kernelTestBlocker() ??
-  (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)') ??
+  sandboxTestBlocker() ??
   (existsSync('/usr/sbin/ebtables') ? undefined : 'needs ebtables (hack/bootstrap.sh installs it)');
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`hairpin e2e tests skipped: ${blocker}`);
 
-const SOCKET = '/run/kubenet/kubenet.sock';
 const BRIDGE = 'cbr0';
 const NET = 40 + Math.floor(Math.random() * 200);
 const CIDR_A = `10.246.${NET}.0/24`;
@@ -40,57 +35,25 @@ const CIDR_B = `10.247.${NET}.0/24,fd00:247:${NET}::/64`;
 const CIDR_C = `10.248.${NET}.0/24`;
 const VIP = `10.96.${NET}.10`;
 
-interface Pod {
-  name: string;
-  id: string;
-  netns: string;
-  netnsPath: string;
-  ip?: string;
-}
-
-interface World {
-  sb: NodeSandbox;
-  agent: AgentProcess | undefined;
-  cleanup: Cleanup;
-  tag: string;
-  servers: ResultPromise[];
-}
-
-let world: World | undefined;
-function w(): World {
+let world: SandboxWorld | undefined;
+/** The pods' TCP servers (serve), killed when the world goes. */
+const servers: ResultPromise[] = [];
+function w(): SandboxWorld {
   if (!world) throw new Error('setup failed');
   return world;
 }
 
-async function libcni(cmd: 'add' | 'del', p: Pod): Promise<{ exitCode: number; stdout: string; stderr: string }> {
-  const args = [cmd, '--conf-dir', '/etc/cni/net.d', '--bin-dir', ['/opt/cni/bin', ...CNI_BIN_DIRS].join(':'), '--cache-dir', join(w().sb.tmpDir, 'libcni'), '--netns', p.netnsPath, '--container-id', p.id, '--args', `IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=${p.name};K8S_POD_INFRA_CONTAINER_ID=${p.id}`];
-  const r = await w().sb.exec(LIBCNI_DRIVER, args, { reject: false, timeout: 60_000 });
-  return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
-}
-
-async function addPod(t: ExecutionContext, name: string): Promise<Pod> {
-  const netns = `kdh-${w().tag}-${name}`;
-  const { path } = await addNetns(netns);
-  w().cleanup.add(() => delNetns(netns));
-  const p: Pod = { name, id: `${w().tag}${name}`.padEnd(64, '0').replace(/[^a-z0-9]/g, '0'), netns, netnsPath: path };
-  const r = await libcni('add', p);
+async function addPod(t: ExecutionContext, name: string): Promise<TestPod> {
+  const p = await w().newPod(name);
+  const r = await w().call('add', p);
   t.is(r.exitCode, 0, `ADD ${name}: ${r.stderr}`);
-  p.ip = (JSON.parse(r.stdout || '{}') as { ips?: Array<{ address: string }> }).ips?.[0]?.address.split('/')[0];
-  w().cleanup.add(() => libcni('del', p));
   return p;
 }
 
 /** The agent; its dedup rules checked every `dedupResyncMs` (the default is 30 s). */
 async function startAgent(podCidr: string, hairpinMode: string, dedupResyncMs = 60_000): Promise<void> {
-  await w().agent?.stop(5000);
   const args = ['--pod-cidr', podCidr, '--hairpin-mode', hairpinMode, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','), '--log-level', 'info'];
-  const agent = new AgentProcess(w().sb, args, { KUBENET_DEDUP_RESYNC_MS: String(dedupResyncMs) }, join(w().sb.tmpDir, 'agent.log'), SOCKET);
-  w().agent = agent;
-  await agent.start();
-}
-
-async function inNode(cmd: string, args: string[]): Promise<string> {
-  return (await w().sb.exec(cmd, args, { reject: false })).stdout;
+  await w().startAgent(args, { env: { KUBENET_DEDUP_RESYNC_MS: String(dedupResyncMs) } });
 }
 
 /** KUBE-DEDUP's rules as `ebtables -L --Lmac2` lists them, or undefined when there is no such chain. */
@@ -100,7 +63,7 @@ async function dedupChain(): Promise<string[] | undefined> {
 }
 
 async function outputJumps(): Promise<number> {
-  return (await inNode('ebtables', ['-t', 'filter', '-L', 'OUTPUT'])).split('\n').filter((l) => l.trim() === '-j KUBE-DEDUP').length;
+  return (await w().inNode('ebtables', ['-t', 'filter', '-L', 'OUTPUT'])).split('\n').filter((l) => l.trim() === '-j KUBE-DEDUP').length;
 }
 
 function expectedRules(mac: string, cidrs: string): string[] {
@@ -112,10 +75,10 @@ function expectedRules(mac: string, cidrs: string): string[] {
 }
 
 /** A TCP server in the pod on :8080 answering "hairpin-ok from <name>". */
-async function serve(p: Pod): Promise<void> {
+async function serve(p: TestPod): Promise<void> {
   const code = `require('net').createServer((s) => s.end('hairpin-ok from ${p.name}')).listen(8080, '0.0.0.0', () => console.log('listening'))`;
   const srv = execa('ip', ['netns', 'exec', p.netns, process.execPath, '-e', code], { reject: false, stdin: 'ignore' }) as unknown as ResultPromise;
-  w().servers.push(srv);
+  servers.push(srv);
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start')), 10_000);
     srv.stdout?.on('data', (d: Buffer) => {
@@ -128,7 +91,7 @@ async function serve(p: Pod): Promise<void> {
 }
 
 /** kube-proxy's rules for a service VIP:80 whose one endpoint is the pod's :8080 (DNAT, hairpin masquerade). */
-async function service(p: Pod): Promise<void> {
+async function service(p: TestPod): Promise<void> {
   for (const rule of [
     ['-t', 'nat', '-A', 'PREROUTING', '-d', VIP, '-p', 'tcp', '--dport', '80', '-j', 'DNAT', '--to-destination', `${p.ip}:8080`],
     ['-t', 'nat', '-A', 'POSTROUTING', '-s', p.ip ?? '', '-d', p.ip ?? '', '-p', 'tcp', '--dport', '8080', '-j', 'MASQUERADE'],
@@ -138,66 +101,55 @@ async function service(p: Pod): Promise<void> {
 }
 
 /** The pod connects to the VIP (reaching itself) and reads the answer. */
-async function hairpin(p: Pod): Promise<string> {
+async function hairpin(p: TestPod): Promise<string> {
   const code = `const s = require('net').connect(80, '${VIP}'); let d = ''; s.on('data', (x) => (d += x)); s.on('end', () => { console.log(d); process.exit(0); }); s.on('error', (e) => { console.log('error ' + e.message); process.exit(1); }); setTimeout(() => { console.log('timeout'); process.exit(1); }, 3000);`;
   const r = await execa('ip', ['netns', 'exec', p.netns, process.execPath, '-e', code], { reject: false });
   return r.stdout.trim();
 }
 
-async function pingDups(from: Pod, to: Pod): Promise<{ exitCode: number; dups: number; out: string }> {
+async function pingDups(from: TestPod, to: TestPod): Promise<{ exitCode: number; dups: number; out: string }> {
   const r = await execa('ip', ['netns', 'exec', from.netns, 'ping', '-c', '5', '-i', '0.2', '-W', '2', to.ip ?? ''], { reject: false });
   return { exitCode: r.exitCode ?? -1, dups: (r.stdout.match(/DUP!/g) ?? []).length, out: r.stdout.split('\n').slice(-3).join(' | ') };
 }
 
 async function bridgeMac(): Promise<string> {
-  return (await inNode('cat', [`/sys/class/net/${BRIDGE}/address`])).trim();
+  return (await w().inNode('cat', [`/sys/class/net/${BRIDGE}/address`])).trim();
 }
 
 test.before(async (t) => {
   if (blocker) return;
   t.timeout(60_000);
-  const cleanup = new Cleanup();
-  try {
-    const sb = await NodeSandbox.create({ prefix: 'kdh' });
-    cleanup.add(() => sb.destroy());
-    await mkdir(join(sb.tmpDir, 'libcni'), { recursive: true });
-    world = { sb, agent: undefined, cleanup, tag: uniq(5), servers: [] };
-    cleanup.add(async () => {
-      for (const s of world?.servers ?? []) s.kill('SIGKILL');
-      await Promise.all((world?.servers ?? []).map((s) => s.catch(() => undefined)));
-    });
-    cleanup.add(async () => world?.agent?.stop(5000));
-  } catch (err) {
-    await cleanup.run().catch(() => undefined);
-    world = undefined;
-    throw err;
-  }
+  world = await SandboxWorld.create({ prefix: 'kdh' });
+  world.cleanup.add(async () => {
+    for (const s of servers) s.kill('SIGKILL');
+    await Promise.all(servers.map((s) => s.catch(() => undefined)));
+  });
 });
 
 test.after.always(async () => {
-  await world?.cleanup.run();
+  await world?.destroy();
 });
 
 serialTest('promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup rules for the bridge MAC and pod CIDR; no DUP! between pods', async (t) => {
   await startAgent(CIDR_A, 'promiscuous-bridge', 1000);
   const a = await addPod(t, 'a');
   const b = await addPod(t, 'b');
-  t.regex(await inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'the bridge is promiscuous');
+  t.regex(await w().inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'the bridge is promiscuous');
   const mac = await bridgeMac();
   t.deepEqual(await dedupChain(), expectedRules(mac, CIDR_A), 'KUBE-DEDUP: the gateway accepted, the rest of the pod CIDR dropped, from the bridge MAC to pod veths');
   t.is(await outputJumps(), 1, 'one jump from OUTPUT');
 
-  const vethA = (await inNode('ip', ['-o', 'link', 'show', 'master', BRIDGE])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean);
-  for (const v of vethA) t.regex(await inNode('ip', ['-d', '-o', 'link', 'show', 'dev', v]), /hairpin on/, `hairpin on ${v} too`);
+  const vethA = (await w().inNode('ip', ['-o', 'link', 'show', 'master', BRIDGE])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean);
+  for (const v of vethA) t.regex(await w().inNode('ip', ['-d', '-o', 'link', 'show', 'dev', v]), /hairpin on/, `hairpin on ${v} too`);
 
   await serve(a);
   await service(a);
   t.is(await hairpin(a), 'hairpin-ok from a', 'pod a reaches itself through the VIP');
   // Why the veths get hairpin in this mode too (logged, kernel-dependent): without it, the bridged DNAT is dropped.
-  const ports = (await inNode('bridge', ['-o', 'link', 'show', 'master', BRIDGE])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean);
-  for (const v of ports) await inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'off']);
+  const ports = (await w().inNode('bridge', ['-o', 'link', 'show', 'master', BRIDGE])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean);
+  for (const v of ports) await w().inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'off']);
   t.log(`promiscuous bridge, veth hairpin off: the VIP gives ${await hairpin(a)}`);
-  for (const v of ports) await inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'on']);
+  for (const v of ports) await w().inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'on']);
   t.is(await hairpin(b), 'hairpin-ok from a', 'pod b reaches the service too');
 
   const withRules = await pingDups(a, b);
@@ -222,9 +174,8 @@ serialTest('promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup
 
 serialTest('promiscuous-bridge: the rules follow a new pod CIDR (both families), idempotently', async (t) => {
   // The pods of the old CIDR go first (their gateway leaves the bridge with it).
-  for (const name of ['a', 'b', 'c']) {
-    const p: Pod = { name, id: `${w().tag}${name}`.padEnd(64, '0').replace(/[^a-z0-9]/g, '0'), netns: '', netnsPath: `/var/run/netns/kdh-${w().tag}-${name}` };
-    t.is((await libcni('del', p)).exitCode, 0);
+  for (const p of w().pods.filter((x) => ['a', 'b', 'c'].includes(x.name))) {
+    t.is((await w().call('del', p)).exitCode, 0);
   }
   await startAgent(CIDR_B, 'promiscuous-bridge');
   t.deepEqual(await dedupChain(), expectedRules(await bridgeMac(), CIDR_B), 'only the new CIDR');
@@ -233,23 +184,23 @@ serialTest('promiscuous-bridge: the rules follow a new pod CIDR (both families),
   t.truthy(d.ip);
   t.deepEqual(await dedupChain(), expectedRules(await bridgeMac(), CIDR_B), 'unchanged by an ADD');
   t.is(await outputJumps(), 1, 'still one jump');
-  t.is((await libcni('del', d)).exitCode, 0);
+  t.is((await w().call('del', d)).exitCode, 0);
   // The bridge deleted and made anew by the next ADD has another MAC: that ADD syncs the rules
   // (the periodic check is 60 s away here).
   const oldMac = await bridgeMac();
-  await inNode('ip', ['link', 'del', BRIDGE]);
+  await w().inNode('ip', ['link', 'del', BRIDGE]);
   const d2 = await addPod(t, 'd2');
   const newMac = await bridgeMac();
   t.not(newMac, oldMac, 'a new bridge, a new MAC');
   t.deepEqual(await dedupChain(), expectedRules(newMac, CIDR_B), 'the rules name the new MAC right after the ADD that made the bridge');
-  t.is((await libcni('del', d2)).exitCode, 0);
+  t.is((await w().call('del', d2)).exitCode, 0);
 });
 
 serialTest('hairpin-veth: no dedup rules, the bridge not promiscuous; the same hairpin test passes and ping shows no DUP!', async (t) => {
   await startAgent(CIDR_C, 'hairpin-veth');
   t.is(await dedupChain(), undefined, 'KUBE-DEDUP removed with the mode change');
   t.is(await outputJumps(), 0, 'and its jump');
-  t.notRegex(await inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'promiscuous mode off');
+  t.notRegex(await w().inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'promiscuous mode off');
   const e = await addPod(t, 'e');
   const f = await addPod(t, 'f');
   t.is(await dedupChain(), undefined, 'no rules after an ADD either');

@@ -19,12 +19,13 @@ import { connect } from 'node:net';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { AgentProcess } from '../../hack/support/agent-process.js';
-import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
 import { refPlugin } from '../../hack/support/upstream.js';
-import { NodeSandbox } from '../../hack/support/node-sandbox.js';
+import type { NodeSandbox } from '../../hack/support/node-sandbox.js';
+import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
+import { cniArgs, type PodIdentity, type TestPod } from '../../hack/support/test-pod.js';
 
-const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
+const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`hostile-input tests skipped: ${blocker}`);
@@ -32,49 +33,49 @@ if (blocker) console.warn(`hostile-input tests skipped: ${blocker}`);
 const POD_CIDR = '10.244.77.0/24';
 const GATEWAY = '10.244.77.1';
 
-interface Pod {
-  name: string;
-  id: string;
-  netns: string;
-  netnsPath: string;
-  ip?: string;
-  hostPort?: number;
+/** The agent's directories, under the sandbox's tmpDir. */
+function agentDirs(root: string) {
+  return { cniBin: join(root, 'cni-bin'), cniConf: join(root, 'cni-conf'), socket: join(root, 'kubenet.sock'), state: join(root, 'state'), ipam: join(root, 'ipam'), cache: join(root, 'cni-cache') };
 }
 
-interface World {
-  sb: NodeSandbox;
-  agent: AgentProcess;
-  dirs: { cniBin: string; cniConf: string; socket: string; state: string; ipam: string; cache: string };
-  cleanup: Cleanup;
-  tag: string;
-  pods: Pod[];
+/** What the cases share besides the world: the agent's directories, the pods that must survive every case, the node as every case must leave it. */
+interface Hostile {
+  dirs: ReturnType<typeof agentDirs>;
+  /** One shaped, one with a host port. */
+  pods: TestPod[];
   baseline: string;
 }
 
-let world: World | undefined;
+let world: SandboxWorld | undefined;
+let hostile: Hostile | undefined;
 const rows: Array<[string, string, string]> = [];
 
-function w(): World {
+function w(): SandboxWorld {
   if (!world) throw new Error('setup failed');
   return world;
 }
+function shared(): Hostile {
+  if (!hostile) throw new Error('setup failed');
+  return hostile;
+}
 
-function cniArgs(p: { name: string; id: string }): string {
-  return `IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=${p.name};K8S_POD_INFRA_CONTAINER_ID=${p.id};K8S_POD_UID=uid-${p.name}`;
+/** The identity of a pod that has no netns of its own (CNI_ARGS of a request that must be refused). */
+function podIdentity(name: string, id: string): PodIdentity {
+  return { namespace: 'default', name, uid: `uid-${name}`, id };
 }
 
 function conf(extra: Record<string, unknown> = {}): string {
-  return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: w().dirs.socket, ...extra });
+  return JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', socket: shared().dirs.socket, ...extra });
 }
 
 /** The installed CNI binary exec'd inside the node, as a runtime on the node would. */
 async function cni(command: string, env: Record<string, string>, stdin: string): Promise<{ exitCode: number; out: { code?: number; msg?: string } & Record<string, unknown> }> {
-  const r = await w().sb.exec(join(w().dirs.cniBin, 'kubenet'), [], {
+  const r = await w().sb.exec(join(shared().dirs.cniBin, 'kubenet'), [], {
     input: stdin,
     reject: false,
     timeout: 30_000,
     // KUBENET_SOCKET: the agent's socket even when stdin names none (empty or unparsable configs).
-    env: { CNI_COMMAND: command, CNI_PATH: w().dirs.cniBin, KUBENET_SOCKET: w().dirs.socket, ...env },
+    env: { CNI_COMMAND: command, CNI_PATH: shared().dirs.cniBin, KUBENET_SOCKET: shared().dirs.socket, ...env },
   });
   let out = {};
   try {
@@ -85,73 +86,54 @@ async function cni(command: string, env: Record<string, string>, stdin: string):
   return { exitCode: r.exitCode ?? -1, out };
 }
 
-function podEnv(p: { name: string; id: string }, netns: string, over: Record<string, string> = {}): Record<string, string> {
+function podEnv(p: PodIdentity, netns: string, over: Record<string, string> = {}): Record<string, string> {
   return { CNI_CONTAINERID: p.id, CNI_NETNS: netns, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(p), ...over };
-}
-
-async function libcni(cmd: 'add' | 'del' | 'check', p: Pod, runtimeConfig?: object): Promise<{ exitCode: number; stdout: string; stderr: string }> {
-  const d = w().dirs;
-  const args = [cmd, '--conf-dir', d.cniConf, '--bin-dir', [d.cniBin, ...CNI_BIN_DIRS].join(':'), '--cache-dir', join(w().sb.tmpDir, 'libcni'), '--netns', p.netnsPath, '--container-id', p.id, '--args', cniArgs(p)];
-  if (runtimeConfig) args.push('--runtime-config', JSON.stringify(runtimeConfig));
-  const r = await w().sb.exec(LIBCNI_DRIVER, args, { reject: false, timeout: 60_000 });
-  return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
-}
-
-async function newPod(name: string): Promise<Pod> {
-  const netns = `khx-${w().tag}-${name}`;
-  const { path } = await addNetns(netns);
-  w().cleanup.add(() => delNetns(netns));
-  return { name, id: `${w().tag}${name}`.padEnd(64, '0').replace(/[^a-z0-9]/g, '0'), netns, netnsPath: path };
-}
-
-async function inNode(cmd: string, args: string[]): Promise<string> {
-  return (await w().sb.exec(cmd, args, { reject: false })).stdout;
 }
 
 /** What must not change across a refused request: the node's objects that pods and requests can make. */
 async function nodeSnapshot(): Promise<string> {
-  const d = w().dirs;
+  const d = shared().dirs;
   const ls = async (p: string) => (await readdir(p).catch(() => [] as string[])).filter((f) => !f.startsWith('.')).sort();
-  const ports = (await inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0'])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean).sort();
-  const nat = (await inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).split('\n').sort();
-  const classes = (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).split('\n').sort();
-  const links = (await inNode('ip', ['-o', 'link', 'show'])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean).sort();
+  const ports = (await w().inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0'])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean).sort();
+  const nat = (await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).split('\n').sort();
+  const classes = (await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).split('\n').sort();
+  const links = (await w().inNode('ip', ['-o', 'link', 'show'])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean).sort();
   return JSON.stringify({ ports, links, reservations: await ls(join(d.ipam, 'kubenet')), records: await ls(join(d.state, 'pods')), nat, classes }, null, 1);
 }
 
 /** The node's own uplink: eth0 with its address, the default route through it. */
 async function assertNodeIntact(t: ExecutionContext, what: string): Promise<void> {
-  const addr = await inNode('ip', ['-o', '-4', 'addr', 'show', 'dev', 'eth0']);
+  const addr = await w().inNode('ip', ['-o', '-4', 'addr', 'show', 'dev', 'eth0']);
   t.true(addr.includes(`${w().sb.uplink.nodeIp}/`), `${what}: the node's eth0 keeps ${w().sb.uplink.nodeIp}`);
-  t.regex(await inNode('ip', ['route', 'show', 'default']), /default via \S+ dev eth0/, `${what}: the node's default route stays`);
+  t.regex(await w().inNode('ip', ['route', 'show', 'default']), /default via \S+ dev eth0/, `${what}: the node's default route stays`);
 }
 
 /** Every pod that was up: its address, its gateway reachable, its limits and its host port in place. */
 async function assertPodsIntact(t: ExecutionContext, what: string): Promise<void> {
-  const status = JSON.parse((await agentGet(w().dirs.socket, '/v1/status')).body) as { pods: Array<{ id: string; ips: string[]; limits: Record<string, number> }> };
-  for (const p of w().pods) {
+  const status = JSON.parse((await agentGet(shared().dirs.socket, '/v1/status')).body) as { pods: Array<{ id: string; ips: string[]; limits: Record<string, number> }> };
+  for (const p of shared().pods) {
     const addr = (await execa('ip', ['-n', p.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'], { reject: false })).stdout;
     t.true(p.ip !== undefined && addr.includes(`${p.ip}/`), `${what}: pod ${p.name} keeps ${p.ip}`);
     const ping = await execa('ip', ['netns', 'exec', p.netns, 'ping', '-c', '1', '-W', '2', GATEWAY], { reject: false });
     t.is(ping.exitCode, 0, `${what}: pod ${p.name} reaches its gateway`);
     t.truthy(status.pods.find((s) => s.id === p.id && s.ips.includes(p.ip ?? '')), `${what}: the agent still lists pod ${p.name}`);
   }
-  const shaped = w().pods[0];
+  const shaped = shared().pods[0];
   const limits = status.pods.find((s) => s.id === shaped?.id)?.limits;
   t.deepEqual(limits, { ingress: 10e6, egress: 5e6 }, `${what}: pod ${shaped?.name} keeps its limits`);
-  t.regex(await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0']), /rate 5Mbit/, `${what}: its egress class is installed`);
-  const web = w().pods[1];
-  t.true((await inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${web?.ip}:8080`), `${what}: pod ${web?.name}'s host port rule stays`);
+  t.regex(await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0']), /rate 5Mbit/, `${what}: its egress class is installed`);
+  const web = shared().pods[1];
+  t.true((await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${web?.ip}:8080`), `${what}: pod ${web?.name}'s host port rule stays`);
 }
 
 async function agentAlive(t: ExecutionContext, what: string): Promise<void> {
-  const h = await agentGet(w().dirs.socket, '/healthz', 5000).catch((err: Error) => ({ status: 0, body: err.message }));
+  const h = await agentGet(shared().dirs.socket, '/healthz', 5000).catch((err: Error) => ({ status: 0, body: err.message }));
   t.is(h.status, 200, `${what}: the agent is alive and ready (${h.body})`);
 }
 
 /** One case: its answer must carry `code` and match `msg`; then nothing else may have changed. */
 async function refused(t: ExecutionContext, name: string, code: number, msg: RegExp, send: () => Promise<{ code?: number; msg?: string }>): Promise<void> {
-  const before = w().baseline;
+  const before = shared().baseline;
   const got = await send();
   rows.push([name, String(got.code ?? 'none'), (got.msg ?? '').slice(0, 110)]);
   t.is(got.code, code, `${name}: CNI code (${got.msg})`);
@@ -165,45 +147,36 @@ async function refused(t: ExecutionContext, name: string, code: number, msg: Reg
 test.before(async (t) => {
   if (blocker) return;
   t.timeout(90_000);
-  const cleanup = new Cleanup();
-  try {
-    const tag = uniq(5);
-    const sb = await NodeSandbox.create({ prefix: 'khx' });
-    cleanup.add(() => sb.destroy());
-    // The node's uplink is its eth0, with an address and the default route, like a real node's NIC.
-    const u = sb.uplink;
-    await sb.exec('sh', ['-c', `ip link set ${u.nodeIf} down && ip link set ${u.nodeIf} name eth0 && ip link set eth0 up && ip route replace default via ${u.lanIp} dev eth0`]);
-    const root = sb.tmpDir;
-    const dirs = { cniBin: join(root, 'cni-bin'), cniConf: join(root, 'cni-conf'), socket: join(root, 'kubenet.sock'), state: join(root, 'state'), ipam: join(root, 'ipam'), cache: join(root, 'cni-cache') };
-    await mkdir(join(root, 'libcni'), { recursive: true });
-    const args = [
-      '--pod-cidr', POD_CIDR, '--socket', dirs.socket, '--cni-bin-dir', dirs.cniBin, '--cni-conf-dir', dirs.cniConf, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
-      '--ipam-data-dir', dirs.ipam, '--cni-cache-dir', dirs.cache, '--state-dir', dirs.state, '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
-    ];
-    const agent = new AgentProcess(sb, args, {}, join(root, 'agent.log'), dirs.socket);
-    await agent.start();
-    world = { sb, agent, dirs, cleanup, tag, pods: [], baseline: '' };
-    // The pods that must survive every case: one shaped, one with a host port.
-    const shaped = await newPod('shaped');
-    const web = await newPod('web');
-    const hostPort = 31000 + Math.floor(Math.random() * 1000);
-    for (const [p, rc] of [
-      [shaped, { bandwidth: { IngressRate: 10e6, IngressBurst: 4294967295, EgressRate: 5e6, EgressBurst: 4294967295 } }],
-      [web, { portMappings: [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] }],
-    ] as const) {
-      const r = await libcni('add', p, rc);
-      if (r.exitCode !== 0) throw new Error(`ADD ${p.name}: ${r.stderr}`);
-      p.ip = (JSON.parse(r.stdout) as { ips: Array<{ address: string }> }).ips[0]?.address.split('/')[0];
-      world.pods.push(p);
-    }
-    web.hostPort = hostPort;
-    world.baseline = await nodeSnapshot();
-    t.log(`node netns ${sb.netns} (its uplink eth0 ${u.nodeIp}), agent pid ${agent.pid}, pods ${world.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`);
-  } catch (err) {
-    await cleanup.run().catch(() => undefined);
-    world = undefined;
-    throw err;
+  const libcni = (sb: NodeSandbox) => {
+    const dirs = agentDirs(sb.tmpDir);
+    return { confDir: dirs.cniConf, binDirs: [dirs.cniBin, ...CNI_BIN_DIRS], cacheDir: join(sb.tmpDir, 'libcni'), timeoutMs: 60_000 };
+  };
+  world = await SandboxWorld.create({ prefix: 'khx', libcni });
+  const sb = world.sb;
+  // The node's uplink is its eth0, with an address and the default route, like a real node's NIC.
+  const u = sb.uplink;
+  await sb.exec('sh', ['-c', `ip link set ${u.nodeIf} down && ip link set ${u.nodeIf} name eth0 && ip link set eth0 up && ip route replace default via ${u.lanIp} dev eth0`]);
+  const dirs = agentDirs(sb.tmpDir);
+  const args = [
+    '--pod-cidr', POD_CIDR, '--socket', dirs.socket, '--cni-bin-dir', dirs.cniBin, '--cni-conf-dir', dirs.cniConf, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
+    '--ipam-data-dir', dirs.ipam, '--cni-cache-dir', dirs.cache, '--state-dir', dirs.state, '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
+  ];
+  const agent = await world.startAgent(args, { socket: dirs.socket });
+  hostile = { dirs, pods: [], baseline: '' };
+  // The pods that must survive every case: one shaped, one with a host port.
+  const shaped = await world.newPod('shaped');
+  const web = await world.newPod('web');
+  const hostPort = 31000 + Math.floor(Math.random() * 1000);
+  for (const [p, rc] of [
+    [shaped, { bandwidth: { IngressRate: 10e6, IngressBurst: 4294967295, EgressRate: 5e6, EgressBurst: 4294967295 } }],
+    [web, { portMappings: [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] }],
+  ] as const) {
+    const r = await world.call('add', p, { runtimeConfig: rc });
+    if (r.exitCode !== 0) throw new Error(`ADD ${p.name}: ${r.stderr}`);
+    hostile.pods.push(p);
   }
+  hostile.baseline = await nodeSnapshot();
+  t.log(`node netns ${sb.netns} (its uplink eth0 ${u.nodeIp}), agent pid ${agent.pid}, pods ${hostile.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`);
 });
 
 test.after.always(async (t) => {
@@ -211,14 +184,11 @@ test.after.always(async (t) => {
     const w0 = Math.max(...rows.map((r) => r[0].length));
     t.log(`\n${'case'.padEnd(w0)} | code | message\n${rows.map((r) => `${r[0].padEnd(w0)} | ${r[1].padEnd(4)} | ${r[2]}`).join('\n')}`);
   }
-  if (!world) return;
-  for (const p of world.pods) await libcni('del', p).catch(() => undefined);
-  await world.agent.stop(5000).catch(() => undefined);
-  await world.cleanup.run();
+  await world?.destroy();
 });
 
 serialTest("the node's own network namespace is never a pod's (ADD, DEL, CHECK; by identity, not path text)", async (t) => {
-  const victim = { name: 'intruder', id: 'f'.repeat(64) };
+  const victim = podIdentity('intruder', 'f'.repeat(64));
   const agentNs = `/proc/${w().agent.pid ?? 0}/ns/net`;
   for (const [name, netns] of [
     ['ADD CNI_NETNS=/proc/self/ns/net', '/proc/self/ns/net'],
@@ -228,12 +198,12 @@ serialTest("the node's own network namespace is never a pod's (ADD, DEL, CHECK; 
     await refused(t, name, 4, /network namespace ".*" is the node's own network namespace/, async () => (await cni('ADD', podEnv(victim, netns), conf())).out);
   }
   await refused(t, 'DEL CNI_NETNS=/proc/<agent>/ns/net', 4, /is the node's own network namespace/, async () => (await cni('DEL', podEnv(victim, agentNs), conf())).out);
-  await refused(t, 'DEL of a live pod with the node netns', 4, /is the node's own network namespace/, async () => (await cni('DEL', podEnv(w().pods[0] ?? victim, agentNs), conf())).out);
-  await refused(t, 'CHECK CNI_NETNS=/proc/self/ns/net', 4, /is the node's own network namespace/, async () => (await cni('CHECK', podEnv(w().pods[0] ?? victim, '/proc/self/ns/net'), conf())).out);
+  await refused(t, 'DEL of a live pod with the node netns', 4, /is the node's own network namespace/, async () => (await cni('DEL', podEnv(shared().pods[0] ?? victim, agentNs), conf())).out);
+  await refused(t, 'CHECK CNI_NETNS=/proc/self/ns/net', 4, /is the node's own network namespace/, async () => (await cni('CHECK', podEnv(shared().pods[0] ?? victim, '/proc/self/ns/net'), conf())).out);
 });
 
 serialTest('a netns path that is not a network namespace is refused without opening anything but nsfs', async (t) => {
-  const victim = { name: 'odd', id: 'e'.repeat(64) };
+  const victim = podIdentity('odd', 'e'.repeat(64));
   const fifo = join(w().sb.tmpDir, 'a-fifo');
   await execa('mkfifo', [fifo]);
   for (const [name, netns, msg] of [
@@ -250,27 +220,27 @@ serialTest('a netns path that is not a network namespace is refused without open
 });
 
 serialTest('a retried ADD never harms the pod it names; an ADD into another pod\'s netns is refused', async (t) => {
-  const [shaped, web] = w().pods;
+  const [shaped, web] = shared().pods;
   if (!shaped || !web) return t.fail('no pods');
   // The same ADD again (runtimes retry): the recorded result, nothing changed.
-  const again = await libcni('add', shaped, { bandwidth: { IngressRate: 10e6, IngressBurst: 4294967295, EgressRate: 5e6, EgressBurst: 4294967295 } });
+  const again = await w().call('add', shaped, { runtimeConfig: { bandwidth: { IngressRate: 10e6, IngressBurst: 4294967295, EgressRate: 5e6, EgressBurst: 4294967295 } } });
   t.is(again.exitCode, 0, again.stderr);
   t.true(again.stdout.includes(`${shaped.ip}/24`), 'the same result again');
   rows.push(['ADD repeated, same parameters', '0', `the recorded result (${shaped.ip})`]);
   await assertPodsIntact(t, 'repeated ADD');
-  t.is(await nodeSnapshot(), w().baseline);
+  t.is(await nodeSnapshot(), shared().baseline);
   await refused(t, 'ADD repeated, other limits', 100, /already attached with other bandwidth limits/, async () => (await cni('ADD', podEnv(shaped, shaped.netnsPath), conf({ runtimeConfig: { bandwidth: { ingressRate: 1e6 } } }))).out);
   await refused(t, 'ADD repeated, other netns', 100, /already attached with other network namespace/, async () => (await cni('ADD', podEnv(shaped, web.netnsPath), conf())).out);
-  await refused(t, "ADD of a new ID into another pod's netns", 4, /already holds pod default\/web/, async () => (await cni('ADD', podEnv({ name: 'squatter', id: 'd'.repeat(64) }, web.netnsPath), conf())).out);
+  await refused(t, "ADD of a new ID into another pod's netns", 4, /already holds pod default\/web/, async () => (await cni('ADD', podEnv(podIdentity('squatter', 'd'.repeat(64)), web.netnsPath), conf())).out);
   // A netns whose eth0 kubenet did not make.
-  const other = await newPod('foreign');
+  const other = await w().newPod('foreign');
   await execa('ip', ['-n', other.netns, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0']);
   await refused(t, 'ADD into a netns with a foreign eth0', 4, /already has an interface eth0 that kubenet did not make/, async () => (await cni('ADD', podEnv(other, other.netnsPath), conf())).out);
   t.regex((await execa('ip', ['-n', other.netns, 'link', 'show', 'eth0'])).stdout, /eth0@peer0/, 'the foreign eth0 is untouched');
 });
 
 serialTest('GC: a malformed valid-attachments list is refused whole; a valid one keeps what it names', async (t) => {
-  const [shaped, web] = w().pods;
+  const [shaped, web] = shared().pods;
   if (!shaped || !web) return t.fail('no pods');
   const gc = (list: unknown) => cni('GC', {}, conf({ cniVersion: '1.1.0', 'cni.dev/valid-attachments': list }));
   for (const [name, list, msg] of [
@@ -284,8 +254,8 @@ serialTest('GC: a malformed valid-attachments list is refused whole; a valid one
     await refused(t, name, 7, msg, async () => (await gc(list)).out);
   }
   // A valid list naming both pods: both stay; a stray attachment not named goes.
-  const stray = await newPod('stray');
-  t.is((await libcni('add', stray)).exitCode, 0);
+  const stray = await w().newPod('stray');
+  t.is((await w().call('add', stray)).exitCode, 0);
   const ok = await gc([
     { containerID: shaped.id, ifname: 'eth0' },
     { containerID: web.id, ifname: 'eth0' },
@@ -293,16 +263,16 @@ serialTest('GC: a malformed valid-attachments list is refused whole; a valid one
   t.is(ok.exitCode, 0, JSON.stringify(ok.out));
   rows.push(['GC naming the two pods (a third up)', '0', 'the two kept, the third torn down']);
   await assertPodsIntact(t, 'valid GC');
-  t.is(await nodeSnapshot(), w().baseline, 'the stray attachment is gone, nothing else changed');
-  t.is((await libcni('del', stray)).exitCode, 0, 'DEL after GC succeeds');
+  t.is(await nodeSnapshot(), shared().baseline, 'the stray attachment is gone, nothing else changed');
+  t.is((await w().call('del', stray)).exitCode, 0, 'DEL after GC succeeds');
 });
 
 serialTest('container IDs, interface names, CNI_ARGS and commands are checked first', async (t) => {
-  const pod = await newPod('checked');
+  const pod = await w().newPod('checked');
   const long = 'x'.repeat(300);
-  await refused(t, 'ADD with a 300-character container ID', 4, /CNI_CONTAINERID is 300 characters long: at most 76/, async () => (await cni('ADD', podEnv({ name: 'long', id: long }, pod.netnsPath), conf())).out);
-  await refused(t, 'DEL with a 300-character container ID', 4, /at most 76/, async () => (await cni('DEL', podEnv({ name: 'long', id: long }, ''), conf())).out);
-  await refused(t, 'DEL of ID ../../victim', 4, /CNI_CONTAINERID "\.\.\/\.\.\/victim" is not a valid container ID/, async () => (await cni('DEL', podEnv({ name: 'x', id: '../../victim' }, ''), conf())).out);
+  await refused(t, 'ADD with a 300-character container ID', 4, /CNI_CONTAINERID is 300 characters long: at most 76/, async () => (await cni('ADD', podEnv(podIdentity('long', long), pod.netnsPath), conf())).out);
+  await refused(t, 'DEL with a 300-character container ID', 4, /at most 76/, async () => (await cni('DEL', podEnv(podIdentity('long', long), ''), conf())).out);
+  await refused(t, 'DEL of ID ../../victim', 4, /CNI_CONTAINERID "\.\.\/\.\.\/victim" is not a valid container ID/, async () => (await cni('DEL', podEnv(podIdentity('x', '../../victim'), ''), conf())).out);
   await refused(t, 'ADD CNI_IFNAME=net1', 4, /eth0 only/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_IFNAME: 'net1' }), conf())).out);
   await refused(t, 'ADD CNI_IFNAME=../../x', 4, /not a valid interface name/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_IFNAME: '../../x' }), conf())).out);
   await refused(t, 'ADD K8S_POD_NAMESPACE=../kube-system', 4, /K8S_POD_NAMESPACE "\.\.\/kube-system"/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_ARGS: 'K8S_POD_NAMESPACE=../kube-system;K8S_POD_NAME=x' }), conf())).out);
@@ -314,7 +284,7 @@ serialTest('container IDs, interface names, CNI_ARGS and commands are checked fi
 });
 
 serialTest('the network config is checked completely before the pod is set up', async (t) => {
-  const pod = await newPod('config');
+  const pod = await w().newPod('config');
   const add = (stdin: string) => async () => (await cni('ADD', podEnv(pod, pod.netnsPath), stdin)).out;
   await refused(t, 'ADD cniVersion 0.0.1', 1, /cniVersion "0\.0\.1" is not supported/, add(conf({ cniVersion: '0.0.1' })));
   await refused(t, 'ADD cniVersion 9.9.9', 1, /cniVersion "9\.9\.9" is not supported/, add(conf({ cniVersion: '9.9.9' })));
@@ -343,7 +313,7 @@ function jsonIn(body: string): { code?: number; msg?: string } {
 /** Sends a raw HTTP request on the agent socket; resolves with the status line's code and the body. */
 function raw(head: string, body: (write: (b: Buffer | string) => boolean) => Promise<void>): Promise<{ status: number; body: string }> {
   return new Promise((resolve) => {
-    const sock = connect(w().dirs.socket);
+    const sock = connect(shared().dirs.socket);
     let data = '';
     sock.on('data', (d) => (data += d.toString()));
     // The agent may cut the connection while we still write (that is the point): read what it answered.
@@ -397,13 +367,13 @@ serialTest('unbounded requests are refused early: huge bodies (declared or strea
   t.true(rss1 - rss0 < 64 * 1024, `the agent did not read the bodies whole: RSS grew ${((rss1 - rss0) / 1024).toFixed(1)} MiB`);
   await agentAlive(t, 'after huge bodies');
   await assertPodsIntact(t, 'after huge bodies');
-  t.is(await nodeSnapshot(), w().baseline);
+  t.is(await nodeSnapshot(), shared().baseline);
 });
 
 serialTest('a stalled client does not hold shutdown: SIGTERM ends the agent within seconds', async (t) => {
   // Headers and half a body, then silence, on several connections.
   const stalled = Array.from({ length: 5 }, () => {
-    const s = connect(w().dirs.socket);
+    const s = connect(shared().dirs.socket);
     s.on('error', () => undefined);
     s.on('connect', () => s.write('POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"env":{"CNI_COMMAND":"ADD"'));
     return s;
@@ -419,7 +389,7 @@ serialTest('a stalled client does not hold shutdown: SIGTERM ends the agent with
   // Pods stay up without the agent; the next agent knows them.
   await w().agent.start();
   await assertPodsIntact(t, 'after the restart');
-  t.is(await nodeSnapshot(), w().baseline, 'the restart changed nothing');
+  t.is(await nodeSnapshot(), shared().baseline, 'the restart changed nothing');
 });
 
 serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of it survives, its address goes to the next pod clean', async (t) => {
@@ -430,11 +400,11 @@ serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of i
   await execa('sh', ['-c', `printf '#!/bin/sh\\ntouch ${marker}\\nsleep 2\\nexec ${refPlugin('portmap')}\\n' > ${slow}/portmap && chmod 755 ${slow}/portmap`]);
   const agent = w().agent;
   await agent.stop(5000);
-  const slowAgent = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-slow.log'), w().dirs.socket);
+  const slowAgent = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-slow.log'), shared().dirs.socket);
   await slowAgent.start();
-  const victim = await newPod('killed');
+  const victim = await w().newPod('killed');
   const hostPort = 32500 + Math.floor(Math.random() * 200);
-  const add = libcni('add', victim, { portMappings: [{ HostPort: hostPort, ContainerPort: 80, Protocol: 'tcp', HostIP: '' }] });
+  const add = w().call('add', victim, { runtimeConfig: { portMappings: [{ HostPort: hostPort, ContainerPort: 80, Protocol: 'tcp', HostIP: '' }] } });
   const deadline = Date.now() + 20_000;
   while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
   t.true(existsSync(marker), 'portmap was running');
@@ -442,22 +412,22 @@ serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of i
   const r = await add;
   t.not(r.exitCode, 0, 'the runtime saw the ADD fail');
   await new Promise((res) => setTimeout(res, 2500)); // past the moment the orphaned portmap would have acted
-  const natNow = await inNode('iptables', ['-w', '5', '-t', 'nat', '-S']);
+  const natNow = await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S']);
   t.false(natNow.includes(`--dport ${hostPort}`), 'no rule for the host port: portmap died with the agent');
   t.false((await execa('pgrep', ['-f', `${slow}/portmap`], { reject: false })).stdout.trim() !== '', 'no portmap left running');
   // The next agent undoes the unfinished ADD (its record said what it would make).
   await agent.start();
-  t.is(await nodeSnapshot(), w().baseline, 'the restart removed everything of the interrupted ADD');
+  t.is(await nodeSnapshot(), shared().baseline, 'the restart removed everything of the interrupted ADD');
   // The address is free again; a new pod gets it with no stale host port pointing at it.
-  const next = await newPod('next');
-  const r2 = await libcni('add', next);
+  const next = await w().newPod('next');
+  const r2 = await w().call('add', next);
   t.is(r2.exitCode, 0, r2.stderr);
   const ip = (JSON.parse(r2.stdout) as { ips: Array<{ address: string }> }).ips[0]?.address.split('/')[0] ?? '';
-  t.false((await inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${ip}:`), `no host port forwards to the new pod ${ip}`);
+  t.false((await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${ip}:`), `no host port forwards to the new pod ${ip}`);
   rows.push(['SIGKILL during portmap, then restart', '-', `no rule for :${hostPort}; next pod ${ip} clean`]);
-  t.is((await libcni('del', next)).exitCode, 0);
-  t.is((await libcni('del', victim)).exitCode, 0, 'DEL of the interrupted pod succeeds');
-  t.is(await nodeSnapshot(), w().baseline);
+  t.is((await w().call('del', next)).exitCode, 0);
+  t.is((await w().call('del', victim)).exitCode, 0, 'DEL of the interrupted pod succeeds');
+  t.is(await nodeSnapshot(), shared().baseline);
 });
 
 serialTest("SIGKILL of the agent while the bridge plugin is between making the pod's veth and joining it to the bridge: the next agent removes the interface, and the retried ADD works", async (t) => {
@@ -470,10 +440,10 @@ serialTest("SIGKILL of the agent while the bridge plugin is between making the p
   await execa('sh', ['-c', `printf '#!/bin/sh\\nip link add ${hostEnd} type veth peer name eth0 netns "$CNI_NETNS"\\ntouch ${marker}\\nsleep 30\\n' > ${slow}/bridge && chmod 755 ${slow}/bridge`]);
   const agent = w().agent;
   await agent.stop(5000);
-  const stalled = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-stalled.log'), w().dirs.socket);
+  const stalled = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-stalled.log'), shared().dirs.socket);
   await stalled.start();
-  const pod = await newPod('cut');
-  const add = libcni('add', pod);
+  const pod = await w().newPod('cut');
+  const add = w().call('add', pod);
   const deadline = Date.now() + 20_000;
   while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
   t.true(existsSync(marker), 'the stalled bridge plugin made the veth');
@@ -484,10 +454,10 @@ serialTest("SIGKILL of the agent while the bridge plugin is between making the p
   t.is((await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'], { reject: false })).exitCode, 1, 'the next agent removed the interface the cut ADD made');
   t.is((await execa('ip', ['link', 'show', hostEnd], { reject: false })).exitCode, 1, 'and its host end with it');
   // As containerd does after a failed ADD: DEL, then ADD again with the same container ID.
-  t.is((await libcni('del', pod)).exitCode, 0);
-  const retry = await libcni('add', pod);
+  t.is((await w().call('del', pod)).exitCode, 0);
+  const retry = await w().call('add', pod);
   t.is(retry.exitCode, 0, `the retried ADD works: ${retry.stderr}`);
   rows.push(['SIGKILL between veth and bridge, then retry', '0', 'the interface removed at restart; the same-ID ADD succeeds']);
-  t.is((await libcni('del', pod)).exitCode, 0);
-  t.is(await nodeSnapshot(), w().baseline);
+  t.is((await w().call('del', pod)).exitCode, 0);
+  t.is(await nodeSnapshot(), shared().baseline);
 });

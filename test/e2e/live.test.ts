@@ -16,7 +16,8 @@ import { KubeEventRecorder } from '../../src/daemon/events.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
 import { classList } from '../../src/netlink/index.js';
-import { AgentHarness, agentTestBlocker, type AgentPod } from '../../hack/support/agent-harness.js';
+import { AgentHarness, agentTestBlocker } from '../../hack/support/agent-harness.js';
+import type { TestPod } from '../../hack/support/test-pod.js';
 import { FakeApiServer, fakeKubeConfig, pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { kernelTestBlocker } from '../../hack/support/kernel.js';
 import { iperf, retryLog, type IperfResult, type TopoPod } from '../../hack/support/topo.js';
@@ -60,11 +61,11 @@ async function harness(t: ExecutionContext, podCidr: string): Promise<AgentHarne
   return h;
 }
 
-async function add(t: ExecutionContext, h: AgentHarness, pod: AgentPod, runtimeConfig?: object): Promise<TopoPod> {
+async function add(t: ExecutionContext, h: AgentHarness, pod: TestPod, runtimeConfig?: object): Promise<TopoPod> {
   const r = await h.libcni('add', pod, runtimeConfig ? { runtimeConfig } : {});
   t.is(r.exitCode, 0, `libcni ADD ${pod.name}: ${r.stderr}`);
   const ip = (JSON.parse(r.stdout) as CniResultJson).ips[0]?.address.split('/')[0] ?? '';
-  return { index: 0, netns: pod.netnsName, netnsPath: pod.netnsPath, hostVeth: '', ip4: ip, ip6: '', id: pod.id };
+  return { index: 0, netns: pod.netns, netnsPath: pod.netnsPath, hostVeth: '', ip4: ip, ip6: '', id: pod.id };
 }
 
 function kubenet(h: AgentHarness, args: string[]) {

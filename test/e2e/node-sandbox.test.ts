@@ -1,5 +1,5 @@
 /**
- * The node sandbox test helper (test/helpers/node-sandbox.ts) keeps its promises: tmpfs over the
+ * The node sandbox test helper (hack/support/node-sandbox.ts) keeps its promises: tmpfs over the
  * node's directories that the host never sees, /sys of the node netns, host netns added later
  * visible inside, mounts inside never visible outside, the uplink, the host-port relay, and a
  * destroy() that leaves nothing, also after a failed setup. Traffic: one ping between the

@@ -8,7 +8,8 @@ import { execa } from 'execa';
 import { ConfigError } from '../../src/errors.js';
 import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
 import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
-import { PluginHarness, type TestPod } from '../helpers/plugin-harness.js';
+import { PluginHarness } from '../helpers/plugin-harness.js';
+import type { TestPod } from '../../hack/support/test-pod.js';
 import { podLeaves } from '../../hack/support/node-leaks.js';
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
@@ -22,7 +23,7 @@ const MBIT = 1e6;
 async function topoPod(h: PluginHarness, p: TestPod, index: number): Promise<TopoPod> {
   const status = await h.plugin.getPodNetworkStatus(p.namespace, p.name, p.id);
   const rec = h.plugin.listPods().find((r) => r.containerId === p.id);
-  return { index, netns: p.netnsName, netnsPath: p.netnsPath, hostVeth: rec?.hostVeth ?? '', ip4: status.ip, ip6: '', id: p.id };
+  return { index, netns: p.netns, netnsPath: p.netnsPath, hostVeth: rec?.hostVeth ?? '', ip4: status.ip, ip6: '', id: p.id };
 }
 
 function assertRate(t: { true: (v: boolean, m?: string) => void; log: (...a: unknown[]) => void }, what: string, bps: number, intervals: number[], limit: number) {
@@ -48,7 +49,7 @@ serialTest('annotated pods are shaped both ways, an unshaped pod is not, an inva
   const err = await t.throwsAsync(plugin.setUpPod(bad.namespace, bad.name, bad.id), { instanceOf: ConfigError });
   t.regex(err?.message ?? '', /kubernetes\.io\/egress-bandwidth/);
   t.regex(err?.message ?? '', /10 Mbit/);
-  t.false(await linkExists('eth0', bad.netnsName), 'refused pod got no veth');
+  t.false(await linkExists('eth0', bad.netns), 'refused pod got no veth');
   t.is((await h.reservedIps()).length, 3, 'refused pod reserved no address');
 
   const [s, f, p] = await Promise.all([topoPod(h, shaped, 0), topoPod(h, free, 1), topoPod(h, peer, 2)]);

@@ -70,9 +70,9 @@ serialTest('several pods on one bridge: addresses, routes, reachability, bridge 
     t.true(cidrContains(sub, status.ip), `${status.ip} in ${cidr}`);
     t.deepEqual(status.ips, [status.ip]);
     ips.push(status.ip);
-    const routes = await ipJson<IpRoute[]>(['-n', p.netnsName, 'route', 'show', 'default']);
+    const routes = await ipJson<IpRoute[]>(['-n', p.netns, 'route', 'show', 'default']);
     t.is(routes[0]?.gateway, gateway, `default route of ${p.name} via the gateway`);
-    const [eth0] = await ipJson<IpLink[]>(['-n', p.netnsName, 'link', 'show', 'eth0']);
+    const [eth0] = await ipJson<IpLink[]>(['-n', p.netns, 'link', 'show', 'eth0']);
     t.is(eth0?.mtu, 1400);
   }
   t.is(new Set(ips).size, 3, 'distinct addresses');
@@ -93,7 +93,7 @@ serialTest('several pods on one bridge: addresses, routes, reachability, bridge 
     [1, 2],
     [2, 0],
   ] as const) {
-    const r = await sh('ip', ['netns', 'exec', pods[from]!.netnsName, 'ping', '-c', '1', '-W', '2', ips[to]!], { reject: false });
+    const r = await sh('ip', ['netns', 'exec', pods[from]!.netns, 'ping', '-c', '1', '-W', '2', ips[to]!], { reject: false });
     t.is(r.exitCode, 0, `ping ${pods[from]!.name} -> ${ips[to]}: ${r.stdout}`);
   }
   t.is((await h.reservedIps()).length, 3);
@@ -110,7 +110,7 @@ serialTest('several pods on one bridge: addresses, routes, reachability, bridge 
   t.deepEqual(await h.reservedIps(), [], 'no address file left');
   t.deepEqual(await h.recordFiles(), [], 'no record left');
   t.deepEqual(plugin.listPods(), []);
-  for (const p of pods) t.false(await linkExists('eth0', p.netnsName));
+  for (const p of pods) t.false(await linkExists('eth0', p.netns));
 });
 
 itest('dual-stack pod CIDR gives each pod an address and default route per family', async (t) => {
@@ -126,7 +126,7 @@ itest('dual-stack pod CIDR gives each pod an address and default route per famil
   t.is(status.ips.length, 2);
   t.true(cidrContains(parseCidr(v4), status.ip), 'primary IP is the IPv4 one');
   t.true(status.ips.some((ip) => ip.startsWith(v6prefix)), status.ips.join(','));
-  const v6routes = await ipJson<IpRoute[]>(['-6', '-n', p.netnsName, 'route', 'show', 'default']);
+  const v6routes = await ipJson<IpRoute[]>(['-6', '-n', p.netns, 'route', 'show', 'default']);
   t.is(v6routes.length, 1);
   // hairpin-veth mode: the pod's bridge port has hairpin on.
   const ports = await ipJson<Array<{ ifname: string }>>(['link', 'show', 'master', h.bridge]);
@@ -201,7 +201,7 @@ itest('missing netns is refused before any kernel change', async (t) => {
   const h = await harness(t);
   const { plugin } = await ready(h);
   const p = await h.addPod('gone');
-  await delNetns(p.netnsName);
+  await delNetns(p.netns);
   await t.throwsAsync(plugin.setUpPod(p.namespace, p.name, p.id), { instanceOf: ConfigError, message: /does not exist/ });
   t.deepEqual(await h.reservedIps(), []);
   t.deepEqual(await h.recordFiles(), []);
@@ -221,7 +221,7 @@ itest('an exhausted pod CIDR fails the next pod and leaks nothing', async (t) =>
   t.is(err?.plugin, 'bridge');
   t.regex(err?.message ?? '', /no IP addresses available|range/i);
   t.is((await h.reservedIps()).length, 5);
-  t.false(await linkExists('eth0', last.netnsName), 'no veth left in the failed pod');
+  t.false(await linkExists('eth0', last.netns), 'no veth left in the failed pod');
   t.is((await ipJson<IpLink[]>(['link', 'show', 'master', h.bridge])).length, 5, 'no extra veth on the bridge');
   for (const p of pods.slice(0, 5)) await plugin.tearDownPod(p.namespace, p.name, p.id);
   t.deepEqual(await h.reservedIps(), []);
@@ -257,7 +257,7 @@ itest('teardown of an unknown pod and of a pod whose netns vanished succeeds and
   const p = await h.addPod('vanish');
   await plugin.setUpPod(p.namespace, p.name, p.id);
   await plugin.setUpPod(p.namespace, p.name, p.id).catch(() => undefined); // a retry must not break teardown
-  await delNetns(p.netnsName);
+  await delNetns(p.netns);
   await plugin.tearDownPod(p.namespace, p.name, p.id);
   await plugin.tearDownPod(p.namespace, p.name, p.id); // twice, as runtimes do
   t.deepEqual(await h.reservedIps(), []);
@@ -284,7 +284,7 @@ itest('a restarted plugin tears down a pod it did not set up, through its record
   );
   t.deepEqual(await h.reservedIps(), []);
   t.deepEqual(await h.recordFiles(), []);
-  t.false(await linkExists('eth0', p.netnsName));
+  t.false(await linkExists('eth0', p.netns));
 });
 
 itest('an empty reservation file (host-local killed between creating and writing it) is freed by the next start; a live pod\'s reservation stays', async (t) => {
@@ -332,7 +332,7 @@ itest('teardown deletes only a veth on the bridge that is provably the pod\'s; a
   t.true(await linkExists(stranger), 'a veth that is not on the bridge is never deleted');
   for (const [pod, veth] of [[a, vethA], [b, vethB]] as const) {
     t.false(await linkExists(veth), `${pod.name}: host veth ${veth} gone (pod b's found through its netns)`);
-    t.false(await linkExists('eth0', pod.netnsName), `${pod.name}: eth0 gone`);
+    t.false(await linkExists('eth0', pod.netns), `${pod.name}: eth0 gone`);
   }
   t.deepEqual(await h.reservedIps(), [], 'both addresses released');
   t.deepEqual(await h.recordFiles(), []);

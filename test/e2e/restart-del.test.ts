@@ -19,55 +19,45 @@
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { randomInt } from 'node:crypto';
-import { existsSync } from 'node:fs';
 import { readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
-import { FORWARDER, LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { flagsAgent, onNodeSandbox, startFlagsAgent } from '../../hack/support/agent-process.js';
+import { flagsAgent, startFlagsAgent } from '../../hack/support/agent-process.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../../hack/support/fake-apiserver.js';
-import { delNetns, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { NO_LEFTOVERS, podLeftovers, podNatRules } from '../../hack/support/node-leaks.js';
-import { cniErrorCode, resultIp, SandboxLibcni, type CniPod } from '../../hack/support/sandbox-libcni.js';
+import { cniErrorCode, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
+import type { TestPod } from '../../hack/support/test-pod.js';
 
-const blocker = kernelTestBlocker() ?? (existsSync(FORWARDER) && existsSync(LIBCNI_DRIVER) ? undefined : 'needs the CNI forwarder and the libcni driver (npm test builds them)');
+const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`restart-DEL e2e skipped: ${blocker}`);
 
-interface Pod extends CniPod {
-  netns: string;
-  hostPort: number;
-  ip?: string;
-}
-
 serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorded address waits for it', async (t) => {
   t.timeout(90_000);
-  await onNodeSandbox(t, 'kch', async (sb, cleanup, watch) => {
+  await SandboxWorld.run(t, { prefix: 'kch' }, async (world) => {
+    const { sb, cleanup } = world;
     const cidr = `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`;
     const { agent: first, settings: s } = await startFlagsAgent(sb, { podCidr: cidr });
-    watch(first);
-    const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
-    const tag = uniq(5);
-    const rc = (p: Pod) => ({ runtimeConfig: { portMappings: [{ HostPort: p.hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] } });
-    const pods: Pod[] = [];
+    world.agent = first;
+    world.libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
+    const tag = world.tag;
+    // Each pod's host port goes with every call, as containerd passes the portMappings on DEL too.
+    const pods: TestPod[] = [];
     for (const [i, name] of ['a', 'b', 'c', 'd'].entries()) {
-      const netns = `kch${tag}-${name}`;
-      await execa('ip', ['netns', 'add', netns]);
-      cleanup.add(() => delNetns(netns));
-      const p: Pod = { namespace: 'default', name, uid: `uid-${name}`, id: `${tag}${name}`.padEnd(64, '0'), netns, netnsPath: `/var/run/netns/${netns}`, hostPort: 31000 + randomInt(1000) * 4 + i };
-      const r = await libcni.call('add', p, rc(p));
+      const p = await world.newPod(name);
+      p.runtimeConfig = { portMappings: [{ HostPort: 31000 + randomInt(1000) * 4 + i, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] };
+      const r = await world.call('add', p);
       if (r.exitCode !== 0) throw new Error(`ADD ${name}: ${r.stderr}`);
-      p.ip = resultIp(r.stdout);
       pods.push(p);
     }
-    const [a, b, c, d] = pods as [Pod, Pod, Pod, Pod];
+    const [a, b, c, d] = pods as [TestPod, TestPod, TestPod, TestPod];
     const nat = async () => podNatRules((await sb.exec('iptables-save', ['-t', 'nat'])).stdout.split('\n'));
-    const natOf = async (p: Pod) => (await nat()).filter((l) => l.includes(`${p.ip}:8080`) || l.includes(p.id));
+    const natOf = async (p: TestPod) => (await nat()).filter((l) => l.includes(`${p.ip}:8080`) || l.includes(p.id));
     for (const p of pods) t.true((await natOf(p)).length > 0, `pod ${p.name} has its host-port rules`);
 
     // Pod A: Stop (DEL with its netns) before the crash; its Remove comes after the restart.
-    t.is((await libcni.call('del', a, rc(a))).exitCode, 0, 'DEL a');
+    t.is((await world.call('del', a)).exitCode, 0, 'DEL a');
     await first.kill();
     // What a crash can leave: B only its host-port rules; D an address and no record; C everything.
     const records = sb.hostPath(join(s.stateDir, 'pods'));
@@ -85,21 +75,21 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
     const kubeconfig = join(sb.tmpDir, 'kubeconfig');
     await writeFile(kubeconfig, fakeKubeConfig(`http://127.0.0.1:${api.port}`).exportConfig());
     const agent = flagsAgent(sb, { kubeconfig, nodeName }).agent;
-    watch(agent);
+    world.agent = agent;
     await agent.start({ ready: false });
     const health = await agentGet(sb.hostPath(s.socket), HEALTH_PATH);
     t.is(health.status, 503, `the agent waits for its pod CIDR: ${health.body}`);
 
-    const removeA = await libcni.call('del', a, { ...rc(a), netns: '' });
+    const removeA = await world.call('del', a, { netns: '' });
     t.is(removeA.exitCode, 0, `A (nothing held): the Remove DEL succeeds without the pod CIDR: ${removeA.stderr}`);
-    const delB = await libcni.call('del', b, { ...rc(b), netns: '' });
+    const delB = await world.call('del', b, { netns: '' });
     t.is(delB.exitCode, 0, `B (only host-port rules left): DEL succeeds without the pod CIDR: ${delB.stderr}`);
     t.deepEqual(await natOf(b), [], 'B: its host-port rules are gone');
-    const delC = await libcni.call('del', c, rc(c));
+    const delC = await world.call('del', c);
     t.is(delC.exitCode, 0, `C (recorded): DEL succeeds without the pod CIDR: ${delC.stderr}`);
     t.deepEqual(await natOf(c), [], 'C: its host-port rules are gone');
     const before = await natOf(d);
-    const delD = await libcni.call('del', d, rc(d));
+    const delD = await world.call('del', d);
     t.is(cniErrorCode(delD), 11, `D (an address, no record): DEL answers "try again later" until the pod CIDR is known: ${delD.stderr}`);
     t.regex(delD.stderr, /no pod CIDR yet/);
     t.true((await readdir(reservations)).includes(d.ip ?? 'none'), 'D: its address is still reserved');
@@ -109,13 +99,13 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
     api.setNode(nodeObject(nodeName, { podCIDR: cidr, podCIDRs: [cidr] }));
     const until = Date.now() + 20_000;
     while (Date.now() < until && (await agentGet(sb.hostPath(s.socket), HEALTH_PATH)).status !== 200) await new Promise((r) => setTimeout(r, 100));
-    const retryD = await libcni.call('del', d, rc(d));
+    const retryD = await world.call('del', d);
     t.is(retryD.exitCode, 0, `D: the retried DEL succeeds once the pod CIDR is known: ${retryD.stderr}`);
     for (const p of [c, d]) {
       await execa('ip', ['netns', 'del', p.netns]);
-      t.is((await libcni.call('del', p, { ...rc(p), netns: '' })).exitCode, 0, `${p.name}: the Remove DEL`);
+      t.is((await world.call('del', p, { netns: '' })).exitCode, 0, `${p.name}: the Remove DEL`);
     }
     await execa('ip', ['netns', 'del', b.netns]);
-    t.deepEqual(await podLeftovers(sb, { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: libcni.cacheDir }), NO_LEFTOVERS, 'nothing of any pod is left');
+    t.deepEqual(await podLeftovers(sb, { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: world.libcni.cacheDir }), NO_LEFTOVERS, 'nothing of any pod is left');
   });
 });

@@ -22,7 +22,8 @@ import { CniRuntime } from '../../src/cni/runtime.js';
 import { bridgeConf, withPortmap } from '../../src/pod/bridge.js';
 import { parseCidr } from '../../src/net/ip.js';
 import { Shaper } from '../../src/shaper/tc.js';
-import { AgentHarness, agentTestBlocker, LIBCNI_DRIVER, type AgentPod } from '../../hack/support/agent-harness.js';
+import { AgentHarness, agentTestBlocker } from '../../hack/support/agent-harness.js';
+import type { TestPod } from '../../hack/support/test-pod.js';
 import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
 import { podLeaves } from '../../hack/support/node-leaks.js';
 
@@ -34,7 +35,7 @@ if (blocker) console.warn(`upgrade e2e tests skipped: ${blocker}`);
 const CIDR = '10.93.20.0/24';
 
 interface Made {
-  pod: AgentPod;
+  pod: TestPod;
   ip: string;
   hostVeth: string;
 }
@@ -52,7 +53,7 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
   // 0.1.0's shaper kept one file per pod, named by the sha256 of its ID.
   const shaperDir = join(h.config.stateDir, 'shaper');
   await mkdir(shaperDir, { recursive: true });
-  const args = (p: AgentPod): [string, string][] => [['IgnoreUnknown', '1'], ['K8S_POD_NAMESPACE', p.namespace], ['K8S_POD_NAME', p.name], ['K8S_POD_INFRA_CONTAINER_ID', p.id]];
+  const args = (p: TestPod): [string, string][] => [['IgnoreUnknown', '1'], ['K8S_POD_NAMESPACE', p.namespace], ['K8S_POD_NAME', p.name], ['K8S_POD_INFRA_CONTAINER_ID', p.id]];
   await mkdir(join(h.config.stateDir, 'pods'), { recursive: true });
   const make = async (name: string, opts: { ports?: boolean; limits?: { ingress: number; egress: number } }): Promise<Made> => {
     const pod = await h.addPod(name);
@@ -89,7 +90,7 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
   });
   await writeFile(runtimeEntryPath, runtimeEntry);
   // The gone pod: its sandbox was removed while the agent was down; its address is still reserved.
-  await delNetns(gone.pod.netnsName);
+  await delNetns(gone.pod.netns);
   const entries0 = (await readdir(join(legacyCache, 'results'))).sort();
   t.is(entries0.length, 3, `0.1.0 left an entry per pod: ${entries0.join(' ')}`);
   t.is((await h.reservedIps()).length, 3);
@@ -119,16 +120,15 @@ serialTest('upgrade from 0.1.0: live pods keep their network and DEL releases ev
   t.deepEqual((await readdir(h.config.stateDir)).sort(), ['.pods-spare', 'pods'], "0.1.0's shaper files adopted into the records, then removed (.pods-spare: the record writer's spare files)");
   for (const m of [web, plain]) {
     t.true(await linkExists(m.hostVeth), `${m.pod.name}: veth kept`);
-    const ping = await execa('ip', ['netns', 'exec', m.pod.netnsName, 'ping', '-c', '1', '-W', '2', '10.93.20.1'], { reject: false });
+    const ping = await execa('ip', ['netns', 'exec', m.pod.netns, 'ping', '-c', '1', '-W', '2', '10.93.20.1'], { reject: false });
     t.is(ping.exitCode, 0, `${m.pod.name} still reaches its gateway`);
   }
   t.true((await execa('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.includes(`--to-destination ${web.ip}:8080`), "web's host port rule kept");
   t.is((await h.libcni('check', plain.pod)).exitCode, 0, 'CHECK of a converted pod whose config and result 0.1.0 kept');
 
   // --- The runtime deletes the live pods (its cache holds the entry for web). ---
-  const del = (p: AgentPod) => execa(LIBCNI_DRIVER, ['del', '--conf-dir', h.config.cniConfDir, '--bin-dir', [h.config.cniBinDir, ...CNI_BIN_DIRS].join(':'), '--cache-dir', legacyCache, '--netns', p.netnsPath, '--container-id', p.id, '--args', h.cniArgs(p)], { reject: false });
   for (const m of [web, plain]) {
-    const r = await del(m.pod);
+    const r = await h.libcni('del', m.pod, { cacheDir: legacyCache });
     t.is(r.exitCode, 0, `${m.pod.name}: DEL ${r.stderr}`);
   }
   t.deepEqual(await h.reservedIps(), [], 'every address released');

@@ -3,7 +3,8 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { KubenetPlugin } from '../../src/plugin/kubenet.js';
 import type { Host, KubenetOptions } from '../../src/plugin/types.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { CNI_BIN_DIRS, Cleanup, delLink, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { addTestPod, type TestPod } from '../../hack/support/test-pod.js';
 
 /** A fake kubelet host: pods and netns paths the test registers. A process/storage boundary, not the kernel. */
 export class FakeHost implements Host {
@@ -17,14 +18,6 @@ export class FakeHost implements Host {
     if (!path) throw new Error(`no sandbox ${containerId}`);
     return path;
   }
-}
-
-export interface TestPod {
-  namespace: string;
-  name: string;
-  id: string;
-  netnsName: string;
-  netnsPath: string;
 }
 
 /** One plugin on its own bridge, IPAM dir, state dir and (legacy) cache dir; `cleanup` removes all it made. */
@@ -75,15 +68,12 @@ export class PluginHarness {
     return plugin;
   }
 
-  /** A pod sandbox: a netns of the test's own, registered with the fake host. */
+  /** A pod sandbox of the test's own (addTestPod: netns `kpl-<tag>-<name>`), registered with the fake host. */
   async addPod(name: string, annotations?: Record<string, string>): Promise<TestPod> {
-    const netnsName = `kpl-${this.tag}-${name}`;
-    const { path } = await addNetns(netnsName);
-    this.cleanup.add(() => delNetns(netnsName));
-    const id = `${this.tag}${name}`.padEnd(64, '0');
-    this.host.netns.set(id, path);
-    this.host.pods.set(`default/${name}`, annotations ? { annotations } : {});
-    return { namespace: 'default', name, id, netnsName, netnsPath: path };
+    const pod = await addTestPod(this.cleanup, 'kpl', this.tag, name);
+    this.host.netns.set(pod.id, pod.netnsPath);
+    this.host.pods.set(`${pod.namespace}/${pod.name}`, annotations ? { annotations } : {});
+    return pod;
   }
 
   /** Addresses host-local still holds (files named after IPs). */
