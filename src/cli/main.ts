@@ -184,6 +184,8 @@ async function status(socket: string, json: boolean, windowS: number | undefined
     return 0;
   }
   console.log(`pod CIDR: ${s.podCIDR ?? '(none yet)'}\nbridge:   ${s.bridge}\nready:    ${s.ready}\npods:     ${s.pods.length}`);
+  // Limits hold for everything else; an older agent does not say.
+  if (s.unshapedCIDRs) console.log(`unshaped: ${s.unshapedCIDRs.join(', ') || '(none: limits hold for all traffic)'}`);
   const ports = (p: StatusReport['pods'][number]) => (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
   const seconds = s.pods.find((p) => p.rate)?.rate?.seconds;
   // A limit from the pod's namespace says so ("10M ns-default", "20M ns-ceiling"); the column widens for it.

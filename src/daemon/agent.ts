@@ -34,6 +34,8 @@ export interface StatusReport {
   podCIDR: string | undefined;
   bridge: string;
   ready: boolean;
+  /** Destinations whose traffic with shaped pods is not shaped (config unshapedCIDRs, resolved). */
+  unshapedCIDRs?: string[];
   /** With `routes: direct`: the routes to other Nodes' pod CIDRs, and the Nodes that have none. */
   routes?: RouteStatus;
   pods: Array<{
@@ -244,6 +246,7 @@ export class Agent {
     return {
       podCIDR: this.network.podCidr(),
       bridge: this.config.bridgeName,
+      unshapedCIDRs: unshapedCidrsOf(this.config),
       ready: this.ready().ok,
       ...(this.routes ? { routes: this.routes.status() } : {}),
       pods: this.network.list().map((p) => {

@@ -85,8 +85,8 @@ async function xt(tool: Tool, args: string[], ok: number[] = [0]): Promise<{ exi
 /**
  * Makes the node's mangle table hold exactly the unshaped rules for the bridge and subnets, per
  * family: the chain rewritten only when it differs, one jump from POSTROUTING; none of them for a
- * family without subnets. Returns whether anything changed. A family whose tool is missing and
- * which has no subnets is left alone.
+ * family without subnets. Returns whether anything changed. A family that has no subnets and whose
+ * rules cannot be listed (no tool, no mangle table) is left alone.
  */
 export async function syncUnshapedRules(bridge: string, subnets: Subnet[], log: Logger): Promise<boolean> {
   let changed = false;
@@ -100,7 +100,8 @@ export async function syncUnshapedRules(bridge: string, subnets: Subnet[], log: 
       const r = await xt(tool, ['-S', UNSHAPED_CHAIN], [0, 1]);
       have = r.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.startsWith('-A ')) : undefined;
     } catch (err) {
-      if (want.length === 0 && err instanceof ToolError && err.exitCode === undefined) continue;
+      // Nothing wanted and nothing listable (no tool, no such table): nothing to remove either.
+      if (want.length === 0) continue;
       throw err;
     }
     const jump = unshapedJump(bridge);
