@@ -7,8 +7,8 @@
  *
  * The file operations are synchronous on purpose: entries are a few hundred bytes in a local
  * directory, so each syscall takes microseconds, while a round trip through libuv's thread pool
- * per step (open, write, close, rename, …) cost about 1 ms per ADD+DEL on the hot path. The
- * methods stay async so the storage can change without touching callers.
+ * per step (open, write, close, rename, …) costs far more, on the hot path (measured: docs/cni.md,
+ * "Result cache"). The methods stay async so the storage can change without touching callers.
  */
 import { readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';

@@ -5,8 +5,8 @@
  * of process.env), one JSON.parse of the output.
  *
  * Plugins are started by the agent's plugin spawner (src/cni/spawner.ts, native/kubenet-spawner.c),
- * not by child_process: libuv forks the whole agent per child (3-8 ms, growing with the agent's
- * RSS), the spawner forks a ~1 MB process; and plugins it started die with the agent.
+ * not by child_process: libuv forks the whole agent per child (a cost growing with the agent's RSS),
+ * the spawner forks a tiny process (measured: docs/cni.md); and plugins it started die with the agent.
  * `KUBENET_PLUGIN_EXEC=execa` (or `ExecOptions.via: 'execa'`) selects the old execa path, for
  * comparison; it is also used, with a warning, when the spawner binary is not built.
  */

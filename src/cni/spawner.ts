@@ -4,9 +4,10 @@
  * and wait status over its stdin/stdout (the frame protocol is documented in the C file).
  *
  * Why not child_process: libuv forks the whole agent for every child, and the fork copies the
- * page tables of a 60-200 MB process (3-8 ms per exec, growing with RSS). The spawner's fork
- * copies ~1 MB. It also makes plugins die with the agent: when the agent dies, the spawner sees
- * EOF (or its parent-death signal), SIGKILLs every running plugin's process group and exits.
+ * page tables of the whole agent, so every exec costs more as the agent's RSS grows. The spawner's
+ * fork copies only its own tiny process (measured: docs/cni.md, "Plugin execs"). It also makes
+ * plugins die with the agent: when the agent dies, the spawner sees EOF (or its parent-death
+ * signal), SIGKILLs every running plugin's process group and exits.
  *
  * One spawner per agent process, shared by every caller; it and its pipes are unref'd, so it never
  * keeps the agent alive (a run in flight keeps its timeout timer, which does). If it dies, the runs

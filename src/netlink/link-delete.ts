@@ -36,12 +36,13 @@ export interface LinkDeletion {
  * `ip link del` of the link with `ifindex`, returning as soon as the link is gone from the namespace
  * rather than when the kernel has finished freeing it. The kernel unlists a link at the start of the
  * delete (its name, addresses and routes disappear, a veth's peer with it), but answers RTM_DELLINK
- * only after the device's last references are dropped and an RCU barrier has passed: 15–40 ms here,
- * against ~1 ms to unlist. So the request runs on a libuv worker thread (koffi `.async`) with a socket
- * of its own, and this polls the link by index until it is gone, or until the request fails first
- * (rejecting with its NetlinkError; ENODEV counts as gone). At most UV_THREADPOOL_SIZE − 2 deletions
- * are outstanding at once: beyond that this first waits for one to finish. A missing link is gone
- * at once. Only for links in this process's own network namespace.
+ * only after the device's last references are dropped and an RCU barrier has passed: tens of
+ * milliseconds, many times what unlisting takes (measured: docs/netlink.md). So the request runs on
+ * a libuv worker thread (koffi `.async`) with a socket of its own, and this polls the link by index
+ * until it is gone, or until the request fails first (rejecting with its NetlinkError; ENODEV
+ * counts as gone). At most UV_THREADPOOL_SIZE − 2 deletions are outstanding at once: beyond that
+ * this first waits for one to finish. A missing link is gone at once. Only for links in this
+ * process's own network namespace.
  */
 export async function linkDelete(ifindex: number): Promise<LinkDeletion> {
   const op = `linkDelete ${ifindex}`;

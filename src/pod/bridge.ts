@@ -15,9 +15,9 @@ export const POD_IFNAME = 'eth0';
 /**
  * How a pod reaches itself through a service: hairpin on each veth, a promiscuous bridge, or not at
  * all. `promiscuous-bridge` keeps kubenet's promiscuous bridge and its dedup rules (dedup.ts) and
- * turns hairpin on each veth too: on current kernels (measured on 6.18) a pod's packet DNATed back
- * to itself is bridged by br_netfilter to the port it came from, and dropped there without the
- * port's hairpin flag, promiscuous bridge or not.
+ * turns hairpin on each veth too: on current kernels a pod's packet DNATed back to itself is bridged
+ * by br_netfilter to the port it came from, and dropped there without the port's hairpin flag,
+ * promiscuous bridge or not (the kernel it was seen on, and the test that shows it: docs/pod.md).
  */
 export const HAIRPIN_MODES = ['promiscuous-bridge', 'hairpin-veth', 'none'] as const;
 export type HairpinMode = (typeof HAIRPIN_MODES)[number];

@@ -2,11 +2,11 @@
  * Keeps the node's promiscuous-bridge dedup rules (dedup.ts) matching the mode, the pod CIDR and
  * the bridge's MAC (pinned by ensureBridge, so ports coming and going no longer change it; an
  * operator still can). They are kept by a reconcile, not checked per ADD (two ebtables listings,
- * ~10 ms): when the pod CIDR is set, at init, every `resyncMs` (rules removed by hand come back
- * then) and when an ADD finds a bridge made anew (`syncIfNewBridge`); other modes remove them once,
- * at init. Without a bridge there is nothing to protect and no rule. One sync at a time. Failures
- * are logged, not thrown: duplicates are not worth failing a pod's setup for, and the next check
- * tries again.
+ * costly on the ADD path: docs/pod.md, "Dedup rules"): when the pod CIDR is set, at init, every
+ * `resyncMs` (rules removed by hand come back then) and when an ADD finds a bridge made anew
+ * (`syncIfNewBridge`); other modes remove them once, at init. Without a bridge there is nothing to
+ * protect and no rule. One sync at a time. Failures are logged, not thrown: duplicates are not
+ * worth failing a pod's setup for, and the next check tries again.
  */
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';

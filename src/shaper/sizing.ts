@@ -8,8 +8,7 @@
  *
  * - pod class: rate = ceil = the limit; burst (what it may send at line rate after idling) small
  *   enough that a new transfer cannot blow through the limit (1.5 ms of the rate, so a 10M pod
- *   bursts 3 kB, not the 2 Gbit/s kubernetes once saw), at least two full frames so that 1G still
- *   keeps up with timer slack.
+ *   bursts 3 kB), at least two full frames so that 1G still keeps up with timer slack.
  * - interactive leaf: an assured 10% of the limit (ceil: the limit). While its small packets stay
  *   within that share the leaf is "green" in htb terms and is dequeued ahead of everything, even
  *   while the pod class is out of tokens: a ping or a probe's SYN waits for no bulk frame, not
@@ -22,24 +21,20 @@
  *   (25 ms of the rate plus the burst), at least 8 frames. With small packets out of it, its depth
  *   no longer costs anyone else latency, and a deep bulk queue is what avoids retransmit storms:
  *   pods here run BBR (the node's default, inherited by every netns), which does not back off on
- *   loss, so a shallow tail-drop queue loses a steady share of what BBR overshoots. Measured
- *   (bench/shaping.ts): the previous single 3 ms queue lost one segment in seven at 100M (11-15k
- *   retransmissions per 10 s, the reference 0) and ~1.5k-10k at 1G; the reference-sized bulk
- *   queue matches the reference. The bulk leaf is a tbf that does not shape (see leafParams).
- *   Deeper is not better at low rates: BBR's startup sizes its cwnd from the RTT it sees, so a
- *   deeper queue lets it overshoot further. At 1M, 8 frames (97 ms) lost 95-119 segments of ~920
- *   per 10 s run, 16 frames 34-114, 32 frames 225-258; at 10M a 32-frame floor lost 258-727 where
- *   the 25 ms queue (26 frames) loses 134-324. The reference (4 frames at 1M) loses 113-157.
+ *   loss, so a shallow tail-drop queue loses a steady share of what BBR overshoots; the
+ *   reference-sized bulk queue matches the reference. The bulk leaf is a tbf that does not shape
+ *   (see leafParams). Deeper is not better at low rates: BBR's startup sizes its cwnd from the RTT
+ *   it sees, so a deeper queue lets it overshoot further.
  *
- * Why one queue for everything also lost pings now and then (issue 14: once 32.5 % loss, RTT max
- * 25.5 ms at 10M to the pod): a BBR flow sometimes starts with a bandwidth sample taken before the
- * shaping queue built up, at veth speed (seen with `ss -ti`: bw 0.2-1 Gbit/s for a 10M pod). While
- * BBR's max filter holds that sample, its cwnd (27 packets at 10M) exceeds the 22-frame queue, and
- * the queue fills to its limit in pulses (~0.6 s apart, for 2-3 s), tail-dropping whatever arrives
- * then: the bulk flow's segments (480-650 retransmissions instead of ~110-180) and the ping's
- * replies with them (10 % in one of 8 such runs, RTT max 24.6-25.5 ms = the full queue). Other runs
- * stay in STARTUP, cwnd-limited at 14 packets, and lose nothing. With the interactive leaf a ping,
- * an ARP reply or a probe never enters the bulk queue, full or not.
+ * Why small packets have a leaf of their own: with one queue for everything, a BBR flow sometimes
+ * starts with a bandwidth sample taken at veth speed, before the shaping queue built up. While
+ * BBR's max filter holds that sample, its cwnd exceeds the queue, which fills to its limit in
+ * pulses and tail-drops whatever arrives then: the bulk flow's segments, and a ping's replies or a
+ * probe's packets with them. With the interactive leaf a ping, an ARP reply or a probe never enters
+ * the bulk queue, full or not.
+ *
+ * Measured (losses and retransmissions per queue depth, the single queue's ping loss, the tbf
+ * leaf's segmentation): docs/shaping.md, "Queue sizing", with the command for each figure.
  */
 export const FRAME = 1514;
 
@@ -91,7 +86,7 @@ export interface PodLayout {
 /**
  * Burst in bytes for a rate in bits/s. An explicit `burstBits` is honoured between two frames and
  * 100 ms of the rate: runtimes pass huge bursts (containerd sends 2^31-1 bits for any annotated
- * pod), which is exactly how a 10M pod once did 2 Gbit/s in its first second.
+ * pod), and a burst that size lets a pod send far beyond its limit in its first second.
  */
 export function burstBytes(rateBits: number, burstBits?: number): number {
   const bytesPerSec = rateBits / 8;
@@ -130,13 +125,14 @@ export function rateParams(rateBits: number, burstBits?: number): RateParams {
 
 /**
  * The tbf leaf under the bulk class. It does not shape: htb does. It exists to segment GSO
- * super-packets into frames at enqueue and to bound the queue in bytes. Measured: a plain bfifo
- * drops 64 kB GSO skbs (10M class got 6-7 Mbit/s) or, sized for them, holds 50 ms at 10M; at 10M,
- * leaving 4-frame skbs unsegmented cost 30% more queueing delay than 2-frame ones; at 1G,
- * segmenting everything cost 7% of the rate (CPU). So the bucket, which is also the segmentation
- * threshold, is 1 ms of the rate but at least two frames. Its rate (1000× the class, at least
- * 100 Gbit/s) refills the bucket faster than htb can dequeue back to back, so it never throttles
- * and htb never logs "non-work-conserving" for it.
+ * super-packets into frames at enqueue and to bound the queue in bytes: a plain bfifo either drops
+ * 64 kB GSO skbs (the class then falls well short of its rate) or, sized for them, holds far more
+ * delay than the bulk queue should; leaving larger skbs unsegmented adds queueing delay at low
+ * rates, while segmenting everything costs CPU (a share of the rate) at high rates (measured:
+ * docs/shaping.md, "Queue sizing"). So the bucket, which is also the segmentation threshold, is
+ * 1 ms of the rate but at least two frames. Its rate (1000× the class, at least 100 Gbit/s)
+ * refills the bucket faster than htb can dequeue back to back, so it never throttles and htb never
+ * logs "non-work-conserving" for it.
  */
 export function leafParams(p: RateParams): { rate: number; burst: number; limit: number } {
   return {

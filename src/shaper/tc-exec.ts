@@ -67,18 +67,18 @@ export async function batch(tool: 'tc' | 'ip', lines: string[], opts: BatchOptio
 }
 
 /**
- * One long-lived `tc -force -batch -` fed through stdin: spawning tc costs 2-4 ms, a line costs
- * ~0.1 ms. Each run's lines are followed by a marker line that always fails (`qdisc show dev /`);
- * tc reports every failure on stderr as "Command failed -:N" with N counted over the whole
- * session, so the marker's number ends the run and the numbers before it name the failed lines.
+ * One long-lived `tc -force -batch -` fed through stdin: spawning tc costs far more than a line
+ * through a running tc (measured: docs/shaping.md, "Spawns and the tc session"). Each run's lines
+ * are followed by a marker line that always fails (`qdisc show dev /`); tc reports every failure
+ * on stderr as "Command failed -:N" with N counted over the whole session, so the marker's number
+ * ends the run and the numbers before it name the failed lines.
  * Runs are serialized. If tc dies, the run in flight fails and the next run starts a new tc.
  *
- * tc's batch mode keeps memory for every line it has run and never frees it (iproute2 6.1 here:
- * 64 MB RSS after 15 000 lines replacing and deleting one htb qdisc, over 1 GB in the agent after
- * ~8 000 pods added and deleted), so a session is replaced by a fresh tc between two runs once it
- * has run `recycleLines` lines: a 2-4 ms spawn every ~200 pods added and deleted. In a 10 000-cycle
- * bench/cni soak the agent's helpers (this tc and the plugin spawner) then stayed at 8.4-9.7 MB
- * (4.7-19.3 MB recycling at 4000 lines; tc alone 1.16 GB without recycling).
+ * tc's batch mode keeps memory for every line it has run and never frees it (iproute2 6.1 here),
+ * so a long-lived session grows without bound as pods come and go. A session is therefore replaced
+ * by a fresh tc between two runs once it has run `recycleLines` lines: one spawn every ~200 pods
+ * added and deleted, and the agent's helpers stay small (measured, with the soak that shows it:
+ * docs/shaping.md, "Spawns and the tc session").
  */
 export class TcSession {
   private proc: ChildProcess | undefined;

@@ -6,10 +6,10 @@
  * (prio 0) for the pod's small packets and `bulk` (prio 1) for the rest. A pod's ping, a kubelet
  * probe's handshake and request, DNS and the ACKs of its downloads thus never queue behind its own
  * bulk transfer, and the bulk queue can be deep enough that a saturating flow does not lose
- * segments (sizing.ts has the numbers and why). Interactive is, per family, OR of: IP total
- * length (IPv6: payload length) under 512 bytes; ICMP / ICMPv6 (so NDP too); UDP from port 53.
- * The kernel here has no fq, sfq, prio or codel: htb's priority between two leaves of one class
- * and u32 are what it offers for this.
+ * segments (sizing.ts says why; the figures: docs/shaping.md). Interactive is, per family, OR
+ * of: IP total length (IPv6: payload length) under 512 bytes; ICMP / ICMPv6 (so NDP too); UDP
+ * from port 53. The kernel here has no fq, sfq, prio or codel: htb's priority between two leaves
+ * of one class and u32 are what it offers for this.
  *
  * The layout and its lines: tc-layout.ts; what a change deletes and installs, and the pool of idle
  * ifb classes: tc-plan.ts; what it costs and buys, measured: docs/shaping.md.
@@ -69,8 +69,9 @@ export interface ShaperOptions {
   ifbName?: string;
   logger?: Logger;
   /**
-   * 'session' (default): one long-lived `tc -batch -` process fed per operation (~0.1 ms a line);
-   * 'exec': one `tc -batch -` spawn per operation (2-4 ms each). Kept for comparison and fallback.
+   * 'session' (default): one long-lived `tc -batch -` process fed per operation (a line through it
+   * costs far less than a spawn); 'exec': one `tc -batch -` spawn per operation. Kept for comparison
+   * and fallback. Measured: docs/shaping.md, "Spawns and the tc session".
    */
   tcMode?: 'session' | 'exec';
   /** Destinations not shaped (unshaped.ts), made at init; unset: untouched, empty: removed. */
@@ -240,7 +241,7 @@ export class Shaper {
     }
     const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
     // The bridge plugin makes veths with txqueuelen 0; htb and its leaves want a queue. Netlink, not an `ip`
-    // exec: the exec alone cost ~5 ms of a ~6.5 ms ensure.
+    // exec: the exec alone was most of an ensure (docs/shaping.md, "Spawns and the tc session").
     if (rec.ingressInstalled && nl.linkTxQLen(veth) === 0) nl.linkSetTxQLen(veth, 1000);
     try {
       // Deletes of what the pod no longer has: absent is fine.

@@ -63,11 +63,11 @@ export function copyFileAtomic(src: string, dest: string, mode: number): void {
 
 /**
  * Write-then-rename and remove for the small files of one directory (the pod records), without
- * creating or freeing an inode, or taking a directory lock for long, on the caller's path. Measured
- * in the agent on ext4 (bench/cni.ts, p50): creating a file costs 0.2-0.3 ms, an open with O_CREAT
- * of an existing one waits on its directory's lock, unlinking (or renaming over a file's last link)
- * costs 0.1-0.5 ms, and truncating frees blocks; renaming, linking and overwriting in place cost
- * ~0.05 ms. A pod's ADD writes its record twice and its DEL removes it.
+ * creating or freeing an inode, or taking a directory lock for long, on the caller's path: creating
+ * a file and unlinking one (or renaming over a file's last link) cost several times what renaming,
+ * linking and overwriting in place cost, truncating frees blocks, and an open with O_CREAT of an
+ * existing file waits on its directory's lock (measured in the agent on ext4: docs/pod.md, "Pod
+ * record files"). A pod's ADD writes its record twice and its DEL removes it.
  *
  * So a write goes into a spare file of the spare directory (a hidden sibling on the same filesystem:
  * rename never crosses filesystems): opened without O_CREAT, written from offset 0 in one write,
@@ -201,8 +201,8 @@ export class SpareFileWriter {
   }
 
   /**
-   * One spare, synchronously (an empty file: ~0.2 ms), then the next on a later tick: a call that
-   * arrives meanwhile waits for one file at most, and close() leaves no creation in flight.
+   * One spare, synchronously (an empty file: one file creation), then the next on a later tick: a
+   * call that arrives meanwhile waits for one file at most, and close() leaves no creation in flight.
    */
   private replenishOne(): void {
     this.timer = undefined;

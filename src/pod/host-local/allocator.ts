@@ -13,8 +13,8 @@
  * none) every file naming the ID alone (host-local < 0.8.6). Its errors carry host-local's words.
  * One difference: an ADD holds the lock across all its range sets, where host-local takes it per
  * set. Cost: like host-local, an ADD (its duplicate check) and a DEL read every reservation file of
- * the network, ~10-25 µs each (measured: 0.3 ms per ADD with no other reservation, 2.6 ms with 100,
- * on a loaded 2-core machine), on the event loop, under the lock.
+ * the network, on the event loop, under the lock, so they grow with the node's reservations
+ * (measured: docs/pod.md, "host-local's allocator in the agent").
  */
 import { ConflictError, ConfigError, KubenetError } from '../../errors.js';
 import type { CniResult, Route } from '../../cni/types.js';
