@@ -412,8 +412,12 @@ async function costBench(): Promise<void> {
         const pe = oursExec.pods[maxN + k];
         const pr = ref.pods[maxN + k];
         const pu = oursU.pods[maxN + k];
+        // ours and ours-with-unshaped take turns at going first: whichever follows the reference's
+        // exec'd DEL pays for its CPU burst (seen: 0.69-0.85x in favour of the one going second).
+        const addU = async () => (pu ? timed(() => shaperU.ensure(spec(pu)), u.add) : undefined);
+        if (k % 2 === 1) await addU();
         await timed(() => shaper.ensure(spec(ps)), s.add);
-        if (pu) await timed(() => shaperU.ensure(spec(pu)), u.add);
+        if (k % 2 === 0) await addU();
         if (pe) await timed(() => shaperExec.ensure(spec(pe)), e.add);
         if (pr) await timed(() => refExec('ADD', pr, rate, burstBits), r.add);
         await timed(() => shaper.remove(ps.id), s.del);
@@ -448,11 +452,11 @@ async function costBench(): Promise<void> {
       };
       console.log(`total at n=${last[0]} / at n=${first[0]}: ours ${growth(3)}, ours-exec ${growth(6)}, ref ${growth(9)}`);
       const g = Number(last[3]) / Number(first[3]);
-      console.log(`goal per-pod cost flat (ours total at n=${last[0]} <= 1.5x n=${first[0]}): ${g <= 1.5 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
+      console.log(`goal per-pod cost flat (issue 22: ours total at n=${last[0]} <= 2x n=${first[0]}): ${g <= 2 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
     }
     for (const [n, plain, withU] of unshapedTotals) {
       const g = withU / plain;
-      console.log(`goal per-pod cost with ${unshapedCount} unshaped CIDRs within 10 % of none at n=${n}: ${Math.abs(g - 1) <= 0.1 ? 'PASS' : 'MISS'} ${withU.toFixed(2)} / ${plain.toFixed(2)} ms (${g.toFixed(2)}x)`);
+      console.log(`goal per-pod cost with ${unshapedCount} unshaped CIDRs within 10 % of none (issue 24: <= 1.1x) at n=${n}: ${g <= 1.1 ? 'PASS' : 'MISS'} ${withU.toFixed(2)} / ${plain.toFixed(2)} ms (${g.toFixed(2)}x)`);
     }
     const cheap = rows.map((r) => Number(r[9]) / Number(r[3]));
     if (cheap.every((x) => !Number.isNaN(x))) {
