@@ -25,6 +25,7 @@ import {
   linkSetTxQLen,
   minHostMtu,
   netnsAddrList,
+  netnsLinkByName,
   NLE,
   nleToErrno,
   setPromiscOff,
@@ -55,6 +56,8 @@ interface IpLink {
   /** The peer of a veth in the same namespace (by name), or its index when it is in another one. */
   link?: string;
   link_index?: number;
+  /** Present when the peer is in another namespace (its id as this one knows it). */
+  link_netnsid?: number;
   address?: string;
   linkinfo?: { info_kind?: string };
 }
@@ -98,6 +101,7 @@ function expectedLink(l: IpLink, all: IpLink[]): LinkInfo {
     master: l.master ? (all.find((m) => m.ifname === l.master)?.ifindex ?? -1) : 0,
     type: l.linkinfo?.info_kind,
     peerIndex: l.link_index ?? (l.link ? (all.find((m) => m.ifname === l.link)?.ifindex ?? -1) : 0),
+    peerElsewhere: l.link_netnsid !== undefined,
     mac: l.address ?? '',
   };
 }
@@ -300,6 +304,21 @@ kTest('linkByIndex finds the same link as linkByName; a missing index is ENODEV'
   netlinkErrno(t, () => linkByIndex(gone), ENODEV, 'deleted veth peer by index');
   t.throws(() => linkByIndex(0), { instanceOf: ConfigError });
   t.throws(() => linkByIndex(-3), { instanceOf: ConfigError });
+});
+
+kTest('a veth whose peer is in another netns: peerIndex is the index there and peerElsewhere is set, from both sides, as ip -d shows', async (t) => {
+  const links = await makeLinks(t);
+  t.false(linkByName(links.veth).peerElsewhere, 'both ends in one namespace');
+  const ns = await makeNetns(t);
+  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+  const host = linkByName(links.veth);
+  const inPod = netnsLinkByName(ns.path, links.peer);
+  t.truthy(inPod);
+  t.true(host.peerElsewhere && (inPod?.peerElsewhere ?? false));
+  t.is(host.peerIndex, inPod?.index ?? -1, 'the host end names the pod end by its index in the pod netns');
+  t.is(inPod?.peerIndex, host.index, 'and the other way round');
+  const ip = (await ipLinks()).find((l) => l.ifname === links.veth);
+  t.deepEqual(withoutFlags(host), withoutFlags(expectedLink(ip as IpLink, await ipLinks())));
 });
 
 kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it resolves; the request then finishes without error', async (t) => {

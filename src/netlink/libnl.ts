@@ -117,6 +117,8 @@ export const route = {
   rtnl_link_get_master: libroute.func('int rtnl_link_get_master(rtnl_link *link)'),
   // IFLA_LINK: for a veth, the ifindex of its peer (in the peer's namespace); 0 when absent.
   rtnl_link_get_link: libroute.func('int rtnl_link_get_link(rtnl_link *link)'),
+  // IFLA_LINK_NETNSID: the namespace (its id as this one knows it) the peer is in, when not this one; 0 or -NLE_AGAIN (absent).
+  rtnl_link_get_link_netnsid: libroute.func('int rtnl_link_get_link_netnsid(rtnl_link *link, _Out_ int32_t *id)'),
   // NULL (-> null) when the link has no IFLA_INFO_KIND (physical NICs, loopback).
   rtnl_link_get_type: libroute.func('const char *rtnl_link_get_type(rtnl_link *link)'),
   // The link-layer address: borrowed from the link (never nl_addr_put it); set takes its own reference.

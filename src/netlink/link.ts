@@ -30,6 +30,8 @@ export interface LinkInfo {
   type: string | undefined;
   /** IFLA_LINK: for a veth the ifindex of its peer, in the peer's namespace; 0 when absent. */
   peerIndex: number;
+  /** IFLA_LINK_NETNSID is there: the peer is in another network namespace than this link. */
+  peerElsewhere: boolean;
   /** The link-layer address ("aa:bb:cc:dd:ee:ff"); '' when the link has none. */
   mac: string;
 }
@@ -63,10 +65,12 @@ export function toLinkInfo(link: Ptr): LinkInfo {
     master: route.rtnl_link_get_master(link) as number,
     type: type ?? undefined,
     peerIndex: route.rtnl_link_get_link(link) as number,
+    peerElsewhere: (route.rtnl_link_get_link_netnsid(link, netnsidOut) as number) === 0,
     mac: macOf(link),
   };
 }
 
+const netnsidOut: [number] = [0];
 const macBuf = Buffer.alloc(64);
 
 function macOf(link: Ptr): string {

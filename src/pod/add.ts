@@ -5,11 +5,13 @@
  * the record of the result; a failure undoes what this ADD made (del.ts).
  */
 import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList } from '../cni/types.js';
 import { ConflictError, KubenetError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import { isUnshaped } from '../shaper/limits.js';
+import type { ShapingState } from '../shaper/tc.js';
 import { differences, podCniArgs, podName, round, runtimeConf, shortId } from './attachment.js';
 import { CNI_VERSION, withPortmap } from './bridge.js';
 import { ensureBridge } from './bridge-kernel.js';
@@ -18,6 +20,7 @@ import { NetnsError, type NetnsId } from './netns.js';
 import { RECORD_VERSION, recordKey, type PodRecord } from './record.js';
 import { LOOPBACK_NETWORK_NAME, type AttachRequest } from './requests.js';
 import { StepTimer } from './step-timer.js';
+import { hostEndOnBridge } from './veth.js';
 
 const LOOPBACK_CONF: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
 
@@ -86,12 +89,18 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
   // too, once they are allocated; after the exec only the veth's part is left to shape.
   const egressFirst = prefetch && req.limits.egress !== undefined ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits: req.limits })) : undefined;
   egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
+  let early: Promise<EarlyShaping | undefined> | undefined;
   try {
     // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
     const bridge = await ensureBridge(core.settings(), log);
     await core.dedup.syncIfNewBridge(bridge.index);
     if (core.opts.manageLoopback) await core.cni.add(LOOPBACK_CONF, { ...rt, ifName: 'lo', capabilityArgs: {} });
-    const result = await core.mode().add(network, rt, podName(req));
+    const exec = core.mode().add(network, rt, podName(req));
+    // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
+    // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
+    early = prefetch && !isUnshaped(req.limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;
+    early?.then((e) => e && steps.note('vethEarly', performance.now() - started), () => undefined);
+    const result = await exec;
     steps.mark('bridge');
     const ips = resultIps(result);
     if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
@@ -104,7 +113,13 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     record.hostVethIndex = hostVethIndex;
     steps.mark('veth');
     await egressFirst;
-    await applyShaping(core, record);
+    const shaped = await early?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
+    if (shaped?.hostVeth === hostVeth) {
+      if (shaped.state) record.shaping = shaped.state;
+    } else {
+      if (shaped) log.error({ found: shaped.hostVeth, reported: hostVeth }, 'the veth shaped beside the exec is not the one the bridge plugin reported');
+      await applyShaping(core, record);
+    }
     steps.mark('shape');
     record.phase = 'ready';
     record.result = convertResult(result, network.cniVersion);
@@ -117,6 +132,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     // A host-local ADD still running would reserve an address after the undo's release of it.
     await prefetch?.catch(() => undefined);
     await egressFirst?.catch(() => undefined);
+    await early?.catch(() => undefined);
     try {
       await core.teardown(record, log);
     } catch (undoErr) {
@@ -127,6 +143,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
   } finally {
     core.adding.delete(key);
     core.prefetched.delete(key);
+    core.ipamAsked.delete(key);
   }
 }
 
@@ -147,4 +164,47 @@ export async function applyShaping(core: Core, record: PodRecord): Promise<void>
 /** A CNI result's addresses without their prefix length. */
 function resultIps(result: CniResult): string[] {
   return result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
+}
+
+/** How often an ADD looks for its veth on the bridge when it was not there yet at the IPAM call. */
+const VETH_POLL_MS = 1;
+
+interface EarlyShaping {
+  hostVeth: string;
+  state: ShapingState | undefined;
+}
+
+/**
+ * The pod's shaping made while the bridge plugin still runs. The plugin makes the veth a port of
+ * the bridge before it asks its IPAM for the addresses (the shim: `Core.ipamAsked`), then spends
+ * the rest of its run in the pod's netns. From that call the host veth is found (veth.ts
+ * hostEndOnBridge; looked for again every VETH_POLL_MS should it not be there yet) and shaped with
+ * the addresses the agent allocated, after the ifb side `egressFirst` made. Undefined when the
+ * exec ended first: the ADD then shapes after it, as without this.
+ */
+async function shapeWhileExec(
+  core: Core,
+  key: string,
+  req: AttachRequest,
+  bridgeIndex: number,
+  prefetch: Promise<CniResult>,
+  egressFirst: Promise<unknown> | undefined,
+  exec: Promise<unknown>,
+): Promise<EarlyShaping | undefined> {
+  let done = false;
+  const ended = exec.then(
+    () => (done = true),
+    () => (done = true),
+  );
+  await Promise.race([new Promise<void>((resolve) => core.ipamAsked.set(key, resolve)), ended]);
+  const claimed = new Set(core.store.all().flatMap((r) => (r.hostVethIndex ? [r.hostVethIndex] : [])));
+  let veth: string | undefined;
+  while (!done && veth === undefined) {
+    veth = hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed)?.name;
+    if (veth === undefined) await sleep(VETH_POLL_MS);
+  }
+  if (veth === undefined) return undefined;
+  const ips = resultIps(await prefetch);
+  await egressFirst;
+  return { hostVeth: veth, state: await core.shaper.ensure({ id: req.containerId, hostVeth: veth, ips, limits: req.limits }) };
 }

@@ -24,6 +24,8 @@ export interface Core {
   readonly adding: Set<string>;
   /** The allocations the mode started beside the bridge exec for ADDs running now, by record key. */
   readonly prefetched: Map<string, Promise<CniResult>>;
+  /** Called when the bridge plugin of an ADD running now asks for its addresses (the shim), by record key. */
+  readonly ipamAsked: Map<string, () => void>;
   readonly cni: CniRuntime;
   readonly shaper: Shaper;
   /** The address mode in force, and the mode of each record's network. */

@@ -79,6 +79,8 @@ export class PodNetwork {
   private readonly adding = new Set<string>();
   /** The allocations the mode started beside the bridge exec for ADDs running now, by record key. */
   private readonly prefetched = new Map<string, Promise<CniResult>>();
+  /** Called when the bridge plugin of an ADD running now asks for its addresses, by record key. */
+  private readonly ipamAsked = new Map<string, () => void>();
   /** The address mode in force, and the mode of each record's network. */
   private readonly modes: AddressModes;
   private readonly dedup: DedupKeeper;
@@ -120,6 +122,7 @@ export class PodNetwork {
       locks: this.locks,
       adding: this.adding,
       prefetched: this.prefetched,
+      ipamAsked: this.ipamAsked,
       cni: this.cni,
       shaper: this.shaper,
       modes: this.modes,
@@ -273,7 +276,11 @@ export class PodNetwork {
    *   hand with the agent's config): nothing is allocated for it.
    */
   prefetchedIpam(containerId: string, ifName: string): Promise<CniResult> {
-    const running = this.prefetched.get(recordKey(containerId, ifName));
+    const key = recordKey(containerId, ifName);
+    const running = this.prefetched.get(key);
+    // The bridge plugin asks for its addresses once the pod's veth is a port of the bridge: the
+    // ADD shapes the veth now, while the plugin configures the pod's netns (add.ts).
+    this.ipamAsked.get(key)?.();
     if (running) return running;
     return Promise.reject(
       new UnknownPodError(`kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`),

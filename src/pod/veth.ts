@@ -61,6 +61,20 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
   }
 }
 
+/**
+ * The host end of the pod's interface once the bridge plugin has made it a port of the bridge, or
+ * undefined while it has not (yet): the pod's interface in its netns is a veth whose peer is in
+ * another namespace, that peer's index here is a veth on `bridgeIndex` whose own peer is in another
+ * namespace with the pod interface's index, and no other pod's record claims it. For an ADD that
+ * still runs the bridge plugin (its netns held no such interface when it began, under its lock).
+ */
+export function hostEndOnBridge(netns: string, ifName: string, bridgeIndex: number, claimed: ReadonlySet<number>): nl.LinkInfo | undefined {
+  const inPod = nl.netnsLinkByName(netns, ifName);
+  if (inPod?.type !== 'veth' || !inPod.peerElsewhere || inPod.peerIndex <= 0 || claimed.has(inPod.peerIndex)) return undefined;
+  const host = nl.ifPresent(() => nl.linkByIndex(inPod.peerIndex));
+  return host?.type === 'veth' && host.master === bridgeIndex && host.peerElsewhere && host.peerIndex === inPod.index ? host : undefined;
+}
+
 /** Whether the pod's host veth still exists (by recorded index, else by name). */
 export function podVethPresent(r: PodRecord): boolean {
   const link = r.hostVethIndex ? nl.ifPresent(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? nl.ifPresent(() => nl.linkByName(r.hostVeth ?? '')) : undefined;

@@ -131,10 +131,17 @@ serialTest('restarted with an empty list: no unshaped rule anywhere, and the gat
   t.deepEqual(await ifbFilters(), []);
   const podEp: IperfEndpoint = { netns: p.netns, ip4: p.ip };
   const gateway: IperfEndpoint = { netns: w().sb.netns, ip4: GATEWAY };
-  const fromGw = await iperf(podEp, gateway, { onRetry: retryLog(t), seconds: 5 });
-  logRate(t, 'gateway → pod (ingress 10M, nothing unshaped)', fromGw.bps, fromGw.intervals, LIMIT);
-  const toGw = await iperf(gateway, podEp, { onRetry: retryLog(t), seconds: 5 });
-  logRate(t, 'pod → gateway (egress 10M, nothing unshaped)', toGw.bps, toGw.intervals, LIMIT);
+  // Shaped again, not at line rate: the mean within ±10 % of the limit (the per-second bound of
+  // the shaper is the other suites' to check; a receiver descheduled for a moment by a suite
+  // running beside this one moves a second's bytes into the next).
+  for (const [what, server, client] of [
+    ['gateway → pod (ingress 10M, nothing unshaped)', podEp, gateway],
+    ['pod → gateway (egress 10M, nothing unshaped)', gateway, podEp],
+  ] as const) {
+    const r = await iperf(server, client, { onRetry: retryLog(t), seconds: 5 });
+    t.log(`${what}: ${(r.bps / 1e6).toFixed(2)} Mbit/s, 1 s intervals ${r.intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`);
+    t.true(Math.abs(r.bps / LIMIT - 1) <= 0.1, `${what}: ${r.bps} within ±10 % of ${LIMIT}`);
+  }
 });
 
 /** The pod's host veth, from the agent's status. */
