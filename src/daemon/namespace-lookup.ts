@@ -40,6 +40,8 @@ const MAX_LOOKUPS_IN_FLIGHT = 256;
 
 export class ClusterNamespaceLookup implements NamespaceLookup {
   private readonly log: Logger;
+  /** The Forbidden answer of a namespace GET was logged (once: every ADD asks again). */
+  private forbiddenLogged = false;
   private readonly api: KubeApi;
   private readonly loop: ListWatchLoop<V1Namespace>;
   /** name → policy annotations; a namespace a GET found missing is kept as undefined until the watch says otherwise. */
@@ -126,6 +128,14 @@ export class ClusterNamespaceLookup implements NamespaceLookup {
       const ns = await this.api.getJson<V1Namespace>(path, {}, this.aborter.signal);
       found = policyAnnotations(ns.metadata?.annotations);
     } catch (err) {
+      if (err instanceof KubeApiError && err.status === 403) {
+        // A ClusterRole of before the namespace policy (the image updated, not the RBAC): the node
+        // keeps setting pods up as that version did, without the policy, and says why (not cached:
+        // the next ADD asks again, so applying the manifest's RBAC is enough).
+        if (!this.forbiddenLogged) this.log.warn({ namespace, err }, 'the ClusterRole does not allow reading namespaces: pods are set up without namespace bandwidth policy (apply manifests/kubenet.yaml\'s RBAC)');
+        this.forbiddenLogged = true;
+        return undefined;
+      }
       if (!(err instanceof KubeApiError && err.status === 404)) {
         const why = err instanceof Error ? err.message : String(err);
         throw new KubenetError(`cannot look up namespace ${namespace} in the Kubernetes API: ${why}`, { cause: err });

@@ -286,6 +286,19 @@ test('the namespace watch keeps policy annotations only, tells of policy changes
   t.true(api.requests.filter((r) => r.path === '/api/v1/namespaces').every((r) => r.authorization === 'Bearer fake-token'));
 });
 
+test('a ClusterRole without namespaces (the image updated before the RBAC): the lookup answers no policy instead of failing the ADD, and asks again next time', async (t) => {
+  const api = await fakeApi(t);
+  api.setNamespace(namespace('team', { [MAX_IN]: '20M' }));
+  api.failWith = (r) => (r.path === '/api/v1/namespaces/team' ? 403 : undefined);
+  const lookup = new ClusterNamespaceLookup({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 });
+  t.teardown(() => lookup.stop());
+  t.is(await lookup.annotations('team'), undefined, 'no policy: the pod is set up as before the policy existed');
+  t.is(await lookup.annotations('team'), undefined);
+  t.is(api.count('/api/v1/namespaces/team', 'get'), 2, 'not cached: once the RBAC allows it, the policy applies');
+  api.failWith = undefined;
+  t.deepEqual(await lookup.annotations('team'), { [MAX_IN]: '20M' });
+});
+
 function traffic(r: PodRecord): PodTraffic {
   const dir = { limit: 10 * M, bytes: 1, packets: 1, drops: 0, overlimits: 0, backlog: 0 };
   return { record: r, shaping: { id: r.containerId, hostVeth: 'v', ...(r.limits.ingress ? { ingress: dir } : {}), ...(r.limits.egress ? { egress: dir } : {}) } };
