@@ -86,7 +86,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
   }
   // The egress side on the shared ifb needs only the pod's addresses: made beside the bridge exec
-  // too, once they are allocated; after the exec only the veth's part is left to shape.
+  // too, once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
   const egressFirst = prefetch && req.limits.egress !== undefined ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits: req.limits })) : undefined;
   egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
   let early: Promise<EarlyShaping | undefined> | undefined;
