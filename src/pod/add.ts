@@ -95,7 +95,10 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     const bridge = await ensureBridge(core.settings(), log);
     await core.dedup.syncIfNewBridge(bridge.index);
     if (core.opts.manageLoopback) await core.cni.add(LOOPBACK_CONF, { ...rt, ifName: 'lo', capabilityArgs: {} });
-    const exec = core.mode().add(network, rt, podName(req));
+    // portmap creates its top-level chains check-then-create: two at once, one fails (iptables-nft
+    // "CHAIN_USER_ADD failed (File exists)", seen in the churn suite). One host-port ADD at a time.
+    const run = () => core.mode().add(network, rt, podName(req));
+    const exec = req.portMappings.length > 0 ? core.locks.run('portmap', run) : run();
     // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
     // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
     early = prefetch && !isUnshaped(req.limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;

@@ -9,14 +9,14 @@
  * is shaped too. The pod's own tc objects are the same with any list (the cost is per node). Traffic
  * only between the sandbox's and the test's own namespaces, under the traffic lock.
  */
-import anyTest, { type TestFn } from 'ava';
+import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa } from 'execa';
 import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
 import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
 import type { TestPod } from '../../hack/support/test-pod.js';
 import { agentGet, DEFAULT_SOCKET_PATH } from '../../src/daemon/protocol.js';
-import { iperf, retryLog, type IperfEndpoint } from '../../hack/support/topo.js';
-import { logRate, logUnshaped } from '../helpers/measure.js';
+import { iperf, retryLog, type IperfEndpoint, type IperfResult } from '../../hack/support/topo.js';
+import { logUnshaped } from '../helpers/measure.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
@@ -99,10 +99,8 @@ serialTest('unshapedCIDRs: exactly its rules on the node; the gateway (in 10/8) 
   const podEp: IperfEndpoint = { netns: p.netns, ip4: p.ip ?? '' };
   const gateway: IperfEndpoint = { netns: w().sb.netns, ip4: GATEWAY };
   const lan: IperfEndpoint = { netns: w().sb.lanNetns, ip4: w().sb.uplink.lanIp };
-  const into = await iperf(podEp, lan, { onRetry: retryLog(t), seconds: 5 });
-  logRate(t, 'LAN host → pod (ingress 10M)', into.bps, into.intervals, LIMIT);
-  const outOf = await iperf(lan, podEp, { onRetry: retryLog(t), seconds: 5 });
-  logRate(t, 'pod → LAN host (egress 10M, masqueraded)', outOf.bps, outOf.intervals, LIMIT);
+  shapedMean(t, 'LAN host → pod (ingress 10M)', await iperf(podEp, lan, { onRetry: retryLog(t), seconds: 5 }));
+  shapedMean(t, 'pod → LAN host (egress 10M, masqueraded)', await iperf(lan, podEp, { onRetry: retryLog(t), seconds: 5 }));
   const fromGw = await iperf(podEp, gateway, { onRetry: retryLog(t), seconds: 3 });
   logUnshaped(t, 'gateway → pod', fromGw.bps, fromGw.intervals, LIMIT);
   const toGw = await iperf(gateway, podEp, { onRetry: retryLog(t), seconds: 3 });
@@ -131,18 +129,20 @@ serialTest('restarted with an empty list: no unshaped rule anywhere, and the gat
   t.deepEqual(await ifbFilters(), []);
   const podEp: IperfEndpoint = { netns: p.netns, ip4: p.ip };
   const gateway: IperfEndpoint = { netns: w().sb.netns, ip4: GATEWAY };
-  // Shaped again, not at line rate: the mean within ±10 % of the limit (the per-second bound of
-  // the shaper is the other suites' to check; a receiver descheduled for a moment by a suite
-  // running beside this one moves a second's bytes into the next).
-  for (const [what, server, client] of [
-    ['gateway → pod (ingress 10M, nothing unshaped)', podEp, gateway],
-    ['pod → gateway (egress 10M, nothing unshaped)', gateway, podEp],
-  ] as const) {
-    const r = await iperf(server, client, { onRetry: retryLog(t), seconds: 5 });
-    t.log(`${what}: ${(r.bps / 1e6).toFixed(2)} Mbit/s, 1 s intervals ${r.intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`);
-    t.true(Math.abs(r.bps / LIMIT - 1) <= 0.1, `${what}: ${r.bps} within ±10 % of ${LIMIT}`);
-  }
+  shapedMean(t, 'gateway → pod (ingress 10M, nothing unshaped)', await iperf(podEp, gateway, { onRetry: retryLog(t), seconds: 5 }));
+  shapedMean(t, 'pod → gateway (egress 10M, nothing unshaped)', await iperf(gateway, podEp, { onRetry: retryLog(t), seconds: 5 }));
 });
+
+/**
+ * Shaped, not at line rate: the mean within ±10 % of the limit. The shaper's per-second bound
+ * (1.25×) is the traffic, agent, containerd and cluster suites' to check; here a second after a late
+ * loss recovery or a receiver descheduled beside another suite (seen: 5.5 then 15.5, and 3.0 then
+ * 17.4 Mbit/s, both seconds together at the limit) would fail a check this suite is not about.
+ */
+function shapedMean(t: ExecutionContext, what: string, r: IperfResult): void {
+  t.log(`${what}: ${(r.bps / 1e6).toFixed(2)} Mbit/s of ${LIMIT / 1e6}, 1 s intervals ${r.intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`);
+  t.true(Math.abs(r.bps / LIMIT - 1) <= 0.1, `${what}: ${r.bps} within ±10 % of ${LIMIT}`);
+}
 
 /** The pod's host veth, from the agent's status. */
 async function podHostVeth(p: TestPod): Promise<string> {
