@@ -90,6 +90,15 @@ function ifName(value: unknown, fail: Fail): string {
   return s;
 }
 
+/** The CIDR normalized (host bits cleared), or fail(expected, why). */
+function cidr(s: string, fail: Fail, expected: string): string {
+  try {
+    return parseCidr(s).cidr;
+  } catch (err) {
+    throw fail(expected, causeText(err));
+  }
+}
+
 function absPath(expected = 'an absolute path'): Validator {
   return (value, fail) => {
     const s = str(value, fail, expected);
@@ -241,12 +250,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     description: 'Traffic from pods to this CIDR keeps its source address; other off-node traffic is masqueraded. 0.0.0.0/0 disables masquerading.',
     validate: (value, fail) => {
       const expected = 'a CIDR such as "10.0.0.0/8"';
-      const s = str(value, fail, expected);
-      try {
-        return parseCidr(s).cidr;
-      } catch (err) {
-        throw fail(expected, causeText(err));
-      }
+      return cidr(str(value, fail, expected), fail, expected);
     },
   },
   routes: {
@@ -269,11 +273,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
       if (!Array.isArray(value)) throw fail(expected);
       return value.map((v) => {
         if (typeof v !== 'string') throw fail(expected, `element ${describe(v)}`);
-        try {
-          return parseCidr(v).cidr;
-        } catch (err) {
-          throw fail(expected, causeText(err));
-        }
+        return cidr(v, fail, expected);
       });
     },
   },
