@@ -100,6 +100,14 @@ export class CniHandler {
     }
   }
 
+  private tellAttached(record: PodRecord, resolved: ResolvedLimits | undefined): void {
+    try {
+      this.observer?.attached(record, resolved);
+    } catch (err) {
+      this.log.error({ err, pod: `${record.namespace}/${record.name}` }, 'telling of an attached pod failed');
+    }
+  }
+
   private async act(call: CniCall): Promise<string> {
     switch (call.command) {
       case 'VERSION':
@@ -138,7 +146,8 @@ export class CniHandler {
           ...(resolved?.policy ? { limitSources: resolved.sources } : {}),
           portMappings: call.portMappings,
         });
-        if (!repeated) this.observer?.attached(record, resolved);
+        // Events and the late re-shape check after the answer has gone out, not before it.
+        if (!repeated && this.observer) setImmediate(() => this.tellAttached(record, resolved));
         return JSON.stringify(convertResult(result, call.cniVersion));
       }
       case 'DEL':

@@ -77,18 +77,8 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
   steps.mark('record');
   core.adding.add(key);
   const rt = runtimeConf(record, req.netns);
-  // The agent's allocation runs now, in-process, beside the bridge plugin's exec, which gets its
-  // result when it asks its IPAM (the shim).
-  const prefetch = core.mode().startAllocation(network, rt);
-  if (prefetch) {
-    prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
-    core.prefetched.set(key, prefetch);
-    void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
-  }
-  // The egress side on the shared ifb needs only the pod's addresses: made beside the bridge exec
-  // too, once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
-  const egressFirst = prefetch && req.limits.egress !== undefined ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits: req.limits })) : undefined;
-  egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
+  let prefetch: Promise<CniResult> | undefined;
+  let egressFirst: Promise<unknown> | undefined;
   let early: Promise<EarlyShaping | undefined> | undefined;
   try {
     // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
@@ -99,9 +89,25 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     // "CHAIN_USER_ADD failed (File exists)", seen in the churn suite). One host-port ADD at a time.
     const run = () => core.mode().add(network, rt, podName(req));
     const exec = req.portMappings.length > 0 ? core.locks.run('portmap', run) : run();
+    // The exec is on its way (the spawner has the request): what the agent does beside it starts
+    // now, not before, so that none of it delays the plugin's start. The agent's allocation, which
+    // the plugin gets when it asks its IPAM (the shim): the plugin asks only once it has started and
+    // made the veth, milliseconds later, and the shim's request is read on a later turn of the
+    // event loop than this one, which sets `prefetched` before any such turn.
+    prefetch = core.mode().startAllocation(network, rt);
+    if (prefetch) {
+      prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
+      core.prefetched.set(key, prefetch);
+      void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
+    }
+    // The egress side on the shared ifb needs only the pod's addresses: made beside the exec too,
+    // once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
+    const limits = req.limits;
+    egressFirst = prefetch && limits.egress !== undefined ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits })) : undefined;
+    egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
     // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
     // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
-    early = prefetch && !isUnshaped(req.limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;
+    early = prefetch && !isUnshaped(limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;
     early?.then((e) => e && steps.note('vethEarly', performance.now() - started), () => undefined);
     const result = await exec;
     steps.mark('bridge');

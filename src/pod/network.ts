@@ -278,9 +278,10 @@ export class PodNetwork {
   prefetchedIpam(containerId: string, ifName: string): Promise<CniResult> {
     const key = recordKey(containerId, ifName);
     const running = this.prefetched.get(key);
-    // The bridge plugin asks for its addresses once the pod's veth is a port of the bridge: the
-    // ADD shapes the veth now, while the plugin configures the pod's netns (add.ts).
-    this.ipamAsked.get(key)?.();
+    // The plugin asks once the veth is a port of the bridge: the ADD shapes it now (add.ts), after
+    // this turn of the event loop, in which the answer (ready by then) goes out first.
+    const asked = this.ipamAsked.get(key);
+    if (asked) setImmediate(asked);
     if (running) return running;
     return Promise.reject(
       new UnknownPodError(`kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`),

@@ -26,6 +26,8 @@ const DEF_IN = 'kubenet.io/default-ingress-bandwidth';
 const DEF_EG = 'kubenet.io/default-egress-bandwidth';
 const MAX_IN = 'kubenet.io/max-ingress-bandwidth';
 const MAX_EG = 'kubenet.io/max-egress-bandwidth';
+/** A turn of the event loop: the handler tells of an attached pod (Events) after its answer. */
+const afterAnswers = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 function record(ns: string, name: string, limits: BandwidthLimits, limitSources?: LimitSources): PodRecord {
   return { version: 2, containerId: `${name}-id`, ifName: 'eth0', namespace: ns, name, netns: `/var/run/netns/${name}`, phase: 'ready', cniArgs: [], portMappings: [], limits, ...(limitSources ? { limitSources } : {}), ips: ['10.0.0.2'], addedAt: '' };
@@ -224,6 +226,7 @@ test('ADD: runtimeConfig or annotation limits meet the namespace policy; the rec
     ],
   );
   t.false('limitSources' in (attaches[2] ?? {}), 'a namespace without policy: the request is what it was');
+  await afterAnswers(); // the Events are told after the answer has gone out
   t.deepEqual(ev.of('BandwidthApplied'), [
     'runtime: bandwidth limits applied: ingress 10M (namespace default), egress 20M (namespace ceiling)',
     'annotated: bandwidth limits applied: ingress 10M (namespace default), egress 20M (namespace ceiling)',
@@ -237,6 +240,7 @@ test('ADD: runtimeConfig or annotation limits meet the namespace policy; the rec
   c.setNs('bad', { [MAX_IN]: '1X', [DEF_EG]: '3M' });
   await ok(addRequest('bad', 'p'));
   t.deepEqual(attaches[3]?.limits, { egress: 3 * M });
+  await afterAnswers();
   t.deepEqual(ev.of('BandwidthRejected'), ['p: namespace bad: annotation kubenet.io/max-ingress-bandwidth: invalid bandwidth quantity "1X" (expected e.g. "10M", "500k", "1Gi"); ignored']);
   // Without a namespace lookup (static mode) nothing is asked.
   const before = c.namespaces.lookups;

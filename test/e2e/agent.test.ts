@@ -7,7 +7,8 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { readFile, rm, stat } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { PodCidrSource } from '../../src/daemon/pod-cidr.js';
 import { agentPost } from '../../src/daemon/protocol.js';
@@ -536,25 +537,30 @@ serialTest('host-local\'s allocation runs in the agent beside the bridge plugin 
   await assertNothingLeft(t, h);
 });
 
-serialTest('an ADD that fails before the bridge plugin asks for its address releases the address reserved beside it', async (t) => {
-  const h = await new AgentHarness().setup('10.93.21.0/24', { pluginBinDirs: CNI_BIN_DIRS });
+serialTest('an ADD whose bridge plugin fails before it asks for its address releases the address reserved beside the exec', async (t) => {
+  // A bridge plugin that fails after a while without asking its IPAM: the agent's allocation,
+  // started once the exec is on its way, has reserved the address by then.
+  const fakes = await mkdtemp(join(tmpdir(), 'kag-fakebridge-'));
+  t.teardown(() => rm(fakes, { recursive: true, force: true }));
+  const fake = join(fakes, 'bridge');
+  await writeFile(fake, '#!/bin/sh\ncat >/dev/null\nsleep 0.3\necho \'{"cniVersion":"1.0.0","code":11,"msg":"test: the bridge plugin fails before its IPAM call"}\'\nexit 1\n', { mode: 0o755 });
+  const h = await new AgentHarness().setup('10.93.21.0/24', { pluginBinDirs: [fakes, ...CNI_BIN_DIRS] });
   t.teardown(() => h.cleanup.run());
   const { logger, lines } = capturingLogger();
   await h.startAgent(undefined, undefined, logger);
-  // The bridge replaced by a link of another kind: the ADD fails after host-local started, before the bridge plugin runs.
-  await execa('ip', ['link', 'del', h.bridge]);
-  await execa('ip', ['link', 'add', h.bridge, 'type', 'ifb']);
   const a = await h.addPod('early-fail');
   const r = await h.libcni('add', a);
   t.not(r.exitCode, 0);
-  t.regex(r.stdout + r.stderr, /is not a bridge/);
+  t.regex(r.stdout + r.stderr, /fails before its IPAM call/);
   const hostLocal = lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === 'host-local' && l.containerId === a.id);
   t.is(hostLocal.length, 0, 'no host-local exec');
   t.is(await readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'), '10.93.21.2', 'the agent did reserve an address for it');
   t.deepEqual(await h.reservedIps(), [], 'and the undo released it');
   t.deepEqual(await h.podStateFiles(), []);
-  await execa('ip', ['link', 'del', h.bridge]);
-  // The next ADD makes the bridge again.
+  // The same pod with the real bridge plugin.
+  await h.stopAgent();
+  h.config = { ...h.config, pluginBinDirs: CNI_BIN_DIRS };
+  await h.startAgent();
   await addOk(t, h, a);
   t.is((await h.libcni('del', a)).exitCode, 0);
   await assertNothingLeft(t, h);
