@@ -549,6 +549,16 @@ serialTest('an ADD whose bridge plugin fails before it asks for its address rele
   const { logger, lines } = capturingLogger();
   await h.startAgent(undefined, undefined, logger);
   const a = await h.addPod('early-fail');
+  // First the bridge replaced by a link of another kind: the ADD fails before the exec, before anything is allocated.
+  await execa('ip', ['link', 'del', h.bridge]);
+  await execa('ip', ['link', 'add', h.bridge, 'type', 'ifb']);
+  const notBridge = await h.libcni('add', a);
+  t.not(notBridge.exitCode, 0);
+  t.regex(notBridge.stdout + notBridge.stderr, /is not a bridge/);
+  await t.throwsAsync(readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'), { code: 'ENOENT' }, 'nothing allocated');
+  t.deepEqual(await h.podStateFiles(), []);
+  await execa('ip', ['link', 'del', h.bridge]);
+  // The next ADD makes the bridge again; its plugin fails after the allocation.
   const r = await h.libcni('add', a);
   t.not(r.exitCode, 0);
   t.regex(r.stdout + r.stderr, /fails before its IPAM call/);
