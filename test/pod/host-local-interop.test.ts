@@ -9,11 +9,12 @@
 import test, { type ExecutionContext } from 'ava';
 import { execa } from 'execa';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { AddressesExhaustedError, HostLocalAllocator, parseHostLocal } from '../../src/pod/host-local/allocator.js';
+import { reservationScans } from '../../src/pod/host-local/store.js';
 import { refPlugin, upstreamBlocker } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 
@@ -119,6 +120,42 @@ maybe('a full range: host-local\'s error from both sides, nothing reserved by th
   t.is(err?.rangeIndex, 0);
   t.is(files(join(dir, 'kubenet')).reservations.size, 10, 'five v4 + five v6, no more');
   t.false([...files(join(dir, 'kubenet')).reservations.values()].some((v) => v.startsWith('kia-full')));
+});
+
+maybe('the reservations read once are kept while nobody else changes the directory, and read again after any change: host-local\'s, another store\'s of this process, by hand, the directory removed', async (t) => {
+  const ranges = [[{ subnet: '10.9.2.0/28' }]];
+  const dataDir = tempDir(t);
+  const dir = join(dataDir, 'kubenet');
+  const net = parseHostLocal(conf(dataDir, ranges));
+  const [a, b] = [new HostLocalAllocator(), new HostLocalAllocator()];
+  const got = async (alloc: HostLocalAllocator, id: string) => addrs(await alloc.add(net, id, 'eth0'))[0];
+  const duplicate = (alloc: HostLocalAllocator, id: string, why: string) => t.throwsAsync(alloc.add(net, id, 'eth0'), { message: /duplicate allocation is not allowed/ }, why);
+  // Unchanged by others: one read of the directory for five ADDs and a DEL.
+  const before = reservationScans();
+  for (const id of ['kix-1', 'kix-2', 'kix-3', 'kix-4', 'kix-5']) await got(a, id);
+  t.deepEqual(await a.del(net, 'kix-5', 'eth0'), ['10.9.2.6']);
+  t.is(reservationScans() - before, 1, 'the directory was read once');
+  // The real host-local reserves: the next ADD of the agent sees it.
+  t.true((await hostLocal('ADD', conf(dataDir, ranges), 'kix-h')).ok);
+  await duplicate(a, 'kix-h', 'the agent sees host-local\'s reservation');
+  // Another store of this process (a second allocator): each sees the other's changes.
+  t.is(await got(b, 'kix-b'), '10.9.2.8');
+  await duplicate(a, 'kix-b', 'the first store sees the second\'s reservation');
+  t.deepEqual(await b.del(net, 'kix-1', 'eth0'), ['10.9.2.2'], 'the second store releases the first\'s');
+  t.is(await got(a, 'kix-1'), '10.9.2.9', 'and the first sees the release (no duplicate)');
+  // By hand: a file written, a file removed.
+  writeFileSync(join(dir, '10.9.2.14'), 'kix-hand\r\neth0', { mode: 0o600 });
+  t.deepEqual(await a.del(net, 'kix-hand', 'eth0'), ['10.9.2.14'], 'a file written by hand is released');
+  rmSync(join(dir, '10.9.2.3'));
+  t.is(await got(a, 'kix-2'), '10.9.2.10', 'a file removed by hand: its attachment may allocate again');
+  // The directory removed (the watch goes with it) and made again by the next ADD.
+  rmSync(dir, { recursive: true });
+  t.is(await got(a, 'kix-4'), '10.9.2.2', 'nothing of before is held');
+  t.deepEqual(await a.del(net, 'kix-3', 'eth0'), [], 'nothing of before is released');
+  t.deepEqual([...files(dir).reservations.keys()], ['10.9.2.2']);
+  t.true((await hostLocal('DEL', conf(dataDir, ranges), 'kix-4')).ok);
+  t.deepEqual([...files(dir).reservations.keys()], [], 'host-local releases what the agent reserved after it all');
+  t.deepEqual(await a.del(net, 'kix-4', 'eth0'), [], 'and the agent sees it gone');
 });
 
 maybe('the agent waits for host-local\'s lock (flock on <dir>/lock) without blocking its event loop', async (t) => {

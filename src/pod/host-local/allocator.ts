@@ -12,9 +12,11 @@
  * sets; a release removes every file naming the container ID and interface, or (only when there is
  * none) every file naming the ID alone (host-local < 0.8.6). Its errors carry host-local's words.
  * One difference: an ADD holds the lock across all its range sets, where host-local takes it per
- * set. Cost: like host-local, an ADD (its duplicate check) and a DEL read every reservation file of
- * the network, on the event loop, under the lock, so they grow with the node's reservations
- * (measured: docs/pod.md, "host-local's allocator in the agent").
+ * set. Cost: host-local reads every reservation file of the network on each ADD (its duplicate
+ * check) and DEL; the store reads them once and keeps them while nobody else changes the directory
+ * (store.ts), so an ADD or DEL no longer grows with the node's reservations unless host-local, or
+ * anyone else, changed the directory since (measured: docs/pod.md, "host-local's allocator in the
+ * agent").
  */
 import { ConflictError, ConfigError, KubenetError } from '../../errors.js';
 import type { CniResult, Route } from '../../cni/types.js';
