@@ -66,28 +66,49 @@ export async function batch(tool: 'tc' | 'ip', lines: string[], opts: BatchOptio
   return { stdout: String(r.stdout ?? ''), failed, stderr };
 }
 
+/** A run written to a tc and not yet answered: its lines are first..marker-1 of that tc's, the marker ends it. */
+interface PendingRun {
+  first: number;
+  marker: number;
+  failed: number[];
+  stderr: string[];
+  resolve: (r: BatchResult) => void;
+  reject: (e: unknown) => void;
+}
+
+/** One `tc -force -batch -` process and the runs written to it, answered in the order written. */
+interface TcProcess {
+  proc: ChildProcess;
+  lineNo: number;
+  buf: string;
+  pending: PendingRun[];
+}
+
 /**
  * One long-lived `tc -force -batch -` fed through stdin: spawning tc costs far more than a line
  * through a running tc (measured: docs/shaping.md, "Spawns and the tc session"). Each run's lines
  * are followed by a marker line that always fails (`qdisc show dev /`); tc reports every failure
  * on stderr as "Command failed -:N" with N counted over the whole session, so the marker's number
  * ends the run and the numbers before it name the failed lines.
- * Runs are serialized. If tc dies, the run in flight fails and the next run starts a new tc.
+ *
+ * Runs are pipelined: each is written as soon as it is asked for, so tc runs them back to back in
+ * the order asked, without waiting for the agent to read one answer before it writes the next
+ * (under a burst of pods that round trip was most of a run: 5.2 ms p50, docs/shaping.md). Callers
+ * order what must be ordered by awaiting (the shaper: per pod, and a class reused only after its
+ * removal's run has answered). If tc dies, the runs written to it fail, and the next run starts a
+ * new tc.
  *
  * tc's batch mode keeps memory for every line it has run and never frees it (iproute2 6.1 here),
- * so a long-lived session grows without bound as pods come and go. A session is therefore replaced
- * by a fresh tc between two runs once it has run `recycleLines` lines: one spawn every ~200 pods
- * added and deleted, and the agent's helpers stay small (measured, with the soak that shows it:
- * docs/shaping.md, "Spawns and the tc session").
+ * so a long-lived session grows without bound as pods come and go. Once a tc has run
+ * `recycleLines` lines the next run goes to a fresh tc, and the old one is retired: its stdin is
+ * closed, it answers what it was given and exits. One spawn every ~200 pods added and deleted, and
+ * the agent's helpers stay small (measured, with the soak that shows it: docs/shaping.md, "Spawns
+ * and the tc session").
  */
 export class TcSession {
-  private proc: ChildProcess | undefined;
-  private lineNo = 0;
-  private buf = '';
-  private tail: Promise<unknown> = Promise.resolve();
-  private pending:
-    | { proc: ChildProcess; first: number; marker: number; failed: number[]; stderr: string[]; resolve: (r: BatchResult) => void; reject: (e: unknown) => void; lines: string[] }
-    | undefined;
+  private current: TcProcess | undefined;
+  /** Every tc with runs in flight or not yet gone (the current one and retired ones). */
+  private readonly live = new Set<TcProcess>();
 
   /** Processes started so far (the first one included). */
   spawned = 0;
@@ -99,114 +120,119 @@ export class TcSession {
 
   /** The current tc process's pid, undefined before the first run or after close(). */
   get pid(): number | undefined {
-    return this.proc?.pid;
+    return this.current?.proc.pid;
   }
 
   run(lines: string[], opts: BatchOptions = {}): Promise<BatchResult> {
-    const once = async (): Promise<BatchResult> => {
-      const r = await this.runNow(lines, { force: true });
-      if (realFailures(r.failed, opts.optional).length === 0) return r;
-      // tc caches interface name -> index for its lifetime; a veth or ifb re-created under the
-      // same name makes that stale. Lines are idempotent (replace, or deletes of what should be
-      // gone), so a failed run is retried once on a fresh tc before it counts.
-      this.close();
-      return this.runNow(lines, { force: true });
-    };
     const checked = async (): Promise<BatchResult> => {
-      const r = await once();
-      const real = realFailures(r.failed, opts.optional);
-      if (!opts.force && real.length > 0) throw new TcBatchError('tc', lines, r.stderr, 1, real);
-      return r;
+      let r = await this.runNow(lines);
+      if (realFailures(r.result.failed, opts.optional).length > 0) {
+        // tc caches interface name -> index for its lifetime; a veth or ifb re-created under the
+        // same name makes that stale. Lines are idempotent (replace, or deletes of what should be
+        // gone), so a failed run is retried once on a fresh tc before it counts.
+        this.retire(r.tc);
+        r = await this.runNow(lines);
+      }
+      const real = realFailures(r.result.failed, opts.optional);
+      if (!opts.force && real.length > 0) throw new TcBatchError('tc', lines, r.result.stderr, 1, real);
+      return r.result;
     };
-    const next = this.tail.then(checked, checked);
-    this.tail = next.catch(() => undefined);
-    return next;
+    return checked();
   }
 
-  private spawnTc(): ChildProcess {
+  private spawnTc(): TcProcess {
     const proc = spawn('tc', ['-force', '-batch', '-'], { stdio: ['pipe', 'ignore', 'pipe'] });
     this.spawned++;
-    this.lineNo = 0;
-    this.buf = '';
+    const tc: TcProcess = { proc, lineNo: 0, buf: '', pending: [] };
+    this.live.add(tc);
     proc.stderr?.setEncoding('utf8');
-    proc.stderr?.on('data', (d: string) => this.onData(d));
+    proc.stderr?.on('data', (d: string) => this.onData(tc, d));
     const fail = (err: unknown) => {
-      if (this.proc === proc) this.proc = undefined;
-      const p = this.pending;
-      if (p?.proc !== proc) return;
-      this.pending = undefined;
-      p.reject(err);
+      if (this.current === tc) this.current = undefined;
+      for (const p of tc.pending.splice(0)) p.reject(err);
     };
     proc.on('error', fail);
-    proc.on('exit', (code, signal) => fail(new KubenetError(`tc -batch session exited (${code ?? signal})`)));
+    // 'close', not 'exit': every answer tc wrote before it exited has been read by then.
+    proc.on('close', (code, signal) => {
+      this.live.delete(tc);
+      fail(new KubenetError(`tc -batch session exited (${code ?? signal})`));
+    });
     proc.stdin?.on('error', fail);
     proc.unref();
-    return proc;
+    this.setRef(tc, false);
+    return tc;
   }
 
-  private setRef(on: boolean): void {
-    const s = this.proc?.stderr as (NodeJS.ReadableStream & { ref?: () => void; unref?: () => void }) | null | undefined;
+  private setRef(tc: TcProcess, on: boolean): void {
+    const s = tc.proc.stderr as (NodeJS.ReadableStream & { ref?: () => void; unref?: () => void }) | null | undefined;
     if (on) s?.ref?.();
     else s?.unref?.();
   }
 
-  private onData(d: string): void {
-    this.buf += d;
+  private onData(tc: TcProcess, d: string): void {
+    tc.buf += d;
     let nl: number;
-    while ((nl = this.buf.indexOf('\n')) >= 0) {
-      const line = this.buf.slice(0, nl);
-      this.buf = this.buf.slice(nl + 1);
-      const p = this.pending;
-      if (!p) continue;
+    while ((nl = tc.buf.indexOf('\n')) >= 0) {
+      const line = tc.buf.slice(0, nl);
+      tc.buf = tc.buf.slice(nl + 1);
       const m = /^Command failed -:(\d+)$/.exec(line);
-      if (!m) {
+      const n = m ? Number(m[1]) : undefined;
+      // A line belongs to the oldest run not yet answered: tc answers in the order it was given.
+      const p = tc.pending[0];
+      if (!p) continue;
+      if (n === undefined) {
         p.stderr.push(line);
-        continue;
-      }
-      const n = Number(m[1]);
-      if (n === p.marker) {
-        this.pending = undefined;
+      } else if (n === p.marker) {
+        tc.pending.shift();
         p.resolve({ stdout: '', failed: p.failed, stderr: p.stderr.join('\n') });
       } else if (n >= p.first && n < p.marker) {
         p.failed.push(n - p.first + 1);
         p.stderr.push(line);
       }
     }
+    if (tc.pending.length === 0) this.setRef(tc, false);
   }
 
-  private async runNow(lines: string[], opts: { force?: boolean }): Promise<BatchResult> {
-    if (lines.length === 0) return { stdout: '', failed: [], stderr: '' };
-    // Between runs (they are serialized): nothing is pending on the old process.
-    if (this.proc && this.lineNo >= this.recycleLines) this.close();
-    const proc = (this.proc ??= this.spawnTc());
-    const first = this.lineNo + 1;
-    const marker = this.lineNo + lines.length + 1;
-    this.lineNo = marker;
-    this.setRef(true);
+  /** No new runs go to this tc; it answers what it was given and exits. */
+  private retire(tc: TcProcess | undefined): void {
+    if (!tc) return;
+    if (this.current === tc) this.current = undefined;
+    tc.proc.stdin?.end();
+  }
+
+  private async runNow(lines: string[]): Promise<{ tc: TcProcess | undefined; result: BatchResult }> {
+    if (lines.length === 0) return { tc: undefined, result: { stdout: '', failed: [], stderr: '' } };
+    if (this.current && this.current.lineNo >= this.recycleLines) this.retire(this.current);
+    const tc = (this.current ??= this.spawnTc());
+    const first = tc.lineNo + 1;
+    const marker = tc.lineNo + lines.length + 1;
+    tc.lineNo = marker;
+    this.setRef(tc, true);
     let timer: NodeJS.Timeout | undefined;
     try {
-      const res = await new Promise<BatchResult>((resolve, reject) => {
-        this.pending = { proc, first, marker, failed: [], stderr: [], resolve, reject, lines };
+      const result = await new Promise<BatchResult>((resolve, reject) => {
+        tc.pending.push({ first, marker, failed: [], stderr: [], resolve, reject });
         timer = setTimeout(() => {
           reject(new KubenetError(`tc -batch session: no answer in ${this.timeoutMs} ms`));
-          this.close();
+          this.kill(tc);
         }, this.timeoutMs);
-        proc.stdin?.write([...lines, 'qdisc show dev /'].join('\n') + '\n');
+        tc.proc.stdin?.write([...lines, 'qdisc show dev /'].join('\n') + '\n');
       });
-      if (!opts.force && res.failed.length > 0) throw new TcBatchError('tc', lines, res.stderr, 1, res.failed);
-      return res;
+      return { tc, result };
     } finally {
       clearTimeout(timer);
-      this.setRef(false);
     }
   }
 
+  private kill(tc: TcProcess): void {
+    if (this.current === tc) this.current = undefined;
+    tc.proc.stdin?.end();
+    tc.proc.kill();
+  }
+
+  /** Ends every tc of the session; runs in flight fail. The next run starts a new tc. */
   close(): void {
-    const p = this.proc;
-    this.proc = undefined;
-    if (p) {
-      p.stdin?.end();
-      p.kill();
-    }
+    for (const tc of this.live) this.kill(tc);
+    this.current = undefined;
   }
 }
