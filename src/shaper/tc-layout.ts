@@ -242,6 +242,13 @@ export function ifbLines(ifb: string, rec: ShapingState): string[] {
 }
 
 /**
+ * htb's direct queue on the veth, in packets: what the unshaped destinations' traffic (skb priority
+ * `2:0`) waits in. Given, because htb otherwise takes the device's txqueuelen, which the bridge
+ * plugin sets to 0 on its veths (htb then keeps 2 packets); the leaves have limits of their own.
+ */
+export const VETH_DIRECT_QLEN = 1000;
+
+/**
  * The veth root for traffic TO the pod (see the module doc). The first line fails, expectedly,
  * when our htb is already there (htb has no change operation); it creates it on a bare veth and
  * grafts it over any other root (an earlier version's tbf 1:). The filter flush makes the filter
@@ -249,7 +256,7 @@ export function ifbLines(ifb: string, rec: ShapingState): string[] {
  */
 export function vethLines(veth: string, l: PodLayout): string[] {
   const lines = [
-    `qdisc replace dev ${veth} root handle ${VETH.root} htb default ${VETH.bulkMinor}`,
+    `qdisc replace dev ${veth} root handle ${VETH.root} htb default ${VETH.bulkMinor} direct_qlen ${VETH_DIRECT_QLEN}`,
     `class replace dev ${veth} parent ${VETH.root} classid ${VETH.pod} ${htbArgs(l.pod)}`,
     `class replace dev ${veth} parent ${VETH.pod} classid ${VETH.interactive} ${htbArgs(l.interactive)}`,
     `class replace dev ${veth} parent ${VETH.pod} classid ${VETH.bulk} ${htbArgs(l.bulk)}`,

@@ -240,9 +240,6 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
-    // The bridge plugin makes veths with txqueuelen 0; htb and its leaves want a queue. Netlink, not an `ip`
-    // exec: the exec alone was most of an ensure (docs/shaping.md, "Spawns and the tc session").
-    if (rec.ingressInstalled && nl.linkTxQLen(veth) === 0) nl.linkSetTxQLen(veth, 1000);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {

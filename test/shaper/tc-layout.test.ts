@@ -14,7 +14,7 @@ function state(over: Partial<ShapingState>): ShapingState {
 }
 
 const VETH_10M = [
-  'qdisc replace dev vethab root handle 2: htb default 3',
+  'qdisc replace dev vethab root handle 2: htb default 3 direct_qlen 1000',
   'class replace dev vethab parent 2: classid 2:1 htb rate 10000000bit ceil 10000000bit burst 3028b cburst 3028b quantum 1514 prio 0',
   'class replace dev vethab parent 2:1 classid 2:2 htb rate 1000000bit ceil 10000000bit burst 3028b cburst 3028b quantum 1514 prio 0',
   'class replace dev vethab parent 2:1 classid 2:3 htb rate 9000000bit ceil 10000000bit burst 3028b cburst 3028b quantum 1514 prio 1',
