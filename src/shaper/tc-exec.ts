@@ -93,7 +93,7 @@ interface TcProcess {
  *
  * Runs are pipelined: each is written as soon as it is asked for, so tc runs them back to back in
  * the order asked, without waiting for the agent to read one answer before it writes the next
- * (under a burst of pods that round trip was most of a run: 5.2 ms p50, docs/shaping.md). Callers
+ * (in a burst of pods a run waited 10.5 ms on average for the one before it: docs/shaping.md). Callers
  * order what must be ordered by awaiting (the shaper: per pod, and a class reused only after its
  * removal's run has answered). If tc dies, the runs written to it fail, and the next run starts a
  * new tc.

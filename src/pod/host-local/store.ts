@@ -193,7 +193,11 @@ export class DiskStore {
     const path = join(this.dir, name);
     const content = Buffer.from(reservationContent(containerId, ifName), 'utf8');
     const made = (this.tmpfile ? this.linkNew(path, content) : undefined) ?? this.createExclusive(path, content);
-    if (!made) return false;
+    if (!made) {
+      // Taken: by a reservation the index knows, or else the index missed a change; read again next time.
+      if (this.index && !this.index.has(name)) this.index = undefined;
+      return false;
+    }
     this.index?.set(name, content.toString('utf8').trim());
     writeInPlace(join(this.dir, LAST_IP_PREFIX + rangeId), Buffer.from(name, 'latin1'));
     return true;
