@@ -13,7 +13,7 @@
  * directory) count as changes too. Without inotify (the calls fail) `watch` gives undefined and
  * the store reads the directory every time, as host-local does.
  */
-import { fns, IN_ATTRIB, IN_CLOEXEC, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, IN_MODIFY, IN_MOVE_SELF, IN_MOVED_FROM, IN_MOVED_TO, IN_NONBLOCK, IN_Q_OVERFLOW } from './libc.js';
+import { EAGAIN, fns, IN_ATTRIB, IN_CLOEXEC, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, IN_MODIFY, IN_MOVE_SELF, IN_MOVED_FROM, IN_MOVED_TO, IN_NONBLOCK, IN_Q_OVERFLOW, lastErrno } from './libc.js';
 
 const MASK = IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF;
 /** struct inotify_event without its name: wd, mask, cookie, len. */
@@ -46,8 +46,9 @@ class DirWatch {
     }
     const wd = fns.inotifyAddWatch(this.fd, dir, MASK) as number;
     if (wd < 0) return undefined;
+    // One object per watch: two paths of one directory (a symlink) get the same wd, and share it.
     let w = this.byWd.get(wd);
-    if (!w?.live || w.dir !== dir) {
+    if (!w?.live) {
       w = { dir, generation: 0, live: true };
       this.byWd.set(wd, w);
     }
@@ -59,6 +60,11 @@ class DirWatch {
     if (this.fd === undefined) return;
     for (;;) {
       const n = Number(fns.read(this.fd, this.buf, this.buf.length));
+      if (n < 0 && lastErrno() !== EAGAIN) {
+        // Events may be lost: every directory counts as changed.
+        for (const w of this.byWd.values()) w.generation++;
+        return;
+      }
       if (n <= 0) return; // EAGAIN: nothing more queued
       const touched = new Set<WatchedDir>();
       for (let off = 0; off + EVENT_HEADER <= n; off += EVENT_HEADER + this.buf.readUInt32LE(off + 12)) {

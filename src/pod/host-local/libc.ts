@@ -46,6 +46,7 @@ export const IN_IGNORED = 0x8000;
 export const EINTR = 4;
 export const EEXIST = 17;
 export const EWOULDBLOCK = 11;
+export const EAGAIN = EWOULDBLOCK;
 
 /** errno of the last libc call on this thread. */
 export function lastErrno(): number {
