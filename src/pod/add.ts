@@ -117,14 +117,16 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
     record.ips = ips;
     record.hostVeth = hostVeth;
-    const hostVethIndex = nl.linkIndexByName(hostVeth);
+    await egressFirst;
+    const shaped = await early?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
+    const shapedHere = shaped?.hostVeth === hostVeth ? shaped : undefined;
+    // The veth shaped beside the exec is the one reported: its index was found then.
+    const hostVethIndex = shapedHere ? shapedHere.hostVethIndex : nl.linkIndexByName(hostVeth);
     if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
     record.hostVethIndex = hostVethIndex;
     steps.mark('veth');
-    await egressFirst;
-    const shaped = await early?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
-    if (shaped?.hostVeth === hostVeth) {
-      if (shaped.state) record.shaping = shaped.state;
+    if (shapedHere) {
+      if (shapedHere.state) record.shaping = shapedHere.state;
     } else {
       if (shaped) log.error({ found: shaped.hostVeth, reported: hostVeth }, 'the veth shaped beside the exec is not the one the bridge plugin reported');
       await applyShaping(core, record);
@@ -180,6 +182,7 @@ const VETH_POLL_MS = 1;
 
 interface EarlyShaping {
   hostVeth: string;
+  hostVethIndex: number;
   state: ShapingState | undefined;
 }
 
@@ -207,13 +210,14 @@ async function shapeWhileExec(
   );
   await Promise.race([new Promise<void>((resolve) => core.ipamAsked.set(key, resolve)), ended]);
   const claimed = new Set(core.store.all().flatMap((r) => (r.hostVethIndex ? [r.hostVethIndex] : [])));
-  let veth: string | undefined;
+  let veth: nl.LinkInfo | undefined;
   while (!done && veth === undefined) {
-    veth = hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed)?.name;
+    veth = hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed);
     if (veth === undefined) await sleep(VETH_POLL_MS);
   }
   if (veth === undefined) return undefined;
   const ips = resultIps(await prefetch);
   await egressFirst;
-  return { hostVeth: veth, state: await core.shaper.ensure({ id: req.containerId, hostVeth: veth, ips, limits: req.limits }) };
+  const state = await core.shaper.ensure({ id: req.containerId, hostVeth: veth.name, ips, limits: req.limits });
+  return { hostVeth: veth.name, hostVethIndex: veth.index, state };
 }

@@ -123,21 +123,18 @@ export class TcSession {
     return this.current?.proc.pid;
   }
 
-  run(lines: string[], opts: BatchOptions = {}): Promise<BatchResult> {
-    const checked = async (): Promise<BatchResult> => {
-      let r = await this.runNow(lines);
-      if (realFailures(r.result.failed, opts.optional).length > 0) {
-        // tc caches interface name -> index for its lifetime; a veth or ifb re-created under the
-        // same name makes that stale. Lines are idempotent (replace, or deletes of what should be
-        // gone), so a failed run is retried once on a fresh tc before it counts.
-        this.retire(r.tc);
-        r = await this.runNow(lines);
-      }
-      const real = realFailures(r.result.failed, opts.optional);
-      if (!opts.force && real.length > 0) throw new TcBatchError('tc', lines, r.result.stderr, 1, real);
-      return r.result;
-    };
-    return checked();
+  async run(lines: string[], opts: BatchOptions = {}): Promise<BatchResult> {
+    let r = await this.runNow(lines);
+    if (realFailures(r.result.failed, opts.optional).length > 0) {
+      // tc caches interface name -> index for its lifetime; a veth or ifb re-created under the
+      // same name makes that stale. Lines are idempotent (replace, or deletes of what should be
+      // gone), so a failed run is retried once on a fresh tc before it counts.
+      this.retire(r.tc);
+      r = await this.runNow(lines);
+    }
+    const real = realFailures(r.result.failed, opts.optional);
+    if (!opts.force && real.length > 0) throw new TcBatchError('tc', lines, r.result.stderr, 1, real);
+    return r.result;
   }
 
   private spawnTc(): TcProcess {
