@@ -128,6 +128,20 @@ export class AgentHarness {
     return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
   }
 
+  /**
+   * `cmd` of each pod through one libcni-driver process (its `batch` command: libcni called
+   * in-process, `concurrency` calls at a time, as containerd makes them); its answers by pod index.
+   */
+  async libcniBatch(cmd: 'add' | 'del', pods: TestPod[], concurrency: number): Promise<{ exitCode: number; stderr: string; answers: BatchAnswer[]; wallMs?: number }> {
+    const input = pods.map((p) => JSON.stringify({ cmd, netns: p.netnsPath, containerId: p.id, ifName: p.ifName, args: cniArgs(p), ...(p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {}) })).join('\n');
+    const args = ['batch', '--conf-dir', this.config.cniConfDir, '--bin-dir', [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'), '--cache-dir', this.libcniCache, '--concurrency', String(concurrency)];
+    const r = await execa(LIBCNI_DRIVER, args, { input, reject: false });
+    const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as BatchAnswer & { wallMs?: number });
+    const answers: BatchAnswer[] = [];
+    for (const l of lines) if (l.i !== undefined) answers[l.i] = l;
+    return { exitCode: r.exitCode ?? -1, stderr: r.stderr, answers, wallMs: lines.find((l) => l.wallMs !== undefined)?.wallMs };
+  }
+
   /** The installed CNI binary exec'd directly with the given command and config on stdin. */
   async execCni(command: string, pod: TestPod | undefined, stdin: string, env: Record<string, string> = {}): Promise<DriverResult> {
     const r = await execa(join(this.config.cniBinDir, 'kubenet'), [], {
@@ -165,6 +179,15 @@ export class AgentHarness {
   async podStateFiles(): Promise<string[]> {
     return readdir(join(this.config.stateDir, 'pods')).catch(() => [] as string[]);
   }
+}
+
+/** One answer of `libcni-driver batch` (test/libcni/batch.go). */
+export interface BatchAnswer {
+  i: number;
+  startMs: number;
+  endMs: number;
+  error?: string;
+  result?: { ips?: Array<{ address: string }> };
 }
 
 /** One forwarded CNI call straight to an agent socket, as the CNI binary sends it. */

@@ -155,6 +155,32 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   t.regex((await h.get('/metrics')).body, /^kubenet_cni_del_seconds_count 4$/m);
 });
 
+serialTest('libcni in one runtime process, as containerd calls it (libcni-driver batch, the burst bench\'s runtime): concurrent ADDs and DELs, one failure kept to its pod', async (t) => {
+  const h = await harness(t, '10.93.24.0/24');
+  await h.startAgent();
+  const pods = [];
+  for (const name of ['p0', 'p1', 'p2', 'p3', 'p4']) pods.push(await h.addPod(name));
+  // A pod whose netns path does not exist: its ADD fails, the others do not notice.
+  const lost = { ...(await h.addPod('lost')), netnsPath: '/var/run/netns/kubenet-no-such-netns' };
+  const added = await h.libcniBatch('add', [...pods, lost], 3);
+  t.is(added.exitCode, 1, 'one request failed: exit 1');
+  t.regex(added.stderr, /1 of 6 requests failed/);
+  t.is(added.answers.length, 6, 'one answer per request');
+  t.regex(added.answers[5]?.error ?? '', /kubenet-no-such-netns/);
+  const ips = pods.map((_, i) => added.answers[i]?.result?.ips?.[0]?.address.split('/')[0] ?? '');
+  for (const [i, ip] of ips.entries()) t.regex(ip, /^10\.93\.24\.\d+$/, `pod ${i}: ${added.answers[i]?.error ?? ''}`);
+  t.is(new Set(ips).size, pods.length, 'distinct addresses');
+  t.true((added.wallMs ?? 0) > 0 && added.answers.every((a) => a.endMs >= a.startMs && a.endMs <= (added.wallMs ?? 0) + 0.001), 'times within the batch');
+  // At most 3 in flight at once: at any call's start, fewer than 3 others had started and not ended.
+  for (const a of added.answers) t.true(added.answers.filter((b) => b !== a && b.startMs <= a.startMs && b.endMs > a.startMs).length < 3);
+  t.deepEqual((await status(h)).pods.map((p) => p.ips[0]).sort(), [...ips].sort());
+
+  const deleted = await h.libcniBatch('del', [...pods, lost], 3);
+  t.is(deleted.exitCode, 0, deleted.stderr);
+  t.true(deleted.answers.every((a) => !a.error));
+  await assertNothingLeft(t, h);
+});
+
 serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-max burst is enforced both ways', async (t) => {
   const h = await harness(t, '10.93.2.0/24');
   await h.startAgent();

@@ -6,7 +6,9 @@
 //
 //	libcni-driver <add|del|check|status|gc|features> --conf-dir DIR --bin-dir DIR[:DIR...]
 //	    (--cache-dir DIR | --default-cache-dir) --netns PATH --container-id ID [--ifname eth0]
-//	    [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON]
+//	    [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON] [--report-time]
+//	libcni-driver batch --conf-dir DIR --bin-dir DIR[:DIR...] --cache-dir DIR [--concurrency K]
+//	    (requests as JSON lines on stdin: batch.go)
 //
 // --default-cache-dir leaves the cache dir to libcni itself (NewCNIConfig: libcni.CacheDir,
 // /var/lib/cni, as containerd and CRI-O run it). So that no test ever writes the host's runtime
@@ -70,6 +72,7 @@ type options struct {
 	capabilityArgs   map[string]interface{}
 	validAttachments json.RawMessage
 	timeout          time.Duration
+	reportTime       bool
 }
 
 func main() {
@@ -95,7 +98,8 @@ func main() {
 	}
 }
 
-const usage = `usage: libcni-driver <add|del|check|status|gc|features> --conf-dir DIR --bin-dir DIR[:DIR...] (--cache-dir DIR | --default-cache-dir) --netns PATH --container-id ID [--ifname eth0] [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON]`
+const usage = `usage: libcni-driver <add|del|check|status|gc|features> --conf-dir DIR --bin-dir DIR[:DIR...] (--cache-dir DIR | --default-cache-dir) --netns PATH --container-id ID [--ifname eth0] [--args K=V;K=V] [--runtime-config JSON] [--valid-attachments JSON] [--report-time]
+       libcni-driver batch --conf-dir DIR --bin-dir DIR[:DIR...] --cache-dir DIR [--concurrency K] [--timeout D] < requests (JSON lines)`
 
 func run(argv []string) error {
 	if len(argv) < 1 {
@@ -104,6 +108,9 @@ func run(argv []string) error {
 	cmd := argv[0]
 	if cmd == "features" {
 		return printJSON(features())
+	}
+	if cmd == "batch" {
+		return runBatch(argv[1:], os.Stdin, os.Stdout)
 	}
 	opts, err := parseOptions(cmd, argv[1:])
 	if err != nil {
@@ -140,6 +147,14 @@ func run(argv []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opts.timeout)
 	defer cancel()
+	if opts.reportTime {
+		// The call alone, as a runtime that links libcni sees it: without this process's start and
+		// the config's loading (containerd loads it when the conf dir changes, not per call).
+		started := time.Now()
+		defer func() {
+			fmt.Fprintf(os.Stderr, "libcni-driver: libcni call %.3f ms\n", float64(time.Since(started).Microseconds())/1000)
+		}()
+	}
 
 	switch cmd {
 	case "add":
@@ -196,12 +211,14 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 	runtimeConfig := fs.String("runtime-config", "", "capability args (runtimeConfig) as a JSON object")
 	valid := fs.String("valid-attachments", "", `gc only: JSON array of {"containerID":..,"ifname":..} to keep`)
 	timeout := fs.Duration("timeout", 60*time.Second, "overall timeout")
+	reportTime := fs.Bool("report-time", false, `print "libcni-driver: libcni call N ms" on stderr: the libcni call's own time`)
 	if err := fs.Parse(argv); err != nil {
 		return nil, usageError{err.Error()}
 	}
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Sprintf("unexpected arguments: %q", fs.Args())}
 	}
+	var err error
 	o := &options{
 		confDir:         *confDir,
 		cacheDir:        *cacheDir,
@@ -210,6 +227,7 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 		containerID:     *containerID,
 		ifName:          *ifName,
 		timeout:         *timeout,
+		reportTime:      *reportTime,
 	}
 	for _, d := range strings.Split(*binDir, ":") {
 		if d != "" {
@@ -242,17 +260,8 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 			return nil, usageError{"--ifname must not be empty"}
 		}
 	}
-	if *args != "" {
-		for _, kv := range strings.Split(*args, ";") {
-			if kv == "" {
-				continue
-			}
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok || k == "" {
-				return nil, usageError{fmt.Sprintf("--args: %q is not K=V", kv)}
-			}
-			o.args = append(o.args, [2]string{k, v})
-		}
+	if o.args, err = parseCniArgs(*args); err != nil {
+		return nil, usageError{"--args: " + err.Error()}
 	}
 	if *runtimeConfig != "" {
 		// UseNumber keeps integers such as rates exact instead of float64 (1e+18).
@@ -275,6 +284,22 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 		o.validAttachments = json.RawMessage(*valid)
 	}
 	return o, nil
+}
+
+// parseCniArgs splits CNI_ARGS text, K=V;K=V, into libcni's RuntimeConf.Args pairs.
+func parseCniArgs(text string) ([][2]string, error) {
+	var out [][2]string
+	for _, kv := range strings.Split(text, ";") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not K=V", kv)
+		}
+		out = append(out, [2]string{k, v})
+	}
+	return out, nil
 }
 
 // checkSandboxedCacheDir refuses libcni's default cache dir unless it is a tmpfs: the host's
