@@ -5,9 +5,12 @@
  * (kube-watch.ts); RBAC: `create` on `events` in the core group, nothing else (no patch: every
  * event is a new object, count 1).
  *
- * Fire and forget: recording never blocks or fails the work it reports. At most MAX_PENDING events
- * are in flight; beyond that they are dropped (and logged), so a slow or absent API server cannot
- * pile them up in memory.
+ * Fire and forget: recording never blocks or fails the work it reports. Events are posted one at a
+ * time, in the order recorded, over one kept-alive connection (as client-go's broadcaster does,
+ * from one goroutine per sink): a burst of ADDs then costs the API server, and the node's CPU while
+ * the burst runs, one request at a time instead of one connection per Event in flight. At most
+ * MAX_PENDING events wait; beyond that they are dropped (and logged), so a slow or absent API
+ * server cannot pile them up in memory.
  */
 import type { Logger } from '../log.js';
 import { KubeApi, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
@@ -83,8 +86,11 @@ export function eventObject(obj: ObjectRef, type: EventType, reason: string, mes
 export class KubeEventRecorder implements EventRecorder {
   private readonly api: KubeApi;
   private readonly log: Logger;
-  private readonly pending = new Set<Promise<void>>();
-  private aborter = sharedAborter(MAX_PENDING);
+  /** Recorded, not yet posted, oldest first. */
+  private readonly queue: Array<{ path: string; body: Record<string, unknown>; about: { object: string; reason: string } }> = [];
+  /** The loop posting the queue, one Event at a time; undefined while the queue is empty. */
+  private posting: Promise<void> | undefined;
+  private readonly aborter = sharedAborter(1);
   private dropped = 0;
 
   constructor(private readonly opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig'>) {
@@ -95,29 +101,41 @@ export class KubeEventRecorder implements EventRecorder {
   record(obj: ObjectRef, type: EventType, reason: string, message: string): void {
     if (!obj.name || (!isNode(obj) && !obj.namespace) || this.aborter.signal.aborted) return;
     const about = { object: refText(obj), reason };
-    if (this.pending.size >= MAX_PENDING) {
-      if (this.dropped++ % 100 === 0) this.log.warn({ dropped: this.dropped, ...about }, 'too many events in flight; dropping');
+    if (this.queue.length >= MAX_PENDING) {
+      if (this.dropped++ % 100 === 0) this.log.warn({ dropped: this.dropped, ...about }, 'too many events waiting; dropping');
       return;
     }
-    const path = `/api/v1/namespaces/${encodeURIComponent(eventNamespace(obj))}/events`;
-    const p = this.api
-      .postJson(path, eventObject(obj, type, reason, message, this.opts.nodeName), this.aborter.signal)
-      .then(
-        () => this.log.debug(about, 'event recorded'),
-        (err: unknown) => {
-          if (!this.aborter.signal.aborted) this.log.warn({ err, ...about }, 'could not record an event');
-        },
-      )
-      .finally(() => this.pending.delete(p));
-    this.pending.add(p);
+    // Stamped now, when it happened, not when it is posted.
+    this.queue.push({ path: `/api/v1/namespaces/${encodeURIComponent(eventNamespace(obj))}/events`, body: eventObject(obj, type, reason, message, this.opts.nodeName), about });
+    this.kick();
+  }
+
+  private kick(): void {
+    if (this.posting || this.queue.length === 0) return;
+    this.posting = this.drain().finally(() => {
+      this.posting = undefined;
+      this.kick(); // one recorded between the loop's last look and here
+    });
+  }
+
+  private async drain(): Promise<void> {
+    for (let e = this.queue.shift(); e && !this.aborter.signal.aborted; e = this.queue.shift()) {
+      try {
+        await this.api.postJson(e.path, e.body, this.aborter.signal);
+        this.log.debug(e.about, 'event recorded');
+      } catch (err) {
+        if (!this.aborter.signal.aborted) this.log.warn({ err, ...e.about }, 'could not record an event');
+      }
+    }
   }
 
   async flush(): Promise<void> {
-    while (this.pending.size > 0) await Promise.all([...this.pending]);
+    while (this.posting) await this.posting;
   }
 
   async stop(): Promise<void> {
     this.aborter.abort();
+    this.queue.length = 0;
     await this.flush();
   }
 }

@@ -57,7 +57,7 @@ test('KubeEventRecorder POSTs Events the fake records; a refusal is logged, neve
   t.is(api.events.length, 2);
 });
 
-test('KubeEventRecorder: 40 Events in flight at once (a burst of ADDs) are all recorded, without a listener-leak warning', async (t) => {
+test('KubeEventRecorder: 40 Events recorded at once (a burst of ADDs) are all posted, in order, one at a time, without a listener-leak warning', async (t) => {
   const api = await fakeApi(t);
   const rec = new KubeEventRecorder({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api) });
   t.teardown(() => rec.stop());
@@ -68,8 +68,23 @@ test('KubeEventRecorder: 40 Events in flight at once (a burst of ADDs) are all r
   for (let i = 0; i < 40; i++) rec.record({ namespace: 'default', name: `p${i}` }, 'Normal', 'BandwidthApplied', 'ingress 10M');
   await rec.flush();
   await sleep(50); // warnings are emitted on the next tick
-  t.is(api.events.length, 40);
+  t.deepEqual(api.events.map((e) => e.involvedObject.name), Array.from({ length: 40 }, (_, i) => `p${i}`));
   t.deepEqual(warnings.filter((w) => w.startsWith('MaxListenersExceededWarning')), []);
+});
+
+test('KubeEventRecorder: while the API server does not answer, one Event is in flight and the rest wait; stop() gives them up', async (t) => {
+  const api = await fakeApi(t);
+  const rec = new KubeEventRecorder({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api) });
+  api.stall = true;
+  for (let i = 0; i < 5; i++) rec.record({ namespace: 'default', name: `p${i}` }, 'Normal', 'BandwidthApplied', 'ingress 10M');
+  const posts = () => api.requests.filter((r) => r.method === 'POST').length;
+  await sleep(300);
+  t.is(posts(), 1, 'one POST reached the API server');
+  await rec.stop();
+  t.is(posts(), 1, 'the waiting Events were given up, not posted');
+  rec.record({ namespace: 'default', name: 'late' }, 'Normal', 'BandwidthApplied', 'after stop');
+  await rec.flush();
+  t.is(posts(), 1, 'nothing is recorded after stop()');
 });
 
 test('KubeApi.postJson: 201 is parsed; an error answer is a KubeApiError with the Status reason', async (t) => {
