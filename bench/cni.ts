@@ -40,8 +40,8 @@
  * process makes all the calls of a phase, goroutines `--concurrency` at a time, as containerd calls
  * libcni in-process; its own clock times the phase. `exec` starts a driver process per call from
  * this Node process, as the burst was measured up to issue 22: every call then also pays a Go
- * runtime's start and a fork of this large process (~40 % of the CPU of a kubenet burst, measured
- * with perf: docs/pod.md), which no runtime pays and which both sides share.
+ * runtime's start and a fork of this large process (with the drivers, about a third of the CPU of
+ * a kubenet burst, measured with perf: docs/pod.md), which no runtime pays and both sides share.
  *
  * Forwarding overhead: STATUS (no agent work) through the installed binary exec'd from a `sh` loop
  * (a lean fork/exec, like a Go runtime), mean per call, minus the same call POSTed straight to the
@@ -598,7 +598,7 @@ class CniBench {
     return this.api ? this.api.requests.filter((r) => POD_GET.test(r.path)).length : 0;
   }
 
-  /** One libcni call for either side, timed around the driver's exec, as a runtime sees it. */
+  /** One libcni call for either side in a driver process of its own: the call's own time (the driver's clock) and the process's wall. */
   async libcni(cmd: 'add' | 'del', p: Pod): Promise<Call> {
     if (p.side === 'floor') throw new Error('libcni: the floor side runs no libcni');
     const side = this.libcniDirs(p.side);
