@@ -80,7 +80,7 @@ import { NodeWatchPodCidrSource } from '../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../src/daemon/pod-lookup.js';
 import { createLogger } from '../src/log.js';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
-import { AgentHarness, LIBCNI_DRIVER, FORWARDER, postCni } from '../hack/support/agent-harness.js';
+import { AgentHarness, LIBCNI_DRIVER, FORWARDER, libcniBatch, postCni } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
 import { cniArgs, type TestPod } from '../hack/support/test-pod.js';
@@ -634,27 +634,23 @@ class CniBench {
     if (!side || side === 'floor' || pods.some((p) => p.side !== side)) throw new Error('batch: pods of one libcni side');
     const dirs = this.libcniDirs(side);
     const withLimits = side !== 'kubenet' || this.mode === 'static';
-    const input = pods
-      .map((p) => JSON.stringify({ cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: RUNTIME_CONFIG } : {}) }))
-      .join('\n');
+    const requests = pods.map((p) => ({ cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: RUNTIME_CONFIG } : {}) }));
     if (side === 'reference' && cmd === 'add') for (const p of pods) this.liveRefPods.set(p.id, p);
-    const r = await execa(LIBCNI_DRIVER, ['batch', '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--concurrency', String(concurrency), '--timeout', '60s'], { input, reject: false });
-    const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { i?: number; error?: string; result?: { ips?: unknown[]; interfaces?: Array<{ name?: string }> }; wallMs?: number });
-    const answers = lines.filter((l) => l.i !== undefined);
-    const failed = answers.filter((a) => a.error);
-    if (r.exitCode !== 0 || answers.length !== pods.length || failed.length > 0) {
-      throw new Error(`${side} batch ${cmd} failed (exit ${r.exitCode}, ${answers.length}/${pods.length} answered): ${failed[0]?.error ?? r.stderr}`);
+    const r = await libcniBatch(dirs, requests, concurrency);
+    const answered = r.answers.filter(Boolean);
+    const failed = answered.filter((a) => a.error);
+    if (r.exitCode !== 0 || answered.length !== pods.length || failed.length > 0) {
+      throw new Error(`${side} batch ${cmd} failed (exit ${r.exitCode}, ${answered.length}/${pods.length} answered): ${failed[0]?.error ?? r.stderr}`);
     }
-    for (const a of answers) {
+    for (const a of answered) {
       if (cmd === 'add') {
-        if (!a.result?.ips?.length) throw new Error(`${side} ADD ${pods[a.i ?? 0]?.name}: result has no IP: ${JSON.stringify(a.result)}`);
+        if (!a.result?.ips?.length) throw new Error(`${side} ADD ${pods[a.i]?.name}: result has no IP: ${JSON.stringify(a.result)}`);
         if (side === 'reference') this.noteIfbs(JSON.stringify(a.result));
       }
     }
     if (side === 'reference' && cmd === 'del') for (const p of pods) this.liveRefPods.delete(p.id);
-    const wall = lines.find((l) => l.wallMs !== undefined)?.wallMs;
-    if (wall === undefined) throw new Error(`${side} batch ${cmd}: no wallMs line`);
-    return wall;
+    if (r.wallMs === undefined) throw new Error(`${side} batch ${cmd}: no wallMs line`);
+    return r.wallMs;
   }
 
   private libcniDirs(side: 'kubenet' | 'reference'): { conf: string; bin: string; cache: string } {

@@ -132,14 +132,10 @@ export class AgentHarness {
    * `cmd` of each pod through one libcni-driver process (its `batch` command: libcni called
    * in-process, `concurrency` calls at a time, as containerd makes them); its answers by pod index.
    */
-  async libcniBatch(cmd: 'add' | 'del', pods: TestPod[], concurrency: number): Promise<{ exitCode: number; stderr: string; answers: BatchAnswer[]; wallMs?: number }> {
-    const input = pods.map((p) => JSON.stringify({ cmd, netns: p.netnsPath, containerId: p.id, ifName: p.ifName, args: cniArgs(p), ...(p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {}) })).join('\n');
-    const args = ['batch', '--conf-dir', this.config.cniConfDir, '--bin-dir', [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'), '--cache-dir', this.libcniCache, '--concurrency', String(concurrency)];
-    const r = await execa(LIBCNI_DRIVER, args, { input, reject: false });
-    const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as BatchAnswer & { wallMs?: number });
-    const answers: BatchAnswer[] = [];
-    for (const l of lines) if (l.i !== undefined) answers[l.i] = l;
-    return { exitCode: r.exitCode ?? -1, stderr: r.stderr, answers, wallMs: lines.find((l) => l.wallMs !== undefined)?.wallMs };
+  libcniBatch(cmd: 'add' | 'del', pods: TestPod[], concurrency: number): Promise<BatchRun> {
+    const dirs = { conf: this.config.cniConfDir, bin: [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'), cache: this.libcniCache };
+    const requests = pods.map((p) => ({ cmd, netns: p.netnsPath, containerId: p.id, ifName: p.ifName, args: cniArgs(p), ...(p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {}) }));
+    return libcniBatch(dirs, requests, concurrency);
   }
 
   /** The installed CNI binary exec'd directly with the given command and config on stdin. */
@@ -187,7 +183,35 @@ export interface BatchAnswer {
   startMs: number;
   endMs: number;
   error?: string;
-  result?: { ips?: Array<{ address: string }> };
+  result?: { ips?: Array<{ address: string }>; interfaces?: Array<{ name?: string }> };
+}
+
+/** What `libcni-driver batch` gave: its answers by request index, and the batch's wall time (first start to last end). */
+export interface BatchRun {
+  exitCode: number;
+  stderr: string;
+  answers: BatchAnswer[];
+  wallMs?: number;
+}
+
+/** One request of `libcni-driver batch`. */
+export interface BatchRequest {
+  cmd: 'add' | 'del';
+  netns: string;
+  containerId: string;
+  ifName: string;
+  args: string;
+  runtimeConfig?: object;
+}
+
+/** The requests through one libcni-driver process, `concurrency` at a time, on the given conf, plugin (colon-separated) and cache dirs. */
+export async function libcniBatch(dirs: { conf: string; bin: string; cache: string }, requests: BatchRequest[], concurrency: number): Promise<BatchRun> {
+  const args = ['batch', '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--concurrency', String(concurrency), '--timeout', '60s'];
+  const r = await execa(LIBCNI_DRIVER, args, { input: requests.map((q) => JSON.stringify(q)).join('\n'), reject: false });
+  const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Partial<BatchAnswer> & { wallMs?: number });
+  const answers: BatchAnswer[] = [];
+  for (const l of lines) if (l.i !== undefined) answers[l.i] = l as BatchAnswer;
+  return { exitCode: r.exitCode ?? -1, stderr: r.stderr, answers, wallMs: lines.find((l) => l.wallMs !== undefined)?.wallMs };
 }
 
 /** One forwarded CNI call straight to an agent socket, as the CNI binary sends it. */

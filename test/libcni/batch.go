@@ -62,12 +62,7 @@ func runBatch(argv []string, in io.Reader, out io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("unexpected arguments: %q", fs.Args())}
 	}
-	var binDirs []string
-	for _, d := range strings.Split(*binDir, ":") {
-		if d != "" {
-			binDirs = append(binDirs, d)
-		}
-	}
+	binDirs := splitDirs(*binDir)
 	switch {
 	case *confDir == "" || len(binDirs) == 0 || *cacheDir == "":
 		return usageError{"batch needs --conf-dir, --bin-dir and --cache-dir"}

@@ -229,11 +229,7 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 		timeout:         *timeout,
 		reportTime:      *reportTime,
 	}
-	for _, d := range strings.Split(*binDir, ":") {
-		if d != "" {
-			o.binDirs = append(o.binDirs, d)
-		}
-	}
+	o.binDirs = splitDirs(*binDir)
 	if o.confDir == "" {
 		return nil, usageError{"--conf-dir is required"}
 	}
@@ -284,6 +280,17 @@ func parseOptions(cmd string, argv []string) (*options, error) {
 		o.validAttachments = json.RawMessage(*valid)
 	}
 	return o, nil
+}
+
+// splitDirs splits a colon-separated directory list (CNI_PATH style), skipping empty entries.
+func splitDirs(list string) []string {
+	var out []string
+	for _, d := range strings.Split(list, ":") {
+		if d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // parseCniArgs splits CNI_ARGS text, K=V;K=V, into libcni's RuntimeConf.Args pairs.
