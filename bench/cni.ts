@@ -157,8 +157,13 @@ interface BurstRep {
   addMs: number;
   delMs: number;
   totalMs: number;
-  /** CPU time over the burst (ms): this process's children (libcni drivers and what they ran), the agent's own, the agent's helpers and what they ran (spawner + plugins, tc). */
-  cpu: { runtime: number; agent: number; helpers: number };
+  /**
+   * CPU time (ms) over the whole burst, and over its ADDs alone (the DELs' is the difference): this
+   * process's children (libcni drivers and what they ran), the agent's own, the agent's helpers and
+   * what they ran (spawner + plugins, tc).
+   */
+  cpu: BurstCpu;
+  addCpu: BurstCpu;
 }
 
 interface SoakResult {
@@ -234,6 +239,13 @@ async function pool<T>(n: number, jobs: Array<() => Promise<T>>): Promise<T[]> {
 // CPU time from /proc (clock ticks of 10 ms: enough over a burst of ~100 calls)
 
 const TICK_MS = 10;
+
+/** CPU time (ms) of a burst's parties: this process's reaped children, the agent, the agent's helpers. */
+interface BurstCpu {
+  runtime: number;
+  agent: number;
+  helpers: number;
+}
 
 /** utime+stime and cutime+cstime (reaped children) of a process, ms; zeros when it is gone. */
 function procCpu(pid: number | string): { self: number; reaped: number } {
@@ -801,30 +813,34 @@ class CniBench {
 
   /** `n` pods added `concurrency` at a time, then deleted likewise, on one side; wall times. */
   async burst(side: Side, rep: number, n: number, concurrency: number, runtime: BurstRuntime): Promise<BurstRep> {
+    const sample = (): BurstCpu => ({ runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) });
+    const since = (a: BurstCpu, b: BurstCpu): BurstCpu => ({ runtime: b.runtime - a.runtime, agent: b.agent - a.agent, helpers: b.helpers - a.helpers });
+    const agentPid = this.agentProc?.pid;
     const pods = Array.from({ length: n }, (_, i) => this.pod(side, 500 + rep, i));
     try {
       await this.addNetns(pods);
       await this.publishPods(pods);
-      const agentPid = this.agentProc?.pid;
-      const cpu0 = { runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) };
+      const cpu0 = sample();
       let addMs: number;
       let delMs: number;
+      let cpuAdded: BurstCpu;
       if (runtime === 'batch') {
         addMs = await this.batch('add', pods, concurrency);
+        cpuAdded = sample();
         delMs = await this.batch('del', pods, concurrency);
       } else {
         const t0 = performance.now();
         await pool(concurrency, pods.map((p) => () => this.add(p)));
+        cpuAdded = sample();
         const t1 = performance.now();
         await pool(concurrency, pods.map((p) => () => this.del(p)));
         addMs = t1 - t0;
         delMs = performance.now() - t1;
       }
-      const cpu1 = { runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) };
+      const cpu1 = sample();
       if (side === 'kubenet') await this.settle();
       this.unpublishPods(pods);
-      const cpu = { runtime: cpu1.runtime - cpu0.runtime, agent: cpu1.agent - cpu0.agent, helpers: cpu1.helpers - cpu0.helpers };
-      return { side, addMs, delMs, totalMs: addMs + delMs, cpu };
+      return { side, addMs, delMs, totalMs: addMs + delMs, cpu: since(cpu0, cpu1), addCpu: since(cpu0, cpuAdded) };
     } finally {
       await this.delNetns(pods.map((p) => p.netns).filter((n) => this.liveNetns.has(n)));
     }
@@ -1113,7 +1129,12 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
         bench.checkAbort();
         const b = await bench.burst(side, rep, o.burst, o.concurrency, o.burstRuntime);
         burst.push(b);
-        const cpu = side === 'kubenet' && o.agentMode === 'process' ? `, CPU: runtime side ${b.cpu.runtime} ms, agent ${b.cpu.agent} ms, its spawner+plugins+tc ${b.cpu.helpers} ms` : `, CPU: runtime side (libcni + plugins) ${b.cpu.runtime} ms`;
+        // CPU (ms) as "whole burst (of it the ADDs)".
+        const both = (k: keyof BurstCpu) => `${b.cpu[k]} (${b.addCpu[k]})`;
+        const cpu =
+          side === 'kubenet' && o.agentMode === 'process'
+            ? `, CPU ms (ADDs' share): runtime side ${both('runtime')}, agent ${both('agent')}, its spawner+plugins+tc ${both('helpers')}`
+            : `, CPU ms (ADDs' share): runtime side (libcni + plugins) ${both('runtime')}`;
         console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time, ${o.burstRuntime === 'batch' ? 'one runtime process' : 'a driver process per call'})${cpu}, load ${load()}`);
       }
     }

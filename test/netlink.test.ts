@@ -17,6 +17,7 @@ import {
   linkByIndex,
   linkByName,
   linkDelete,
+  linkDeletionCounts,
   linkDeletionsInFlight,
   linkDeletionsSettled,
   linkIndexExists,
@@ -367,6 +368,46 @@ kTest('linkDelete: many at once (more than its worker budget) all end gone and f
   await Promise.all(dels.map((d) => d.finished));
   const names = new Set((await ipLinks()).map((l) => l.ifname));
   for (const p of pairs) t.false(names.has(p.veth) || names.has(p.peer), `${p.veth} and ${p.peer} gone`);
+});
+
+kTest('linkDelete veth: veths asked while one is being deleted go together in one group request; a bystander and its group stay', async (t) => {
+  const ns = await makeNetns(t);
+  const pairs = Array.from({ length: 9 }, () => ({ veth: linkName('v'), peer: linkName('p') }));
+  const bystander = { veth: linkName('v'), peer: linkName('p') };
+  t.teardown(async () => {
+    for (const p of [...pairs, bystander]) await sh('ip', ['link', 'del', p.veth], { reject: false });
+  });
+  for (const p of pairs) {
+    await sh('ip', ['link', 'add', p.veth, 'type', 'veth', 'peer', 'name', p.peer, 'netns', ns.name]);
+    await sh('ip', ['link', 'set', p.veth, 'up']);
+  }
+  await sh('ip', ['link', 'add', bystander.veth, 'type', 'veth', 'peer', 'name', bystander.peer]);
+  await sh('ip', ['link', 'set', bystander.veth, 'group', '7']);
+  const indexes = pairs.map((p) => linkByName(p.veth).index);
+  // One of the batch is already gone when its turn comes: a success, as for any delete.
+  const goneBefore = pairs.pop()!;
+  const goneIndex = indexes.pop()!;
+  await sh('ip', ['link', 'del', goneBefore.veth]);
+  indexes.splice(3, 0, goneIndex);
+  const before = linkDeletionCounts();
+  const dels = await Promise.all(indexes.map((i) => linkDelete(i, { veth: true })));
+  const after = linkDeletionCounts();
+  t.is(after.links - before.links, 9);
+  // The first went alone (nothing in flight); the eight asked meanwhile went in one request, the
+  // one already gone without any.
+  t.deepEqual(
+    dels.map((d) => d.together),
+    [1, 7, 7, 0, 7, 7, 7, 7, 7],
+  );
+  for (const i of indexes) t.false(linkIndexExists(i), `index ${i} gone once linkDelete resolved`);
+  await Promise.all(dels.map((d) => d.finished));
+  const host = await ipLinks();
+  const inNs = await ipLinks(ns.name);
+  for (const p of pairs) t.false(host.some((l) => l.ifname === p.veth) || inNs.some((l) => l.ifname === p.peer), `${p.veth} and its peer gone`);
+  const kept = (await ipJson<Array<{ ifname: string; group: string }>>(['-d', 'link', 'show', 'dev', bystander.veth]))[0];
+  t.is(kept?.group, '7', 'the bystander is still there, in its own group');
+  t.true((await ipLinks()).some((l) => l.ifname === bystander.peer), "the bystander's peer too");
+  await linkDeletionsSettled();
 });
 
 kTest('setPromiscOn / setPromiscOff toggle PROMISC as ip sees it, idempotently', async (t) => {

@@ -32,7 +32,7 @@ export {
   type LinkInfo,
   type LinkStats,
 } from './link.js';
-export { linkDelete, linkDeletionsInFlight, linkDeletionsSettled, type LinkDeletion } from './link-delete.js';
+export { linkDelete, linkDeletionCounts, linkDeletionsInFlight, linkDeletionsSettled, type LinkDeleteOptions, type LinkDeletion } from './link-delete.js';
 export { linkIndexByName, linkIndexExists, linkTxQLen } from './ioctl.js';
 export { addrDel, addrList, addrListAll, type AddrInfo } from './addr.js';
 export { isNetnsFd, netnsAddrList, netnsLinkByName, netnsLinkDelete } from './netns.js';

@@ -73,6 +73,11 @@ export const nl = {
   nlmsg_free: libnl.func('void nlmsg_free(nl_msg *msg)'),
   nl_send_auto: libnl.func('int nl_send_auto(nl_sock *sk, nl_msg *msg)'),
   nl_wait_for_ack: libnl.func('int nl_wait_for_ack(nl_sock *sk)'),
+  // nl_send_auto, then nlmsg_free (always), then nl_wait_for_ack: 0 or -NLE_*. src/netlink calls it
+  // with `.async` where the kernel holds the answer long (a link's deletion).
+  nl_send_sync: libnl.func('int nl_send_sync(nl_sock *sk, nl_msg *msg)'),
+  // netlink/attr.h — appends a u32 attribute to the message: 0 or -NLE_NOMEM.
+  nla_put_u32: libnl.func('int nla_put_u32(nl_msg *msg, int attrtype, uint32_t value)'),
   // Typed walks of a link / address cache: same C functions, declared with the concrete object type.
   // Every libnl object starts with the nl_object header (NLHDR_COMMON), so the cast is the one libnl
   // itself does; koffi checks pointer types and would refuse an nl_object * where rtnl_link * is expected.
@@ -188,6 +193,12 @@ export const NLM_F_REPLACE = 0x100;
 export const NLM_F_ECHO = 0x8;
 /** linux/rtnetlink.h */
 export const RTM_GETTCLASS = 42;
+export const RTM_DELLINK = 17;
+export const RTM_SETLINK = 19;
+/** linux/if_link.h: the link's group (u32; 0 is the default group, which the kernel never deletes by). */
+export const IFLA_GROUP = 27;
+/** sizeof(struct ifinfomsg) (linux/rtnetlink.h): family u8, pad u8, type u16, index s32, flags u32, change u32. */
+export const IFINFOMSG_SIZE = 16;
 /** linux/netlink.h NLMSG_ALIGNTO */
 export const NLMSG_ALIGNTO = 4;
 

@@ -112,15 +112,17 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
   }
   if (core.adding.size === 0) {
     const known = new Set(core.store.all().flatMap((r) => (r.hostVeth ? [r.hostVeth] : [])));
-    for (const v of veths) {
-      if (known.has(v.name)) continue;
-      try {
-        await nl.linkDelete(v.index);
-        removed.veths++;
-      } catch (err) {
-        errors.push(err);
-      }
-    }
+    // Asked all at once: veths go together in one kernel request (nl.linkDelete).
+    await Promise.all(
+      veths
+        .filter((v) => !known.has(v.name))
+        .map((v) =>
+          nl.linkDelete(v.index, { veth: true }).then(
+            () => removed.veths++,
+            (err: unknown) => errors.push(err),
+          ),
+        ),
+    );
   }
   const liveNow = new Set(core.store.all().map((r) => r.containerId));
   for (const s of core.shaper.list()) {

@@ -44,9 +44,9 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
       log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
       continue;
     }
-    const { goneMs, finished } = await nl.linkDelete(link.index);
+    const { goneMs, finished, together } = await nl.linkDelete(link.index, { veth: true });
     finished.catch((err: unknown) => log.error({ err, hostVeth: link.name }, 'the kernel failed to finish deleting the pod veth'));
-    log.debug({ hostVeth: link.name, goneMs: round(goneMs) }, 'pod veth deleted');
+    log.debug({ hostVeth: link.name, goneMs: round(goneMs), together }, 'pod veth deleted');
     return;
   }
   // An ADD cut short (the agent died while the bridge plugin ran) can leave the pod's interface in
