@@ -54,7 +54,17 @@ const seconds = Number(argValue('--seconds') ?? (quick ? 5 : 10));
 const rates = (argValue('--rates') ?? '1M,10M,100M,1G').split(',');
 const sizes = (argValue('--sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
 const probes = Number(argValue('--probes') ?? 10);
-const impls = new Set((argValue('--impls') ?? 'ours,exec,ref,unshaped').split(','));
+/**
+ * The cost table's passes: by default each other implementation runs in a pass of its own beside
+ * ours (the reference, the unshaped CIDRs, the exec mode), each pair interleaved probe by probe, and
+ * a goal is judged in the pass that holds its pair. All four in one pass put 1 500+ shaped pods of
+ * three shaper variants on the node, and the exec variant's tc spawns (each dumps every link of the
+ * machine) made the setups beside them dearer: ours at 500 pods 7.7-10.1 ms there, 2.4-3.5 ms in the
+ * passes without it (docs/shaping.md). `--impls` runs the ones named in one pass, as before.
+ */
+const implPasses: Array<Set<string>> = argValue('--impls')
+  ? [new Set((argValue('--impls') ?? '').split(','))]
+  : [new Set(['ours', 'ref']), new Set(['ours', 'unshaped']), new Set(['ours', 'exec'])];
 /** How many unshaped destinations the `unshaped` implementation's ifb holds (issue 24: 10). */
 const unshapedCount = Number(argValue('--unshaped-cidrs') ?? 10);
 const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
@@ -358,10 +368,10 @@ async function rateBench(): Promise<void> {
 
 // ---------- (2) cost ----------
 
-async function costBench(): Promise<void> {
+async function costBench(impls: Set<string>): Promise<void> {
   const maxN = Math.max(...sizes);
   const total = maxN + probes;
-  console.error(`creating 3 x ${total} namespaces + veths...`);
+  console.error(`cost pass ${[...impls].join('+')}: creating ${impls.size} x ${total} namespaces + veths...`);
   const tA = performance.now();
   const useExec = impls.has('exec');
   const useRef = impls.has('ref');
@@ -438,7 +448,7 @@ async function costBench(): Promise<void> {
       console.error(`  n=${n}: session ${sa.toFixed(2)}+${sd.toFixed(2)} ms, exec ${ea.toFixed(2)}+${ed.toFixed(2)} ms, ref ${ra.toFixed(2)}+${rd.toFixed(2)} ms`);
     }
     printTable(
-      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M). ` +
+      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M), pass ${[...impls].join(' + ')}. ` +
         `ours = Shaper with its long-lived tc session (default), ours-exec = one tc spawn per operation, ref = CNI bandwidth plugin exec`,
       ['n shaped', 'ours setup', 'teardown', 'total', 'ours-exec setup', 'teardown', 'total', 'ref setup', 'teardown', 'total', 'ref/ours', 'ref/ours-exec'],
       rows,
@@ -452,14 +462,15 @@ async function costBench(): Promise<void> {
       };
       console.log(`total at n=${last[0]} / at n=${first[0]}: ours ${growth(3)}, ours-exec ${growth(6)}, ref ${growth(9)}`);
       const g = Number(last[3]) / Number(first[3]);
-      console.log(`goal per-pod cost flat (issue 22: ours total at n=${last[0]} <= 2x n=${first[0]}): ${g <= 2 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
+      // Judged with our pods and the reference's alone on the node (see implPasses).
+      if (!useExec && !useUnshaped) console.log(`goal per-pod cost flat (issue 22: ours total at n=${last[0]} <= 2x n=${first[0]}): ${g <= 2 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
     }
     for (const [n, plain, withU] of unshapedTotals) {
       const g = withU / plain;
       console.log(`goal per-pod cost with ${unshapedCount} unshaped CIDRs within 10 % of none (issue 24: <= 1.1x) at n=${n}: ${g <= 1.1 ? 'PASS' : 'MISS'} ${withU.toFixed(2)} / ${plain.toFixed(2)} ms (${g.toFixed(2)}x)`);
     }
     const cheap = rows.map((r) => Number(r[9]) / Number(r[3]));
-    if (cheap.every((x) => !Number.isNaN(x))) {
+    if (cheap.every((x) => !Number.isNaN(x)) && !useExec && !useUnshaped) {
       console.log(`goal ours >= 10x cheaper than ref at every n: ${cheap.every((x) => x >= 10) ? 'PASS' : 'MISS'} ${cheap.map((x) => `${x.toFixed(1)}x`).join(' ')}`);
     }
   } finally {
@@ -680,6 +691,6 @@ if (process.getuid?.() !== 0) {
 for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
 console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`);
 if (!has('--no-rates')) await withTrafficLock(() => rateBench());
-if (!has('--no-cost')) await costBench();
+if (!has('--no-cost')) for (const pass of implPasses) await costBench(pass);
 if (!has('--no-live')) await liveBench();
 if (!has('--no-reshape')) await withTrafficLock(() => reshapeAccuracyBench());
