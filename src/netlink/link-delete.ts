@@ -92,7 +92,6 @@ export async function linkDelete(ifindex: number, opts: LinkDeleteOptions = {}):
 
 interface Member {
   ifindex: number;
-  started: number;
   /** Resolves with the ms until the link was gone; rejects with the request's error. */
   gone: Promise<number>;
   isGone: boolean;
@@ -115,7 +114,6 @@ function member(ifindex: number): Member {
   void tracked.then(() => deletions.delete(tracked));
   const m: Member = {
     ifindex,
-    started,
     gone,
     isGone: false,
     together: 0,
