@@ -59,7 +59,7 @@ const probes = Number(argValue('--probes') ?? 10);
  * ours (the reference, the unshaped CIDRs, the exec mode), each pair interleaved probe by probe, and
  * a goal is judged in the pass that holds its pair. All four in one pass put 1 500+ shaped pods of
  * three shaper variants on the node, and the exec variant's tc spawns (each dumps every link of the
- * machine) made the setups beside them dearer: ours at 500 pods 7.7-10.1 ms there, 2.4-3.5 ms in the
+ * machine) made the setups beside them dearer: ours at 500 pods 7.7-10.1 ms there, 2.4-4.4 ms in the
  * passes without it (docs/shaping.md). `--impls` runs the ones named in one pass, as before.
  */
 const implPasses: Array<Set<string>> = argValue('--impls')
