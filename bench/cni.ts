@@ -80,7 +80,7 @@ import { NodeWatchPodCidrSource } from '../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../src/daemon/pod-lookup.js';
 import { createLogger } from '../src/log.js';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
-import { AgentHarness, LIBCNI_DRIVER, FORWARDER, libcniBatch, postCni } from '../hack/support/agent-harness.js';
+import { AgentHarness, LIBCNI_DRIVER, FORWARDER, libcniBatch, libcniCallArgs, postCni, type BatchRequest, type LibcniDirs } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
 import { cniArgs, type TestPod } from '../hack/support/test-pod.js';
@@ -613,20 +613,7 @@ class CniBench {
   /** One libcni call for either side in a driver process of its own: the call's own time (the driver's clock) and the process's wall. */
   async libcni(cmd: 'add' | 'del', p: Pod): Promise<Call> {
     if (p.side === 'floor') throw new Error('libcni: the floor side runs no libcni');
-    const side = this.libcniDirs(p.side);
-    const args = [
-      cmd,
-      '--conf-dir', side.conf,
-      '--bin-dir', side.bin,
-      '--cache-dir', side.cache,
-      '--netns', p.netnsPath,
-      '--container-id', p.id,
-      '--args', cniArgs(p),
-      '--timeout', '60s',
-      '--report-time',
-    ];
-    // Cluster mode: the kubenet side's limits come from the pod annotations in the agent's watch.
-    if (p.side !== 'kubenet' || this.mode === 'static') args.push('--runtime-config', JSON.stringify(RUNTIME_CONFIG));
+    const args = [...libcniCallArgs(this.libcniDirs(p.side), this.request(cmd, p)), '--report-time'];
     const started = performance.now();
     const r = await execa(LIBCNI_DRIVER, args, { reject: false });
     const elapsed = performance.now() - started;
@@ -645,8 +632,7 @@ class CniBench {
     const side = pods[0]?.side;
     if (!side || side === 'floor' || pods.some((p) => p.side !== side)) throw new Error('batch: pods of one libcni side');
     const dirs = this.libcniDirs(side);
-    const withLimits = side !== 'kubenet' || this.mode === 'static';
-    const requests = pods.map((p) => ({ cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: RUNTIME_CONFIG } : {}) }));
+    const requests = pods.map((p) => this.request(cmd, p));
     if (side === 'reference' && cmd === 'add') for (const p of pods) this.liveRefPods.set(p.id, p);
     const r = await libcniBatch(dirs, requests, concurrency);
     const answered = r.answers.filter(Boolean);
@@ -665,7 +651,13 @@ class CniBench {
     return r.wallMs;
   }
 
-  private libcniDirs(side: 'kubenet' | 'reference'): { conf: string; bin: string; cache: string } {
+  /** A libcni call of `p`; the kubenet side in cluster mode gets its limits from the pod's annotations in the agent's watch, not runtimeConfig. */
+  private request(cmd: 'add' | 'del', p: Pod): BatchRequest {
+    const withLimits = p.side !== 'kubenet' || this.mode === 'static';
+    return { cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: RUNTIME_CONFIG } : {}) };
+  }
+
+  private libcniDirs(side: 'kubenet' | 'reference'): LibcniDirs {
     return side === 'kubenet'
       ? { conf: this.h.config.cniConfDir, bin: [this.h.config.cniBinDir, ...this.h.config.pluginBinDirs].join(':'), cache: this.h.libcniCache }
       : { conf: this.refConfDir, bin: REF_BIN_DIR, cache: this.refCache };
@@ -813,9 +805,9 @@ class CniBench {
 
   /** `n` pods added `concurrency` at a time, then deleted likewise, on one side; wall times. */
   async burst(side: Side, rep: number, n: number, concurrency: number, runtime: BurstRuntime): Promise<BurstRep> {
+    const agentPid = this.agentProc?.pid;
     const sample = (): BurstCpu => ({ runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) });
     const since = (a: BurstCpu, b: BurstCpu): BurstCpu => ({ runtime: b.runtime - a.runtime, agent: b.agent - a.agent, helpers: b.helpers - a.helpers });
-    const agentPid = this.agentProc?.pid;
     const pods = Array.from({ length: n }, (_, i) => this.pod(side, 500 + rep, i));
     try {
       await this.addNetns(pods);

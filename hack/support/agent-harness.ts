@@ -111,19 +111,11 @@ export class AgentHarness {
     pod: TestPod,
     opts: { runtimeConfig?: object; netns?: string; cacheDir?: string } = {},
   ): Promise<DriverResult> {
-    const args = [
-      cmd,
-      '--conf-dir', this.config.cniConfDir,
-      '--bin-dir', [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'),
-      '--cache-dir', opts.cacheDir ?? this.libcniCache,
-      '--netns', opts.netns ?? pod.netnsPath,
-      '--container-id', pod.id,
-      '--ifname', pod.ifName,
-      '--args', cniArgs(pod),
-      '--timeout', '60s',
-    ];
     const runtimeConfig = opts.runtimeConfig ?? pod.runtimeConfig;
-    if (runtimeConfig) args.push('--runtime-config', JSON.stringify(runtimeConfig));
+    const args = libcniCallArgs(
+      { ...this.libcniDirs(), cache: opts.cacheDir ?? this.libcniCache },
+      { cmd, netns: opts.netns ?? pod.netnsPath, containerId: pod.id, ifName: pod.ifName, args: cniArgs(pod), ...(runtimeConfig ? { runtimeConfig } : {}) },
+    );
     const r = await execa(LIBCNI_DRIVER, args, { reject: false });
     return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
   }
@@ -133,9 +125,13 @@ export class AgentHarness {
    * in-process, `concurrency` calls at a time, as containerd makes them); its answers by pod index.
    */
   libcniBatch(cmd: 'add' | 'del', pods: TestPod[], concurrency: number): Promise<BatchRun> {
-    const dirs = { conf: this.config.cniConfDir, bin: [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'), cache: this.libcniCache };
     const requests = pods.map((p) => ({ cmd, netns: p.netnsPath, containerId: p.id, ifName: p.ifName, args: cniArgs(p), ...(p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {}) }));
-    return libcniBatch(dirs, requests, concurrency);
+    return libcniBatch(this.libcniDirs(), requests, concurrency);
+  }
+
+  /** The runtime's view: the agent's conflist dir, its binary's dir then the plugins', libcni's cache. */
+  private libcniDirs(): LibcniDirs {
+    return { conf: this.config.cniConfDir, bin: [this.config.cniBinDir, ...CNI_BIN_DIRS].join(':'), cache: this.libcniCache };
   }
 
   /** The installed CNI binary exec'd directly with the given command and config on stdin. */
@@ -194,7 +190,7 @@ export interface BatchRun {
   wallMs?: number;
 }
 
-/** One request of `libcni-driver batch`. */
+/** One request of `libcni-driver batch`, or (with `check` too) the arguments of a single call. */
 export interface BatchRequest {
   cmd: 'add' | 'del';
   netns: string;
@@ -204,8 +200,22 @@ export interface BatchRequest {
   runtimeConfig?: object;
 }
 
-/** The requests through one libcni-driver process, `concurrency` at a time, on the given conf, plugin (colon-separated) and cache dirs. */
-export async function libcniBatch(dirs: { conf: string; bin: string; cache: string }, requests: BatchRequest[], concurrency: number): Promise<BatchRun> {
+/** Where libcni looks: the conflist dir, the plugin dirs (colon-separated), its result cache. */
+export interface LibcniDirs {
+  conf: string;
+  bin: string;
+  cache: string;
+}
+
+/** The arguments of one `libcni-driver` call of `q` on `dirs` (test/libcni/driver.go). */
+export function libcniCallArgs(dirs: LibcniDirs, q: Omit<BatchRequest, 'cmd'> & { cmd: 'add' | 'del' | 'check' }): string[] {
+  const args = [q.cmd, '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--netns', q.netns, '--container-id', q.containerId, '--ifname', q.ifName, '--args', q.args, '--timeout', '60s'];
+  if (q.runtimeConfig) args.push('--runtime-config', JSON.stringify(q.runtimeConfig));
+  return args;
+}
+
+/** The requests through one libcni-driver process, `concurrency` at a time, on `dirs`. */
+export async function libcniBatch(dirs: LibcniDirs, requests: BatchRequest[], concurrency: number): Promise<BatchRun> {
   const args = ['batch', '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--concurrency', String(concurrency), '--timeout', '60s'];
   const r = await execa(LIBCNI_DRIVER, args, { input: requests.map((q) => JSON.stringify(q)).join('\n'), reject: false });
   const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Partial<BatchAnswer> & { wallMs?: number });
