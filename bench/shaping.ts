@@ -21,7 +21,7 @@
  *       from half the rate), goodput and wire rate from 2 s after the change to the end, against the
  *       goals of (1b) (goodput ±5 %, wire ±2 %).
  * Root only. Creates its own bridges, namespaces and veths (traffic only between them) and removes
- * them. Usage: npx tsx bench/shaping.ts [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
+ * them. Usage: npx tsx bench/shaping.ts [--only rates,cost,live,reshape] [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost] [--no-live] [--no-reshape]
  *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M] [--cc cubic]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
@@ -49,6 +49,16 @@ import { argValue, percentile } from '../hack/support/bench-kit.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);
+/** The sections, in the order they run; `--only a,b` runs those alone, `--no-NAME` leaves one out. */
+const SECTIONS = ['rates', 'cost', 'live', 'reshape'] as const;
+const only = argValue('--only')?.split(',');
+for (const name of only ?? []) {
+  if (!(SECTIONS as readonly string[]).includes(name)) {
+    console.error(`bench/shaping.ts: unknown section ${name} (sections: ${SECTIONS.join(', ')})`);
+    process.exit(2);
+  }
+}
+const runs = (name: (typeof SECTIONS)[number]) => (only ? only.includes(name) : !has(`--no-${name}`));
 const quick = has('--quick');
 const seconds = Number(argValue('--seconds') ?? (quick ? 5 : 10));
 const rates = (argValue('--rates') ?? '1M,10M,100M,1G').split(',');
@@ -690,7 +700,7 @@ if (process.getuid?.() !== 0) {
 // what it prints is dropped.
 for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
 console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`);
-if (!has('--no-rates')) await withTrafficLock(() => rateBench());
-if (!has('--no-cost')) for (const pass of implPasses) await costBench(pass);
-if (!has('--no-live')) await liveBench();
-if (!has('--no-reshape')) await withTrafficLock(() => reshapeAccuracyBench());
+if (runs('rates')) await withTrafficLock(() => rateBench());
+if (runs('cost')) for (const pass of implPasses) await costBench(pass);
+if (runs('live')) await liveBench();
+if (runs('reshape')) await withTrafficLock(() => reshapeAccuracyBench());
