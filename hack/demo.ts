@@ -16,7 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
 import { iperf, serverIntervals, type TopoPod } from './support/topo.js';
 import { withTrafficLock } from './support/traffic-lock.js';
-import { CNI_BIN_DIRS } from './support/kernel.js';
+import { CNI_BIN_DIRS, delIfbs } from './support/kernel.js';
 
 export const DEMO_POD_CIDR = '10.244.0.0/24';
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -167,10 +167,10 @@ async function main(): Promise<void> {
     }
     for (const p of added) await execa('ip', ['netns', 'del', p.netns], { reject: false });
     await execa('ip', ['link', 'del', bridge], { reject: false });
-    await execa('ip', ['link', 'del', ifb], { reject: false });
+    await delIfbs(ifb); // and its egress shards (ifb.1, ...)
     await rm(dir, { recursive: true, force: true });
     const left = (await execa('ip', ['-o', 'link', 'show'])).stdout.split('\n').filter((l) => l.includes(bridge) || l.includes(ifb));
-    console.log(left.length === 0 ? 'removed the demo pods, bridge, ifb, agent state and CNI dirs' : `left behind: ${left.join('; ')}`);
+    console.log(left.length === 0 ? 'removed the demo pods, bridge, ifbs, agent state and CNI dirs' : `left behind: ${left.join('; ')}`);
   }
 }
 

@@ -17,7 +17,7 @@ import { agentGet, CNI_API_HOST, CNI_API_PATH } from '../../src/daemon/protocol.
 import type { PodLookup } from '../../src/daemon/cni-handler.js';
 import { loadConfig, type AgentConfig } from '../../src/daemon/config.js';
 import { createLogger, type Logger } from '../../src/log.js';
-import { CNI_BIN_DIRS, Cleanup, delLink, makeTmpDir, rmrf, uniq } from './kernel.js';
+import { CNI_BIN_DIRS, Cleanup, delIfbs, delLink, makeTmpDir, rmrf, uniq } from './kernel.js';
 import { addTestPod, cniArgs, type TestPod } from './test-pod.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -52,7 +52,7 @@ export class AgentHarness {
     this.root = await makeTmpDir('kag');
     this.cleanup.add(() => rmrf(this.root));
     this.cleanup.add(() => delLink(this.bridge));
-    this.cleanup.add(() => delLink(this.ifb));
+    this.cleanup.add(() => delIfbs(this.ifb));
     this.cleanup.add(() => this.stopAgent());
     this.libcniCache = join(this.root, 'libcni-cache');
     this.config = await loadConfig({
@@ -214,10 +214,15 @@ export function libcniCallArgs(dirs: LibcniDirs, q: Omit<BatchRequest, 'cmd'> & 
   return args;
 }
 
+/** Runs the driver: `file args` with `input` on stdin, never rejecting (the default: here; a node sandbox's `exec` runs it inside). */
+export type DriverRunner = (file: string, args: string[], input: string) => Promise<{ exitCode?: number; stdout: string; stderr: string }>;
+
+const runHere: DriverRunner = (file, args, input) => execa(file, args, { input, reject: false });
+
 /** The requests through one libcni-driver process, `concurrency` at a time, on `dirs`. */
-export async function libcniBatch(dirs: LibcniDirs, requests: BatchRequest[], concurrency: number): Promise<BatchRun> {
+export async function libcniBatch(dirs: LibcniDirs, requests: BatchRequest[], concurrency: number, run: DriverRunner = runHere): Promise<BatchRun> {
   const args = ['batch', '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--concurrency', String(concurrency), '--timeout', '60s'];
-  const r = await execa(LIBCNI_DRIVER, args, { input: requests.map((q) => JSON.stringify(q)).join('\n'), reject: false });
+  const r = await run(LIBCNI_DRIVER, args, requests.map((q) => JSON.stringify(q)).join('\n'));
   const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Partial<BatchAnswer> & { wallMs?: number });
   const answers: BatchAnswer[] = [];
   for (const l of lines) if (l.i !== undefined) answers[l.i] = l as BatchAnswer;

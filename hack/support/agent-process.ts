@@ -130,7 +130,7 @@ export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts
  * own bridge and ifb names, the reference plugins hack/build-upstream.sh built: with a static `podCidr` (no API
  * server), or in cluster mode with `kubeconfig` (then NODE_NAME is `nodeName`).
  */
-export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig?: string; nodeName?: string; logFile?: string }): { agent: AgentProcess; settings: ManifestSettings } {
+export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig?: string; nodeName?: string; logFile?: string; extraArgs?: string[] }): { agent: AgentProcess; settings: ManifestSettings } {
   const root = sb.tmpDir;
   const settings: ManifestSettings = {
     socket: join(root, 'kubenet.sock'),
@@ -149,6 +149,7 @@ export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig
     '--plugin-bin-dirs', settings.pluginBinDirs.join(','), '--bridge-name', settings.bridgeName, '--ifb-name', settings.ifbName,
     '--ipam-data-dir', settings.ipamDataDir, '--cni-cache-dir', settings.cniCacheDir, '--state-dir', settings.stateDir,
     '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
+    ...(opts.extraArgs ?? []),
   ];
   const env: Record<string, string> = opts.nodeName ? { NODE_NAME: opts.nodeName } : {};
   return { agent: new AgentProcess(sb, args, env, opts.logFile ?? join(root, 'agent.log'), settings.socket), settings };

@@ -43,6 +43,17 @@ export async function delLink(name: string): Promise<void> {
   await sh('ip', ['link', 'del', name], { reject: false });
 }
 
+/** Deletes an agent's or shaper's ifb and its egress shards (`<ifb>.1`, `<ifb>.2`, ...), whichever exist. */
+export async function delIfbs(ifb: string): Promise<void> {
+  for (const name of await ifbShardNames(ifb)) await delLink(name);
+}
+
+/** The ifb `ifb` and its egress shards that exist now (in this process's netns, or `netns`). */
+export async function ifbShardNames(ifb: string, netns?: string): Promise<string[]> {
+  const r = await sh('ip', [...(netns ? ['-n', netns] : []), '-o', 'link', 'show', 'type', 'ifb'], { reject: false });
+  return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)].map((m) => m[1] ?? '').filter((n) => n === ifb || /^\d+$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
+}
+
 export async function linkExists(name: string, netns?: string): Promise<boolean> {
   const args = netns ? ['-n', netns, 'link', 'show', name] : ['link', 'show', name];
   return (await sh('ip', args, { reject: false })).exitCode === 0;

@@ -1,13 +1,14 @@
 /**
  * What pods can leave behind on a node sandbox's node (its netns and its private directories):
  * veths, host-local reservations, the runtime's libcni cache entries, the agent's pod records and
- * shaper state, the pods' leaf qdiscs and filters on the shared ifb (their classes stay, idle, for
+ * shaper state, the pods' leaf qdiscs and filters on the egress shards' ifbs (their classes stay, idle, for
  * the next pods: src/shaper/tc-plan.ts ClassIds), qdiscs on pod veths, host-port nat rules.
  * `podLeftovers` lists them; after the last pod is gone every list must be empty.
  */
 import { readdir } from 'node:fs/promises';
 import { isIP } from 'node:net';
 import { join } from 'node:path';
+import { ifbShardNames } from './kernel.js';
 import type { NodeSandbox } from './node-sandbox.js';
 
 export interface NodeLayout {
@@ -74,15 +75,22 @@ export async function podLeftovers(sb: NodeSandbox, n: NodeLayout): Promise<PodL
   for (const v of veths) {
     for (const q of await lines(sb, 'tc', ['qdisc', 'show', 'dev', v])) if (!/^qdisc noqueue /.test(q)) vethQdiscs.push(`${v}: ${q}`);
   }
-  const ifbUp = (await sb.exec('ip', ['link', 'show', n.ifbName], { reject: false })).exitCode === 0;
+  // Every egress shard's ifb (ifbName, ifbName.1, ...) that is there.
+  const ifbs = await ifbShardNames(n.ifbName, sb.netns);
+  const ifbLeaves: string[] = [];
+  const ifbFilters: string[] = [];
+  for (const ifb of ifbs) {
+    ifbLeaves.push(...podLeaves(await lines(sb, 'tc', ['qdisc', 'show', 'dev', ifb])).map((l) => `${ifb}: ${l}`));
+    ifbFilters.push(...(await lines(sb, 'tc', ['filter', 'show', 'dev', ifb, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)).map((l) => `${ifb}: ${l}`));
+  }
   return {
     veths,
     reservations: (await ls(sb.hostPath(join(n.ipamDataDir, 'kubenet')))).filter((f) => isIP(f) !== 0),
     runtimeCacheEntries: await ls(sb.hostPath(join(n.runtimeCacheDir, 'results'))),
     podRecords: await ls(sb.hostPath(join(n.stateDir, 'pods'))),
     shaperState: await ls(sb.hostPath(join(n.stateDir, 'shaper'))),
-    ifbLeaves: ifbUp ? podLeaves(await lines(sb, 'tc', ['qdisc', 'show', 'dev', n.ifbName])) : [],
-    ifbFilters: ifbUp ? (await lines(sb, 'tc', ['filter', 'show', 'dev', n.ifbName, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)) : [],
+    ifbLeaves,
+    ifbFilters,
     vethQdiscs,
     natRules: podNatRules(await lines(sb, 'iptables-save', ['-t', 'nat'])),
   };

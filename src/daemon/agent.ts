@@ -11,6 +11,7 @@
  * that fail (no server answering) with backoff.
  */
 import { existsSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { ConfigError } from '../errors.js';
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
@@ -20,6 +21,7 @@ import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
 import { checkInstallConfig, installCni, ipamShimDir } from './cni-install.js';
 import { dhcpSocketPath, unshapedCidrsOf, type AgentConfig } from './config.js';
+import { shardsFor } from '../shaper/tc-layout.js';
 import { AgentApi } from './http-api.js';
 import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
@@ -101,6 +103,7 @@ export class Agent {
       ipamDataDir: config.ipamDataDir,
       stateDir: config.stateDir,
       ifbName: config.ifbName,
+      ifbShards: shardsFor(config.ifbShards, availableParallelism()),
       unshapedCIDRs: unshapedCidrsOf(config),
       // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
       legacyShaperStateDir: join(config.stateDir, 'shaper'),

@@ -2,13 +2,14 @@
  * The agent's config keys, each defined once: its type, allowed values, default, flag, meaning and
  * validation (`CONFIG_KEYS`). From this table come the defaults (`DEFAULT_CONFIG`), the YAML loader's
  * and the flags' checks (config.ts), `kubenet daemon --help` (src/cli/help.ts), the flags of an
- * agent started as configured (`configFlags`) and README's table (`configKeysMarkdown`). A new key
+ * agent started as configured (config.ts `configFlags`) and README's table (`configKeysMarkdown`). A new key
  * is one entry here plus its field in `AgentConfig`; rules between keys live in config.ts.
  */
 import { isAbsolute } from 'node:path';
 import { isValidIfName } from '../net/ifname.js';
 import { parseCidr, parsePodCidrs } from '../net/ip.js';
 import { HAIRPIN_MODES, type HairpinMode } from '../pod/bridge.js';
+import { AUTO_SHARDS_PER_CPU, MAX_SHARDS } from '../shaper/tc-layout.js';
 import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'silent'] as const;
@@ -39,8 +40,10 @@ export interface AgentConfig {
   /** Where the reference CNI plugins (bridge, host-local, loopback) are looked up, in order. */
   pluginBinDirs: string[];
   bridgeName: string;
-  /** The shared ifb device that carries every shaped pod's egress (traffic from pods). */
+  /** The ifb device that carries shaped pods' egress (traffic from pods): egress shard 0. */
   ifbName: string;
+  /** How many ifbs (egress shards, each its own htb tree) carry the pods' egress; 0: chosen from the CPUs (ifbShardsFor). */
+  ifbShards: number;
   /** Bridge/veth MTU; unset: the smallest MTU of the host's uplinks. */
   mtu?: number;
   hairpinMode: HairpinMode;
@@ -223,8 +226,19 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     type: 'string',
     value: 'kubenet-ifb0',
     flag: '--ifb-name',
-    description: 'The one ifb device that shapes the egress of every shaped pod (at most 15 bytes); created with the first shaped pod.',
+    description: 'The ifb device that shapes shaped pods\' egress (at most 15 bytes); with more than one egress shard (`ifbShards`), the others are `<ifbName>.1`, `<ifbName>.2`, ... Created when the agent starts.',
     validate: ifName,
+  },
+  ifbShards: {
+    type: 'integer',
+    value: 0,
+    flag: '--ifb-shards',
+    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}.`,
+    validate: (value, fail) => {
+      const expected = `an integer from 0 (chosen from the CPUs) to ${MAX_SHARDS}`;
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_SHARDS) throw fail(expected);
+      return value;
+    },
   },
   mtu: {
     type: 'integer',
@@ -360,22 +374,6 @@ export function configKeysMarkdown(): string {
     return `| \`${key}\` | \`${s.flag}\` | ${type} | ${def} | ${s.description.replace(/\|/g, '\\|')} |`;
   });
   return ['| key | flag | type | default | description |', '| --- | --- | --- | --- | --- |', ...rows].join('\n');
-}
-
-/**
- * The `kubenet daemon` flags that give a config (each set key as CONFIG_KEYS[k].flag; lists joined
- * with commas), for starting an agent process as configured. dhcp's own keys are left out unless
- * ipam is dhcp: the agent refuses them otherwise, even at their defaults.
- */
-export function configFlags(c: Partial<AgentConfig>): string[] {
-  const flags: string[] = [];
-  for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>) {
-    const v = c[key];
-    if (v === undefined) continue;
-    if ((key === 'uplink' || key === 'dhcpTimeout') && c.ipam !== 'dhcp') continue;
-    flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
-  }
-  return flags;
 }
 
 /** A value as an error message shows it. */

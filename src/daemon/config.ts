@@ -9,11 +9,13 @@
  * rules between keys.
  */
 import { readFile } from 'node:fs/promises';
-import { hostname } from 'node:os';
+import { availableParallelism, hostname } from 'node:os';
 import { dirname, join, normalize } from 'node:path';
 import yaml from 'js-yaml';
 import { ConfigError } from '../errors.js';
-import { causeText, CONFIG_KEYS, DEFAULT_CONFIG, describe, DHCP_SOCKET_NAME, NODE_NAME_ENV, type AgentConfig, type ConfigKey } from './config-keys.js';
+import { isValidIfName } from '../net/ifname.js';
+import { shardIfb, shardsFor } from '../shaper/tc-layout.js';
+import { causeText, CONFIG_KEYS, DEFAULT_CONFIG, describe, DHCP_SOCKET_NAME, NODE_NAME_ENV, type AgentConfig, type ConfigKey, type ConfigKeySpec } from './config-keys.js';
 import { MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export * from './config-keys.js';
@@ -59,9 +61,18 @@ export async function loadConfig(opts: LoadConfigOptions): Promise<AgentConfig> 
     pluginBinDirs: [...(merged.pluginBinDirs ?? DEFAULT_CONFIG.pluginBinDirs)],
   };
   checkDirectories(out, opts.file ?? 'flags');
+  checkShards(out, opts.file ?? 'flags');
   checkIpam(out, merged, opts.file ?? 'flags');
   checkRoutes(out, opts.file ?? 'flags');
   return out;
+}
+
+/** Every egress shard's ifb name must be a valid interface name: `<ifbName>.<k>` up to the last shard. */
+function checkShards(c: AgentConfig, source: string): void {
+  const last = shardIfb(c.ifbName, shardsFor(c.ifbShards, availableParallelism()) - 1);
+  if (!isValidIfName(last)) {
+    throw new AgentConfigError({ source, key: 'ifbName', expected: 'a name short enough for every egress shard', problem: `the last egress shard's ifb would be ${JSON.stringify(last)}, longer than 15 bytes: shorten ifbName or set fewer ifbShards` });
+  }
 }
 
 /** The dhcp keys go together: `uplink` is required with dhcp and refused without, like `dhcpTimeout`. */
@@ -70,7 +81,7 @@ function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): v
     if (c.uplink === undefined) {
       throw new AgentConfigError({ source, key: 'uplink', expected: 'an interface name', problem: 'ipam "dhcp" needs an uplink: the host interface that connects the bridge to the LAN and its DHCP server' });
     }
-    if (c.uplink === c.bridgeName || c.uplink === c.ifbName) {
+    if (c.uplink === c.bridgeName || c.uplink === c.ifbName || c.uplink.startsWith(`${c.ifbName}.`)) {
       throw new AgentConfigError({ source, key: 'uplink', expected: 'an interface other than the bridge and the ifb', problem: `uplink ${c.uplink} is the agent's own ${c.uplink === c.bridgeName ? 'bridge' : 'ifb'}` });
     }
     const socket = dhcpSocketPath(c);
@@ -195,4 +206,20 @@ function validateValues(raw: Record<string, unknown>, source: string): Partial<A
 
 function nonEmpty(s: string | undefined): string | undefined {
   return s === undefined || s === '' ? undefined : s;
+}
+
+/**
+ * The `kubenet daemon` flags that give a config (each set key as CONFIG_KEYS[k].flag; lists joined
+ * with commas), for starting an agent process as configured. dhcp's own keys are left out unless
+ * ipam is dhcp: the agent refuses them otherwise, even at their defaults.
+ */
+export function configFlags(c: Partial<AgentConfig>): string[] {
+  const flags: string[] = [];
+  for (const [key, spec] of Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>) {
+    const v = c[key];
+    if (v === undefined) continue;
+    if ((key === 'uplink' || key === 'dhcpTimeout') && c.ipam !== 'dhcp') continue;
+    flags.push(spec.flag, Array.isArray(v) ? v.join(',') : String(v));
+  }
+  return flags;
 }

@@ -103,7 +103,7 @@ export class PodNetwork {
     });
     this.shaper = new Shaper({
       logger: this.log,
-      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}),
+      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}), shards: opts.ifbShards ?? 1,
       ...(opts.unshapedCIDRs !== undefined ? { unshaped: { subnets: parseUnshaped(opts.unshapedCIDRs), bridge: opts.bridgeName } } : {}),
     });
     const { bridgeName, stateDir, ipamDataDir, pluginBinDirs } = opts;

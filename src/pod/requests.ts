@@ -36,6 +36,8 @@ export interface PodNetworkOptions {
   /** Pod records live under `<stateDir>/pods`. */
   stateDir: string;
   ifbName?: string;
+  /** Egress shards (the Shaper's `shards`); default 1. */
+  ifbShards?: number;
   /** Where kubenet-ts 0.1.0's shaper kept one file per shaped pod: read once to upgrade in place. */
   legacyShaperStateDir?: string;
   mtu?: number;

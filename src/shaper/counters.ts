@@ -55,13 +55,17 @@ export function directionCounters(pod: TcClassStats | undefined, leaves: Array<T
 }
 
 /**
- * The counters of the given pods' shaping, read over netlink: one listing of the ifb's classes for
- * all of them, one of each shaped veth's (by `ifindex(pod)` when known, else by name); a device
+ * The counters of the given pods' shaping, read over netlink: one listing of each egress shard's
+ * ifb's classes (`ifbOf` names a state's), one of each shaped veth's (by `ifindex(pod)` when known, else by name); a device
  * that is gone gives no figures.
  */
-export function readCounters(states: ShapingState[], ifbName: string, ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
-  let ifb: Map<number, nl.TcClassStats> | undefined;
-  if (states.some((s) => s.egressInstalled && s.classId)) ifb = byHandle(classesOf(ifbName) ?? []);
+export function readCounters(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
+  // One class listing per egress shard that has a shaped pod.
+  const ifbs = new Map<string, Map<number, nl.TcClassStats>>();
+  for (const s of states) {
+    const name = ifbOf(s);
+    if (s.egressInstalled && s.classId && !ifbs.has(name)) ifbs.set(name, byHandle(classesOf(name) ?? []));
+  }
   const out: ShapingCounters[] = [];
   for (const s of states) {
     const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
@@ -73,6 +77,7 @@ export function readCounters(states: ShapingState[], ifbName: string, ifindex?: 
         if (ingress) c.ingress = ingress;
       }
     }
+    const ifb = ifbs.get(ifbOf(s));
     if (s.egressInstalled && s.classId && ifb) {
       const ids = ifbClassIds(s.classId);
       const egress = directionCounters(ifb.get(tcHandle(1, ids.pod)), [ifb.get(tcHandle(1, ids.interactive)), ifb.get(tcHandle(1, ids.bulk))]);
@@ -92,4 +97,14 @@ function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
 export function sinceBase(d: DirectionCounters, base: CounterBase): DirectionCounters {
   const since = (now: number, then: number) => Math.max(0, now - then);
   return { ...d, bytes: since(d.bytes, base.bytes), packets: since(d.packets, base.packets), drops: since(d.drops, base.drops), overlimits: since(d.overlimits, base.overlimits) };
+}
+
+/** What the pod classes of `classId` on `ifb` have counted so far (one netlink get per class): the base of a pod taking them over. */
+export function classBaseline(ifb: string, classId: number): CounterBase | undefined {
+  const ifindex = nl.linkIndexByName(ifb);
+  if (ifindex === undefined) return undefined;
+  const ids = ifbClassIds(classId);
+  const pod = nl.classGet(ifindex, tcHandle(1, ids.pod));
+  const d = directionCounters(pod, [nl.classGet(ifindex, tcHandle(1, ids.interactive)), nl.classGet(ifindex, tcHandle(1, ids.bulk))]);
+  return d && { bytes: d.bytes, packets: d.packets, drops: d.drops, overlimits: d.overlimits };
 }

@@ -16,7 +16,9 @@
  *                another handle grafts the new root over the old one, where the same handle with
  *                another kind is refused.
  *   FROM the pod (egress annotation):  ingress qdisc on the host veth, one u32 match-all filter with
- *                `mirred egress redirect` to ONE shared ifb (default `kubenet-ifb0`). The ifb root is
+ *                `mirred egress redirect` to the ifb of the pod's egress shard (shardIfb: `kubenet-ifb0`,
+ *                `kubenet-ifb0.1`, ...; tc.ts picks the shard). Each shard's ifb has this structure
+ *                and its own class ids. The ifb root is
  *                htb 1: (`default 0`: unclassified frames such as ARP pass unshaped); each pod owns
  *                class 1:<id> (rate = ceil = limit) with two leaf classes, 1:<id+0x800>
  *                interactive (prio 0, bfifo <0x2000+id>:) and 1:<id+0x1000> bulk (prio 1, tbf
@@ -37,6 +39,32 @@ import type { BandwidthLimits } from './limits.js';
 import { podLayout, SMALL_PACKET_BYTES, type HtbClass, type PodLayout } from './sizing.js';
 
 export const DEFAULT_IFB = 'kubenet-ifb0';
+
+/** The most egress shards: each is an ifb, `<ifb>.<k>`, whose name must fit in 15 bytes. */
+export const MAX_SHARDS = 64;
+/** Egress shards per CPU when the count is left to the shaper (docs/shaping.md, "Shards": why). */
+export const AUTO_SHARDS_PER_CPU = 2;
+
+/** The egress shard count for a configured one on a node with `cpus` CPUs: 0 is AUTO_SHARDS_PER_CPU per CPU, at most MAX_SHARDS. */
+export function shardsFor(configured: number, cpus: number): number {
+  return configured > 0 ? configured : Math.min(MAX_SHARDS, Math.max(1, AUTO_SHARDS_PER_CPU * cpus));
+}
+
+/**
+ * The ifb of egress shard `k` (tc.ts: the pods' egress is spread over `shards` ifbs, each with its
+ * own htb tree and this structure): shard 0 is `ifb` itself, shard k > 0 is `ifb.k`.
+ */
+export function shardIfb(ifb: string, k: number): string {
+  return k === 0 ? ifb : `${ifb}.${k}`;
+}
+
+/** The shard an ifb name is, for `ifb`: 0 for itself, k for `ifb.k`, undefined for anything else. */
+export function shardOf(ifb: string, name: string): number | undefined {
+  if (name === ifb) return 0;
+  if (!name.startsWith(`${ifb}.`)) return undefined;
+  const k = name.slice(ifb.length + 1);
+  return /^[1-9][0-9]*$/.test(k) ? Number(k) : undefined;
+}
 
 /** Class ids 1..MAX_CLASS (u32 node ids are 12 bits: node = class id + 0x800 * slot, two addresses per family). */
 export const MAX_CLASS = 0x7ff;
@@ -100,8 +128,10 @@ export interface ShapingState {
   hostVeth: string;
   ips: string[];
   limits: BandwidthLimits;
-  /** htb class minor on the ifb, 0 when egress is not shaped. */
+  /** htb class minor on the pod's egress shard's ifb, 0 when egress is not shaped. */
   classId: number;
+  /** The egress shard (its ifb: shardIfb); absent in states of versions without shards: shard 0. */
+  shard?: number;
   ingressInstalled: boolean;
   egressInstalled: boolean;
   filters: FilterRef[];
@@ -162,6 +192,18 @@ export function parseIfbListing(text: string): IfbListing {
     if (m?.[1] && m[2] && m[3] && m[4]) out.podFilters.push({ proto: m[1], prio: Number(m[2]), handle: m[3], flowid: parseInt(m[4], 16) });
   }
   return out;
+}
+
+/**
+ * `ip` lines that make the shards' ifbs as the shaper needs them: each there, up, with a queue
+ * (txqueuelen 1000: a zero would make htb keep two packets in its direct queue). `links`: the
+ * host's links by name now.
+ */
+export function ifbLinkLines(ifbs: readonly string[], links: ReadonlyMap<string, { txQLen: number }>): string[] {
+  return ifbs.flatMap((ifb) => {
+    const link = links.get(ifb);
+    return [...(link ? [] : [`link add name ${ifb} type ifb`]), ...(link?.txQLen ? [] : [`link set dev ${ifb} txqueuelen 1000`]), `link set dev ${ifb} up`];
+  });
 }
 
 /** The ifb's shared structure: the htb root, the u32 hash tables and the links into them. */

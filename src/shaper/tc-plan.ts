@@ -3,10 +3,11 @@
  * the egress class ids on the shared ifb, and the tc lines of an ensure (delete-then-create where
  * tc cannot change in place). tc.ts runs the plan. Exact-output tests: test/shaper/tc-layout.test.ts.
  */
-import { KubenetError } from '../errors.js';
+import { ConfigError, KubenetError } from '../errors.js';
+import { checkIfName } from '../net/ifname.js';
 import type { BandwidthLimits } from './limits.js';
 import { podLayout } from './sizing.js';
-import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, redirectLines, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
+import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, MAX_SHARDS, redirectLines, shardIfb, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
 
 /**
  * The pods' egress class ids on one ifb, 1..MAX_CLASS, and the pool of idle ones: ids whose classes
@@ -73,6 +74,56 @@ export class ClassIds {
   clear(): void {
     this.used.fill(0);
     this.idle.clear();
+  }
+}
+
+/**
+ * The egress shards (tc.ts): each an ifb (shardIfb) with its own class ids. A new pod goes to the
+ * shard with the fewest pods (the first of those) and stays there.
+ */
+export class EgressShards {
+  readonly ifbs: readonly string[];
+  private readonly ids: ClassIds[];
+
+  /** @throws ConfigError for a count outside 1..MAX_SHARDS or a last shard's name over 15 bytes. */
+  constructor(ifbName: string, count: number) {
+    if (!Number.isInteger(count) || count < 1 || count > MAX_SHARDS) throw new ConfigError(`shards must be an integer 1..${MAX_SHARDS}, got ${count}`);
+    this.ifbs = Array.from({ length: count }, (_, k) => shardIfb(ifbName, k));
+    checkIfName(this.ifbs[count - 1], `ifbName with ${count} shards (the last shard's ifb)`);
+    this.ids = this.ifbs.map((ifb) => new ClassIds(ifb));
+  }
+
+  /** The ifb of a state's shard (shard 0 for states without one). */
+  ifbOf(s: Pick<ShapingState, 'shard'>): string {
+    return this.ifbs[s.shard ?? 0] ?? this.ifbs[0] ?? '';
+  }
+
+  /** A shard's class ids; undefined for a shard that is not (an earlier configuration had more). */
+  classIds(shard: number | undefined): ClassIds | undefined {
+    return this.ids[shard ?? 0];
+  }
+
+  /** A shard's class ids. @throws KubenetError for a shard that is not. */
+  mustClassIds(shard: number | undefined): ClassIds {
+    const ids = this.classIds(shard);
+    if (!ids) throw new KubenetError(`shaper: no egress shard ${shard}`);
+    return ids;
+  }
+
+  /** The shard for a new pod's egress: the one with the fewest of `states` on it, the first of those. */
+  emptiest(states: Iterable<ShapingState>): number {
+    const n = this.ifbs.map(() => 0);
+    for (const r of states) if (r.classId) n[r.shard ?? 0] = (n[r.shard ?? 0] ?? 0) + 1;
+    return n.indexOf(Math.min(...n));
+  }
+
+  /** Idle classes on every shard. */
+  get pooled(): number {
+    return this.ids.reduce((n, c) => n + c.pooled, 0);
+  }
+
+  clear(): void {
+    for (const c of this.ids) c.clear();
   }
 }
 

@@ -13,46 +13,41 @@
  *
  * The layout and its lines: tc-layout.ts; what a change deletes and installs, and the pool of idle
  * ifb classes: tc-plan.ts; what it costs and buys, measured: docs/shaping.md.
+ *
+ * The pods' egress goes to `shards` ifbs (egress shards), each with the same structure, its own htb
+ * tree and its own class ids: a new shaped pod goes to the shard with the fewest and keeps it for
+ * as long as its egress is shaped. An htb qdisc is one lock and an ifb one tasklet, which every
+ * packet through it takes in turn: shards let pods on different CPUs shape in parallel
+ * (docs/shaping.md, "Shards").
+ *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
  * limits: a `ShapingState`) lives in memory; the shaper writes nothing to disk. `ensure` returns the
  * pod's state and the caller keeps it with the pod (the agent: in the pod record, src/pod/record.ts,
  * written once per change), and hands every kept state to `init` after a restart, so the process
- * knows its objects without parsing; `init` does ONE listing of the ifb to find the shared structure
- * and to delete classes and filters no known state claims. An ifb without the interactive
+ * knows its objects without parsing; `init` does ONE listing of each shard's ifb to find the shared
+ * structure and to delete classes and filters no known state claims. An ifb without the interactive
  * tables (an earlier version's layout) is rebuilt there, restoring every known pod in the new
- * layout; veths get theirs on the pod's next ensure (reconcile). The shared ifb is kept when the
- * last pod goes (creating it is the expensive part and it costs nothing idle); `reset()` removes it.
+ * layout; veths get theirs on the pod's next ensure (reconcile). The ifbs are kept when the last
+ * pod goes (creating them is the expensive part and they cost nothing idle); `reset()` removes them.
  */
 import { performance } from 'node:perf_hooks';
 import { AggregateKubenetError, ConfigError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import { silentLogger, type Logger } from '../log.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
+import { runAll } from '../util/pool.js';
 import { checkIfName } from '../net/ifname.js';
 import { ipFamily } from '../net/ip.js';
 import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
-import { directionCounters, readCounters, tcHandle, type ShapingCounters } from './counters.js';
-import {
-  DEFAULT_IFB,
-  filterDelLine,
-  idleLines,
-  ifbClassIds,
-  ifbLines,
-  parseIfbListing,
-  redirectLines,
-  STATE_VERSION,
-  structureLines,
-  TABLES,
-  type CounterBase,
-  type IfbListing,
-  type ShapingState,
-} from './tc-layout.js';
-import { ClassIds, orphanLines, planEnsure } from './tc-plan.js';
+import { classBaseline, readCounters, type ShapingCounters } from './counters.js';
+import { DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES } from './tc-layout.js';
+import type { IfbListing, ShapingState } from './tc-layout.js';
+import { EgressShards, orphanLines, planEnsure } from './tc-plan.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
 
-export { DEFAULT_IFB, MAX_CLASS, parseIfbListing, type ShapingState } from './tc-layout.js';
+export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, parseIfbListing, shardIfb, type ShapingState } from './tc-layout.js';
 
 export interface PodShaping {
   /** Stable pod key, e.g. the sandbox container id. */
@@ -65,8 +60,14 @@ export interface PodShaping {
 }
 
 export interface ShaperOptions {
-  /** The shared ifb carrying every pod's egress; default 'kubenet-ifb0'. */
+  /** The ifb carrying the pods' egress (shard 0); default 'kubenet-ifb0'. */
   ifbName?: string;
+  /**
+   * How many ifbs (shards) carry the pods' egress, each with its own htb tree: `ifbName`, then
+   * `ifbName.1`, ... A new shaped pod goes to the shard with the fewest and stays there. Default 1.
+   * Why more than one: docs/shaping.md, "Shards".
+   */
+  shards?: number;
   logger?: Logger;
   /**
    * 'session' (default): one long-lived `tc -batch -` process fed per operation (a line through it
@@ -78,11 +79,6 @@ export interface ShaperOptions {
   unshaped?: Unshaped;
 }
 
-/** The link, read over netlink; undefined when there is none. */
-function linkOf(name: string): nl.LinkInfo | undefined {
-  return nl.ifPresent(() => nl.linkByName(name));
-}
-
 /** Whether the link exists (one ioctl); '' never does. */
 function linkExists(name: string): boolean {
   return name !== '' && nl.linkIndexByName(name) !== undefined;
@@ -92,7 +88,7 @@ export class Shaper {
   readonly ifbName: string;
   private readonly log: Logger;
   private readonly records = new Map<string, ShapingState>();
-  private readonly classIds: ClassIds;
+  private readonly shards: EgressShards;
   private readonly mutex = new KeyedMutex();
   private ready: Promise<void> | undefined;
   private readonly session: TcSession | undefined;
@@ -103,8 +99,17 @@ export class Shaper {
     this.session = (opts.tcMode ?? 'session') === 'session' ? new TcSession() : undefined;
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
     checkIfName(this.ifbName, 'ifbName');
+    this.shards = new EgressShards(this.ifbName, opts.shards ?? 1);
     this.log = (opts.logger ?? silentLogger()).child({ module: 'shaper', ifb: this.ifbName });
-    this.classIds = new ClassIds(this.ifbName);
+  }
+
+  /** The egress shards' ifbs, by shard. */
+  get ifbs(): readonly string[] {
+    return this.shards.ifbs;
+  }
+
+  private ifbOf(rec: ShapingState): string {
+    return this.shards.ifbOf(rec);
   }
 
   /**
@@ -123,38 +128,47 @@ export class Shaper {
   private async doInit(known: ShapingState[]): Promise<void> {
     const t0 = performance.now();
     if (this.records.size === 0) this.adopt(known);
-    const ifb = this.ifbName;
-    const link = linkOf(ifb);
-    if (!link) {
-      await batch('ip', [`link add name ${ifb} type ifb`, `link set dev ${ifb} txqueuelen 1000`, `link set dev ${ifb} up`]);
-    } else if (link.txQLen === 0) {
-      await batch('ip', [`link set dev ${ifb} txqueuelen 1000`, `link set dev ${ifb} up`]);
-    } else {
-      await batch('ip', [`link set dev ${ifb} up`]);
-    }
-    // The one listing.
+    const links = new Map(nl.linkList().map((l) => [l.name, l]));
+    await batch('ip', ifbLinkLines(this.ifbs, links));
+    for (const [k, ifb] of this.ifbs.entries()) await this.initShard(k, ifb);
+    await this.removeExtraShards();
+    if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
+    this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
+  }
+
+  /** One shard's ifb and htb/u32 structure, its pods' classes restored or its orphans removed (one listing). */
+  private async initShard(k: number, ifb: string): Promise<void> {
     const listing = parseIfbListing(
       (await batch('tc', [`qdisc show dev ${ifb}`, `class show dev ${ifb}`, `filter show dev ${ifb} parent 1:`])).stdout,
     );
     // An ifb without the interactive tables is an earlier version's layout: rebuilt like a broken one.
     const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t));
+    const mine = [...this.records.values()].filter((r) => (r.shard ?? 0) === k);
     if (!healthy) {
-      const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(this.ifbName)];
-      this.classIds.forgetIdle();
+      const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(ifb)];
+      this.shards.classIds(k)?.forgetIdle();
       await this.tc(lines);
       // Every class went with the old root: put back the ifb side of the pods we know.
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
-      const restore = [...this.records.values()]
-        .filter((r) => r.egressInstalled)
-        .flatMap((r) => [...ifbLines(this.ifbName, r), ...(linkExists(r.hostVeth) ? redirectLines(r.hostVeth, this.ifbName) : [])]);
+      const restore = mine.filter((r) => r.egressInstalled).flatMap((r) => [...ifbLines(ifb, r), ...(linkExists(r.hostVeth) ? redirectLines(r.hostVeth, ifb) : [])]);
       const res = await this.tc(restore, { force: true });
-      if (res.failed.length > 0) this.log.warn({ failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
-      this.log.info({ rebuilt: true, restored: restore.length }, 'ifb structure created');
+      if (res.failed.length > 0) this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
+      this.log.info({ ifb, rebuilt: true, restored: restore.length }, 'ifb structure created');
     } else {
-      await this.removeOrphans(listing);
+      await this.removeOrphans(ifb, listing, mine);
     }
-    if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), ifb, this.unshaped, this.log);
-    this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size }, 'shaper ready');
+  }
+
+  /**
+   * Shards of an earlier configuration with more of them (`ifbName.k`, k >= shards) are deleted; their
+   * pods lost their ifb side in adopt() and get it back on a shard of now at their next ensure (the
+   * agent's reconcile after a start).
+   */
+  private async removeExtraShards(): Promise<void> {
+    const extra = nl.linkList().filter((l) => l.type === 'ifb' && (shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length).map((l) => l.name);
+    if (extra.length === 0) return;
+    const res = await batch('ip', extra.map((n) => `link del dev ${n}`), { force: true });
+    this.log.info({ removed: extra.length - res.failed.length, ifbs: extra }, 'removed egress shards beyond the configured count');
   }
 
   /** Per-operation tc lines: through the session, or one exec. */
@@ -162,24 +176,26 @@ export class Shaper {
     return this.session ? this.session.run(lines, opts) : batch('tc', lines, opts);
   }
 
-  private async removeOrphans(listing: IfbListing): Promise<void> {
-    const lines = orphanLines(this.ifbName, listing, [...this.records.values()]);
+  private async removeOrphans(ifb: string, listing: IfbListing, owners: ShapingState[]): Promise<void> {
+    const lines = orphanLines(ifb, listing, owners);
     if (lines.length === 0) return;
     const res = await this.tc(lines, { force: true });
-    this.log.info({ removed: lines.length - res.failed.length, failed: res.failed.length }, 'removed orphaned classes and filters');
+    this.log.info({ ifb, removed: lines.length - res.failed.length, failed: res.failed.length }, 'removed orphaned classes and filters');
   }
 
-  /** Takes over the states a caller kept; a class claimed twice or out of range loses its ifb side (the next ensure re-creates it). */
+  /** Takes over the states a caller kept; a class claimed twice, out of range or on a shard that is no more loses its ifb side (the next ensure re-creates it). */
   private adopt(known: ShapingState[]): void {
     this.records.clear();
-    this.classIds.clear();
+    this.shards.clear();
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
       const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
-      if (rec.classId && !this.classIds.claim(rec.classId)) {
+      // A shard beyond today's count (an earlier configuration had more) is gone with its ifb.
+      if (rec.classId && !this.shards.classIds(rec.shard)?.claim(rec.classId)) {
         rec.classId = 0;
         rec.egressInstalled = false;
         rec.filters = [];
+        delete rec.shard;
       }
       this.records.set(rec.id, rec);
     }
@@ -201,9 +217,9 @@ export class Shaper {
       return undefined;
     }
     await this.init();
-    if (pod.limits.egress !== undefined && !linkExists(this.ifbName)) {
-      // Someone deleted the shared ifb under us: rebuild it (and restore the known pods) once.
-      this.log.warn('shared ifb is gone; re-initializing');
+    if (pod.limits.egress !== undefined && this.ifbs.some((ifb) => !linkExists(ifb))) {
+      // Someone deleted a shard's ifb under us: rebuild it (and restore the known pods) once.
+      this.log.warn('an egress ifb is gone; re-initializing');
       this.session?.close();
       this.ready = undefined;
       await this.init();
@@ -225,6 +241,7 @@ export class Shaper {
       ips: [...pod.ips],
       limits,
       classId: prev?.classId ?? 0,
+      ...(prev?.classId ? { shard: prev.shard ?? 0 } : {}),
       ingressInstalled: limits.ingress !== undefined && veth !== '',
       egressInstalled: limits.egress !== undefined,
       filters: [],
@@ -232,14 +249,17 @@ export class Shaper {
     };
     let allocated = false;
     if (rec.egressInstalled && !rec.classId) {
-      const { id, reused } = this.classIds.allocate();
+      const shard = this.shards.emptiest(this.records.values());
+      const { id, reused } = this.shards.mustClassIds(shard).allocate();
       rec.classId = id;
+      rec.shard = shard;
       allocated = true;
       // Classes of an earlier pod, taken from the pool: what they counted so far is not this pod's.
-      const base = reused ? this.baseline(id) : undefined;
+      const base = reused ? classBaseline(this.ifbOf(rec), id) : undefined;
       if (base) rec.egressBase = base;
     }
-    const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
+    const ifb = this.ifbOf(rec);
+    const { pre, lines, optional } = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -252,30 +272,21 @@ export class Shaper {
         // Roll back a half-done new setup.
         await this.kernelRemove(rec, log).catch(() => undefined);
       }
-      if (allocated) this.classIds.release(rec.classId);
+      if (allocated) this.shards.mustClassIds(rec.shard).release(rec.classId);
       throw err;
     }
     if (!rec.egressInstalled && prev?.classId) {
-      this.classIds.release(prev.classId);
+      this.shards.mustClassIds(prev.shard).release(prev.classId);
       rec.classId = 0;
+      delete rec.shard;
     }
     this.records.set(pod.id, rec);
-    log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId }, 'pod shaped');
+    log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId, ...(rec.classId ? { ifb } : {}) }, 'pod shaped');
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
 
-  /** What the pod classes of `classId` on the ifb have counted so far (one netlink get per class). */
-  private baseline(classId: number): CounterBase | undefined {
-    const ifindex = nl.linkIndexByName(this.ifbName);
-    if (ifindex === undefined) return undefined;
-    const ids = ifbClassIds(classId);
-    const pod = nl.classGet(ifindex, tcHandle(1, ids.pod));
-    const d = directionCounters(pod, [nl.classGet(ifindex, tcHandle(1, ids.interactive)), nl.classGet(ifindex, tcHandle(1, ids.bulk))]);
-    return d && { bytes: d.bytes, packets: d.packets, drops: d.drops, overlimits: d.overlimits };
-  }
-
-  /** Idle egress classes on the ifb, kept for the next pods (logged with each removal). */
-  idleClasses = (): number => this.classIds.pooled;
+  /** Idle egress classes on the ifbs, kept for the next pods (logged with each removal). */
+  idleClasses = (): number => this.shards.pooled;
 
   /**
    * Removes every filter and qdisc of the pod, and its classes on the veth; its classes on the ifb
@@ -292,8 +303,8 @@ export class Shaper {
       const t0 = performance.now();
       await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
-      if (rec.classId) this.classIds.release(rec.classId);
-      log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.classIds.pooled }, 'pod shaping removed');
+      if (rec.classId) this.shards.mustClassIds(rec.shard).release(rec.classId);
+      log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.idleClasses() }, 'pod shaping removed');
     });
   }
 
@@ -309,9 +320,10 @@ export class Shaper {
       if (rec.ingressInstalled) lines.push(`qdisc del dev ${rec.hostVeth} root`);
     }
     if (rec.egressInstalled || rec.classId) {
-      for (const f of rec.filters) lines.push(filterDelLine(this.ifbName, f));
+      const ifb = this.ifbOf(rec);
+      for (const f of rec.filters) lines.push(filterDelLine(ifb, f));
       // The classes stay for the next pod (ClassIds' pool); their leaves go.
-      if (rec.classId) lines.push(...idleLines(this.ifbName, rec.classId));
+      if (rec.classId) lines.push(...idleLines(ifb, rec.classId));
     }
     const r = await this.tc(lines, { force: true });
     if (r.failed.length > 0) log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
@@ -328,19 +340,7 @@ export class Shaper {
     const work: Array<() => Promise<unknown>> = [];
     for (const id of [...this.records.keys()]) if (!liveIds.has(id)) work.push(() => this.remove(id));
     for (const p of live) work.push(() => this.ensure(p));
-    const errors: unknown[] = [];
-    let next = 0;
-    const worker = async () => {
-      while (next < work.length) {
-        const job = work[next++];
-        try {
-          await job?.();
-        } catch (err) {
-          errors.push(err);
-        }
-      }
-    };
-    await Promise.all(Array.from({ length: 4 }, worker));
+    const errors = await runAll(work, 4);
     if (errors.length > 0) throw new AggregateKubenetError('shaper reconcile', errors);
   }
 
@@ -359,26 +359,33 @@ export class Shaper {
     return c ? c : undefined;
   }
 
+  /** The ifb carrying a pod's egress (its shard's); undefined when its egress is not shaped. */
+  ifbOfPod(podId: string): string | undefined {
+    const r = this.records.get(podId);
+    return r?.classId ? this.ifbOf(r) : undefined;
+  }
+
   /**
    * The kernel's counters of every shaped pod (./counters.ts), read over netlink: ONE class dump of
-   * the ifb for every pod's egress, one class dump of each ingress-shaped pod's veth (the kernel
+   * each shard's ifb for every pod's egress, one class dump of each ingress-shaped pod's veth (the kernel
    * dumps classes per device). No tc exec, no text. `ifindex` may name a pod's veth by index (the
    * pod record has it), which saves a lookup by name per pod. A device that is gone (a pod being
    * deleted) leaves that direction out.
    */
   counters(ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
-    return readCounters([...this.records.values()], this.ifbName, ifindex);
+    return readCounters([...this.records.values()], (r) => this.ifbOf(r), ifindex);
   }
 
-  /** Removes the shaping of every pod this shaper knows, and the shared ifb. */
+  /** Removes the shaping of every pod this shaper knows, and the shards' ifbs. */
   async reset(): Promise<void> {
     const errors: unknown[] = [];
     if (this.records.size > 0) {
       for (const id of [...this.records.keys()]) await this.remove(id).catch((err: unknown) => errors.push(err));
     }
-    if (linkExists(this.ifbName)) await batch('ip', [`link del dev ${this.ifbName}`]).catch((err: unknown) => errors.push(err));
+    const present = this.ifbs.filter(linkExists);
+    if (present.length > 0) await batch('ip', present.map((ifb) => `link del dev ${ifb}`)).catch((err: unknown) => errors.push(err));
     this.records.clear();
-    this.classIds.clear();
+    this.shards.clear();
     this.ready = undefined;
     this.session?.close();
     if (errors.length > 0) throw new AggregateKubenetError('shaper reset', errors);

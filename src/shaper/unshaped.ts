@@ -130,9 +130,15 @@ export async function syncUnshapedRules(bridge: string, subnets: Subnet[], log: 
   return changed;
 }
 
-/** Both parts made as configured (the shaper's init; `tc` runs lines through its session). */
-export async function ensureUnshaped(tc: (lines: string[], o: BatchOptions) => Promise<BatchResult>, ifb: string, u: Unshaped, log: Logger): Promise<void> {
-  // The two deletes (lines 1, 2) fail when there was nothing to delete; a failed add throws.
-  await tc(unshapedIfbLines(ifb, u.subnets), { optional: new Set([1, 2]) });
+/** Both parts made as configured, the ifb part on every egress shard (the shaper's init; `tc` runs lines through its session). */
+export async function ensureUnshaped(tc: (lines: string[], o: BatchOptions) => Promise<BatchResult>, ifbs: readonly string[], u: Unshaped, log: Logger): Promise<void> {
+  // Each ifb's two deletes (its first two lines) fail when there was nothing to delete; a failed add throws.
+  const lines: string[] = [];
+  const optional = new Set<number>();
+  for (const ifb of ifbs) {
+    optional.add(lines.length + 1).add(lines.length + 2);
+    lines.push(...unshapedIfbLines(ifb, u.subnets));
+  }
+  await tc(lines, { optional });
   if (u.bridge !== undefined) await syncUnshapedRules(u.bridge, u.subnets, log);
 }

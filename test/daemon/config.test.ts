@@ -44,6 +44,7 @@ test('defaults: no file, no flags', async (t) => {
     pluginBinDirs: ['/opt/cni/bin', '/usr/lib/cni'],
     bridgeName: 'cbr0',
     ifbName: 'kubenet-ifb0',
+    ifbShards: 0,
     hairpinMode: 'hairpin-veth',
     nonMasqueradeCIDR: '10.0.0.0/8',
     routes: 'none',
@@ -146,6 +147,12 @@ test('wrong types are refused', async (t) => {
   await refuse(t, 'bridgeName: this-name-is-too-long\n', 'bridgeName', /Linux interface name/);
   await refuse(t, 'bridgeName: "a b"\n', 'bridgeName', /Linux interface name/);
   await refuse(t, 'ifbName: ifb/0\n', 'ifbName', /Linux interface name/);
+  await refuse(t, 'ifbShards: 65\n', 'ifbShards', /integer from 0 .* to 64/);
+  await refuse(t, 'ifbShards: -1\n', 'ifbShards', /integer from 0/);
+  await refuse(t, 'ifbShards: auto\n', 'ifbShards', /integer from 0/);
+  // Every shard's ifb must be a valid name: 'kubenet-ifb012' + '.9' is 16 bytes.
+  const long = await refuse(t, 'ifbName: kubenet-ifb012\nifbShards: 10\n', 'ifbName', /short enough for every egress shard/);
+  t.regex(long?.message ?? '', /"kubenet-ifb012\.9", longer than 15 bytes/);
   await refuse(t, 'nodeName: true\n', 'nodeName', /node name/);
   await refuse(t, 'kubeconfig: {path: /x}\n', 'kubeconfig', /path to a kubeconfig/);
   await refuse(t, 'podCIDR: 10.244.1.0\n', 'podCIDR', /CIDR/);

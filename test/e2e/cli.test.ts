@@ -9,7 +9,7 @@ import { stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { agentTestBlocker } from '../../hack/support/agent-harness.js';
-import { Cleanup, CNI_BIN_DIRS, delLink, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { Cleanup, CNI_BIN_DIRS, delIfbs, delLink, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const MAIN = join(ROOT, 'src/cli/main.ts');
@@ -30,7 +30,7 @@ kernelTest('kubenet daemon --pod-cidr: health, status, SIGTERM exits 0 and remov
   const bridge = `kcl${tag}`;
   cleanup.add(() => rmrf(dir));
   cleanup.add(() => delLink(bridge));
-  cleanup.add(() => delLink(`kci${tag}`));
+  cleanup.add(() => delIfbs(`kci${tag}`));
   const socket = join(dir, 'k.sock');
   const flags = ['--socket', socket];
   const daemon: ResultPromise = execa(

@@ -3,9 +3,8 @@
  * with everything the test made when the test ends: the setup of the shaper's kernel tests.
  */
 import type { ExecutionContext } from 'ava';
-import { execa } from 'execa';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { uniq } from '../../hack/support/kernel.js';
+import { delIfbs, uniq } from '../../hack/support/kernel.js';
 import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
 
 export interface ShaperEnv {
@@ -14,14 +13,15 @@ export interface ShaperEnv {
   ifb: string;
 }
 
-export async function shaperEnv(t: ExecutionContext, pods = 3): Promise<ShaperEnv> {
+export async function shaperEnv(t: ExecutionContext, pods = 3, shards = 1): Promise<ShaperEnv> {
   const ifb = `kif${uniq(8)}`;
   const topo = await makeTopology(pods);
-  const shaper = new Shaper({ ifbName: ifb });
+  const shaper = new Shaper({ ifbName: ifb, shards });
   t.teardown(async () => {
     await shaper.reset().catch(() => undefined);
     shaper.close();
-    await execa('ip', ['link', 'del', ifb], { reject: false });
+    // Every shard a test may have made (ifb, ifb.1, ...), whatever count it ended with.
+    await delIfbs(ifb);
     await topo.destroy();
   });
   await shaper.init();

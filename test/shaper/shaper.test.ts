@@ -428,3 +428,87 @@ kTest('the bounds the limits accept install: 1 kbit/s and 10 Tbit/s, with and wi
   }
   await env.shaper.remove(p.id);
 });
+
+/** The egress class counters of a device: packets per class id (hex minor). */
+async function classPackets(dev: string): Promise<Map<string, number>> {
+  return new Map([...(await htbClasses(dev))].map(([id, c]) => [id, c.packets]));
+}
+
+kTest('shards: new pods go to the emptiest shard, each redirected to its own ifb, where its traffic is shaped', async (t) => {
+  const env = await shaperEnv(t, 5, 3);
+  const pods = env.topo.pods.slice(0, 4) as TopoPod[];
+  const peer = env.topo.pods[4]!;
+  const ifbs = [env.ifb, `${env.ifb}.1`, `${env.ifb}.2`];
+  t.deepEqual(env.shaper.ifbs, ifbs);
+  for (const ifb of ifbs) t.true(existsSync(`/sys/class/net/${ifb}`), `${ifb} made at init`);
+  for (const p of pods) await env.shaper.ensure(podOf(p, { ingress: 50e6, egress: 50e6 }));
+  const where = pods.map((p) => env.shaper.ifbOfPod(p.id));
+  t.deepEqual(where, [ifbs[0], ifbs[1], ifbs[2], ifbs[0]], 'one each, then the first of the emptiest');
+  t.deepEqual(pods.map((p) => env.shaper.classIdOf(p.id)), [1, 1, 1, 2], 'class ids are per shard');
+  await execa('ip', ['netns', 'exec', peer.netns, 'ping', '-c', '1', '-W', '2', pods[0]!.ip4]);
+  for (const [i, p] of pods.entries()) {
+    const ifb = where[i]!;
+    t.regex(await tc(['filter', 'show', 'dev', p.hostVeth, 'ingress']), new RegExp(`Redirect to device ${ifb.replace('.', '\\.')}\\)`), `${p.id} redirected to ${ifb}`);
+    const before = await Promise.all(ifbs.map(classPackets));
+    await execa('ip', ['netns', 'exec', p.netns, 'ping', '-c', '1', '-W', '2', peer.ip4]);
+    await udp(p, peer.ip4, 40001, 9, 1200, 5);
+    const after = await Promise.all(ifbs.map(classPackets));
+    const bulk = (env.shaper.classIdOf(p.id)! + 0x1000).toString(16);
+    ifbs.forEach((name, k) => {
+      const delta = (after[k]!.get(`1:${bulk}`) ?? 0) - (before[k]!.get(`1:${bulk}`) ?? 0);
+      if (name === ifb) t.true(delta >= 5, `${p.id}: ${delta} packets in its bulk leaf on ${name}`);
+      else t.is(delta, 0, `${p.id}: nothing in 1:${bulk} of ${name}`);
+    });
+  }
+  // The counters read each shard: every pod's egress is there, with what it sent.
+  const counters = new Map(env.shaper.counters().map((c) => [c.id, c]));
+  for (const p of pods) t.true((counters.get(p.id)?.egress?.packets ?? 0) >= 5, `${p.id}: its egress counted from its shard`);
+  // Removal idles the class on the pod's own shard, and the emptiest shard takes the next pod.
+  await env.shaper.remove(pods[1]!.id);
+  t.is(env.shaper.idleClasses(), 1);
+  await env.shaper.ensure(podOf(pods[1]!, { egress: 10e6 }));
+  t.is(env.shaper.ifbOfPod(pods[1]!.id), ifbs[1]);
+  t.regex(await tc(['class', 'show', 'dev', ifbs[1]!]), /class htb 1:1 root rate 10Mbit/);
+  await env.shaper.reset();
+  for (const ifb of ifbs) t.false(existsSync(`/sys/class/net/${ifb}`), `${ifb} removed by reset`);
+});
+
+kTest('shards: a restart with fewer shards re-homes the pods of the shards that went; with more, pods keep theirs', async (t) => {
+  const env = await shaperEnv(t, 4, 3);
+  const pods = env.topo.pods.slice(0, 3) as TopoPod[];
+  const peer = env.topo.pods[3]!;
+  for (const p of pods) await env.shaper.ensure(podOf(p, { egress: 20e6 }));
+  t.deepEqual(pods.map((p) => env.shaper.ifbOfPod(p.id)), [env.ifb, `${env.ifb}.1`, `${env.ifb}.2`]);
+  env.shaper.close();
+  const fewer = new Shaper({ ifbName: env.ifb, shards: 2 });
+  t.teardown(() => fewer.close());
+  await fewer.init(env.shaper.states());
+  t.false(existsSync(`/sys/class/net/${env.ifb}.2`), 'the third shard is gone');
+  await fewer.reconcile(pods.map((p) => podOf(p, { egress: 20e6 })));
+  const homes = pods.map((p) => fewer.ifbOfPod(p.id));
+  t.deepEqual(homes.slice(0, 2), [env.ifb, `${env.ifb}.1`], 'pods on remaining shards stay');
+  t.true(homes[2] === env.ifb || homes[2] === `${env.ifb}.1`, `the third pod re-homed (${homes[2]})`);
+  const third = pods[2]!;
+  t.regex(await tc(['filter', 'show', 'dev', third.hostVeth, 'ingress']), new RegExp(`Redirect to device ${homes[2]!.replace('.', '\\.')}\\)`));
+  await execa('ip', ['netns', 'exec', peer.netns, 'ping', '-c', '1', '-W', '2', third.ip4]);
+  const before = (await classPackets(homes[2]!)).get(`1:${(fewer.classIdOf(third.id)! + 0x1000).toString(16)}`) ?? 0;
+  await udp(third, peer.ip4, 40001, 9, 1200, 5);
+  const after = (await classPackets(homes[2]!)).get(`1:${(fewer.classIdOf(third.id)! + 0x1000).toString(16)}`) ?? 0;
+  t.true(after - before >= 5, 'its traffic is shaped on its new shard');
+  fewer.close();
+  const more = new Shaper({ ifbName: env.ifb, shards: 4 });
+  t.teardown(() => more.close());
+  await more.init(fewer.states());
+  t.deepEqual(pods.map((p) => more.ifbOfPod(p.id)), homes, 'nobody moves when shards are added');
+  t.true(existsSync(`/sys/class/net/${env.ifb}.3`));
+  await more.ensure(podOf(peer, { egress: 5e6 }));
+  t.is(more.ifbOfPod(peer.id), `${env.ifb}.2`, 'a new pod goes to an empty shard');
+});
+
+test('shards: bad counts and names that would not fit are refused', (t) => {
+  t.throws(() => new Shaper({ ifbName: 'kifx', shards: 0 }), { instanceOf: ConfigError });
+  t.throws(() => new Shaper({ ifbName: 'kifx', shards: 65 }), { instanceOf: ConfigError });
+  t.throws(() => new Shaper({ ifbName: 'kifx', shards: 1.5 }), { instanceOf: ConfigError });
+  t.throws(() => new Shaper({ ifbName: 'kubenet-ifb012', shards: 10 }), { instanceOf: ConfigError, message: /kubenet-ifb012\.9/ });
+  t.notThrows(() => new Shaper({ ifbName: 'kubenet-ifb0', shards: 64 }));
+});

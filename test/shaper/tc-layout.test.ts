@@ -4,8 +4,8 @@
  */
 import test from 'ava';
 import { podLayout } from '../../src/shaper/sizing.js';
-import { filtersFor, ifbLines, MAX_CLASS, redirectLines, structureLines, vethLines, type ShapingState } from '../../src/shaper/tc-layout.js';
-import { ClassIds, planEnsure } from '../../src/shaper/tc-plan.js';
+import { filtersFor, ifbLines, ifbLinkLines, MAX_CLASS, redirectLines, shardIfb, shardOf, structureLines, vethLines, type ShapingState } from '../../src/shaper/tc-layout.js';
+import { ClassIds, EgressShards, planEnsure } from '../../src/shaper/tc-plan.js';
 
 const IFB = 'kifb';
 
@@ -170,4 +170,27 @@ test("plan: a pod's ifb side first (no veth yet), then its veth's part alone", (
   t.deepEqual(late.lines, [...VETH_10M, ...redirectLines('vethab', IFB)], 'the veth root and the redirect only');
   const other = planEnsure(IFB, first, state({ limits: { ...limits, egress: 30_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }), false);
   t.true(other.lines.some((l) => l.startsWith('class replace dev kifb')), 'other limits than the ifb side was made with: made again');
+});
+
+test('egress shards: names, what a name is, and the ip lines that make their ifbs', (t) => {
+  t.deepEqual([0, 1, 12].map((k) => shardIfb('kubenet-ifb0', k)), ['kubenet-ifb0', 'kubenet-ifb0.1', 'kubenet-ifb0.12']);
+  t.is(shardOf('kubenet-ifb0', 'kubenet-ifb0'), 0);
+  t.is(shardOf('kubenet-ifb0', 'kubenet-ifb0.7'), 7);
+  for (const other of ['kubenet-ifb0.', 'kubenet-ifb0.01', 'kubenet-ifb0.x', 'kubenet-ifb1', 'kubenet-ifb0.1.2']) t.is(shardOf('kubenet-ifb0', other), undefined, other);
+  const lines = ifbLinkLines(['i', 'i.1', 'i.2'], new Map([['i', { txQLen: 1000 }], ['i.1', { txQLen: 0 }]]));
+  t.deepEqual(lines, ['link set dev i up', 'link set dev i.1 txqueuelen 1000', 'link set dev i.1 up', 'link add name i.2 type ifb', 'link set dev i.2 txqueuelen 1000', 'link set dev i.2 up']);
+});
+
+test('egress shards: a new pod goes to the shard with the fewest, the first of those', (t) => {
+  const s = new EgressShards('kifb', 3);
+  t.deepEqual(s.ifbs, ['kifb', 'kifb.1', 'kifb.2']);
+  const on = (shard: number | undefined, classId = 1) => state({ classId, ...(shard === undefined ? {} : { shard }) });
+  t.is(s.emptiest([]), 0);
+  t.is(s.emptiest([on(undefined)]), 1, 'a state without a shard is on shard 0');
+  t.is(s.emptiest([on(0), on(1)]), 2);
+  t.is(s.emptiest([on(0), on(1), on(2), on(2, 2)]), 0);
+  t.is(s.emptiest([on(0), on(1), state({ classId: 0 })]), 2, 'a pod without egress classes counts nowhere');
+  t.is(s.ifbOf(on(2)), 'kifb.2');
+  t.is(s.classIds(3), undefined, 'no such shard');
+  t.throws(() => s.mustClassIds(3));
 });
