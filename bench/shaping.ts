@@ -46,11 +46,12 @@ import type { TestPod } from '../hack/support/test-pod.js';
 import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 import { argValue, percentile } from '../hack/support/bench-kit.js';
+import { aggregateBench } from './shaping-aggregate.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);
 /** The sections, in the order they run; `--only a,b` runs those alone, `--no-NAME` leaves one out. */
-const SECTIONS = ['rates', 'cost', 'live', 'reshape'] as const;
+const SECTIONS = ['rates', 'highrate', 'cost', 'live', 'reshape', 'aggregate'] as const;
 const only = argValue('--only')?.split(',');
 for (const name of only ?? []) {
   if (!(SECTIONS as readonly string[]).includes(name)) {
@@ -292,7 +293,40 @@ function goals(ours: RateRow, ref: RateRow): Goal[] {
 }
 
 
-async function rateBench(): Promise<void> {
+/** Bytes the pod's host veth counted (`ip -s link`): received = from the pod, sent = to it. */
+async function vethBytes(dev: string, dir: 'egress' | 'ingress'): Promise<number> {
+  const r = await execa('ip', ['-s', '-j', 'link', 'show', 'dev', dev]);
+  const l = (JSON.parse(r.stdout) as Array<{ stats64?: { rx?: { bytes?: number }; tx?: { bytes?: number } } }>)[0];
+  return Number(dir === 'egress' ? l?.stats64?.rx?.bytes : l?.stats64?.tx?.bytes);
+}
+
+/** One unshaped flow of the pod in one direction: its wire rate (the veth's counter, same window as measure()) and goodput. */
+async function unshapedFlow(dir: 'egress' | 'ingress', a: TopoPod, b: TopoPod): Promise<{ l2: number; goodput: number }> {
+  const samples: Array<[number, number]> = [];
+  const timers: NodeJS.Timeout[] = [];
+  const r = await iperf(b, a, {
+    seconds,
+    reverse: dir === 'ingress',
+    onStart: () => {
+      for (const ms of [1000, (seconds - 0.5) * 1000]) {
+        timers.push(setTimeout(() => {
+          const at = performance.now();
+          void vethBytes(a.hostVeth, dir).then((bytes) => samples.push([at, bytes]));
+        }, ms));
+      }
+    },
+    onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`),
+  }).finally(() => timers.forEach(clearTimeout));
+  await new Promise((res) => setTimeout(res, 200));
+  const [s0, s1] = samples.sort((x, y) => x[0] - y[0]);
+  return { l2: s0 && s1 ? ((s1[1] - s0[1]) * 8) / ((s1[0] - s0[0]) / 1000) : NaN, goodput: r.bps };
+}
+
+/**
+ * (1) at the given rates. `highRate`: also the pod's unshaped flow each way first, and the goal of
+ * issue 32 per rate and direction: ours on the wire >= 0.95x min(limit, the unshaped wire rate).
+ */
+async function rateBench(rateList: string[] = rates, highRate = false): Promise<void> {
   const topo = await makeTopology(2);
   const [a, b] = topo.pods as [TopoPod, TopoPod];
   const ifb = `kshbi${topo.tag}`;
@@ -305,7 +339,16 @@ async function rateBench(): Promise<void> {
   try {
     await shaper.init();
     probeServer = await startProbeServer(b);
-    for (const q of rates) {
+    const unshaped = new Map<string, { l2: number; goodput: number }>();
+    if (highRate) {
+      for (const dir of dirs) {
+        const u = await unshapedFlow(dir, a, b);
+        unshaped.set(dir, u);
+        console.error(`  unshaped ${dir}: L2 ${mbit(u.l2)} goodput ${mbit(u.goodput)} Mbit/s`);
+      }
+    }
+    const highRateGoals: string[] = [];
+    for (const q of rateList) {
       const rate = parseBandwidth(q, 'rate');
       const burstBits = burstBytes(rate) * 8;
       for (const dir of dirs) {
@@ -326,6 +369,15 @@ async function rateBench(): Promise<void> {
           console.error(
             `  ${x.impl} ${q} ${dir}: goodput ${mbit(x.goodput)} L2 ${mbit(x.l2)} worst1s ${mbit(x.worst1s)} retr ${x.retransmits}/${x.segments} ` +
               `ping ${x.ping.avg}ms loss ${x.ping.loss}% probe p99 ${x.probe.p99.toFixed(1)}ms load ${x.load.join('->')}`,
+          );
+        }
+        const u = unshaped.get(dir);
+        if (u) {
+          const bound = Math.min(rate, u.l2);
+          const ok = ours.l2 >= 0.95 * bound;
+          if (!ok) misses++;
+          highRateGoals.push(
+            `goal single flow at ${q} ${dir} (wire >= 0.95x min(limit, unshaped ${mbit(u.l2)} Mbit/s)): ${ok ? 'PASS' : 'MISS'} ${mbit(ours.l2)} Mbit/s = ${(ours.l2 / bound).toFixed(3)}x; goodput ${mbit(ours.goodput)} (unshaped ${mbit(u.goodput)}); ref ${mbit(ref.l2)}`,
           );
         }
         const g = goals(ours, ref);
@@ -366,7 +418,8 @@ async function rateBench(): Promise<void> {
       ['asked', 'dir', ...goalNames],
       goalRows,
     );
-    console.log(`rate goals: ${goalRows.length * goalNames.length - misses} PASS, ${misses} MISS`);
+    for (const line of highRateGoals) console.log(line);
+    console.log(`rate goals: ${goalRows.length * goalNames.length + highRateGoals.length - misses} PASS, ${misses} MISS`);
   } finally {
     await probeServer?.stop();
     await shaper.reset().catch(() => undefined);
@@ -701,6 +754,24 @@ if (process.getuid?.() !== 0) {
 for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
 console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`);
 if (runs('rates')) await withTrafficLock(() => rateBench());
+// One flow at 1G, 5G and 10G against the pod's unshaped flow of the same run (issue 32).
+if (runs('highrate')) await withTrafficLock(() => rateBench((argValue('--high-rates') ?? '1G,5G,10G').split(','), true));
 if (runs('cost')) for (const pass of implPasses) await costBench(pass);
 if (runs('live')) await liveBench();
 if (runs('reshape')) await withTrafficLock(() => reshapeAccuracyBench());
+if (runs('aggregate')) {
+  const list = <T extends string>(flag: string, dflt: string) => (argValue(flag) ?? dflt).split(',') as T[];
+  await aggregateBench({
+    sizes: list<string>('--agg-sizes', quick ? '2,8' : '2,8,32').map(Number),
+    seconds: Number(argValue('--agg-seconds') ?? (quick ? 5 : 10)),
+    rounds: Number(argValue('--agg-rounds') ?? (quick ? 1 : 3)),
+    dests: list('--agg-dests', 'lan,pods'),
+    protos: list('--agg-protos', 'tcp,udp'),
+    cases: list('--agg-cases', 'above,binding'),
+    aboveLimit: parseBandwidth(argValue('--agg-limit') ?? '100G', 'limit'),
+    bindingLimit: { tcp: parseBandwidth(argValue('--agg-binding') ?? '200M', 'limit'), udp: parseBandwidth(argValue('--agg-binding-udp') ?? '40M', 'limit') },
+    udpOffered: parseBandwidth(argValue('--agg-udp') ?? '2G', 'offered'),
+    perf: has('--agg-perf'),
+    ...(argValue('--agg-shards') ? { shards: Number(argValue('--agg-shards')) } : {}),
+  });
+}
