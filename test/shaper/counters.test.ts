@@ -6,7 +6,7 @@
  */
 import test from 'ava';
 import { execa } from 'execa';
-import { directionCounters } from '../../src/shaper/counters.js';
+import { CounterReader, directionCounters } from '../../src/shaper/counters.js';
 import type { TcClassStats } from '../../src/netlink/index.js';
 import { isRoot } from '../../hack/support/kernel.js';
 import type { TopoPod } from '../../hack/support/topo.js';
@@ -155,4 +155,37 @@ kTest("a pod taking over idle ifb classes counts from zero, not the earlier pod'
   env.shaper.close();
   await again.init(env.shaper.states());
   t.is((await again.counters()).pods.find((x) => x.id === b.id)?.egress?.packets, bEgress?.packets, 'after a restart too');
+});
+
+kTest('a read asks the kernel again only for what can have changed: idle pods cost the link dump alone, traffic re-reads its veth and the ifb, a re-shape its classes', async (t) => {
+  const env = await shaperEnv(t, 3);
+  const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
+  await env.shaper.ensure(podOf(a, { ingress: 40e6, egress: 20e6 }));
+  await env.shaper.ensure(podOf(b, { ingress: 30e6, egress: 8e6 }));
+  const reader = new CounterReader();
+  t.teardown(() => reader.close());
+  const read = async () => (await reader.read(env.shaper.states(), env.ifb)).pods;
+  const first = await read();
+  t.deepEqual(reader.lastWork(), { classGets: 6, ifbDump: true }, "first read: both veths' classes by handle, the ifb dumped");
+  // Nothing moves on these devices now (the topology's pods send nothing by themselves)...
+  let idle = await read();
+  for (let i = 0; i < 5 && reader.lastWork().ifbDump; i++) idle = await read();
+  t.deepEqual(reader.lastWork(), { classGets: 0, ifbDump: false }, 'idle: nothing asked beyond the link dump');
+  t.deepEqual(idle, first, 'the same figures');
+  // ...a's traffic moves a's veth and the ifb (and b's veth, when ARP's broadcasts reach it).
+  await execa('ip', ['netns', 'exec', a.netns, 'ping', '-q', '-c', '3', '-i', '0.02', '-W', '2', c.ip4]);
+  const after = await read();
+  const work = reader.lastWork();
+  t.true(work.ifbDump && work.classGets >= 3 && work.classGets <= 6, `a's veth classes again (b's if it saw a broadcast), the ifb dumped: ${JSON.stringify(work)}`);
+  const everything = new CounterReader();
+  t.teardown(() => everything.close());
+  t.deepEqual(after, (await everything.read(env.shaper.states(), env.ifb)).pods, 'the same figures as a read of everything');
+  t.true((after.find((x) => x.id === a.id)?.ingress?.packets ?? 0) >= 3, "a's replies counted");
+  // A re-shape changes the kernel's rate with no traffic: that pod's classes are asked again.
+  await read();
+  await env.shaper.ensure(podOf(b, { ingress: 10e6, egress: 4e6 }));
+  const reshaped = (await read()).find((x) => x.id === b.id);
+  t.true(reader.lastWork().classGets >= 3, `b's classes asked again: ${JSON.stringify(reader.lastWork())}`);
+  t.is(reshaped?.ingress?.limit, 10e6);
+  t.is(reshaped?.egress?.limit, 4e6);
 });
