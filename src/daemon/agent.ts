@@ -136,7 +136,7 @@ export class Agent {
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight(), this.network.traffic()),
+        metrics: async () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight(), await this.network.traffic()),
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
         ipam: (req) => this.handler.ipam(req),

@@ -9,13 +9,89 @@
  * directions have series; they are rebuilt at every scrape, so a pod's go with it. The limit series
  * also carry `source`, where the limit came from: `pod` (its annotations or runtimeConfig, and
  * every pod outside a namespace bandwidth policy), `namespace-default` or `namespace-ceiling`.
+ *
+ * The per-pod families (six lines per shaped direction, 6 000 at 500 pods) are written as text here
+ * rather than through prom-client, whose per-series label objects and hashing cost more than the
+ * kernel reads: each direction's lines are kept and written again as they are while its figures
+ * and labels stay the same. prom-client serves the rest.
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { isUnshaped, type DirectionCounters, type PodRecord, type PodTraffic } from '../pod/index.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
-const POD_LABELS = ['namespace', 'pod', 'direction'] as const;
-const LIMIT_LABELS = [...POD_LABELS, 'source'] as const;
+
+/** The per-pod families, in the order written: name, type, help; `limit` carries `source` too. */
+const POD_FAMILIES = [
+  ['limit', 'kubenet_pod_bandwidth_limit_bits_per_second', 'gauge', "The pod's bandwidth limit as the kernel enforces it (its htb class rate), by direction: ingress = to the pod, egress = from the pod"],
+  ['bytes', 'kubenet_pod_shaped_bytes_total', 'counter', "Bytes (L2 frames) that passed the pod's shaping, from the kernel's tc counters"],
+  ['packets', 'kubenet_pod_shaped_packets_total', 'counter', "Packets that passed the pod's shaping"],
+  ['drops', 'kubenet_pod_shaped_drops_total', 'counter', "Packets the pod's shaping queues dropped"],
+  ['overlimits', 'kubenet_pod_shaped_overlimits_total', 'counter', "Times the pod's class hit its limit and had to wait"],
+  ['backlog', 'kubenet_pod_shaped_backlog_bytes', 'gauge', "Bytes queued in the pod's shaping now"],
+] as const satisfies ReadonlyArray<readonly [keyof DirectionCounters, string, string, string]>;
+
+/** Prometheus text format: a label value with backslash, double quote and newline escaped. */
+export function escapeLabel(v: string): string {
+  return v.replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : `\\${c}`));
+}
+
+/** A direction's lines as last written: the label values and figures they were made from. */
+interface Rendered {
+  namespace: string;
+  pod: string;
+  source: string;
+  counters: DirectionCounters;
+  lines: string[];
+}
+
+const sameCounters = (a: DirectionCounters, b: DirectionCounters) =>
+  a.limit === b.limit && a.bytes === b.bytes && a.packets === b.packets && a.drops === b.drops && a.overlimits === b.overlimits && a.backlog === b.backlog;
+
+function render(namespace: string, pod: string, direction: string, source: string, c: DirectionCounters): Rendered {
+  const labels = `{namespace="${escapeLabel(namespace)}",pod="${escapeLabel(pod)}",direction="${direction}"`;
+  const lines = POD_FAMILIES.map(([field, name]) => `${name}${labels}${field === 'limit' ? `,source="${escapeLabel(source)}"` : ''}} ${c[field]}\n`);
+  return { namespace, pod, source, counters: { ...c }, lines };
+}
+
+/**
+ * The text of the six per-pod families for the given pods: HELP and TYPE of each (also with no
+ * series), then one line per shaped direction. Keeps each direction's lines for the next call.
+ */
+export class PodSeries {
+  private rendered = new Map<string, { ingress?: Rendered; egress?: Rendered }>();
+
+  text(traffic: PodTraffic[]): string {
+    const next = new Map<string, { ingress?: Rendered; egress?: Rendered }>();
+    const rows: Rendered[] = [];
+    for (const t of traffic) {
+      const s = t.shaping;
+      if (!s || (!s.ingress && !s.egress)) continue;
+      const rec = t.record;
+      const pod = rec.name || rec.containerId.slice(0, 12);
+      const key = rec.ifName === 'eth0' ? rec.containerId : `${rec.containerId}@${rec.ifName}`;
+      const was = this.rendered.get(key);
+      const now: { ingress?: Rendered; egress?: Rendered } = {};
+      for (const direction of ['ingress', 'egress'] as const) {
+        const c = s[direction];
+        if (!c) continue;
+        const source = rec.limitSources?.[direction] ?? 'pod';
+        let r = was?.[direction];
+        if (!r || r.namespace !== rec.namespace || r.pod !== pod || r.source !== source || !sameCounters(r.counters, c)) r = render(rec.namespace, pod, direction, source, c);
+        now[direction] = r;
+        rows.push(r);
+      }
+      next.set(key, now);
+    }
+    this.rendered = next;
+    let out = '';
+    POD_FAMILIES.forEach(([, name, type, help], i) => {
+      const lines = new Array<string>(rows.length);
+      for (let j = 0; j < rows.length; j++) lines[j] = rows[j]?.lines[i] ?? '';
+      out += `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${lines.join('')}`;
+    });
+    return out;
+  }
+}
 
 export class AgentMetrics {
   readonly registry = new Registry();
@@ -27,14 +103,7 @@ export class AgentMetrics {
   private readonly shaped = new Gauge({ name: 'kubenet_shaped_pods', help: 'Pods with bandwidth limits', registers: [this.registry] });
   // DEL answers once a pod's veth is gone; the kernel frees the device on a worker thread after.
   private readonly vethDeletions = new Gauge({ name: 'kubenet_veth_deletions_in_flight', help: 'Pod veths deleted but not yet freed by the kernel', registers: [this.registry] });
-  private readonly perPod = {
-    limit: new Gauge({ name: 'kubenet_pod_bandwidth_limit_bits_per_second', help: "The pod's bandwidth limit as the kernel enforces it (its htb class rate), by direction: ingress = to the pod, egress = from the pod", labelNames: LIMIT_LABELS, registers: [this.registry] }),
-    bytes: new Counter({ name: 'kubenet_pod_shaped_bytes_total', help: "Bytes (L2 frames) that passed the pod's shaping, from the kernel's tc counters", labelNames: POD_LABELS, registers: [this.registry] }),
-    packets: new Counter({ name: 'kubenet_pod_shaped_packets_total', help: "Packets that passed the pod's shaping", labelNames: POD_LABELS, registers: [this.registry] }),
-    drops: new Counter({ name: 'kubenet_pod_shaped_drops_total', help: "Packets the pod's shaping queues dropped", labelNames: POD_LABELS, registers: [this.registry] }),
-    overlimits: new Counter({ name: 'kubenet_pod_shaped_overlimits_total', help: "Times the pod's class hit its limit and had to wait", labelNames: POD_LABELS, registers: [this.registry] }),
-    backlog: new Gauge({ name: 'kubenet_pod_shaped_backlog_bytes', help: "Bytes queued in the pod's shaping now", labelNames: POD_LABELS, registers: [this.registry] }),
-  };
+  private readonly perPod = new PodSeries();
 
   /** One finished CNI call. */
   observe(command: string, seconds: number, code: number | undefined): void {
@@ -51,30 +120,10 @@ export class AgentMetrics {
     this.vethDeletions.set(vethDeletionsInFlight);
   }
 
-  /** Replaces every per-pod series with the counters of the pods shaped now. */
-  updateShaping(traffic: PodTraffic[]): void {
-    for (const m of Object.values(this.perPod)) m.reset();
-    for (const t of traffic) {
-      const s = t.shaping;
-      if (!s) continue;
-      const pod = t.record.name || t.record.containerId.slice(0, 12);
-      for (const direction of ['ingress', 'egress'] as const) {
-        const c: DirectionCounters | undefined = s[direction];
-        if (!c) continue;
-        const labels = { namespace: t.record.namespace, pod, direction };
-        this.perPod.limit.set({ ...labels, source: t.record.limitSources?.[direction] ?? 'pod' }, c.limit);
-        this.perPod.bytes.inc(labels, c.bytes);
-        this.perPod.packets.inc(labels, c.packets);
-        this.perPod.drops.inc(labels, c.drops);
-        this.perPod.overlimits.inc(labels, c.overlimits);
-        this.perPod.backlog.set(labels, c.backlog);
-      }
-    }
-  }
-
+  /** The exposition: prom-client's metrics, then the per-pod series of the pods shaped now. */
   async text(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[]): Promise<{ contentType: string; body: string }> {
     this.update(records, vethDeletionsInFlight);
-    this.updateShaping(traffic);
-    return { contentType: this.registry.contentType, body: await this.registry.metrics() };
+    const base = await this.registry.metrics();
+    return { contentType: this.registry.contentType, body: `${base}${base.endsWith('\n') || base === '' ? '' : '\n'}${this.perPod.text(traffic)}` };
   }
 }

@@ -46,6 +46,7 @@ export const rateKey = (containerId: string, ifName: string) => `${containerId}@
 export class RateTracker {
   private readonly samples: Sample[] = [];
   private timer: NodeJS.Timeout | undefined;
+  private sampling: Promise<void> | undefined;
   private lastDemand = 0;
   private readonly periodMs: number;
   private readonly idleAfterMs: number;
@@ -53,7 +54,7 @@ export class RateTracker {
   private readonly now: () => number;
 
   constructor(
-    private readonly read: () => PodTraffic[],
+    private readonly read: () => Promise<PodTraffic[]>,
     private readonly log: Logger,
     opts: RateTrackerOptions = {},
   ) {
@@ -63,16 +64,23 @@ export class RateTracker {
     this.now = opts.now ?? (() => performance.now());
   }
 
-  /** Takes one sample now (also the timer's job). */
-  sample(): void {
+  /** Takes one sample now (also the timer's job); samples taken meanwhile are this one. */
+  sample(): Promise<void> {
+    this.sampling ??= this.takeSample().finally(() => (this.sampling = undefined));
+    return this.sampling;
+  }
+
+  private async takeSample(): Promise<void> {
+    // The sample's time is when its read starts: the read's first request (the dump of every link)
+    // goes to the kernel then, and the time the answer takes to come back is not the pods'.
+    const t = this.now();
     let traffic: PodTraffic[];
     try {
-      traffic = this.read();
+      traffic = await this.read();
     } catch (err) {
       this.log.warn({ err }, 'could not read the pods\' counters');
       return;
     }
-    const t = this.now();
     const pods = new Map<string, { ingress?: DirSample; egress?: DirSample }>();
     for (const p of traffic) {
       const s: { ingress?: DirSample; egress?: DirSample } = {};
@@ -95,7 +103,7 @@ export class RateTracker {
         this.stop();
         return;
       }
-      this.sample();
+      void this.sample();
     }, this.periodMs);
     this.timer.unref();
   }
@@ -104,12 +112,12 @@ export class RateTracker {
   async rates(windowS = 5): Promise<Map<string, PodRate>> {
     this.keepSampling();
     const last = this.samples[this.samples.length - 1];
-    if (!last || this.now() - last.t > this.periodMs / 4) this.sample();
+    if (!last || this.now() - last.t > this.periodMs / 4) await this.sample();
     if (!this.baseline(windowS)) {
       // Nothing recent to compare with (sampling was off): measure for one period.
       const t0 = this.samples[this.samples.length - 1]?.t ?? this.now();
       await new Promise((r) => setTimeout(r, Math.max(0, t0 + this.periodMs - this.now())));
-      this.sample();
+      await this.sample();
     }
     return this.compute(windowS);
   }

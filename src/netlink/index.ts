@@ -38,3 +38,4 @@ export { addrDel, addrList, addrListAll, type AddrInfo } from './addr.js';
 export { isNetnsFd, netnsAddrList, netnsLinkByName, netnsLinkDelete } from './netns.js';
 export { classGet, classList, type TcClassStats } from './tc-class.js';
 export { routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from './route.js';
+export { StatsSocket, type ClassAnswer, type ClassRef } from './stats-dump.js';

@@ -259,6 +259,27 @@ export const libcNs = {
   socket: libc.func('int socket(int domain, int type, int protocol)'),
 };
 
+/**
+ * libc socket calls on the fd of a libnl socket (`nl_socket_get_fd`), for reading counters in bulk
+ * without libnl's objects (./stats-dump.ts). Buffers passed to them are koffi.alloc'd (stable
+ * addresses): src/netlink calls `send` and `recvmmsg` with `.async`, on a libuv worker thread.
+ * Return -1 and set errno (a synchronous call's koffi.errno(); an async call's errno is lost).
+ */
+export const libcSock = {
+  // The libnl socket keeps the fd (nl_socket_free closes it).
+  nl_socket_get_fd: libnl.func('int nl_socket_get_fd(const nl_sock *sk)'),
+  send: libc.func('intptr_t send(int fd, void *buf, size_t len, int flags)'),
+  // struct mmsghdr[vlen] (struct msghdr, 56 bytes, then unsigned msg_len, padded to 64); timeout NULL.
+  recvmmsg: libc.func('int recvmmsg(int fd, void *msgvec, unsigned int vlen, int flags, void *timeout)'),
+  setsockopt: libc.func('int setsockopt(int fd, int level, int name, const uint8_t *val, uint32_t len)'),
+};
+/** sys/socket.h: SOL_SOCKET options, recv flags; linux/netlink.h SOL_NETLINK. */
+export const SOL_SOCKET = 1;
+export const SO_RCVBUFFORCE = 33;
+export const MSG_DONTWAIT = 0x40;
+export const MSG_TRUNC = 0x20;
+export const MSG_WAITFORONE = 0x10000;
+
 /** linux/sockios.h: ifindex -> name (ENODEV when no link has that index); name -> ifindex; name -> txqueuelen. */
 export const SIOCGIFNAME = 0x8910;
 export const SIOCGIFINDEX = 0x8933;

@@ -4,7 +4,6 @@
  */
 import { parseResult } from '../cni/result.js';
 import { KubenetError, UnknownPodError } from '../errors.js';
-import * as nl from '../netlink/index.js';
 import { isUnshaped } from '../shaper/limits.js';
 import { bridgeOnly, podName, runtimeConf } from './attachment.js';
 import { NETWORK_NAME } from './bridge.js';
@@ -38,20 +37,22 @@ export async function checkAttached(core: Core, req: CheckRequest, netnsId: Netn
 }
 
 /**
- * Every ready pod with the kernel's counters of its traffic, read over netlink (nothing exec'd):
- * the tc counters of each shaped direction (one class dump of the ifb, one of each ingress-shaped
- * veth), and with `links` the host veth's own counters too (one request per pod).
+ * Every ready pod with the kernel's counters of its traffic, read over netlink (nothing exec'd, off
+ * the event loop): the tc counters of each shaped direction (the shaper's CounterReader, which
+ * reads again only what can have changed), and with `links` the host veth's own counters too, from
+ * the one dump of every link's counters that read starts with.
  */
-export function podTraffic(core: Core, opts: { links?: boolean }): PodTraffic[] {
+export async function podTraffic(core: Core, opts: { links?: boolean }): Promise<PodTraffic[]> {
   const ready = core.store.all().filter((r) => r.phase === 'ready');
   const byId = new Map(ready.map((r) => [r.containerId, r]));
-  const shaping = new Map(core.shaper.counters((id) => byId.get(id)?.hostVethIndex).map((c) => [c.id, c]));
+  const snapshot = await core.shaper.counters((id) => byId.get(id)?.hostVethIndex);
+  const shaping = new Map(snapshot.pods.map((c) => [c.id, c]));
   return ready.map((record) => {
     const t: PodTraffic = { record };
     const s = shaping.get(record.containerId);
     if (s && (s.ingress || s.egress)) t.shaping = s;
     if (opts.links && record.hostVethIndex) {
-      const link = nl.ifPresent(() => nl.linkStats(record.hostVethIndex ?? 0));
+      const link = snapshot.links.get(record.hostVethIndex);
       if (link) t.link = link;
     }
     return t;

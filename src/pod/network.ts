@@ -373,7 +373,7 @@ export class PodNetwork {
   }
 
   /** Every ready pod with the kernel's counters of its traffic (inspect.ts). */
-  traffic(opts: { links?: boolean } = {}): PodTraffic[] {
+  traffic(opts: { links?: boolean } = {}): Promise<PodTraffic[]> {
     return podTraffic(this.core, opts);
   }
 

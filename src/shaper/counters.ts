@@ -1,7 +1,7 @@
 /**
- * What a pod's shaping really did, from the kernel's own tc counters (read over netlink by
- * `readCounters`, src/netlink `classList`): per shaped direction, the pod's htb class (at the
- * pod's limit) and its two leaves (interactive, bulk) summed into one set of figures.
+ * What a pod's shaping really did, from the kernel's own tc counters: per shaped direction, the
+ * pod's htb class (at the pod's limit) and its two leaves (interactive, bulk) summed into one set of
+ * figures.
  *
  * - bytes, packets: what the pod's class sent (dequeued), so what got through the limit. L2 frames
  *   as the device carries them (Ethernet header included, no FCS): a TCP flow's payload is ~95.6 %
@@ -10,10 +10,28 @@
  * - overlimits: times the pod's class hit its limit and had to wait (htb's count on that class).
  * - backlog: bytes queued in the pod's leaves now.
  * - limit: the class's rate as the kernel holds it, bits/s (htb keeps bytes/s).
+ *
+ * `CounterReader` reads them for every shaped pod at once, over a netlink socket of its own
+ * (src/netlink StatsSocket, asynchronous), and reads again only what can have changed since its
+ * last read. It starts with ONE dump of every link's counters (the host veths' and the ifb's):
+ * - TO the pod (the veth's htb): a packet leaves the veth's classes only by the veth's transmit,
+ *   which the veth counts. A veth whose counters are those of the last read, whose leaves held
+ *   nothing then, and whose limit is the same, has the same class counters: they are not read
+ *   again. The others' three classes are asked by handle, all pods' requests in one datagram.
+ * - FROM the pod (the htb of the pod's egress shard's ifb): a packet leaves any class of an ifb only
+ *   through the ifb's transmit, which the ifb counts. While an ifb's counters stay those of the last
+ *   read and none of its pods' leaves held anything, no class of it changed; once they move, ONE
+ *   dump of that ifb's classes reads them all (a pod's counters cannot be told from its veth alone:
+ *   the ifb classifies by source address, so a pod sending with another's address moves the
+ *   other's). Pods not read before (new, re-shaped) are asked by handle while their ifb is still.
+ * Exact at each read, as far as a read of many devices one after the other can be: a packet between
+ * a link's counter and its class (microseconds) is seen by the next read. Measured:
+ * docs/shaping.md, "What a /metrics scrape costs".
  */
+import { NetlinkError } from '../errors.js';
 import * as nl from '../netlink/index.js';
-import type { TcClassStats } from '../netlink/index.js';
-import { ifbClassIds, type CounterBase, type ShapingState } from './tc-layout.js';
+import type { ClassAnswer, LinkStats, TcClassStats } from '../netlink/index.js';
+import { ifbClassIds, VETH, type CounterBase, type ShapingState } from './tc-layout.js';
 
 export interface DirectionCounters {
   limit: number;
@@ -30,6 +48,20 @@ export interface ShapingCounters {
   hostVeth: string;
   ingress?: DirectionCounters;
   egress?: DirectionCounters;
+}
+
+/** One read: every shaped pod's counters, and every link's own counters by ifindex (the same dump). */
+export interface CounterSnapshot {
+  pods: ShapingCounters[];
+  links: Map<number, LinkStats>;
+}
+
+/** What the last read asked the kernel, beyond its link dump (tests, benches). */
+export interface ReadWork {
+  /** Classes asked by handle. */
+  classGets: number;
+  /** How many ifbs' classes were dumped. */
+  ifbDumps: number;
 }
 
 /** tc handle "major:minor" as the kernel's 32-bit number. */
@@ -54,49 +86,157 @@ export function directionCounters(pod: TcClassStats | undefined, leaves: Array<T
   return { limit: pod.ceil ?? pod.rate ?? 0, bytes: pod.bytes, packets: pod.packets, drops, overlimits: pod.overlimits, backlog };
 }
 
-/**
- * The counters of the given pods' shaping, read over netlink: one listing of each egress shard's
- * ifb's classes (`ifbOf` names a state's), one of each shaped veth's (by `ifindex(pod)` when known, else by name); a device
- * that is gone gives no figures.
- */
-export function readCounters(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
-  // One class listing per egress shard that has a shaped pod.
-  const ifbs = new Map<string, Map<number, nl.TcClassStats>>();
-  for (const s of states) {
-    const name = ifbOf(s);
-    if (s.egressInstalled && s.classId && !ifbs.has(name)) ifbs.set(name, byHandle(classesOf(name) ?? []));
-  }
-  const out: ShapingCounters[] = [];
-  for (const s of states) {
-    const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
-    if (s.ingressInstalled) {
-      const classes = classesOf(ifindex?.(s.id) ?? s.hostVeth);
-      if (classes) {
-        const m = byHandle(classes);
-        const ingress = directionCounters(m.get(tcHandle(2, 1)), [m.get(tcHandle(2, 2)), m.get(tcHandle(2, 3))]); // VETH.pod, .interactive, .bulk
-        if (ingress) c.ingress = ingress;
-      }
-    }
-    const ifb = ifbs.get(ifbOf(s));
-    if (s.egressInstalled && s.classId && ifb) {
-      const ids = ifbClassIds(s.classId);
-      const egress = directionCounters(ifb.get(tcHandle(1, ids.pod)), [ifb.get(tcHandle(1, ids.interactive)), ifb.get(tcHandle(1, ids.bulk))]);
-      if (egress) c.egress = s.egressBase ? sinceBase(egress, s.egressBase) : egress;
-    }
-    out.push(c);
-  }
-  return out;
-}
-
-/** The classes of a device over netlink; undefined when the device is gone. */
-function classesOf(dev: string | number): nl.TcClassStats[] | undefined {
-  return nl.ifPresent(() => nl.classList(dev));
-}
-
 /** A direction's counters since `base` (classes taken over from an earlier pod); never below zero. */
 export function sinceBase(d: DirectionCounters, base: CounterBase): DirectionCounters {
   const since = (now: number, then: number) => Math.max(0, now - then);
   return { ...d, bytes: since(d.bytes, base.bytes), packets: since(d.packets, base.packets), drops: since(d.drops, base.drops), overlimits: since(d.overlimits, base.overlimits) };
+}
+
+/** Whether a link's transmit counters (and with `rx`, its receive counters too) are the same in both. */
+function sameLink(a: LinkStats | undefined, b: LinkStats | undefined, rx: boolean): boolean {
+  if (!a || !b || a.txPackets !== b.txPackets || a.txBytes !== b.txBytes || a.txDropped !== b.txDropped) return false;
+  return !rx || (a.rxPackets === b.rxPackets && a.rxBytes === b.rxBytes && a.rxDropped === b.rxDropped);
+}
+
+/** The pod class and its two leaves on the veth (2:1, 2:2, 2:3) or on the ifb (1:<id>, ...). */
+function classHandles(dir: 'ingress' | 'egress', classId: number): [number, number, number] {
+  if (dir === 'ingress') return [tcHandle(2, 1), tcHandle(2, 2), tcHandle(2, VETH.bulkMinor)];
+  const ids = ifbClassIds(classId);
+  return [tcHandle(1, ids.pod), tcHandle(1, ids.interactive), tcHandle(1, ids.bulk)];
+}
+
+/** A direction as last read: what it was read under (device, limit), and its counters (undefined: no pod class). */
+interface Read {
+  key: string;
+  counters: DirectionCounters | undefined;
+  /** The veth's counters the read was made after (ingress only). */
+  link?: LinkStats;
+}
+
+/** When more pods than this share of the ifb's are to be asked by handle, one dump is cheaper. */
+const IFB_DUMP_SHARE = 1 / 3;
+
+export class CounterReader {
+  private sock: nl.StatsSocket | undefined;
+  private tail: Promise<unknown> = Promise.resolve();
+  private readonly reads = { ingress: new Map<string, Read>(), egress: new Map<string, Read>() };
+  /** Each egress shard's ifb as last read, by name. */
+  private ifbSeen = new Map<string, { ifindex: number; stats: LinkStats }>();
+  private work: ReadWork = { classGets: 0, ifbDumps: 0 };
+
+  /** What the last read asked the kernel beyond the link dump. */
+  lastWork(): ReadWork {
+    return { ...this.work };
+  }
+
+  /**
+   * The counters of the given pods' shaping (`ifbOf` names a state's egress ifb; `ifindex(pod)` names
+   * a pod's veth by index when known, else its name is resolved), and every link's counters. A
+   * device that is gone gives no figures for its direction. Reads run one at a time.
+   */
+  read(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
+    const run = this.tail.then(() => this.readNow(states, ifbOf, ifindex));
+    this.tail = run.catch(() => undefined);
+    return run;
+  }
+
+  private async readNow(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
+    this.sock ??= nl.StatsSocket.open();
+    try {
+      return await this.readWith(this.sock, states, ifbOf, ifindex);
+    } catch (err) {
+      // The socket's state is unknown, and so is what was read before: start again.
+      this.close();
+      throw err;
+    }
+  }
+
+  private async readWith(sock: nl.StatsSocket, states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
+    const links = await sock.linkStats();
+    const work: ReadWork = { classGets: 0, ifbDumps: 0 };
+    const fresh = { ingress: new Map<string, Read>(), egress: new Map<string, Read>() };
+    const gets: Array<{ dir: 'ingress' | 'egress'; id: string; key: string; link?: LinkStats; at: number }> = [];
+    const refs: nl.ClassRef[] = [];
+    const ask = (dir: 'ingress' | 'egress', id: string, key: string, dev: number, classId: number, link?: LinkStats) => {
+      gets.push({ dir, id, key, at: refs.length, ...(link ? { link } : {}) });
+      for (const handle of classHandles(dir, classId)) refs.push({ ifindex: dev, handle });
+    };
+
+    for (const s of states) {
+      if (!s.ingressInstalled) continue;
+      const dev = ifindex?.(s.id) ?? (s.hostVeth ? nl.linkIndexByName(s.hostVeth) : undefined);
+      const link = dev ? links.get(dev) : undefined;
+      if (!dev || !link) continue; // gone
+      const key = `${dev}:${s.limits.ingress}:${s.limits.ingressBurst}`;
+      const last = this.reads.ingress.get(s.id);
+      if (last && last.key === key && !last.counters?.backlog && sameLink(last.link, link, false)) fresh.ingress.set(s.id, last);
+      else ask('ingress', s.id, key, dev, 0, link);
+    }
+
+    // Each egress shard on its own: its pods, its ifb's counters, one dump of it when they moved.
+    const shards = new Map<string, ShapingState[]>();
+    for (const s of states) if (s.egressInstalled && s.classId) shards.set(ifbOf(s), [...(shards.get(ifbOf(s)) ?? []), s]);
+    const seen = new Map<string, { ifindex: number; stats: LinkStats }>();
+    const keyOf = (s: ShapingState) => `${s.classId}:${s.limits.egress}:${s.limits.egressBurst}`;
+    for (const [ifbName, egress] of shards) {
+      const ifb = nl.linkIndexByName(ifbName);
+      const ifbStats = ifb ? links.get(ifb) : undefined;
+      if (!ifb || !ifbStats) continue; // gone
+      const last = this.ifbSeen.get(ifbName);
+      const still = last?.ifindex === ifb && sameLink(last.stats, ifbStats, true) && !egress.some((s) => this.reads.egress.get(s.id)?.counters?.backlog);
+      const unknown = still ? egress.filter((s) => this.reads.egress.get(s.id)?.key !== keyOf(s)) : egress;
+      if (unknown.length > 0 && (!still || unknown.length > egress.length * IFB_DUMP_SHARE)) {
+        const all = byHandle(await sock.classDump(ifb));
+        work.ifbDumps++;
+        for (const s of egress) {
+          const [pod, int, bulk] = classHandles('egress', s.classId);
+          fresh.egress.set(s.id, { key: keyOf(s), counters: directionCounters(all.get(pod), [all.get(int), all.get(bulk)]) });
+        }
+      } else {
+        for (const s of egress) {
+          const read = this.reads.egress.get(s.id);
+          if (read && read.key === keyOf(s)) fresh.egress.set(s.id, read);
+          else ask('egress', s.id, keyOf(s), ifb, s.classId);
+        }
+      }
+      seen.set(ifbName, { ifindex: ifb, stats: ifbStats });
+    }
+    this.ifbSeen = seen;
+
+    if (refs.length > 0) {
+      const answers = await sock.classGet(refs);
+      work.classGets = refs.length;
+      const cls = (a: ClassAnswer | undefined) => (a === undefined || a instanceof NetlinkError ? undefined : a);
+      for (const g of gets) {
+        const [pod, int, bulk] = [answers[g.at], answers[g.at + 1], answers[g.at + 2]];
+        if (pod instanceof NetlinkError && pod.errno === nl.E.ENODEV) continue; // the device went meanwhile
+        fresh[g.dir].set(g.id, { key: g.key, counters: directionCounters(cls(pod), [cls(int), cls(bulk)]), ...(g.link ? { link: g.link } : {}) });
+      }
+    }
+    this.reads.ingress = fresh.ingress;
+    this.reads.egress = fresh.egress;
+    this.work = work;
+
+    const pods: ShapingCounters[] = [];
+    for (const s of states) {
+      const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
+      const ingress = s.ingressInstalled ? fresh.ingress.get(s.id)?.counters : undefined;
+      if (ingress) c.ingress = ingress;
+      const egress = s.egressInstalled && s.classId ? fresh.egress.get(s.id)?.counters : undefined;
+      if (egress) c.egress = s.egressBase ? sinceBase(egress, s.egressBase) : egress;
+      pods.push(c);
+    }
+    return { pods, links };
+  }
+
+  /** Closes the socket (the next read opens another) and forgets what was read. */
+  close(): void {
+    this.sock?.close();
+    this.sock = undefined;
+    this.reads.ingress = new Map();
+    this.reads.egress = new Map();
+    this.ifbSeen = new Map();
+  }
 }
 
 /** What the pod classes of `classId` on `ifb` have counted so far (one netlink get per class): the base of a pod taking them over. */

@@ -41,7 +41,7 @@ import { checkIfName } from '../net/ifname.js';
 import { ipFamily } from '../net/ip.js';
 import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
-import { classBaseline, readCounters, type ShapingCounters } from './counters.js';
+import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
 import { DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES } from './tc-layout.js';
 import type { IfbListing, ShapingState } from './tc-layout.js';
 import { EgressShards, orphanLines, planEnsure } from './tc-plan.js';
@@ -90,6 +90,7 @@ export class Shaper {
   private readonly records = new Map<string, ShapingState>();
   private readonly shards: EgressShards;
   private readonly mutex = new KeyedMutex();
+  private readonly counterReader = new CounterReader();
   private ready: Promise<void> | undefined;
   private readonly session: TcSession | undefined;
   private readonly unshaped: Unshaped | undefined;
@@ -366,14 +367,14 @@ export class Shaper {
   }
 
   /**
-   * The kernel's counters of every shaped pod (./counters.ts), read over netlink: ONE class dump of
-   * each shard's ifb for every pod's egress, one class dump of each ingress-shaped pod's veth (the kernel
-   * dumps classes per device). No tc exec, no text. `ifindex` may name a pod's veth by index (the
-   * pod record has it), which saves a lookup by name per pod. A device that is gone (a pod being
-   * deleted) leaves that direction out.
+   * The kernel's counters of every shaped pod, and every link's own counters (./counters.ts
+   * CounterReader: over a netlink socket of its own, off the event loop, reading again only what
+   * can have changed since the last call, each egress shard on its own). No tc exec, no text.
+   * `ifindex` may name a pod's veth by index (the pod record has it), which saves a lookup by name
+   * per pod. A device that is gone (a pod being deleted) leaves that direction out.
    */
-  counters(ifindex?: (podId: string) => number | undefined): ShapingCounters[] {
-    return readCounters([...this.records.values()], (r) => this.ifbOf(r), ifindex);
+  counters(ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
+    return this.counterReader.read([...this.records.values()], (r) => this.ifbOf(r), ifindex);
   }
 
   /** Removes the shaping of every pod this shaper knows, and the shards' ifbs. */
@@ -391,8 +392,9 @@ export class Shaper {
     if (errors.length > 0) throw new AggregateKubenetError('shaper reset', errors);
   }
 
-  /** Stops the tc session (the next operation would start a new one). */
+  /** Stops the tc session and closes the counters' socket (the next operation would start new ones). */
   close(): void {
     this.session?.close();
+    this.counterReader.close();
   }
 }

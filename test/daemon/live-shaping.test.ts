@@ -121,20 +121,20 @@ function traffic(name: string, ingressBytes: number | undefined, egressBytes: nu
 test('rates: bytes over time per direction, tc for a shaped direction and the veth for an unshaped one; a re-made counter gives no rate', async (t) => {
   let now = 0;
   let snapshot: PodTraffic[] = [];
-  const tracker = new RateTracker(() => snapshot, silent, { now: () => now, periodMs: 1000 });
+  const tracker = new RateTracker(async () => snapshot, silent, { now: () => now, periodMs: 1000 });
   t.teardown(() => tracker.stop());
   snapshot = [traffic('a', 0, 0), traffic('b', undefined, 1000, { rx: 5000, tx: 0 })];
-  tracker.sample();
+  await tracker.sample();
   now = 2000;
   snapshot = [traffic('a', 2_500_000, 1_250_000), traffic('b', undefined, 0, { rx: 25_000, tx: 2_000_000 })];
-  tracker.sample();
+  await tracker.sample();
   const r = await tracker.rates(5);
   t.deepEqual(r.get('a-id@eth0'), { seconds: 2, ingress: 10 * M, egress: 5 * M, ingressDrops: 1.25, egressDrops: 0.625 });
   // b: ingress from the veth (tx = to the pod); egress's tc counter went down (re-made): no rate.
   t.deepEqual(r.get('b-id@eth0'), { seconds: 2, ingress: 8 * M, ingressDrops: 0 });
   now = 8000;
   snapshot = [traffic('a', 2_500_000 + 6 * 1_250_000, 1_250_000)];
-  tracker.sample();
+  await tracker.sample();
   const later = await tracker.rates(7);
   t.is(later.get('a-id@eth0')?.seconds, 6, 'the window reaches back to the earliest sample in it');
   t.is(later.get('a-id@eth0')?.ingress, 10 * M);
@@ -144,9 +144,9 @@ test('rates: bytes over time per direction, tc for a shaped direction and the ve
 test('rates after a quiet time are measured anew (one period), never against samples from before it', async (t) => {
   let now = 0;
   let bytes = 0;
-  const tracker = new RateTracker(() => [traffic('a', bytes, undefined)], silent, { now: () => now, periodMs: 50, idleAfterMs: 100 });
+  const tracker = new RateTracker(async () => [traffic('a', bytes, undefined)], silent, { now: () => now, periodMs: 50, idleAfterMs: 100 });
   t.teardown(() => tracker.stop());
-  tracker.sample();
+  await tracker.sample();
   now = 50;
   bytes = 1_000_000; // 160 Mbit/s over 50 ms
   t.is((await tracker.rates(1)).get('a-id@eth0')?.ingress, 160 * M);

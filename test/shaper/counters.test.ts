@@ -6,7 +6,7 @@
  */
 import test from 'ava';
 import { execa } from 'execa';
-import { directionCounters } from '../../src/shaper/counters.js';
+import { CounterReader, directionCounters } from '../../src/shaper/counters.js';
 import type { TcClassStats } from '../../src/netlink/index.js';
 import { isRoot } from '../../hack/support/kernel.js';
 import type { TopoPod } from '../../hack/support/topo.js';
@@ -62,11 +62,11 @@ kTest('counters of each shaped pod and direction equal tc -s of its classes; uns
   // One netlink read between two tc reads that agree: a stray packet (neighbour discovery) between
   // the reads would make them differ by one; then read again (at most 10 times).
   const snapshot = async () => ({ veth: await tcClasses(a.hostVeth), ifb: await tcClasses(env.ifb) });
-  let counters = env.shaper.counters();
+  let counters = (await env.shaper.counters()).pods;
   let { veth, ifb } = await snapshot();
   for (let i = 0; i < 10; i++) {
     const before = await snapshot();
-    counters = env.shaper.counters();
+    counters = (await env.shaper.counters()).pods;
     ({ veth, ifb } = await snapshot());
     if (JSON.stringify([...before.veth, ...before.ifb]) === JSON.stringify([...veth, ...ifb])) break;
     t.log(`tc counters moved during read ${i + 1}; reading again`);
@@ -96,14 +96,14 @@ kTest('counters of each shaped pod and direction equal tc -s of its classes; uns
 
   // A re-shape keeps the classes (and their counters); the new limit is what the kernel reports.
   await env.shaper.ensure(podOf(a, { ingress: 10e6, egress: 20e6 }));
-  const after = env.shaper.counters().find((x) => x.id === a.id);
+  const after = (await env.shaper.counters()).pods.find((x) => x.id === a.id);
   t.is(after?.ingress?.limit, 10e6);
   t.true((after?.ingress?.bytes ?? 0) >= (ca?.ingress?.bytes ?? Infinity), 'counters survive the re-shape');
   // A direction removed leaves the counters; the pod without limits leaves them entirely.
   await env.shaper.ensure(podOf(a, { egress: 20e6 }));
-  t.is(env.shaper.counters().find((x) => x.id === a.id)?.ingress, undefined);
+  t.is((await env.shaper.counters()).pods.find((x) => x.id === a.id)?.ingress, undefined);
   await env.shaper.ensure(podOf(a, {}));
-  t.deepEqual(env.shaper.counters().map((x) => x.id), [b.id]);
+  t.deepEqual((await env.shaper.counters()).pods.map((x) => x.id), [b.id]);
 });
 
 kTest('drops and overlimits count when a burst overruns a small limit; a gone veth leaves the direction out', async (t) => {
@@ -116,14 +116,14 @@ kTest('drops and overlimits count when a burst overruns a small limit; a gone ve
     execa('ip', ['netns', 'exec', from.netns, process.execPath, '-e', `const s=require('dgram').createSocket('udp4');let n=0;const go=()=>s.send(Buffer.alloc(1400),9,'${to.ip4}',()=>{if(++n<300)go();else s.close();});go();`]);
   await burst(a, b);
   await burst(b, a);
-  const c = env.shaper.counters().find((x) => x.id === a.id);
+  const c = (await env.shaper.counters()).pods.find((x) => x.id === a.id);
   for (const dir of ['ingress', 'egress'] as const) {
     t.true((c?.[dir]?.drops ?? 0) > 0, `${dir}: drops ${c?.[dir]?.drops}`);
     t.true((c?.[dir]?.overlimits ?? 0) > 0, `${dir}: overlimits ${c?.[dir]?.overlimits}`);
     t.is(c?.[dir]?.limit, 1e6);
   }
   await execa('ip', ['link', 'del', a.hostVeth]);
-  const gone = env.shaper.counters().find((x) => x.id === a.id);
+  const gone = (await env.shaper.counters()).pods.find((x) => x.id === a.id);
   t.is(gone?.ingress, undefined, 'the veth is gone: no ingress counters');
   t.truthy(gone?.egress, 'the ifb class is still there until the pod is removed');
 });
@@ -134,7 +134,7 @@ kTest("a pod taking over idle ifb classes counts from zero, not the earlier pod'
   await env.shaper.ensure(podOf(a, { egress: 20e6 }));
   const id = env.shaper.classIdOf(a.id);
   await execa('ip', ['netns', 'exec', a.netns, 'ping', '-q', '-c', '10', '-i', '0.02', '-s', '1000', '-W', '2', c.ip4]);
-  const aEgress = env.shaper.counters().find((x) => x.id === a.id)?.egress;
+  const aEgress = (await env.shaper.counters()).pods.find((x) => x.id === a.id)?.egress;
   t.true((aEgress?.packets ?? 0) >= 10, `a sent through its class: ${JSON.stringify(aEgress)}`);
   await env.shaper.remove(a.id);
   t.is(env.shaper.idleClasses(), 1);
@@ -143,9 +143,9 @@ kTest("a pod taking over idle ifb classes counts from zero, not the earlier pod'
   t.is(env.shaper.idleClasses(), 0);
   const kernel = (await tcClasses(env.ifb)).get(`1:${(id ?? 0).toString(16)}`);
   t.true((kernel?.packets ?? 0) >= (aEgress?.packets ?? 1), `the kernel's class still counts a's packets: ${JSON.stringify(kernel)}`);
-  t.like(env.shaper.counters().find((x) => x.id === b.id)?.egress, { limit: 10e6, bytes: 0, packets: 0, drops: 0 }, 'b starts from zero');
+  t.like((await env.shaper.counters()).pods.find((x) => x.id === b.id)?.egress, { limit: 10e6, bytes: 0, packets: 0, drops: 0 }, 'b starts from zero');
   await execa('ip', ['netns', 'exec', b.netns, 'ping', '-q', '-c', '3', '-i', '0.02', '-s', '500', '-W', '2', c.ip4]);
-  const bEgress = env.shaper.counters().find((x) => x.id === b.id)?.egress;
+  const bEgress = (await env.shaper.counters()).pods.find((x) => x.id === b.id)?.egress;
   const after = (await tcClasses(env.ifb)).get(`1:${(id ?? 0).toString(16)}`);
   t.is(bEgress?.packets, (after?.packets ?? 0) - (kernel?.packets ?? 0), "b's packets: the kernel's since b took the class");
   t.true((bEgress?.packets ?? 0) >= 3 && (bEgress?.packets ?? 0) <= 6, `b's own pings (and at most a neighbour probe or two): ${JSON.stringify(bEgress)}`);
@@ -154,5 +154,38 @@ kTest("a pod taking over idle ifb classes counts from zero, not the earlier pod'
   t.teardown(() => again.close());
   env.shaper.close();
   await again.init(env.shaper.states());
-  t.is(again.counters().find((x) => x.id === b.id)?.egress?.packets, bEgress?.packets, 'after a restart too');
+  t.is((await again.counters()).pods.find((x) => x.id === b.id)?.egress?.packets, bEgress?.packets, 'after a restart too');
+});
+
+kTest('a read asks the kernel again only for what can have changed: idle pods cost the link dump alone, traffic re-reads its veth and the ifb, a re-shape its classes', async (t) => {
+  const env = await shaperEnv(t, 3);
+  const [a, b, c] = env.topo.pods as [TopoPod, TopoPod, TopoPod];
+  await env.shaper.ensure(podOf(a, { ingress: 40e6, egress: 20e6 }));
+  await env.shaper.ensure(podOf(b, { ingress: 30e6, egress: 8e6 }));
+  const reader = new CounterReader();
+  t.teardown(() => reader.close());
+  const read = async () => (await reader.read(env.shaper.states(), () => env.ifb)).pods;
+  const first = await read();
+  t.deepEqual(reader.lastWork(), { classGets: 6, ifbDumps: 1 }, "first read: both veths' classes by handle, the ifb dumped");
+  // Nothing moves on these devices now (the topology's pods send nothing by themselves)...
+  let idle = await read();
+  for (let i = 0; i < 5 && reader.lastWork().ifbDumps > 0; i++) idle = await read();
+  t.deepEqual(reader.lastWork(), { classGets: 0, ifbDumps: 0 }, 'idle: nothing asked beyond the link dump');
+  t.deepEqual(idle, first, 'the same figures');
+  // ...a's traffic moves a's veth and the ifb (and b's veth, when ARP's broadcasts reach it).
+  await execa('ip', ['netns', 'exec', a.netns, 'ping', '-q', '-c', '3', '-i', '0.02', '-W', '2', c.ip4]);
+  const after = await read();
+  const work = reader.lastWork();
+  t.true(work.ifbDumps === 1 && work.classGets >= 3 && work.classGets <= 6, `a's veth classes again (b's if it saw a broadcast), the ifb dumped: ${JSON.stringify(work)}`);
+  const everything = new CounterReader();
+  t.teardown(() => everything.close());
+  t.deepEqual(after, (await everything.read(env.shaper.states(), () => env.ifb)).pods, 'the same figures as a read of everything');
+  t.true((after.find((x) => x.id === a.id)?.ingress?.packets ?? 0) >= 3, "a's replies counted");
+  // A re-shape changes the kernel's rate with no traffic: that pod's classes are asked again.
+  await read();
+  await env.shaper.ensure(podOf(b, { ingress: 10e6, egress: 4e6 }));
+  const reshaped = (await read()).find((x) => x.id === b.id);
+  t.true(reader.lastWork().classGets >= 3, `b's classes asked again: ${JSON.stringify(reader.lastWork())}`);
+  t.is(reshaped?.ingress?.limit, 10e6);
+  t.is(reshaped?.egress?.limit, 4e6);
 });

@@ -461,7 +461,7 @@ kTest('shards: new pods go to the emptiest shard, each redirected to its own ifb
     });
   }
   // The counters read each shard: every pod's egress is there, with what it sent.
-  const counters = new Map(env.shaper.counters().map((c) => [c.id, c]));
+  const counters = new Map((await env.shaper.counters()).pods.map((c) => [c.id, c]));
   for (const p of pods) t.true((counters.get(p.id)?.egress?.packets ?? 0) >= 5, `${p.id}: its egress counted from its shard`);
   // Removal idles the class on the pod's own shard, and the emptiest shard takes the next pod.
   await env.shaper.remove(pods[1]!.id);
