@@ -23,6 +23,7 @@ import { dhcpSocketPath, unshapedCidrsOf, type AgentConfig } from './config.js';
 import { AgentApi } from './http-api.js';
 import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
+import { watchEventLoopDelay } from './loop-delay.js';
 import { AgentMetrics } from './metrics.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
@@ -85,6 +86,7 @@ export class Agent {
   private readoptTimer: NodeJS.Timeout | undefined;
   private readoptDelayMs = READOPT_RETRY_MS;
   private stopped = false;
+  private stopLoopWatch: (() => void) | undefined;
 
   constructor(
     private readonly config: AgentConfig,
@@ -154,6 +156,7 @@ export class Agent {
 
   async start(): Promise<void> {
     checkInstallConfig(this.config);
+    this.stopLoopWatch ??= watchEventLoopDelay((s) => this.metrics.loopDelay.observe(s));
     // The core's reconcile may release leases: the daemon answers before it runs.
     await this.dhcpDaemon?.start();
     try {
@@ -283,6 +286,7 @@ export class Agent {
   /** Stops taking calls, lets calls in flight finish (bounded), then releases the node resources it holds open. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.stopLoopWatch?.();
     clearTimeout(this.readoptTimer);
     await this.source.stop();
     await this.routes?.stop();
