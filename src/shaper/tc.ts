@@ -79,8 +79,8 @@ export interface ShaperOptions {
 }
 
 /** The link, read over netlink; undefined when there is none. */
-function linkOf(name: string): nl.LinkInfo | undefined {
-  return nl.ifPresent(() => nl.linkByName(name));
+function linkOf(name: string): Promise<nl.LinkInfo | undefined> {
+  return nl.ifPresent(nl.linkByName(name));
 }
 
 /** Whether the link exists (one ioctl); '' never does. */
@@ -124,7 +124,7 @@ export class Shaper {
     const t0 = performance.now();
     if (this.records.size === 0) this.adopt(known);
     const ifb = this.ifbName;
-    const link = linkOf(ifb);
+    const link = await linkOf(ifb);
     if (!link) {
       await batch('ip', [`link add name ${ifb} type ifb`, `link set dev ${ifb} txqueuelen 1000`, `link set dev ${ifb} up`]);
     } else if (link.txQLen === 0) {
@@ -236,7 +236,7 @@ export class Shaper {
       rec.classId = id;
       allocated = true;
       // Classes of an earlier pod, taken from the pool: what they counted so far is not this pod's.
-      const base = reused ? this.baseline(id) : undefined;
+      const base = reused ? await this.baseline(id) : undefined;
       if (base) rec.egressBase = base;
     }
     const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
@@ -265,12 +265,12 @@ export class Shaper {
   }
 
   /** What the pod classes of `classId` on the ifb have counted so far (one netlink get per class). */
-  private baseline(classId: number): CounterBase | undefined {
+  private async baseline(classId: number): Promise<CounterBase | undefined> {
     const ifindex = nl.linkIndexByName(this.ifbName);
     if (ifindex === undefined) return undefined;
     const ids = ifbClassIds(classId);
-    const pod = nl.classGet(ifindex, tcHandle(1, ids.pod));
-    const d = directionCounters(pod, [nl.classGet(ifindex, tcHandle(1, ids.interactive)), nl.classGet(ifindex, tcHandle(1, ids.bulk))]);
+    const [pod, interactive, bulk] = await Promise.all([ids.pod, ids.interactive, ids.bulk].map((minor) => nl.classGet(ifindex, tcHandle(1, minor))));
+    const d = directionCounters(pod, [interactive, bulk]);
     return d && { bytes: d.bytes, packets: d.packets, drops: d.drops, overlimits: d.overlimits };
   }
 
