@@ -203,6 +203,19 @@ interface AgentSeen {
   /** Each /healthz answer's time (ms), and the polls that failed or were not 200. */
   health: number[];
   healthFailures: number;
+  /** The agent's main thread over the window (agent in its own process): ms on a CPU, and ms runnable but waiting for one. */
+  mainThread?: { runMs: number; waitMs: number; windowMs: number };
+}
+
+/** /proc/PID/task/PID/schedstat of a process's main thread: ns on a CPU, ns waiting on a run queue. */
+function mainThreadSched(pid: number | undefined): { run: number; wait: number } | undefined {
+  if (pid === undefined) return undefined;
+  try {
+    const [run = NaN, wait = NaN] = readFileSync(`/proc/${pid}/task/${pid}/schedstat`, 'utf8').split(' ').map(Number);
+    return { run, wait };
+  } catch {
+    return undefined;
+  }
 }
 
 /** One repetition of the outside client: per side, each ADD's and DEL's time in call order. */
@@ -1031,6 +1044,9 @@ class CniBench {
   async watchAgent(): Promise<{ stop(): Promise<AgentSeen> }> {
     const loop0 = histogramBuckets((await this.h.get('/metrics')).body, LOOP_METRIC);
     if (loop0.length === 0) throw new Error(`the agent exports no ${LOOP_METRIC}`);
+    const pid = this.agentProc?.pid;
+    const sched0 = mainThreadSched(pid);
+    const t0 = performance.now();
     const health: number[] = [];
     let healthFailures = 0;
     let stopped = false;
@@ -1051,9 +1067,12 @@ class CniBench {
     return {
       stop: async () => {
         stopped = true;
+        const sched1 = mainThreadSched(pid);
+        const windowMs = performance.now() - t0;
         await polling;
         const loop1 = histogramBuckets((await this.h.get('/metrics')).body, LOOP_METRIC);
-        return { loop: bucketDelta(loop0, loop1), health, healthFailures };
+        const mainThread = sched0 && sched1 ? { runMs: (sched1.run - sched0.run) / 1e6, waitMs: (sched1.wait - sched0.wait) / 1e6, windowMs } : undefined;
+        return { loop: bucketDelta(loop0, loop1), health, healthFailures, ...(mainThread ? { mainThread } : {}) };
       },
     };
   }
@@ -1479,7 +1498,8 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
               : `, CPU ms (ADDs' share): runtime side (libcni + plugins) ${both('runtime')}`;
           const seen = b.agentSeen;
           const agent = seen
-            ? `; agent event loop p99 ~${bucketQuantile(seen.loop, 0.99).ms.toFixed(1)} ms, /healthz p50 ${stats(seen.health).p50.toFixed(1)} p99 ${stats(seen.health).p99.toFixed(1)} max ${stats(seen.health).max.toFixed(1)} ms (${seen.health.length} GETs, ${seen.healthFailures} failed)`
+            ? `; agent event loop p99 ~${bucketQuantile(seen.loop, 0.99).ms.toFixed(1)} ms, /healthz p50 ${stats(seen.health).p50.toFixed(1)} p99 ${stats(seen.health).p99.toFixed(1)} max ${stats(seen.health).max.toFixed(1)} ms (${seen.health.length} GETs, ${seen.healthFailures} failed)` +
+              (seen.mainThread ? `, its main thread ran ${seen.mainThread.runMs.toFixed(0)} ms and waited for a CPU ${seen.mainThread.waitMs.toFixed(0)} ms of ${seen.mainThread.windowMs.toFixed(0)}` : '')
             : '';
           console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time, ${o.burstRuntime === 'batch' ? 'one runtime process' : 'a driver process per call'})${cpu}${agent}, load ${load()}`);
         }

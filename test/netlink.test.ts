@@ -14,6 +14,7 @@ import {
   classGet,
   classList,
   linkStats,
+  linkBasics,
   linkByIndex,
   linkByName,
   linkDelete,
@@ -27,6 +28,7 @@ import {
   minHostMtu,
   netnsAddrList,
   netnsLinkByName,
+  netnsLinkIndex,
   NLE,
   nleToErrno,
   setPromiscOff,
@@ -493,6 +495,27 @@ kTest('netnsAddrList reads a link inside another namespace and leaves the thread
   await netlinkErrno(t, () => netnsAddrList(ns.path, links.veth), ENODEV, 'host link not in pod netns');
   t.is((await linkByName(links.veth)).name, links.veth);
   t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore);
+});
+
+kTest('linkBasics and netnsLinkIndex (ioctls, no netlink) match ip -j link; absent links are undefined', async (t) => {
+  const links = await makeLinks(t);
+  await setPromiscOn(links.bridge);
+  await linkSetMtu(links.bridge, 1400);
+  const ip = (await ipLinks()).find((l) => l.ifname === links.bridge);
+  const basics = linkBasics(links.bridge);
+  t.like(basics, { index: ip?.ifindex, mtu: 1400, txQLen: ip?.txqlen ?? 0, up: true, promisc: true });
+  t.is(basics?.flags, (await linkByName(links.bridge)).flags, 'the flags netlink reports');
+  t.is(linkBasics(linkName('b')), undefined);
+  const ns = await makeNetns(t);
+  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+  const nsBefore = readlinkSync('/proc/thread-self/ns/net');
+  const inPod = (await ipLinks(ns.name)).find((l) => l.ifname === links.peer);
+  t.is(netnsLinkIndex(ns.path, links.peer), inPod?.ifindex);
+  t.is(netnsLinkIndex(ns.path, links.veth), undefined, 'the host end is not in the pod netns');
+  t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore, 'back in the host namespace');
+  await netlinkErrno(t, () => netnsLinkIndex(`/var/run/netns/knl-${TAG}-absent`, 'eth0'), ENOENT, 'missing netns path');
+  await netlinkErrno(t, () => netnsLinkIndex('/proc/self/stat', 'lo'), EINVAL, 'not a namespace file');
+  t.throws(() => netnsLinkIndex(ns.path, 'a/b'), { instanceOf: ConfigError });
 });
 
 kTest('netnsAddrList errors: missing path ENOENT, not a netns EINVAL, thread unchanged', async (t) => {

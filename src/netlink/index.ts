@@ -37,7 +37,7 @@ export {
   type LinkStats,
 } from './link.js';
 export { linkDelete, linkDeletionCounts, linkDeletionsInFlight, linkDeletionsSettled, type LinkDeleteOptions, type LinkDeletion } from './link-delete.js';
-export { linkIndexByName, linkIndexExists, linkTxQLen } from './ioctl.js';
+export { linkBasics, linkIndexByName, linkIndexExists, linkTxQLen, netnsLinkIndex, type LinkBasics } from './ioctl.js';
 export { addrDel, addrList, addrListAll, type AddrInfo } from './addr.js';
 export { isNetnsFd, netnsAddrList, netnsLinkByName, netnsLinkDelete } from './netns.js';
 export { classGet, classList, type TcClassStats } from './tc-class.js';

@@ -259,9 +259,11 @@ export const libcNs = {
   socket: libc.func('int socket(int domain, int type, int protocol)'),
 };
 
-/** linux/sockios.h: ifindex -> name (ENODEV when no link has that index); name -> ifindex; name -> txqueuelen. */
+/** linux/sockios.h: ifindex -> name (ENODEV when no link has that index); name -> ifindex, flags, MTU, txqueuelen. */
 export const SIOCGIFNAME = 0x8910;
 export const SIOCGIFINDEX = 0x8933;
+export const SIOCGIFFLAGS = 0x8913;
+export const SIOCGIFMTU = 0x8921;
 export const SIOCGIFTXQLEN = 0x8942;
 /** sizeof(struct ifreq) on Linux; ifr_ifindex is the int at offset IFNAMSIZ (16). */
 export const IFREQ_SIZE = 40;

@@ -7,10 +7,11 @@
  * unregistering devices (docs/netlink.md). On the event loop that would stall every other call; on
  * a pool thread it stalls that thread only. The pool is shared with fs (the pod records), dns and
  * crypto, and its size is fixed when it first runs (UV_THREADPOOL_SIZE; the `kubenet` command sets
- * it, src/cli/threadpool.ts), so kernel requests hold at most all but two of its threads: half of
- * the rest for link deletions (each held until the kernel has freed the device), half for every
- * other request (lookups, dumps, changes), each side at least one. A request beyond its side's
- * slots waits in line, on the event loop, for one to free.
+ * it, src/cli/threadpool.ts), so kernel requests hold at most all but two of its threads: two
+ * for lookups, dumps and changes (the RTNL lock lets one request through at a time anyway, and
+ * each request handed to a thread costs the event loop a wake-up of that thread: docs/netlink.md),
+ * the rest for link deletions (each held until the kernel has freed the device), each side at
+ * least one. A request beyond its side's slots waits in line, on the event loop, for one to free.
  */
 import { NetlinkError } from '../errors.js';
 import { E } from './errno.js';
@@ -19,9 +20,9 @@ import { E } from './errno.js';
 export const POOL_SIZE = Number(process.env.UV_THREADPOOL_SIZE) || 4;
 const KERNEL_THREADS = Math.max(2, POOL_SIZE - 2);
 /** Pool threads lookups, dumps and changes may hold at once. */
-export const CALL_SLOTS = Math.max(1, Math.floor(KERNEL_THREADS / 2));
+export const CALL_SLOTS = Math.min(2, Math.floor(KERNEL_THREADS / 2));
 /** Pool threads link deletions may hold at once (./link-delete.ts). */
-export const DELETE_SLOTS = Math.max(1, KERNEL_THREADS - CALL_SLOTS);
+export const DELETE_SLOTS = KERNEL_THREADS - CALL_SLOTS;
 
 /** A counting semaphore: at most `size` holders, the others served in arrival order. */
 export class Slots {

@@ -50,12 +50,20 @@ export function check(sk: Ptr, op: string, rc: number, notFound: number = E.ENOD
 }
 
 /**
- * Opens a NETLINK_ROUTE socket inside the network namespace at `netnsPath`. The calling thread enters
- * the namespace only for nl_socket_alloc + nl_connect, synchronously, and returns before this function
- * does; if it cannot return, the process aborts (a thread left in a pod namespace would silently
- * configure the wrong network from then on). The caller frees the socket with nl_socket_free.
+ * Opens a NETLINK_ROUTE socket inside the network namespace at `netnsPath` (inNetns). The caller
+ * frees it with nl_socket_free.
  */
 export function socketInNetns(op: string, netnsPath: string): Ptr {
+  return inNetns(op, netnsPath, () => connectSocket(op));
+}
+
+/**
+ * `fn()` run by the calling thread inside the network namespace at `netnsPath`: the thread enters
+ * it for `fn` only, synchronously, and is back before this returns; if it cannot come back, the
+ * process aborts (a thread left in a pod namespace would silently configure the wrong network from
+ * then on). For opening sockets there: a socket stays in the namespace it was made in.
+ */
+export function inNetns<T>(op: string, netnsPath: string, fn: () => T): T {
   const flags = O_RDONLY | O_CLOEXEC;
   const target = libcNs.open(netnsPath, flags) as number;
   if (target < 0) throw sysError(op, lastErrno(), `open ${netnsPath}`);
@@ -68,7 +76,7 @@ export function socketInNetns(op: string, netnsPath: string): Ptr {
       throw sysError(op, lastErrno(), `setns ${netnsPath}`);
     }
     try {
-      return connectSocket(op);
+      return fn();
     } finally {
       if ((libcNs.setns(self, CLONE_NEWNET) as number) < 0) {
         const errno = lastErrno();

@@ -14,14 +14,28 @@ import type { BridgeSettings } from './bridge.js';
 
 const DEFAULT_TXQLEN = 1000;
 
-/** Bridges whose MAC this process has pinned (by ifindex: a re-created bridge is pinned again). */
-const pinned = new Set<number>();
+/**
+ * Bridges this process has checked over netlink (a bridge, its MAC pinned), by name, as last seen.
+ * A re-created bridge has another ifindex (an index is not reused while its link exists): checked
+ * and pinned again.
+ */
+const checked = new Map<string, nl.LinkInfo>();
 
 /**
  * The bridge as kubenet keeps it: made when missing (the bridge plugin then finds it), its MAC pinned
- * once, up, and tuned (tuneBridge). Idempotent; after the first call, one netlink lookup.
+ * once, up, and tuned (tuneBridge). Idempotent. Once this process has checked the bridge, a call
+ * reads it by four ioctls (no netlink request, no RTNL lock on an ADD's way to its exec) and goes to
+ * netlink only to change a setting, or when the bridge is another one or down.
  */
 export async function ensureBridge(s: BridgeSettings, log: Logger): Promise<nl.LinkInfo> {
+  const before = checked.get(s.bridgeName);
+  const now = before && nl.linkBasics(s.bridgeName);
+  if (before && now?.index === before.index && now.up) {
+    const same: nl.LinkInfo = { ...before, ...now };
+    checked.set(s.bridgeName, same);
+    await tuneBridge(s, log, same);
+    return same;
+  }
   let link = await nl.ifPresent(nl.linkByName(s.bridgeName));
   if (!link) {
     const args = ['link', 'add', 'name', s.bridgeName, 'mtu', String(s.mtu), 'type', 'bridge'];
@@ -31,16 +45,14 @@ export async function ensureBridge(s: BridgeSettings, log: Logger): Promise<nl.L
     log.info({ bridge: s.bridgeName, mtu: s.mtu }, 'created the pod bridge');
   }
   if (link.type !== 'bridge') throw new ConfigError(`${s.bridgeName} exists and is not a bridge (${link.type ?? 'no kind'})`);
-  if (!pinned.has(link.index)) {
-    if (link.mac) await nl.linkSetMac(s.bridgeName, link.mac);
-    pinned.add(link.index);
-  }
+  if (before?.index !== link.index && link.mac) await nl.linkSetMac(s.bridgeName, link.mac);
   if (!link.up) {
     const args = ['link', 'set', 'dev', s.bridgeName, 'up'];
     const r = await execa('ip', args, { reject: false });
     if (r.exitCode !== 0) throw new ToolError('ip', args, r.exitCode, r.stderr);
   }
   await tuneBridge(s, log, link);
+  checked.set(s.bridgeName, link);
   return link;
 }
 

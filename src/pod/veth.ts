@@ -18,8 +18,8 @@ import type { PodRecord } from './record.js';
  * netns, when that netns is still the same one. Anything else is left alone.
  */
 export async function deletePodVeth(record: PodRecord, bridgeName: string, records: PodRecord[], log: Logger): Promise<void> {
-  const bridge = await nl.ifPresent(nl.linkByName(bridgeName));
-  if (!bridge) return; // no bridge: no pod veth either
+  const bridgeIndex = nl.linkIndexByName(bridgeName);
+  if (bridgeIndex === undefined) return; // no bridge: no pod veth either
   const candidates: Array<() => Promise<nl.LinkInfo | undefined>> = [
     async () => {
       const link = record.hostVethIndex ? await nl.ifPresent(nl.linkByIndex(record.hostVethIndex)) : undefined;
@@ -40,7 +40,7 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
   for (const find of candidates) {
     const link = await find();
     if (!link) continue;
-    if (link.type !== 'veth' || link.master !== bridge.index) {
+    if (link.type !== 'veth' || link.master !== bridgeIndex) {
       log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
       continue;
     }
