@@ -3,9 +3,10 @@
  * the netlink layer needs to enter a network namespace. Declarations only: no logic, no error mapping
  * (that lives in src/netlink). Every pointer type is opaque; ownership is documented per function.
  *
- * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink). koffi
- * also offers every binding as `fn.async(...args, callback)` on a worker thread; src/netlink uses that
- * for the one call that blocks for long (rtnl_link_delete).
+ * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink, unless
+ * the request waits on the kernel's RTNL lock). koffi also offers every binding as
+ * `fn.async(...args, callback)` on a libuv pool thread; src/netlink makes every call that sends a
+ * request that way (./pool.ts offLoop), the getters of the objects it gets back synchronously.
  */
 import koffi from 'koffi';
 

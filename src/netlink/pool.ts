@@ -8,10 +8,10 @@
  * a pool thread it stalls that thread only. The pool is shared with fs (the pod records), dns and
  * crypto, and its size is fixed when it first runs (UV_THREADPOOL_SIZE; the `kubenet` command sets
  * it, src/cli/threadpool.ts), so kernel requests hold at most all but two of its threads: two
- * for lookups, dumps and changes (the RTNL lock lets one request through at a time anyway, and
- * each request handed to a thread costs the event loop a wake-up of that thread: docs/netlink.md),
- * the rest for link deletions (each held until the kernel has freed the device), each side at
- * least one. A request beyond its side's slots waits in line, on the event loop, for one to free.
+ * for lookups, dumps and changes (the RTNL lock lets one request through at a time anyway), the
+ * rest for link deletions (each held until the kernel has freed the device), each side at least
+ * one. A request beyond its side's slots waits in line, on the event loop, for one to free. Why
+ * the pool and not a worker_thread, and what fs meets when the pool is full: docs/netlink.md.
  */
 import { NetlinkError } from '../errors.js';
 import { E } from './errno.js';
