@@ -604,10 +604,10 @@ kTest('classList reads every class of a device with the kernel counters tc -s sh
   // One class by its handle, without the dump: the same figures; absent ones are undefined, and the
   // socket stays in step (every reply and ACK read) for the calls after them.
   const index = (await linkByName(veth)).index;
-  for (const c of ours) t.deepEqual(await classGet(index, c.handle), c, `classGet ${c.handle.toString(16)}`);
-  t.is(await classGet(index, toHandle('2:9')), undefined, 'no class 2:9');
-  t.is(await classGet(index, toHandle('7:1')), undefined, 'no qdisc 7:');
-  t.deepEqual(await classGet(index, toHandle('2:1')), pod, 'after two misses');
+  for (const c of ours) t.deepEqual(classGet(index, c.handle), c, `classGet ${c.handle.toString(16)}`);
+  t.is(classGet(index, toHandle('2:9')), undefined, 'no class 2:9');
+  t.is(classGet(index, toHandle('7:1')), undefined, 'no qdisc 7:');
+  t.deepEqual(classGet(index, toHandle('2:1')), pod, 'after two misses');
   t.deepEqual(classList(veth), ours, 'a dump after the gets');
   await netlinkErrno(t, () => classGet(0x7ffffff0, toHandle('2:1')), ENODEV, 'classGet on a missing ifindex');
 

@@ -2,12 +2,12 @@
  * Typed netlink API over libnl-route (./libnl.ts: the koffi declarations), named after iproute2.
  *
  * Every request that can wait on the kernel's RTNL lock (link lookups by name or index, link
- * changes and deletions, address, route and link dumps and changes, tc class requests) is
- * asynchronous: its blocking libnl call runs on a libuv pool thread (koffi `.async`) on a socket no
+ * changes and deletions, address, route and link dumps and changes) is asynchronous: its blocking libnl call runs on a libuv pool thread (koffi `.async`) on a socket no
  * other request uses meanwhile, so the event loop never waits while the kernel is busy (./pool.ts
  * says how many pool threads they may hold; docs/netlink.md why this way and what it costs). The
- * exceptions: link lookups by ioctl (./ioctl.ts: one syscall, no RTNL), and `linkStats` and
- * `classList`, synchronous for their synchronous callers (the traffic counters). A socket into
+ * exceptions: link lookups by ioctl (./ioctl.ts: one syscall, no RTNL), and `linkStats`,
+ * `classList` and `classGet`, synchronous for their synchronous callers (the traffic counters, the
+ * counters of a reused ifb class): they still wait on the lock when the kernel is busy. A socket into
  * another namespace is opened per request by a thread that enters the namespace and leaves it
  * before the request is sent (no await in between: a thread never stays in a pod's namespace).
  *

@@ -4,7 +4,7 @@
  * addresses, namespaces and tc classes share (getLinkOn, linkIndexOn, toLinkInfo). Every request
  * but the counters' runs off the event loop on a socket of its own (./socket.ts withHostSocket);
  * `linkStats` stays synchronous on the shared host socket for its synchronous callers (the traffic
- * counters), as do the primitives it and the class dump use (getLink, linkIndex). Setters send
+ * counters), as do the primitives it and the tc class reads use (getLink, linkIndex). Setters send
  * nothing when the link is already in the wanted state, but for linkSetMac (see there).
  */
 import { AF_LLC, AF_UNSPEC, IFF_LOOPBACK, IFF_POINTOPOINT, IFF_PROMISC, IFF_UP, nl, route, RTNL_LINK, type Out, type Ptr } from './libnl.js';

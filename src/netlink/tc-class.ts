@@ -1,16 +1,16 @@
 /**
  * tc classes with the kernel's counters: one class by its handle (`classGet`, one RTM_GETTCLASS
- * request, the same cost whatever the device holds; off the event loop on a socket of its own), and
- * every class of a device (`classList`, one dump of a device's classes, growing with them;
- * synchronous on the shared host socket, for its synchronous callers: the traffic counters), sharing
- * one conversion. Measured: docs/netlink.md.
+ * request, the same cost whatever the device holds), and every class of a device (`classList`, one
+ * dump of a device's classes, growing with them), sharing one conversion. Both synchronous on the
+ * shared host socket, for their synchronous callers (the traffic counters, and the counters a reused
+ * ifb class had: both can wait on the RTNL lock, docs/netlink.md). Measured: docs/netlink.md.
  */
 import { ConfigError, NetlinkError } from '../errors.js';
 import { E, NLE } from './errno.js';
 import { nl, NLM_F_ECHO, NLMSG_ALIGNTO, RTM_GETTCLASS, RTNL_TC, tc, type Out, type Ptr } from './libnl.js';
 import { linkIndex } from './link.js';
 import { checkIfname, checkUint } from './parse.js';
-import { dumpCache, hostSocket, withHostSocket } from './socket.js';
+import { check, dumpCache, hostSocket } from './socket.js';
 
 /** One tc class with the kernel's counters (`tc -s class show dev NAME`). */
 export interface TcClassStats {
@@ -97,40 +97,37 @@ export function classList(dev: string | number): TcClassStats[] {
  * into a one-object cache. undefined when the device has no such class (or no qdisc of its major);
  * a missing device throws NetlinkError ENODEV.
  */
-export async function classGet(ifindex: number, handle: number): Promise<TcClassStats | undefined> {
+export function classGet(ifindex: number, handle: number): TcClassStats | undefined {
   const op = `classGet ${ifindex} ${handle.toString(16)}`;
   if (!Number.isInteger(ifindex) || ifindex <= 0 || ifindex > 0x7fffffff) throw new NetlinkError(op, E.EINVAL, 'invalid ifindex');
-  return withHostSocket(op, async (l) => {
-    const msg = nl.nlmsg_alloc_simple(RTM_GETTCLASS, NLM_F_ECHO) as Ptr;
-    if (!msg) throw new NetlinkError(op, E.ENOMEM, 'nlmsg_alloc_simple failed');
-    try {
-      // struct tcmsg: family (u8), 3 bytes pad, ifindex (s32), handle (u32), parent (u32), info (u32).
-      const tcmsg = Buffer.alloc(20);
-      tcmsg.writeInt32LE(ifindex, 4);
-      tcmsg.writeUInt32LE(handle >>> 0, 8);
-      l.check(nl.nlmsg_append(msg, tcmsg, tcmsg.length, NLMSG_ALIGNTO) as number);
-      // The kernel handles the request (under the RTNL lock) in this send.
-      l.check(await l.call(nl.nl_send_auto, l.sk, msg));
-    } finally {
-      nl.nlmsg_free(msg);
+  const sk = hostSocket(op);
+  const msg = nl.nlmsg_alloc_simple(RTM_GETTCLASS, NLM_F_ECHO) as Ptr;
+  if (!msg) throw new NetlinkError(op, E.ENOMEM, 'nlmsg_alloc_simple failed');
+  try {
+    // struct tcmsg: family (u8), 3 bytes pad, ifindex (s32), handle (u32), parent (u32), info (u32).
+    const tcmsg = Buffer.alloc(20);
+    tcmsg.writeInt32LE(ifindex, 4);
+    tcmsg.writeUInt32LE(handle >>> 0, 8);
+    check(sk, op, nl.nlmsg_append(msg, tcmsg, tcmsg.length, NLMSG_ALIGNTO) as number);
+    check(sk, op, nl.nl_send_auto(sk, msg) as number);
+  } finally {
+    nl.nlmsg_free(msg);
+  }
+  const out: Out = [null];
+  check(sk, op, nl.nl_cache_alloc_name('route/class', out) as number);
+  const cache = out[0];
+  try {
+    // The reply, then the ACK libnl asked for; an error (no such class, no such device) comes
+    // instead of both and ends the exchange.
+    const rc = nl.nl_cache_pickup(sk, cache) as number;
+    if (rc < 0) {
+      if (Math.abs(rc) === NLE.OBJ_NOTFOUND) return undefined;
+      check(sk, op, rc, E.ENODEV);
     }
-    const out: Out = [null];
-    l.check(nl.nl_cache_alloc_name('route/class', out) as number);
-    const cache = out[0];
-    try {
-      // The reply, then the ACK libnl asked for; an error (no such class, no such device) comes
-      // instead of both and ends the exchange. Both are queued by then, but a read off the event
-      // loop is the one that can never block it.
-      const rc = await l.call(nl.nl_cache_pickup, l.sk, cache);
-      if (rc < 0) {
-        if (Math.abs(rc) === NLE.OBJ_NOTFOUND) return undefined;
-        l.check(rc, E.ENODEV);
-      }
-      l.check(await l.call(nl.nl_wait_for_ack, l.sk));
-      const c = nl.class_cache_first(cache) as Ptr;
-      return c ? toClassStats(c) : undefined;
-    } finally {
-      nl.nl_cache_free(cache);
-    }
-  });
+    check(sk, op, nl.nl_wait_for_ack(sk) as number);
+    const c = nl.class_cache_first(cache) as Ptr;
+    return c ? toClassStats(c) : undefined;
+  } finally {
+    nl.nl_cache_free(cache);
+  }
 }

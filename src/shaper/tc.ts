@@ -236,7 +236,7 @@ export class Shaper {
       rec.classId = id;
       allocated = true;
       // Classes of an earlier pod, taken from the pool: what they counted so far is not this pod's.
-      const base = reused ? await this.baseline(id) : undefined;
+      const base = reused ? this.baseline(id) : undefined;
       if (base) rec.egressBase = base;
     }
     const { pre, lines, optional } = planEnsure(this.ifbName, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
@@ -265,12 +265,12 @@ export class Shaper {
   }
 
   /** What the pod classes of `classId` on the ifb have counted so far (one netlink get per class). */
-  private async baseline(classId: number): Promise<CounterBase | undefined> {
+  private baseline(classId: number): CounterBase | undefined {
     const ifindex = nl.linkIndexByName(this.ifbName);
     if (ifindex === undefined) return undefined;
     const ids = ifbClassIds(classId);
-    const [pod, interactive, bulk] = await Promise.all([ids.pod, ids.interactive, ids.bulk].map((minor) => nl.classGet(ifindex, tcHandle(1, minor))));
-    const d = directionCounters(pod, [interactive, bulk]);
+    const pod = nl.classGet(ifindex, tcHandle(1, ids.pod));
+    const d = directionCounters(pod, [nl.classGet(ifindex, tcHandle(1, ids.interactive)), nl.classGet(ifindex, tcHandle(1, ids.bulk))]);
     return d && { bytes: d.bytes, packets: d.packets, drops: d.drops, overlimits: d.overlimits };
   }
 
