@@ -2,7 +2,8 @@
  * CNI ADD and DEL through the kubenet node agent vs the reference CNI chain (bridge + host-local +
  * bandwidth: the pinned release hack/build-upstream.sh built), both driven the way containerd drives them: through the reference
  * runtime library (libcni, native/build/libcni-driver), the same netns setup and pod identities, and
- * both shaping at 100 Mbit/s each way. Prints the goal lines of issues 10 and 22 as PASS/MISS, per mode:
+ * both shaping at 100 Mbit/s each way. Prints the goal lines of issues 10, 22 and 32 as
+ * `goal <what> (<threshold>): PASS|MISS <figures>`, per mode:
  *
  * - static:  `kubenet daemon --pod-cidr …` (the embedded default; limits from runtimeConfig, as
  *            containerd passes the pod's annotations).
@@ -34,6 +35,17 @@
  * no runtime pays per call and both sides would share; that process wall, what ADD and DEL were
  * measured by up to issue 22, is printed beside the goal lines.
  *
+ * Sections, in this order, each of which runs alone with `--only NAME[,NAME]` (default: all but
+ * the soak): outside, rounds, burst, overhead, soak.
+ *
+ * Outside client (issue 32): what an independent libcni client that runs one process per call sees
+ * on a quiet machine. First, while the node is fresh, in `--outside-reps` repetitions (the agent
+ * started afresh before each, so its first pods are the first calls it serves): a bash process runs
+ * one libcni-driver process per call, one call at a time, `--pods` ADDs then as many DELs of one
+ * side, then of the other (which goes first alternates), limits 10 Mbit/s both ways, nothing else
+ * between the calls. Per call the libcni call's time (the driver's clock) and the process's wall
+ * from bash; the goal takes the libcni calls' p50 over all repetitions.
+ *
  * Burst: `--burst` pods (64) added and then deleted `--concurrency` (8) at a time through libcni,
  * kubenet and reference one after the other (order alternating over `--burst-reps` repetitions),
  * total wall time of ADDs + DELs per side. By default (`--burst-runtime batch`) one libcni-driver
@@ -42,6 +54,9 @@
  * this Node process, as the burst was measured up to issue 22: every call then also pays a Go
  * runtime's start and a fork of this large process (with the drivers, about a third of the CPU of
  * a kubenet burst, measured with perf: docs/pod.md), which no runtime pays and both sides share.
+ * During each kubenet burst the bench watches the agent (issue 32): its event-loop delay (the
+ * increase of its `kubenet_event_loop_delay_seconds` histogram over the burst: a 10 ms timer's
+ * lateness, blocked runs counted) and `/healthz` GET on its socket every 10 ms, each answer timed.
  *
  * Forwarding overhead: STATUS (no agent work) through the installed binary exec'd from a `sh` loop
  * (a lean fork/exec, like a Go runtime), mean per call, minus the same call POSTed straight to the
@@ -55,9 +70,12 @@
  * Prints numbers; asserts nothing. Root only. Creates only uniquely named links, netns and temp dirs,
  * removes them even on failure or Ctrl-C, and lists anything left behind. Sends no traffic.
  *
- * Usage: npx tsx bench/cni.ts [--mode static|cluster|both] [--pods N] [--rounds R] [--calls C]
- *          [--burst N] [--concurrency K] [--burst-reps R] [--soak N] [--agent process|in-process]
- *   --mode         default both (static first)       --pods    pods per round (default 30)
+ * Usage: npx tsx bench/cni.ts [--mode static|cluster|both] [--only SECTIONS] [--pods N] [--rounds R]
+ *          [--calls C] [--burst N] [--concurrency K] [--burst-reps R] [--outside-reps R] [--soak N]
+ *          [--agent process|in-process]
+ *   --mode         default both (static first)       --pods    pods per round and per outside side (default 30)
+ *   --only         outside,rounds,burst,overhead,soak (default all but soak; soak needs --soak N)
+ *   --outside-reps repetitions of the outside client (default 4)
  *   --rounds       counted rounds (default 3)         --calls   calls per overhead sample (default 100)
  *   --burst        pods of the burst (default 64; 0: skip)   --concurrency  burst concurrency (default 8)
  *   --burst-reps   repetitions per side (default 2)  --soak    ADD/DEL cycles of the soak (default 0: skip)
@@ -94,9 +112,13 @@ const REF_BIN_DIR = REF_PLUGINS_DIR;
 const REF_PLUGINS = ['bridge', 'host-local', 'bandwidth'];
 /** 100 Mbit/s both ways; bursts as containerd 1.6 passes them when the pod sets none. */
 const RATE = 100_000_000;
-const RUNTIME_CONFIG = { bandwidth: { ingressRate: RATE, ingressBurst: 4294967295, egressRate: RATE, egressBurst: 4294967295 } };
+const bandwidthConfig = (rate: number) => ({ bandwidth: { ingressRate: rate, ingressBurst: 4294967295, egressRate: rate, egressBurst: 4294967295 } });
+const RUNTIME_CONFIG = bandwidthConfig(RATE);
 /** The same limits as pod annotations (cluster mode). */
-const ANNOTATIONS = { 'kubernetes.io/ingress-bandwidth': '100M', 'kubernetes.io/egress-bandwidth': '100M' };
+const annotationsOf = (rate: number) => ({ 'kubernetes.io/ingress-bandwidth': `${rate / 1e6}M`, 'kubernetes.io/egress-bandwidth': `${rate / 1e6}M` });
+const ANNOTATIONS = annotationsOf(RATE);
+/** The outside client's limits (issue 32): 10 Mbit/s both ways. */
+const OUTSIDE_RATE = 10_000_000;
 const NODE_NAME = 'kbench-node';
 const POD_GET = /^\/api\/v1\/namespaces\/[^/]+\/pods\/[^/]+$/;
 
@@ -108,6 +130,9 @@ const GOAL_BURST_RATIO = 0.75;
 const GOAL_RSS_MB = 100;
 const GOAL_RSS_GROWTH = 0.05;
 const GOAL_OVERHEAD_MS = 1;
+// Issue 32: the agent never blocks.
+const GOAL_LOOP_P99_MS = 10;
+const GOAL_HEALTH_P99_MS = 20;
 const SOAK_CONCURRENCY = 4;
 
 type Side = 'kubenet' | 'reference';
@@ -117,8 +142,11 @@ type Mode = 'static' | 'cluster';
 type AgentMode = 'process' | 'in-process';
 type Op = 'ADD' | 'DEL';
 
-/** A test pod, and which side of the comparison sets it up. */
-type Pod = TestPod & { side: Side | 'floor' };
+/** A test pod, which side of the comparison sets it up, and its limits both ways (bits/s; default RATE). */
+type Pod = TestPod & { side: Side | 'floor'; rate?: number };
+/** The bench's sections, each of which can run alone (`--only`). */
+const SECTIONS = ['outside', 'rounds', 'burst', 'overhead', 'soak'] as const;
+type Section = (typeof SECTIONS)[number];
 
 interface Call {
   exitCode: number;
@@ -164,6 +192,38 @@ interface BurstRep {
    */
   cpu: BurstCpu;
   addCpu: BurstCpu;
+  /** Kubenet side: what the agent's event loop and its /healthz did over the burst. */
+  agentSeen?: AgentSeen;
+}
+
+/** The agent's responsiveness over a window: its event-loop delay histogram's increase, and /healthz polled meanwhile. */
+interface AgentSeen {
+  /** Bucket upper bound (s; Infinity last) → samples, not cumulative. */
+  loop: Array<[number, number]>;
+  /** Each /healthz answer's time (ms), and the polls that failed or were not 200. */
+  health: number[];
+  healthFailures: number;
+  /** The agent's main thread over the window (agent in its own process): ms on a CPU, and ms runnable but waiting for one. */
+  mainThread?: { runMs: number; waitMs: number; windowMs: number };
+}
+
+/** /proc/PID/task/PID/schedstat of a process's main thread: ns on a CPU, ns waiting on a run queue. */
+function mainThreadSched(pid: number | undefined): { run: number; wait: number } | undefined {
+  if (pid === undefined) return undefined;
+  try {
+    const [run = NaN, wait = NaN] = readFileSync(`/proc/${pid}/task/${pid}/schedstat`, 'utf8').split(' ').map(Number);
+    return { run, wait };
+  } catch {
+    return undefined;
+  }
+}
+
+/** One repetition of the outside client: per side, each ADD's and DEL's time in call order. */
+interface OutsideRep {
+  first: Side;
+  /** The libcni call's own time (the driver's clock) and the driver process's wall from a bash client. */
+  call: Record<Side, Record<Op, number[]>>;
+  wall: Record<Side, Record<Op, number[]>>;
 }
 
 interface SoakResult {
@@ -179,9 +239,9 @@ class Interrupted extends Error {}
 // ---------------------------------------------------------------------------------------------
 // arguments and statistics
 
-const KNOWN_ARGS = ['--mode', '--pods', '--rounds', '--calls', '--burst', '--concurrency', '--burst-reps', '--burst-runtime', '--soak', '--agent'];
+const KNOWN_ARGS = ['--mode', '--pods', '--rounds', '--calls', '--burst', '--concurrency', '--burst-reps', '--burst-runtime', '--soak', '--agent', '--only', '--outside-reps'];
 const USAGE =
-  'usage: npx tsx bench/cni.ts [--mode static|cluster|both] [--pods N] [--rounds R] [--calls C] [--burst N] [--concurrency K] [--burst-reps R] [--burst-runtime batch|exec] [--soak N] [--agent process|in-process]';
+  'usage: npx tsx bench/cni.ts [--mode static|cluster|both] [--only SECTION,...] [--pods N] [--rounds R] [--calls C] [--burst N] [--concurrency K] [--burst-reps R] [--burst-runtime batch|exec] [--outside-reps R] [--soak N] [--agent process|in-process]';
 
 function intArg(name: string, def: number, min: number, max: number): number {
   const i = process.argv.indexOf(name);
@@ -200,6 +260,17 @@ function strArg<T extends string>(name: string, def: T, allowed: readonly T[]): 
   return v;
 }
 
+/** `--only a,b`: those sections (SECTIONS); default every section but the soak, which `--soak N` adds. */
+function sectionsArg(soak: number): Set<Section> {
+  const i = process.argv.indexOf('--only');
+  if (i < 0) return new Set(SECTIONS.filter((x) => x !== 'soak' || soak > 0));
+  const raw = (process.argv[i + 1] ?? '').split(',').filter((x) => x !== '');
+  const bad = raw.filter((x) => !(SECTIONS as readonly string[]).includes(x));
+  if (raw.length === 0 || bad.length > 0) throw new Error(`--only: want sections among ${SECTIONS.join(', ')}, got ${JSON.stringify(process.argv[i + 1])}`);
+  if (raw.includes('soak') && soak === 0) throw new Error('--only soak needs --soak N (cycles)');
+  return new Set(raw as Section[]);
+}
+
 function checkArgs(): void {
   for (let i = 2; i < process.argv.length; i += 2) {
     const a = process.argv[i] ?? '';
@@ -213,6 +284,65 @@ const stats = (xs: number[]): Stats => summary(xs);
 const median = (xs: number[]) => stats(xs).p50;
 const ms = (x: number, w = 8) => x.toFixed(2).padStart(w);
 const verdict = (ok: boolean) => (ok ? 'PASS' : 'MISS');
+/** A goal line as DESIGN's bench contract has it: `goal <what> (<threshold>): PASS|MISS <figures>`. */
+const goal = (what: string, threshold: string, ok: boolean, figures: string) => `goal ${what} (${threshold}): ${verdict(ok)} ${figures}`;
+const sleep = (msec: number) => new Promise<void>((r) => setTimeout(r, msec));
+/** A word for a POSIX shell, single-quoted. */
+const shq = (w: string) => `'${w.replace(/'/g, `'\\''`)}'`;
+
+// ---------------------------------------------------------------------------------------------
+// the agent's responsiveness: its event-loop delay histogram, /healthz polled
+
+const LOOP_METRIC = 'kubenet_event_loop_delay_seconds';
+const HEALTH_POLL_MS = 10;
+
+/** The cumulative buckets of a label-less histogram in Prometheus text: [upper bound (s), count], +Inf last. */
+function histogramBuckets(text: string, metric: string): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  for (const m of text.matchAll(new RegExp(`^${metric}_bucket\\{le="([^"]+)"\\} ([0-9.e+-]+)$`, 'gm'))) {
+    out.push([m[1] === '+Inf' ? Infinity : Number(m[1]), Number(m[2])]);
+  }
+  return out.sort((a, b) => a[0] - b[0]);
+}
+
+/** Per-bucket samples added between two cumulative readings of the same histogram. */
+function bucketDelta(before: Array<[number, number]>, after: Array<[number, number]>): Array<[number, number]> {
+  let prev = 0;
+  return after.map(([le, cum], i) => {
+    const d = cum - (before[i]?.[1] ?? 0);
+    const own = d - prev;
+    prev = d;
+    return [le, own];
+  });
+}
+
+/** Bucket-wise sum of per-bucket samples. */
+function addBuckets(a: Array<[number, number]>, b: Array<[number, number]>): Array<[number, number]> {
+  if (a.length === 0) return b;
+  return a.map(([le, n], i) => [le, n + (b[i]?.[1] ?? 0)]);
+}
+
+/**
+ * The q-quantile of per-bucket samples: the bucket it falls in and a linear guess inside it (ms).
+ * `within(bound)`: whether at least q of the samples are at or under `bound` (s), exactly.
+ */
+function bucketQuantile(buckets: Array<[number, number]>, q: number): { n: number; ms: number; upperMs: number; within: (bound: number) => boolean } {
+  const n = buckets.reduce((a, [, c]) => a + c, 0);
+  const target = q * n;
+  let cum = 0;
+  let lower = 0;
+  let found = { ms: NaN, upperMs: NaN };
+  for (const [le, c] of buckets) {
+    if (cum + c >= target && c > 0) {
+      found = le === Infinity ? { ms: Infinity, upperMs: Infinity } : { ms: (lower + ((le - lower) * (target - cum)) / c) * 1000, upperMs: le * 1000 };
+      break;
+    }
+    cum += c;
+    lower = le;
+  }
+  const within = (bound: number) => buckets.filter(([le]) => le <= bound).reduce((a, [, c]) => a + c, 0) >= target;
+  return { n, ...found, within };
+}
 const load = () => loadavg().map((x) => x.toFixed(2)).join(' ');
 
 /** Runs `jobs` with at most `n` at a time; every job runs, the first failure is rethrown at the end. */
@@ -389,15 +519,6 @@ class BashFloor {
 
 interface ModeResult {
   mode: Mode;
-  st: Record<Side, Record<Op, Stats>>;
-  agent: Record<Op, Stats>;
-  floor: Record<Op, Stats>;
-  burst: BurstRep[];
-  over: Overhead[];
-  rssMb: number;
-  podGets: number | undefined;
-  addsInWatch: number;
-  soak: SoakResult | undefined;
   goals: string[];
 }
 
@@ -597,7 +718,7 @@ class CniBench {
     const api = this.api;
     if (!api) return;
     const kpods = pods.filter((p) => p.side === 'kubenet');
-    for (const p of kpods) api.setPod(podObject('default', p.name, NODE_NAME, ANNOTATIONS));
+    for (const p of kpods) api.setPod(podObject('default', p.name, NODE_NAME, annotationsOf(p.rate ?? RATE)));
     await api.waitDelivered('pods', kpods.map((p) => `default/${p.name}`));
   }
 
@@ -652,12 +773,12 @@ class CniBench {
   }
 
   /** A libcni call of `p`; the kubenet side in cluster mode gets its limits from the pod's annotations in the agent's watch, not runtimeConfig. */
-  private request(cmd: 'add' | 'del', p: Pod): BatchRequest {
+  request(cmd: 'add' | 'del', p: Pod): BatchRequest {
     const withLimits = p.side !== 'kubenet' || this.mode === 'static';
-    return { cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: RUNTIME_CONFIG } : {}) };
+    return { cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: bandwidthConfig(p.rate ?? RATE) } : {}) };
   }
 
-  private libcniDirs(side: 'kubenet' | 'reference'): LibcniDirs {
+  libcniDirs(side: 'kubenet' | 'reference'): LibcniDirs {
     return side === 'kubenet'
       ? { conf: this.h.config.cniConfDir, bin: [this.h.config.cniBinDir, ...this.h.config.pluginBinDirs].join(':'), cache: this.h.libcniCache }
       : { conf: this.refConfDir, bin: REF_BIN_DIR, cache: this.refCache };
@@ -812,6 +933,7 @@ class CniBench {
     try {
       await this.addNetns(pods);
       await this.publishPods(pods);
+      const watch = side === 'kubenet' ? await this.watchAgent() : undefined;
       const cpu0 = sample();
       let addMs: number;
       let delMs: number;
@@ -830,12 +952,129 @@ class CniBench {
         delMs = performance.now() - t1;
       }
       const cpu1 = sample();
+      const agentSeen = await watch?.stop();
       if (side === 'kubenet') await this.settle();
       this.unpublishPods(pods);
-      return { side, addMs, delMs, totalMs: addMs + delMs, cpu: since(cpu0, cpu1), addCpu: since(cpu0, cpuAdded) };
+      return { side, addMs, delMs, totalMs: addMs + delMs, cpu: since(cpu0, cpu1), addCpu: since(cpu0, cpuAdded), ...(agentSeen ? { agentSeen } : {}) };
     } finally {
       await this.delNetns(pods.map((p) => p.netns).filter((n) => this.liveNetns.has(n)));
     }
+  }
+
+  /**
+   * The outside client of issue 32: an independent libcni client that runs one process per call
+   * on a quiet machine. A bash process (a lean fork/exec, nothing of this Node process in the way)
+   * runs one libcni-driver process per call, one call at a time: `n` ADDs then `n` DELs of one
+   * side, then of the other (`first` first), limits OUTSIDE_RATE both ways; nothing else runs
+   * between the calls (no metrics read, no settling). The agent is started afresh before, so its
+   * first pods are the first calls it serves, as after a node's boot or an agent upgrade.
+   * Per call: the libcni call's own time (the driver's clock) and the driver process's wall
+   * ($EPOCHREALTIME around its exec in bash).
+   */
+  async outside(rep: number, n: number, first: Side): Promise<OutsideRep> {
+    if (this.agentMode === 'process') {
+      await this.stopAgentProcess();
+      await this.startAgentProcess();
+    } else {
+      await this.h.stopAgent();
+      await this.startAgentInProcess();
+    }
+    const sides: Side[] = first === 'kubenet' ? ['kubenet', 'reference'] : ['reference', 'kubenet'];
+    const pods: Record<Side, Pod[]> = {
+      kubenet: Array.from({ length: n }, (_, i) => ({ ...this.pod('kubenet', 300 + rep, i), rate: OUTSIDE_RATE })),
+      reference: Array.from({ length: n }, (_, i) => ({ ...this.pod('reference', 300 + rep, i), rate: OUTSIDE_RATE })),
+    };
+    const all = [...pods.kubenet, ...pods.reference];
+    const dir = join(this.refRoot, `outside-${rep}`);
+    await mkdir(dir, { recursive: true });
+    const lines: string[] = [];
+    for (const side of sides) {
+      for (const op of ['ADD', 'DEL'] as const) {
+        for (const [i, p] of pods[side].entries()) {
+          const args = [...libcniCallArgs(this.libcniDirs(side), this.request(op === 'ADD' ? 'add' : 'del', p)), '--report-time'];
+          lines.push(`call ${side} ${op} ${i} ${[LIBCNI_DRIVER, ...args].map(shq).join(' ')}`);
+        }
+      }
+    }
+    const script = [
+      'd=$1',
+      'call() {',
+      '  local side=$1 op=$2 i=$3 s e rc ms= line; shift 3',
+      '  s=$EPOCHREALTIME',
+      '  "$@" > "$d/$side-$op-$i.out" 2> "$d/err"; rc=$?',
+      '  e=$EPOCHREALTIME',
+      '  while IFS= read -r line; do case $line in "libcni-driver: libcni call "*) ms=${line#libcni-driver: libcni call }; ms=${ms% ms};; esac; done < "$d/err"',
+      '  if [ $rc -ne 0 ] || [ -z "$ms" ]; then echo "fail $side $op $i rc=$rc $(tr "\\n" " " < "$d/err")"; exit 1; fi',
+      '  echo "ok $side $op $i $s $e $ms"',
+      '}',
+      ...lines,
+    ].join('\n');
+    const call = { kubenet: { ADD: [] as number[], DEL: [] as number[] }, reference: { ADD: [] as number[], DEL: [] as number[] } };
+    const wall = { kubenet: { ADD: [] as number[], DEL: [] as number[] }, reference: { ADD: [] as number[], DEL: [] as number[] } };
+    try {
+      await this.addNetns(all);
+      await this.publishPods(all);
+      for (const p of pods.reference) this.liveRefPods.set(p.id, p);
+      this.checkAbort();
+      // stdin not a socket: bash would take itself for an rshd's child and read ~/.bashrc.
+      const r = await execa('bash', ['-c', script, 'bash', dir], { reject: false, stdin: 'ignore', env: { LC_ALL: 'C' } });
+      for (const line of r.stdout.split('\n')) {
+        const [status, side, op, , s0, e0, callMs] = line.split(' ') as [string, Side, Op, string, string, string, string];
+        if (status !== 'ok') continue;
+        call[side][op].push(Number(callMs));
+        wall[side][op].push((Number(e0) - Number(s0)) * 1000);
+      }
+      for (let i = 0; i < call.reference.ADD.length; i++) this.noteIfbs(await readFile(join(dir, `reference-ADD-${i}.out`), 'utf8').catch(() => ''));
+      if (r.exitCode !== 0) throw new Error(`outside client, rep ${rep + 1}: ${r.stdout.split('\n').find((l) => l.startsWith('fail')) ?? r.stderr}`);
+      for (const p of pods.reference) this.liveRefPods.delete(p.id);
+      await this.settle();
+      this.unpublishPods(all);
+      return { first, call, wall };
+    } finally {
+      await this.delNetns(all.map((p) => p.netns).filter((x) => this.liveNetns.has(x)));
+    }
+  }
+
+  /**
+   * Watches the agent from now until `stop()`: its event-loop delay histogram (read before and
+   * after: the increase is this window's) and /healthz GET every HEALTH_POLL_MS on its socket, each
+   * on a new connection as a probe makes it, the next one HEALTH_POLL_MS after the last one's start
+   * (or at once when that took longer).
+   */
+  async watchAgent(): Promise<{ stop(): Promise<AgentSeen> }> {
+    const loop0 = histogramBuckets((await this.h.get('/metrics')).body, LOOP_METRIC);
+    if (loop0.length === 0) throw new Error(`the agent exports no ${LOOP_METRIC}`);
+    const pid = this.agentProc?.pid;
+    const sched0 = mainThreadSched(pid);
+    const t0 = performance.now();
+    const health: number[] = [];
+    let healthFailures = 0;
+    let stopped = false;
+    const polling = (async () => {
+      while (!stopped) {
+        const t0 = performance.now();
+        try {
+          const r = await this.h.get('/healthz');
+          health.push(performance.now() - t0);
+          if (r.status !== 200) healthFailures++;
+        } catch {
+          healthFailures++;
+        }
+        const wait = t0 + HEALTH_POLL_MS - performance.now();
+        if (wait > 0) await sleep(wait);
+      }
+    })();
+    return {
+      stop: async () => {
+        stopped = true;
+        const sched1 = mainThreadSched(pid);
+        const windowMs = performance.now() - t0;
+        await polling;
+        const loop1 = histogramBuckets((await this.h.get('/metrics')).body, LOOP_METRIC);
+        const mainThread = sched0 && sched1 ? { runMs: (sched1.run - sched0.run) / 1e6, waitMs: (sched1.wait - sched0.wait) / 1e6, windowMs } : undefined;
+        return { loop: bucketDelta(loop0, loop1), health, healthFailures, ...(mainThread ? { mainThread } : {}) };
+      },
+    };
   }
 
   /**
@@ -1079,9 +1318,134 @@ interface Options {
   burst: number;
   concurrency: number;
   burstReps: number;
+  outsideReps: number;
   soak: number;
   agentMode: AgentMode;
   burstRuntime: BurstRuntime;
+  sections: Set<Section>;
+}
+
+/** The sequential rounds' figures (latency, the agent's own time) and the goals they judge. */
+function roundsReport(mode: Mode, samples: RoundSamples, rssMb: number, goals: string[]): void {
+  const st = {
+    kubenet: { ADD: stats(samples.kubenet.ADD), DEL: stats(samples.kubenet.DEL) },
+    reference: { ADD: stats(samples.reference.ADD), DEL: stats(samples.reference.DEL) },
+  };
+  const agent = { ADD: stats(samples.agent.ADD), DEL: stats(samples.agent.DEL) };
+  const floor = { ADD: stats(samples.floor.ADD), DEL: stats(samples.floor.DEL) };
+  console.log(`\nlatency per call, ms (${mode} mode; kubenet/reference: the libcni call, as a runtime linking libcni sees it; agent: its own handling of the call; floor: bridge exec'd by bash)`);
+  console.log('side        op      n       p50       p99       min      mean       max');
+  const row = (label: string, op: Op, s: Stats) =>
+    console.log(`${label.padEnd(10)}  ${op}  ${String(s.n).padStart(5)}  ${ms(s.p50)}  ${ms(s.p99)}  ${ms(s.min)}  ${ms(s.mean)}  ${ms(s.max)}`);
+  for (const op of ['ADD', 'DEL'] as const) {
+    row('kubenet', op, st.kubenet[op]);
+    row('reference', op, st.reference[op]);
+    console.log(`ratio k/r   ${op}         ${(st.kubenet[op].p50 / st.reference[op].p50).toFixed(3).padStart(8)}  ${(st.kubenet[op].p99 / st.reference[op].p99).toFixed(3).padStart(8)}`);
+    row('  agent', op, agent[op]);
+    row('  floor', op, floor[op]);
+    console.log(`  outside the agent (libcni, the binary's exec, transport): ${ms(st.kubenet[op].p50 - agent[op].p50, 0)} ms at p50`);
+  }
+  console.log(`agent RSS after the rounds ${rssMb.toFixed(0)} MB`);
+  const own = agent.ADD.p50 - floor.ADD.p50;
+  goals.push(
+    goal(`agent's own time per ADD beyond the bridge exec, p50`, `≤ ${GOAL_AGENT_OWN_MS} ms`, own <= GOAL_AGENT_OWN_MS, `${own.toFixed(2)} ms (agent ${agent.ADD.p50.toFixed(2)} − bridge from bash ${floor.ADD.p50.toFixed(2)}, p50s of ${agent.ADD.n} calls each)`),
+  );
+  // The driver process's wall (its Go runtime's start, a fork of this process, the config's
+  // loading) as ADD and DEL were measured up to issue 22: printed beside, both sides pay it.
+  const wallText = (op: Op) => {
+    const k = median(samples.wall.kubenet[op]);
+    const r = median(samples.wall.reference[op]);
+    return `driver process wall ${k.toFixed(2)} vs ${r.toFixed(2)} ms: ${(k / r).toFixed(3)} ×`;
+  };
+  for (const [op, limit] of [['ADD', GOAL_ADD_RATIO], ['DEL', GOAL_DEL_RATIO]] as const) {
+    const ratio = st.kubenet[op].p50 / st.reference[op].p50;
+    goals.push(goal(`${op} p50 against the reference, sequential rounds`, `≤ ${limit} ×`, ratio <= limit, `${ratio.toFixed(3)} × (libcni call ${st.kubenet[op].p50.toFixed(2)} vs ${st.reference[op].p50.toFixed(2)} ms; ${wallText(op)})`));
+  }
+  if (mode === 'cluster') {
+    goals.push(
+      goal('no ADD waits on the API server for a pod already in the watch', '0 pod GETs', samples.podGets === 0, `${samples.podGets} pod GETs during ${samples.addsInWatch} ADDs of pods delivered on the watch`),
+    );
+  }
+}
+
+/** The outside client's figures (per repetition and pooled) and its goal. */
+function outsideReport(mode: Mode, reps: OutsideRep[], o: Options, goals: string[]): void {
+  console.log(`\noutside client (${mode} mode): a bash client, one libcni-driver process per call, ${o.pods} pods per side, ${OUTSIDE_RATE / 1e6}M both ways, the agent started afresh before each repetition; ms`);
+  console.log('rep  first      side       op   libcni call p50   p99 | first 3 calls           | rest p50 | process wall p50');
+  const pooled = { kubenet: [] as number[], reference: [] as number[] };
+  const pooledWall = { kubenet: [] as number[], reference: [] as number[] };
+  const ratios: string[] = [];
+  for (const [i, r] of reps.entries()) {
+    for (const side of ['kubenet', 'reference'] as const) {
+      for (const op of ['ADD', 'DEL'] as const) {
+        const xs = r.call[side][op];
+        const s = stats(xs);
+        console.log(
+          `${String(i + 1).padStart(3)}  ${r.first.padEnd(9)}  ${side.padEnd(9)}  ${op}  ${ms(s.p50, 17)}  ${ms(s.p99, 5)} | ${xs.slice(0, 3).map((x) => x.toFixed(1)).join(' ').padEnd(22)} | ${ms(median(xs.slice(3)), 8)} | ${ms(median(r.wall[side][op]), 16)}`,
+        );
+      }
+      pooled[side].push(...r.call[side].ADD);
+      pooledWall[side].push(...r.wall[side].ADD);
+    }
+    ratios.push((median(r.call.kubenet.ADD) / median(r.call.reference.ADD)).toFixed(3));
+  }
+  const k = median(pooled.kubenet);
+  const ref = median(pooled.reference);
+  const kw = median(pooledWall.kubenet);
+  const rw = median(pooledWall.reference);
+  // Which side went first matters (docs/pod.md, "What an outside client sees"): each order pooled.
+  const byOrder = (['kubenet', 'reference'] as const).flatMap((first) => {
+    const rs = reps.filter((r) => r.first === first);
+    if (rs.length === 0) return [];
+    const kk = median(rs.flatMap((r) => r.call.kubenet.ADD));
+    const rr = median(rs.flatMap((r) => r.call.reference.ADD));
+    return [`${first} first ${(kk / rr).toFixed(3)} × (${kk.toFixed(2)} vs ${rr.toFixed(2)})`];
+  });
+  console.log(`ADD p50 by order: ${byOrder.join('; ')}`);
+  goals.push(
+    goal(
+      `ADD p50 against the reference as an outside client sees it (a libcni process per call, fresh agent, ${o.pods} pods per side, ${OUTSIDE_RATE / 1e6}M)`,
+      `≤ ${GOAL_ADD_RATIO} ×`,
+      k / ref <= GOAL_ADD_RATIO,
+      `${(k / ref).toFixed(3)} × (libcni call ${k.toFixed(2)} vs ${ref.toFixed(2)} ms, p50 of ${pooled.kubenet.length} each; per repetition ${ratios.join(', ')}; ${byOrder.join('; ')}; process wall ${kw.toFixed(2)} vs ${rw.toFixed(2)} ms: ${(kw / rw).toFixed(3)} ×)`,
+    ),
+  );
+}
+
+/** The bursts' figures and goals: wall time against the reference, and the agent's responsiveness meanwhile. */
+function burstReport(burst: BurstRep[], o: Options, goals: string[]): void {
+  const k = median(burst.filter((b) => b.side === 'kubenet').map((b) => b.totalMs));
+  const r = median(burst.filter((b) => b.side === 'reference').map((b) => b.totalMs));
+  goals.push(
+    goal(
+      `${o.burst} pods added then deleted ${o.concurrency} at a time against the reference`,
+      `≤ ${GOAL_BURST_RATIO} ×`,
+      k / r <= GOAL_BURST_RATIO,
+      `${(k / r).toFixed(3)} × (${k.toFixed(0)} vs ${r.toFixed(0)} ms, medians of ${o.burstReps}, ${o.burstRuntime === 'batch' ? 'libcni in one runtime process' : 'a libcni driver process per call'})`,
+    ),
+  );
+  const seen = burst.flatMap((b) => (b.agentSeen ? [b.agentSeen] : []));
+  if (seen.length === 0) return;
+  const loop = bucketQuantile(seen.reduce<Array<[number, number]>>((a, x) => addBuckets(a, x.loop), []), 0.99);
+  const upper = (q: { upperMs: number }) => (q.upperMs === Infinity ? `over ${(seen[0]?.loop.at(-2)?.[0] ?? 0) * 1000} ms` : `≤ ${q.upperMs} ms`);
+  goals.push(
+    goal(
+      `event-loop delay p99 during the ${o.burst}-pod bursts`,
+      `≤ ${GOAL_LOOP_P99_MS} ms`,
+      loop.within(GOAL_LOOP_P99_MS / 1000),
+      `~${loop.ms.toFixed(1)} ms (its bucket ${upper(loop)}; ${loop.n} samples of a 10 ms timer over ${seen.length} kubenet bursts, blocked runs counted)`,
+    ),
+  );
+  const health = stats(seen.flatMap((x) => x.health));
+  const failures = seen.reduce((a, x) => a + x.healthFailures, 0);
+  goals.push(
+    goal(
+      `/healthz answer p99 during the ${o.burst}-pod bursts`,
+      `≤ ${GOAL_HEALTH_P99_MS} ms`,
+      health.p99 <= GOAL_HEALTH_P99_MS && failures === 0,
+      `${health.p99.toFixed(1)} ms (p50 ${health.p50.toFixed(1)}, max ${health.max.toFixed(1)}, ${health.n} GETs every ${HEALTH_POLL_MS} ms, ${failures} failed)`,
+    ),
+  );
 }
 
 /** One mode from start to cleanup; prints its tables and returns its goal lines. */
@@ -1094,9 +1458,10 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
   const floorCidr = pickSubnet(97, o.pods, taken);
   const samples: RoundSamples = { kubenet: { ADD: [], DEL: [] }, reference: { ADD: [], DEL: [] }, agent: { ADD: [], DEL: [] }, floor: { ADD: [], DEL: [] }, wall: { kubenet: { ADD: [], DEL: [] }, reference: { ADD: [], DEL: [] } }, podGets: 0, addsInWatch: 0 };
   const wall = performance.now();
+  const goals: string[] = [];
   try {
     console.log(`\n======== ${mode} mode ========`);
-    console.log(`load average at start ${load()}`);
+    console.log(`load average at start ${load()}; sections ${[...o.sections].join(', ')}`);
     await bench.setup(kubenetCidr, refCidr, floorCidr);
     console.log(
       `kubenet:   agent ${o.agentMode === 'process' ? `process (node dist/src/cli/main.js daemon, pid ${bench.agentProc?.pid})` : 'in this process'}, ` +
@@ -1106,128 +1471,99 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
     console.log(`reference: ${REF_BIN_DIR} bridge+host-local → bandwidth (conflist refnet), bridge ${bench.refBridge}, ${refCidr}, runtimeConfig ${JSON.stringify(RUNTIME_CONFIG)}`);
     console.log(`floor:     ${REF_BIN_DIR}/bridge alone with the agent's bridge config, exec'd by bash, bridge ${bench.floorBridge}, ${floorCidr}`);
 
-    let t = performance.now();
-    await bench.round(0, undefined);
-    console.log(`warm-up round: ${((performance.now() - t) / 1000).toFixed(1)} s; shaping checked on the first pod: ${bench.shapingVerified}`);
-    for (let r = 1; r <= o.rounds; r++) {
-      t = performance.now();
-      await bench.round(r, samples);
-      console.log(`round ${r}: ${((performance.now() - t) / 1000).toFixed(1)} s, load ${load()}`);
-    }
-    const rssMb = await bench.agentRssMb();
-    const burst: BurstRep[] = [];
-    for (let rep = 0; rep < o.burstReps && o.burst > 0; rep++) {
-      for (const side of rep % 2 === 0 ? (['kubenet', 'reference'] as const) : (['reference', 'kubenet'] as const)) {
-        bench.checkAbort();
-        const b = await bench.burst(side, rep, o.burst, o.concurrency, o.burstRuntime);
-        burst.push(b);
-        // CPU (ms) as "whole burst (of it the ADDs)".
-        const both = (k: keyof BurstCpu) => `${b.cpu[k]} (${b.addCpu[k]})`;
-        const cpu =
-          side === 'kubenet' && o.agentMode === 'process'
-            ? `, CPU ms (ADDs' share): runtime side ${both('runtime')}, agent ${both('agent')}, its spawner+plugins+tc ${both('helpers')}`
-            : `, CPU ms (ADDs' share): runtime side (libcni + plugins) ${both('runtime')}`;
-        console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time, ${o.burstRuntime === 'batch' ? 'one runtime process' : 'a driver process per call'})${cpu}, load ${load()}`);
+    // First, while the node is fresh: what its first pods pay is part of what an outside client sees.
+    if (o.sections.has('outside')) {
+      const reps: OutsideRep[] = [];
+      for (let rep = 0; rep < o.outsideReps; rep++) {
+        const t = performance.now();
+        reps.push(await bench.outside(rep, o.pods, rep % 2 === 0 ? 'kubenet' : 'reference'));
+        console.log(`outside client ${rep + 1}: ${((performance.now() - t) / 1000).toFixed(1)} s, load ${load()}`);
       }
+      outsideReport(mode, reps, o, goals);
     }
-    const over = await bench.overhead();
-    const soak = mode === 'cluster' && o.soak > 0 ? await bench.soak(o.soak) : undefined;
-
-    // ---- results
-    const st = {
-      kubenet: { ADD: stats(samples.kubenet.ADD), DEL: stats(samples.kubenet.DEL) },
-      reference: { ADD: stats(samples.reference.ADD), DEL: stats(samples.reference.DEL) },
-    };
-    const agent = { ADD: stats(samples.agent.ADD), DEL: stats(samples.agent.DEL) };
-    const floor = { ADD: stats(samples.floor.ADD), DEL: stats(samples.floor.DEL) };
-    console.log(`\nlatency per call, ms (${mode} mode; kubenet/reference: the libcni call, as a runtime linking libcni sees it; agent: its own handling of the call; floor: bridge exec'd by bash)`);
-    console.log('side        op      n       p50       p99       min      mean       max');
-    const row = (label: string, op: Op, s: Stats) =>
-      console.log(`${label.padEnd(10)}  ${op}  ${String(s.n).padStart(5)}  ${ms(s.p50)}  ${ms(s.p99)}  ${ms(s.min)}  ${ms(s.mean)}  ${ms(s.max)}`);
-    for (const op of ['ADD', 'DEL'] as const) {
-      row('kubenet', op, st.kubenet[op]);
-      row('reference', op, st.reference[op]);
-      console.log(`ratio k/r   ${op}         ${(st.kubenet[op].p50 / st.reference[op].p50).toFixed(3).padStart(8)}  ${(st.kubenet[op].p99 / st.reference[op].p99).toFixed(3).padStart(8)}`);
-      row('  agent', op, agent[op]);
-      row('  floor', op, floor[op]);
-      console.log(`  outside the agent (libcni, the binary's exec, transport): ${ms(st.kubenet[op].p50 - agent[op].p50, 0)} ms at p50`);
+    if (o.sections.has('rounds')) {
+      let t = performance.now();
+      await bench.round(0, undefined);
+      console.log(`warm-up round: ${((performance.now() - t) / 1000).toFixed(1)} s; shaping checked on the first pod: ${bench.shapingVerified}`);
+      for (let r = 1; r <= o.rounds; r++) {
+        t = performance.now();
+        await bench.round(r, samples);
+        console.log(`round ${r}: ${((performance.now() - t) / 1000).toFixed(1)} s, load ${load()}`);
+      }
+      roundsReport(mode, samples, await bench.agentRssMb(), goals);
     }
-    console.log(`agent RSS after the rounds ${rssMb.toFixed(0)} MB`);
-
-    console.log(`\nforwarding overhead, ms per call (${o.calls} calls each, interleaved)`);
-    console.log("from this process: binary = the installed binary exec'd with execa, POST = the same call straight to the socket,");
-    console.log("  overhead = median of paired (binary − POST); beyond exec = overhead − /bin/true exec'd the same way");
-    console.log('from a sh loop (lean fork/exec, like a Go runtime): mean per call; overhead = sh binary − POST p50');
-    console.log('call                   binary p50  POST p50  /bin/true p50  overhead  beyond exec | binary p99  POST p99 | sh: binary  /bin/true  overhead');
-    for (const x of over) {
-      console.log(
-        `${x.label.padEnd(21)}  ${ms(x.bin.p50, 10)}  ${ms(x.post.p50)}  ${ms(x.floor.p50, 13)}  ${ms(x.pairedOverhead)}  ${ms(x.pairedOverhead - x.floor.p50, 11)} | ` +
-          `${ms(x.bin.p99, 10)}  ${ms(x.post.p99)} | ${ms(x.shBin, 10)}  ${ms(x.shFloor, 9)}  ${ms(x.shBin - x.post.p50)}`,
+    if (o.sections.has('burst') && o.burst > 0) {
+      const burst: BurstRep[] = [];
+      for (let rep = 0; rep < o.burstReps; rep++) {
+        for (const side of rep % 2 === 0 ? (['kubenet', 'reference'] as const) : (['reference', 'kubenet'] as const)) {
+          bench.checkAbort();
+          const b = await bench.burst(side, rep, o.burst, o.concurrency, o.burstRuntime);
+          burst.push(b);
+          // CPU (ms) as "whole burst (of it the ADDs)".
+          const both = (k: keyof BurstCpu) => `${b.cpu[k]} (${b.addCpu[k]})`;
+          const cpu =
+            side === 'kubenet' && o.agentMode === 'process'
+              ? `, CPU ms (ADDs' share): runtime side ${both('runtime')}, agent ${both('agent')}, its spawner+plugins+tc ${both('helpers')}`
+              : `, CPU ms (ADDs' share): runtime side (libcni + plugins) ${both('runtime')}`;
+          const seen = b.agentSeen;
+          const agent = seen
+            ? `; agent event loop p99 ~${bucketQuantile(seen.loop, 0.99).ms.toFixed(1)} ms, /healthz p50 ${stats(seen.health).p50.toFixed(1)} p99 ${stats(seen.health).p99.toFixed(1)} max ${stats(seen.health).max.toFixed(1)} ms (${seen.health.length} GETs, ${seen.healthFailures} failed)` +
+              (seen.mainThread ? `, its main thread ran ${seen.mainThread.runMs.toFixed(0)} ms and waited for a CPU ${seen.mainThread.waitMs.toFixed(0)} ms of ${seen.mainThread.windowMs.toFixed(0)}` : '')
+            : '';
+          console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time, ${o.burstRuntime === 'batch' ? 'one runtime process' : 'a driver process per call'})${cpu}${agent}, load ${load()}`);
+        }
+      }
+      burstReport(burst, o, goals);
+    }
+    if (o.sections.has('overhead')) {
+      const over = await bench.overhead();
+      console.log(`\nforwarding overhead, ms per call (${o.calls} calls each, interleaved)`);
+      console.log("from this process: binary = the installed binary exec'd with execa, POST = the same call straight to the socket,");
+      console.log("  overhead = median of paired (binary − POST); beyond exec = overhead − /bin/true exec'd the same way");
+      console.log('from a sh loop (lean fork/exec, like a Go runtime): mean per call; overhead = sh binary − POST p50');
+      console.log('call                   binary p50  POST p50  /bin/true p50  overhead  beyond exec | binary p99  POST p99 | sh: binary  /bin/true  overhead');
+      for (const x of over) {
+        console.log(
+          `${x.label.padEnd(21)}  ${ms(x.bin.p50, 10)}  ${ms(x.post.p50)}  ${ms(x.floor.p50, 13)}  ${ms(x.pairedOverhead)}  ${ms(x.pairedOverhead - x.floor.p50, 11)} | ` +
+            `${ms(x.bin.p99, 10)}  ${ms(x.post.p99)} | ${ms(x.shBin, 10)}  ${ms(x.shFloor, 9)}  ${ms(x.shBin - x.post.p50)}`,
+        );
+      }
+      const status = over[1]!;
+      const overhead = status.shBin - status.post.p50;
+      goals.push(
+        goal('forwarding overhead of the installed binary per call', `≤ ${GOAL_OVERHEAD_MS} ms`, overhead <= GOAL_OVERHEAD_MS, `${overhead.toFixed(2)} ms (STATUS exec'd from sh, mean, minus the POST p50; /bin/true alone from sh ${status.shFloor.toFixed(2)})`),
+      );
+    }
+    if (o.sections.has('soak') && mode === 'cluster' && o.soak > 0) {
+      const soak = await bench.soak(o.soak);
+      const mid = soak.rss.find((x) => x.cycles >= soak.cycles / 2) ?? soak.rss[0]!;
+      const end = soak.rss[soak.rss.length - 1]!;
+      const growth = (end.mb - mid.mb) / mid.mb;
+      goals.push(
+        goal(
+          `agent RSS after ${soak.cycles} ADD/DEL cycles, and the second half's growth`,
+          `≤ ${GOAL_RSS_MB} MB, ≤ ${GOAL_RSS_GROWTH * 100} %`,
+          end.mb <= GOAL_RSS_MB && growth <= GOAL_RSS_GROWTH,
+          `${end.mb.toFixed(1)} MB, ${mid.cycles} → ${end.cycles} cycles ${growth >= 0 ? '+' : ''}${(growth * 100).toFixed(1)} % ` +
+            `(${soak.rss.map((x) => `${x.cycles}: ${x.mb.toFixed(1)}`).join(', ')} MB; ${soak.seconds.toFixed(0)} s; ${soak.gets} pod GETs)`,
+        ),
+      );
+      // The agent's helpers are its memory too: a helper that grows per pod (tc's batch mode did) is the agent growing.
+      const tree = Math.max(...soak.rss.map((x) => x.mb + x.helpersMb));
+      goals.push(
+        goal(
+          'the agent with its helpers (tc session, spawner) at every sample',
+          `≤ ${GOAL_RSS_MB} MB`,
+          tree <= GOAL_RSS_MB,
+          `at most ${tree.toFixed(1)} MB (helpers ${soak.rss.map((x) => `${x.cycles}: ${x.helpersMb.toFixed(1)}`).join(', ')} MB)`,
+        ),
       );
     }
     console.log(`load average at end ${load()}`);
-
-    // ---- goals
-    const goals: string[] = [];
-    const own = agent.ADD.p50 - floor.ADD.p50;
-    goals.push(
-      `${verdict(own <= GOAL_AGENT_OWN_MS)}  agent's own time per ADD beyond the bridge exec ≤ ${GOAL_AGENT_OWN_MS} ms p50: ${own.toFixed(2)} ms ` +
-        `(agent ${agent.ADD.p50.toFixed(2)} − bridge from bash ${floor.ADD.p50.toFixed(2)}, p50s of ${agent.ADD.n} calls each)`,
-    );
-    const addRatio = st.kubenet.ADD.p50 / st.reference.ADD.p50;
-    const delRatio = st.kubenet.DEL.p50 / st.reference.DEL.p50;
-    // The driver process's wall (its Go runtime's start, a fork of this process, the config's
-    // loading) as ADD and DEL were measured up to issue 22: printed beside, both sides pay it.
-    const wallText = (op: Op) => {
-      const k = median(samples.wall.kubenet[op]);
-      const r = median(samples.wall.reference[op]);
-      return `driver process wall ${k.toFixed(2)} vs ${r.toFixed(2)} ms: ${(k / r).toFixed(3)} ×`;
-    };
-    goals.push(`${verdict(addRatio <= GOAL_ADD_RATIO)}  ADD p50 ≤ ${GOAL_ADD_RATIO} × reference: ${addRatio.toFixed(3)} × (libcni call ${st.kubenet.ADD.p50.toFixed(2)} vs ${st.reference.ADD.p50.toFixed(2)} ms; ${wallText('ADD')})`);
-    goals.push(`${verdict(delRatio <= GOAL_DEL_RATIO)}  DEL p50 ≤ ${GOAL_DEL_RATIO} × reference: ${delRatio.toFixed(3)} × (libcni call ${st.kubenet.DEL.p50.toFixed(2)} vs ${st.reference.DEL.p50.toFixed(2)} ms; ${wallText('DEL')})`);
-    if (burst.length > 0) {
-      const k = median(burst.filter((b) => b.side === 'kubenet').map((b) => b.totalMs));
-      const r = median(burst.filter((b) => b.side === 'reference').map((b) => b.totalMs));
-      goals.push(
-        `${verdict(k / r <= GOAL_BURST_RATIO)}  ${o.burst} pods added then deleted ${o.concurrency} at a time ≤ ${GOAL_BURST_RATIO} × reference: ${(k / r).toFixed(3)} × ` +
-          `(${k.toFixed(0)} vs ${r.toFixed(0)} ms, medians of ${o.burstReps}, ${o.burstRuntime === 'batch' ? 'libcni in one runtime process' : 'a libcni driver process per call'})`,
-      );
-    } else {
-      goals.push(`----  burst not run (--burst 0)`);
-    }
-    const status = over[1]!;
-    const overhead = status.shBin - status.post.p50;
-    goals.push(
-      `${verdict(overhead <= GOAL_OVERHEAD_MS)}  forwarding overhead of the installed binary ≤ ${GOAL_OVERHEAD_MS} ms per call: ${overhead.toFixed(2)} ms ` +
-        `(STATUS exec'd from sh, mean, minus the POST p50; /bin/true alone from sh ${status.shFloor.toFixed(2)})`,
-    );
-    if (mode === 'cluster') {
-      goals.push(
-        `${verdict(samples.podGets === 0)}  no ADD waits on the API server for a pod already in the agent's watch: ${samples.podGets} pod GETs during ${samples.addsInWatch} ADDs of pods delivered on the watch`,
-      );
-      if (soak) {
-        const mid = soak.rss.find((x) => x.cycles >= soak.cycles / 2) ?? soak.rss[0]!;
-        const end = soak.rss[soak.rss.length - 1]!;
-        const growth = (end.mb - mid.mb) / mid.mb;
-        goals.push(
-          `${verdict(end.mb <= GOAL_RSS_MB && growth <= GOAL_RSS_GROWTH)}  agent RSS ≤ ${GOAL_RSS_MB} MB after ${soak.cycles} ADD/DEL cycles, second half adding ≤ ${GOAL_RSS_GROWTH * 100} %: ` +
-            `${end.mb.toFixed(1)} MB, ${mid.cycles} → ${end.cycles} cycles ${growth >= 0 ? '+' : ''}${(growth * 100).toFixed(1)} % ` +
-            `(${soak.rss.map((x) => `${x.cycles}: ${x.mb.toFixed(1)}`).join(', ')} MB; ${soak.seconds.toFixed(0)} s; ${soak.gets} pod GETs)`,
-        );
-        // The agent's helpers are its memory too: a helper that grows per pod (tc's batch mode did) is the agent growing.
-        const tree = Math.max(...soak.rss.map((x) => x.mb + x.helpersMb));
-        goals.push(
-          `${verdict(tree <= GOAL_RSS_MB)}  the agent with its helpers (tc session, spawner) ≤ ${GOAL_RSS_MB} MB at every sample: at most ${tree.toFixed(1)} MB ` +
-            `(helpers ${soak.rss.map((x) => `${x.cycles}: ${x.helpersMb.toFixed(1)}`).join(', ')} MB)`,
-        );
-      } else {
-        goals.push(`----  agent RSS after 10 000 ADD/DEL cycles: soak not run (--soak 10000)`);
-      }
-    }
     console.log(`\ngoals (${mode} mode)`);
     for (const g of goals) console.log(`  ${g}`);
     console.log(`${mode} mode: ${((performance.now() - wall) / 1000).toFixed(1)} s`);
-    return { mode, st, agent, floor, burst, over, rssMb, podGets: samples.podGets, addsInWatch: samples.addsInWatch, soak, goals };
+    return { mode, goals };
   } finally {
     const problems = await bench.cleanup();
     for (const p of problems) console.error(`warning: cleanup: ${p}`);
@@ -1249,10 +1585,13 @@ async function main(): Promise<number> {
     burst: intArg('--burst', 64, 0, 250),
     concurrency: intArg('--concurrency', 8, 1, 64),
     burstReps: intArg('--burst-reps', 2, 1, 20),
+    outsideReps: intArg('--outside-reps', 4, 1, 20),
     soak: intArg('--soak', 0, 0, 1_000_000),
     agentMode: strArg('--agent', 'process', ['process', 'in-process'] as const),
     burstRuntime: strArg('--burst-runtime', 'batch', ['batch', 'exec'] as const),
+    sections: new Set(),
   };
+  o.sections = sectionsArg(o.soak);
   const which = strArg('--mode', 'both', ['static', 'cluster', 'both'] as const);
   const modes: Mode[] = which === 'both' ? ['static', 'cluster'] : [which];
   const why = blocker();
@@ -1295,7 +1634,7 @@ async function main(): Promise<number> {
   );
   console.log(
     `pods ${o.pods} per round (sequential), rounds ${o.rounds} counted + 1 warm-up, kubenet/reference/floor interleaved pod by pod; burst ${o.burst} pods ${o.concurrency} at a time × ${o.burstReps}; ` +
-      `overhead calls ${o.calls}; soak ${o.soak || 'off'}`,
+      `overhead calls ${o.calls}; outside client ${o.outsideReps} × ${o.pods} pods per side; soak ${o.soak || 'off'}; sections ${[...o.sections].join(', ')}`,
   );
   const results: ModeResult[] = [];
   let exitCode = 0;
@@ -1309,7 +1648,7 @@ async function main(): Promise<number> {
     }
   }
   if (results.length > 0) {
-    console.log('\n======== goals of issue 10 ========');
+    console.log('\n======== goals ========');
     for (const r of results) for (const g of r.goals) console.log(`${r.mode.padEnd(7)}  ${g}`);
   }
   console.log(`\ntotal ${((performance.now() - wall) / 1000).toFixed(1)} s; load average ${load()}`);

@@ -14,6 +14,7 @@ import {
   classGet,
   classList,
   linkStats,
+  linkBasics,
   linkByIndex,
   linkByName,
   linkDelete,
@@ -27,6 +28,7 @@ import {
   minHostMtu,
   netnsAddrList,
   netnsLinkByName,
+  netnsLinkIndex,
   NLE,
   nleToErrno,
   setPromiscOff,
@@ -142,11 +144,11 @@ async function makeNetns(t: ExecutionContext): Promise<{ name: string; path: str
  * Other test files create and remove links in the host namespace at the same time, so a whole-list
  * comparison is only meaningful when `ip` sees the same list before and after our call.
  */
-async function stableSnapshot<T>(t: ExecutionContext, ours: () => T): Promise<{ before: IpLink[]; result: T }> {
+async function stableSnapshot<T>(t: ExecutionContext, ours: () => Promise<T>): Promise<{ before: IpLink[]; result: T }> {
   const key = (ls: IpLink[]) => JSON.stringify(ls.map((l) => [l.ifindex, l.ifname, l.mtu, l.txqlen, l.flags, l.master]));
   for (let attempt = 1; attempt <= 20; attempt++) {
     const before = await ipLinks();
-    const result = ours();
+    const result = await ours();
     const after = await ipLinks();
     if (key(before) === key(after)) return { before, result };
     t.log(`host links changed during attempt ${attempt} (other tests running); retrying`);
@@ -155,8 +157,9 @@ async function stableSnapshot<T>(t: ExecutionContext, ours: () => T): Promise<{ 
   throw new Error('host link list never stable across 20 attempts');
 }
 
-function netlinkErrno(t: ExecutionContext, fn: () => unknown, errno: number, what: string): void {
-  const err = t.throws(fn, { instanceOf: NetlinkError }, what);
+/** `fn` fails (throws or rejects) with a NetlinkError carrying `errno`. */
+async function netlinkErrno(t: ExecutionContext, fn: () => unknown, errno: number, what: string): Promise<void> {
+  const err = await t.throwsAsync(async () => fn(), { instanceOf: NetlinkError }, what);
   t.is(err?.errno, errno, `${what}: ${err?.message}`);
 }
 
@@ -193,16 +196,16 @@ test('NLE codes map to Linux errno by an explicit table', (t) => {
   for (let code = 1; code <= 34; code++) t.true(nleToErrno(-code) > 0, `NLE ${code} has an errno`);
 });
 
-test('invalid input is a ConfigError before any kernel call', (t) => {
-  t.throws(() => linkByName(''), { instanceOf: ConfigError });
-  t.throws(() => linkByName('a'.repeat(16)), { instanceOf: ConfigError });
-  t.throws(() => linkByName('a/b'), { instanceOf: ConfigError });
-  t.throws(() => addrDel('lo', '127.0.0.1'), { instanceOf: ConfigError });
-  t.throws(() => addrDel('lo', '127.0.0.1/33'), { instanceOf: ConfigError });
-  t.throws(() => addrDel('lo', 'fd00::1/129'), { instanceOf: ConfigError });
-  t.throws(() => linkSetMtu('lo', -1), { instanceOf: ConfigError });
-  t.throws(() => linkSetTxQLen('lo', 1.5), { instanceOf: ConfigError });
-  t.throws(() => addrList('lo', 5 as 4), { instanceOf: ConfigError });
+test('invalid input is a ConfigError before any kernel call', async (t) => {
+  await t.throwsAsync(linkByName(''), { instanceOf: ConfigError });
+  await t.throwsAsync(linkByName('a'.repeat(16)), { instanceOf: ConfigError });
+  await t.throwsAsync(linkByName('a/b'), { instanceOf: ConfigError });
+  await t.throwsAsync(addrDel('lo', '127.0.0.1'), { instanceOf: ConfigError });
+  await t.throwsAsync(addrDel('lo', '127.0.0.1/33'), { instanceOf: ConfigError });
+  await t.throwsAsync(addrDel('lo', 'fd00::1/129'), { instanceOf: ConfigError });
+  await t.throwsAsync(linkSetMtu('lo', -1), { instanceOf: ConfigError });
+  await t.throwsAsync(linkSetTxQLen('lo', 1.5), { instanceOf: ConfigError });
+  await t.throwsAsync(addrList('lo', 5 as 4), { instanceOf: ConfigError });
 });
 
 kTest('linkByName matches ip -j link for lo, a bridge, a veth port and its peer', async (t) => {
@@ -211,19 +214,19 @@ kTest('linkByName matches ip -j link for lo, a bridge, a veth port and its peer'
   for (const name of ['lo', links.bridge, links.veth, links.peer]) {
     const ip = all.find((l) => l.ifname === name);
     if (!ip) return t.fail(`ip does not show ${name}`);
-    const ours = linkByName(name);
+    const ours = await linkByName(name);
     t.deepEqual(withoutFlags(ours), expectedLink(ip, all), name);
   }
-  const br = linkByName(links.bridge);
+  const br = await linkByName(links.bridge);
   t.is(br.type, 'bridge');
   t.true(br.up);
-  t.is(linkByName(links.veth).type, 'veth');
-  t.is(linkByName(links.veth).master, br.index);
-  t.is(linkByName(links.peer).master, 0);
-  t.false(linkByName(links.peer).up);
-  t.is(linkByName('lo').type, undefined);
-  t.true(linkByName('lo').loopback);
-  t.is(linkByName('lo').flags & 0x9, 0x9, 'IFF_UP|IFF_LOOPBACK in flags');
+  t.is((await linkByName(links.veth)).type, 'veth');
+  t.is((await linkByName(links.veth)).master, br.index);
+  t.is((await linkByName(links.peer)).master, 0);
+  t.false((await linkByName(links.peer)).up);
+  t.is((await linkByName('lo')).type, undefined);
+  t.true((await linkByName('lo')).loopback);
+  t.is((await linkByName('lo')).flags & 0x9, 0x9, 'IFF_UP|IFF_LOOPBACK in flags');
 });
 
 kTest('linkList equals ip -j link (whole list when stable)', async (t) => {
@@ -240,7 +243,7 @@ kTest('linkList equals ip -j link (whole list when stable)', async (t) => {
 
 kTest('minHostMtu is the smallest MTU of up, non-loopback, non-point-to-point links', async (t) => {
   const links = await makeLinks(t);
-  linkSetMtu(links.bridge, 1280); // up, so it counts; the smallest on any sane host
+  await linkSetMtu(links.bridge, 1280); // up, so it counts; the smallest on any sane host
   const { before, result } = await stableSnapshot(t, () => minHostMtu());
   const mtus = before
     .filter((l) => l.flags.includes('UP') && !l.flags.includes('LOOPBACK') && !l.flags.includes('POINTOPOINT'))
@@ -253,67 +256,67 @@ kTest('minHostMtu is undefined in a namespace with only loopback (checked throug
   // minHostMtu works on the process's namespace; run it in a child process inside a fresh netns.
   const ns = await makeNetns(t);
   await sh('ip', ['-n', ns.name, 'link', 'set', 'lo', 'up']);
-  const script = `import('${new URL('../src/netlink/index.ts', import.meta.url).href}').then((m) => console.log(JSON.stringify({ v: m.minHostMtu() ?? null })))`;
+  const script = `import('${new URL('../src/netlink/index.ts', import.meta.url).href}').then(async (m) => console.log(JSON.stringify({ v: (await m.minHostMtu()) ?? null })))`;
   const r = await sh('ip', ['netns', 'exec', ns.name, process.execPath, '--import=tsx', '-e', script]);
   t.deepEqual(JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}'), { v: null });
 });
 
 kTest('linkSetMtu and linkSetTxQLen change the link as ip sees it, and are idempotent', async (t) => {
   const links = await makeLinks(t);
-  linkSetMtu(links.veth, 1400);
-  linkSetTxQLen(links.veth, 4321);
+  await linkSetMtu(links.veth, 1400);
+  await linkSetTxQLen(links.veth, 4321);
   let ip = (await ipLinks()).find((l) => l.ifname === links.veth);
   t.is(ip?.mtu, 1400);
   t.is(ip?.txqlen, 4321);
-  t.is(linkByName(links.veth).mtu, 1400);
-  t.is(linkByName(links.veth).txQLen, 4321);
-  linkSetMtu(links.veth, 1400);
-  linkSetTxQLen(links.veth, 4321);
-  linkSetMtu(links.bridge, 9000);
-  linkSetTxQLen(links.bridge, 0);
+  t.is((await linkByName(links.veth)).mtu, 1400);
+  t.is((await linkByName(links.veth)).txQLen, 4321);
+  await linkSetMtu(links.veth, 1400);
+  await linkSetTxQLen(links.veth, 4321);
+  await linkSetMtu(links.bridge, 9000);
+  await linkSetTxQLen(links.bridge, 0);
   ip = (await ipLinks()).find((l) => l.ifname === links.bridge);
   t.is(ip?.mtu, 9000);
   t.is(ip?.txqlen ?? 0, 0);
   // Other attributes are left alone.
-  t.true(linkByName(links.bridge).up);
-  t.is(linkByName(links.veth).master, linkByName(links.bridge).index);
+  t.true((await linkByName(links.bridge)).up);
+  t.is((await linkByName(links.veth)).master, (await linkByName(links.bridge)).index);
 });
 
 kTest('link changes report kernel refusals and absence by errno', async (t) => {
   const links = await makeLinks(t);
-  netlinkErrno(t, () => linkSetMtu(links.veth, 70000), EINVAL, 'MTU above the veth maximum');
-  netlinkErrno(t, () => linkSetMtu(links.veth, 60), EINVAL, 'MTU below the minimum');
-  t.is(linkByName(links.veth).mtu, 1500, 'unchanged');
+  await netlinkErrno(t, () => linkSetMtu(links.veth, 70000), EINVAL, 'MTU above the veth maximum');
+  await netlinkErrno(t, () => linkSetMtu(links.veth, 60), EINVAL, 'MTU below the minimum');
+  t.is((await linkByName(links.veth)).mtu, 1500, 'unchanged');
   const missing = linkName('v');
-  netlinkErrno(t, () => linkByName(missing), ENODEV, 'linkByName missing');
-  netlinkErrno(t, () => linkSetMtu(missing, 1400), ENODEV, 'linkSetMtu missing');
-  netlinkErrno(t, () => linkSetTxQLen(missing, 10), ENODEV, 'linkSetTxQLen missing');
-  netlinkErrno(t, () => setPromiscOn(missing), ENODEV, 'setPromiscOn missing');
-  netlinkErrno(t, () => setPromiscOff(missing), ENODEV, 'setPromiscOff missing');
-  netlinkErrno(t, () => addrList(missing), ENODEV, 'addrList missing');
-  const err = t.throws(() => linkByName(missing), { instanceOf: NetlinkError });
+  await netlinkErrno(t, () => linkByName(missing), ENODEV, 'linkByName missing');
+  await netlinkErrno(t, () => linkSetMtu(missing, 1400), ENODEV, 'linkSetMtu missing');
+  await netlinkErrno(t, () => linkSetTxQLen(missing, 10), ENODEV, 'linkSetTxQLen missing');
+  await netlinkErrno(t, () => setPromiscOn(missing), ENODEV, 'setPromiscOn missing');
+  await netlinkErrno(t, () => setPromiscOff(missing), ENODEV, 'setPromiscOff missing');
+  await netlinkErrno(t, () => addrList(missing), ENODEV, 'addrList missing');
+  const err = await t.throwsAsync(linkByName(missing), { instanceOf: NetlinkError });
   t.true(err?.message.includes(missing), 'message names the link');
   // The host socket still works after errors.
-  t.is(linkByName(links.veth).name, links.veth);
+  t.is((await linkByName(links.veth)).name, links.veth);
 });
 
 kTest('linkByIndex finds the same link as linkByName; a missing index is ENODEV', async (t) => {
   const links = await makeLinks(t);
-  for (const name of ['lo', links.bridge, links.veth]) t.deepEqual(withoutFlags(linkByIndex(linkByName(name).index)), withoutFlags(linkByName(name)), name);
-  const gone = linkByName(links.peer).index;
+  for (const name of ['lo', links.bridge, links.veth]) t.deepEqual(withoutFlags(await linkByIndex((await linkByName(name)).index)), withoutFlags(await linkByName(name)), name);
+  const gone = (await linkByName(links.peer)).index;
   await sh('ip', ['link', 'del', links.veth]);
-  netlinkErrno(t, () => linkByIndex(gone), ENODEV, 'deleted veth peer by index');
-  t.throws(() => linkByIndex(0), { instanceOf: ConfigError });
-  t.throws(() => linkByIndex(-3), { instanceOf: ConfigError });
+  await netlinkErrno(t, () => linkByIndex(gone), ENODEV, 'deleted veth peer by index');
+  await t.throwsAsync(linkByIndex(0), { instanceOf: ConfigError });
+  await t.throwsAsync(linkByIndex(-3), { instanceOf: ConfigError });
 });
 
 kTest('a veth whose peer is in another netns: peerIndex is the index there and peerElsewhere is set, from both sides, as ip -d shows', async (t) => {
   const links = await makeLinks(t);
-  t.false(linkByName(links.veth).peerElsewhere, 'both ends in one namespace');
+  t.false((await linkByName(links.veth)).peerElsewhere, 'both ends in one namespace');
   const ns = await makeNetns(t);
   await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
-  const host = linkByName(links.veth);
-  const inPod = netnsLinkByName(ns.path, links.peer);
+  const host = await linkByName(links.veth);
+  const inPod = await netnsLinkByName(ns.path, links.peer);
   t.truthy(inPod);
   t.true(host.peerElsewhere && (inPod?.peerElsewhere ?? false));
   t.is(host.peerIndex, inPod?.index ?? -1, 'the host end names the pod end by its index in the pod netns');
@@ -328,7 +331,7 @@ kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it re
   await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
   await sh('ip', ['-n', ns.name, 'addr', 'add', '10.250.0.2/24', 'dev', links.peer]);
   await sh('ip', ['link', 'set', links.veth, 'up']);
-  const index = linkByName(links.veth).index;
+  const index = (await linkByName(links.veth)).index;
   t.true(linkIndexExists(index));
   const started = performance.now();
   const { goneMs, finished } = await linkDelete(index);
@@ -350,10 +353,10 @@ kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it re
   await t.throwsAsync(linkDelete(0), { instanceOf: ConfigError });
   // A delete the kernel refuses rejects with its errno and leaves the link: loopback cannot be
   // deleted (EOPNOTSUPP), so this is the one refusal that is safe to ask for in the host namespace.
-  const lo = linkByName('lo').index;
+  const lo = (await linkByName('lo')).index;
   const refused = await t.throwsAsync(linkDelete(lo), { instanceOf: NetlinkError });
   t.is(refused?.errno, 95, refused?.message);
-  t.is(linkByName('lo').index, lo, 'lo is still there');
+  t.is((await linkByName('lo')).index, lo, 'lo is still there');
   t.true(linkIndexExists(lo));
   t.false(linkIndexExists(0x7ffffff0), 'an index no link has');
 });
@@ -364,7 +367,7 @@ kTest('linkDelete: many at once (more than its worker budget) all end gone and f
     for (const p of pairs) await sh('ip', ['link', 'del', p.veth], { reject: false });
   });
   for (const p of pairs) await sh('ip', ['link', 'add', p.veth, 'type', 'veth', 'peer', 'name', p.peer]);
-  const dels = await Promise.all(pairs.map((p) => linkDelete(linkByName(p.veth).index)));
+  const dels = await Promise.all(pairs.map(async (p) => linkDelete((await linkByName(p.veth)).index)));
   await Promise.all(dels.map((d) => d.finished));
   const names = new Set((await ipLinks()).map((l) => l.ifname));
   for (const p of pairs) t.false(names.has(p.veth) || names.has(p.peer), `${p.veth} and ${p.peer} gone`);
@@ -383,7 +386,7 @@ kTest('linkDelete veth: veths asked while one is being deleted go together in on
   }
   await sh('ip', ['link', 'add', bystander.veth, 'type', 'veth', 'peer', 'name', bystander.peer]);
   await sh('ip', ['link', 'set', bystander.veth, 'group', '7']);
-  const indexes = pairs.map((p) => linkByName(p.veth).index);
+  const indexes = await Promise.all(pairs.map(async (p) => (await linkByName(p.veth)).index));
   // One of the batch is already gone when its turn comes: a success, as for any delete.
   const goneBefore = pairs.pop()!;
   const goneIndex = indexes.pop()!;
@@ -414,17 +417,17 @@ kTest('setPromiscOn / setPromiscOff toggle PROMISC as ip sees it, idempotently',
   const links = await makeLinks(t);
   const flagsOf = async () => (await ipLinks()).find((l) => l.ifname === links.bridge)?.flags ?? [];
   t.false((await flagsOf()).includes('PROMISC'));
-  setPromiscOn(links.bridge);
-  setPromiscOn(links.bridge);
+  await setPromiscOn(links.bridge);
+  await setPromiscOn(links.bridge);
   t.true((await flagsOf()).includes('PROMISC'));
-  t.true(linkByName(links.bridge).promisc);
-  t.true(linkByName(links.bridge).up, 'UP kept');
-  t.true((linkByName(links.bridge).flags & 0x100) !== 0);
-  setPromiscOff(links.bridge);
-  setPromiscOff(links.bridge);
+  t.true((await linkByName(links.bridge)).promisc);
+  t.true((await linkByName(links.bridge)).up, 'UP kept');
+  t.true(((await linkByName(links.bridge)).flags & 0x100) !== 0);
+  await setPromiscOff(links.bridge);
+  await setPromiscOff(links.bridge);
   t.false((await flagsOf()).includes('PROMISC'));
-  t.false(linkByName(links.bridge).promisc);
-  t.true(linkByName(links.bridge).up, 'UP kept');
+  t.false((await linkByName(links.bridge)).promisc);
+  t.true((await linkByName(links.bridge)).up, 'UP kept');
 });
 
 kTest('addrList equals ip -j addr, per family', async (t) => {
@@ -435,14 +438,14 @@ kTest('addrList equals ip -j addr, per family', async (t) => {
   await sh('ip', ['addr', 'add', `fd6b:6e6c:${o.toString(16)}::1/64`, 'dev', links.bridge, 'nodad']);
   await sh('ip', ['addr', 'add', `fd6b:6e6c:${o.toString(16)}:0:0:0:0:abcd/128`, 'dev', links.bridge, 'nodad']);
   const expected = await ipAddrs(links.bridge);
-  const ours = addrList(links.bridge);
+  const ours = await addrList(links.bridge);
   t.deepEqual(ours, expected);
   t.true(ours.some((a) => a.cidr === `198.18.${o}.1/24` && a.family === 4 && a.scope === 0));
   t.true(ours.some((a) => a.cidr === `fd6b:6e6c:${o.toString(16)}::abcd/128`), 'IPv6 in canonical form');
-  t.deepEqual(addrList(links.bridge, 4), expected.filter((a) => a.family === 4));
-  t.deepEqual(addrList(links.bridge, 6), expected.filter((a) => a.family === 6));
-  t.deepEqual(addrList('lo'), await ipAddrs('lo'));
-  t.deepEqual(addrList(links.peer), await ipAddrs(links.peer));
+  t.deepEqual(await addrList(links.bridge, 4), expected.filter((a) => a.family === 4));
+  t.deepEqual(await addrList(links.bridge, 6), expected.filter((a) => a.family === 6));
+  t.deepEqual(await addrList('lo'), await ipAddrs('lo'));
+  t.deepEqual(await addrList(links.peer), await ipAddrs(links.peer));
 });
 
 kTest('addrDel removes one address and is idempotent (absent address, wrong prefix, absent link)', async (t) => {
@@ -454,20 +457,20 @@ kTest('addrDel removes one address and is idempotent (absent address, wrong pref
   await sh('ip', ['addr', 'add', v4, 'dev', links.bridge]);
   await sh('ip', ['addr', 'add', v4b, 'dev', links.bridge]);
   await sh('ip', ['addr', 'add', v6, 'dev', links.bridge, 'nodad']);
-  addrDel(links.bridge, `198.18.${o}.1/16`); // same IP, other prefix: not this address
+  await addrDel(links.bridge, `198.18.${o}.1/16`); // same IP, other prefix: not this address
   t.true((await ipAddrs(links.bridge)).some((a) => a.cidr === v4), 'wrong prefix deletes nothing');
-  addrDel(links.bridge, v4);
+  await addrDel(links.bridge, v4);
   let now = await ipAddrs(links.bridge);
   t.false(now.some((a) => a.cidr === v4));
   t.true(now.some((a) => a.cidr === v4b), 'the other address stays');
-  addrDel(links.bridge, v4);
-  addrDel(links.bridge, v6);
-  addrDel(links.bridge, v6);
+  await addrDel(links.bridge, v4);
+  await addrDel(links.bridge, v6);
+  await addrDel(links.bridge, v6);
   now = await ipAddrs(links.bridge);
   t.false(now.some((a) => a.cidr === v6));
-  t.deepEqual(addrList(links.bridge), now);
-  t.notThrows(() => addrDel(linkName('b'), v4), 'absent link');
-  t.notThrows(() => addrDel(links.peer, '198.51.100.1/24'), 'link without addresses');
+  t.deepEqual(await addrList(links.bridge), now);
+  await t.notThrowsAsync(addrDel(linkName('b'), v4), 'absent link');
+  await t.notThrowsAsync(addrDel(links.peer, '198.51.100.1/24'), 'link without addresses');
 });
 
 kTest('netnsAddrList reads a link inside another namespace and leaves the thread where it was', async (t) => {
@@ -479,34 +482,55 @@ kTest('netnsAddrList reads a link inside another namespace and leaves the thread
   await sh('ip', ['-n', ns.name, 'addr', 'add', `fd6b:6e6c:${o.toString(16)}::5/64`, 'dev', links.peer, 'nodad']);
   const nsBefore = readlinkSync('/proc/thread-self/ns/net');
 
-  const ours = netnsAddrList(ns.path, links.peer);
+  const ours = await netnsAddrList(ns.path, links.peer);
   t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore, 'back in the host namespace');
   t.deepEqual(ours, await ipAddrs(links.peer, ns.name));
   t.is(ours.length, 2);
-  t.deepEqual(netnsAddrList(ns.path, links.peer, 4), [{ family: 4, ip: `198.18.${o}.5`, prefixLen: 24, cidr: `198.18.${o}.5/24`, scope: 0 }]);
-  t.deepEqual(netnsAddrList(ns.path, links.peer, 6).map((a) => a.cidr), [`fd6b:6e6c:${o.toString(16)}::5/64`]);
-  t.deepEqual(netnsAddrList(ns.path, 'lo'), await ipAddrs('lo', ns.name), 'lo is down: no addresses');
+  t.deepEqual(await netnsAddrList(ns.path, links.peer, 4), [{ family: 4, ip: `198.18.${o}.5`, prefixLen: 24, cidr: `198.18.${o}.5/24`, scope: 0 }]);
+  t.deepEqual((await netnsAddrList(ns.path, links.peer, 6)).map((a) => a.cidr), [`fd6b:6e6c:${o.toString(16)}::5/64`]);
+  t.deepEqual(await netnsAddrList(ns.path, 'lo'), await ipAddrs('lo', ns.name), 'lo is down: no addresses');
 
   // The link is gone from the host namespace, and host calls still use the host socket.
-  netlinkErrno(t, () => linkByName(links.peer), ENODEV, 'moved link not in host');
-  netlinkErrno(t, () => netnsAddrList(ns.path, links.veth), ENODEV, 'host link not in pod netns');
-  t.is(linkByName(links.veth).name, links.veth);
+  await netlinkErrno(t, () => linkByName(links.peer), ENODEV, 'moved link not in host');
+  await netlinkErrno(t, () => netnsAddrList(ns.path, links.veth), ENODEV, 'host link not in pod netns');
+  t.is((await linkByName(links.veth)).name, links.veth);
   t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore);
+});
+
+kTest('linkBasics and netnsLinkIndex (ioctls, no netlink) match ip -j link; absent links are undefined', async (t) => {
+  const links = await makeLinks(t);
+  await setPromiscOn(links.bridge);
+  await linkSetMtu(links.bridge, 1400);
+  const ip = (await ipLinks()).find((l) => l.ifname === links.bridge);
+  const basics = linkBasics(links.bridge);
+  t.like(basics, { index: ip?.ifindex, mtu: 1400, txQLen: ip?.txqlen ?? 0, up: true, promisc: true });
+  t.is(basics?.flags, (await linkByName(links.bridge)).flags, 'the flags netlink reports');
+  t.is(linkBasics(linkName('b')), undefined);
+  const ns = await makeNetns(t);
+  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+  const nsBefore = readlinkSync('/proc/thread-self/ns/net');
+  const inPod = (await ipLinks(ns.name)).find((l) => l.ifname === links.peer);
+  t.is(netnsLinkIndex(ns.path, links.peer), inPod?.ifindex);
+  t.is(netnsLinkIndex(ns.path, links.veth), undefined, 'the host end is not in the pod netns');
+  t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore, 'back in the host namespace');
+  await netlinkErrno(t, () => netnsLinkIndex(`/var/run/netns/knl-${TAG}-absent`, 'eth0'), ENOENT, 'missing netns path');
+  await netlinkErrno(t, () => netnsLinkIndex('/proc/self/stat', 'lo'), EINVAL, 'not a namespace file');
+  t.throws(() => netnsLinkIndex(ns.path, 'a/b'), { instanceOf: ConfigError });
 });
 
 kTest('netnsAddrList errors: missing path ENOENT, not a netns EINVAL, thread unchanged', async (t) => {
   const nsBefore = readlinkSync('/proc/thread-self/ns/net');
-  netlinkErrno(t, () => netnsAddrList(`/var/run/netns/knl-${TAG}-absent`, 'eth0'), ENOENT, 'missing netns path');
-  netlinkErrno(t, () => netnsAddrList('/proc/self/stat', 'lo'), EINVAL, 'not a namespace file');
+  await netlinkErrno(t, () => netnsAddrList(`/var/run/netns/knl-${TAG}-absent`, 'eth0'), ENOENT, 'missing netns path');
+  await netlinkErrno(t, () => netnsAddrList('/proc/self/stat', 'lo'), EINVAL, 'not a namespace file');
   t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore);
-  t.is(linkByName('lo').name, 'lo');
+  t.is((await linkByName('lo')).name, 'lo');
 });
 
 kTest('netnsAddrList on a deleted netns (after ip netns del) is ENOENT', async (t) => {
   const ns = await makeNetns(t);
-  t.deepEqual(netnsAddrList(ns.path, 'lo'), []);
+  t.deepEqual(await netnsAddrList(ns.path, 'lo'), []);
   await sh('ip', ['netns', 'del', ns.name]);
-  netlinkErrno(t, () => netnsAddrList(ns.path, 'lo'), ENOENT, 'deleted netns');
+  await netlinkErrno(t, () => netnsAddrList(ns.path, 'lo'), ENOENT, 'deleted netns');
 });
 
 /** `tc -s class show dev X` (iproute2 6.1 has no JSON for classes): the fields compared. */
@@ -576,16 +600,16 @@ kTest('classList reads every class of a device with the kernel counters tc -s sh
   t.is(pod?.ceil, 8_000_000);
   t.is(ours.find((c) => c.handle === toHandle('2:3'))?.rate, 3_000_000);
   t.true((pod?.packets ?? 0) >= 5 && (pod?.bytes ?? 0) >= 5 * 1200, `the replies went through 2:1: ${JSON.stringify(pod)}`);
-  t.deepEqual(classList(linkByName(veth).index), ours, 'by ifindex: the same');
+  t.deepEqual(classList((await linkByName(veth)).index), ours, 'by ifindex: the same');
   // One class by its handle, without the dump: the same figures; absent ones are undefined, and the
   // socket stays in step (every reply and ACK read) for the calls after them.
-  const index = linkByName(veth).index;
+  const index = (await linkByName(veth)).index;
   for (const c of ours) t.deepEqual(classGet(index, c.handle), c, `classGet ${c.handle.toString(16)}`);
   t.is(classGet(index, toHandle('2:9')), undefined, 'no class 2:9');
   t.is(classGet(index, toHandle('7:1')), undefined, 'no qdisc 7:');
   t.deepEqual(classGet(index, toHandle('2:1')), pod, 'after two misses');
   t.deepEqual(classList(veth), ours, 'a dump after the gets');
-  netlinkErrno(t, () => classGet(0x7ffffff0, toHandle('2:1')), ENODEV, 'classGet on a missing ifindex');
+  await netlinkErrno(t, () => classGet(0x7ffffff0, toHandle('2:1')), ENODEV, 'classGet on a missing ifindex');
 
   const stats = linkStats(veth);
   const ip = (await ipJson<Array<{ stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } } }>>(['-s', 'link', 'show', 'dev', veth]))[0];
@@ -597,8 +621,8 @@ kTest('classList reads every class of a device with the kernel counters tc -s sh
     rxDropped: ip?.stats64.rx.dropped,
     txDropped: ip?.stats64.tx.dropped,
   });
-  t.deepEqual(linkStats(linkByName(veth).index), stats);
-  netlinkErrno(t, () => classList(linkName('v')), ENODEV, 'classList of a missing link');
-  netlinkErrno(t, () => linkStats(linkName('v')), ENODEV, 'linkStats of a missing link');
+  t.deepEqual(linkStats((await linkByName(veth)).index), stats);
+  await netlinkErrno(t, () => classList(linkName('v')), ENODEV, 'classList of a missing link');
+  await netlinkErrno(t, () => linkStats(linkName('v')), ENODEV, 'linkStats of a missing link');
   t.throws(() => classList('a/b'), { instanceOf: ConfigError });
 });

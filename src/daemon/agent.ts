@@ -25,6 +25,7 @@ import { shardsFor } from '../shaper/tc-layout.js';
 import { AgentApi } from './http-api.js';
 import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
+import { watchEventLoopDelay } from './loop-delay.js';
 import { AgentMetrics } from './metrics.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
@@ -87,6 +88,7 @@ export class Agent {
   private readoptTimer: NodeJS.Timeout | undefined;
   private readoptDelayMs = READOPT_RETRY_MS;
   private stopped = false;
+  private stopLoopWatch: (() => void) | undefined;
 
   constructor(
     private readonly config: AgentConfig,
@@ -157,6 +159,7 @@ export class Agent {
 
   async start(): Promise<void> {
     checkInstallConfig(this.config);
+    this.stopLoopWatch ??= watchEventLoopDelay((s) => this.metrics.loopDelay.observe(s));
     // The core's reconcile may release leases: the daemon answers before it runs.
     await this.dhcpDaemon?.start();
     try {
@@ -286,6 +289,7 @@ export class Agent {
   /** Stops taking calls, lets calls in flight finish (bounded), then releases the node resources it holds open. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.stopLoopWatch?.();
     clearTimeout(this.readoptTimer);
     await this.source.stop();
     await this.routes?.stop();

@@ -19,6 +19,8 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { isUnshaped, type DirectionCounters, type PodRecord, type PodTraffic } from '../pod/index.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
+/** Fine up to 20 ms, where a blocked loop starts to show in every CNI call. */
+const LOOP_DELAY_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25, 0.5, 1];
 
 /** The per-pod families, in the order written: name, type, help; `limit` carries `source` too. */
 const POD_FAMILIES = [
@@ -103,6 +105,8 @@ export class AgentMetrics {
   private readonly shaped = new Gauge({ name: 'kubenet_shaped_pods', help: 'Pods with bandwidth limits', registers: [this.registry] });
   // DEL answers once a pod's veth is gone; the kernel frees the device on a worker thread after.
   private readonly vethDeletions = new Gauge({ name: 'kubenet_veth_deletions_in_flight', help: 'Pod veths deleted but not yet freed by the kernel', registers: [this.registry] });
+  // Fed by loop-delay.ts: how late a timer due every 10 ms ran, runs a blocked loop missed included.
+  readonly loopDelay = new Histogram({ name: 'kubenet_event_loop_delay_seconds', help: "How late the agent's event loop ran a timer due every 10 ms", buckets: LOOP_DELAY_BUCKETS, registers: [this.registry] });
   private readonly perPod = new PodSeries();
 
   /** One finished CNI call. */

@@ -31,13 +31,13 @@ export const REASON_NO_ROUTE = 'NodeRouteUnavailable';
 const RESYNC_MS = 30_000;
 const RETRY_MS = 1_000;
 
-/** The kernel side, replaceable in tests. */
+/** The kernel side, replaceable in tests. Every call may wait on the kernel (its RTNL lock): none blocks the event loop. */
 export interface RouteKernel {
-  list(): RouteInfo[];
-  replace(spec: RouteSpec): void;
-  del(dst: string): void;
+  list(): Promise<RouteInfo[]>;
+  replace(spec: RouteSpec): Promise<void>;
+  del(dst: string): Promise<void>;
   /** This node's addresses that may carry a route (not the pod bridge's, not host-scoped ones). */
-  localAddresses(): LocalAddress[];
+  localAddresses(): Promise<LocalAddress[]>;
 }
 
 export function netlinkRouteKernel(bridgeName: string): RouteKernel {
@@ -45,12 +45,10 @@ export function netlinkRouteKernel(bridgeName: string): RouteKernel {
     list: () => routeList(ROUTE_PROTOCOL),
     replace: (spec) => routeReplace(spec),
     del: (dst) => routeDel(dst, ROUTE_PROTOCOL),
-    localAddresses: () => {
+    localAddresses: async () => {
       const bridge = linkIndexByName(bridgeName);
       // Universe scope only: loopback's (host) and IPv6 link-local (link) addresses route nothing.
-      return addrListAll()
-        .filter((a) => a.scope === 0 && a.ifindex !== bridge)
-        .map((a) => ({ ifindex: a.ifindex, cidr: a.cidr }));
+      return (await addrListAll()).filter((a) => a.scope === 0 && a.ifindex !== bridge).map((a) => ({ ifindex: a.ifindex, cidr: a.cidr }));
     },
   };
 }
@@ -87,6 +85,9 @@ export class NodeRoutes {
    */
   private applied: Map<string, RouteInfo> | undefined;
   private lastFull = 0;
+  /** The reconcile running now, and whether another was asked for meanwhile (it runs after). */
+  private reconciling: Promise<void> | undefined;
+  private again = false;
   /** Reconciles done, routes replaced and removed, failures: for metrics and the bench. */
   readonly counters = { reconciles: 0, replaced: 0, removed: 0, failed: 0 };
 
@@ -133,6 +134,7 @@ export class NodeRoutes {
     this.stopped = true;
     clearImmediate(this.scheduled);
     clearTimeout(this.timer);
+    await this.reconciling;
     await this.loop.stop();
   }
 
@@ -146,7 +148,7 @@ export class NodeRoutes {
       if (this.scheduled) return;
       this.scheduled = setImmediate(() => {
         this.scheduled = undefined;
-        this.reconcile();
+        void this.reconcile();
       });
       return;
     }
@@ -155,8 +157,28 @@ export class NodeRoutes {
     this.timer.unref();
   }
 
-  /** Brings the kernel's routes of our protocol to the plan; never before the first full list. */
-  reconcile(): void {
+  /**
+   * Brings the kernel's routes of our protocol to the plan; never before the first full list. One
+   * at a time: asked while one runs, another runs after it.
+   */
+  async reconcile(): Promise<void> {
+    if (this.reconciling) {
+      this.again = true;
+      return this.reconciling;
+    }
+    this.reconciling = this.reconcileOnce();
+    try {
+      await this.reconciling;
+    } finally {
+      this.reconciling = undefined;
+    }
+    if (this.again) {
+      this.again = false;
+      this.schedule();
+    }
+  }
+
+  private async reconcileOnce(): Promise<void> {
     if (!this.listed || this.stopped) return;
     const t0 = performance.now();
     const resync = this.o.resyncMs ?? RESYNC_MS;
@@ -165,8 +187,8 @@ export class NodeRoutes {
     let current: RouteInfo[];
     let plan: ReturnType<typeof planRoutes>;
     try {
-      plan = planRoutes(this.o.nodeName, this.nodes.values(), this.o.kernel.localAddresses());
-      current = full || !this.applied ? this.o.kernel.list() : [...this.applied.values()];
+      plan = planRoutes(this.o.nodeName, this.nodes.values(), await this.o.kernel.localAddresses());
+      current = full || !this.applied ? await this.o.kernel.list() : [...this.applied.values()];
       if (full) this.lastFull = t0;
     } catch (err) {
       this.log.error({ err }, 'reading this node\'s addresses or routes failed; trying again');
@@ -179,7 +201,7 @@ export class NodeRoutes {
     const applied = new Map(current.map((r) => [r.dst, r]));
     for (const r of remove) {
       try {
-        this.o.kernel.del(r.dst);
+        await this.o.kernel.del(r.dst);
         applied.delete(r.dst);
         this.counters.removed++;
         this.log.info({ dst: r.dst, via: r.gateway }, 'route removed (no Node has this pod CIDR any more, or its route changed)');
@@ -190,7 +212,7 @@ export class NodeRoutes {
     }
     for (const w of replace) {
       try {
-        this.o.kernel.replace({ dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
+        await this.o.kernel.replace({ dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
         applied.set(w.dst, { family: w.family, dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
         this.counters.replaced++;
         this.log.info({ node: w.node, dst: w.dst, via: w.gateway, ifindex: w.ifindex }, 'route to a Node\'s pod CIDR set');

@@ -1,14 +1,14 @@
 /**
- * Addresses, named after iproute2: `ip addr show` (one link, every link), `ip addr del`, over the
- * shared host socket (./socket.ts); and the listing on a given socket that ./netns.ts uses inside
- * other namespaces.
+ * Addresses, named after iproute2: `ip addr show` (one link, every link), `ip addr del`, each off
+ * the event loop on a socket of its own (./socket.ts withHostSocket); and the listing on a given
+ * socket that ./netns.ts uses inside other namespaces.
  */
 import { AF_INET, AF_INET6, AF_UNSPEC, nl, route, type Out, type Ptr } from './libnl.js';
 import { NetlinkError } from '../errors.js';
 import { E, NLE, nlError } from './errno.js';
-import { linkIndex } from './link.js';
+import { linkIndexOn } from './link.js';
 import { afOf, checkIfname, parseAddrCidr } from './parse.js';
-import { check, dumpCache, hostSocket } from './socket.js';
+import { withHostSocket, type Lease } from './socket.js';
 
 export interface AddrInfo {
   family: 4 | 6;
@@ -34,12 +34,12 @@ function toAddrInfo(addr: Ptr): AddrInfo | undefined {
   return { family: af === AF_INET ? 4 : 6, ip, prefixLen, cidr: `${ip}/${prefixLen}`, scope: route.rtnl_addr_get_scope(addr) as number };
 }
 
-/** The addresses of the link `ifname` as seen through socket `sk` (`ip addr show dev IFNAME [-4|-6]`). Missing link → ENODEV. */
-export function addrListOn(sk: Ptr, op: string, ifname: string, family: 4 | 6 | undefined): AddrInfo[] {
-  checkIfname(op, ifname);
-  const af = afOf(op, family);
-  const ifindex = linkIndex(sk, op, ifname);
-  const cache = dumpCache(sk, op, (out) => route.rtnl_addr_alloc_cache(sk, out) as number);
+/** The addresses of the link `ifname` as seen through the leased socket (`ip addr show dev IFNAME [-4|-6]`). Missing link → ENODEV. */
+export async function addrListOn(l: Lease, ifname: string, family: 4 | 6 | undefined): Promise<AddrInfo[]> {
+  checkIfname(l.op, ifname);
+  const af = afOf(l.op, family);
+  const ifindex = await linkIndexOn(l, ifname);
+  const cache = await l.dump((out) => l.call(route.rtnl_addr_alloc_cache, l.sk, out));
   try {
     const result: AddrInfo[] = [];
     for (let a = nl.addr_cache_first(cache) as Ptr; a; a = nl.addr_cache_next(a) as Ptr) {
@@ -55,67 +55,70 @@ export function addrListOn(sk: Ptr, op: string, ifname: string, family: 4 | 6 | 
 }
 
 /** `ip addr show dev NAME [-4|-6]`, in kernel order (IPv4 first). Missing link → ENODEV. */
-export function addrList(name: string, family?: 4 | 6): AddrInfo[] {
+export async function addrList(name: string, family?: 4 | 6): Promise<AddrInfo[]> {
   const op = `addrList ${name}`;
-  return addrListOn(hostSocket(op), op, name, family);
+  checkIfname(op, name);
+  afOf(op, family);
+  return withHostSocket(op, (l) => addrListOn(l, name, family));
 }
 
 /** `ip addr show` of every link: each address with the ifindex of its link. */
-export function addrListAll(): Array<AddrInfo & { ifindex: number }> {
-  const op = 'addrListAll';
-  const sk = hostSocket(op);
-  const cache = dumpCache(sk, op, (out) => route.rtnl_addr_alloc_cache(sk, out) as number);
-  try {
-    const result: Array<AddrInfo & { ifindex: number }> = [];
-    for (let a = nl.addr_cache_first(cache) as Ptr; a; a = nl.addr_cache_next(a) as Ptr) {
-      const info = toAddrInfo(a);
-      if (info) result.push({ ...info, ifindex: route.rtnl_addr_get_ifindex(a) as number });
+export async function addrListAll(): Promise<Array<AddrInfo & { ifindex: number }>> {
+  return withHostSocket('addrListAll', async (l) => {
+    const cache = await l.dump((out) => l.call(route.rtnl_addr_alloc_cache, l.sk, out));
+    try {
+      const result: Array<AddrInfo & { ifindex: number }> = [];
+      for (let a = nl.addr_cache_first(cache) as Ptr; a; a = nl.addr_cache_next(a) as Ptr) {
+        const info = toAddrInfo(a);
+        if (info) result.push({ ...info, ifindex: route.rtnl_addr_get_ifindex(a) as number });
+      }
+      return result;
+    } finally {
+      nl.nl_cache_free(cache);
     }
-    return result;
-  } finally {
-    nl.nl_cache_free(cache);
-  }
+  });
 }
 
 /**
  * `ip addr del CIDR dev NAME`. Idempotent: an absent address or an absent link is success.
  * The prefix length is part of the match, as in the kernel: "10.1.2.3/16" does not remove 10.1.2.3/24.
  */
-export function addrDel(name: string, cidr: string): void {
+export async function addrDel(name: string, cidr: string): Promise<void> {
   const op = `addrDel ${name} ${cidr}`;
   checkIfname(op, name);
   const parsed = parseAddrCidr(op, cidr);
-  const sk = hostSocket(op);
-  let ifindex: number;
-  try {
-    ifindex = linkIndex(sk, op, name);
-  } catch (err) {
-    if (err instanceof NetlinkError && err.errno === E.ENODEV) return;
-    throw err;
-  }
-  const outAddr: Out = [null];
-  const prc = nl.nl_addr_parse(`${parsed.ip}/${parsed.prefixLen}`, parsed.family === 4 ? AF_INET : AF_INET6, outAddr) as number;
-  if (prc < 0 || !outAddr[0]) throw nlError(op, prc < 0 ? prc : -NLE.PARSE_ERR);
-  const local = outAddr[0];
-  try {
-    const addr = route.rtnl_addr_alloc() as Ptr;
-    if (!addr) throw new NetlinkError(op, E.ENOMEM, 'rtnl_addr_alloc failed');
+  await withHostSocket(op, async (l) => {
+    let ifindex: number;
     try {
-      route.rtnl_addr_set_ifindex(addr, ifindex);
-      route.rtnl_addr_set_family(addr, parsed.family === 4 ? AF_INET : AF_INET6);
-      const src = route.rtnl_addr_set_local(addr, local) as number;
-      if (src < 0) throw nlError(op, src);
-      route.rtnl_addr_set_prefixlen(addr, parsed.prefixLen);
-      const rc = route.rtnl_addr_delete(sk, addr, 0) as number;
-      if (rc >= 0) return;
-      const nle = Math.abs(rc);
-      // EADDRNOTAVAIL (no such address), ENOENT/ESRCH, ENODEV (link gone meanwhile): already absent.
-      if (nle === NLE.NOADDR || nle === NLE.OBJ_NOTFOUND || nle === NLE.NODEV) return;
-      check(sk, op, rc, E.ENOENT);
-    } finally {
-      route.rtnl_addr_put(addr);
+      ifindex = await linkIndexOn(l, name);
+    } catch (err) {
+      if (err instanceof NetlinkError && err.errno === E.ENODEV) return;
+      throw err;
     }
-  } finally {
-    nl.nl_addr_put(local);
-  }
+    const outAddr: Out = [null];
+    const prc = nl.nl_addr_parse(`${parsed.ip}/${parsed.prefixLen}`, parsed.family === 4 ? AF_INET : AF_INET6, outAddr) as number;
+    if (prc < 0 || !outAddr[0]) throw nlError(op, prc < 0 ? prc : -NLE.PARSE_ERR);
+    const local = outAddr[0];
+    try {
+      const addr = route.rtnl_addr_alloc() as Ptr;
+      if (!addr) throw new NetlinkError(op, E.ENOMEM, 'rtnl_addr_alloc failed');
+      try {
+        route.rtnl_addr_set_ifindex(addr, ifindex);
+        route.rtnl_addr_set_family(addr, parsed.family === 4 ? AF_INET : AF_INET6);
+        const src = route.rtnl_addr_set_local(addr, local) as number;
+        if (src < 0) throw nlError(op, src);
+        route.rtnl_addr_set_prefixlen(addr, parsed.prefixLen);
+        const rc = await l.call(route.rtnl_addr_delete, l.sk, addr, 0);
+        if (rc >= 0) return;
+        const nle = Math.abs(rc);
+        // EADDRNOTAVAIL (no such address), ENOENT/ESRCH, ENODEV (link gone meanwhile): already absent.
+        if (nle === NLE.NOADDR || nle === NLE.OBJ_NOTFOUND || nle === NLE.NODEV) return;
+        l.check(rc, E.ENOENT);
+      } finally {
+        route.rtnl_addr_put(addr);
+      }
+    } finally {
+      nl.nl_addr_put(local);
+    }
+  });
 }

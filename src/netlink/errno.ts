@@ -160,12 +160,24 @@ export function isNoDevice(err: unknown): boolean {
   return err instanceof NetlinkError && err.errno === E.ENODEV;
 }
 
-/** `read()`, or undefined when the link it reads is not there (ENODEV); any other failure is thrown. */
-export function ifPresent<T>(read: () => T): T | undefined {
+/** A synchronous read's result: a function returning a promise is an asynchronous read, passed as its promise. */
+type NotPromise<T> = T extends PromiseLike<unknown> ? never : T;
+
+/**
+ * What `read` reads, or undefined when the link it reads is not there (ENODEV); any other failure
+ * is thrown. `read` is a request under way (a promise: so is the answer) or a synchronous read.
+ */
+export function ifPresent<T>(read: Promise<T>): Promise<T | undefined>;
+export function ifPresent<T>(read: () => NotPromise<T>): T | undefined;
+export function ifPresent<T>(read: Promise<T> | (() => T)): Promise<T | undefined> | T | undefined {
+  const absent = (err: unknown) => {
+    if (isNoDevice(err)) return undefined;
+    throw err;
+  };
+  if (typeof read !== 'function') return read.catch(absent);
   try {
     return read();
   } catch (err) {
-    if (isNoDevice(err)) return undefined;
-    throw err;
+    return absent(err);
   }
 }

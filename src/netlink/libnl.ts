@@ -3,9 +3,10 @@
  * the netlink layer needs to enter a network namespace. Declarations only: no logic, no error mapping
  * (that lives in src/netlink). Every pointer type is opaque; ownership is documented per function.
  *
- * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink). koffi
- * also offers every binding as `fn.async(...args, callback)` on a worker thread; src/netlink uses that
- * for the one call that blocks for long (rtnl_link_delete).
+ * All functions are bound synchronously: each call blocks the calling thread (~µs for netlink, unless
+ * the request waits on the kernel's RTNL lock). koffi also offers every binding as
+ * `fn.async(...args, callback)` on a libuv pool thread; src/netlink makes every call that sends a
+ * request that way (./pool.ts offLoop), the getters of the objects it gets back synchronously.
  */
 import koffi from 'koffi';
 
@@ -280,9 +281,11 @@ export const MSG_DONTWAIT = 0x40;
 export const MSG_TRUNC = 0x20;
 export const MSG_WAITFORONE = 0x10000;
 
-/** linux/sockios.h: ifindex -> name (ENODEV when no link has that index); name -> ifindex; name -> txqueuelen. */
+/** linux/sockios.h: ifindex -> name (ENODEV when no link has that index); name -> ifindex, flags, MTU, txqueuelen. */
 export const SIOCGIFNAME = 0x8910;
 export const SIOCGIFINDEX = 0x8933;
+export const SIOCGIFFLAGS = 0x8913;
+export const SIOCGIFMTU = 0x8921;
 export const SIOCGIFTXQLEN = 0x8942;
 /** sizeof(struct ifreq) on Linux; ifr_ifindex is the int at offset IFNAMSIZ (16). */
 export const IFREQ_SIZE = 40;

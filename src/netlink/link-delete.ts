@@ -1,8 +1,8 @@
 /**
  * Deleting a link without waiting for the kernel to free it (`linkDelete`), veths in flight together
- * deleted in one kernel request, and the tracking of the requests still outstanding. The one
- * asynchronous call of the netlink API: each request runs on a libuv worker thread (koffi `.async`)
- * with a socket of its own.
+ * deleted in one kernel request, and the tracking of the requests still outstanding. Each request
+ * runs on a libuv pool thread (./pool.ts offLoop) with a socket of its own, within the deletions'
+ * own slots (an answer comes only once the device is freed: these hold their thread longest).
  */
 import { randomInt } from 'node:crypto';
 import { IFINFOMSG_SIZE, IFLA_GROUP, nl, NLMSG_ALIGNTO, RTM_DELLINK, RTM_SETLINK, type Ptr } from './libnl.js';
@@ -10,17 +10,15 @@ import { ConfigError, NetlinkError } from '../errors.js';
 import { E, NLE, nlError } from './errno.js';
 import { linkIndexExists } from './ioctl.js';
 import { checkUint } from './parse.js';
+import { DELETE_SLOTS, offLoop, Slots } from './pool.js';
 import { connectSocket } from './socket.js';
 
-/** libuv's thread pool, shared with fs and dns: outstanding requests may hold all but two of its threads. */
-const POOL_SIZE = Number(process.env.UV_THREADPOOL_SIZE) || 4;
-const MAX_REQUESTS = Math.max(1, POOL_SIZE - 2);
 /** Veths deleted by one request at most. */
 const MAX_BATCH = 64;
 /** Per link: settles when the kernel has answered the request that deleted it. */
 const deletions = new Set<Promise<void>>();
-/** Kernel requests (deletions and group changes) outstanding on worker threads. */
-const requests = new Set<Promise<unknown>>();
+/** Pool threads held by kernel requests (deletions and group changes) outstanding. */
+const slots = new Slots(DELETE_SLOTS);
 const counts = { links: 0, requests: 0 };
 
 /** Deletions started by linkDelete whose kernel request has not returned yet (the device not yet freed). */
@@ -64,8 +62,8 @@ export interface LinkDeleteOptions {
  * a libuv worker thread (koffi `.async`) with a socket of its own, and this polls the link by index
  * until it is gone, or until the request fails first (rejecting with its NetlinkError; ENODEV
  * counts as gone). A missing link is gone at once. Only for links in this process's own network
- * namespace. At most UV_THREADPOOL_SIZE − 2 requests are outstanding at once: beyond that this
- * first waits for one to finish.
+ * namespace. At most DELETE_SLOTS requests are outstanding at once (./pool.ts): beyond that a
+ * request first waits for one to finish.
  *
  * With `veth: true` (the caller vouches for the kind), deletions asked while another veth batch is
  * still being unlisted wait for it and then go together: their links get a group of their own
@@ -168,14 +166,12 @@ function linkMessage(op: string, type: number, ifindex: number, group?: number):
   return msg;
 }
 
-/** One request sent and its ACK awaited on a worker thread; resolves with libnl's code (0 or -NLE_*), or koffi's own failure. */
-function send(sk: Ptr, msg: Ptr): Promise<{ rc: number; callErr?: unknown }> {
-  const p = new Promise<{ rc: number; callErr?: unknown }>((resolve) => {
-    nl.nl_send_sync.async(sk, msg, (callErr: unknown, rc: number) => resolve(callErr ? { rc: -1, callErr } : { rc }));
-  });
-  requests.add(p);
-  void p.then(() => requests.delete(p));
-  return p;
+/** One request sent and its ACK awaited on a pool thread, in a slot; resolves with libnl's code (0 or -NLE_*), or koffi's own failure. */
+function send(op: string, sk: Ptr, msg: Ptr): Promise<{ rc: number; callErr?: unknown }> {
+  return slots.run(() => offLoop(op, nl.nl_send_sync, sk, msg)).then(
+    (rc) => ({ rc }),
+    (callErr: unknown) => ({ rc: -1, callErr }),
+  );
 }
 
 /** ENODEV and "object not found" mean the link is already gone: success for a delete. */
@@ -185,7 +181,7 @@ function absent(rc: number): boolean {
 
 /** The error of an answered request, undefined for success or an absent link. */
 function failure(op: string, answer: { rc: number; callErr?: unknown }): NetlinkError | undefined {
-  if (answer.callErr) return new NetlinkError(op, E.EIO, `koffi async call failed: ${String(answer.callErr)}`);
+  if (answer.callErr) return answer.callErr instanceof NetlinkError ? answer.callErr : new NetlinkError(op, E.EIO, `koffi async call failed: ${String(answer.callErr)}`);
   return answer.rc < 0 && !absent(answer.rc) ? nlError(op, answer.rc) : undefined;
 }
 
@@ -198,7 +194,6 @@ async function deleteTogether(batch: Member[]): Promise<void> {
   let sk: Ptr | undefined;
   let members: Member[] = batch;
   try {
-    while (requests.size >= MAX_REQUESTS) await Promise.race(requests);
     sk = connectSocket(op);
     let msg: Ptr;
     if (batch.length === 1) {
@@ -207,7 +202,7 @@ async function deleteTogether(batch: Member[]): Promise<void> {
       const group = groupForBatch();
       members = [];
       for (const m of batch) {
-        const answer = await send(sk, linkMessage(op, RTM_SETLINK, m.ifindex, group));
+        const answer = await send(op, sk, linkMessage(op, RTM_SETLINK, m.ifindex, group));
         const err = failure(`linkDelete ${m.ifindex}: set group ${group}`, answer);
         if (answer.rc >= 0 && !err) {
           members.push(m);
@@ -225,7 +220,7 @@ async function deleteTogether(batch: Member[]): Promise<void> {
     let outcome: { err?: NetlinkError } | undefined;
     const socket = sk;
     sk = undefined; // freed once the request is answered
-    void send(socket, msg).then((answer) => {
+    void send(op, socket, msg).then((answer) => {
       nl.nl_socket_free(socket);
       const err = failure(op, answer);
       outcome = err ? { err } : {};

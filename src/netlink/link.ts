@@ -1,15 +1,17 @@
 /**
  * Links, named after iproute2: `ip link show` (by name, by ifindex, all), `ip -s link` counters,
- * `ip link set` (mtu, txqueuelen, address, promisc), over the shared host socket (./socket.ts); and
- * the link primitives on a given socket that addresses, namespaces and tc classes share (getLink,
- * linkIndex, toLinkInfo). Setters send nothing when the link is already in the wanted state, but
- * for linkSetMac (see there).
+ * `ip link set` (mtu, txqueuelen, address, promisc); and the link primitives on a given socket that
+ * addresses, namespaces and tc classes share (getLinkOn, linkIndexOn, toLinkInfo). Every request
+ * but the counters' runs off the event loop on a socket of its own (./socket.ts withHostSocket);
+ * `linkStats` stays synchronous on the shared host socket for its synchronous callers (the traffic
+ * counters), as do the primitives it and the tc class reads use (getLink, linkIndex). Setters send
+ * nothing when the link is already in the wanted state, but for linkSetMac (see there).
  */
 import { AF_LLC, AF_UNSPEC, IFF_LOOPBACK, IFF_POINTOPOINT, IFF_PROMISC, IFF_UP, nl, route, RTNL_LINK, type Out, type Ptr } from './libnl.js';
 import { ConfigError, NetlinkError } from '../errors.js';
 import { E, NLE, nlError } from './errno.js';
 import { checkIfname, checkUint } from './parse.js';
-import { check, dumpCache, hostSocket } from './socket.js';
+import { check, hostSocket, withHostSocket, type Lease } from './socket.js';
 
 export interface LinkInfo {
   name: string;
@@ -83,7 +85,37 @@ function macOf(link: Ptr): string {
 // ---------------------------------------------------------------------------------------------
 // Primitives on a given socket.
 
-/** rtnl_link_get_kernel by name or ifindex; the caller owns the result (rtnl_link_put). Absence → ENODEV. */
+/** rtnl_link_get_kernel by name or ifindex, off the event loop; the caller owns the result (rtnl_link_put). Absence → ENODEV. */
+export async function getLinkOn(l: Lease, nameOrIndex: string | number): Promise<Ptr> {
+  const out: Out = [null];
+  const rc =
+    typeof nameOrIndex === 'number' ? await l.call(route.rtnl_link_get_kernel, l.sk, nameOrIndex, null, out) : await l.call(route.rtnl_link_get_kernel, l.sk, 0, nameOrIndex, out);
+  l.check(rc, E.ENODEV);
+  if (!out[0]) throw new NetlinkError(l.op, E.ENODEV, 'Object not found');
+  return out[0];
+}
+
+/** The link by name or ifindex as LinkInfo, off the event loop. Absence → ENODEV. */
+export async function linkInfoOn(l: Lease, nameOrIndex: string | number): Promise<LinkInfo> {
+  const link = await getLinkOn(l, nameOrIndex);
+  try {
+    return toLinkInfo(link);
+  } finally {
+    route.rtnl_link_put(link);
+  }
+}
+
+/** The ifindex of the link `name`, off the event loop. Absence → ENODEV. */
+export async function linkIndexOn(l: Lease, name: string): Promise<number> {
+  const link = await getLinkOn(l, name);
+  try {
+    return route.rtnl_link_get_ifindex(link) as number;
+  } finally {
+    route.rtnl_link_put(link);
+  }
+}
+
+/** rtnl_link_get_kernel by name or ifindex on the event loop (for the synchronous counters); the caller owns the result. Absence → ENODEV. */
 export function getLink(sk: Ptr, op: string, nameOrIndex: string | number): Ptr {
   const out: Out = [null];
   const rc = typeof nameOrIndex === 'number' ? route.rtnl_link_get_kernel(sk, nameOrIndex, null, out) : route.rtnl_link_get_kernel(sk, 0, nameOrIndex, out);
@@ -108,70 +140,65 @@ export function linkIndex(sk: Ptr, op: string, name: string): number {
 
 /**
  * Applies a change built on a fresh rtnl_link to the named link, unless `already` says the link is
- * in the wanted state (no request, no netlink event).
+ * in the wanted state (no request, no netlink event). Both requests off the event loop, one socket.
  */
-function changeLink(op: string, name: string, already: (cur: LinkInfo) => boolean, build: (change: Ptr) => void): void {
+async function changeLink(op: string, name: string, already: (cur: LinkInfo) => boolean, build: (change: Ptr) => void): Promise<void> {
   checkIfname(op, name);
-  const sk = hostSocket(op);
-  const orig = getLink(sk, op, name);
-  try {
-    if (already(toLinkInfo(orig))) return;
-    const change = route.rtnl_link_alloc() as Ptr;
-    if (!change) throw new NetlinkError(op, E.ENOMEM, 'rtnl_link_alloc failed');
+  await withHostSocket(op, async (l) => {
+    const orig = await getLinkOn(l, name);
     try {
-      build(change);
-      check(sk, op, route.rtnl_link_change(sk, orig, change, 0) as number, E.ENODEV);
+      if (already(toLinkInfo(orig))) return;
+      const change = route.rtnl_link_alloc() as Ptr;
+      if (!change) throw new NetlinkError(op, E.ENOMEM, 'rtnl_link_alloc failed');
+      try {
+        build(change);
+        l.check(await l.call(route.rtnl_link_change, l.sk, orig, change, 0), E.ENODEV);
+      } finally {
+        route.rtnl_link_put(change);
+      }
     } finally {
-      route.rtnl_link_put(change);
+      route.rtnl_link_put(orig);
     }
-  } finally {
-    route.rtnl_link_put(orig);
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
 // Public API.
 
-/** `ip link show NAME`. Throws NetlinkError errno 19 (ENODEV) when there is no such link. */
-export function linkByName(name: string): LinkInfo {
+/** `ip link show NAME`. Rejects with NetlinkError errno 19 (ENODEV) when there is no such link. */
+export async function linkByName(name: string): Promise<LinkInfo> {
   const op = `linkByName ${name}`;
   checkIfname(op, name);
-  const link = getLink(hostSocket(op), op, name);
-  try {
-    return toLinkInfo(link);
-  } finally {
-    route.rtnl_link_put(link);
-  }
+  return withHostSocket(op, (l) => linkInfoOn(l, name));
 }
 
-/** `ip link show` by ifindex. Throws NetlinkError errno 19 (ENODEV) when there is no such link. */
-export function linkByIndex(ifindex: number): LinkInfo {
+/** `ip link show` by ifindex. Rejects with NetlinkError errno 19 (ENODEV) when there is no such link. */
+export async function linkByIndex(ifindex: number): Promise<LinkInfo> {
   const op = `linkByIndex ${ifindex}`;
   checkUint(op, 'ifindex', ifindex, 0x7fffffff);
   if (ifindex === 0) throw new ConfigError(`${op}: ifindex must be positive`);
-  const link = getLink(hostSocket(op), op, ifindex);
-  try {
-    return toLinkInfo(link);
-  } finally {
-    route.rtnl_link_put(link);
-  }
+  return withHostSocket(op, (l) => linkInfoOn(l, ifindex));
 }
 
 /** `ip link show`: every link of this network namespace, in kernel (ifindex) order. */
-export function linkList(): LinkInfo[] {
-  const op = 'linkList';
-  const sk = hostSocket(op);
-  const cache = dumpCache(sk, op, (out) => route.rtnl_link_alloc_cache(sk, AF_UNSPEC, out) as number);
-  try {
-    const result: LinkInfo[] = [];
-    for (let l = nl.link_cache_first(cache) as Ptr; l; l = nl.link_cache_next(l) as Ptr) result.push(toLinkInfo(l));
-    return result;
-  } finally {
-    nl.nl_cache_free(cache);
-  }
+export async function linkList(): Promise<LinkInfo[]> {
+  return withHostSocket('linkList', async (l) => {
+    const cache = await l.dump((out) => l.call(route.rtnl_link_alloc_cache, l.sk, AF_UNSPEC, out));
+    try {
+      const result: LinkInfo[] = [];
+      for (let k = nl.link_cache_first(cache) as Ptr; k; k = nl.link_cache_next(k) as Ptr) result.push(toLinkInfo(k));
+      return result;
+    } finally {
+      nl.nl_cache_free(cache);
+    }
+  });
 }
 
-/** `ip -s link show NAME` (NAME, or an ifindex): the link's counters. Throws NetlinkError ENODEV when there is no such link. */
+/**
+ * `ip -s link show NAME` (NAME, or an ifindex): the link's counters. Throws NetlinkError ENODEV when
+ * there is no such link. Synchronous, on the event loop: its callers (the pods' traffic counters,
+ * src/pod/inspect.ts) are.
+ */
 export function linkStats(dev: string | number): LinkStats {
   const op = `linkStats ${dev}`;
   if (typeof dev === 'number') {
@@ -197,17 +224,17 @@ export function linkStats(dev: string | number): LinkStats {
 }
 
 /** `ip link set NAME mtu MTU`. The kernel refuses an MTU outside the device's range with EINVAL. */
-export function linkSetMtu(name: string, mtu: number): void {
+export async function linkSetMtu(name: string, mtu: number): Promise<void> {
   const op = `linkSetMtu ${name} ${mtu}`;
   checkUint(op, 'MTU', mtu, 0xffffffff);
-  changeLink(op, name, (cur) => cur.mtu === mtu, (c) => route.rtnl_link_set_mtu(c, mtu));
+  await changeLink(op, name, (cur) => cur.mtu === mtu, (c) => route.rtnl_link_set_mtu(c, mtu));
 }
 
 /** `ip link set NAME txqueuelen QLEN`. */
-export function linkSetTxQLen(name: string, qlen: number): void {
+export async function linkSetTxQLen(name: string, qlen: number): Promise<void> {
   const op = `linkSetTxQLen ${name} ${qlen}`;
   checkUint(op, 'txqueuelen', qlen, 0xffffffff);
-  changeLink(op, name, (cur) => cur.txQLen === qlen, (c) => route.rtnl_link_set_txqlen(c, qlen));
+  await changeLink(op, name, (cur) => cur.txQLen === qlen, (c) => route.rtnl_link_set_txqlen(c, qlen));
 }
 
 /**
@@ -215,7 +242,7 @@ export function linkSetTxQLen(name: string, qlen: number): void {
  * marks it as set by the user, which is what pins a bridge's address (a bridge whose address was
  * never set takes the lowest address of its ports, so it changes as ports come and go).
  */
-export function linkSetMac(name: string, mac: string): void {
+export async function linkSetMac(name: string, mac: string): Promise<void> {
   const op = `linkSetMac ${name} ${mac}`;
   if (typeof mac !== 'string' || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/i.test(mac)) throw new ConfigError(`${op}: invalid MAC address ${JSON.stringify(mac)}`);
   const out: Out = [null];
@@ -223,29 +250,29 @@ export function linkSetMac(name: string, mac: string): void {
   if (rc < 0 || !out[0]) throw nlError(op, rc < 0 ? rc : -NLE.PARSE_ERR);
   const addr = out[0];
   try {
-    changeLink(op, name, () => false, (c) => route.rtnl_link_set_addr(c, addr));
+    await changeLink(op, name, () => false, (c) => route.rtnl_link_set_addr(c, addr));
   } finally {
     nl.nl_addr_put(addr);
   }
 }
 
 /** `ip link set NAME promisc on`. */
-export function setPromiscOn(name: string): void {
-  changeLink(`setPromiscOn ${name}`, name, (cur) => cur.promisc, (c) => route.rtnl_link_set_flags(c, IFF_PROMISC));
+export async function setPromiscOn(name: string): Promise<void> {
+  await changeLink(`setPromiscOn ${name}`, name, (cur) => cur.promisc, (c) => route.rtnl_link_set_flags(c, IFF_PROMISC));
 }
 
 /** `ip link set NAME promisc off`. */
-export function setPromiscOff(name: string): void {
-  changeLink(`setPromiscOff ${name}`, name, (cur) => !cur.promisc, (c) => route.rtnl_link_unset_flags(c, IFF_PROMISC));
+export async function setPromiscOff(name: string): Promise<void> {
+  await changeLink(`setPromiscOff ${name}`, name, (cur) => !cur.promisc, (c) => route.rtnl_link_unset_flags(c, IFF_PROMISC));
 }
 
 /**
  * The smallest MTU among links that are administratively up and neither loopback nor point-to-point
  * (kubenet's detection of the pod MTU); undefined when there is no such link.
  */
-export function minHostMtu(): number | undefined {
+export async function minHostMtu(): Promise<number | undefined> {
   let min: number | undefined;
-  for (const l of linkList()) {
+  for (const l of await linkList()) {
     if (!l.up || l.loopback || l.pointToPoint) continue;
     if (min === undefined || l.mtu < min) min = l.mtu;
   }

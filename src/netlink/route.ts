@@ -1,7 +1,7 @@
 /**
  * Routes, named after iproute2: `ip route show proto P`, `ip route replace DST via GW dev IFINDEX
- * proto P`, `ip route del DST proto P`, in the main table of the process's own namespace, over the
- * shared host socket (./socket.ts).
+ * proto P`, `ip route del DST proto P`, in the main table of the process's own namespace, each off
+ * the event loop on a socket of its own (./socket.ts withHostSocket).
  *
  * Every function here names a routing protocol number: routes are listed by it and deleted only when
  * they carry it, so a caller that owns a protocol number can never change or remove anyone else's
@@ -11,7 +11,7 @@ import { AF_INET, AF_INET6, nl, NLM_F_REPLACE, rt, RT_SCOPE_UNIVERSE, RT_TABLE_M
 import { ConfigError, NetlinkError } from '../errors.js';
 import { familyOf, parseCidr } from '../net/ip.js';
 import { E, NLE, nlError } from './errno.js';
-import { check, dumpCache, hostSocket } from './socket.js';
+import { withHostSocket } from './socket.js';
 
 export interface RouteInfo {
   family: 4 | 6;
@@ -90,46 +90,46 @@ function buildRoute(op: string, dst: string, protocol: number, nexthop?: { gatew
 }
 
 /** `ip route show table main proto PROTOCOL` (both families, unicast routes only). */
-export function routeList(protocol: number): RouteInfo[] {
+export async function routeList(protocol: number): Promise<RouteInfo[]> {
   const op = `routeList proto ${protocol}`;
   checkProto(op, protocol);
-  const sk = hostSocket(op);
-  const result: RouteInfo[] = [];
-  for (const af of [AF_INET, AF_INET6]) {
-    const cache = dumpCache(sk, op, (out) => rt.rtnl_route_alloc_cache(sk, af, 0, out) as number);
-    try {
-      for (let r = nl.route_cache_first(cache) as Ptr; r; r = nl.route_cache_next(r) as Ptr) {
-        if ((rt.rtnl_route_get_protocol(r) as number) !== protocol) continue;
-        if ((rt.rtnl_route_get_table(r) as number) !== RT_TABLE_MAIN || (rt.rtnl_route_get_type(r) as number) !== RTN_UNICAST) continue;
-        const family = af === AF_INET ? 4 : 6;
-        const dst = rt.rtnl_route_get_dst(r) as Ptr;
-        if (!dst) continue;
-        let gateway: string | undefined;
-        let ifindex = 0;
-        if ((rt.rtnl_route_get_nnexthops(r) as number) > 0) {
-          const nh = rt.rtnl_route_nexthop_n(r, 0) as Ptr;
-          const gw = rt.rtnl_route_nh_get_gateway(nh) as Ptr;
-          if (gw) gateway = (nl.nl_addr2str(gw, buf, buf.length) as string).split('/')[0];
-          ifindex = rt.rtnl_route_nh_get_ifindex(nh) as number;
+  return withHostSocket(op, async (l) => {
+    const result: RouteInfo[] = [];
+    for (const af of [AF_INET, AF_INET6]) {
+      const cache = await l.dump((out) => l.call(rt.rtnl_route_alloc_cache, l.sk, af, 0, out));
+      try {
+        for (let r = nl.route_cache_first(cache) as Ptr; r; r = nl.route_cache_next(r) as Ptr) {
+          if ((rt.rtnl_route_get_protocol(r) as number) !== protocol) continue;
+          if ((rt.rtnl_route_get_table(r) as number) !== RT_TABLE_MAIN || (rt.rtnl_route_get_type(r) as number) !== RTN_UNICAST) continue;
+          const family = af === AF_INET ? 4 : 6;
+          const dst = rt.rtnl_route_get_dst(r) as Ptr;
+          if (!dst) continue;
+          let gateway: string | undefined;
+          let ifindex = 0;
+          if ((rt.rtnl_route_get_nnexthops(r) as number) > 0) {
+            const nh = rt.rtnl_route_nexthop_n(r, 0) as Ptr;
+            const gw = rt.rtnl_route_nh_get_gateway(nh) as Ptr;
+            if (gw) gateway = (nl.nl_addr2str(gw, buf, buf.length) as string).split('/')[0];
+            ifindex = rt.rtnl_route_nh_get_ifindex(nh) as number;
+          }
+          // The kernel keeps destinations with host bits cleared; libnl prints them canonically.
+          result.push({ family, dst: addrText(dst, family), gateway, ifindex, protocol });
         }
-        // The kernel keeps destinations with host bits cleared; libnl prints them canonically.
-        result.push({ family, dst: addrText(dst, family), gateway, ifindex, protocol });
+      } finally {
+        nl.nl_cache_free(cache);
       }
-    } finally {
-      nl.nl_cache_free(cache);
     }
-  }
-  return result;
+    return result;
+  });
 }
 
 /** `ip route replace DST via GATEWAY dev IFINDEX proto PROTOCOL` in the main table. */
-export function routeReplace(spec: RouteSpec): void {
+export async function routeReplace(spec: RouteSpec): Promise<void> {
   const op = `routeReplace ${spec.dst} via ${spec.gateway}`;
   checkProto(op, spec.protocol);
-  const sk = hostSocket(op);
   const route = buildRoute(op, spec.dst, spec.protocol, { gateway: spec.gateway, ifindex: spec.ifindex });
   try {
-    check(sk, op, rt.rtnl_route_add(sk, route, NLM_F_REPLACE) as number, E.ENODEV);
+    await withHostSocket(op, async (l) => l.check(await l.call(rt.rtnl_route_add, l.sk, route, NLM_F_REPLACE), E.ENODEV));
   } finally {
     rt.rtnl_route_put(route);
   }
@@ -139,15 +139,16 @@ export function routeReplace(spec: RouteSpec): void {
  * `ip route del DST table main proto PROTOCOL`: only a route carrying PROTOCOL matches (the kernel
  * compares it). Idempotent: no such route is success.
  */
-export function routeDel(dst: string, protocol: number): void {
+export async function routeDel(dst: string, protocol: number): Promise<void> {
   const op = `routeDel ${dst} proto ${protocol}`;
   checkProto(op, protocol);
-  const sk = hostSocket(op);
   const route = buildRoute(op, dst, protocol);
   try {
-    const rc = rt.rtnl_route_delete(sk, route, 0) as number;
-    if (rc < 0 && Math.abs(rc) === NLE.OBJ_NOTFOUND) return; // ESRCH: no such route
-    check(sk, op, rc, E.ENOENT);
+    await withHostSocket(op, async (l) => {
+      const rc = await l.call(rt.rtnl_route_delete, l.sk, route, 0);
+      if (rc < 0 && Math.abs(rc) === NLE.OBJ_NOTFOUND) return; // ESRCH: no such route
+      l.check(rc, E.ENOENT);
+    });
   } finally {
     rt.rtnl_route_put(route);
   }

@@ -10,14 +10,15 @@
  * Each kernel call (the send, the receive) runs on a libuv worker thread (koffi `.async`): the
  * kernel serves these requests under its RTNL lock, which a busy kernel can hold for hundreds of
  * milliseconds, and the event loop must not wait for it. The socket is used by one operation at a
- * time (they queue), and by no other code.
+ * time (they queue), and by no other code; each operation holds one of the call slots of the pool
+ * threads kernel requests may use (./pool.ts).
  */
 import koffi from 'koffi';
 import { NetlinkError } from '../errors.js';
 import { E } from './errno.js';
 import { libcSock, MSG_TRUNC, MSG_WAITFORONE, nl, SO_RCVBUFFORCE, SOL_SOCKET, type Ptr } from './libnl.js';
 import type { LinkStats } from './link.js';
-import { connectSocket, socketInNetns } from './socket.js';
+import { connectSocket, socketInNetns, withCallSlot } from './socket.js';
 import {
   erroredSeq,
   forEachMessage,
@@ -133,7 +134,8 @@ export class StatsSocket {
   /** Runs `fn` when every earlier operation has finished: one at a time on the socket. */
   private exclusive<T>(fn: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new NetlinkError(this.label, E.EBADF, 'socket closed'));
-    const run = this.tail.then(fn);
+    // Within the call slots (./pool.ts): its receives hold a pool thread while the kernel answers.
+    const run = this.tail.then(() => withCallSlot(fn));
     this.tail = run.catch(() => undefined);
     return run;
   }

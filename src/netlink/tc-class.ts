@@ -1,7 +1,9 @@
 /**
  * tc classes with the kernel's counters: one class by its handle (`classGet`, one RTM_GETTCLASS
  * request, the same cost whatever the device holds), and every class of a device (`classList`, one
- * dump of a device's classes, growing with them), sharing one conversion. Measured: docs/netlink.md.
+ * dump of a device's classes, growing with them), sharing one conversion. Both synchronous on the
+ * shared host socket, for their synchronous callers (the traffic counters, and the counters a reused
+ * ifb class had: both can wait on the RTNL lock, docs/netlink.md). Measured: docs/netlink.md.
  */
 import { ConfigError, NetlinkError } from '../errors.js';
 import { E, NLE } from './errno.js';

@@ -125,7 +125,7 @@ export class KubenetPlugin implements NetworkPlugin {
     const known = this.network.get(id);
     if (known?.phase === 'ready' && known.ips.length > 0) return toStatus(known.ips);
     const netns = this.requireHost().getNetNS(id);
-    const addrs = this.network.addressesIn(netns);
+    const addrs = await this.network.addressesIn(netns);
     if (addrs.length === 0) throw new KubenetError(`pod ${namespace}/${name}: no address on ${POD_IFNAME} in ${netns}`);
     return toStatus(addrs);
   }

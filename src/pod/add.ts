@@ -48,7 +48,8 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
   const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
   if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
   steps.mark('lookup');
-  if (nl.netnsLinkByName(req.netns, req.ifName)) {
+  // By ioctl in the pod's netns: no netlink request (nor the RTNL lock) on the ADD's way to its exec.
+  if (nl.netnsLinkIndex(req.netns, req.ifName) !== undefined) {
     throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
   }
   await core.mode().precheck(conf, podName(req));
@@ -212,7 +213,7 @@ async function shapeWhileExec(
   const claimed = new Set(core.store.all().flatMap((r) => (r.hostVethIndex ? [r.hostVethIndex] : [])));
   let veth: nl.LinkInfo | undefined;
   while (!done && veth === undefined) {
-    veth = hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed);
+    veth = await hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed);
     if (veth === undefined) await sleep(VETH_POLL_MS);
   }
   if (veth === undefined) return undefined;

@@ -164,7 +164,7 @@ export class PodNetwork {
     if (this.opts.mtu !== undefined) {
       this.mtu = this.opts.mtu;
     } else {
-      const detected = nl.minHostMtu();
+      const detected = await nl.minHostMtu();
       this.mtu = detected ?? DEFAULT_MTU;
       this.log.info({ mtu: this.mtu, detected: detected !== undefined }, 'bridge MTU from host links');
     }
@@ -192,7 +192,7 @@ export class PodNetwork {
     }
     // The hairpin mode in force now (promiscuous or not); other modes hold no dedup rules, and
     // promiscuous-bridge syncs them once the pod CIDR is known.
-    tuneBridgeIfPresent(this.settings(), this.log);
+    await tuneBridgeIfPresent(this.settings(), this.log);
     if (!this.wantsDedup()) await this.dedup.sync();
     this.dedup.schedule();
     await reconcile(this.core);
@@ -210,7 +210,7 @@ export class PodNetwork {
       this.log.info({ podCIDR: cidrs, ipam: this.mode.name }, 'pod CIDR known (pods take their addresses elsewhere)');
       return;
     }
-    removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
+    await removeStaleBridgeAddresses(this.bridgeName, subnets, this.log);
     // Frozen: the CNI runtime checks and serializes it once, not on every ADD.
     this.state = { phase: 'ready', subnets, conf: deepFreeze(this.mode.conf(this.settings(), subnets)) };
     this.log.info({ podCIDR: cidrs }, 'pod CIDR set; CNI config generated');
@@ -388,8 +388,8 @@ export class PodNetwork {
   }
 
   /** The global addresses on the pod's interface inside `netns` (a pod this process may not know). */
-  addressesIn(netns: string, ifName = POD_IFNAME): string[] {
-    return nl.netnsAddrList(netns, ifName).filter((a) => a.scope === 0).map((a) => a.ip);
+  async addressesIn(netns: string, ifName = POD_IFNAME): Promise<string[]> {
+    return (await nl.netnsAddrList(netns, ifName)).filter((a) => a.scope === 0).map((a) => a.ip);
   }
 
   close(): void {

@@ -30,7 +30,7 @@ export async function reconcile(core: Core): Promise<void> {
     const log = core.log.child({ pod: podName(r), id: shortId(r.containerId), reconcile: true });
     const key = recordKey(r.containerId, r.ifName);
     if (core.adding.has(key)) continue;
-    const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !podVethPresent(r);
+    const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !(await podVethPresent(r));
     if (r.phase === 'ready' && !gone) continue;
     if (!r.network && !core.hasPodCidr()) continue; // needs the pod CIDR's config
     log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
@@ -69,7 +69,7 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
   const { held: reservations, empty: emptyReservations } = await core.mode().reservations();
   // The uplink (and one an earlier start enslaved) is a port of the bridge too, and may be a veth.
   const uplinks = new Set([core.mode().uplink, markedUplink(core.opts.stateDir)]);
-  const veths = bridgeVeths(core.bridgeName).filter((v) => !uplinks.has(v.name));
+  const veths = (await bridgeVeths(core.bridgeName)).filter((v) => !uplinks.has(v.name));
   const portRules = await hostPortRules(NETWORK_NAME);
   const records = core.store.all();
   const liveKeys = new Set([...keep, ...core.adding, ...records.map((r) => recordKey(r.containerId, r.ifName))]);

@@ -88,12 +88,12 @@ function unlinkQuiet(file: string): void {
 }
 
 /** The host veth's ifindex when the pod's own netns shows it as its interface's peer. */
-function provenVethIndex(hostVeth: string | undefined, netns: string, bridgeName: string): number | undefined {
+async function provenVethIndex(hostVeth: string | undefined, netns: string, bridgeName: string): Promise<number | undefined> {
   if (!hostVeth || !netnsIdIfAlive(netns)) return undefined;
   try {
-    const inPod = nl.netnsLinkByName(netns, POD_IFNAME);
-    const host = nl.linkByName(hostVeth);
-    const bridge = nl.linkByName(bridgeName);
+    const inPod = await nl.netnsLinkByName(netns, POD_IFNAME);
+    const host = await nl.linkByName(hostVeth);
+    const bridge = await nl.linkByName(bridgeName);
     if (inPod?.peerIndex === host.index && host.type === 'veth' && host.master === bridge.index) return host.index;
   } catch (err) {
     if (!(err instanceof NetlinkError)) throw err;
@@ -124,7 +124,7 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
         report.runtimeCacheEntriesLeft++;
       }
       const netnsId = netnsIdIfAlive(old.netns);
-      const hostVethIndex = provenVethIndex(old.hostVeth, old.netns, o.bridgeName);
+      const hostVethIndex = await provenVethIndex(old.hostVeth, old.netns, o.bridgeName);
       const record: PodRecord = {
         version: RECORD_VERSION,
         containerId: old.id,

@@ -40,24 +40,24 @@ export function markedUplink(stateDir: string): string | undefined {
  * not exist or carries an IP address (ConfigError). Idempotent.
  */
 export async function ensureUplink(o: { bridgeName: string; uplink: string; mtu: number; stateDir: string }, log: Logger): Promise<void> {
-  const up = nl.ifPresent(() => nl.linkByName(o.uplink));
+  const up = await nl.ifPresent(nl.linkByName(o.uplink));
   if (!up) throw new ConfigError(`uplink ${o.uplink} does not exist on this node`);
   if (up.type === 'bridge') throw new ConfigError(`uplink ${o.uplink} is a bridge; name the interface that connects to the LAN`);
-  const addrs = nl.addrList(o.uplink).filter((a) => a.scope === 0);
+  const addrs = (await nl.addrList(o.uplink)).filter((a) => a.scope === 0);
   if (addrs.length > 0) {
     throw new ConfigError(
       `uplink ${o.uplink} carries ${addrs.map((a) => a.cidr).join(', ')}: a bridge port's own addresses stop receiving traffic; give the pods an interface without addresses (or move the node's address to the bridge ${o.bridgeName})`,
     );
   }
-  let bridge = nl.ifPresent(() => nl.linkByName(o.bridgeName));
+  let bridge = await nl.ifPresent(nl.linkByName(o.bridgeName));
   if (!bridge) {
     try {
       await ip(['link', 'add', 'name', o.bridgeName, 'mtu', String(o.mtu), 'type', 'bridge']);
       log.info({ bridge: o.bridgeName, mtu: o.mtu }, 'created the pod bridge for the uplink');
     } catch (err) {
-      if (!nl.ifPresent(() => nl.linkByName(o.bridgeName))) throw err; // made meanwhile: fine
+      if (!(await nl.ifPresent(nl.linkByName(o.bridgeName)))) throw err; // made meanwhile: fine
     }
-    bridge = nl.linkByName(o.bridgeName);
+    bridge = await nl.linkByName(o.bridgeName);
   }
   if (bridge.type !== 'bridge') throw new ConfigError(`${o.bridgeName} exists and is not a bridge (${bridge.type ?? 'no kind'})`);
   if (markedUplink(o.stateDir) !== o.uplink) writeFileAtomic(join(o.stateDir, MARKER), `${o.uplink}\n`, { mode: 0o600 });
@@ -76,8 +76,8 @@ export async function ensureUplink(o: { bridgeName: string; uplink: string; mtu:
 export async function releaseOldUplink(o: { bridgeName: string; stateDir: string; keep: string | undefined }, log: Logger): Promise<void> {
   const old = markedUplink(o.stateDir);
   if (!old || old === o.keep) return;
-  const link = nl.ifPresent(() => nl.linkByName(old));
-  const bridge = nl.ifPresent(() => nl.linkByName(o.bridgeName));
+  const link = await nl.ifPresent(nl.linkByName(old));
+  const bridge = await nl.ifPresent(nl.linkByName(o.bridgeName));
   if (link && bridge && link.master === bridge.index) {
     await ip(['link', 'set', 'dev', old, 'nomaster']);
     log.info({ uplink: old, bridge: o.bridgeName }, 'earlier uplink taken off the pod bridge');

@@ -18,29 +18,29 @@ import type { PodRecord } from './record.js';
  * netns, when that netns is still the same one. Anything else is left alone.
  */
 export async function deletePodVeth(record: PodRecord, bridgeName: string, records: PodRecord[], log: Logger): Promise<void> {
-  const bridge = nl.ifPresent(() => nl.linkByName(bridgeName));
-  if (!bridge) return; // no bridge: no pod veth either
-  const candidates: Array<() => nl.LinkInfo | undefined> = [
-    () => {
-      const link = record.hostVethIndex ? nl.ifPresent(() => nl.linkByIndex(record.hostVethIndex ?? 0)) : undefined;
+  const bridgeIndex = nl.linkIndexByName(bridgeName);
+  if (bridgeIndex === undefined) return; // no bridge: no pod veth either
+  const candidates: Array<() => Promise<nl.LinkInfo | undefined>> = [
+    async () => {
+      const link = record.hostVethIndex ? await nl.ifPresent(nl.linkByIndex(record.hostVethIndex)) : undefined;
       return link && link.name === record.hostVeth ? link : undefined;
     },
-    () => {
+    async () => {
       if (!sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) return undefined;
-      const inPod = nl.netnsLinkByName(record.netns, record.ifName);
-      return inPod?.type === 'veth' && inPod.peerIndex > 0 ? nl.ifPresent(() => nl.linkByIndex(inPod.peerIndex)) : undefined;
+      const inPod = await nl.netnsLinkByName(record.netns, record.ifName);
+      return inPod?.type === 'veth' && inPod.peerIndex > 0 ? nl.ifPresent(nl.linkByIndex(inPod.peerIndex)) : undefined;
     },
-    () => {
+    async () => {
       // A 0.1.0 record whose netns is gone: the name alone, unless another record claims it.
       if (!record.hostVeth || record.hostVethIndex || record.netnsId) return undefined;
       if (records.some((r) => r !== record && r.containerId !== record.containerId && r.hostVeth === record.hostVeth)) return undefined;
-      return nl.ifPresent(() => nl.linkByName(record.hostVeth ?? ''));
+      return nl.ifPresent(nl.linkByName(record.hostVeth));
     },
   ];
   for (const find of candidates) {
-    const link = find();
+    const link = await find();
     if (!link) continue;
-    if (link.type !== 'veth' || link.master !== bridge.index) {
+    if (link.type !== 'veth' || link.master !== bridgeIndex) {
       log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
       continue;
     }
@@ -53,9 +53,9 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
   // its netns with the host end not yet on the bridge. The netns held no such interface when that
   // ADD began (it checked, under the netns's lock), so it is that ADD's own: delete it from inside.
   if (record.phase === 'adding' && sameNetns(netnsIdIfAlive(record.netns), record.netnsId)) {
-    const inPod = nl.netnsLinkByName(record.netns, record.ifName);
+    const inPod = await nl.netnsLinkByName(record.netns, record.ifName);
     if (inPod?.type === 'veth') {
-      nl.netnsLinkDelete(record.netns, record.ifName);
+      await nl.netnsLinkDelete(record.netns, record.ifName);
       log.info({ netns: record.netns, ifName: record.ifName }, "deleted the unfinished ADD's interface inside the pod's netns");
     }
   }
@@ -68,15 +68,15 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
  * namespace with the pod interface's index, and no other pod's record claims it. For an ADD that
  * still runs the bridge plugin (its netns held no such interface when it began, under its lock).
  */
-export function hostEndOnBridge(netns: string, ifName: string, bridgeIndex: number, claimed: ReadonlySet<number>): nl.LinkInfo | undefined {
-  const inPod = nl.netnsLinkByName(netns, ifName);
+export async function hostEndOnBridge(netns: string, ifName: string, bridgeIndex: number, claimed: ReadonlySet<number>): Promise<nl.LinkInfo | undefined> {
+  const inPod = await nl.netnsLinkByName(netns, ifName);
   if (inPod?.type !== 'veth' || !inPod.peerElsewhere || inPod.peerIndex <= 0 || claimed.has(inPod.peerIndex)) return undefined;
-  const host = nl.ifPresent(() => nl.linkByIndex(inPod.peerIndex));
+  const host = await nl.ifPresent(nl.linkByIndex(inPod.peerIndex));
   return host?.type === 'veth' && host.master === bridgeIndex && host.peerElsewhere && host.peerIndex === inPod.index ? host : undefined;
 }
 
 /** Whether the pod's host veth still exists (by recorded index, else by name). */
-export function podVethPresent(r: PodRecord): boolean {
-  const link = r.hostVethIndex ? nl.ifPresent(() => nl.linkByIndex(r.hostVethIndex ?? 0)) : r.hostVeth ? nl.ifPresent(() => nl.linkByName(r.hostVeth ?? '')) : undefined;
+export async function podVethPresent(r: PodRecord): Promise<boolean> {
+  const link = r.hostVethIndex ? await nl.ifPresent(nl.linkByIndex(r.hostVethIndex)) : r.hostVeth ? await nl.ifPresent(nl.linkByName(r.hostVeth)) : undefined;
   return link !== undefined && (r.hostVeth === undefined || link.name === r.hostVeth);
 }

@@ -129,7 +129,7 @@ export class Shaper {
   private async doInit(known: ShapingState[]): Promise<void> {
     const t0 = performance.now();
     if (this.records.size === 0) this.adopt(known);
-    const links = new Map(nl.linkList().map((l) => [l.name, l]));
+    const links = new Map((await nl.linkList()).map((l) => [l.name, l]));
     await batch('ip', ifbLinkLines(this.ifbs, links));
     for (const [k, ifb] of this.ifbs.entries()) await this.initShard(k, ifb);
     await this.removeExtraShards();
@@ -166,7 +166,7 @@ export class Shaper {
    * agent's reconcile after a start).
    */
   private async removeExtraShards(): Promise<void> {
-    const extra = nl.linkList().filter((l) => l.type === 'ifb' && (shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length).map((l) => l.name);
+    const extra = (await nl.linkList()).filter((l) => l.type === 'ifb' && (shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length).map((l) => l.name);
     if (extra.length === 0) return;
     const res = await batch('ip', extra.map((n) => `link del dev ${n}`), { force: true });
     this.log.info({ removed: extra.length - res.failed.length, ifbs: extra }, 'removed egress shards beyond the configured count');

@@ -27,11 +27,11 @@ class FakeKernel implements RouteKernel {
   lists = 0;
   ops: string[] = [];
   failNext = 0;
-  list(): RouteInfo[] {
+  async list(): Promise<RouteInfo[]> {
     this.lists++;
     return [...this.table.values()];
   }
-  replace(s: RouteSpec): void {
+  async replace(s: RouteSpec): Promise<void> {
     if (this.failNext > 0) {
       this.failNext--;
       throw new Error('injected failure');
@@ -39,11 +39,11 @@ class FakeKernel implements RouteKernel {
     this.ops.push(`replace ${s.dst} via ${s.gateway}`);
     this.table.set(s.dst, { family: 4, dst: s.dst, gateway: s.gateway, ifindex: s.ifindex, protocol: s.protocol });
   }
-  del(dst: string): void {
+  async del(dst: string): Promise<void> {
     this.ops.push(`del ${dst}`);
     this.table.delete(dst);
   }
-  localAddresses() {
+  async localAddresses() {
     return [{ ifindex: 2, cidr: '198.18.0.1/24' }];
   }
 }
@@ -67,7 +67,7 @@ test('routes follow the Nodes: only differences applied, no removal before the f
   const { rec, got } = recorder();
   const routes = new NodeRoutes({ nodeName: 'self', logger: silentLogger(), kubeConfig: fakeKubeConfig(api), events: rec, kernel, resyncMs: 300 });
   t.teardown(() => routes.stop());
-  routes.reconcile();
+  await routes.reconcile();
   t.deepEqual(kernel.ops, [], 'nothing before the first list');
   routes.start();
   await until('the first reconcile', () => routes.counters.reconciles >= 1, 5000);

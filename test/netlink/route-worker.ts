@@ -9,7 +9,7 @@ type Op = { op: 'list'; protocol: number } | { op: 'replace'; dst: string; gatew
 const ops = JSON.parse(process.argv[2] ?? '[]') as Op[];
 for (const o of ops) {
   try {
-    const value = o.op === 'list' ? routeList(o.protocol) : o.op === 'replace' ? routeReplace(o) : routeDel(o.dst, o.protocol);
+    const value = await (o.op === 'list' ? routeList(o.protocol) : o.op === 'replace' ? routeReplace(o) : routeDel(o.dst, o.protocol));
     console.log(JSON.stringify({ ok: value ?? null }));
   } catch (err) {
     const e = err as Error & { errno?: number };
