@@ -15,7 +15,7 @@ import { availableParallelism } from 'node:os';
 import { ConfigError } from '../errors.js';
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
-import { IPAM_SHIM_TYPE, isUnshaped, PodNetwork, REQUIRED_PLUGINS, type LimitSources, type PodRecord } from '../pod/index.js';
+import { IPAM_SHIM_TYPE, isUnshaped, PodNetwork, REQUIRED_PLUGINS, type LimitSources, type PodRecord, type PodTraffic } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
@@ -27,6 +27,7 @@ import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
 import { AgentMetrics } from './metrics.js';
+import { Coalesced } from '../util/coalesce.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
@@ -78,6 +79,8 @@ export class Agent {
   private readonly handler: CniHandler;
   private readonly api: AgentApi;
   private readonly metrics = new AgentMetrics();
+  /** The pods' counters for /metrics: read at most once per metricsMaxAge, a read in flight shared. */
+  private readonly scraped: Coalesced<PodTraffic[]>;
   readonly live: LiveShaping;
   private readonly rates: RateTracker;
   private readonly events: EventRecorder;
@@ -98,6 +101,7 @@ export class Agent {
     opts: AgentOptions = {},
   ) {
     const ipam = ipamShimOf(config, log);
+    this.scraped = new Coalesced(() => this.network.traffic(), config.metricsMaxAge * 1000);
     this.network = new PodNetwork({
       ...(ipam.prefetchSocket !== undefined ? { ipamPrefetchSocket: ipam.prefetchSocket } : {}),
       bridgeName: config.bridgeName,
@@ -138,7 +142,7 @@ export class Agent {
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: async () => this.metrics.text(this.network.list(), this.network.vethDeletionsInFlight(), await this.network.traffic()),
+        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get()),
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
         ipam: (req) => this.handler.ipam(req),

@@ -35,7 +35,8 @@ const MAX_LIMITS_BODY = 4096;
 export interface ApiHandlers {
   cni(req: CniRequest): Promise<CniAnswer>;
   health(): { ok: boolean; reason?: string };
-  metrics(): Promise<{ contentType: string; body: string }>;
+  /** The exposition, in parts sent one after the other. */
+  metrics(): Promise<{ contentType: string; parts: Array<string | Buffer> }>;
   /** `windowS`: the seconds measured rates are taken over (default: the agent's). */
   status(windowS?: number): unknown;
   /** New limits for a pod: an HTTP status and a JSON body. */
@@ -183,17 +184,19 @@ export class AgentApi {
     }
     if (req.method === 'GET' && url === METRICS_PATH) {
       const m = await this.handlers.metrics();
-      return this.reply(res, 200, m.contentType, m.body);
+      return this.reply(res, 200, m.contentType, m.parts);
     }
     req.resume();
     this.reply(res, 404, 'text/plain', 'not found\n');
   }
 
-  private reply(res: ServerResponse, status: number, contentType: string, body: string): void {
+  private reply(res: ServerResponse, status: number, contentType: string, body: string | Array<string | Buffer>): void {
     // While stopping, each answer closes its connection so that close() is not held by keep-alive.
     if (this.stopping) res.setHeader('connection', 'close');
-    res.writeHead(status, { 'content-type': contentType });
-    res.end(body);
+    const parts = typeof body === 'string' ? [body] : body;
+    res.writeHead(status, { 'content-type': contentType, 'content-length': parts.reduce((n, p) => n + (typeof p === 'string' ? Buffer.byteLength(p) : p.length), 0) });
+    for (const p of parts.slice(0, -1)) res.write(p);
+    res.end(parts[parts.length - 1]);
   }
 
   private async serveLimits(req: IncomingMessage, res: ServerResponse, namespace: string, name: string): Promise<void> {

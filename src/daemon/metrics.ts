@@ -61,8 +61,25 @@ function render(namespace: string, pod: string, direction: string, source: strin
  */
 export class PodSeries {
   private rendered = new Map<string, { ingress?: Rendered; egress?: Rendered }>();
+  /** The last text, as sent, and the directions it was made of: sent again as it is while they all are the same. */
+  private last: { rows: Rendered[]; body: Buffer } | undefined;
+
+  /** The text, encoded (the same Buffer as the last call's when no line changed: nothing to build or encode). */
+  body(traffic: PodTraffic[]): Buffer {
+    const { rows, text } = this.build(traffic);
+    const last = this.last;
+    if (last && last.rows.length === rows.length && rows.every((r, i) => r === last.rows[i])) return last.body;
+    const body = Buffer.from(text(), 'utf8');
+    this.last = { rows, body };
+    return body;
+  }
 
   text(traffic: PodTraffic[]): string {
+    return this.build(traffic).text();
+  }
+
+  /** Each shaped direction's lines (made again only where a label or a figure changed), and the text they make. */
+  private build(traffic: PodTraffic[]): { rows: Rendered[]; text: () => string } {
     const next = new Map<string, { ingress?: Rendered; egress?: Rendered }>();
     const rows: Rendered[] = [];
     for (const t of traffic) {
@@ -85,13 +102,16 @@ export class PodSeries {
       next.set(key, now);
     }
     this.rendered = next;
-    let out = '';
-    POD_FAMILIES.forEach(([, name, type, help], i) => {
-      const lines = new Array<string>(rows.length);
-      for (let j = 0; j < rows.length; j++) lines[j] = rows[j]?.lines[i] ?? '';
-      out += `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${lines.join('')}`;
-    });
-    return out;
+    const text = () => {
+      let out = '';
+      POD_FAMILIES.forEach(([, name, type, help], i) => {
+        const lines = new Array<string>(rows.length);
+        for (let j = 0; j < rows.length; j++) lines[j] = rows[j]?.lines[i] ?? '';
+        out += `# HELP ${name} ${help}\n# TYPE ${name} ${type}\n${lines.join('')}`;
+      });
+      return out;
+    };
+    return { rows, text };
   }
 }
 
@@ -124,10 +144,16 @@ export class AgentMetrics {
     this.vethDeletions.set(vethDeletionsInFlight);
   }
 
-  /** The exposition: prom-client's metrics, then the per-pod series of the pods shaped now. */
+  /** The exposition: prom-client's metrics, then the per-pod series of the pods shaped now (in parts, as sent). */
   async text(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[]): Promise<{ contentType: string; body: string }> {
+    const { contentType, parts } = await this.exposition(records, vethDeletionsInFlight, traffic);
+    return { contentType, body: parts.map((p) => p.toString()).join('') };
+  }
+
+  /** The exposition in the parts /metrics sends: prom-client's text, then the per-pod series' encoded text (reused while unchanged). */
+  async exposition(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[]): Promise<{ contentType: string; parts: Array<string | Buffer> }> {
     this.update(records, vethDeletionsInFlight);
     const base = await this.registry.metrics();
-    return { contentType: this.registry.contentType, body: `${base}${base.endsWith('\n') || base === '' ? '' : '\n'}${this.perPod.text(traffic)}` };
+    return { contentType: this.registry.contentType, parts: [base.endsWith('\n') || base === '' ? base : `${base}\n`, this.perPod.body(traffic)] };
   }
 }

@@ -105,13 +105,21 @@ function classHandles(dir: 'ingress' | 'egress', classId: number): [number, numb
   return [tcHandle(1, ids.pod), tcHandle(1, ids.interactive), tcHandle(1, ids.bulk)];
 }
 
-/** A direction as last read: what it was read under (device, limit), and its counters (undefined: no pod class). */
+/** A direction as last read: what it was read under (its device or class id, limit, burst), and its counters (undefined: no pod class). */
 interface Read {
-  key: string;
+  /** Ingress: the veth's ifindex; egress: the class id. */
+  where: number;
+  limit: number | undefined;
+  burst: number | undefined;
   counters: DirectionCounters | undefined;
   /** The veth's counters the read was made after (ingress only). */
   link?: LinkStats;
+  /** The read (CounterReader.generation) that last saw the pod. */
+  seen: number;
 }
+
+/** Whether `r` was read under what the pod has now. */
+const readUnder = (r: Read | undefined, where: number, limit: number | undefined, burst: number | undefined): r is Read => r !== undefined && r.where === where && r.limit === limit && r.burst === burst;
 
 /** When more pods than this share of the ifb's are to be asked by handle, one dump is cheaper. */
 const IFB_DUMP_SHARE = 1 / 3;
@@ -123,6 +131,7 @@ export class CounterReader {
   /** Each egress shard's ifb as last read, by name. */
   private ifbSeen = new Map<string, { ifindex: number; stats: LinkStats }>();
   private work: ReadWork = { classGets: 0, ifbDumps: 0 };
+  private generation = 0;
 
   /** What the last read asked the kernel beyond the link dump. */
   lastWork(): ReadWork {
@@ -154,11 +163,14 @@ export class CounterReader {
   private async readWith(sock: nl.StatsSocket, states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
     const links = await sock.linkStats();
     const work: ReadWork = { classGets: 0, ifbDumps: 0 };
-    const fresh = { ingress: new Map<string, Read>(), egress: new Map<string, Read>() };
-    const gets: Array<{ dir: 'ingress' | 'egress'; id: string; key: string; link?: LinkStats; at: number }> = [];
+    // What was read before is updated in place (a pod's entry replaced when read again), and what
+    // no pod claims any more dropped at the end: nothing is allocated for idle pods.
+    const gen = ++this.generation;
+    const reads = this.reads;
+    const gets: Array<{ dir: 'ingress' | 'egress'; id: string; where: number; limit: number | undefined; burst: number | undefined; link?: LinkStats; at: number }> = [];
     const refs: nl.ClassRef[] = [];
-    const ask = (dir: 'ingress' | 'egress', id: string, key: string, dev: number, classId: number, link?: LinkStats) => {
-      gets.push({ dir, id, key, at: refs.length, ...(link ? { link } : {}) });
+    const ask = (dir: 'ingress' | 'egress', id: string, where: number, limit: number | undefined, burst: number | undefined, dev: number, classId: number, link?: LinkStats) => {
+      gets.push({ dir, id, where, limit, burst, at: refs.length, ...(link ? { link } : {}) });
       for (const handle of classHandles(dir, classId)) refs.push({ ifindex: dev, handle });
     };
 
@@ -167,36 +179,41 @@ export class CounterReader {
       const dev = ifindex?.(s.id) ?? (s.hostVeth ? nl.linkIndexByName(s.hostVeth) : undefined);
       const link = dev ? links.get(dev) : undefined;
       if (!dev || !link) continue; // gone
-      const key = `${dev}:${s.limits.ingress}:${s.limits.ingressBurst}`;
-      const last = this.reads.ingress.get(s.id);
-      if (last && last.key === key && !last.counters?.backlog && sameLink(last.link, link, false)) fresh.ingress.set(s.id, last);
-      else ask('ingress', s.id, key, dev, 0, link);
+      const last = reads.ingress.get(s.id);
+      if (readUnder(last, dev, s.limits.ingress, s.limits.ingressBurst) && !last.counters?.backlog && sameLink(last.link, link, false)) last.seen = gen;
+      else ask('ingress', s.id, dev, s.limits.ingress, s.limits.ingressBurst, dev, 0, link);
     }
 
     // Each egress shard on its own: its pods, its ifb's counters, one dump of it when they moved.
     const shards = new Map<string, ShapingState[]>();
-    for (const s of states) if (s.egressInstalled && s.classId) shards.set(ifbOf(s), [...(shards.get(ifbOf(s)) ?? []), s]);
+    for (const s of states) {
+      if (!s.egressInstalled || !s.classId) continue;
+      const name = ifbOf(s);
+      const list = shards.get(name);
+      if (list) list.push(s);
+      else shards.set(name, [s]);
+    }
     const seen = new Map<string, { ifindex: number; stats: LinkStats }>();
-    const keyOf = (s: ShapingState) => `${s.classId}:${s.limits.egress}:${s.limits.egressBurst}`;
+    const known = (s: ShapingState) => readUnder(reads.egress.get(s.id), s.classId, s.limits.egress, s.limits.egressBurst);
     for (const [ifbName, egress] of shards) {
       const ifb = nl.linkIndexByName(ifbName);
       const ifbStats = ifb ? links.get(ifb) : undefined;
       if (!ifb || !ifbStats) continue; // gone
       const last = this.ifbSeen.get(ifbName);
-      const still = last?.ifindex === ifb && sameLink(last.stats, ifbStats, true) && !egress.some((s) => this.reads.egress.get(s.id)?.counters?.backlog);
-      const unknown = still ? egress.filter((s) => this.reads.egress.get(s.id)?.key !== keyOf(s)) : egress;
-      if (unknown.length > 0 && (!still || unknown.length > egress.length * IFB_DUMP_SHARE)) {
+      const still = last?.ifindex === ifb && sameLink(last.stats, ifbStats, true) && !egress.some((s) => reads.egress.get(s.id)?.counters?.backlog);
+      const unknown = still ? egress.filter((s) => !known(s)).length : egress.length;
+      if (unknown > 0 && (!still || unknown > egress.length * IFB_DUMP_SHARE)) {
         const all = byHandle(await sock.classDump(ifb));
         work.ifbDumps++;
         for (const s of egress) {
           const [pod, int, bulk] = classHandles('egress', s.classId);
-          fresh.egress.set(s.id, { key: keyOf(s), counters: directionCounters(all.get(pod), [all.get(int), all.get(bulk)]) });
+          reads.egress.set(s.id, { where: s.classId, limit: s.limits.egress, burst: s.limits.egressBurst, counters: directionCounters(all.get(pod), [all.get(int), all.get(bulk)]), seen: gen });
         }
       } else {
         for (const s of egress) {
-          const read = this.reads.egress.get(s.id);
-          if (read && read.key === keyOf(s)) fresh.egress.set(s.id, read);
-          else ask('egress', s.id, keyOf(s), ifb, s.classId);
+          const read = reads.egress.get(s.id);
+          if (readUnder(read, s.classId, s.limits.egress, s.limits.egressBurst)) read.seen = gen;
+          else ask('egress', s.id, s.classId, s.limits.egress, s.limits.egressBurst, ifb, s.classId);
         }
       }
       seen.set(ifbName, { ifindex: ifb, stats: ifbStats });
@@ -210,19 +227,18 @@ export class CounterReader {
       for (const g of gets) {
         const [pod, int, bulk] = [answers[g.at], answers[g.at + 1], answers[g.at + 2]];
         if (pod instanceof NetlinkError && pod.errno === nl.E.ENODEV) continue; // the device went meanwhile
-        fresh[g.dir].set(g.id, { key: g.key, counters: directionCounters(cls(pod), [cls(int), cls(bulk)]), ...(g.link ? { link: g.link } : {}) });
+        reads[g.dir].set(g.id, { where: g.where, limit: g.limit, burst: g.burst, counters: directionCounters(cls(pod), [cls(int), cls(bulk)]), ...(g.link ? { link: g.link } : {}), seen: gen });
       }
     }
-    this.reads.ingress = fresh.ingress;
-    this.reads.egress = fresh.egress;
+    for (const m of [reads.ingress, reads.egress]) for (const [id, r] of m) if (r.seen !== gen) m.delete(id);
     this.work = work;
 
     const pods: ShapingCounters[] = [];
     for (const s of states) {
       const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
-      const ingress = s.ingressInstalled ? fresh.ingress.get(s.id)?.counters : undefined;
+      const ingress = s.ingressInstalled ? reads.ingress.get(s.id)?.counters : undefined;
       if (ingress) c.ingress = ingress;
-      const egress = s.egressInstalled && s.classId ? fresh.egress.get(s.id)?.counters : undefined;
+      const egress = s.egressInstalled && s.classId ? reads.egress.get(s.id)?.counters : undefined;
       if (egress) c.egress = s.egressBase ? sinceBase(egress, s.egressBase) : egress;
       pods.push(c);
     }

@@ -53,6 +53,7 @@ test('defaults: no file, no flags', async (t) => {
     ipamDataDir: '/var/lib/cni/networks',
     cniCacheDir: '/var/lib/cni',
     stateDir: '/var/lib/kubenet',
+    metricsMaxAge: 2,
     logLevel: 'info',
   });
   t.false('podCIDR' in c, 'optional keys are absent, not undefined');

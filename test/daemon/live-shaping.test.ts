@@ -177,6 +177,22 @@ test('metrics: one series per shaped pod and direction, rebuilt at each scrape (
   t.is(second.match(/^kubenet_pod_shaped_bytes_total\{/gm)?.length, 2);
 });
 
+test('metrics: the per-pod text is encoded once and sent again as it is while no line of it changes', async (t) => {
+  const m = new AgentMetrics();
+  const scrape = async (tr: PodTraffic[]) => (await m.exposition(tr.map((x) => x.record), 0, tr)).parts;
+  const [base, pods] = await scrape([traffic('a', 1000, 2000), traffic('b', 3000, undefined)]);
+  t.true(typeof base === 'string' && base.includes('kubenet_pods 2'), 'the base metrics first');
+  t.true(Buffer.isBuffer(pods));
+  t.regex(pods?.toString() ?? '', /pod="a",direction="egress"\} 2000$/m);
+  const again = (await scrape([traffic('a', 1000, 2000), traffic('b', 3000, undefined)]))[1];
+  t.is(again, pods, 'the same Buffer: nothing built, nothing encoded');
+  const moved = (await scrape([traffic('a', 1000, 2500), traffic('b', 3000, undefined)]))[1];
+  t.not(moved, pods);
+  t.regex(moved?.toString() ?? '', /pod="a",direction="egress"\} 2500$/m);
+  const fewer = (await scrape([traffic('a', 1000, 2500)]))[1];
+  t.notRegex(fewer?.toString() ?? '', /pod="b"/, 'a pod gone is a change too');
+});
+
 test('top: rates in short units, busiest pod first, limits and drops per direction, cut to the terminal', (t) => {
   t.deepEqual([rateText(undefined), rateText(0), rateText(0.5), rateText(950), rateText(19_876_000), rateText(1.5e9), rateText(250e6)], ['-', '0', '0.5', '950', '19.9M', '1.5G', '250M']);
   const pod = (name: string, limits: BandwidthLimits, rate?: StatusReport['pods'][number]['rate']): StatusReport['pods'][number] => ({ namespace: 'demo', name, id: `${name}-id`, phase: 'ready', ips: [], hostVeth: 'v', limits, ...(rate ? { rate } : {}) });
