@@ -79,7 +79,7 @@ export class Agent {
   private readonly handler: CniHandler;
   private readonly api: AgentApi;
   private readonly metrics = new AgentMetrics();
-  /** The pods' counters for /metrics: read at most once per metricsMaxAge, a read in flight shared. */
+  /** The pods' counters for /metrics: read at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
   private readonly scraped: Coalesced<PodTraffic[]>;
   readonly live: LiveShaping;
   private readonly rates: RateTracker;
@@ -142,7 +142,7 @@ export class Agent {
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get()),
+        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.generation())),
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
         ipam: (req) => this.handler.ipam(req),

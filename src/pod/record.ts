@@ -121,6 +121,7 @@ export class PodStore {
   private readonly records = new Map<string, PodRecord>();
   /** Writes and removes record files without making or freeing an inode per call (spares in `.<dir>-spare`). */
   private readonly files: SpareFileWriter;
+  private changes = 0;
 
   constructor(
     readonly dir: string,
@@ -136,6 +137,7 @@ export class PodStore {
    */
   load(): { legacy: Array<{ file: string; record: LegacyPodRecord }> } {
     this.records.clear();
+    this.changes++;
     this.files.sweepSpares();
     const legacy: Array<{ file: string; record: LegacyPodRecord }> = [];
     let names: string[];
@@ -174,6 +176,11 @@ export class PodStore {
     return [...this.records.values()];
   }
 
+  /** A number that changes whenever a record is put, deleted or loaded (what was read of the records is then stale). */
+  generation(): number {
+    return this.changes;
+  }
+
   /** Records whose namespace is `id` (by identity). */
   findByNetns(id: NetnsId): PodRecord[] {
     return this.all().filter((r) => sameNetns(r.netnsId, id));
@@ -184,6 +191,7 @@ export class PodStore {
     const key = recordKey(record.containerId, record.ifName);
     this.files.write(`${key}.json`, JSON.stringify(record));
     this.records.set(key, record);
+    this.changes++;
   }
 
   /** Removes the record; a missing one is success. */
@@ -191,6 +199,7 @@ export class PodStore {
     const key = recordKey(containerId, ifName);
     this.files.remove(`${key}.json`);
     this.records.delete(key);
+    this.changes++;
   }
 
   /** Stops background work on the spare files (the state directory may be removed afterwards). */

@@ -47,6 +47,13 @@ const MIN_BULK_QUEUE = 8 * FRAME;
 export const INTERACTIVE_SHARE = 0.1;
 const INTERACTIVE_QUEUE_SECONDS = 0.005;
 const MIN_INTERACTIVE_QUEUE = 8 * FRAME;
+/**
+ * The bulk tbf leaf's bucket, which is also its segmentation threshold. TCP sizes its GSO
+ * super-packets to ~1 ms of its pacing rate (tcp_tso_autosize, up to 64 kB), and BBR paces at
+ * 1.25x the rate it measured while probing: a 1 ms bucket cut a 200M pod's every skb into frames
+ * (32 such pods at once: 1.9 cores, per-CPU backlog drops, 10^5 retransmissions); 3 ms holds them.
+ */
+const LEAF_BUCKET_SECONDS = 0.003;
 /** Packets whose IP total length (IPv6: payload length) is below this are interactive. */
 export const SMALL_PACKET_BYTES = 512;
 /** The largest byte count tc's u32 fields hold (with room for its own rounding). */
@@ -128,16 +135,17 @@ export function rateParams(rateBits: number, burstBits?: number): RateParams {
  * super-packets into frames at enqueue and to bound the queue in bytes: a plain bfifo either drops
  * 64 kB GSO skbs (the class then falls well short of its rate) or, sized for them, holds far more
  * delay than the bulk queue should; leaving larger skbs unsegmented adds queueing delay at low
- * rates, while segmenting everything costs CPU (a share of the rate) at high rates (measured:
- * docs/shaping.md, "Queue sizing"). So the bucket, which is also the segmentation threshold, is
- * 1 ms of the rate but at least two frames. Its rate (1000× the class, at least 100 Gbit/s)
- * refills the bucket faster than htb can dequeue back to back, so it never throttles and htb never
- * logs "non-work-conserving" for it.
+ * rates, while segmenting everything costs CPU (a share of the rate) at high rates, and segmenting
+ * TCP's usual skbs costs a packet's work per frame (measured: docs/shaping.md, "Queue sizing").
+ * So the bucket, which is also the segmentation threshold, is 3 ms of the rate but at least two
+ * frames: larger than what TCP sends at that rate, small against the bulk queue. Its rate (1000×
+ * the class, at least 100 Gbit/s) refills the bucket faster than htb can dequeue back to back, so
+ * it never throttles and htb never logs "non-work-conserving" for it.
  */
 export function leafParams(p: RateParams): { rate: number; burst: number; limit: number } {
   return {
     rate: Math.min(1e18, Math.max(p.rate * 1000, 100e9)),
-    burst: Math.max(2 * FRAME, Math.ceil((p.rate / 8) * 0.001)),
+    burst: Math.min(MAX_TC_BYTES, Math.max(2 * FRAME, Math.ceil((p.rate / 8) * LEAF_BUCKET_SECONDS))),
     limit: p.limit,
   };
 }

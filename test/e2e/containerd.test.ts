@@ -26,7 +26,7 @@ import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
 import { logRate, logUnshaped } from '../helpers/measure.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
 import { pod as podObject } from '../../hack/support/fake-apiserver.js';
-import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
+import { Cleanup, ifbShardNames, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog, type IperfEndpoint } from '../../hack/support/topo.js';
@@ -112,14 +112,22 @@ async function nodeState(sb: NodeSandbox, agent: AgentSettings, uplink: string):
       .filter((l) => l.trim() !== '')
       .map((l) => l.replace(/direct_packets_stat \d+/, 'direct_packets_stat _'));
   const nat = (await sb.exec('iptables', ['-w', '-t', 'nat', '-S'])).stdout.split('\n').filter((l) => l.trim() !== '');
+  // Every egress shard's ifb (ifbName, ifbName.1, ...): their htb roots and idle classes stay.
+  const ifbs = await ifbShardNames(agent.ifbName, sb.netns);
+  const ifbLeaves: string[] = [];
+  const ifbFilters: string[] = [];
+  for (const ifb of ifbs) {
+    ifbLeaves.push(...podLeaves(await tc(['qdisc', 'show', 'dev', ifb])).map((l) => `${ifb}: ${l}`));
+    ifbFilters.push(...(await tc(['filter', 'show', 'dev', ifb, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)).map((l) => `${ifb}: ${l}`));
+  }
   return {
     veths: links.map((l) => l.ifname).filter((n) => n !== uplink).sort(),
     reservations: reservations.sort(),
     cniResults: cniResults.sort(),
     podRecords: await listDir(sb.hostPath(join(agent.stateDir, 'pods'))),
-    qdiscs: (await tc(['qdisc', 'show'])).sort(),
-    ifbLeaves: podLeaves(await tc(['qdisc', 'show', 'dev', agent.ifbName])),
-    ifbFilters: (await tc(['filter', 'show', 'dev', agent.ifbName, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)),
+    qdiscs: (await tc(['qdisc', 'show'])).filter((l) => !ifbs.some((ifb) => l.includes(` dev ${ifb} `))).sort(),
+    ifbLeaves,
+    ifbFilters,
     natRules: nat.sort(),
   };
 }
@@ -374,7 +382,7 @@ serialTest('StopPodSandbox and RemovePodSandbox succeed (containerd runs CNI DEL
 });
 
 serialTest('Stop + Remove leave no veth, IP reservation, CNI cache entry, agent pod record, tc object or iptables rule', async (t) => {
-  const { sb, cfg, settings, baseline, pods, hostPort } = w();
+  const { sb, settings, baseline, pods, hostPort } = w();
   if (pods.size === 0) throw new Error('no pod was run');
   const after = await nodeState(sb, settings, sb.uplink.nodeIf);
   const podIps = [...pods.values()].map((p) => p.ip).filter((ip) => ip !== '');
@@ -386,7 +394,7 @@ serialTest('Stop + Remove leave no veth, IP reservation, CNI cache entry, agent 
     agentPodRecords: after.podRecords,
     ifbLeaves: after.ifbLeaves,
     ifbFilters: after.ifbFilters,
-    shapingQdiscs: after.qdiscs.filter((l) => !/^qdisc noqueue /.test(l) && !l.includes(` dev ${cfg.ifbName} `)),
+    shapingQdiscs: after.qdiscs.filter((l) => !/^qdisc noqueue /.test(l)),
     podNatRules: newRules.filter(
       (r) => /CNI-DN-|CNI-SN-/.test(r) || podIps.some((ip) => r.includes(ip)) || r.includes(String(hostPort)) || [...pods.values()].some((p) => r.includes(p.id)),
     ),

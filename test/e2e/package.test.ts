@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delLink, delNetns, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { addNetns, CNI_BIN_DIRS, Cleanup, delIfbs, delLink, delNetns, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const blocker = kernelTestBlocker();
@@ -82,7 +82,7 @@ async function packedPackage(t: ExecutionContext): Promise<void> {
   const bridge = `kpk${tag}`;
   const ifb = `kpi${tag}`;
   cleanup.add(() => delLink(bridge));
-  cleanup.add(() => delLink(ifb));
+  cleanup.add(() => delIfbs(ifb));
   const netns = `kpk-${tag}`;
   const { path: netnsPath } = await addNetns(netns);
   cleanup.add(() => delNetns(netns));

@@ -3,7 +3,7 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { KubenetPlugin } from '../../src/plugin/kubenet.js';
 import type { Host, KubenetOptions } from '../../src/plugin/types.js';
-import { CNI_BIN_DIRS, Cleanup, delLink, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { CNI_BIN_DIRS, Cleanup, delIfbs, delLink, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
 import { addTestPod, type TestPod } from '../../hack/support/test-pod.js';
 
 /** A fake kubelet host: pods and netns paths the test registers. A process/storage boundary, not the kernel. */
@@ -45,7 +45,7 @@ export class PluginHarness {
     this.shaperDir = await makeTmpDir('kpl-shaper');
     this.cleanup.add(() => rmrf(this.shaperDir));
     this.cleanup.add(() => delLink(this.bridge));
-    this.cleanup.add(() => delLink(this.ifb));
+    this.cleanup.add(() => delIfbs(this.ifb));
     this.cleanup.add(async () => {
       for (const p of this.plugins) p.close();
     });

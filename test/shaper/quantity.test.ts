@@ -85,8 +85,9 @@ test('sizing: bursts small but at least two frames, queues bounded, quantum in h
     const p = rateParams(r);
     const leaf = leafParams(p);
     t.true(leaf.rate >= Math.min(1e18, 1000 * p.rate) && leaf.rate >= 100e9 && leaf.burst >= 2 * FRAME && leaf.limit === p.limit);
-    t.is(leafParams(rateParams(10e6)).burst, 2 * FRAME);
-    t.is(leafParams(rateParams(1e9)).burst, 125_000);
+    t.is(leafParams(rateParams(1e6)).burst, 2 * FRAME);
+    t.is(leafParams(rateParams(10e6)).burst, 3750);
+    t.is(leafParams(rateParams(1e9)).burst, 375_000);
   }
   // The first second of a fresh 10M transfer may exceed the limit by the burst only.
   t.true(burstBytes(10e6) * 8 < 0.01 * 10e6);

@@ -19,7 +19,7 @@ const VETH_10M = [
   'class replace dev vethab parent 2:1 classid 2:2 htb rate 1000000bit ceil 10000000bit burst 3028b cburst 3028b quantum 1514 prio 0',
   'class replace dev vethab parent 2:1 classid 2:3 htb rate 9000000bit ceil 10000000bit burst 3028b cburst 3028b quantum 1514 prio 1',
   'qdisc replace dev vethab parent 2:2 handle 22: bfifo limit 12112',
-  'qdisc replace dev vethab parent 2:3 handle 23: tbf rate 100000000000bit burst 3028b limit 34278b',
+  'qdisc replace dev vethab parent 2:3 handle 23: tbf rate 100000000000bit burst 3750b limit 34278b',
   'filter del dev vethab parent 2:',
   'filter add dev vethab parent 2: prio 1 protocol ip u32 match u16 0 0xfe00 at 2 flowid 2:2',
   'filter add dev vethab parent 2: prio 1 protocol ip u32 match ip protocol 1 0xff flowid 2:2',
@@ -35,7 +35,7 @@ const IFB_20M_CLASS_3 = [
   'class replace dev kifb parent 1:3 classid 1:803 htb rate 2000000bit ceil 20000000bit burst 3028b cburst 3750b quantum 1514 prio 0',
   'class replace dev kifb parent 1:3 classid 1:1003 htb rate 18000000bit ceil 20000000bit burst 3750b cburst 3750b quantum 2250 prio 1',
   'qdisc replace dev kifb parent 1:803 handle 2003: bfifo limit 12500',
-  'qdisc replace dev kifb parent 1:1003 handle 1003: tbf rate 100000000000bit burst 3028b limit 66250b',
+  'qdisc replace dev kifb parent 1:1003 handle 1003: tbf rate 100000000000bit burst 7500b limit 66250b',
 ];
 
 test('the veth root for traffic to the pod: htb 2: with its two leaves and the interactive selectors', (t) => {

@@ -41,3 +41,27 @@ test('max age 0: every caller not joining a read in flight reads', async (t) => 
   now = 1;
   t.is(await c.get(), 2);
 });
+
+test('a key: a result or a read in flight serves only callers with the same key', async (t) => {
+  const now = 0;
+  let n = 0;
+  const pending: Array<() => void> = [];
+  const c = new Coalesced(async () => {
+    const mine = ++n;
+    await new Promise<void>((r) => pending.push(r));
+    return mine;
+  }, 2000, () => now);
+  const release = () => pending.splice(0).forEach((r) => r());
+  const a = c.get(1);
+  const a2 = c.get(1);
+  t.is(n, 1, 'the same key joins the read in flight');
+  const b = c.get(2);
+  t.is(n, 2, 'another key starts its own read');
+  release();
+  t.deepEqual(await Promise.all([a, a2, b]), [1, 1, 2]);
+  t.is(await c.get(2), 2, 'the newest result serves its key within the max age');
+  t.is(n, 2);
+  const d = c.get(3);
+  release();
+  t.is(await d, 3, 'a result of another key is not served');
+});
