@@ -100,7 +100,7 @@ import { createLogger } from '../src/log.js';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { AgentHarness, LIBCNI_DRIVER, FORWARDER, libcniBatch, libcniCallArgs, postCni, type BatchRequest, type LibcniDirs } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
-import { makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
+import { delIfbs, makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
 import { cniArgs, type TestPod } from '../hack/support/test-pod.js';
 import { summary } from '../hack/support/bench-kit.js';
 import { libcniVersion, REF_PLUGINS_DIR, refPluginsVersion } from '../hack/support/upstream.js';
@@ -1251,10 +1251,12 @@ class CniBench {
     await step('bash floor', async () => this.floor?.close());
     await step('netns', () => this.delNetns([...this.liveNetns]));
     const links = new Set(await linkNames());
-    const refLinks = [this.refBridge, this.floorBridge, this.floorIfb, ...this.refIfbs].filter((l) => links.has(l));
+    const refLinks = [this.refBridge, this.floorBridge, ...this.refIfbs].filter((l) => links.has(l));
     await step('reference links', () =>
       refLinks.length ? execa('ip', ['-force', '-batch', '-'], { input: refLinks.map((l) => `link del ${l}`).join('\n') + '\n', reject: false }) : Promise.resolve(),
     );
+    // The floor's config generator made its shaper's ifb and egress shards.
+    await step('floor ifbs', () => delIfbs(this.floorIfb));
     if (this.refRoot) await step('reference temp dir', () => rmrf(this.refRoot));
     await step('agent process', () => this.stopAgentProcess());
     if (this.harnessSetUp) await step('kubenet side (agent, bridge, ifb, temp dir)', () => this.h.cleanup.run());
@@ -1270,8 +1272,10 @@ class CniBench {
       mine.add(this.h.bridge);
       mine.add(this.h.ifb);
     }
-    const ours = links.filter((l) => mine.has(l));
-    const others = links.filter((l) => !mine.has(l) && !this.linksBefore.has(l));
+    // An ifb's egress shards are `<ifb>.1`, `<ifb>.2`, ...
+    const isMine = (l: string) => mine.has(l) || mine.has(l.replace(/\.\d+$/, ''));
+    const ours = links.filter(isMine);
+    const others = links.filter((l) => !isMine(l) && !this.linksBefore.has(l));
     const netns = (await execa('ip', ['netns', 'list'], { reject: false })).stdout
       .split('\n')
       .map((l) => l.split(' ')[0] ?? '')

@@ -16,7 +16,7 @@ import { performance } from 'node:perf_hooks';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { syncDedup } from '../src/pod/dedup.js';
 import { silentLogger } from '../src/log.js';
-import { CNI_BIN_DIRS } from '../hack/support/kernel.js';
+import { CNI_BIN_DIRS, delIfbs } from '../hack/support/kernel.js';
 import { argValue, summary } from '../hack/support/bench-kit.js';
 
 const CNI_DIR = CNI_BIN_DIRS;
@@ -125,7 +125,8 @@ async function runSize(n: number, bins: { loopback: string; bridge: string }) {
   } finally {
     await plugin.settled();
     plugin.close();
-    await ipBatch([...all.flatMap((i) => [`netns del ${ours.netns(i)}`, `netns del ${ref.netns(i)}`]), `link del ${ours.bridge}`, `link del ${ours.ifb}`, `link del ${ref.bridge}`]);
+    await ipBatch([...all.flatMap((i) => [`netns del ${ours.netns(i)}`, `netns del ${ref.netns(i)}`]), `link del ${ours.bridge}`, `link del ${ref.bridge}`]);
+    await delIfbs(ours.ifb);
     await rm(dir, { recursive: true, force: true });
   }
   return { n, add: { ours: stats(t.oursAdd), ref: stats(t.refAdd) }, del: { ours: stats(t.oursDel), ref: stats(t.refDel) } };

@@ -42,7 +42,7 @@ import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeSe
 import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
 import { AgentHarness } from '../hack/support/agent-harness.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
-import { uniq } from '../hack/support/kernel.js';
+import { delIfbs, uniq } from '../hack/support/kernel.js';
 import type { TestPod } from '../hack/support/test-pod.js';
 import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
@@ -734,7 +734,8 @@ async function liveBench(): Promise<void> {
       agent.kill('SIGTERM');
       await agent;
     }
-    await ipBatch([...netns.map((n) => `netns del ${n}`), `link del ${h.config.bridgeName}`, `link del ${h.config.ifbName}`], true);
+    await ipBatch([...netns.map((n) => `netns del ${n}`), `link del ${h.config.bridgeName}`], true);
+    await delIfbs(h.config.ifbName);
     await api.stop();
     await h.cleanup.run().catch((err: unknown) => console.error(String(err)));
   }
