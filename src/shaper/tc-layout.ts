@@ -42,7 +42,7 @@ export const DEFAULT_IFB = 'kubenet-ifb0';
 
 /** The most egress shards: each is an ifb, `<ifb>.<k>`, whose name must fit in 15 bytes. */
 export const MAX_SHARDS = 64;
-/** Egress shards per CPU when the count is left to the shaper (docs/shaping.md, "Shards": why). */
+/** Egress shards per CPU when the count is left to the shaper (docs/shaping.md, "Egress shards": why). */
 export const AUTO_SHARDS_PER_CPU = 2;
 
 /** The egress shard count for a configured one on a node with `cpus` CPUs: 0 is AUTO_SHARDS_PER_CPU per CPU, at most MAX_SHARDS. */
@@ -280,6 +280,21 @@ export function ifbLines(ifb: string, rec: ShapingState): string[] {
     `qdisc replace dev ${ifb} parent 1:${int} handle ${hex(INTERACTIVE_LEAF_MAJOR_BASE + rec.classId)}: bfifo limit ${l.interactive.queue}`,
     `qdisc replace dev ${ifb} parent 1:${bulk} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(l)}`,
     ...filtersFor(ifb, rec.ips, rec.classId).map((f) => f.line),
+  ];
+}
+
+/**
+ * The bulk leaves of a pod's shaped directions as today's sizing makes them. `replace` changes a
+ * tbf in place, keeping what it queued: right while the bucket only grows between versions (1 ms
+ * to 3 ms of the rate in issue 32); a shrinking one must be made anew (tc-plan.ts planEnsure).
+ */
+export function bulkLeafLines(ifb: string, rec: ShapingState): string[] {
+  const { ingress, ingressBurst, egress, egressBurst } = rec.limits;
+  return [
+    ...(rec.ingressInstalled && ingress !== undefined ? [`qdisc replace dev ${rec.hostVeth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(podLayout(ingress, ingressBurst))}`] : []),
+    ...(rec.egressInstalled && egress !== undefined && rec.classId
+      ? [`qdisc replace dev ${ifb} parent 1:${hex(ifbClassIds(rec.classId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(podLayout(egress, egressBurst))}`]
+      : []),
   ];
 }
 

@@ -18,7 +18,7 @@
  * tree and its own class ids: a new shaped pod goes to the shard with the fewest and keeps it for
  * as long as its egress is shaped. An htb qdisc is one lock and an ifb one tasklet, which every
  * packet through it takes in turn: shards let pods on different CPUs shape in parallel
- * (docs/shaping.md, "Shards").
+ * (docs/shaping.md, "Egress shards").
  *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
@@ -42,7 +42,7 @@ import { ipFamily } from '../net/ip.js';
 import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
-import { DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES } from './tc-layout.js';
+import { bulkLeafLines, DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES } from './tc-layout.js';
 import type { IfbListing, ShapingState } from './tc-layout.js';
 import { EgressShards, orphanLines, planEnsure } from './tc-plan.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
@@ -63,9 +63,8 @@ export interface ShaperOptions {
   /** The ifb carrying the pods' egress (shard 0); default 'kubenet-ifb0'. */
   ifbName?: string;
   /**
-   * How many ifbs (shards) carry the pods' egress, each with its own htb tree: `ifbName`, then
-   * `ifbName.1`, ... A new shaped pod goes to the shard with the fewest and stays there. Default 1.
-   * Why more than one: docs/shaping.md, "Shards".
+   * How many ifbs (shards, each its own htb tree: `ifbName`, `ifbName.1`, ...) carry the pods' egress;
+   * a new shaped pod goes to the one with the fewest and stays. Default 1. Why: docs/shaping.md.
    */
   shards?: number;
   logger?: Logger;
@@ -133,6 +132,9 @@ export class Shaper {
     await batch('ip', ifbLinkLines(this.ifbs, links));
     for (const [k, ifb] of this.ifbs.entries()) await this.initShard(k, ifb);
     await this.removeExtraShards();
+    // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
+    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r));
+    if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
     this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
   }
@@ -356,8 +358,7 @@ export class Shaper {
 
   /** The htb class id of a pod's egress (for diagnostics and tests); undefined when unshaped. */
   classIdOf(podId: string): number | undefined {
-    const c = this.records.get(podId)?.classId;
-    return c ? c : undefined;
+    return this.records.get(podId)?.classId || undefined;
   }
 
   /** The ifb carrying a pod's egress (its shard's); undefined when its egress is not shaped. */
@@ -367,11 +368,10 @@ export class Shaper {
   }
 
   /**
-   * The kernel's counters of every shaped pod, and every link's own counters (./counters.ts
-   * CounterReader: over a netlink socket of its own, off the event loop, reading again only what
-   * can have changed since the last call, each egress shard on its own). No tc exec, no text.
-   * `ifindex` may name a pod's veth by index (the pod record has it), which saves a lookup by name
-   * per pod. A device that is gone (a pod being deleted) leaves that direction out.
+   * The kernel's counters of every shaped pod and every link's own (./counters.ts CounterReader: a
+   * netlink socket of its own, off the event loop, re-reading only what can have changed, each
+   * shard on its own). `ifindex` may name a pod's veth by index (the pod record has it), which saves
+   * a lookup by name per pod. A device that is gone (a pod being deleted) leaves that direction out.
    */
   counters(ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
     return this.counterReader.read([...this.records.values()], (r) => this.ifbOf(r), ifindex);

@@ -176,6 +176,31 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
   t.is(again.classIdOf(b.id), before[b.id]);
 });
 
+kTest("restart: pods an earlier version shaped get today's bulk leaves (the 1 ms bucket of before issue 32 grows to 3 ms in place)", async (t) => {
+  const env = await shaperEnv(t, 2);
+  const [a] = env.topo.pods as [TopoPod];
+  await env.shaper.ensure(podOf(a, { ingress: 200e6, egress: 200e6 }));
+  const bulkLeaves = async () => [
+    ...(await tc(['qdisc', 'show', 'dev', a.hostVeth])).split('\n').filter((l) => /^qdisc tbf /.test(l)),
+    ...(await tc(['qdisc', 'show', 'dev', env.ifb])).split('\n').filter((l) => /^qdisc tbf /.test(l)),
+  ];
+  const today = await bulkLeaves();
+  t.is(today.length, 2, 'one bulk leaf each way');
+  // What the earlier version left: the same leaves with a 1 ms bucket.
+  const id = env.shaper.classIdOf(a.id) ?? 0;
+  env.shaper.close();
+  await execa('tc', ['qdisc', 'replace', 'dev', a.hostVeth, 'parent', '2:3', 'handle', '23:', 'tbf', 'rate', '200gbit', 'burst', '25000b', 'limit', '662500b']);
+  await execa('tc', ['qdisc', 'replace', 'dev', env.ifb, 'parent', `1:${(id + 0x1000).toString(16)}`, 'handle', `${(0x1000 + id).toString(16)}:`, 'tbf', 'rate', '200gbit', 'burst', '25000b', 'limit', '662500b']);
+  // (tc shows a burst at these leaf rates in coarse steps of its clock; the two must differ still.)
+  const old = await bulkLeaves();
+  t.is(old.length, 2);
+  t.true(old.every((l) => !today.includes(l)), `the old buckets in place: ${old.join(' | ')}`);
+  const again = new Shaper({ ifbName: env.ifb });
+  t.teardown(() => again.close());
+  await again.init(env.shaper.states());
+  t.deepEqual(await bulkLeaves(), today, "today's leaves, nothing else changed");
+});
+
 kTest('restart after the ifb was lost: structure rebuilt, known pods restored', async (t) => {
   const env = await shaperEnv(t, 2);
   const [a] = env.topo.pods as [TopoPod];
