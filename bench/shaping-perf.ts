@@ -15,7 +15,9 @@
  * Lock waits are those that fall inside these sections (the root lock and htb's busylock);
  * their sum over the window and all CPUs is the share of CPU spent waiting on the ifb's lock.
  * The ifb's tasklet (`irq:tasklet_entry/exit`, function ifb_ri_tasklet) hands each packet back to
- * the stack (bridge, routing, the receiver's queue): its busy time and the CPUs it ran on.
+ * the stack (bridge, routing, the receiver's queue): its busy time and the CPUs it ran on. Every
+ * ifb's tasklet runs that one function, so with egress shards the busy time is all shards'; its
+ * time per packet is then divided by `shards` × this ifb's packets (the pods spread evenly).
  * Tracing costs time itself: the run under perf is slower, and its figures are upper bounds.
  */
 import { execa } from 'execa';
@@ -25,6 +27,8 @@ import { join } from 'node:path';
 
 export interface QdiscPerf {
   seconds: number;
+  /** The egress shards the tasklet figures cover. */
+  shards: number;
   skbPerSec: number;
   bytesPerSkb: number;
   /** Waits on the ifb's qdisc locks, as a share of all CPU time of the window. */
@@ -36,7 +40,7 @@ export interface QdiscPerf {
   /** Lock held per packet: (every enqueue and dequeue section, tracepoint cost subtracted from each) / packets, µs. */
   holdPerSkbUs: number;
   tracepointUs: number;
-  /** The tasklet's busy time as a share of one CPU, µs per packet, and its busy time per CPU. */
+  /** The tasklets' busy time (every shard's) as a share of one CPU, µs per packet (over `shards` × this ifb's), and busy time per CPU. */
   taskletShare: number;
   taskletUsPerSkb: number;
   taskletCpus: string;
@@ -47,6 +51,8 @@ export interface QdiscPerfOptions {
   /** Runs a command in the ifb's network namespace (its ifindex). */
   netnsExec: (cmd: string, args: string[]) => Promise<{ stdout: string }>;
   seconds: number;
+  /** How many egress shards (ifbs) carry the pods' traffic, `ifb` among them; 1 unless told. */
+  shards?: number;
 }
 
 const percentile = (xs: number[], p: number) => {
@@ -79,7 +85,7 @@ export async function qdiscPerf(o: QdiscPerfOptions): Promise<QdiscPerf> {
     const rec = await execa('perf', args, { reject: false });
     if (rec.exitCode !== 0) throw new Error(`perf record failed: ${rec.stderr.slice(-400)}`);
     const script = await execa('perf', ['script', '-i', data, '-F', 'cpu,time,event,trace'], { reject: false, maxBuffer: 1024 * 1024 * 1024 });
-    return analyse(script.stdout, o.seconds);
+    return analyse(script.stdout, o.seconds, o.shards ?? 1);
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -99,7 +105,7 @@ interface CpuState {
 }
 
 /** Reads the figures off `perf script -F cpu,time,event,trace` output (exported for the test). */
-export function analyse(text: string, seconds: number): QdiscPerf {
+export function analyse(text: string, seconds: number, shards = 1): QdiscPerf {
   const cpus = new Map<number, CpuState>();
   const enq: number[] = [];
   const deq: number[] = [];
@@ -178,6 +184,7 @@ export function analyse(text: string, seconds: number): QdiscPerf {
   const busy = sum([...taskletBusy.values()]);
   return {
     seconds: window,
+    shards,
     skbPerSec: skbs / window,
     bytesPerSkb: skbs ? bytes / skbs : NaN,
     lockWaitShare: waitTotal / 1e6 / (window * availableParallelism()),
@@ -187,7 +194,7 @@ export function analyse(text: string, seconds: number): QdiscPerf {
     holdPerSkbUs: skbs ? held / skbs : NaN,
     tracepointUs: tp,
     taskletShare: busy / 1e6 / window,
-    taskletUsPerSkb: skbs ? busy / skbs : NaN,
+    taskletUsPerSkb: skbs ? busy / (skbs * shards) : NaN,
     taskletCpus: [...taskletBusy].sort((a, b) => a[0] - b[0]).map(([c, us]) => `cpu${c} ${((us / 1e6 / window) * 100).toFixed(0)}%`).join(' '),
   };
 }

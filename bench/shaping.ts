@@ -20,10 +20,14 @@
  *   (4) accuracy after a re-shape: one iperf3 flow whose limit is changed 2 s in (from twice and
  *       from half the rate), goodput and wire rate from 2 s after the change to the end, against the
  *       goals of (1b) (goodput ±5 %, wire ±2 %).
+ *   (5) many pods at once, and one flow at 1G / 5G / 10G (issue 32): bench/shaping-aggregate.ts.
  * Root only. Creates its own bridges, namespaces and veths (traffic only between them) and removes
- * them. Usage: npx tsx bench/shaping.ts [--only rates,cost,live,reshape] [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
+ * them. Usage: npx tsx bench/shaping.ts [--only rates,cost,live,reshape,aggregate,highrate] [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost] [--no-live] [--no-reshape]
  *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M] [--cc cubic]
+ *   [--high-rates 1G,5G,10G] [--agg-sizes 2,8,32] [--agg-seconds 10] [--agg-rounds 3] [--agg-dests lan,pods]
+ *   [--agg-protos tcp,udp] [--agg-cases above,binding] [--agg-limit 100G] [--agg-binding 200M]
+ *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-perf]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
  */
 import { execa, type ResultPromise } from 'execa';
@@ -833,7 +837,7 @@ if (runs('aggregate')) {
     protos: list('--agg-protos', 'tcp,udp'),
     cases: list('--agg-cases', 'above,binding'),
     aboveLimit: parseBandwidth(argValue('--agg-limit') ?? '100G', 'limit'),
-    bindingLimit: { tcp: parseBandwidth(argValue('--agg-binding') ?? '200M', 'limit'), udp: parseBandwidth(argValue('--agg-binding-udp') ?? '40M', 'limit') },
+    bindingLimit: { tcp: parseBandwidth(argValue('--agg-binding') ?? '200M', 'limit'), udp: parseBandwidth(argValue('--agg-binding-udp') ?? '20M', 'limit') },
     udpOffered: parseBandwidth(argValue('--agg-udp') ?? '2G', 'offered'),
     perf: has('--agg-perf'),
     ...(argValue('--agg-shards') ? { shards: Number(argValue('--agg-shards')) } : {}),
