@@ -44,6 +44,8 @@ const EINVAL = 22;
 
 const blocker = isRoot ? undefined : `needs root (creates bridges, veths and network namespaces; running as uid ${process.getuid?.()})`;
 const kTest = blocker ? test.skip : test;
+/** Serial: its figures are this process's deletion counts and groups, which a concurrent test's deletes would move. */
+const kSerialTest = blocker ? test.serial.skip : test.serial;
 
 /** This run's tag: every name starts with knl<tag>, so the final sweep only touches what we made. */
 const TAG = uniq(4);
@@ -373,7 +375,7 @@ kTest('linkDelete: many at once (more than its worker budget) all end gone and f
   for (const p of pairs) t.false(names.has(p.veth) || names.has(p.peer), `${p.veth} and ${p.peer} gone`);
 });
 
-kTest('linkDelete veth: veths asked while one is being deleted go together in one group request; a bystander and its group stay', async (t) => {
+kSerialTest('linkDelete veth: veths asked while one is being deleted go together in one group request; a bystander and its group stay', async (t) => {
   const ns = await makeNetns(t);
   const pairs = Array.from({ length: 9 }, () => ({ veth: linkName('v'), peer: linkName('p') }));
   const bystander = { veth: linkName('v'), peer: linkName('p') };

@@ -142,7 +142,7 @@ export class Agent {
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.generation())),
+        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.store.generation())),
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
         ipam: (req) => this.handler.ipam(req),

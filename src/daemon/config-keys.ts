@@ -346,7 +346,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     value: 2,
     flag: '--metrics-max-age',
     description:
-      "Seconds, 0..60, a /metrics scrape may serve the pods' tc counters an earlier scrape read, instead of reading them again (each read at 500 shaped pods costs ~15-30 ms of the agent's CPU: docs/shaping.md); scrapes in a storm share one read. 0: every scrape reads them.",
+      "Seconds, 0..60, a /metrics scrape may serve the pods' tc counters an earlier scrape read, instead of reading them again, while no pod was added, reshaped or removed since (each read at 500 shaped pods costs ~45-75 ms of the agent's CPU: docs/shaping.md); scrapes in a storm share one read. 0: every scrape reads them.",
     validate: (value, fail) => {
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 60) throw fail('an integer number of seconds from 0 to 60');
       return value;

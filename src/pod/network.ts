@@ -252,11 +252,6 @@ export class PodNetwork {
     return this.store.all();
   }
 
-  /** Changes whenever a pod's record does (attached, reshaped, detached): what `traffic()` returned before is stale then. */
-  generation(): number {
-    return this.store.generation();
-  }
-
   get(containerId: string, ifName = POD_IFNAME): PodRecord | undefined {
     return this.store.get(containerId, ifName);
   }
