@@ -29,7 +29,7 @@ import { createRequire } from 'node:module';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { Worker } from 'node:worker_threads';
 import { argValue, numArg, summary } from '../hack/support/bench-kit.js';
-import { Cleanup, isRoot, sh, uniq } from '../hack/support/kernel.js';
+import { Cleanup, isRoot, sh, uniq, vethStorm } from '../hack/support/kernel.js';
 import { AF_INET, AF_UNSPEC, nl, route, rt, type Out, type Ptr } from '../src/netlink/libnl.js';
 import { classList, linkByName, linkIndexByName } from '../src/netlink/index.js';
 import { getLink, toLinkInfo } from '../src/netlink/link.js';
@@ -45,29 +45,6 @@ const require = createRequire(import.meta.url);
 
 const f = (x: number) => x.toFixed(3).padStart(9);
 const stats = (xs: number[]) => summary(xs);
-
-const GROUP = 77;
-
-/**
- * A namespace holding PAIRS veth pairs in group GROUP, up, each host-like end with an htb root and an
- * ingress qdisc; `run()` deletes them all with one request and resolves with its ms.
- */
-async function storm(cleanup: Cleanup): Promise<{ run(): Promise<number> }> {
-  const ns = `knb-${uniq(8)}`;
-  cleanup.add(() => sh('ip', ['netns', 'del', ns], { reject: false }));
-  await sh('ip', ['netns', 'add', ns]);
-  const links = Array.from({ length: PAIRS }, (_, i) => [`link add a${i} group ${GROUP} type veth peer name b${i}`, `link set a${i} up`, `link set b${i} up`]).flat();
-  await execa('ip', ['-n', ns, '-batch', '-'], { input: links.join('\n') + '\n' });
-  const qdiscs = Array.from({ length: PAIRS }, (_, i) => [`qdisc add dev a${i} root handle 1: htb`, `qdisc add dev a${i} ingress`]).flat();
-  await execa('tc', ['-n', ns, '-batch', '-'], { input: qdiscs.join('\n') + '\n' });
-  return {
-    run: async () => {
-      const t0 = performance.now();
-      await execa('ip', ['-n', ns, 'link', 'del', 'group', String(GROUP)]);
-      return performance.now() - t0;
-    },
-  };
-}
 
 /** Times `fn` (synchronous) once per turn of the event loop until `until()`, at least once. */
 async function timeWhile(fn: () => void, until: () => boolean): Promise<number[]> {
@@ -139,7 +116,7 @@ async function kernelSection(cleanup: Cleanup): Promise<void> {
       fn();
       return performance.now() - t0;
     }));
-    const s = await storm(cleanup);
+    const s = await vethStorm(cleanup, PAIRS);
     let done = false;
     const running = s.run().then((ms) => ((done = true), ms));
     // Let the ip processes start (their deletions begin a few ms after the spawn).
@@ -225,7 +202,7 @@ async function loopSection(cleanup: Cleanup): Promise<void> {
   const worker = lookupWorker();
   await worker.lookup('lo');
   for (const way of ['sync', 'pool', 'worker'] as const) {
-    const s = await storm(cleanup);
+    const s = await vethStorm(cleanup, PAIRS);
     const h = monitorEventLoopDelay({ resolution: 1 });
     const times: number[] = [];
     let done = false;

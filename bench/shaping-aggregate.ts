@@ -48,6 +48,7 @@ import { addTestPod, cniArgs, type TestPod } from '../hack/support/test-pod.js';
 import { REF_PLUGINS_DIR } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 import { qdiscPerf, type QdiscPerf } from './shaping-perf.js';
+import { printTable } from '../hack/support/bench-kit.js';
 
 export type Impl = 'unshaped' | 'ours' | 'ref';
 export type Dest = 'lan' | 'pods';
@@ -414,15 +415,6 @@ const median = (xs: number[]) => {
 };
 const g = (bps: number) => (bps / UNIT).toFixed(2);
 
-function table(title: string, head: string[], rows: string[][]): void {
-  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (r: string[]) => r.map((c, i) => c.padStart(w[i] ?? 0)).join('  ');
-  console.log(`\n${title}`);
-  console.log(line(head));
-  console.log(w.map((n) => '-'.repeat(n)).join('  '));
-  for (const r of rows) console.log(line(r));
-}
-
 /** Per-pod spread as the min and max of each pod's rate over the fair share (total / N). */
 const spread = (r: AggRun) => {
   const fair = r.total / r.n;
@@ -473,7 +465,7 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
   } finally {
     await world.destroy().catch((err: unknown) => console.error(`aggregate cleanup: ${String(err)}`));
   }
-  table(
+  printTable(
     `(5a) aggregate, every run: N pods sending at once for ${o.seconds} s (after 1 s), receiver-side rates; spread = slowest-fastest pod over the fair share (total/N); ` +
       `CPU = the node's system + softirq cores over the window (/proc/stat), per Gbit/s of the total; drops = qdisc drops on the node; retr = TCP retransmissions; UDP lost = datagrams`,
     ['case', 'proto', 'dest', 'N', 'round', 'impl', 'limit', 'total Gbit/s', 'spread', 'sys cores', 'CPU s/Gbit', 'user cores', 'retr', 'drops', 'UDP lost'],
@@ -531,13 +523,13 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
       }
     }
   }
-  table(
+  printTable(
     '(5b) aggregate, medians over the rounds: totals (Gbit/s), ours over unshaped and over ref (median of per-round ratios), CPU s/Gbit, TCP retransmissions (unshaped/ours/ref)',
     ['case', 'proto', 'dest', 'N', 'unshaped', 'ours', 'ref', 'ours/unshaped', 'ours/ref', 'CPU unshaped', 'ours', 'ref', 'ours/ref', 'retr'],
     rows,
   );
   if (perfs.length > 0) {
-    table(
+    printTable(
       '(5c) the first egress shard\'s ifb under perf (one extra ours run each, TCP to pods, limits far above, not in the goals): its qdisc lock (skb/s, holds and waits of this ifb); the tasklets of every shard (one function: busy share of all, per skb over shards x this ifb\'s skb/s) (bench/shaping-perf.ts; docs/shaping.md: the model)',
       ['N', 'shards', 'total Gbit/s', 'skb/s', 'bytes/skb', 'lock wait % CPU', 'waits/s', 'enqueue hold us', 'dequeue hold us', 'hold/skb us', 'tracepoint us', 'tasklet % of a CPU', 'tasklet us/skb', 'tasklet CPUs'],
       perfs.map(({ n, p, run }) => [

@@ -50,7 +50,7 @@ import { delIfbs, uniq } from '../hack/support/kernel.js';
 import type { TestPod } from '../hack/support/test-pod.js';
 import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
-import { argValue, percentile } from '../hack/support/bench-kit.js';
+import { argValue, percentile, printTable } from '../hack/support/bench-kit.js';
 import { aggregateBench } from './shaping-aggregate.js';
 
 const argv = process.argv.slice(2);
@@ -99,15 +99,6 @@ const pct = (v: number, ref: number) => `${v >= ref ? '+' : ''}${(((v - ref) / r
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s.length === 0 ? NaN : (s[Math.floor((s.length - 1) / 2)] ?? NaN);
-}
-
-function printTable(title: string, head: string[], rows: string[][]): void {
-  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (r: string[]) => r.map((c, i) => c.padStart(w[i] ?? 0)).join('  ');
-  console.log(`\n${title}`);
-  console.log(line(head));
-  console.log(w.map((n) => '-'.repeat(n)).join('  '));
-  for (const r of rows) console.log(line(r));
 }
 
 // ---------- the reference plugin ----------
@@ -296,7 +287,6 @@ function goals(ours: RateRow, ref: RateRow): Goal[] {
     { name: 'worst1s<=1.25x', pass: ours.worst1s <= 1.25 * ours.asked, detail: `${(ours.worst1s / ours.asked).toFixed(2)}x` },
   ];
 }
-
 
 /** Bytes the pod's host veth counted (`ip -s link`): received = from the pod, sent = to it. */
 async function vethBytes(dev: string, dir: 'egress' | 'ingress'): Promise<number> {

@@ -1,4 +1,4 @@
-/** What the benches (and the test suites that print figures) share: flags, percentiles, a process's CPU time and RSS. */
+/** What the benches (and the test suites that print figures) share: flags, percentiles, a process's CPU time and RSS, tables. */
 import { readFile } from 'node:fs/promises';
 
 /** `--NAME N` from the command line, else `dflt`. */
@@ -31,4 +31,14 @@ export async function processUsage(pid: string): Promise<{ cpuMs: number; rssMb:
   const stat = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]?.split(' ') ?? [];
   const rss = /VmRSS:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, 'utf8'))?.[1];
   return { cpuMs: ((Number(stat[11]) + Number(stat[12])) * 1000) / 100, rssMb: Number(rss) / 1024 };
+}
+
+/** Prints a titled table: columns right-aligned to their widest cell, a dashed rule under the head. */
+export function printTable(title: string, head: string[], rows: string[][]): void {
+  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (r: string[]) => r.map((c, i) => c.padStart(w[i] ?? 0)).join('  ');
+  console.log(`\n${title}`);
+  console.log(line(head));
+  console.log(w.map((n) => '-'.repeat(n)).join('  '));
+  for (const r of rows) console.log(line(r));
 }

@@ -29,6 +29,30 @@ export async function sh(cmd: string, args: string[], opts: { reject?: boolean }
   return execa(cmd, args, { reject: opts.reject ?? true });
 }
 
+/**
+ * A namespace of the caller's own holding `pairs` veth pairs in group 77, up, one end of each with
+ * an htb root and an ingress qdisc as a shaped pod's veth has (removed by `cleanup`, even on
+ * failure); `run()` deletes them all with one request (the kernel unregisters them under its RTNL
+ * lock: tens of milliseconds) and resolves with the ms until the kernel answered.
+ */
+export async function vethStorm(cleanup: Cleanup, pairs: number): Promise<{ run(): Promise<number> }> {
+  const group = 77;
+  const ns = `knb-${uniq(8)}`;
+  cleanup.add(() => sh('ip', ['netns', 'del', ns], { reject: false }));
+  await sh('ip', ['netns', 'add', ns]);
+  const links = Array.from({ length: pairs }, (_, i) => [`link add a${i} group ${group} type veth peer name b${i}`, `link set a${i} up`, `link set b${i} up`]).flat();
+  await execa('ip', ['-n', ns, '-batch', '-'], { input: links.join('\n') + '\n' });
+  const qdiscs = Array.from({ length: pairs }, (_, i) => [`qdisc add dev a${i} root handle 1: htb`, `qdisc add dev a${i} ingress`]).flat();
+  await execa('tc', ['-n', ns, '-batch', '-'], { input: qdiscs.join('\n') + '\n' });
+  return {
+    run: async () => {
+      const t0 = performance.now();
+      await execa('ip', ['-n', ns, 'link', 'del', 'group', String(group)]);
+      return performance.now() - t0;
+    },
+  };
+}
+
 /** Creates a network namespace; returns its name and /var/run/netns path. */
 export async function addNetns(name: string): Promise<{ name: string; path: string }> {
   await sh('ip', ['netns', 'add', name]);

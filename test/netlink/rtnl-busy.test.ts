@@ -11,9 +11,8 @@
  * failure.
  */
 import test, { type ExecutionContext } from 'ava';
-import { execa } from 'execa';
 import { AgentHarness, agentTestBlocker } from '../../hack/support/agent-harness.js';
-import { Cleanup, kernelTestBlocker, sh, uniq } from '../../hack/support/kernel.js';
+import { Cleanup, kernelTestBlocker, vethStorm } from '../../hack/support/kernel.js';
 import type { TestPod } from '../../hack/support/test-pod.js';
 import { linkByIndex, linkByName, linkList, netlinkCallsInFlight, type LinkInfo } from '../../src/netlink/index.js';
 
@@ -25,27 +24,6 @@ if (agentBlocker) console.warn(`SKIPPING RTNL-busy tests: ${agentBlocker}`);
 
 /** Veth pairs deleted in one storm, by one request for their group. */
 const PAIRS = 128;
-const GROUP = 77;
-
-/**
- * A namespace of the test's own holding PAIRS veth pairs in group GROUP, up, one end of each with
- * an htb root and an ingress qdisc (removed by `cleanup`, even on failure); `start()` deletes them
- * all with one request and resolves when the kernel has answered.
- */
-async function vethStorm(cleanup: Cleanup): Promise<{ start(): Promise<void> }> {
-  const ns = `knb-${uniq(8)}`;
-  cleanup.add(() => sh('ip', ['netns', 'del', ns], { reject: false }));
-  await sh('ip', ['netns', 'add', ns]);
-  const links = Array.from({ length: PAIRS }, (_, i) => [`link add a${i} group ${GROUP} type veth peer name b${i}`, `link set a${i} up`, `link set b${i} up`]).flat();
-  await execa('ip', ['-n', ns, '-batch', '-'], { input: links.join('\n') + '\n' });
-  const qdiscs = Array.from({ length: PAIRS }, (_, i) => [`qdisc add dev a${i} root handle 1: htb`, `qdisc add dev a${i} ingress`]).flat();
-  await execa('tc', ['-n', ns, '-batch', '-'], { input: qdiscs.join('\n') + '\n' });
-  return {
-    start: async () => {
-      await execa('ip', ['-n', ns, 'link', 'del', 'group', String(GROUP)]);
-    },
-  };
-}
 
 /**
  * Counts turns of the event loop while `busy()` says a kernel request is outstanding, from now until
@@ -78,12 +56,12 @@ async function withCleanup(t: ExecutionContext): Promise<Cleanup> {
 
 kTest('requests wait on the kernel off the event loop: the loop turns meanwhile, every answer is right', async (t) => {
   const cleanup = await withCleanup(t);
-  const storm = await vethStorm(cleanup);
+  const storm = await vethStorm(cleanup, PAIRS);
   const lo = await linkByName('lo');
   let pending = 0;
   const ticker = loopTicker(() => pending > 0);
   let stormDone = false;
-  const deleting = storm.start().finally(() => (stormDone = true));
+  const deleting = storm.run().finally(() => (stormDone = true));
   const answers: LinkInfo[] = [];
   let rounds = 0;
   // Requests one after another and many at once, for as long as the storm lasts.
@@ -115,7 +93,7 @@ agentTest("the agent answers /healthz while its own kernel requests wait, during
   await h.startAgent();
   const pods: TestPod[] = [];
   for (let i = 0; i < 8; i++) pods.push(await h.addPod(`b${i}`));
-  const storms = { add: await vethStorm(cleanup), del: await vethStorm(cleanup) };
+  const storms = { add: await vethStorm(cleanup, PAIRS), del: await vethStorm(cleanup, PAIRS) };
 
   let health = 0;
   let healthWhileBusy = 0;
@@ -132,7 +110,7 @@ agentTest("the agent answers /healthz while its own kernel requests wait, during
   const ticker = loopTicker(() => netlinkCallsInFlight() > 0);
   try {
     for (const cmd of ['add', 'del'] as const) {
-      const [, ...results] = await Promise.all([storms[cmd].start(), ...pods.map((p) => h.libcni(cmd, p))]);
+      const [, ...results] = await Promise.all([storms[cmd].run(), ...pods.map((p) => h.libcni(cmd, p))]);
       for (const [i, r] of results.entries()) t.is(r.exitCode, 0, `${cmd} ${pods[i]?.name}: ${r.stderr}`);
     }
   } finally {

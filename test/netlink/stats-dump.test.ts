@@ -7,23 +7,14 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { NetlinkError } from '../../src/errors.js';
-import { StatsSocket } from '../../src/netlink/index.js';
+import { StatsSocket, type TcClassStats } from '../../src/netlink/index.js';
 import { isRoot, sh, uniq } from '../../hack/support/kernel.js';
 
 const blocker = isRoot ? undefined : `needs root (creates network namespaces; running as uid ${process.getuid?.()})`;
 const CLASSES = 400;
 
-interface TextClass {
-  handle: number;
-  parent: number;
-  kind: string;
-  bytes: number;
-  packets: number;
-  drops: number;
-  overlimits: number;
-  backlog: number;
-  qlen: number;
-}
+/** What `tc -s class show` prints of a class, as the netlink layer's own type names it. */
+type TextClass = Omit<TcClassStats, 'rate' | 'ceil'>;
 
 const handleOf = (s: string) => {
   const [maj, min] = s.split(':');
