@@ -36,7 +36,7 @@ import { execa, type ResultPromise } from 'execa';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { formatBandwidth } from '../src/shaper/limits.js';
+import { formatBandwidth } from '../src/bandwidth/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { agentGet, agentPost } from '../src/daemon/protocol.js';
 import { libcniBatch, type BatchRequest, type LibcniDirs } from '../hack/support/agent-harness.js';

@@ -38,7 +38,7 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { configFlags } from '../src/daemon/config.js';
 import { classList } from '../src/netlink/index.js';
-import { formatBandwidth, parseBandwidth } from '../src/shaper/limits.js';
+import { formatBandwidth, parseBandwidth } from '../src/bandwidth/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
 import { parseUnshaped } from '../src/shaper/unshaped.js';

@@ -242,7 +242,7 @@ function runtimeConfig(conf: Record<string, unknown>): Record<string, unknown> {
   return rc;
 }
 
-/** runtimeConfig.bandwidth (src/shaper/limits.ts), its refusals as code 7. */
+/** runtimeConfig.bandwidth (src/bandwidth/limits.ts), its refusals as code 7. */
 export function bandwidthOf(rc: Record<string, unknown>): BandwidthLimits | undefined {
   try {
     return limitsFromRuntimeConfig(rc.bandwidth);

@@ -17,7 +17,7 @@ import { KubeApi, loadKubeConfig, sharedAborter, type KubeClientOptions } from '
 
 export const REASON_APPLIED = 'BandwidthApplied';
 export const REASON_REJECTED = 'BandwidthRejected';
-/** A pod asked more than its namespace's ceiling and got the ceiling (src/shaper/namespace-policy.ts). */
+/** A pod asked more than its namespace's ceiling and got the ceiling (src/bandwidth/namespace-policy.ts). */
 export const REASON_CAPPED = 'BandwidthCapped';
 
 export interface PodRef {

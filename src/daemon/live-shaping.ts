@@ -11,7 +11,7 @@
  *   or its namespace has a bandwidth policy: a pod without either may have its limits from the
  *   runtime's runtimeConfig.
  * - cluster mode: the namespace watch (namespace-lookup.ts). When a namespace's policy annotations
- *   (src/shaper/namespace-policy.ts: defaults and ceilings) change, every pod of it on this node is
+ *   (src/bandwidth/namespace-policy.ts: defaults and ceilings) change, every pod of it on this node is
  *   resolved again from its own annotations and the new policy, and re-shaped where that differs.
  *   Pods in namespaces without a policy are resolved exactly as before (their own annotations).
  * - `kubenet shape NAMESPACE/NAME` through the agent socket (http-api.ts), in any mode. In cluster

@@ -1,7 +1,7 @@
 /**
  * The Namespaces' bandwidth policy in cluster mode (issue 24): a cache fed by list + watch of
  * /api/v1/namespaces that keeps only each namespace's policy annotations
- * (src/shaper/namespace-policy.ts NAMESPACE_POLICY_ANNOTATIONS), with one GET on a miss (a pod ADD
+ * (src/bandwidth/namespace-policy.ts NAMESPACE_POLICY_ANNOTATIONS), with one GET on a miss (a pod ADD
  * in a namespace the watch has not delivered yet; its answer fills the cache, so each namespace
  * costs at most one). It tells a listener when a namespace's policy annotations appear or change
  * (live re-shaping of its pods, src/daemon/live-shaping.ts), with what it knew before.

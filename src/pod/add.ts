@@ -10,7 +10,7 @@ import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList } from '../cni/types.js';
 import { ConflictError, KubenetError } from '../errors.js';
 import * as nl from '../netlink/index.js';
-import { isUnshaped } from '../shaper/limits.js';
+import { isUnshaped } from '../bandwidth/limits.js';
 import type { ShapingState } from '../shaper/tc.js';
 import { differences, podCniArgs, podName, round, runtimeConf, shortId } from './attachment.js';
 import { CNI_VERSION, withPortmap } from './bridge.js';

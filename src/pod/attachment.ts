@@ -7,7 +7,7 @@ import { parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
 import { ConfigError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { sameLimits, sameSources, type BandwidthLimits, type LimitSources } from '../shaper/limits.js';
+import { sameLimits, sameSources, type BandwidthLimits, type LimitSources } from '../bandwidth/limits.js';
 import { POD_IFNAME } from './bridge.js';
 import { sameNetns, type NetnsId } from './netns.js';
 import type { AttachRequest } from './requests.js';

@@ -27,7 +27,7 @@ export {
   type BandwidthLimits,
   type LimitSource,
   type LimitSources,
-} from '../shaper/limits.js';
+} from '../bandwidth/limits.js';
 export {
   applyNamespacePolicy,
   cappedMessage,
@@ -39,4 +39,4 @@ export {
   resolveLimits,
   sourceTag,
   type ResolvedLimits,
-} from '../shaper/namespace-policy.js';
+} from '../bandwidth/namespace-policy.js';

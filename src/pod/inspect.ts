@@ -4,7 +4,7 @@
  */
 import { parseResult } from '../cni/result.js';
 import { KubenetError, UnknownPodError } from '../errors.js';
-import { isUnshaped } from '../shaper/limits.js';
+import { isUnshaped } from '../bandwidth/limits.js';
 import { bridgeOnly, podName, runtimeConf } from './attachment.js';
 import { NETWORK_NAME } from './bridge.js';
 import type { Core } from './core.js';

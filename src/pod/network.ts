@@ -32,7 +32,7 @@ import { AggregateKubenetError, NotReadyError, UnknownPodError } from '../errors
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { parsePodCidrs, type Subnet } from '../net/ip.js';
-import { checkLimits, type BandwidthLimits, type LimitSources } from '../shaper/limits.js';
+import { checkLimits, type BandwidthLimits, type LimitSources } from '../bandwidth/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { parseUnshaped } from '../shaper/unshaped.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';

@@ -18,7 +18,7 @@ import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import type { NetConf, NetConfList, WireResult } from '../cni/types.js';
 import type { Logger } from '../log.js';
-import type { BandwidthLimits, LimitSources } from '../shaper/limits.js';
+import type { BandwidthLimits, LimitSources } from '../bandwidth/limits.js';
 import type { ShapingState } from '../shaper/tc-layout.js';
 import { isTempFile, SpareFileWriter } from '../util/atomic-file.js';
 import { sameNetns, type NetnsId } from './netns.js';
@@ -61,7 +61,7 @@ export interface PodRecord {
   addLimits?: BandwidthLimits;
   /**
    * Where each limit in force came from, when the pod's namespace has a bandwidth policy
-   * (src/shaper/namespace-policy.ts). Absent (records of pods in namespaces without one, of the
+   * (src/bandwidth/namespace-policy.ts). Absent (records of pods in namespaces without one, of the
    * static mode, of older agents): every limit is the pod's own.
    */
   limitSources?: LimitSources;

@@ -6,7 +6,7 @@
 import type { Logger } from '../log.js';
 import type * as nl from '../netlink/index.js';
 import type { ShapingCounters } from '../shaper/counters.js';
-import type { BandwidthLimits, LimitSources } from '../shaper/limits.js';
+import type { BandwidthLimits, LimitSources } from '../bandwidth/limits.js';
 import type { PodRecord, PortMapping } from './record.js';
 
 export const LOOPBACK_NETWORK_NAME = 'cni-loopback';

@@ -7,7 +7,7 @@ import type { RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains } from '../net/ip.js';
-import { isUnshaped } from '../shaper/limits.js';
+import { isUnshaped } from '../bandwidth/limits.js';
 import { PLACEHOLDER_PORT, podCniArgs, podName, shortId } from './attachment.js';
 import { NETWORK_NAME, POD_IFNAME, withPortmap } from './bridge.js';
 import { bridgeVeths } from './bridge-kernel.js';

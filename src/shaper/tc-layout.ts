@@ -35,7 +35,7 @@
  */
 import { ConfigError } from '../errors.js';
 import { ipFamily, lastByte } from '../net/ip.js';
-import type { BandwidthLimits } from './limits.js';
+import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout, SMALL_PACKET_BYTES, type HtbClass, type PodLayout } from './sizing.js';
 
 export const DEFAULT_IFB = 'kubenet-ifb0';

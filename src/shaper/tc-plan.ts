@@ -5,7 +5,7 @@
  */
 import { ConfigError, KubenetError } from '../errors.js';
 import { checkIfName } from '../net/ifname.js';
-import type { BandwidthLimits } from './limits.js';
+import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout } from './sizing.js';
 import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, MAX_SHARDS, redirectLines, shardIfb, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
 

@@ -39,7 +39,7 @@ import { KeyedMutex } from '../util/keyed-mutex.js';
 import { runAll } from '../util/pool.js';
 import { checkIfName } from '../net/ifname.js';
 import { ipFamily } from '../net/ip.js';
-import { checkLimits, isUnshaped, type BandwidthLimits } from './limits.js';
+import { checkLimits, isUnshaped, type BandwidthLimits } from '../bandwidth/limits.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
 import { bulkLeafLines, DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES } from './tc-layout.js';

@@ -7,7 +7,7 @@ import test, { type ExecutionContext } from 'ava';
 import { execa } from 'execa';
 import { existsSync } from 'node:fs';
 import { ConfigError } from '../../src/errors.js';
-import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/shaper/limits.js';
+import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/bandwidth/limits.js';
 import { interactiveQueueBytes } from '../../src/shaper/sizing.js';
 import { Shaper } from '../../src/shaper/tc.js';
 import { isRoot, uniq } from '../../hack/support/kernel.js';

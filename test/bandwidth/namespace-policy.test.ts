@@ -1,5 +1,5 @@
 /**
- * The namespace bandwidth policy resolver (src/shaper/namespace-policy.ts): pod annotations and
+ * The namespace bandwidth policy resolver (src/bandwidth/namespace-policy.ts): pod annotations and
  * namespace annotations in, limits with the source of each direction, the capped asks and the
  * refused namespace values out. Pure: exact outputs, no root.
  */
@@ -15,8 +15,8 @@ import {
   rawPolicy,
   resolveLimits,
   sourceTag,
-} from '../../src/shaper/namespace-policy.js';
-import { sameSources } from '../../src/shaper/limits.js';
+} from '../../src/bandwidth/namespace-policy.js';
+import { sameSources } from '../../src/bandwidth/limits.js';
 
 const M = 1e6;
 const IN = 'kubernetes.io/ingress-bandwidth';

@@ -1,7 +1,7 @@
 import test from 'ava';
 import { ConfigError } from '../../src/errors.js';
-import { bandwidthFromAnnotations, EGRESS_ANNOTATION, INGRESS_ANNOTATION, limitsFromRuntimeConfig, parseBandwidth } from '../../src/shaper/limits.js';
-import { parseQuantity } from '../../src/shaper/quantity.js';
+import { bandwidthFromAnnotations, EGRESS_ANNOTATION, INGRESS_ANNOTATION, limitsFromRuntimeConfig, parseBandwidth } from '../../src/bandwidth/limits.js';
+import { parseQuantity } from '../../src/bandwidth/quantity.js';
 import { burstBytes, FRAME, htbQuantum, interactiveQueueBytes, leafParams, podLayout, queueLimitBytes, rateParams } from '../../src/shaper/sizing.js';
 import { parseIfbListing } from '../../src/shaper/tc.js';
 
