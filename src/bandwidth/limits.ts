@@ -7,13 +7,25 @@
 import { ConfigError } from '../errors.js';
 import { parseQuantity } from './quantity.js';
 
-/** Rates in bits/s, bursts in bits. A missing direction is unshaped; a missing burst is sized by the shaper. */
+/**
+ * A pod's bandwidth: ceilings (rates in bits/s, bursts in bits; a missing direction has none, a
+ * missing burst is sized by the shaper), guarantees (bits/s the node reserves for the pod under
+ * contention, from its requests of the node's extended resources: guarantees.ts) and the priority
+ * band in which it shares what is left after guarantees (0 first .. 2 last: guarantees.ts). A
+ * guarantee and a band take effect only on a node with a capacity (capacity.ts).
+ */
 export interface BandwidthLimits {
   ingress?: number;
   egress?: number;
   ingressBurst?: number;
   egressBurst?: number;
+  ingressGuarantee?: number;
+  egressGuarantee?: number;
+  priority?: number;
 }
+
+/** The priority bands (guarantees.ts PRIORITY_BANDS): 0 is served first. */
+export const MAX_PRIORITY = 2;
 
 /**
  * Where a direction's limit came from: the pod's own (its annotations, a runtime's runtimeConfig,
@@ -78,9 +90,14 @@ export function bandwidthFromAnnotations(annotations?: Record<string, string>): 
   return limits;
 }
 
-/** True when the limits shape neither direction. */
+/** True when the limits neither cap nor guarantee either direction. */
 export function isUnshaped(limits: BandwidthLimits): boolean {
-  return limits.ingress === undefined && limits.egress === undefined;
+  return limits.ingress === undefined && limits.egress === undefined && limits.ingressGuarantee === undefined && limits.egressGuarantee === undefined;
+}
+
+/** True when the limits cap or guarantee this direction. */
+export function shapesDirection(limits: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
+  return dir === 'ingress' ? limits.ingress !== undefined || limits.ingressGuarantee !== undefined : limits.egress !== undefined || limits.egressGuarantee !== undefined;
 }
 
 /**
@@ -92,9 +109,13 @@ export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLim
   if (typeof limits !== 'object' || limits === null || Array.isArray(limits)) throw new ConfigError(`${what}: bandwidth limits must be an object`);
   for (const [k, v] of Object.entries(limits)) {
     if (v === undefined) continue;
-    const isRate = k === 'ingress' || k === 'egress';
-    if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst') throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
+    const isRate = k === 'ingress' || k === 'egress' || k === 'ingressGuarantee' || k === 'egressGuarantee';
+    if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst' && k !== 'priority') throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
     if (typeof v !== 'number' || !Number.isFinite(v)) throw new ConfigError(`${what}: ${k} must be a number, got ${JSON.stringify(v)}`);
+    if (k === 'priority') {
+      if (!Number.isInteger(v) || v < 0 || v > MAX_PRIORITY) throw new ConfigError(`${what}: priority must be an integer 0..${MAX_PRIORITY}, got ${v}`);
+      continue;
+    }
     if (isRate && (v < MIN_BANDWIDTH || v > MAX_BANDWIDTH)) {
       throw new ConfigError(`${what}: ${k} ${v} bits/s is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
     }
@@ -103,9 +124,17 @@ export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLim
   return limits;
 }
 
-/** Two limits are the same when every rate and burst is. */
+/** Two limits are the same when every rate, burst, guarantee and the priority are. */
 export function sameLimits(a: BandwidthLimits, b: BandwidthLimits): boolean {
-  return a.ingress === b.ingress && a.egress === b.egress && a.ingressBurst === b.ingressBurst && a.egressBurst === b.egressBurst;
+  return (
+    a.ingress === b.ingress &&
+    a.egress === b.egress &&
+    a.ingressBurst === b.ingressBurst &&
+    a.egressBurst === b.egressBurst &&
+    a.ingressGuarantee === b.ingressGuarantee &&
+    a.egressGuarantee === b.egressGuarantee &&
+    a.priority === b.priority
+  );
 }
 
 /** containerd passes this burst (uint32 max) when the pod sets none: it means "none given". */
@@ -172,20 +201,28 @@ export function formatBandwidth(bps: number): string {
   return String(bps);
 }
 
-/** Limits as people read them: "ingress 20M, egress 10M", or "none". */
+/** Limits as people read them: "ingress 20M, egress 10M (guaranteed 5M)", or "none". */
 export function describeLimits(limits: BandwidthLimits): string {
   const parts: string[] = [];
-  if (limits.ingress !== undefined) parts.push(`ingress ${formatBandwidth(limits.ingress)}`);
-  if (limits.egress !== undefined) parts.push(`egress ${formatBandwidth(limits.egress)}`);
+  for (const d of ['ingress', 'egress'] as const) {
+    const ceil = limits[d];
+    const g = limits[d === 'ingress' ? 'ingressGuarantee' : 'egressGuarantee'];
+    if (ceil === undefined && g === undefined) continue;
+    parts.push(`${d} ${ceil === undefined ? 'no ceiling' : formatBandwidth(ceil)}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`);
+  }
   return parts.length > 0 ? parts.join(', ') : 'none';
 }
 
 /**
  * New rates for a running pod, keeping a direction's burst only where its rate stays the same
  * (annotations and `kubenet shape` give rates only: a new rate gets the burst the shaper sizes).
+ * Guarantees and the priority (the pod's requests and QoS class, not its annotations) are kept.
  */
 export function withRates(current: BandwidthLimits, rates: { ingress?: number | undefined; egress?: number | undefined }): BandwidthLimits {
   const out: BandwidthLimits = {};
+  if (current.ingressGuarantee !== undefined) out.ingressGuarantee = current.ingressGuarantee;
+  if (current.egressGuarantee !== undefined) out.egressGuarantee = current.egressGuarantee;
+  if (current.priority !== undefined) out.priority = current.priority;
   if (rates.ingress !== undefined) {
     out.ingress = rates.ingress;
     if (rates.ingress === current.ingress && current.ingressBurst !== undefined) out.ingressBurst = current.ingressBurst;
