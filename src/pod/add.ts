@@ -10,7 +10,6 @@ import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList } from '../cni/types.js';
 import { ConflictError, KubenetError } from '../errors.js';
 import * as nl from '../netlink/index.js';
-import { isUnshaped } from '../bandwidth/limits.js';
 import type { ShapingState } from '../shaper/tc.js';
 import { differences, podCniArgs, podName, round, runtimeConf, shortId } from './attachment.js';
 import { CNI_VERSION, withPortmap } from './bridge.js';
@@ -104,11 +103,11 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     // The egress side on the shared ifb needs only the pod's addresses: made beside the exec too,
     // once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
     const limits = req.limits;
-    egressFirst = prefetch && limits.egress !== undefined ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits })) : undefined;
+    egressFirst = prefetch && core.shaper.shapesEgress(limits) ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits })) : undefined;
     egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
     // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
     // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
-    early = prefetch && !isUnshaped(limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;
+    early = prefetch && core.shaper.wants(limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;
     early?.then((e) => e && steps.note('vethEarly', performance.now() - started), () => undefined);
     const result = await exec;
     steps.mark('bridge');
@@ -162,7 +161,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
 
 /** Shapes the pod as its limits say (without limits, any old shaping goes); the record keeps what was installed. */
 export async function applyShaping(core: Core, record: PodRecord): Promise<void> {
-  if (isUnshaped(record.limits)) {
+  if (!core.shaper.wants(record.limits)) {
     await core.shaper.remove(record.containerId);
     delete record.shaping;
     return;

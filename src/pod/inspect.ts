@@ -4,7 +4,6 @@
  */
 import { parseResult } from '../cni/result.js';
 import { KubenetError, UnknownPodError } from '../errors.js';
-import { isUnshaped } from '../bandwidth/limits.js';
 import { bridgeOnly, podName, runtimeConf } from './attachment.js';
 import { NETWORK_NAME } from './bridge.js';
 import type { Core } from './core.js';
@@ -31,7 +30,7 @@ export async function checkAttached(core: Core, req: CheckRequest, netnsId: Netn
   // chains it never made (containernetworking/plugins#819): bridge alone, and the DNAT rules here.
   await core.modes.of(network).check(bridgeOnly(network), runtimeConf(record, req.netns), parseResult(record.result));
   if (record.portMappings.length > 0) await checkHostPorts(record.ips, record.portMappings);
-  if (!isUnshaped(record.limits) && !core.shaper.list().some((s) => s.id === record.containerId)) {
+  if (core.shaper.wants(record.limits) && !core.shaper.list().some((s) => s.id === record.containerId)) {
     throw new KubenetError(`pod ${podName(record)}: bandwidth limits are recorded but not installed`);
   }
 }

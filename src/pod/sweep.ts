@@ -7,7 +7,6 @@ import type { RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import { cidrContains } from '../net/ip.js';
-import { isUnshaped } from '../bandwidth/limits.js';
 import { PLACEHOLDER_PORT, podCniArgs, podName, shortId } from './attachment.js';
 import { NETWORK_NAME, POD_IFNAME, withPortmap } from './bridge.js';
 import { bridgeVeths } from './bridge-kernel.js';
@@ -37,7 +36,7 @@ export async function reconcile(core: Core): Promise<void> {
     await core.locks.run(key, () => core.teardown(r, log)).catch((err: unknown) => errors.push(err));
   }
   // Shaping: gone for pods without a record, put back as recorded for every live shaped pod.
-  const shaped = core.store.all().filter((r) => r.phase === 'ready' && r.hostVeth && !isUnshaped(r.limits));
+  const shaped = core.store.all().filter((r) => r.phase === 'ready' && r.hostVeth && core.shaper.wants(r.limits));
   const known = new Set(core.store.all().map((r) => r.containerId));
   const unknown = core.shaper.list().filter((s) => !known.has(s.id)).length;
   if (unknown > 0) core.log.info({ pods: unknown }, 'removing the shaping of pods with no record');

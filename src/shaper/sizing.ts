@@ -150,6 +150,71 @@ export function leafParams(p: RateParams): { rate: number; burst: number; limit:
   };
 }
 
+/**
+ * The node's tree (a capacity is known, src/bandwidth/capacity.ts): every pod class is a child of
+ * one node class at the capacity, and a pod's class has its guarantee as its rate (what htb serves
+ * it before anyone borrows) and its ceiling (the capacity when it has none) as its ceil. What is
+ * left after the guarantees goes to the leaves in the order of their prio: a pod's band b gives its
+ * interactive leaf prio 2b and its bulk leaf 2b+1, so every leaf of band 0 borrows before any of
+ * band 1, and within a band the pods share equally (one quantum for every leaf of the tree: htb's
+ * round robin between leaves of one prio is by quantum).
+ *
+ * A pod without a guarantee keeps a small assured rate for its interactive leaf (a tenth of its
+ * ceiling, at most INTERACTIVE_FLOOR), so its ping, probes and ACKs stay ahead of bulk borrowing;
+ * that is outside the guarantees the scheduler counts, at most 1 Mbit/s a pod.
+ */
+export interface TreeParams {
+  /** The node class's rate and ceil, bits/s. */
+  capacity: number;
+}
+
+/** A pod's ask in the tree: ceiling and burst (its annotation), guarantee (its requests), band (0..2). */
+export interface TreeAsk {
+  ceil?: number;
+  burst?: number;
+  guarantee?: number;
+  band?: number;
+}
+
+/** The most a pod without a guarantee has assured for its interactive leaf, bits/s. */
+export const INTERACTIVE_FLOOR = 1_000_000;
+/** The least rate htb is given for a class that has no guarantee, bits/s (the smallest bandwidth quantity). */
+export const MIN_TREE_RATE = 1_000;
+/** The band of a pod whose band is not known (guarantees.ts DEFAULT_BAND). */
+const DEFAULT_TREE_BAND = 1;
+
+/** One quantum for every leaf of the tree: 100 µs of the capacity, within htb's sane range. */
+export function treeQuantum(capacity: number): number {
+  return Math.min(200_000, Math.max(FRAME, Math.ceil(capacity / 8 / 10_000)));
+}
+
+/** The node class (rate = ceil = the capacity) and the default class (unclassified frames: rate MIN_TREE_RATE, ceil the capacity, last band). */
+export function treeClasses(t: TreeParams): { node: HtbClass; fallback: HtbClass } {
+  const burst = burstBytes(t.capacity);
+  const quantum = treeQuantum(t.capacity);
+  return {
+    node: { rate: t.capacity, ceil: t.capacity, burst, cburst: burst, quantum, prio: 0 },
+    fallback: { rate: MIN_TREE_RATE, ceil: t.capacity, burst: MIN_BURST, cburst: burst, quantum, prio: 5 },
+  };
+}
+
+/** A pod's classes and queues in the node's tree (see TreeParams). */
+export function treePodLayout(ask: TreeAsk, t: TreeParams): PodLayout {
+  const ceil = Math.min(ask.ceil ?? t.capacity, t.capacity);
+  const g = Math.min(ask.guarantee ?? 0, ceil);
+  const band = ask.band ?? DEFAULT_TREE_BAND;
+  const p = rateParams(ceil, ask.burst);
+  const quantum = treeQuantum(t.capacity);
+  const iRate = Math.max(MIN_TREE_RATE, Math.round(g * INTERACTIVE_SHARE), Math.min(INTERACTIVE_FLOOR, Math.round(ceil * INTERACTIVE_SHARE)));
+  const bRate = Math.max(MIN_TREE_RATE, g - Math.round(g * INTERACTIVE_SHARE));
+  const podRate = Math.max(g, iRate + bRate);
+  return {
+    pod: { rate: podRate, ceil, burst: burstBytes(podRate), cburst: p.burst, quantum, prio: 0 },
+    interactive: { rate: iRate, ceil, burst: burstBytes(iRate), cburst: p.burst, quantum, prio: 2 * band, queue: interactiveQueueBytes(ceil) },
+    bulk: { rate: bRate, ceil, burst: burstBytes(bRate), cburst: p.burst, quantum, prio: 2 * band + 1, leaf: leafParams(p) },
+  };
+}
+
 /** The classes and queues of one shaped direction (see the module doc). */
 export function podLayout(rateBits: number, burstBits?: number): PodLayout {
   const p = rateParams(rateBits, burstBits);

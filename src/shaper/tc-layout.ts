@@ -31,12 +31,17 @@
  *                once with the ifb), and a pod costs two /32 or /128 nodes per address with the
  *                explicit handle <table>:<last byte>:<node>. Removal deletes by those handles:
  *                nothing is listed per pod.
+ *   The node's tree (a capacity is known: sizing.ts TreeParams): one shard, whose htb root has
+ *                `default fffd`; class 1:fffe is the node (rate = ceil = the capacity), 1:fffd its
+ *                default class (unclassified frames), and every pod class is a child of 1:fffe
+ *                instead of the root. The root's default cannot change, so a shard switches between
+ *                the flat layout and the tree by being rebuilt (tc.ts init).
  *
  */
 import { ConfigError } from '../errors.js';
 import { ipFamily, lastByte } from '../net/ip.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
-import { podLayout, SMALL_PACKET_BYTES, type HtbClass, type PodLayout } from './sizing.js';
+import { podLayout, SMALL_PACKET_BYTES, treeClasses, treePodLayout, type HtbClass, type PodLayout, type TreeParams } from './sizing.js';
 
 export const DEFAULT_IFB = 'kubenet-ifb0';
 
@@ -108,6 +113,11 @@ const V6: Family = {
   selectors: [`match u16 0 ${NOT_SMALL_MASK} at 4`, 'match ip6 protocol 58 0xff', 'match ip6 protocol 17 0xff match ip6 sport 53 0xffff'],
 };
 export const TABLES = ['10', '11', '12', '13'];
+/** The node class and its default class in the tree (above every pod's ids). */
+export const NODE_CLASS = 0xfffe;
+export const DEFAULT_CLASS = 0xfffd;
+/** The classes of the tree itself: never a pod's, never an orphan. */
+export const TREE_CLASSES: ReadonlySet<number> = new Set([NODE_CLASS, DEFAULT_CLASS]);
 /** The veth-side redirect filter: first (and only) node of the root hash table of its u32 instance. */
 const REDIRECT_HANDLE = '800::800';
 /** The veth root (traffic TO the pod): htb 2:, pod class 2:1, interactive 2:2 (leaf 22:), bulk 2:3 (leaf 23:). */
@@ -172,6 +182,8 @@ export function ifbClassIds(classId: number): { pod: number; interactive: number
 /** What init learned from its one listing of the ifb. */
 export interface IfbListing {
   htbRoot: boolean;
+  /** The htb root's default class minor (0: unclassified frames pass unshaped, the flat layout). */
+  defaultClass: number;
   tables: Set<string>;
   links: Set<string>;
   classes: Set<number>;
@@ -179,10 +191,14 @@ export interface IfbListing {
 }
 
 export function parseIfbListing(text: string): IfbListing {
-  const out: IfbListing = { htbRoot: false, tables: new Set(), links: new Set(), classes: new Set(), podFilters: [] };
+  const out: IfbListing = { htbRoot: false, defaultClass: 0, tables: new Set(), links: new Set(), classes: new Set(), podFilters: [] };
   for (const line of text.split('\n')) {
-    if (/^qdisc htb 1: root/.test(line)) out.htbRoot = true;
-    let m = /^class htb 1:([0-9a-f]+) /.exec(line);
+    let m = /^qdisc htb 1: root .*default (?:0x)?([0-9a-f]+)/.exec(line);
+    if (m?.[1]) {
+      out.htbRoot = true;
+      out.defaultClass = parseInt(m[1], 16);
+    } else if (/^qdisc htb 1: root/.test(line)) out.htbRoot = true;
+    m = /^class htb 1:([0-9a-f]+) /.exec(line);
     if (m?.[1]) out.classes.add(parseInt(m[1], 16));
     m = /^filter protocol (\S+) pref (\d+) u32 .*fh (1[0-3]): ht divisor 256/.exec(line);
     if (m?.[3]) out.tables.add(m[3]);
@@ -206,9 +222,9 @@ export function ifbLinkLines(ifbs: readonly string[], links: ReadonlyMap<string,
   });
 }
 
-/** The ifb's shared structure: the htb root, the u32 hash tables and the links into them. */
-export function structureLines(ifb: string): string[] {
-  const lines = [`qdisc replace dev ${ifb} root handle 1: htb default 0 direct_qlen 1000`];
+/** The ifb's shared structure: the htb root, the node's tree when there is one, the u32 hash tables and the links into them. */
+export function structureLines(ifb: string, tree?: TreeParams): string[] {
+  const lines = [`qdisc replace dev ${ifb} root handle 1: htb default ${tree ? hex(DEFAULT_CLASS) : 0} direct_qlen 1000`, ...(tree ? treeLines(ifb, tree) : [])];
   const hash = (f: Family) => `hashkey mask 0x000000ff at ${f.hashAt}`;
   for (const f of [V4, V6]) {
     const t = f.interactive;
@@ -267,14 +283,29 @@ export function filterDelLine(ifb: string, f: FilterRef): string {
   return `filter del dev ${ifb} parent 1: prio ${f.prio} handle ${f.handle} protocol ${f.proto} u32`;
 }
 
+/**
+ * A pod's egress classes and queues: at its limit alone (flat), or in the node's tree (its ceiling,
+ * guarantee and band). Undefined when there is nothing to shape that way.
+ */
+export function egressLayout(limits: BandwidthLimits, tree?: TreeParams): PodLayout | undefined {
+  if (tree) return treePodLayout({ ceil: limits.egress, burst: limits.egressBurst, guarantee: limits.egressGuarantee, band: limits.priority }, tree);
+  return limits.egress === undefined ? undefined : podLayout(limits.egress, limits.egressBurst);
+}
+
+/** The node class and its default class, as replace lines (the tree only). */
+export function treeLines(ifb: string, tree: TreeParams): string[] {
+  const c = treeClasses(tree);
+  return [`class replace dev ${ifb} parent 1: classid 1:${hex(NODE_CLASS)} ${htbArgs(c.node)}`, `class replace dev ${ifb} parent 1:${hex(NODE_CLASS)} classid 1:${hex(DEFAULT_CLASS)} ${htbArgs(c.fallback)}`];
+}
+
 /** The ifb side of a pod (class, leaves, their qdiscs, filters), as replace lines. */
-export function ifbLines(ifb: string, rec: ShapingState): string[] {
-  if (rec.limits.egress === undefined || !rec.classId) return [];
-  const l = podLayout(rec.limits.egress, rec.limits.egressBurst);
+export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams): string[] {
+  const l = rec.classId ? egressLayout(rec.limits, tree) : undefined;
+  if (!l) return [];
   const ids = ifbClassIds(rec.classId);
   const [pod, int, bulk] = [ids.pod, ids.interactive, ids.bulk].map(hex) as [string, string, string];
   return [
-    `class replace dev ${ifb} parent 1: classid 1:${pod} ${htbArgs(l.pod)}`,
+    `class replace dev ${ifb} parent 1:${tree ? hex(NODE_CLASS) : ''} classid 1:${pod} ${htbArgs(l.pod)}`,
     `class replace dev ${ifb} parent 1:${pod} classid 1:${int} ${htbArgs(l.interactive)}`,
     `class replace dev ${ifb} parent 1:${pod} classid 1:${bulk} ${htbArgs(l.bulk)}`,
     `qdisc replace dev ${ifb} parent 1:${int} handle ${hex(INTERACTIVE_LEAF_MAJOR_BASE + rec.classId)}: bfifo limit ${l.interactive.queue}`,
@@ -288,13 +319,12 @@ export function ifbLines(ifb: string, rec: ShapingState): string[] {
  * tbf in place, keeping what it queued: right while the bucket only grows between versions (1 ms
  * to 3 ms of the rate in issue 32); a shrinking one must be made anew (tc-plan.ts planEnsure).
  */
-export function bulkLeafLines(ifb: string, rec: ShapingState): string[] {
-  const { ingress, ingressBurst, egress, egressBurst } = rec.limits;
+export function bulkLeafLines(ifb: string, rec: ShapingState, tree?: TreeParams): string[] {
+  const { ingress, ingressBurst } = rec.limits;
+  const e = rec.egressInstalled && rec.classId ? egressLayout(rec.limits, tree) : undefined;
   return [
     ...(rec.ingressInstalled && ingress !== undefined ? [`qdisc replace dev ${rec.hostVeth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(podLayout(ingress, ingressBurst))}`] : []),
-    ...(rec.egressInstalled && egress !== undefined && rec.classId
-      ? [`qdisc replace dev ${ifb} parent 1:${hex(ifbClassIds(rec.classId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(podLayout(egress, egressBurst))}`]
-      : []),
+    ...(e ? [`qdisc replace dev ${ifb} parent 1:${hex(ifbClassIds(rec.classId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(e)}`] : []),
   ];
 }
 

@@ -7,7 +7,8 @@ import { ConfigError, KubenetError } from '../errors.js';
 import { checkIfName } from '../net/ifname.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout } from './sizing.js';
-import { filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, MAX_SHARDS, redirectLines, shardIfb, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
+import type { TreeParams } from './sizing.js';
+import { egressLayout, filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, MAX_SHARDS, redirectLines, shardIfb, TREE_CLASSES, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
 
 /**
  * The pods' egress class ids on one ifb, 1..MAX_CLASS, and the pool of idle ones: ids whose classes
@@ -142,7 +143,7 @@ export interface EnsurePlan {
  * without a veth (hostVeth '') gets its ifb side only; the next plan, with the veth, then adds only
  * the veth's lines when the ifb side is what it needs.
  */
-export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean): EnsurePlan {
+export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean, tree?: TreeParams): EnsurePlan {
   const veth = next.hostVeth;
   const limits = next.limits;
   const pre: string[] = [];
@@ -160,7 +161,7 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   // 100M re-shape under an iperf3 flow). Deleting the leaf drops its queue once (at most 25 ms of
   // the old rate; TCP recovers); the replace line below makes the new one.
   if (sameVeth && prev.ingressInstalled && shrinks(prev.limits, limits, 'ingress')) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
-  if (prev?.egressInstalled && prev.classId === next.classId && shrinks(prev.limits, limits, 'egress')) {
+  if (prev?.egressInstalled && next.egressInstalled && prev.classId === next.classId && egressLeafShrinks(prev.limits, limits, tree)) {
     pre.push(`qdisc del dev ${ifb} parent 1:${hex(ifbClassIds(next.classId).bulk)}`);
   }
   // TO the pod: htb with two leaves on the host veth ('': no veth yet, the ifb side only).
@@ -173,14 +174,18 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
     lines.push(`qdisc del dev ${veth} root`);
   }
   // FROM the pod: redirect to the shared ifb, class + filters there.
-  if (limits.egress !== undefined) {
+  if (next.egressInstalled) {
     next.filters = filtersFor(ifb, next.ips, next.classId).map(({ prio, proto, handle }) => ({ prio, proto, handle }));
     const keep = new Set(next.filters.map((f) => `${f.prio}/${f.handle}`));
     for (const f of prev?.filters ?? []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
     // The ifb side made moments ago for this very veth-less state (hostVeth ''): only the veth's part is left.
     const ifbReady =
-      prev?.hostVeth === '' && prev.egressInstalled && prev.classId === next.classId && prev.limits.egress === limits.egress && prev.limits.egressBurst === limits.egressBurst && prev.ips.join() === next.ips.join();
-    if (!ifbReady) lines.push(...ifbLines(ifb, next));
+      prev?.hostVeth === '' &&
+      prev.egressInstalled &&
+      prev.classId === next.classId &&
+      JSON.stringify(egressLayout(prev.limits, tree)) === JSON.stringify(egressLayout(limits, tree)) &&
+      prev.ips.join() === next.ips.join();
+    if (!ifbReady) lines.push(...ifbLines(ifb, next, tree));
     if (veth !== '') lines.push(...redirectLines(veth, ifb));
   } else if (prev?.egressInstalled) {
     if (sameVeth) pre.push(`qdisc del dev ${veth} ingress`);
@@ -188,6 +193,13 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
     pre.push(...idleLines(ifb, prev.classId));
   }
   return { pre, lines, optional };
+}
+
+/** Whether the egress bulk leaf's bucket gets smaller from `before` to `after` (both shaped). */
+function egressLeafShrinks(before: BandwidthLimits, after: BandwidthLimits, tree?: TreeParams): boolean {
+  const b = egressLayout(before, tree);
+  const a = egressLayout(after, tree);
+  return b !== undefined && a !== undefined && a.bulk.leaf.burst < b.bulk.leaf.burst;
 }
 
 /** Whether the direction's bulk leaf bucket gets smaller from `before` to `after` (both limited). */
@@ -209,7 +221,7 @@ export function orphanLines(ifb: string, listing: IfbListing, owners: ShapingSta
     if (!ownedFilters.has(`${f.prio}/${f.handle}`)) lines.push(filterDelLine(ifb, f));
   }
   // Leaves before their parents: htb refuses to delete a class that has children.
-  const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c)).sort((a, b) => b - a);
+  const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c) && !TREE_CLASSES.has(c)).sort((a, b) => b - a);
   for (const c of orphans) lines.push(`class del dev ${ifb} classid 1:${hex(c)}`);
   return lines;
 }

@@ -40,9 +40,10 @@ import { runAll } from '../util/pool.js';
 import { checkIfName } from '../net/ifname.js';
 import { ipFamily } from '../net/ip.js';
 import { checkLimits, isUnshaped, type BandwidthLimits } from '../bandwidth/limits.js';
+import type { TreeParams } from './sizing.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
-import { bulkLeafLines, DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES } from './tc-layout.js';
+import { bulkLeafLines, DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, NODE_CLASS, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES, treeLines } from './tc-layout.js';
 import type { IfbListing, ShapingState } from './tc-layout.js';
 import { EgressShards, orphanLines, planEnsure } from './tc-plan.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
@@ -76,6 +77,13 @@ export interface ShaperOptions {
   tcMode?: 'session' | 'exec';
   /** Destinations not shaped (unshaped.ts), made at init; unset: untouched, empty: removed. */
   unshaped?: Unshaped;
+  /**
+   * The node's capacity per direction, bits/s (src/bandwidth/capacity.ts). With an egress capacity
+   * the pods' egress is one tree (sizing.ts TreeParams) on one shard: every pod's egress passes it,
+   * pods without a ceiling at the capacity, so guarantees hold against every pod. Unset: the flat
+   * layout (ceilings only). The ingress capacity is not used yet: ingress stays per veth.
+   */
+  capacity?: { egress?: number; ingress?: number };
 }
 
 /** Whether the link exists (one ioctl); '' never does. */
@@ -93,14 +101,31 @@ export class Shaper {
   private ready: Promise<void> | undefined;
   private readonly session: TcSession | undefined;
   private readonly unshaped: Unshaped | undefined;
+  /** The node's egress tree; undefined: the flat layout. */
+  readonly tree: TreeParams | undefined;
 
   constructor(opts: ShaperOptions = {}) {
     this.unshaped = opts.unshaped;
+    const cap = opts.capacity?.egress;
+    if (cap !== undefined) checkLimits({ egress: cap }, 'egress capacity');
+    this.tree = cap === undefined ? undefined : { capacity: cap };
     this.session = (opts.tcMode ?? 'session') === 'session' ? new TcSession() : undefined;
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
     checkIfName(this.ifbName, 'ifbName');
-    this.shards = new EgressShards(this.ifbName, opts.shards ?? 1);
+    // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
+    this.shards = new EgressShards(this.ifbName, this.tree ? 1 : (opts.shards ?? 1));
     this.log = (opts.logger ?? silentLogger()).child({ module: 'shaper', ifb: this.ifbName });
+    if (this.tree && (opts.shards ?? 1) > 1) this.log.info({ shards: opts.shards, capacity: this.tree.capacity }, 'egress capacity set: one egress tree instead of shards');
+  }
+
+  /** Whether a pod with these limits has anything installed: a ceiling or guarantee, or (with the node's tree) any pod at all. */
+  wants(limits: BandwidthLimits): boolean {
+    return this.tree !== undefined || !isUnshaped(limits);
+  }
+
+  /** Whether a pod with these limits has its egress on an ifb. */
+  shapesEgress(limits: BandwidthLimits): boolean {
+    return this.tree !== undefined || limits.egress !== undefined;
   }
 
   /** The egress shards' ifbs, by shard. */
@@ -133,7 +158,7 @@ export class Shaper {
     for (const [k, ifb] of this.ifbs.entries()) await this.initShard(k, ifb);
     await this.removeExtraShards();
     // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
-    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r));
+    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree));
     if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
     this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
@@ -145,20 +170,26 @@ export class Shaper {
       (await batch('tc', [`qdisc show dev ${ifb}`, `class show dev ${ifb}`, `filter show dev ${ifb} parent 1:`])).stdout,
     );
     // An ifb without the interactive tables is an earlier version's layout: rebuilt like a broken one.
-    const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t));
+    // So is one of the other layout (flat or tree: the root's default class tells, and cannot change).
+    const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t)) && (listing.defaultClass !== 0) === (this.tree !== undefined);
     const mine = [...this.records.values()].filter((r) => (r.shard ?? 0) === k);
     if (!healthy) {
-      const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(ifb)];
+      const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(ifb, this.tree)];
       this.shards.classIds(k)?.forgetIdle();
       await this.tc(lines);
       // Every class went with the old root: put back the ifb side of the pods we know.
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
-      const restore = mine.filter((r) => r.egressInstalled).flatMap((r) => [...ifbLines(ifb, r), ...(linkExists(r.hostVeth) ? redirectLines(r.hostVeth, ifb) : [])]);
+      const restore = mine.filter((r) => r.egressInstalled).flatMap((r) => [...ifbLines(ifb, r, this.tree), ...(linkExists(r.hostVeth) ? redirectLines(r.hostVeth, ifb) : [])]);
       const res = await this.tc(restore, { force: true });
       if (res.failed.length > 0) this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
       this.log.info({ ifb, rebuilt: true, restored: restore.length }, 'ifb structure created');
     } else {
       await this.removeOrphans(ifb, listing, mine);
+      if (this.tree && !sameRate(nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate, this.tree.capacity)) {
+        // Another capacity than the last process's: the node class and every pod's ceiling follow it.
+        const res = await this.tc([...treeLines(ifb, this.tree), ...mine.filter((r) => r.egressInstalled).flatMap((r) => ifbLines(ifb, r, this.tree))], { force: true });
+        this.log.info({ ifb, capacity: this.tree.capacity, failed: res.failed.length }, 'egress capacity changed: the tree follows');
+      }
     }
   }
 
@@ -215,12 +246,12 @@ export class Shaper {
     const perFamily = { 4: 0, 6: 0 };
     for (const ip of pod.ips) perFamily[ipFamily(ip)]++;
     if (perFamily[4] > 2 || perFamily[6] > 2) throw new ConfigError(`pod ${pod.id}: the shaper classifies at most two addresses per family`);
-    if (isUnshaped(pod.limits)) {
+    if (!this.wants(pod.limits)) {
       await this.remove(pod.id);
       return undefined;
     }
     await this.init();
-    if (pod.limits.egress !== undefined && this.ifbs.some((ifb) => !linkExists(ifb))) {
+    if (this.shapesEgress(pod.limits) && this.ifbs.some((ifb) => !linkExists(ifb))) {
       // Someone deleted a shard's ifb under us: rebuild it (and restore the known pods) once.
       this.log.warn('an egress ifb is gone; re-initializing');
       this.session?.close();
@@ -237,6 +268,7 @@ export class Shaper {
     const veth = pod.hostVeth;
     if (veth === '' && prev?.hostVeth) return { ...prev }; // the ifb side first is for a new pod only; a shaped one keeps its veth
     const limits: BandwidthLimits = { ...pod.limits };
+    const egress = this.shapesEgress(limits);
     const rec: ShapingState = {
       version: STATE_VERSION,
       id: pod.id,
@@ -246,9 +278,9 @@ export class Shaper {
       classId: prev?.classId ?? 0,
       ...(prev?.classId ? { shard: prev.shard ?? 0 } : {}),
       ingressInstalled: limits.ingress !== undefined && veth !== '',
-      egressInstalled: limits.egress !== undefined,
+      egressInstalled: egress,
       filters: [],
-      ...(limits.egress !== undefined && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
+      ...(egress && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
     };
     let allocated = false;
     if (rec.egressInstalled && !rec.classId) {
@@ -262,7 +294,7 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const { pre, lines, optional } = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth));
+    const { pre, lines, optional } = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.tree);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -397,4 +429,9 @@ export class Shaper {
     this.session?.close();
     this.counterReader.close();
   }
+}
+
+/** An htb rate read back (bytes/s × 8) is the one asked for, within a byte. */
+function sameRate(got: number | undefined, want: number): boolean {
+  return got !== undefined && Math.abs(got - want) < 8;
 }

@@ -13,10 +13,10 @@ export interface ShaperEnv {
   ifb: string;
 }
 
-export async function shaperEnv(t: ExecutionContext, pods = 3, shards = 1): Promise<ShaperEnv> {
+export async function shaperEnv(t: ExecutionContext, pods = 3, shards = 1, capacity?: { egress?: number }): Promise<ShaperEnv> {
   const ifb = `kif${uniq(8)}`;
   const topo = await makeTopology(pods);
-  const shaper = new Shaper({ ifbName: ifb, shards });
+  const shaper = new Shaper({ ifbName: ifb, shards, ...(capacity ? { capacity } : {}) });
   t.teardown(async () => {
     await shaper.reset().catch(() => undefined);
     shaper.close();

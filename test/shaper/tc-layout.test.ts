@@ -194,3 +194,19 @@ test('egress shards: a new pod goes to the shard with the fewest, the first of t
   t.is(s.classIds(3), undefined, 'no such shard');
   t.throws(() => s.mustClassIds(3));
 });
+
+test("the node's tree: root default 1:fffd, node class at the capacity, pods under it with guarantee, ceiling and band", (t) => {
+  const tree = { capacity: 100e6 };
+  t.deepEqual(structureLines('kifb', tree).slice(0, 3), [
+    'qdisc replace dev kifb root handle 1: htb default fffd direct_qlen 1000',
+    'class replace dev kifb parent 1: classid 1:fffe htb rate 100000000bit ceil 100000000bit burst 18750b cburst 18750b quantum 1514 prio 0',
+    'class replace dev kifb parent 1:fffe classid 1:fffd htb rate 1000bit ceil 100000000bit burst 3028b cburst 18750b quantum 1514 prio 5',
+  ]);
+  const rec: ShapingState = { version: 1, id: 'c', hostVeth: 'vethab', ips: ['10.1.0.5'], limits: { egressGuarantee: 60e6, priority: 2 }, classId: 3, ingressInstalled: false, egressInstalled: true, filters: [] };
+  const lines = ifbLines('kifb', rec, tree);
+  t.is(lines[0], 'class replace dev kifb parent 1:fffe classid 1:3 htb rate 60000000bit ceil 100000000bit burst 11250b cburst 18750b quantum 1514 prio 0');
+  t.regex(lines[1] ?? '', /classid 1:803 htb rate 6000000bit ceil 100000000bit .* prio 4$/);
+  t.regex(lines[2] ?? '', /classid 1:1003 htb rate 54000000bit ceil 100000000bit .* prio 5$/);
+  // Without a tree, a pod with no ceiling has no ifb side.
+  t.deepEqual(ifbLines('kifb', rec), []);
+});

@@ -1,0 +1,100 @@
+/**
+ * The node's egress tree (a capacity is set) against the real kernel, without traffic: the node and
+ * default classes, each pod's class under the node class with its guarantee as rate and its ceiling
+ * (or the capacity) as ceil, leaf priorities by band, every pod in the tree, and restarts that change
+ * the capacity or switch between the flat layout and the tree. Traffic: bench/shaping.ts --only guarantees.
+ */
+import test from 'ava';
+import { execa } from 'execa';
+import { Shaper } from '../../src/shaper/tc.js';
+import { isRoot } from '../../hack/support/kernel.js';
+import { podOf, shaperEnv } from '../helpers/shaper-env.js';
+
+const kTest = isRoot ? test : test.skip;
+
+/** A rate as tc prints it ("60Mbit", "1Gbit", "999Kbit", "8bit") in bits/s. */
+function tcRate(s: string): number {
+  const m = /^([\d.]+)([KMGT]?)bit$/.exec(s);
+  if (!m?.[1]) throw new Error(`not a tc rate: ${s}`);
+  return Math.round(Number(m[1]) * ({ '': 1, K: 1e3, M: 1e6, G: 1e9, T: 1e12 }[m[2] ?? ''] ?? NaN));
+}
+
+/** The ifb's htb classes: id (minor, hex) → parent, rate and ceil in bits/s, leaf prio (`tc class show`). */
+async function classes(ifb: string): Promise<Map<string, { parent: string; rate: number; ceil: number; prio?: number }>> {
+  const text = (await execa('tc', ['class', 'show', 'dev', ifb])).stdout;
+  const out = new Map<string, { parent: string; rate: number; ceil: number; prio?: number }>();
+  for (const line of text.split('\n')) {
+    const m = /^class htb 1:([0-9a-f]+) (?:root|parent 1:([0-9a-f]*))(?: leaf [0-9a-f]+:)? (?:prio (\d+) )?rate (\S+) ceil (\S+)/.exec(line);
+    if (!m?.[1] || !m[4] || !m[5]) continue;
+    out.set(m[1], { parent: m[2] ?? 'root', rate: tcRate(m[4]), ceil: tcRate(m[5]), ...(m[3] !== undefined ? { prio: Number(m[3]) } : {}) });
+  }
+  return out;
+}
+
+kTest('with a capacity: node class at it, pods under it with guarantee as rate and ceiling (or capacity) as ceil, leaf prio by band', async (t) => {
+  const env = await shaperEnv(t, 3, 4, { egress: 100e6 });
+  t.deepEqual(env.shaper.ifbs, [env.ifb], 'one tree: the shards collapse to one');
+  t.regex((await execa('tc', ['qdisc', 'show', 'dev', env.ifb])).stdout, /qdisc htb 1: root .*default 0xfffd/);
+  const [a, b, c] = env.topo.pods as [(typeof env.topo.pods)[0], (typeof env.topo.pods)[0], (typeof env.topo.pods)[0]];
+  await env.shaper.ensure(podOf(a, { egressGuarantee: 60e6, priority: 0 }));
+  await env.shaper.ensure(podOf(b, { egress: 50e6, egressGuarantee: 20e6, priority: 1 }));
+  await env.shaper.ensure(podOf(c, {})); // no limits at all: still in the tree, at the capacity
+  const cls = await classes(env.ifb);
+  t.like(cls.get('fffe'), { parent: 'root', rate: 100e6, ceil: 100e6 });
+  t.like(cls.get('fffd'), { parent: 'fffe', ceil: 100e6 });
+  const [ia, ib, ic] = [a, b, c].map((p) => env.shaper.classIdOf(p.id)) as [number, number, number];
+  t.truthy(ia && ib && ic, 'every pod has a class, the one without limits too');
+  t.like(cls.get(ia.toString(16)), { parent: 'fffe', rate: 60e6, ceil: 100e6 });
+  t.like(cls.get((ia + 0x800).toString(16)), { parent: ia.toString(16), rate: 6e6, prio: 0 });
+  t.like(cls.get((ia + 0x1000).toString(16)), { parent: ia.toString(16), rate: 54e6, prio: 1 });
+  t.like(cls.get(ib.toString(16)), { parent: 'fffe', rate: 20e6, ceil: 50e6 });
+  t.like(cls.get((ib + 0x1000).toString(16)), { prio: 3, ceil: 50e6 });
+  t.like(cls.get(ic.toString(16)), { parent: 'fffe', ceil: 100e6 });
+  t.true((cls.get(ic.toString(16))?.rate ?? Infinity) <= 1.001e6, 'no guarantee: a small assured rate only');
+  t.like(cls.get((ic + 0x1000).toString(16)), { prio: 3 }, 'band unknown: the middle band');
+  // Every pod's egress is redirected into the tree, the one without limits too.
+  t.regex((await execa('tc', ['filter', 'show', 'dev', c.hostVeth, 'ingress'])).stdout, new RegExp(`Redirect to device ${env.ifb}`));
+  t.true(env.shaper.wants({}), 'with a tree every pod is shaped');
+
+  // A restart with another capacity: the node class and the ceilings that were the capacity follow.
+  const states = env.shaper.states();
+  env.shaper.close();
+  const again = new Shaper({ ifbName: env.ifb, capacity: { egress: 200e6 } });
+  t.teardown(() => again.close());
+  await again.init(states);
+  const after = await classes(env.ifb);
+  t.like(after.get('fffe'), { rate: 200e6, ceil: 200e6 });
+  t.like(after.get(ic.toString(16)), { ceil: 200e6 });
+  t.like(after.get(ia.toString(16)), { rate: 60e6, ceil: 200e6 });
+  t.like(after.get(ib.toString(16)), { rate: 20e6, ceil: 50e6 });
+
+  // And back to the flat layout (no capacity): rebuilt, pods with a ceiling restored at it, the rest leave on reconcile.
+  again.close();
+  const flat = new Shaper({ ifbName: env.ifb });
+  t.teardown(() => flat.close());
+  await flat.init(again.states());
+  t.regex((await execa('tc', ['qdisc', 'show', 'dev', env.ifb])).stdout, /qdisc htb 1: root .*default 0 /);
+  await flat.reconcile([podOf(a, { egressGuarantee: 60e6 }), podOf(b, { egress: 50e6, egressGuarantee: 20e6 }), podOf(c, {})]);
+  const flatCls = await classes(env.ifb);
+  t.false(flatCls.has('fffe'), 'no node class');
+  t.like(flatCls.get(ib.toString(16)), { parent: 'root', rate: 50e6, ceil: 50e6 });
+  t.deepEqual(flat.list().map((p) => p.id).sort(), [a.id, b.id].sort(), 'without a tree, a guarantee alone has nothing to install but stays known; the pod without limits is gone');
+  t.notRegex((await execa('tc', ['filter', 'show', 'dev', c.hostVeth, 'ingress'])).stdout, /Redirect/, 'its redirect is gone');
+});
+
+kTest('a flat shard becomes the tree on a start with a capacity: rebuilt, its pods restored under the node class', async (t) => {
+  const env = await shaperEnv(t, 1, 1);
+  const [a] = env.topo.pods as [(typeof env.topo.pods)[0]];
+  await env.shaper.ensure(podOf(a, { egress: 30e6 }));
+  const id = env.shaper.classIdOf(a.id) ?? 0;
+  const states = env.shaper.states();
+  env.shaper.close();
+  const tree = new Shaper({ ifbName: env.ifb, capacity: { egress: 1e9 } });
+  t.teardown(() => tree.close());
+  await tree.init(states);
+  const cls = await classes(env.ifb);
+  t.like(cls.get('fffe'), { rate: 1e9 });
+  t.like(cls.get(id.toString(16)), { parent: 'fffe', ceil: 30e6 });
+  t.regex((await execa('tc', ['filter', 'show', 'dev', a.hostVeth, 'ingress'])).stdout, new RegExp(`Redirect to device ${env.ifb}`));
+  await tree.reset();
+});
