@@ -21,6 +21,7 @@
  *       from half the rate), goodput and wire rate from 2 s after the change to the end, against the
  *       goals of (1b) (goodput ±5 %, wire ±2 %).
  *   (5) many pods at once, and one flow at 1G / 5G / 10G (issue 32): bench/shaping-aggregate.ts.
+ *   (6) guarantees, borrowing and priority bands in the node's tree (issue 33): bench/shaping-guarantees.ts.
  * Root only. Creates its own bridges, namespaces and veths (traffic only between them) and removes
  * them. Usage: npx tsx bench/shaping.ts [--only rates,cost,live,reshape,aggregate,highrate] [--quick] [--seconds 10] [--rates 1M,10M,100M,1G]
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost] [--no-live] [--no-reshape]
@@ -28,6 +29,7 @@
  *   [--high-rates 1G,5G,10G] [--agg-sizes 2,8,32] [--agg-seconds 10] [--agg-rounds 3] [--agg-dests lan,pods]
  *   [--agg-protos tcp,udp] [--agg-cases above,binding] [--agg-limit 100G] [--agg-binding 200M]
  *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-perf]
+ *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
  */
 import { execa, type ResultPromise } from 'execa';
@@ -52,11 +54,12 @@ import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/u
 import { withTrafficLock } from '../hack/support/traffic-lock.js';
 import { argValue, percentile, printTable } from '../hack/support/bench-kit.js';
 import { aggregateBench } from './shaping-aggregate.js';
+import { guaranteesBench } from './shaping-guarantees.js';
 
 const argv = process.argv.slice(2);
 const has = (f: string) => argv.includes(f);
 /** The sections, in the order they run; `--only a,b` runs those alone, `--no-NAME` leaves one out. */
-const SECTIONS = ['rates', 'highrate', 'cost', 'live', 'reshape', 'aggregate'] as const;
+const SECTIONS = ['rates', 'highrate', 'cost', 'live', 'reshape', 'aggregate', 'guarantees'] as const;
 const only = argValue('--only')?.split(',');
 for (const name of only ?? []) {
   if (!(SECTIONS as readonly string[]).includes(name)) {
@@ -831,5 +834,12 @@ if (runs('aggregate')) {
     udpOffered: parseBandwidth(argValue('--agg-udp') ?? '2G', 'offered'),
     perf: has('--agg-perf'),
     ...(argValue('--agg-shards') ? { shards: Number(argValue('--agg-shards')) } : {}),
+  });
+}
+if (runs('guarantees')) {
+  await guaranteesBench({
+    capacity: parseBandwidth(argValue('--guarantee-capacity') ?? '100M', 'capacity'),
+    capacities: (argValue('--guarantee-capacities') ?? (quick ? '' : '1G,10G')).split(',').filter(Boolean).map((q) => parseBandwidth(q, 'capacity')),
+    seconds: Number(argValue('--guarantee-seconds') ?? (quick ? 5 : 10)),
   });
 }
