@@ -30,9 +30,15 @@ export interface GuaranteesOptions {
   /** More capacities for the "how close to it" table. */
   capacities: number[];
   seconds: number;
+  dirs: Dir[];
 }
 
-type Dir = 'egress';
+type Dir = 'egress' | 'ingress';
+
+/** A pod's ask one way: ceiling, guarantee, band. */
+function ask(dir: Dir, ceil: number, guarantee: number | undefined, band: number): BandwidthLimits {
+  return dir === 'egress' ? { egress: ceil, ...(guarantee ? { egressGuarantee: guarantee } : {}), priority: band } : { ingress: ceil, ...(guarantee ? { ingressGuarantee: guarantee } : {}), priority: band };
+}
 
 interface Flow {
   pod: TopoPod;
@@ -68,7 +74,7 @@ class World {
     readonly receiver: TopoPod,
     capacity: number,
   ) {
-    this.shaper = new Shaper({ ifbName: ifb, capacity: { egress: capacity } });
+    this.shaper = new Shaper({ ifbName: ifb, capacity: { egress: capacity, ingress: capacity } });
   }
 
   /**
@@ -77,12 +83,14 @@ class World {
    */
   async run(dir: Dir, flows: Flow[]): Promise<{ samples: Samples; cores: number }> {
     for (const f of flows) await this.shaper.ensure({ id: f.pod.id, hostVeth: f.pod.hostVeth, ips: [f.pod.ip4, f.pod.ip6], limits: f.limits });
-    const ids = new Map(flows.map((f) => [f.pod.id, 0x10000 + (this.shaper.classIdOf(f.pod.id) ?? 0)]));
+    const states = new Map(this.shaper.states().map((st) => [st.id, st]));
+    const ids = new Map(flows.map((f) => [f.pod.id, 0x10000 + ((dir === 'egress' ? states.get(f.pod.id)?.classId : states.get(f.pod.id)?.ingressClassId) ?? 0)]));
+    const dev = dir === 'egress' ? this.ifb : `${this.ifb}.in`;
     const samples: Samples = new Map(flows.map((f) => [f.pod.id, []]));
     const t0 = performance.now();
     const sample = () => {
       const at = performance.now() - t0;
-      const byHandle = new Map(classList(this.ifb).map((c) => [c.handle, c.bytes]));
+      const byHandle = new Map(classList(dev).map((c) => [c.handle, c.bytes]));
       for (const [id, h] of ids) samples.get(id)?.push([at, byHandle.get(h) ?? 0]);
     };
     sample();
@@ -121,61 +129,65 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
       const w = new World(ifb, [a, b, c], r, cap);
       try {
         await w.shaper.init();
-        const dir: Dir = 'egress';
-        const C = formatBandwidth(cap);
-        // Guarantees 0.6C / 0.2C / none, ceilings C, all saturating.
-        const asks: Array<[TopoPod, number | undefined]> = [
-          [a, 0.6 * cap],
-          [b, 0.2 * cap],
-          [c, undefined],
-        ];
-        const seconds = o.seconds + 2;
-        const { samples, cores } = await w.run(
-          dir,
-          asks.map(([pod, g]) => ({ pod, limits: { egress: cap, ...(g ? { egressGuarantee: g } : {}), priority: 1 }, seconds })),
-        );
-        const rates = asks.map(([pod]) => rateBetween(samples.get(pod.id) ?? [], 1500, 1500 + o.seconds * 1000));
-        const sum = rates.reduce((x, y) => x + y, 0);
-        rows.push([C, dir, ...rates.map(mbit), mbit(sum), `${((sum / cap) * 100).toFixed(1)}%`, cores.toFixed(2), (cores / (sum / 1e9)).toFixed(2)]);
-        if (cap !== o.capacity) continue;
-        const within = asks.every(([, g], i) => g === undefined || (rates[i] ?? 0) >= 0.98 * g);
-        goal(
-          `${dir} guarantees at capacity ${C} (each pod >= its guarantee -2 %)`,
-          within,
-          asks.map(([, g], i) => `${g ? formatBandwidth(g) : 'none'}: ${mbit(rates[i] ?? NaN)}`).join(', ') + ' Mbit/s',
-        );
-        goal(`${dir} sum at capacity ${C} (within ±2 %)`, Math.abs(sum / cap - 1) <= 0.02, `${mbit(sum)} Mbit/s = ${(sum / cap).toFixed(3)}x`);
+        for (const dir of o.dirs) {
+          const C = formatBandwidth(cap);
+          // Guarantees 0.6C / 0.2C / none, ceilings C, all saturating.
+          const asks: Array<[TopoPod, number | undefined]> = [
+            [a, 0.6 * cap],
+            [b, 0.2 * cap],
+            [c, undefined],
+          ];
+          const seconds = o.seconds + 2;
+          const { samples, cores } = await w.run(
+            dir,
+            asks.map(([pod, g]) => ({ pod, limits: ask(dir, cap, g, 1), seconds })),
+          );
+          const rates = asks.map(([pod]) => rateBetween(samples.get(pod.id) ?? [], 1500, 1500 + o.seconds * 1000));
+          const sum = rates.reduce((x, y) => x + y, 0);
+          rows.push([C, dir, ...rates.map(mbit), mbit(sum), `${((sum / cap) * 100).toFixed(1)}%`, cores.toFixed(2), (cores / (sum / 1e9)).toFixed(2)]);
+          // Every pod shaped only the way measured next.
+          for (const p of [a, b, c]) await w.shaper.remove(p.id);
+          if (cap !== o.capacity) continue;
+          const within = asks.every(([, g], i) => g === undefined || (rates[i] ?? 0) >= 0.98 * g);
+          goal(
+            `${dir} guarantees at capacity ${C} (each pod >= its guarantee -2 %)`,
+            within,
+            asks.map(([, g], i) => `${g ? formatBandwidth(g) : 'none'}: ${mbit(rates[i] ?? NaN)}`).join(', ') + ' Mbit/s',
+          );
+          goal(`${dir} sum at capacity ${C} (within ±2 %)`, Math.abs(sum / cap - 1) <= 0.02, `${mbit(sum)} Mbit/s = ${(sum / cap).toFixed(3)}x`);
 
-        // Borrow: the 0.6C pod stops after 5 s; the others take its share.
-        const stopAt = 5;
-        const borrow = await w.run(dir, [
-          { pod: a, limits: { egress: cap, egressGuarantee: 0.6 * cap, priority: 1 }, seconds: stopAt },
-          { pod: b, limits: { egress: cap, egressGuarantee: 0.2 * cap, priority: 1 }, seconds: stopAt + 5 },
-          { pod: c, limits: { egress: cap, priority: 1 }, seconds: stopAt + 5 },
-        ]);
-        const sa = borrow.samples.get(a.id) ?? [];
-        // A's end: its last sample that still moved.
-        let end = 0;
-        for (let i = 1; i < sa.length; i++) if ((sa[i]?.[1] ?? 0) > (sa[i - 1]?.[1] ?? 0)) end = sa[i]?.[0] ?? end;
-        const sb = borrow.samples.get(b.id) ?? [];
-        const sc = borrow.samples.get(c.id) ?? [];
-        let took = NaN;
-        for (let t = end; t + 500 <= (sb.at(-1)?.[0] ?? 0); t += 100) {
-          if (rateBetween(sb, t, t + 500) + rateBetween(sc, t, t + 500) >= 0.98 * cap) {
-            took = (t + 500 - end) / 1000;
-            break;
+          // Borrow: the 0.6C pod stops after 5 s; the others take its share.
+          const stopAt = 5;
+          const borrow = await w.run(dir, [
+            { pod: a, limits: ask(dir, cap, 0.6 * cap, 1), seconds: stopAt },
+            { pod: b, limits: ask(dir, cap, 0.2 * cap, 1), seconds: stopAt + 5 },
+            { pod: c, limits: ask(dir, cap, undefined, 1), seconds: stopAt + 5 },
+          ]);
+          const sa = borrow.samples.get(a.id) ?? [];
+          // A's end: its last sample that still moved.
+          let end = 0;
+          for (let i = 1; i < sa.length; i++) if ((sa[i]?.[1] ?? 0) > (sa[i - 1]?.[1] ?? 0)) end = sa[i]?.[0] ?? end;
+          const sb = borrow.samples.get(b.id) ?? [];
+          const sc = borrow.samples.get(c.id) ?? [];
+          let took = NaN;
+          for (let t = end; t + 500 <= (sb.at(-1)?.[0] ?? 0); t += 100) {
+            if (rateBetween(sb, t, t + 500) + rateBetween(sc, t, t + 500) >= 0.98 * cap) {
+              took = (t + 500 - end) / 1000;
+              break;
+            }
           }
-        }
-        goal(`${dir} borrow at capacity ${C} (the others carry >= 0.98x within 2 s of the 0.6C pod going idle)`, took <= 2, `${Number.isNaN(took) ? 'never' : `${took.toFixed(1)} s`}`);
+          goal(`${dir} borrow at capacity ${C} (the others carry >= 0.98x within 2 s of the 0.6C pod going idle)`, took <= 2, `${Number.isNaN(took) ? 'never' : `${took.toFixed(1)} s`}`);
 
-        // Priority: bands 0 and 2, no guarantees.
-        const prio = await w.run(dir, [
-          { pod: a, limits: { egress: cap, priority: 0 }, seconds },
-          { pod: b, limits: { egress: cap, priority: 2 }, seconds },
-        ]);
-        const hi = rateBetween(prio.samples.get(a.id) ?? [], 1500, 1500 + o.seconds * 1000);
-        const lo = rateBetween(prio.samples.get(b.id) ?? [], 1500, 1500 + o.seconds * 1000);
-        goal(`${dir} priority at capacity ${C} (band 0 >= 75 % of what two pods without guarantees get)`, hi / (hi + lo) >= 0.75, `band 0 ${mbit(hi)}, band 2 ${mbit(lo)} Mbit/s: ${((hi / (hi + lo)) * 100).toFixed(1)} %`);
+          // Priority: bands 0 and 2, no guarantees.
+          const prio = await w.run(dir, [
+            { pod: a, limits: ask(dir, cap, undefined, 0), seconds },
+            { pod: b, limits: ask(dir, cap, undefined, 2), seconds },
+          ]);
+          const hi = rateBetween(prio.samples.get(a.id) ?? [], 1500, 1500 + o.seconds * 1000);
+          const lo = rateBetween(prio.samples.get(b.id) ?? [], 1500, 1500 + o.seconds * 1000);
+          goal(`${dir} priority at capacity ${C} (band 0 >= 75 % of what two pods without guarantees get)`, hi / (hi + lo) >= 0.75, `band 0 ${mbit(hi)}, band 2 ${mbit(lo)} Mbit/s: ${((hi / (hi + lo)) * 100).toFixed(1)} %`);
+          for (const p of [a, b, c]) await w.shaper.remove(p.id);
+        }
       } finally {
         await w.close();
         await delIfbs(ifb);

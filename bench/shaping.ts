@@ -841,5 +841,6 @@ if (runs('guarantees')) {
     capacity: parseBandwidth(argValue('--guarantee-capacity') ?? '100M', 'capacity'),
     capacities: (argValue('--guarantee-capacities') ?? (quick ? '' : '1G,10G')).split(',').filter(Boolean).map((q) => parseBandwidth(q, 'capacity')),
     seconds: Number(argValue('--guarantee-seconds') ?? (quick ? 5 : 10)),
+    dirs: (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>,
   });
 }

@@ -72,10 +72,10 @@ export async function delIfbs(ifb: string): Promise<void> {
   for (const name of await ifbShardNames(ifb)) await delLink(name);
 }
 
-/** The ifb `ifb` and its egress shards that exist now (in this process's netns, or `netns`). */
+/** The ifb `ifb`, its egress shards and its ingress tree's ifb (`ifb.in`) that exist now (in this process's netns, or `netns`). */
 export async function ifbShardNames(ifb: string, netns?: string): Promise<string[]> {
   const r = await sh('ip', [...(netns ? ['-n', netns] : []), '-o', 'link', 'show', 'type', 'ifb'], { reject: false });
-  return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)].map((m) => m[1] ?? '').filter((n) => n === ifb || /^\d+$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
+  return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)].map((m) => m[1] ?? '').filter((n) => n === ifb || n === `${ifb}.in` || /^\d+$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
 }
 
 export async function linkExists(name: string, netns?: string): Promise<boolean> {

@@ -98,16 +98,16 @@ function sameLink(a: LinkStats | undefined, b: LinkStats | undefined, rx: boolea
   return !rx || (a.rxPackets === b.rxPackets && a.rxBytes === b.rxBytes && a.rxDropped === b.rxDropped);
 }
 
-/** The pod class and its two leaves on the veth (2:1, 2:2, 2:3) or on the ifb (1:<id>, ...). */
+/** The pod class and its two leaves on the veth (2:1, 2:2, 2:3: ingress without its tree) or on an ifb (1:<id>, ...). */
 function classHandles(dir: 'ingress' | 'egress', classId: number): [number, number, number] {
-  if (dir === 'ingress') return [tcHandle(2, 1), tcHandle(2, 2), tcHandle(2, VETH.bulkMinor)];
+  if (dir === 'ingress' && !classId) return [tcHandle(2, 1), tcHandle(2, 2), tcHandle(2, VETH.bulkMinor)];
   const ids = ifbClassIds(classId);
   return [tcHandle(1, ids.pod), tcHandle(1, ids.interactive), tcHandle(1, ids.bulk)];
 }
 
 /** A direction as last read: what it was read under (its device or class id, limit, burst), and its counters (undefined: no pod class). */
 interface Read {
-  /** Ingress: the veth's ifindex; egress: the class id. */
+  /** Ingress: the veth's ifindex (minus the class id in the ingress tree); egress: the class id. */
   where: number;
   limit: number | undefined;
   burst: number | undefined;
@@ -143,16 +143,16 @@ export class CounterReader {
    * a pod's veth by index when known, else its name is resolved), and every link's counters. A
    * device that is gone gives no figures for its direction. Reads run one at a time.
    */
-  read(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
-    const run = this.tail.then(() => this.readNow(states, ifbOf, ifindex));
+  read(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined, ingressIfb?: string): Promise<CounterSnapshot> {
+    const run = this.tail.then(() => this.readNow(states, ifbOf, ifindex, ingressIfb));
     this.tail = run.catch(() => undefined);
     return run;
   }
 
-  private async readNow(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
+  private async readNow(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined, ingressIfb?: string): Promise<CounterSnapshot> {
     this.sock ??= nl.StatsSocket.open();
     try {
-      return await this.readWith(this.sock, states, ifbOf, ifindex);
+      return await this.readWith(this.sock, states, ifbOf, ifindex, ingressIfb);
     } catch (err) {
       // The socket's state is unknown, and so is what was read before: start again.
       this.close();
@@ -160,7 +160,13 @@ export class CounterReader {
     }
   }
 
-  private async readWith(sock: nl.StatsSocket, states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
+  private async readWith(
+    sock: nl.StatsSocket,
+    states: ShapingState[],
+    ifbOf: (s: ShapingState) => string,
+    ifindex?: (podId: string) => number | undefined,
+    ingressIfb?: string,
+  ): Promise<CounterSnapshot> {
     const links = await sock.linkStats();
     const work: ReadWork = { classGets: 0, ifbDumps: 0 };
     // What was read before is updated in place (a pod's entry replaced when read again), and what
@@ -174,14 +180,19 @@ export class CounterReader {
       for (const handle of classHandles(dir, classId)) refs.push({ ifindex: dev, handle });
     };
 
+    // The ingress tree's ifb, when pods are in it; the veth's counters still tell whether a pod's moved.
+    const inIfb = ingressIfb ? nl.linkIndexByName(ingressIfb) : undefined;
     for (const s of states) {
       if (!s.ingressInstalled) continue;
       const dev = ifindex?.(s.id) ?? (s.hostVeth ? nl.linkIndexByName(s.hostVeth) : undefined);
       const link = dev ? links.get(dev) : undefined;
       if (!dev || !link) continue; // gone
+      const inTree = s.ingressClassId ?? 0;
+      if (inTree && !inIfb) continue;
+      const where = inTree ? -inTree : dev;
       const last = reads.ingress.get(s.id);
-      if (readUnder(last, dev, s.limits.ingress, s.limits.ingressBurst) && !last.counters?.backlog && sameLink(last.link, link, false)) last.seen = gen;
-      else ask('ingress', s.id, dev, s.limits.ingress, s.limits.ingressBurst, dev, 0, link);
+      if (readUnder(last, where, s.limits.ingress, s.limits.ingressBurst) && !last.counters?.backlog && sameLink(last.link, link, false)) last.seen = gen;
+      else ask('ingress', s.id, where, s.limits.ingress, s.limits.ingressBurst, inTree ? (inIfb ?? 0) : dev, inTree, link);
     }
 
     // Each egress shard on its own: its pods, its ifb's counters, one dump of it when they moved.
@@ -237,7 +248,7 @@ export class CounterReader {
     for (const s of states) {
       const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
       const ingress = s.ingressInstalled ? reads.ingress.get(s.id)?.counters : undefined;
-      if (ingress) c.ingress = ingress;
+      if (ingress) c.ingress = s.ingressClassId && s.ingressBase ? sinceBase(ingress, s.ingressBase) : ingress;
       const egress = s.egressInstalled && s.classId ? reads.egress.get(s.id)?.counters : undefined;
       if (egress) c.egress = s.egressBase ? sinceBase(egress, s.egressBase) : egress;
       pods.push(c);

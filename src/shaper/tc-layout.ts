@@ -83,7 +83,7 @@ const NOT_SMALL_MASK = `0x${(0xffff & ~(SMALL_PACKET_BYTES - 1)).toString(16)}`;
 
 interface Family {
   proto: 'ip' | 'ipv6';
-  match: 'ip src' | 'ip6 src';
+  match: 'ip src' | 'ip6 src' | 'ip dst' | 'ip6 dst';
   plen: number;
   /** Offset of the 32-bit word whose last byte (the address's last byte) is the hash key. */
   hashAt: number;
@@ -112,6 +112,21 @@ const V6: Family = {
   interactive: { prio: 9, table: '13' },
   selectors: [`match u16 0 ${NOT_SMALL_MASK} at 4`, 'match ip6 protocol 58 0xff', 'match ip6 protocol 17 0xff match ip6 sport 53 0xffff'],
 };
+/**
+ * The ingress tree's families (traffic TO the pods, on the ingress ifb): the same tables and
+ * selectors, classified by destination (the address's last byte: IPv4 bytes 16..19, IPv6 36..39).
+ */
+const V4_IN: Family = { ...V4, match: 'ip dst', hashAt: 16 };
+const V6_IN: Family = { ...V6, match: 'ip6 dst', hashAt: 36 };
+/** The families of a direction's ifb. */
+const familiesOf = (dir: Direction): [Family, Family] => (dir === 'egress' ? [V4, V6] : [V4_IN, V6_IN]);
+export type Direction = 'ingress' | 'egress';
+
+/** The ingress tree's ifb for the egress ifb `ifb` (shard 0's name): `<ifb>.in`. */
+export function ingressIfb(ifb: string): string {
+  return `${ifb}.in`;
+}
+
 export const TABLES = ['10', '11', '12', '13'];
 /** The node class and its default class in the tree (above every pod's ids). */
 export const NODE_CLASS = 0xfffe;
@@ -140,6 +155,10 @@ export interface ShapingState {
   limits: BandwidthLimits;
   /** htb class minor on the pod's egress shard's ifb, 0 when egress is not shaped. */
   classId: number;
+  /** The ingress tree (a capacity that way): the pod's class minor on the ingress ifb, its filters and counter base. */
+  ingressClassId?: number;
+  ingressFilters?: FilterRef[];
+  ingressBase?: CounterBase;
   /** The egress shard (its ifb: shardIfb); absent in states of versions without shards: shard 0. */
   shard?: number;
   ingressInstalled: boolean;
@@ -223,15 +242,16 @@ export function ifbLinkLines(ifbs: readonly string[], links: ReadonlyMap<string,
 }
 
 /** The ifb's shared structure: the htb root, the node's tree when there is one, the u32 hash tables and the links into them. */
-export function structureLines(ifb: string, tree?: TreeParams): string[] {
+export function structureLines(ifb: string, tree?: TreeParams, dir: Direction = 'egress'): string[] {
   const lines = [`qdisc replace dev ${ifb} root handle 1: htb default ${tree ? hex(DEFAULT_CLASS) : 0} direct_qlen 1000`, ...(tree ? treeLines(ifb, tree) : [])];
   const hash = (f: Family) => `hashkey mask 0x000000ff at ${f.hashAt}`;
-  for (const f of [V4, V6]) {
+  const families = familiesOf(dir);
+  for (const f of families) {
     const t = f.interactive;
     lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} handle ${t.table}: protocol ${f.proto} u32 divisor 256`);
     for (const sel of f.selectors) lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} protocol ${f.proto} u32 ${sel} ${hash(f)} link ${t.table}:`);
   }
-  for (const f of [V4, V6]) {
+  for (const f of families) {
     const t = f.bulk;
     lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} handle ${t.table}: protocol ${f.proto} u32 divisor 256`);
     lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} protocol ${f.proto} u32 match u32 0 0 at 0 ${hash(f)} link ${t.table}:`);
@@ -240,13 +260,14 @@ export function structureLines(ifb: string, tree?: TreeParams): string[] {
 }
 
 /** Per pod address: a node in the family's interactive table and one in its bulk table. */
-export function filtersFor(ifb: string, ips: string[], classId: number): Array<FilterRef & { ip: string; line: string }> {
+export function filtersFor(ifb: string, ips: string[], classId: number, dir: Direction = 'egress'): Array<FilterRef & { ip: string; line: string }> {
+  const [v4, v6] = familiesOf(dir);
   const slots = { 4: 0, 6: 0 };
   const ids = ifbClassIds(classId);
   const out: Array<FilterRef & { ip: string; line: string }> = [];
   for (const ip of ips) {
     const fam = ipFamily(ip);
-    const f = fam === 4 ? V4 : V6;
+    const f = fam === 4 ? v4 : v6;
     const slot = slots[fam]++;
     if (slot > 1) throw new ConfigError(`pod has more than two IPv${fam} addresses; the shaper classifies at most two per family`);
     const node = `${hex(lastByte(ip))}:${hex(classId + slot * 0x800)}`;
@@ -292,6 +313,11 @@ export function egressLayout(limits: BandwidthLimits, tree?: TreeParams): PodLay
   return limits.egress === undefined ? undefined : podLayout(limits.egress, limits.egressBurst);
 }
 
+/** A pod's classes and queues in the ingress tree. */
+export function ingressTreeLayout(limits: BandwidthLimits, tree: TreeParams): PodLayout {
+  return treePodLayout({ ceil: limits.ingress, burst: limits.ingressBurst, guarantee: limits.ingressGuarantee, band: limits.priority }, tree);
+}
+
 /** The node class and its default class, as replace lines (the tree only). */
 export function treeLines(ifb: string, tree: TreeParams): string[] {
   const c = treeClasses(tree);
@@ -299,18 +325,19 @@ export function treeLines(ifb: string, tree: TreeParams): string[] {
 }
 
 /** The ifb side of a pod (class, leaves, their qdiscs, filters), as replace lines. */
-export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams): string[] {
-  const l = rec.classId ? egressLayout(rec.limits, tree) : undefined;
+export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams, dir: Direction = 'egress'): string[] {
+  const classId = dir === 'egress' ? rec.classId : (rec.ingressClassId ?? 0);
+  const l = !classId ? undefined : dir === 'egress' ? egressLayout(rec.limits, tree) : tree ? ingressTreeLayout(rec.limits, tree) : undefined;
   if (!l) return [];
-  const ids = ifbClassIds(rec.classId);
+  const ids = ifbClassIds(classId);
   const [pod, int, bulk] = [ids.pod, ids.interactive, ids.bulk].map(hex) as [string, string, string];
   return [
     `class replace dev ${ifb} parent 1:${tree ? hex(NODE_CLASS) : ''} classid 1:${pod} ${htbArgs(l.pod)}`,
     `class replace dev ${ifb} parent 1:${pod} classid 1:${int} ${htbArgs(l.interactive)}`,
     `class replace dev ${ifb} parent 1:${pod} classid 1:${bulk} ${htbArgs(l.bulk)}`,
-    `qdisc replace dev ${ifb} parent 1:${int} handle ${hex(INTERACTIVE_LEAF_MAJOR_BASE + rec.classId)}: bfifo limit ${l.interactive.queue}`,
-    `qdisc replace dev ${ifb} parent 1:${bulk} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(l)}`,
-    ...filtersFor(ifb, rec.ips, rec.classId).map((f) => f.line),
+    `qdisc replace dev ${ifb} parent 1:${int} handle ${hex(INTERACTIVE_LEAF_MAJOR_BASE + classId)}: bfifo limit ${l.interactive.queue}`,
+    `qdisc replace dev ${ifb} parent 1:${bulk} handle ${hex(BULK_LEAF_MAJOR_BASE + classId)}: ${tbfArgs(l)}`,
+    ...filtersFor(ifb, rec.ips, classId, dir).map((f) => f.line),
   ];
 }
 
@@ -319,11 +346,15 @@ export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams): str
  * tbf in place, keeping what it queued: right while the bucket only grows between versions (1 ms
  * to 3 ms of the rate in issue 32); a shrinking one must be made anew (tc-plan.ts planEnsure).
  */
-export function bulkLeafLines(ifb: string, rec: ShapingState, tree?: TreeParams): string[] {
+export function bulkLeafLines(ifb: string, rec: ShapingState, tree?: TreeParams, ingressTree?: { ifb: string; tree: TreeParams }): string[] {
   const { ingress, ingressBurst } = rec.limits;
   const e = rec.egressInstalled && rec.classId ? egressLayout(rec.limits, tree) : undefined;
+  const inId = rec.ingressClassId;
   return [
-    ...(rec.ingressInstalled && ingress !== undefined ? [`qdisc replace dev ${rec.hostVeth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(podLayout(ingress, ingressBurst))}`] : []),
+    ...(rec.ingressInstalled && inId && ingressTree
+      ? [`qdisc replace dev ${ingressTree.ifb} parent 1:${hex(ifbClassIds(inId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + inId)}: ${tbfArgs(ingressTreeLayout(rec.limits, ingressTree.tree))}`]
+      : []),
+    ...(rec.ingressInstalled && !inId && ingress !== undefined ? [`qdisc replace dev ${rec.hostVeth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(podLayout(ingress, ingressBurst))}`] : []),
     ...(e ? [`qdisc replace dev ${ifb} parent 1:${hex(ifbClassIds(rec.classId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(e)}`] : []),
   ];
 }
@@ -356,6 +387,21 @@ export function vethLines(veth: string, l: PodLayout): string[] {
   });
   lines.push(`filter add dev ${veth} parent ${VETH.root} prio 3 protocol arp u32 match u32 0 0 flowid ${VETH.interactive}`);
   return lines;
+}
+
+/**
+ * Traffic TO the pod into the ingress tree: the veth's root is an htb without classes whose one
+ * match-all filter redirects every packet to the ingress ifb. A packet whose skb priority is the
+ * root's handle (2:0, the unshaped sources: unshaped.ts) leaves through htb's direct queue before
+ * any filter, unshaped, as with the flat layout. The first line fails, expectedly, when the root is
+ * already ours (htb has no change operation); a flat layout's root (with classes) is deleted first
+ * (tc-plan.ts).
+ */
+export function vethToIfbLines(veth: string, ifb: string): string[] {
+  return [
+    `qdisc replace dev ${veth} root handle ${VETH.root} htb default 0 direct_qlen ${VETH_DIRECT_QLEN}`,
+    `filter replace dev ${veth} parent ${VETH.root} prio 1 handle ${REDIRECT_HANDLE} protocol all u32 match u32 0 0 action mirred egress redirect dev ${ifb}`,
+  ];
 }
 
 /**

@@ -8,7 +8,35 @@ import { checkIfName } from '../net/ifname.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout } from './sizing.js';
 import type { TreeParams } from './sizing.js';
-import { egressLayout, filterDelLine, idleLines, filtersFor, hex, ifbClassIds, ifbLines, MAX_CLASS, MAX_SHARDS, redirectLines, shardIfb, TREE_CLASSES, VETH, vethLines, type IfbListing, type ShapingState } from './tc-layout.js';
+import {
+  egressLayout,
+  filterDelLine,
+  idleLines,
+  filtersFor,
+  hex,
+  ifbClassIds,
+  ifbLines,
+  ingressTreeLayout,
+  MAX_CLASS,
+  MAX_SHARDS,
+  redirectLines,
+  shardIfb,
+  TREE_CLASSES,
+  VETH,
+  vethLines,
+  vethToIfbLines,
+  type FilterRef,
+  type IfbListing,
+  type ShapingState,
+} from './tc-layout.js';
+
+/** The node's trees, when it has a capacity that way: egress on the egress ifb, ingress on its own. */
+export interface Trees {
+  egress?: TreeParams;
+  ingress?: { ifb: string; tree: TreeParams };
+}
+
+const refOf = ({ prio, proto, handle }: FilterRef): FilterRef => ({ prio, proto, handle });
 
 /**
  * The pods' egress class ids on one ifb, 1..MAX_CLASS, and the pool of idle ones: ids whose classes
@@ -143,7 +171,9 @@ export interface EnsurePlan {
  * without a veth (hostVeth '') gets its ifb side only; the next plan, with the veth, then adds only
  * the veth's lines when the ifb side is what it needs.
  */
-export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean, tree?: TreeParams): EnsurePlan {
+export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean, trees: Trees = {}): EnsurePlan {
+  const tree = trees.egress;
+  const inTree = trees.ingress;
   const veth = next.hostVeth;
   const limits = next.limits;
   const pre: string[] = [];
@@ -160,22 +190,43 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   // than the new bucket can never be sent: the pod's traffic that way stopped for good (a 200M ->
   // 100M re-shape under an iperf3 flow). Deleting the leaf drops its queue once (at most 25 ms of
   // the old rate; TCP recovers); the replace line below makes the new one.
-  if (sameVeth && prev.ingressInstalled && shrinks(prev.limits, limits, 'ingress')) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
+  const prevInTree = !!prev?.ingressClassId && prev.ingressInstalled;
+  const nextInTree = inTree !== undefined && !!next.ingressClassId && next.ingressInstalled;
+  if (sameVeth && prev.ingressInstalled && !prevInTree && !nextInTree && shrinks(prev.limits, limits, 'ingress')) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
+  if (prevInTree && nextInTree && prev.ingressClassId === next.ingressClassId && ingressTreeLayout(limits, inTree.tree).bulk.leaf.burst < ingressTreeLayout(prev.limits, inTree.tree).bulk.leaf.burst) {
+    pre.push(`qdisc del dev ${inTree.ifb} parent 1:${hex(ifbClassIds(next.ingressClassId ?? 0).bulk)}`);
+  }
   if (prev?.egressInstalled && next.egressInstalled && prev.classId === next.classId && egressLeafShrinks(prev.limits, limits, tree)) {
     pre.push(`qdisc del dev ${ifb} parent 1:${hex(ifbClassIds(next.classId).bulk)}`);
   }
-  // TO the pod: htb with two leaves on the host veth ('': no veth yet, the ifb side only).
+  // TO the pod: into the ingress tree, or htb with two leaves on the host veth ('': no veth yet,
+  // the ifb side only). A root of the other layout goes first (htb cannot change in place).
   if (veth === '') {
     // nothing on a veth
+  } else if (nextInTree) {
+    if (sameVeth && prev.ingressInstalled && !prevInTree) pre.push(`qdisc del dev ${veth} root`);
+    optional.add(lines.length + 1);
+    lines.push(...vethToIfbLines(veth, inTree.ifb));
   } else if (limits.ingress !== undefined) {
+    if (sameVeth && prevInTree) pre.push(`qdisc del dev ${veth} root`);
     optional.add(lines.length + 1);
     lines.push(...vethLines(veth, podLayout(limits.ingress, limits.ingressBurst)));
   } else if (sameVeth && prev?.ingressInstalled) {
     lines.push(`qdisc del dev ${veth} root`);
   }
+  // The ingress tree's side: the pod's class, leaves and destination filters on the ingress ifb.
+  if (nextInTree) {
+    next.ingressFilters = filtersFor(inTree.ifb, next.ips, next.ingressClassId ?? 0, 'ingress').map(refOf);
+    const keep = new Set(next.ingressFilters.map((f) => `${f.prio}/${f.handle}`));
+    for (const f of prevInTree ? (prev.ingressFilters ?? []) : []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(inTree.ifb, f));
+    lines.push(...ifbLines(inTree.ifb, next, inTree.tree, 'ingress'));
+  } else if (prevInTree && inTree) {
+    for (const f of prev.ingressFilters ?? []) pre.push(filterDelLine(inTree.ifb, f));
+    pre.push(...idleLines(inTree.ifb, prev.ingressClassId ?? 0));
+  }
   // FROM the pod: redirect to the shared ifb, class + filters there.
   if (next.egressInstalled) {
-    next.filters = filtersFor(ifb, next.ips, next.classId).map(({ prio, proto, handle }) => ({ prio, proto, handle }));
+    next.filters = filtersFor(ifb, next.ips, next.classId).map(refOf);
     const keep = new Set(next.filters.map((f) => `${f.prio}/${f.handle}`));
     for (const f of prev?.filters ?? []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
     // The ifb side made moments ago for this very veth-less state (hostVeth ''): only the veth's part is left.

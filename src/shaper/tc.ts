@@ -43,9 +43,27 @@ import { checkLimits, isUnshaped, type BandwidthLimits } from '../bandwidth/limi
 import type { TreeParams } from './sizing.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
-import { bulkLeafLines, DEFAULT_IFB, filterDelLine, idleLines, ifbLines, ifbLinkLines, NODE_CLASS, parseIfbListing, redirectLines, shardOf, STATE_VERSION, structureLines, TABLES, treeLines } from './tc-layout.js';
+import {
+  bulkLeafLines,
+  DEFAULT_IFB,
+  filterDelLine,
+  idleLines,
+  ifbLines,
+  ifbLinkLines,
+  ingressIfb,
+  NODE_CLASS,
+  parseIfbListing,
+  redirectLines,
+  shardOf,
+  STATE_VERSION,
+  structureLines,
+  TABLES,
+  treeLines,
+  vethToIfbLines,
+  type Direction,
+} from './tc-layout.js';
 import type { IfbListing, ShapingState } from './tc-layout.js';
-import { EgressShards, orphanLines, planEnsure } from './tc-plan.js';
+import { ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
 
 export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, parseIfbListing, shardIfb, type ShapingState } from './tc-layout.js';
@@ -81,7 +99,8 @@ export interface ShaperOptions {
    * The node's capacity per direction, bits/s (src/bandwidth/capacity.ts). With an egress capacity
    * the pods' egress is one tree (sizing.ts TreeParams) on one shard: every pod's egress passes it,
    * pods without a ceiling at the capacity, so guarantees hold against every pod. Unset: the flat
-   * layout (ceilings only). The ingress capacity is not used yet: ingress stays per veth.
+   * layout (ceilings only). With an ingress capacity, traffic to every pod is redirected from its
+   * veth's root to one more ifb (`<ifbName>.in`) holding the ingress tree, classified by destination.
    */
   capacity?: { egress?: number; ingress?: number };
 }
@@ -103,15 +122,25 @@ export class Shaper {
   private readonly unshaped: Unshaped | undefined;
   /** The node's egress tree; undefined: the flat layout. */
   readonly tree: TreeParams | undefined;
+  /** The node's ingress tree and its ifb; undefined: per-veth htb (the flat layout). */
+  readonly ingressTree: { ifb: string; tree: TreeParams } | undefined;
+  /** Class ids on the ingress tree's ifb. */
+  private readonly inIds: ClassIds;
 
   constructor(opts: ShaperOptions = {}) {
     this.unshaped = opts.unshaped;
     const cap = opts.capacity?.egress;
     if (cap !== undefined) checkLimits({ egress: cap }, 'egress capacity');
     this.tree = cap === undefined ? undefined : { capacity: cap };
+    const capIn = opts.capacity?.ingress;
+    if (capIn !== undefined) checkLimits({ ingress: capIn }, 'ingress capacity');
     this.session = (opts.tcMode ?? 'session') === 'session' ? new TcSession() : undefined;
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
     checkIfName(this.ifbName, 'ifbName');
+    const inIfb = ingressIfb(this.ifbName);
+    checkIfName(inIfb, 'ifbName (its ingress ifb, <ifbName>.in)');
+    this.ingressTree = capIn === undefined ? undefined : { ifb: inIfb, tree: { capacity: capIn } };
+    this.inIds = new ClassIds(inIfb);
     // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
     this.shards = new EgressShards(this.ifbName, this.tree ? 1 : (opts.shards ?? 1));
     this.log = (opts.logger ?? silentLogger()).child({ module: 'shaper', ifb: this.ifbName });
@@ -120,7 +149,17 @@ export class Shaper {
 
   /** Whether a pod with these limits has anything installed: a ceiling or guarantee, or (with the node's tree) any pod at all. */
   wants(limits: BandwidthLimits): boolean {
-    return this.tree !== undefined || !isUnshaped(limits);
+    return this.tree !== undefined || this.ingressTree !== undefined || !isUnshaped(limits);
+  }
+
+  /** The trees tc-plan.ts plans in. */
+  private get trees(): Trees {
+    return { ...(this.tree ? { egress: this.tree } : {}), ...(this.ingressTree ? { ingress: this.ingressTree } : {}) };
+  }
+
+  /** Every ifb the shaper needs: the egress shards', and the ingress tree's. */
+  private get allIfbs(): string[] {
+    return [...this.ifbs, ...(this.ingressTree ? [this.ingressTree.ifb] : [])];
   }
 
   /** Whether a pod with these limits has its egress on an ifb. */
@@ -154,41 +193,50 @@ export class Shaper {
     const t0 = performance.now();
     if (this.records.size === 0) this.adopt(known);
     const links = new Map((await nl.linkList()).map((l) => [l.name, l]));
-    await batch('ip', ifbLinkLines(this.ifbs, links));
-    for (const [k, ifb] of this.ifbs.entries()) await this.initShard(k, ifb);
+    await batch('ip', ifbLinkLines(this.allIfbs, links));
+    for (const [k, ifb] of this.ifbs.entries()) await this.initIfb(ifb, 'egress', [...this.records.values()].filter((r) => (r.shard ?? 0) === k), this.shards.classIds(k));
+    if (this.ingressTree) await this.initIfb(this.ingressTree.ifb, 'ingress', [...this.records.values()], this.inIds);
     await this.removeExtraShards();
     // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
-    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree));
+    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.ingressTree));
     if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
     this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
   }
 
-  /** One shard's ifb and htb/u32 structure, its pods' classes restored or its orphans removed (one listing). */
-  private async initShard(k: number, ifb: string): Promise<void> {
+  /**
+   * One ifb's htb/u32 structure (an egress shard's, or the ingress tree's), its pods' classes restored
+   * or its orphans removed (one listing).
+   */
+  private async initIfb(ifb: string, dir: Direction, states: ShapingState[], ids: ClassIds | undefined): Promise<void> {
+    const tree = dir === 'egress' ? this.tree : this.ingressTree?.tree;
     const listing = parseIfbListing(
       (await batch('tc', [`qdisc show dev ${ifb}`, `class show dev ${ifb}`, `filter show dev ${ifb} parent 1:`])).stdout,
     );
     // An ifb without the interactive tables is an earlier version's layout: rebuilt like a broken one.
     // So is one of the other layout (flat or tree: the root's default class tells, and cannot change).
-    const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t)) && (listing.defaultClass !== 0) === (this.tree !== undefined);
-    const mine = [...this.records.values()].filter((r) => (r.shard ?? 0) === k);
+    const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t)) && (listing.defaultClass !== 0) === (tree !== undefined);
+    // This ifb's view of each pod: its class id and filters here.
+    const mine = dir === 'egress' ? states.filter((r) => r.egressInstalled) : states.filter((r) => r.ingressInstalled && r.ingressClassId);
+    const here = (r: ShapingState): ShapingState => (dir === 'egress' ? r : { ...r, classId: r.ingressClassId ?? 0, filters: r.ingressFilters ?? [] });
+    const podLines = (r: ShapingState) => ifbLines(ifb, r, tree, dir);
     if (!healthy) {
-      const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(ifb, this.tree)];
-      this.shards.classIds(k)?.forgetIdle();
+      const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(ifb, tree, dir)];
+      ids?.forgetIdle();
       await this.tc(lines);
       // Every class went with the old root: put back the ifb side of the pods we know.
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
-      const restore = mine.filter((r) => r.egressInstalled).flatMap((r) => [...ifbLines(ifb, r, this.tree), ...(linkExists(r.hostVeth) ? redirectLines(r.hostVeth, ifb) : [])]);
+      const veth = (r: ShapingState) => (!linkExists(r.hostVeth) ? [] : dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1));
+      const restore = mine.flatMap((r) => [...podLines(r), ...veth(r)]);
       const res = await this.tc(restore, { force: true });
       if (res.failed.length > 0) this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
       this.log.info({ ifb, rebuilt: true, restored: restore.length }, 'ifb structure created');
     } else {
-      await this.removeOrphans(ifb, listing, mine);
-      if (this.tree && !sameRate(nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate, this.tree.capacity)) {
+      await this.removeOrphans(ifb, listing, mine.map(here));
+      if (tree && !sameRate(nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate, tree.capacity)) {
         // Another capacity than the last process's: the node class and every pod's ceiling follow it.
-        const res = await this.tc([...treeLines(ifb, this.tree), ...mine.filter((r) => r.egressInstalled).flatMap((r) => ifbLines(ifb, r, this.tree))], { force: true });
-        this.log.info({ ifb, capacity: this.tree.capacity, failed: res.failed.length }, 'egress capacity changed: the tree follows');
+        const res = await this.tc([...treeLines(ifb, tree), ...mine.flatMap(podLines)], { force: true });
+        this.log.info({ ifb, dir, capacity: tree.capacity, failed: res.failed.length }, 'capacity changed: the tree follows');
       }
     }
   }
@@ -199,10 +247,13 @@ export class Shaper {
    * agent's reconcile after a start).
    */
   private async removeExtraShards(): Promise<void> {
-    const extra = (await nl.linkList()).filter((l) => l.type === 'ifb' && (shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length).map((l) => l.name);
+    const inIfb = ingressIfb(this.ifbName);
+    const extra = (await nl.linkList())
+      .filter((l) => l.type === 'ifb' && ((shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length || (l.name === inIfb && !this.ingressTree)))
+      .map((l) => l.name);
     if (extra.length === 0) return;
     const res = await batch('ip', extra.map((n) => `link del dev ${n}`), { force: true });
-    this.log.info({ removed: extra.length - res.failed.length, ifbs: extra }, 'removed egress shards beyond the configured count');
+    this.log.info({ removed: extra.length - res.failed.length, ifbs: extra }, 'removed egress shards beyond the configured count, or an ingress tree no capacity asks for');
   }
 
   /** Per-operation tc lines: through the session, or one exec. */
@@ -221,6 +272,7 @@ export class Shaper {
   private adopt(known: ShapingState[]): void {
     this.records.clear();
     this.shards.clear();
+    this.inIds.clear();
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
       const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
@@ -230,6 +282,13 @@ export class Shaper {
         rec.egressInstalled = false;
         rec.filters = [];
         delete rec.shard;
+      }
+      // Its ingress class: kept while there is an ingress tree (else the ifb goes, and its next
+      // ensure, seeing the id, replaces the veth's redirect root by today's layout).
+      if (rec.ingressClassId && this.ingressTree && !this.inIds.claim(rec.ingressClassId)) {
+        delete rec.ingressClassId;
+        delete rec.ingressFilters;
+        rec.ingressInstalled = false;
       }
       this.records.set(rec.id, rec);
     }
@@ -251,7 +310,7 @@ export class Shaper {
       return undefined;
     }
     await this.init();
-    if (this.shapesEgress(pod.limits) && this.ifbs.some((ifb) => !linkExists(ifb))) {
+    if ((this.shapesEgress(pod.limits) || this.ingressTree) && this.allIfbs.some((ifb) => !linkExists(ifb))) {
       // Someone deleted a shard's ifb under us: rebuild it (and restore the known pods) once.
       this.log.warn('an egress ifb is gone; re-initializing');
       this.session?.close();
@@ -277,12 +336,25 @@ export class Shaper {
       limits,
       classId: prev?.classId ?? 0,
       ...(prev?.classId ? { shard: prev.shard ?? 0 } : {}),
-      ingressInstalled: limits.ingress !== undefined && veth !== '',
+      ingressInstalled: (limits.ingress !== undefined || this.ingressTree !== undefined) && veth !== '',
       egressInstalled: egress,
       filters: [],
       ...(egress && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
     };
     let allocated = false;
+    let allocatedIn = false;
+    if (this.ingressTree && rec.ingressInstalled) {
+      if (prev?.ingressClassId) {
+        rec.ingressClassId = prev.ingressClassId;
+        if (prev.ingressBase) rec.ingressBase = prev.ingressBase;
+      } else {
+        const { id, reused } = this.inIds.allocate();
+        rec.ingressClassId = id;
+        allocatedIn = true;
+        const base = reused ? classBaseline(this.ingressTree.ifb, id) : undefined;
+        if (base) rec.ingressBase = base;
+      }
+    }
     if (rec.egressInstalled && !rec.classId) {
       const shard = this.shards.emptiest(this.records.values());
       const { id, reused } = this.shards.mustClassIds(shard).allocate();
@@ -294,7 +366,7 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const { pre, lines, optional } = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.tree);
+    const { pre, lines, optional } = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.trees);
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -308,8 +380,10 @@ export class Shaper {
         await this.kernelRemove(rec, log).catch(() => undefined);
       }
       if (allocated) this.shards.mustClassIds(rec.shard).release(rec.classId);
+      if (allocatedIn && rec.ingressClassId) this.inIds.release(rec.ingressClassId);
       throw err;
     }
+    if (!rec.ingressClassId && prev?.ingressClassId && this.ingressTree) this.inIds.release(prev.ingressClassId);
     if (!rec.egressInstalled && prev?.classId) {
       this.shards.mustClassIds(prev.shard).release(prev.classId);
       rec.classId = 0;
@@ -339,6 +413,7 @@ export class Shaper {
       await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
       if (rec.classId) this.shards.mustClassIds(rec.shard).release(rec.classId);
+      if (rec.ingressClassId && this.ingressTree) this.inIds.release(rec.ingressClassId);
       log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.idleClasses() }, 'pod shaping removed');
     });
   }
@@ -359,6 +434,10 @@ export class Shaper {
       for (const f of rec.filters) lines.push(filterDelLine(ifb, f));
       // The classes stay for the next pod (ClassIds' pool); their leaves go.
       if (rec.classId) lines.push(...idleLines(ifb, rec.classId));
+    }
+    if (rec.ingressClassId && this.ingressTree) {
+      for (const f of rec.ingressFilters ?? []) lines.push(filterDelLine(this.ingressTree.ifb, f));
+      lines.push(...idleLines(this.ingressTree.ifb, rec.ingressClassId));
     }
     const r = await this.tc(lines, { force: true });
     if (r.failed.length > 0) log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
@@ -406,7 +485,7 @@ export class Shaper {
    * a lookup by name per pod. A device that is gone (a pod being deleted) leaves that direction out.
    */
   counters(ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
-    return this.counterReader.read([...this.records.values()], (r) => this.ifbOf(r), ifindex);
+    return this.counterReader.read([...this.records.values()], (r) => this.ifbOf(r), ifindex, this.ingressTree?.ifb);
   }
 
   /** Removes the shaping of every pod this shaper knows, and the shards' ifbs. */
@@ -415,10 +494,11 @@ export class Shaper {
     if (this.records.size > 0) {
       for (const id of [...this.records.keys()]) await this.remove(id).catch((err: unknown) => errors.push(err));
     }
-    const present = this.ifbs.filter(linkExists);
+    const present = this.allIfbs.filter(linkExists);
     if (present.length > 0) await batch('ip', present.map((ifb) => `link del dev ${ifb}`)).catch((err: unknown) => errors.push(err));
     this.records.clear();
     this.shards.clear();
+    this.inIds.clear();
     this.ready = undefined;
     this.session?.close();
     if (errors.length > 0) throw new AggregateKubenetError('shaper reset', errors);

@@ -98,3 +98,37 @@ kTest('a flat shard becomes the tree on a start with a capacity: rebuilt, its po
   t.regex((await execa('tc', ['filter', 'show', 'dev', a.hostVeth, 'ingress'])).stdout, new RegExp(`Redirect to device ${env.ifb}`));
   await tree.reset();
 });
+
+kTest('with an ingress capacity: traffic to every pod goes from its veth root to the ingress tree, classified by destination', async (t) => {
+  const env = await shaperEnv(t, 2, 1, { egress: 100e6, ingress: 50e6 });
+  const inIfb = `${env.ifb}.in`;
+  const [a, b] = env.topo.pods as [(typeof env.topo.pods)[0], (typeof env.topo.pods)[0]];
+  await env.shaper.ensure(podOf(a, { ingress: 40e6, ingressGuarantee: 30e6, priority: 0 }));
+  await env.shaper.ensure(podOf(b, {}));
+  const cls = await classes(inIfb);
+  t.like(cls.get('fffe'), { parent: 'root', rate: 50e6, ceil: 50e6 });
+  const [ia, ib] = [a, b].map((p) => env.shaper.states().find((s) => s.id === p.id)?.ingressClassId ?? 0);
+  t.truthy(ia && ib);
+  t.like(cls.get((ia ?? 0).toString(16)), { parent: 'fffe', rate: 30e6, ceil: 40e6 });
+  t.like(cls.get((ib ?? 0).toString(16)), { parent: 'fffe', ceil: 50e6 });
+  const filters = (await execa('tc', ['filter', 'show', 'dev', inIfb, 'parent', '1:'])).stdout;
+  t.regex(filters, new RegExp(`match [0-9a-f]+/ffffffff at 16`), 'IPv4 destinations');
+  for (const p of [a, b]) {
+    t.regex((await execa('tc', ['qdisc', 'show', 'dev', p.hostVeth])).stdout, /qdisc htb 2: root .*default 0 /);
+    t.regex((await execa('tc', ['filter', 'show', 'dev', p.hostVeth, 'parent', '2:'])).stdout, new RegExp(`Redirect to device ${inIfb.replace('.', '\\.')}`));
+  }
+  // Remove: the veth root goes, the classes idle on the ingress ifb.
+  await env.shaper.remove(a.id);
+  t.notRegex((await execa('tc', ['qdisc', 'show', 'dev', a.hostVeth])).stdout, /htb/);
+  t.notRegex((await execa('tc', ['filter', 'show', 'dev', inIfb, 'parent', '1:'])).stdout, new RegExp(`flowid 1:${(ia ?? 0).toString(16)} `));
+  // A start without an ingress capacity: the ingress ifb goes, the pods' veths get today's layout back on their ensure.
+  const states = env.shaper.states();
+  env.shaper.close();
+  const flat = new Shaper({ ifbName: env.ifb, capacity: { egress: 100e6 } });
+  t.teardown(() => flat.close());
+  await flat.init(states);
+  t.false((await execa('ip', ['link', 'show', inIfb], { reject: false })).exitCode === 0, 'the ingress ifb is gone');
+  await flat.reconcile([podOf(b, { ingress: 20e6 })]);
+  t.regex((await execa('tc', ['class', 'show', 'dev', b.hostVeth])).stdout, /class htb 2:1 root rate 20Mbit/);
+  t.regex((await execa('tc', ['qdisc', 'show', 'dev', b.hostVeth])).stdout, /qdisc htb 2: root .*default 0x3/);
+});
