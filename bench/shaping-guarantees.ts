@@ -11,6 +11,8 @@
  *   >= 0.98 C (500 ms windows) is <= 2 s.
  * - priority: two pods without guarantees, bands 0 (Guaranteed QoS) and 2 (BestEffort), ceilings
  *   C: the band 0 pod gets >= 75 % of the sum.
+ * - namespace: three pods of one namespace whose total is C/2, saturating, without guarantees or
+ *   ceilings of their own: the sum C/2 ±2 %, the pods' shares within 10 % of each other.
  * - the same three at 1G and 10G capacity (`--guarantee-capacities`): how close to the capacity the
  *   tree runs on this machine, and the node's system CPU per Gbit/s.
  * Usage: npx tsx bench/shaping.ts --only guarantees [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
@@ -45,6 +47,8 @@ interface Flow {
   limits: BandwidthLimits;
   /** Seconds the pod sends. */
   seconds: number;
+  /** Its namespace (a total in its limits puts it under the namespace's class). */
+  group?: string;
 }
 
 /** Counter samples of each pod's class: [ms since start, bytes]. */
@@ -82,29 +86,32 @@ class World {
    * class bytes every 100 ms; returns the samples and the node's busy CPU cores over the run.
    */
   async run(dir: Dir, flows: Flow[]): Promise<{ samples: Samples; cores: number }> {
-    for (const f of flows) await this.shaper.ensure({ id: f.pod.id, hostVeth: f.pod.hostVeth, ips: [f.pod.ip4, f.pod.ip6], limits: f.limits });
+    for (const f of flows) await this.shaper.ensure({ id: f.pod.id, hostVeth: f.pod.hostVeth, ips: [f.pod.ip4, f.pod.ip6], limits: f.limits, ...(f.group ? { group: f.group } : {}) });
     const states = new Map(this.shaper.states().map((st) => [st.id, st]));
     const ids = new Map(flows.map((f) => [f.pod.id, 0x10000 + ((dir === 'egress' ? states.get(f.pod.id)?.classId : states.get(f.pod.id)?.ingressClassId) ?? 0)]));
     const dev = dir === 'egress' ? this.ifb : `${this.ifb}.in`;
     const samples: Samples = new Map(flows.map((f) => [f.pod.id, []]));
-    const t0 = performance.now();
-    const sample = () => {
-      const at = performance.now() - t0;
-      const byHandle = new Map(classList(dev).map((c) => [c.handle, c.bytes]));
-      for (const [id, h] of ids) samples.get(id)?.push([at, byHandle.get(h) ?? 0]);
-    };
-    sample();
-    const timer = setInterval(sample, 100);
-    const c0 = await cpuBusy();
-    try {
-      await withTrafficLock(() => Promise.all(flows.map((f) => iperf(this.receiver, f.pod, { seconds: f.seconds, reverse: dir !== 'egress' }))));
-    } finally {
-      clearInterval(timer);
-    }
-    const c1 = await cpuBusy();
-    sample();
-    // USER_HZ is 100 on Linux: jiffies / 100 = CPU seconds.
-    return { samples, cores: (c1.busy - c0.busy) / 100 / ((c1.at - c0.at) / 1000) };
+    // Everything from the moment the lock is ours (another suite's measurement may hold it first).
+    return withTrafficLock(async () => {
+      const t0 = performance.now();
+      const sample = () => {
+        const at = performance.now() - t0;
+        const byHandle = new Map(classList(dev).map((c) => [c.handle, c.bytes]));
+        for (const [id, h] of ids) samples.get(id)?.push([at, byHandle.get(h) ?? 0]);
+      };
+      sample();
+      const timer = setInterval(sample, 100);
+      const c0 = await cpuBusy();
+      try {
+        await Promise.all(flows.map((f) => iperf(this.receiver, f.pod, { seconds: f.seconds, reverse: dir !== 'egress' })));
+      } finally {
+        clearInterval(timer);
+      }
+      const c1 = await cpuBusy();
+      sample();
+      // USER_HZ is 100 on Linux: jiffies / 100 = CPU seconds.
+      return { samples, cores: (c1.busy - c0.busy) / 100 / ((c1.at - c0.at) / 1000) };
+    });
   }
 
   async close(): Promise<void> {
@@ -186,6 +193,19 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
           const hi = rateBetween(prio.samples.get(a.id) ?? [], 1500, 1500 + o.seconds * 1000);
           const lo = rateBetween(prio.samples.get(b.id) ?? [], 1500, 1500 + o.seconds * 1000);
           goal(`${dir} priority at capacity ${C} (band 0 >= 75 % of what two pods without guarantees get)`, hi / (hi + lo) >= 0.75, `band 0 ${mbit(hi)}, band 2 ${mbit(lo)} Mbit/s: ${((hi / (hi + lo)) * 100).toFixed(1)} %`);
+          for (const p of [a, b, c]) await w.shaper.remove(p.id);
+
+          // A namespace capped at C/2, its three pods saturating, no guarantees or ceilings of their own.
+          const total = cap / 2;
+          const ns = await w.run(
+            dir,
+            [a, b, c].map((pod) => ({ pod, limits: dir === 'egress' ? { egressTotal: total, priority: 1 } : { ingressTotal: total, priority: 1 }, seconds, group: 'bench-ns' })),
+          );
+          const shares = [a, b, c].map((p) => rateBetween(ns.samples.get(p.id) ?? [], 1500, 1500 + o.seconds * 1000));
+          const nsSum = shares.reduce((x, y) => x + y, 0);
+          goal(`${dir} namespace total ${formatBandwidth(total)} at capacity ${C} (sum within ±2 %)`, Math.abs(nsSum / total - 1) <= 0.02, `${mbit(nsSum)} Mbit/s = ${(nsSum / total).toFixed(3)}x`);
+          const spread = Math.max(...shares) / Math.min(...shares) - 1;
+          goal(`${dir} namespace total ${formatBandwidth(total)}: pods' shares within 10 % of each other`, spread <= 0.1, `${shares.map(mbit).join(' / ')} Mbit/s (largest/smallest - 1 = ${(spread * 100).toFixed(1)} %)`);
           for (const p of [a, b, c]) await w.shaper.remove(p.id);
         }
       } finally {

@@ -22,6 +22,9 @@ export interface BandwidthLimits {
   ingressGuarantee?: number;
   egressGuarantee?: number;
   priority?: number;
+  /** The pod's namespace's cap on the sum of its pods on this node, per direction (namespace-policy.ts), bits/s. */
+  ingressTotal?: number;
+  egressTotal?: number;
 }
 
 /** The priority bands (guarantees.ts PRIORITY_BANDS): 0 is served first. */
@@ -109,7 +112,7 @@ export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLim
   if (typeof limits !== 'object' || limits === null || Array.isArray(limits)) throw new ConfigError(`${what}: bandwidth limits must be an object`);
   for (const [k, v] of Object.entries(limits)) {
     if (v === undefined) continue;
-    const isRate = k === 'ingress' || k === 'egress' || k === 'ingressGuarantee' || k === 'egressGuarantee';
+    const isRate = k === 'ingress' || k === 'egress' || k === 'ingressGuarantee' || k === 'egressGuarantee' || k === 'ingressTotal' || k === 'egressTotal';
     if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst' && k !== 'priority') throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
     if (typeof v !== 'number' || !Number.isFinite(v)) throw new ConfigError(`${what}: ${k} must be a number, got ${JSON.stringify(v)}`);
     if (k === 'priority') {
@@ -124,7 +127,7 @@ export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLim
   return limits;
 }
 
-/** Two limits are the same when every rate, burst, guarantee and the priority are. */
+/** Two limits are the same when every rate, burst, guarantee, total and the priority are. */
 export function sameLimits(a: BandwidthLimits, b: BandwidthLimits): boolean {
   return (
     a.ingress === b.ingress &&
@@ -133,7 +136,9 @@ export function sameLimits(a: BandwidthLimits, b: BandwidthLimits): boolean {
     a.egressBurst === b.egressBurst &&
     a.ingressGuarantee === b.ingressGuarantee &&
     a.egressGuarantee === b.egressGuarantee &&
-    a.priority === b.priority
+    a.priority === b.priority &&
+    a.ingressTotal === b.ingressTotal &&
+    a.egressTotal === b.egressTotal
   );
 }
 
@@ -216,13 +221,16 @@ export function describeLimits(limits: BandwidthLimits): string {
 /**
  * New rates for a running pod, keeping a direction's burst only where its rate stays the same
  * (annotations and `kubenet shape` give rates only: a new rate gets the burst the shaper sizes).
- * Guarantees and the priority (the pod's requests and QoS class, not its annotations) are kept.
+ * Guarantees, the priority (the pod's requests and QoS class, not its annotations) and the namespace's
+ * totals are kept.
  */
 export function withRates(current: BandwidthLimits, rates: { ingress?: number | undefined; egress?: number | undefined }): BandwidthLimits {
   const out: BandwidthLimits = {};
   if (current.ingressGuarantee !== undefined) out.ingressGuarantee = current.ingressGuarantee;
   if (current.egressGuarantee !== undefined) out.egressGuarantee = current.egressGuarantee;
   if (current.priority !== undefined) out.priority = current.priority;
+  if (current.ingressTotal !== undefined) out.ingressTotal = current.ingressTotal;
+  if (current.egressTotal !== undefined) out.egressTotal = current.egressTotal;
   if (rates.ingress !== undefined) {
     out.ingress = rates.ingress;
     if (rates.ingress === current.ingress && current.ingressBurst !== undefined) out.ingressBurst = current.ingressBurst;

@@ -198,6 +198,17 @@ export function treeClasses(t: TreeParams): { node: HtbClass; fallback: HtbClass
   };
 }
 
+/**
+ * A namespace's class in the tree (a group between the node class and its pods' classes): its
+ * ceil is the namespace's total, its rate what its pods are guaranteed together (at most the
+ * total), so guarantees inside it hold and the rest of it is borrowed from the node like any pod's.
+ */
+export function groupClass(guaranteed: number, total: number, t: TreeParams): HtbClass {
+  const ceil = Math.min(total, t.capacity);
+  const rate = Math.max(MIN_TREE_RATE, Math.min(guaranteed, ceil));
+  return { rate, ceil, burst: burstBytes(rate), cburst: burstBytes(ceil), quantum: treeQuantum(t.capacity), prio: 0 };
+}
+
 /** A pod's classes and queues in the node's tree (see TreeParams). */
 export function treePodLayout(ask: TreeAsk, t: TreeParams): PodLayout {
   const ceil = Math.min(ask.ceil ?? t.capacity, t.capacity);

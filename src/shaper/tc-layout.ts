@@ -41,7 +41,7 @@
 import { ConfigError } from '../errors.js';
 import { ipFamily, lastByte } from '../net/ip.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
-import { podLayout, SMALL_PACKET_BYTES, treeClasses, treePodLayout, type HtbClass, type PodLayout, type TreeParams } from './sizing.js';
+import { groupClass, podLayout, SMALL_PACKET_BYTES, treeClasses, treePodLayout, type HtbClass, type PodLayout, type TreeParams } from './sizing.js';
 
 export const DEFAULT_IFB = 'kubenet-ifb0';
 
@@ -133,6 +133,10 @@ export const NODE_CLASS = 0xfffe;
 export const DEFAULT_CLASS = 0xfffd;
 /** The classes of the tree itself: never a pod's, never an orphan. */
 export const TREE_CLASSES: ReadonlySet<number> = new Set([NODE_CLASS, DEFAULT_CLASS]);
+/** A namespace's class (tc-plan.ts GroupIds) is 1:<GROUP_CLASS_BASE + n>, n = 1..MAX_GROUPS: above every pod's ids. */
+export const GROUP_CLASS_BASE = 0x2000;
+export const MAX_GROUPS = 0x7ff;
+export const isGroupClass = (c: number): boolean => c > GROUP_CLASS_BASE && c <= GROUP_CLASS_BASE + MAX_GROUPS;
 /** The veth-side redirect filter: first (and only) node of the root hash table of its u32 instance. */
 const REDIRECT_HANDLE = '800::800';
 /** The veth root (traffic TO the pod): htb 2:, pod class 2:1, interactive 2:2 (leaf 22:), bulk 2:3 (leaf 23:). */
@@ -159,6 +163,13 @@ export interface ShapingState {
   ingressClassId?: number;
   ingressFilters?: FilterRef[];
   ingressBase?: CounterBase;
+  /**
+   * In a tree, a direction whose namespace has a total: the class id of the namespace's class, the
+   * parent of the pod's class (else the node class). `group` names the namespace.
+   */
+  group?: string;
+  egressParent?: number;
+  ingressParent?: number;
   /** The egress shard (its ifb: shardIfb); absent in states of versions without shards: shard 0. */
   shard?: number;
   ingressInstalled: boolean;
@@ -196,37 +207,6 @@ function htbArgs(c: HtbClass): string {
 /** The pod's classes on the ifb: its own, then its leaves (deleted in the reverse order). */
 export function ifbClassIds(classId: number): { pod: number; interactive: number; bulk: number } {
   return { pod: classId, interactive: classId + INTERACTIVE_CLASS_OFFSET, bulk: classId + BULK_CLASS_OFFSET };
-}
-
-/** What init learned from its one listing of the ifb. */
-export interface IfbListing {
-  htbRoot: boolean;
-  /** The htb root's default class minor (0: unclassified frames pass unshaped, the flat layout). */
-  defaultClass: number;
-  tables: Set<string>;
-  links: Set<string>;
-  classes: Set<number>;
-  podFilters: Array<FilterRef & { flowid: number }>;
-}
-
-export function parseIfbListing(text: string): IfbListing {
-  const out: IfbListing = { htbRoot: false, defaultClass: 0, tables: new Set(), links: new Set(), classes: new Set(), podFilters: [] };
-  for (const line of text.split('\n')) {
-    let m = /^qdisc htb 1: root .*default (?:0x)?([0-9a-f]+)/.exec(line);
-    if (m?.[1]) {
-      out.htbRoot = true;
-      out.defaultClass = parseInt(m[1], 16);
-    } else if (/^qdisc htb 1: root/.test(line)) out.htbRoot = true;
-    m = /^class htb 1:([0-9a-f]+) /.exec(line);
-    if (m?.[1]) out.classes.add(parseInt(m[1], 16));
-    m = /^filter protocol (\S+) pref (\d+) u32 .*fh (1[0-3]): ht divisor 256/.exec(line);
-    if (m?.[3]) out.tables.add(m[3]);
-    m = /^filter protocol (\S+) pref (\d+) u32 .*fh [0-9a-f]+::[0-9a-f]+ .* link (1[0-3]):/.exec(line);
-    if (m?.[3]) out.links.add(m[3]);
-    m = /^filter protocol (\S+) pref (\d+) u32 .*fh (1[0-3]:[0-9a-f]+:[0-9a-f]+) .*flowid 1:([0-9a-f]+)/.exec(line);
-    if (m?.[1] && m[2] && m[3] && m[4]) out.podFilters.push({ proto: m[1], prio: Number(m[2]), handle: m[3], flowid: parseInt(m[4], 16) });
-  }
-  return out;
 }
 
 /**
@@ -299,6 +279,22 @@ export function idleLines(ifb: string, classId: number): string[] {
   return [ids.interactive, ids.bulk].map((c) => `qdisc del dev ${ifb} parent 1:${hex(c)}`);
 }
 
+/**
+ * A pod's classes deleted, leaves first (with their qdiscs), for a pod whose parent changes (htb
+ * cannot move a class) or that leaves a namespace's class (whose classes are not pooled: the
+ * namespace's class goes when its last pod does). Its filters must be gone first: htb refuses to
+ * delete a class filters point at.
+ */
+export function classDelLines(ifb: string, classId: number): string[] {
+  const ids = ifbClassIds(classId);
+  return [ids.bulk, ids.interactive, ids.pod].map((c) => `class del dev ${ifb} classid 1:${hex(c)}`);
+}
+
+/** A namespace's class under the node class: guaranteed what its pods are, ceil its total. */
+export function groupLine(ifb: string, groupId: number, guaranteed: number, total: number, tree: TreeParams): string {
+  return `class replace dev ${ifb} parent 1:${hex(NODE_CLASS)} classid 1:${hex(groupId)} ${htbArgs(groupClass(guaranteed, total, tree))}`;
+}
+
 /** Deletes one pod filter node by its handle. */
 export function filterDelLine(ifb: string, f: FilterRef): string {
   return `filter del dev ${ifb} parent 1: prio ${f.prio} handle ${f.handle} protocol ${f.proto} u32`;
@@ -331,8 +327,9 @@ export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams, dir:
   if (!l) return [];
   const ids = ifbClassIds(classId);
   const [pod, int, bulk] = [ids.pod, ids.interactive, ids.bulk].map(hex) as [string, string, string];
+  const parent = (dir === 'egress' ? rec.egressParent : rec.ingressParent) ?? (tree ? NODE_CLASS : undefined);
   return [
-    `class replace dev ${ifb} parent 1:${tree ? hex(NODE_CLASS) : ''} classid 1:${pod} ${htbArgs(l.pod)}`,
+    `class replace dev ${ifb} parent 1:${parent === undefined ? '' : hex(parent)} classid 1:${pod} ${htbArgs(l.pod)}`,
     `class replace dev ${ifb} parent 1:${pod} classid 1:${int} ${htbArgs(l.interactive)}`,
     `class replace dev ${ifb} parent 1:${pod} classid 1:${bulk} ${htbArgs(l.bulk)}`,
     `qdisc replace dev ${ifb} parent 1:${int} handle ${hex(INTERACTIVE_LEAF_MAJOR_BASE + classId)}: bfifo limit ${l.interactive.queue}`,

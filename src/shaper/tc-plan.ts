@@ -9,7 +9,9 @@ import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout } from './sizing.js';
 import type { TreeParams } from './sizing.js';
 import {
+  classDelLines,
   egressLayout,
+  isGroupClass,
   filterDelLine,
   idleLines,
   filtersFor,
@@ -26,7 +28,6 @@ import {
   vethLines,
   vethToIfbLines,
   type FilterRef,
-  type IfbListing,
   type ShapingState,
 } from './tc-layout.js';
 
@@ -35,6 +36,8 @@ export interface Trees {
   egress?: TreeParams;
   ingress?: { ifb: string; tree: TreeParams };
 }
+
+import type { IfbListing } from './tc-listing.js';
 
 const refOf = ({ prio, proto, handle }: FilterRef): FilterRef => ({ prio, proto, handle });
 
@@ -50,16 +53,20 @@ export class ClassIds {
 
   constructor(private readonly ifbName: string) {}
 
-  /** An id for a pod: a pooled one (`reused`, its classes exist) or the lowest unused. @throws KubenetError when all MAX_CLASS are in use. */
-  allocate(): { id: number; reused: boolean } {
-    if (this.idle.size > 0) {
+  /**
+   * An id for a pod: a pooled one (`reused`, its classes exist) or the lowest unused; `fresh`: never a
+   * pooled one (a pod under a namespace's class: pooled classes are the node class's children).
+   * @throws KubenetError when all MAX_CLASS are in use.
+   */
+  allocate(fresh = false): { id: number; reused: boolean } {
+    if (this.idle.size > 0 && !fresh) {
       const id = Math.min(...this.idle);
       this.idle.delete(id);
       this.used[id] = 1;
       return { id, reused: true };
     }
     for (let i = 1; i <= MAX_CLASS; i++) {
-      if (!this.used[i]) {
+      if (!this.used[i] && !this.idle.has(i)) {
         this.used[i] = 1;
         return { id: i, reused: false };
       }
@@ -218,19 +225,25 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   if (nextInTree) {
     next.ingressFilters = filtersFor(inTree.ifb, next.ips, next.ingressClassId ?? 0, 'ingress').map(refOf);
     const keep = new Set(next.ingressFilters.map((f) => `${f.prio}/${f.handle}`));
-    for (const f of prevInTree ? (prev.ingressFilters ?? []) : []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(inTree.ifb, f));
+    const reparent = prevInTree && prev.ingressClassId === next.ingressClassId && (prev.ingressParent ?? 0) !== (next.ingressParent ?? 0);
+    for (const f of prevInTree ? (prev.ingressFilters ?? []) : []) if (reparent || !keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(inTree.ifb, f));
+    if (reparent) pre.push(...classDelLines(inTree.ifb, next.ingressClassId ?? 0));
     lines.push(...ifbLines(inTree.ifb, next, inTree.tree, 'ingress'));
   } else if (prevInTree && inTree) {
     for (const f of prev.ingressFilters ?? []) pre.push(filterDelLine(inTree.ifb, f));
-    pre.push(...idleLines(inTree.ifb, prev.ingressClassId ?? 0));
+    pre.push(...(prev.ingressParent ? classDelLines(inTree.ifb, prev.ingressClassId ?? 0) : idleLines(inTree.ifb, prev.ingressClassId ?? 0)));
   }
   // FROM the pod: redirect to the shared ifb, class + filters there.
   if (next.egressInstalled) {
     next.filters = filtersFor(ifb, next.ips, next.classId).map(refOf);
     const keep = new Set(next.filters.map((f) => `${f.prio}/${f.handle}`));
-    for (const f of prev?.filters ?? []) if (!keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
+    // A new parent (its namespace's class came or went): htb cannot move a class, so it is made anew.
+    const reparent = prev?.egressInstalled === true && prev.classId === next.classId && (prev.egressParent ?? 0) !== (next.egressParent ?? 0);
+    for (const f of prev?.filters ?? []) if (reparent || !keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
+    if (reparent) pre.push(...classDelLines(ifb, next.classId));
     // The ifb side made moments ago for this very veth-less state (hostVeth ''): only the veth's part is left.
     const ifbReady =
+      !reparent &&
       prev?.hostVeth === '' &&
       prev.egressInstalled &&
       prev.classId === next.classId &&
@@ -241,7 +254,7 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   } else if (prev?.egressInstalled) {
     if (sameVeth) pre.push(`qdisc del dev ${veth} ingress`);
     for (const f of prev.filters) pre.push(filterDelLine(ifb, f));
-    pre.push(...idleLines(ifb, prev.classId));
+    pre.push(...(prev.egressParent ? classDelLines(ifb, prev.classId) : idleLines(ifb, prev.classId)));
   }
   return { pre, lines, optional };
 }
@@ -265,14 +278,15 @@ export function orphanLines(ifb: string, listing: IfbListing, owners: ShapingSta
   const ownedFilters = new Set<string>();
   for (const r of owners) {
     if (r.classId) for (const c of Object.values(ifbClassIds(r.classId))) ownedClasses.add(c);
+    if (r.egressParent) ownedClasses.add(r.egressParent);
     for (const f of r.filters) ownedFilters.add(`${f.prio}/${f.handle}`);
   }
   const lines: string[] = [];
   for (const f of listing.podFilters) {
     if (!ownedFilters.has(`${f.prio}/${f.handle}`)) lines.push(filterDelLine(ifb, f));
   }
-  // Leaves before their parents: htb refuses to delete a class that has children.
-  const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c) && !TREE_CLASSES.has(c)).sort((a, b) => b - a);
+  // Leaves before their parents, namespace classes last: htb refuses to delete a class that has children.
+  const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c) && !TREE_CLASSES.has(c)).sort((a, b) => Number(isGroupClass(a)) - Number(isGroupClass(b)) || b - a);
   for (const c of orphans) lines.push(`class del dev ${ifb} classid 1:${hex(c)}`);
   return lines;
 }

@@ -45,6 +45,7 @@ import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
 import {
   bulkLeafLines,
+  classDelLines,
   DEFAULT_IFB,
   filterDelLine,
   idleLines,
@@ -52,7 +53,6 @@ import {
   ifbLinkLines,
   ingressIfb,
   NODE_CLASS,
-  parseIfbListing,
   redirectLines,
   shardOf,
   STATE_VERSION,
@@ -62,11 +62,14 @@ import {
   vethToIfbLines,
   type Direction,
 } from './tc-layout.js';
-import type { IfbListing, ShapingState } from './tc-layout.js';
+import type { ShapingState } from './tc-layout.js';
+import { parseIfbListing, type IfbListing } from './tc-listing.js';
 import { ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
+import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
 
-export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, parseIfbListing, shardIfb, type ShapingState } from './tc-layout.js';
+export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, shardIfb, type ShapingState } from './tc-layout.js';
+export { parseIfbListing } from './tc-listing.js';
 
 export interface PodShaping {
   /** Stable pod key, e.g. the sandbox container id. */
@@ -76,6 +79,8 @@ export interface PodShaping {
   /** Pod IPs without prefix, IPv4 and/or IPv6. */
   ips: string[];
   limits: BandwidthLimits;
+  /** The pod's namespace: in a tree, a direction whose limits carry a total puts the pod under the namespace's class. */
+  group?: string;
 }
 
 export interface ShaperOptions {
@@ -126,6 +131,8 @@ export class Shaper {
   readonly ingressTree: { ifb: string; tree: TreeParams } | undefined;
   /** Class ids on the ingress tree's ifb. */
   private readonly inIds: ClassIds;
+  /** The namespaces' class ids in the trees. */
+  private readonly groupIds = new GroupIds();
 
   constructor(opts: ShaperOptions = {}) {
     this.unshaped = opts.unshaped;
@@ -218,7 +225,13 @@ export class Shaper {
     const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t)) && (listing.defaultClass !== 0) === (tree !== undefined);
     // This ifb's view of each pod: its class id and filters here.
     const mine = dir === 'egress' ? states.filter((r) => r.egressInstalled) : states.filter((r) => r.ingressInstalled && r.ingressClassId);
-    const here = (r: ShapingState): ShapingState => (dir === 'egress' ? r : { ...r, classId: r.ingressClassId ?? 0, filters: r.ingressFilters ?? [] });
+    const here = (r: ShapingState): ShapingState => {
+      if (dir === 'egress') return r;
+      const v: ShapingState = { ...r, classId: r.ingressClassId ?? 0, filters: r.ingressFilters ?? [] };
+      if (r.ingressParent) v.egressParent = r.ingressParent;
+      else delete v.egressParent;
+      return v;
+    };
     const podLines = (r: ShapingState) => ifbLines(ifb, r, tree, dir);
     if (!healthy) {
       const lines = [...(listing.htbRoot ? [`qdisc del dev ${ifb} root`] : []), ...structureLines(ifb, tree, dir)];
@@ -227,7 +240,7 @@ export class Shaper {
       // Every class went with the old root: put back the ifb side of the pods we know.
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
       const veth = (r: ShapingState) => (!linkExists(r.hostVeth) ? [] : dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1));
-      const restore = mine.flatMap((r) => [...podLines(r), ...veth(r)]);
+      const restore = [...(tree ? groupLines(ifb, dir, tree, mine) : []), ...mine.flatMap((r) => [...podLines(r), ...veth(r)])];
       const res = await this.tc(restore, { force: true });
       if (res.failed.length > 0) this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
       this.log.info({ ifb, rebuilt: true, restored: restore.length }, 'ifb structure created');
@@ -273,6 +286,7 @@ export class Shaper {
     this.records.clear();
     this.shards.clear();
     this.inIds.clear();
+    this.groupIds.clear();
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
       const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
@@ -289,6 +303,11 @@ export class Shaper {
         delete rec.ingressClassId;
         delete rec.ingressFilters;
         rec.ingressInstalled = false;
+      }
+      // Its namespace's class: a pod whose class cannot be claimed is re-made under it on its next ensure.
+      for (const p of ['egressParent', 'ingressParent'] as const) {
+        const gid = rec[p];
+        if (gid !== undefined && !(rec.group !== undefined && this.groupIds.claim(rec.group, gid))) delete rec[p];
       }
       this.records.set(rec.id, rec);
     }
@@ -317,7 +336,9 @@ export class Shaper {
       this.ready = undefined;
       await this.init();
     }
-    return this.mutex.run(pod.id, () => this.doEnsure(pod));
+    // Pods of namespaces with a total one at a time: each sizes its namespace's class from the others.
+    const grouped = pod.group !== undefined || this.records.get(pod.id)?.group !== undefined;
+    return this.mutex.run(pod.id, () => (grouped ? this.mutex.run(GROUPS_KEY, () => this.doEnsure(pod)) : this.doEnsure(pod)));
   }
 
   private async doEnsure(pod: PodShaping): Promise<ShapingState> {
@@ -341,6 +362,14 @@ export class Shaper {
       filters: [],
       ...(egress && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
     };
+    // Under its namespace's class the way the namespace has a total (in a tree).
+    const inGroup = { egress: !!this.tree && rec.egressInstalled && limits.egressTotal !== undefined, ingress: !!this.ingressTree && rec.ingressInstalled && limits.ingressTotal !== undefined };
+    if (pod.group !== undefined && (inGroup.egress || inGroup.ingress)) {
+      const gid = this.groupIds.idOf(pod.group);
+      rec.group = pod.group;
+      if (inGroup.egress) rec.egressParent = gid;
+      if (inGroup.ingress) rec.ingressParent = gid;
+    }
     let allocated = false;
     let allocatedIn = false;
     if (this.ingressTree && rec.ingressInstalled) {
@@ -348,7 +377,7 @@ export class Shaper {
         rec.ingressClassId = prev.ingressClassId;
         if (prev.ingressBase) rec.ingressBase = prev.ingressBase;
       } else {
-        const { id, reused } = this.inIds.allocate();
+        const { id, reused } = this.inIds.allocate(rec.ingressParent !== undefined);
         rec.ingressClassId = id;
         allocatedIn = true;
         const base = reused ? classBaseline(this.ingressTree.ifb, id) : undefined;
@@ -357,7 +386,7 @@ export class Shaper {
     }
     if (rec.egressInstalled && !rec.classId) {
       const shard = this.shards.emptiest(this.records.values());
-      const { id, reused } = this.shards.mustClassIds(shard).allocate();
+      const { id, reused } = this.shards.mustClassIds(shard).allocate(rec.egressParent !== undefined);
       rec.classId = id;
       rec.shard = shard;
       allocated = true;
@@ -366,7 +395,12 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const { pre, lines, optional } = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.trees);
+    const plan = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.trees);
+    const pre = plan.pre;
+    // Its namespace's classes first (a pod class needs its parent), sized with the pod as it is now.
+    const groups = groupLinesWith(rec, this.records.values(), this.sidesOf(rec));
+    const lines = [...groups, ...plan.lines];
+    const optional = new Set([...plan.optional].map((n) => n + groups.length));
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -379,17 +413,18 @@ export class Shaper {
         // Roll back a half-done new setup.
         await this.kernelRemove(rec, log).catch(() => undefined);
       }
-      if (allocated) this.shards.mustClassIds(rec.shard).release(rec.classId);
-      if (allocatedIn && rec.ingressClassId) this.inIds.release(rec.ingressClassId);
+      if (allocated) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
+      if (allocatedIn && rec.ingressClassId) giveBack(this.inIds, rec.ingressClassId, rec.ingressParent);
       throw err;
     }
-    if (!rec.ingressClassId && prev?.ingressClassId && this.ingressTree) this.inIds.release(prev.ingressClassId);
+    if (!rec.ingressClassId && prev?.ingressClassId && this.ingressTree) giveBack(this.inIds, prev.ingressClassId, prev.ingressParent);
     if (!rec.egressInstalled && prev?.classId) {
-      this.shards.mustClassIds(prev.shard).release(prev.classId);
+      giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
       rec.classId = 0;
       delete rec.shard;
     }
     this.records.set(pod.id, rec);
+    if (prev?.group !== undefined) await this.dropEmptyGroups(prev, log);
     log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId, ...(rec.classId ? { ifb } : {}) }, 'pod shaped');
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
@@ -405,17 +440,37 @@ export class Shaper {
    */
   async remove(podId: string, opts: { vethDeleted?: boolean } = {}): Promise<void> {
     await this.init();
-    return this.mutex.run(podId, async () => {
+    const grouped = this.records.get(podId)?.group !== undefined;
+    return this.mutex.run(podId, () => (grouped ? this.mutex.run(GROUPS_KEY, () => this.doRemove(podId, opts)) : this.doRemove(podId, opts)));
+  }
+
+  /** Where the namespace classes live, per direction with a tree. */
+  private sidesOf(rec: ShapingState): GroupSides {
+    return { ...(this.tree ? { egress: { ifb: this.ifbOf(rec), tree: this.tree } } : {}), ...(this.ingressTree ? { ingress: this.ingressTree } : {}) };
+  }
+
+  /** The namespace classes `was` hung under, after it changed or went: re-sized, or deleted with their last pod. */
+  private async dropEmptyGroups(was: ShapingState, log: Logger): Promise<void> {
+    const { lines, empty } = groupLinesAfter(was, this.records.values(), this.sidesOf(was));
+    if (empty && was.group !== undefined) this.groupIds.forget(was.group);
+    if (lines.length === 0) return;
+    const res = await this.tc(lines, { force: true });
+    if (res.failed.length > 0) log.warn({ failed: res.failed.map((n) => lines[n - 1]), stderr: res.stderr }, 'a namespace class could not be changed or deleted');
+  }
+
+  private async doRemove(podId: string, opts: { vethDeleted?: boolean }): Promise<void> {
+    {
       const rec = this.records.get(podId);
       if (!rec) return;
       const log = this.log.child({ pod: podId });
       const t0 = performance.now();
       await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
-      if (rec.classId) this.shards.mustClassIds(rec.shard).release(rec.classId);
-      if (rec.ingressClassId && this.ingressTree) this.inIds.release(rec.ingressClassId);
+      if (rec.classId) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
+      if (rec.ingressClassId && this.ingressTree) giveBack(this.inIds, rec.ingressClassId, rec.ingressParent);
+      if (rec.group !== undefined) await this.dropEmptyGroups(rec, log);
       log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.idleClasses() }, 'pod shaping removed');
-    });
+    }
   }
 
   /**
@@ -432,12 +487,12 @@ export class Shaper {
     if (rec.egressInstalled || rec.classId) {
       const ifb = this.ifbOf(rec);
       for (const f of rec.filters) lines.push(filterDelLine(ifb, f));
-      // The classes stay for the next pod (ClassIds' pool); their leaves go.
-      if (rec.classId) lines.push(...idleLines(ifb, rec.classId));
+      // The classes stay for the next pod (ClassIds' pool); their leaves go. Under a namespace's class they go.
+      if (rec.classId) lines.push(...(rec.egressParent ? classDelLines(ifb, rec.classId) : idleLines(ifb, rec.classId)));
     }
     if (rec.ingressClassId && this.ingressTree) {
       for (const f of rec.ingressFilters ?? []) lines.push(filterDelLine(this.ingressTree.ifb, f));
-      lines.push(...idleLines(this.ingressTree.ifb, rec.ingressClassId));
+      lines.push(...(rec.ingressParent ? classDelLines(this.ingressTree.ifb, rec.ingressClassId) : idleLines(this.ingressTree.ifb, rec.ingressClassId)));
     }
     const r = await this.tc(lines, { force: true });
     if (r.failed.length > 0) log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
@@ -514,4 +569,13 @@ export class Shaper {
 /** An htb rate read back (bytes/s × 8) is the one asked for, within a byte. */
 function sameRate(got: number | undefined, want: number): boolean {
   return got !== undefined && Math.abs(got - want) < 8;
+}
+
+/** The mutex key the pods of namespaces with a total share (KeyedMutex keys are pod ids otherwise). */
+const GROUPS_KEY = '\0groups';
+
+/** A pod's class id back: to the pool of idle classes, or, under a namespace's class (deleted), freed. */
+function giveBack(ids: ClassIds, id: number, parent: number | undefined): void {
+  if (parent) ids.free(id);
+  else ids.release(id);
 }

@@ -132,3 +132,47 @@ kTest('with an ingress capacity: traffic to every pod goes from its veth root to
   t.regex((await execa('tc', ['class', 'show', 'dev', b.hostVeth])).stdout, /class htb 2:1 root rate 20Mbit/);
   t.regex((await execa('tc', ['qdisc', 'show', 'dev', b.hostVeth])).stdout, /qdisc htb 2: root .*default 0x3/);
 });
+
+kTest("a namespace's total: its pods' classes under one class at that ceil, guaranteed their sum; moved out and in live; gone with its last pod", async (t) => {
+  const env = await shaperEnv(t, 3, 1, { egress: 100e6, ingress: 100e6 });
+  const [a, b, c] = env.topo.pods as [(typeof env.topo.pods)[0], (typeof env.topo.pods)[0], (typeof env.topo.pods)[0]];
+  const inIfb = `${env.ifb}.in`;
+  await env.shaper.ensure({ ...podOf(a, { egressTotal: 50e6, ingressTotal: 30e6, egressGuarantee: 10e6 }), group: 'ns1' });
+  await env.shaper.ensure({ ...podOf(b, { egressTotal: 50e6, ingressTotal: 30e6, egressGuarantee: 5e6, egress: 40e6 }), group: 'ns1' });
+  await env.shaper.ensure({ ...podOf(c, {}), group: 'ns2' });
+  const st = (id: string) => env.shaper.states().find((s) => s.id === id);
+  const gid = st(a.id)?.egressParent ?? 0;
+  t.true(gid > 0x2000, 'a namespace class id');
+  t.is(st(b.id)?.egressParent, gid);
+  t.is(st(c.id)?.egressParent, undefined, 'a namespace without a total: under the node class');
+  let cls = await classes(env.ifb);
+  t.like(cls.get(gid.toString(16)), { parent: 'fffe', rate: 15e6, ceil: 50e6 });
+  t.like(cls.get((st(a.id)?.classId ?? 0).toString(16)), { parent: gid.toString(16), rate: 10e6, ceil: 100e6 });
+  t.like(cls.get((st(b.id)?.classId ?? 0).toString(16)), { parent: gid.toString(16), ceil: 40e6 });
+  t.like(cls.get((st(c.id)?.classId ?? 0).toString(16)), { parent: 'fffe' });
+  t.like((await classes(inIfb)).get(gid.toString(16)), { parent: 'fffe', ceil: 30e6 });
+
+  // The namespace drops its egress total: a's class is made anew under the node class (same id).
+  const aId = st(a.id)?.classId ?? 0;
+  await env.shaper.ensure({ ...podOf(a, { ingressTotal: 30e6, egressGuarantee: 10e6 }), group: 'ns1' });
+  cls = await classes(env.ifb);
+  t.is(st(a.id)?.classId, aId);
+  t.like(cls.get(aId.toString(16)), { parent: 'fffe', rate: 10e6 });
+  t.regex((await execa('tc', ['filter', 'show', 'dev', env.ifb, 'parent', '1:'])).stdout, new RegExp(`flowid 1:${(aId + 0x1000).toString(16)} `), 'its filters are back');
+  t.like(cls.get(gid.toString(16)), { rate: 5e6, ceil: 50e6 }, 'the namespace class now guarantees b alone');
+
+  // Its last pods go: the namespace's classes go (egress with b, ingress with a).
+  await env.shaper.remove(b.id);
+  t.false((await classes(env.ifb)).has(gid.toString(16)));
+  t.true((await classes(inIfb)).has(gid.toString(16)), 'a still hangs under it ingress');
+  // A restart keeps it.
+  const states = env.shaper.states();
+  env.shaper.close();
+  const again = new Shaper({ ifbName: env.ifb, capacity: { egress: 100e6, ingress: 100e6 } });
+  t.teardown(() => again.close());
+  await again.init(states);
+  t.true((await classes(inIfb)).has(gid.toString(16)), 'kept across a restart');
+  await again.remove(a.id);
+  t.false((await classes(inIfb)).has(gid.toString(16)));
+  t.deepEqual((await classes(env.ifb)).get('fffd')?.parent, 'fffe');
+});
