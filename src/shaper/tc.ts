@@ -74,7 +74,7 @@ export interface ShaperOptions {
    * and fallback. Measured: docs/shaping.md, "Spawns and the tc session".
    */
   tcMode?: 'session' | 'exec';
-  /** Destinations not shaped (unshaped.ts), made at init; unset: untouched, empty: removed. */
+  /** Destinations not shaped (unshaped.ts), made at init and changed by setUnshaped; unset: untouched, empty: removed. */
   unshaped?: Unshaped;
 }
 
@@ -92,7 +92,7 @@ export class Shaper {
   private readonly counterReader = new CounterReader();
   private ready: Promise<void> | undefined;
   private readonly session: TcSession | undefined;
-  private readonly unshaped: Unshaped | undefined;
+  private unshaped: Unshaped | undefined;
 
   constructor(opts: ShaperOptions = {}) {
     this.unshaped = opts.unshaped;
@@ -108,9 +108,7 @@ export class Shaper {
     return this.shards.ifbs;
   }
 
-  private ifbOf(rec: ShapingState): string {
-    return this.shards.ifbOf(rec);
-  }
+  private ifbOf = (rec: ShapingState): string => this.shards.ifbOf(rec);
 
   /**
    * Ensures the shared ifb and its htb/u32 structure, adopts `known` (the states an earlier process
@@ -175,9 +173,7 @@ export class Shaper {
   }
 
   /** Per-operation tc lines: through the session, or one exec. */
-  private tc(lines: string[], opts: BatchOptions = {}): Promise<BatchResult> {
-    return this.session ? this.session.run(lines, opts) : batch('tc', lines, opts);
-  }
+  private tc = (lines: string[], opts: BatchOptions = {}): Promise<BatchResult> => (this.session ? this.session.run(lines, opts) : batch('tc', lines, opts));
 
   private async removeOrphans(ifb: string, listing: IfbListing, owners: ShapingState[]): Promise<void> {
     const lines = orphanLines(ifb, listing, owners);
@@ -357,9 +353,7 @@ export class Shaper {
   }
 
   /** The htb class id of a pod's egress (for diagnostics and tests); undefined when unshaped. */
-  classIdOf(podId: string): number | undefined {
-    return this.records.get(podId)?.classId || undefined;
-  }
+  classIdOf = (podId: string): number | undefined => this.records.get(podId)?.classId || undefined;
 
   /** The ifb carrying a pod's egress (its shard's); undefined when its egress is not shaped. */
   ifbOfPod(podId: string): string | undefined {
@@ -396,5 +390,11 @@ export class Shaper {
   close(): void {
     this.session?.close();
     this.counterReader.close();
+  }
+
+  /** Replaces the unshaped destinations live (unshaped.ts: every shard's ifb, the bridge's chain): after init, one change at a time. */
+  setUnshaped(u: Unshaped): Promise<void> {
+    this.unshaped = u;
+    return this.mutex.run('', () => this.init().then(() => ensureUnshaped(this.tc, this.ifbs, u, this.log)));
   }
 }
