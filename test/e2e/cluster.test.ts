@@ -116,7 +116,7 @@ serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.po
   t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
 }));
 
-serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced with a host outside the cluster (the LAN\'s): iperf3 within ±10 %, no full second above 1.25×; between two pods of the cluster the same pod runs at line rate (unshapedCIDRs unset: nonMasqueradeCIDR with routes direct)', (t) => withTrafficLock(async () => {
+serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced with a host outside the cluster (the LAN\'s): iperf3 within ±10 %, no full second above 1.25×; between two pods of the cluster the same pod runs at line rate (unshapedCIDRs unset: the cluster\'s pod CIDRs and Service ranges with routes direct)', (t) => withTrafficLock(async () => {
   const pod = (name: string, annotations: Record<string, string>) => ({
     apiVersion: 'v1',
     kind: 'Pod',
