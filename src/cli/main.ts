@@ -174,6 +174,7 @@ async function shape(socket: string, target: string | undefined, values: Record<
   for (const p of answer.pods ?? []) {
     const what = p.changed ? `${describeLimits(p.limits)} (was ${describeLimits(p.previous)})` : `unchanged: ${describeLimits(p.limits)}`;
     console.log(`${p.namespace}/${p.name} ${p.id.slice(0, 12)}: ${what}`);
+    for (const c of p.capped ?? []) console.log(`  capped: ${c}`);
   }
   return 0;
 }
