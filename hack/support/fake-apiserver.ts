@@ -1,6 +1,7 @@
 /**
  * A fake Kubernetes API server (node:http on 127.0.0.1) speaking enough of the real protocol for
- * the node agent: lists and watches of nodes, pods and namespaces with field selectors and
+ * the node agent: lists and watches of nodes, pods, namespaces and ServiceCIDRs (networking.k8s.io/v1,
+ * or 404 as an API server before 1.33 answers: `serveServiceCidrs`) with field selectors and
  * resourceVersions, 410 for compacted resourceVersions, GET of one pod or namespace, creation (POST)
  * of core/v1 Events, which it records. Tests drive it: change objects (open watches get the events: a pod's new annotations
  * reach the agent as MODIFIED), close watches, expire resourceVersions, stall, fail, stop and
@@ -12,7 +13,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import { KubeConfig } from '@kubernetes/client-node';
 
-type Kind = 'nodes' | 'pods' | 'namespaces';
+type Kind = 'nodes' | 'pods' | 'namespaces' | 'servicecidrs';
 type EventType = 'ADDED' | 'MODIFIED' | 'DELETED';
 
 export interface FakeObject {
@@ -80,11 +81,13 @@ export class FakeApiServer {
   stall = false;
   /** Return an HTTP status to fail a request with it (a Status body is sent). */
   failWith: ((req: RecordedRequest) => number | undefined) | undefined;
+  /** False: /apis/networking.k8s.io/v1/servicecidrs is 404, as on an API server that does not serve it (Kubernetes < 1.33). */
+  serveServiceCidrs = true;
   port = 0;
   private rv = 1;
   /** Watches from a resourceVersion below this get 410 Gone. */
   private compactedRv = 0;
-  private readonly objects: Record<Kind, Map<string, FakeObject>> = { nodes: new Map(), pods: new Map(), namespaces: new Map() };
+  private readonly objects: Record<Kind, Map<string, FakeObject>> = { nodes: new Map(), pods: new Map(), namespaces: new Map(), servicecidrs: new Map() };
   private readonly history: Change[] = [];
   private readonly watches = new Set<WatchStream>();
   private readonly sockets = new Set<Socket>();
@@ -224,6 +227,14 @@ export class FakeApiServer {
     this.setNamespace({ ...ns, metadata: { ...ns.metadata, annotations } });
   }
 
+  setServiceCidr(obj: FakeObject): void {
+    this.put('servicecidrs', obj.metadata.name, obj);
+  }
+
+  deleteServiceCidr(name: string): void {
+    this.remove('servicecidrs', name);
+  }
+
   /** Events about one pod, optionally of one reason. */
   eventsFor(namespace: string, name: string, reason?: string): RecordedEvent[] {
     return this.events.filter((e) => e.involvedObject.namespace === namespace && e.involvedObject.name === name && (reason === undefined || e.reason === reason));
@@ -307,6 +318,7 @@ export class FakeApiServer {
     if (url.pathname === '/api/v1/nodes') return this.collection('nodes', url, watch, res);
     if (url.pathname === '/api/v1/pods') return this.collection('pods', url, watch, res);
     if (url.pathname === '/api/v1/namespaces') return this.collection('namespaces', url, watch, res);
+    if (url.pathname === '/apis/networking.k8s.io/v1/servicecidrs' && this.serveServiceCidrs) return this.collection('servicecidrs', url, watch, res);
     const n = /^\/api\/v1\/namespaces\/([^/]+)$/.exec(url.pathname);
     if (n) {
       const name = decodeURIComponent(n[1] ?? '');
@@ -359,8 +371,8 @@ export class FakeApiServer {
     if (!selector) return sendStatus(res, 400, 'BadRequest', `unsupported fieldSelector ${url.searchParams.get('fieldSelector')}`);
     const current = [...this.objects[kind].values()].filter((o) => matches(selector, o));
     if (!watch) {
-      const listKind = kind === 'nodes' ? 'NodeList' : kind === 'pods' ? 'PodList' : 'NamespaceList';
-      return sendJson(res, 200, { apiVersion: 'v1', kind: listKind, metadata: { resourceVersion: String(this.rv) }, items: current });
+      const listKind = kind === 'nodes' ? 'NodeList' : kind === 'pods' ? 'PodList' : kind === 'namespaces' ? 'NamespaceList' : 'ServiceCIDRList';
+      return sendJson(res, 200, { apiVersion: kind === 'servicecidrs' ? 'networking.k8s.io/v1' : 'v1', kind: listKind, metadata: { resourceVersion: String(this.rv) }, items: current });
     }
     const from = url.searchParams.get('resourceVersion') ?? '';
     const fromRv = from === '' || from === '0' ? undefined : Number(from);
@@ -437,6 +449,11 @@ export function fakeKubeConfig(server: string | FakeApiServer, token = 'fake-tok
 /** Test object builders. */
 export function node(name: string, spec: { podCIDR?: string; podCIDRs?: string[] } = {}, labels: Record<string, string> = {}): FakeObject {
   return { apiVersion: 'v1', kind: 'Node', metadata: { name, labels }, spec: { ...spec } };
+}
+
+/** A ServiceCIDR (networking.k8s.io/v1) holding `cidrs` (at most one per family). */
+export function serviceCidr(name: string, cidrs: string[]): FakeObject {
+  return { apiVersion: 'networking.k8s.io/v1', kind: 'ServiceCIDR', metadata: { name }, spec: { cidrs } };
 }
 
 export function namespace(name: string, annotations: Record<string, string> = {}): FakeObject {

@@ -176,3 +176,35 @@ export function cappedMessage(c: Capped, namespace: string): string {
   const podKey = c.direction === 'ingress' ? INGRESS_ANNOTATION : EGRESS_ANNOTATION;
   return `${podKey} ${formatBandwidth(c.asked)} is above the ceiling ${NAMESPACE_ANNOTATIONS.max[c.direction]} ${formatBandwidth(c.ceiling)} of namespace ${namespace}: ${c.direction} limited to ${formatBandwidth(c.ceiling)}`;
 }
+
+/** A direction `kubenet shape` asked above its namespace's ceiling (`asked` undefined: no limit at all). */
+export interface CappedAsk {
+  direction: Direction;
+  asked: number | undefined;
+  ceiling: number;
+}
+
+/**
+ * Rates an operator asks for (`kubenet shape`) held to the namespace's ceilings: a direction asked
+ * above its ceiling, or left without a limit where there is one, gets the ceiling. Defaults do not
+ * apply: the operator said what they want, the ceiling is the namespace's bound on it.
+ */
+export function capToCeilings(asked: { ingress?: number | undefined; egress?: number | undefined }, namespaceAnnotations: Record<string, string> | undefined, namespace = ''): { rates: { ingress?: number; egress?: number }; capped: CappedAsk[] } {
+  const max = parseNamespacePolicy(namespaceAnnotations, namespace).max;
+  const rates: { ingress?: number; egress?: number } = {};
+  const capped: CappedAsk[] = [];
+  for (const d of DIRECTIONS) {
+    const a = asked[d];
+    const ceiling = max[d];
+    if (ceiling !== undefined && (a === undefined || a > ceiling)) capped.push({ direction: d, asked: a, ceiling });
+    const rate = ceiling !== undefined && (a === undefined || a > ceiling) ? ceiling : a;
+    if (rate !== undefined) rates[d] = rate;
+  }
+  return { rates, capped };
+}
+
+/** What `kubenet shape` answers for a capped direction, naming the ceiling's annotation. */
+export function cappedAskMessage(c: CappedAsk, namespace: string): string {
+  const what = c.asked === undefined ? `no ${c.direction} limit` : `${c.direction} ${formatBandwidth(c.asked)}`;
+  return `${what} is above the ceiling ${NAMESPACE_ANNOTATIONS.max[c.direction]} ${formatBandwidth(c.ceiling)} of namespace ${namespace}: ${c.direction} limited to ${formatBandwidth(c.ceiling)}`;
+}

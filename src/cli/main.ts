@@ -18,6 +18,7 @@ import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
 import { KubeEventRecorder } from '../daemon/events.js';
 import type { NamespaceLookup } from '../daemon/namespace-lookup.js';
 import type { NodeRoutes } from '../daemon/routes.js';
+import type { ClusterRanges } from '../daemon/cluster-ranges.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
 import { describeLimits } from '../pod/index.js';
@@ -110,6 +111,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   let events: KubeEventRecorder | undefined;
   let routes: NodeRoutes | undefined;
   let namespaces: NamespaceLookup | undefined;
+  let ranges: ClusterRanges | undefined;
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig.
     source = new StaticCidr(config.podCIDR);
@@ -123,14 +125,17 @@ async function daemon(config: AgentConfig): Promise<number> {
     events = new KubeEventRecorder(kube);
     if (config.routes === 'direct') {
       const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/routes.js');
-      routes = new NodeRoutes({ ...kube, events, kernel: netlinkRouteKernel(config.bridgeName) });
+      // unshapedCIDRs unset: the cluster's pod CIDRs (from the routes' Node watch) and Service ranges, live.
+      const r = config.unshapedCIDRs === undefined ? new (await import('../daemon/cluster-ranges.js')).ClusterRanges(kube) : undefined;
+      ranges = r;
+      routes = new NodeRoutes({ ...kube, events, kernel: netlinkRouteKernel(config.bridgeName), ...(r ? { onPodCidrs: (c: string[]) => r.setPodCidrs(c) } : {}) });
     }
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
   // In the image: write through the iptables backend the node uses (src/daemon/xtables.ts).
   const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
   if (xtablesLinks) await (await import('../daemon/xtables.js')).selectXtablesBackend(xtablesLinks, log);
-  const agent = new Agent(config, source, log, pods, { ...(events ? { events } : {}), ...(routes ? { routes } : {}), ...(namespaces ? { namespaces } : {}) });
+  const agent = new Agent(config, source, log, pods, { ...(events ? { events } : {}), ...(routes ? { routes } : {}), ...(namespaces ? { namespaces } : {}), ...(ranges ? { ranges } : {}) });
   await agent.start();
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
@@ -169,6 +174,7 @@ async function shape(socket: string, target: string | undefined, values: Record<
   for (const p of answer.pods ?? []) {
     const what = p.changed ? `${describeLimits(p.limits)} (was ${describeLimits(p.previous)})` : `unchanged: ${describeLimits(p.limits)}`;
     console.log(`${p.namespace}/${p.name} ${p.id.slice(0, 12)}: ${what}`);
+    for (const c of p.capped ?? []) console.log(`  capped: ${c}`);
   }
   return 0;
 }

@@ -32,13 +32,14 @@ import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
 import type { NodeRoutes, RouteStatus } from './routes.js';
+import type { ClusterRanges } from './cluster-ranges.js';
 import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER, ipamSocketPath, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export interface StatusReport {
   podCIDR: string | undefined;
   bridge: string;
   ready: boolean;
-  /** Destinations whose traffic with shaped pods is not shaped (config unshapedCIDRs, resolved). */
+  /** Destinations whose traffic with shaped pods is not shaped (config unshapedCIDRs, or the cluster's ranges as applied; absent while those are not known yet). */
   unshapedCIDRs?: string[];
   /** With `routes: direct`: the routes to other Nodes' pod CIDRs, and the Nodes that have none. */
   routes?: RouteStatus;
@@ -72,6 +73,8 @@ export interface AgentOptions {
   routes?: NodeRoutes;
   /** The namespaces' bandwidth policy (cluster mode: namespace-lookup.ts). */
   namespaces?: NamespaceLookup;
+  /** The cluster's pod and Service ranges, the unshaped destinations (`routes: direct`, unshapedCIDRs unset). */
+  ranges?: ClusterRanges;
 }
 
 export class Agent {
@@ -86,6 +89,7 @@ export class Agent {
   private readonly events: EventRecorder;
   private readonly routes: NodeRoutes | undefined;
   private readonly namespaces: NamespaceLookup | undefined;
+  private readonly ranges: ClusterRanges | undefined;
   private confWritten = false;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
@@ -101,6 +105,8 @@ export class Agent {
     opts: AgentOptions = {},
   ) {
     const ipam = ipamShimOf(config, log);
+    // Fixed by the config, or (undefined) the cluster's ranges once known: the node keeps what it has until then.
+    const unshaped = unshapedCidrsOf(config);
     this.scraped = new Coalesced(() => this.network.traffic(), config.metricsMaxAge * 1000);
     this.network = new PodNetwork({
       ...(ipam.prefetchSocket !== undefined ? { ipamPrefetchSocket: ipam.prefetchSocket } : {}),
@@ -110,7 +116,7 @@ export class Agent {
       stateDir: config.stateDir,
       ifbName: config.ifbName,
       ifbShards: shardsFor(config.ifbShards, availableParallelism()),
-      unshapedCIDRs: unshapedCidrsOf(config),
+      ...(unshaped ? { unshapedCIDRs: unshaped } : {}),
       // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
       legacyShaperStateDir: join(config.stateDir, 'shaper'),
       // The runtime calling us runs loopback for lo itself.
@@ -135,6 +141,7 @@ export class Agent {
     this.events = opts.events ?? noEvents;
     this.routes = opts.routes;
     this.namespaces = opts.namespaces;
+    this.ranges = opts.ranges;
     this.live = new LiveShaping(this.network, this.events, pods, log, this.namespaces);
     this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
     this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live, this.namespaces);
@@ -184,6 +191,7 @@ export class Agent {
     }
     this.live.start();
     this.routes?.start();
+    this.ranges?.start((cidrs) => this.network.setUnshaped(cidrs));
     await this.namespaces?.start();
     await this.pods?.start?.();
     await this.api.listen();
@@ -253,10 +261,11 @@ export class Agent {
   async statusReport(windowS = DEFAULT_RATE_WINDOW_S): Promise<StatusReport> {
     const pods = this.network.list();
     const rates = pods.some((p) => p.phase === 'ready') ? await this.rates.rates(windowS) : new Map<string, PodRate>();
+    const unshaped = this.ranges ? this.ranges.state().applied : unshapedCidrsOf(this.config);
     return {
       podCIDR: this.network.podCidr(),
       bridge: this.config.bridgeName,
-      unshapedCIDRs: unshapedCidrsOf(this.config),
+      ...(unshaped ? { unshapedCIDRs: unshaped } : {}),
       ready: this.ready().ok,
       ...(this.routes ? { routes: this.routes.status() } : {}),
       pods: this.network.list().map((p) => {
@@ -297,6 +306,7 @@ export class Agent {
     clearTimeout(this.readoptTimer);
     await this.source.stop();
     await this.routes?.stop();
+    await this.ranges?.stop();
     await this.api.close();
     await this.pods?.stop?.();
     await this.namespaces?.stop();

@@ -98,13 +98,13 @@ function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): v
 }
 
 /**
- * The destinations not shaped (config `unshapedCIDRs`): as set, else the cluster's own range when
- * routes between nodes are on (nonMasqueradeCIDR, which holds the pod and service CIDRs there),
- * except 0.0.0.0/0 (that would shape nothing); else none.
+ * The destinations not shaped (config `unshapedCIDRs`) when the config fixes them: as set, else
+ * none without `routes: direct`. Undefined with `routes: direct` and nothing set: the cluster's own
+ * pod CIDRs and Service ranges, followed live (cluster-ranges.ts).
  */
-export function unshapedCidrsOf(c: AgentConfig): string[] {
+export function unshapedCidrsOf(c: AgentConfig): string[] | undefined {
   if (c.unshapedCIDRs !== undefined) return [...c.unshapedCIDRs];
-  return c.routes === 'direct' && c.nonMasqueradeCIDR !== '0.0.0.0/0' ? [c.nonMasqueradeCIDR] : [];
+  return c.routes === 'direct' ? undefined : [];
 }
 
 /** `routes: direct` routes the Nodes' pod CIDRs: it needs the Nodes (cluster mode) and pods in those CIDRs (host-local). */

@@ -162,13 +162,16 @@ export interface ListWatchOptions<T extends KubernetesObject> {
   onList(items: T[]): void | Promise<void>;
   /** One watch event. Handlers run one at a time, in order. */
   onEvent(type: WatchEventType, obj: T): void | Promise<void>;
+  /** A failure for which this returns true ends the loop instead of a retry (e.g. 404: the API is not served); the caller tells why. */
+  stopOn?(err: unknown): boolean;
 }
 
 /**
  * Lists the collection, then watches it from the list's resourceVersion, forever: when the watch
  * ends, breaks or cannot be opened it reconnects after a backoff (retryMinMs doubling up to
  * retryMaxMs; reset once a watch made progress), re-watching from the last resourceVersion seen,
- * or re-listing after 410 Gone. Every failure is logged once, with its reason.
+ * or re-listing after 410 Gone. Every failure is logged once, with its reason. A failure the
+ * caller's `stopOn` accepts ends the loop.
  */
 export class ListWatchLoop<T extends KubernetesObject> {
   private readonly min: number;
@@ -231,6 +234,7 @@ export class ListWatchLoop<T extends KubernetesObject> {
         failure = err;
       }
       if (signal.aborted) break;
+      if (failure !== undefined && this.o.stopOn?.(failure) === true) break;
       // Progress (a watch that delivered events or stayed open a while) resets the backoff.
       if (progress.events > 0 || (progress.openedAt > 0 && Date.now() - progress.openedAt >= this.max)) {
         delay = this.min;

@@ -15,7 +15,9 @@
  *   resolved again from its own annotations and the new policy, and re-shaped where that differs.
  *   Pods in namespaces without a policy are resolved exactly as before (their own annotations).
  * - `kubenet shape NAMESPACE/NAME` through the agent socket (http-api.ts), in any mode. In cluster
- *   mode the annotations stay the source of truth: such a change lasts until they change.
+ *   mode the annotations stay the source of truth: such a change lasts until they change. It never
+ *   sets a limit above the namespace's ceiling (nor none where there is one): such a direction gets
+ *   the ceiling, and the answer says so (`capped`), as a pod's own annotation above it would.
  *
  * In cluster mode every change is an Event on the pod (events.ts): Normal `BandwidthApplied` with
  * the limits (also when an ADD applies limits; a limit from the namespace says so), Warning
@@ -46,6 +48,7 @@ import {
   type PodRecord,
   type ResolvedLimits,
 } from '../pod/index.js';
+import { capToCeilings, cappedAskMessage } from '../bandwidth/namespace-policy.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import type { PodLookup, PodUpdate } from './cni-handler.js';
 import { REASON_APPLIED, REASON_CAPPED, REASON_REJECTED, type EventRecorder } from './events.js';
@@ -65,6 +68,8 @@ export interface ShapedPod {
   limits: BandwidthLimits;
   previous: BandwidthLimits;
   changed: boolean;
+  /** Directions asked above the namespace's ceiling, which got the ceiling: one message each. */
+  capped?: string[];
 }
 
 /** Parses a POST /v1/pods/NS/NAME/limits body. @throws ConfigError */
@@ -264,12 +269,18 @@ export class LiveShaping {
     return this.mutex.run(`${namespace}/${name}`, async () => {
       const out: ShapedPod[] = [];
       const pod = { namespace, name, uid: this.uid(namespace, name) };
+      const policy = await this.policyOf(namespace);
       for (const r of this.ready(namespace, name)) {
         const base = req.clear ? {} : r.limits;
-        const limits = withRates(r.limits, { ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress });
-        const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, undefined, pod, 'kubenet shape'));
-        out.push({ namespace, name, id: r.containerId, limits: changed ? limits : r.limits, previous: r.limits, changed });
+        // Held to the namespace's ceilings (the operator is told, as a pod's own annotation above one would be).
+        const { rates, capped } = capToCeilings({ ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress }, policy, namespace);
+        const limits = withRates(r.limits, rates);
+        const sources: LimitSources | undefined = capped.length === 0 ? undefined : Object.fromEntries(capped.map((c) => [c.direction, 'namespace-ceiling']));
+        const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, sources, pod, 'kubenet shape'));
+        const notes = capped.map((c) => cappedAskMessage(c, namespace));
+        out.push({ namespace, name, id: r.containerId, limits: changed ? limits : r.limits, previous: r.limits, changed, ...(notes.length > 0 ? { capped: notes } : {}) });
       }
+      if (out.some((p) => p.capped)) this.log.info({ pod: `${namespace}/${name}`, capped: out[0]?.capped }, 'kubenet shape asked above the namespace ceiling; capped');
       if (out.length === 0) throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);
       return out;
     });

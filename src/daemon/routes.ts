@@ -17,6 +17,8 @@
  *   reconcile left (no dump of every route per change); failed changes are retried after
  *   {@link RETRY_MS}, with the kernel read again.
  * A Node that gets no route has a Warning Event `NodeRouteUnavailable` saying why, once per reason.
+ * The same watch tells `onPodCidrs` every Node's pod CIDRs (this node's too) after the list and
+ * each change of them: the cluster's pod ranges, which traffic to is unshaped (cluster-ranges.ts).
  */
 import type { V1Node } from '@kubernetes/client-node';
 import type { Logger } from '../log.js';
@@ -57,6 +59,8 @@ export interface NodeRoutesOptions extends Pick<KubeClientOptions, 'nodeName' | 
   events: EventRecorder;
   kernel: RouteKernel;
   resyncMs?: number;
+  /** Every Node's pod CIDRs (canonical, each once), after the first list and each change of a Node's. */
+  onPodCidrs?: (cidrs: string[]) => void;
 }
 
 export interface RouteStatus {
@@ -108,18 +112,22 @@ export class NodeRoutes {
         }
         this.listed = true;
         this.schedule();
+        this.podCidrsChanged();
       },
       onEvent: (type, n) => {
         const s = nodeRouteSource(n);
         if (!s) return;
+        const before = this.nodes.get(s.name);
         if (type === 'DELETED') {
-          if (this.nodes.delete(s.name)) this.schedule();
           this.reported.delete(s.name);
-          return;
+          if (!this.nodes.delete(s.name)) return;
+          this.schedule();
+        } else {
+          if (sameRouteSource(before, s)) return; // a heartbeat
+          this.nodes.set(s.name, s);
+          this.schedule();
         }
-        if (sameRouteSource(this.nodes.get(s.name), s)) return; // a heartbeat
-        this.nodes.set(s.name, s);
-        this.schedule();
+        if (before?.podCIDRs.join() !== (type === 'DELETED' ? undefined : s.podCIDRs.join())) this.podCidrsChanged();
       },
     });
   }
@@ -140,6 +148,11 @@ export class NodeRoutes {
 
   status(): RouteStatus {
     return this.held;
+  }
+
+  private podCidrsChanged(): void {
+    if (!this.o.onPodCidrs || !this.listed) return;
+    this.o.onPodCidrs([...new Set([...this.nodes.values()].flatMap((n) => n.podCIDRs))]);
   }
 
   private schedule(delayMs = 0): void {

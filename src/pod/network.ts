@@ -48,17 +48,7 @@ import { releaseUnknown, teardown } from './del.js';
 import { ensureBridgeNetfilter } from './host-setup.js';
 import { podNetnsId } from './netns.js';
 import { PodStore, recordKey, type PodRecord } from './record.js';
-import {
-  DEDUP_RESYNC_MS,
-  PLUGIN_TYPES,
-  type AttachRequest,
-  type Attachment,
-  type CheckRequest,
-  type DetachRequest,
-  type IpamSettings,
-  type PodNetworkOptions,
-  type PodTraffic,
-} from './requests.js';
+import { DEDUP_RESYNC_MS, PLUGIN_TYPES, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions, type PodTraffic } from './requests.js';
 import { checkAttached, podTraffic } from './inspect.js';
 import { reconcile, sweep } from './sweep.js';
 import { releaseOldUplink } from './uplink.js';
@@ -375,6 +365,11 @@ export class PodNetwork {
   /** Every ready pod with the kernel's counters of its traffic (inspect.ts). */
   traffic(opts: { links?: boolean } = {}): Promise<PodTraffic[]> {
     return podTraffic(this.core, opts);
+  }
+
+  /** Replaces the destinations whose traffic with shaped pods is not shaped, live (src/shaper/unshaped.ts). @throws ConfigError for a bad CIDR */
+  setUnshaped(cidrs: string[]): Promise<void> {
+    return this.shaper.setUnshaped({ subnets: parseUnshaped(cidrs), bridge: this.bridgeName });
   }
 
   /** Resolves once the kernel has finished every pod veth deletion this process started. */

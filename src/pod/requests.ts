@@ -62,7 +62,8 @@ export interface PodNetworkOptions {
   dedupResyncMs?: number;
   /**
    * Destinations whose traffic with shaped pods is not shaped (src/shaper/unshaped.ts), made at
-   * init; unset: the node's rules for it are not touched, empty: removed.
+   * init (later changes: PodNetwork.setUnshaped); unset: the node's rules for it are not touched
+   * until then, empty: removed.
    */
   unshapedCIDRs?: string[];
   logger: Logger;

@@ -98,7 +98,7 @@ export interface ShaperOptions {
    * and fallback. Measured: docs/shaping.md, "Spawns and the tc session".
    */
   tcMode?: 'session' | 'exec';
-  /** Destinations not shaped (unshaped.ts), made at init; unset: untouched, empty: removed. */
+  /** Destinations not shaped (unshaped.ts), made at init and changed by setUnshaped; unset: untouched, empty: removed. */
   unshaped?: Unshaped;
   /**
    * The node's capacity per direction, bits/s (src/bandwidth/capacity.ts). With an egress capacity
@@ -124,7 +124,7 @@ export class Shaper {
   private readonly counterReader = new CounterReader();
   private ready: Promise<void> | undefined;
   private readonly session: TcSession | undefined;
-  private readonly unshaped: Unshaped | undefined;
+  private unshaped: Unshaped | undefined;
   /** The node's egress tree; undefined: the flat layout. */
   readonly tree: TreeParams | undefined;
   /** The node's ingress tree and its ifb; undefined: per-veth htb (the flat layout). */
@@ -179,9 +179,7 @@ export class Shaper {
     return this.shards.ifbs;
   }
 
-  private ifbOf(rec: ShapingState): string {
-    return this.shards.ifbOf(rec);
-  }
+  private ifbOf = (rec: ShapingState): string => this.shards.ifbOf(rec);
 
   /**
    * Ensures the shared ifb and its htb/u32 structure, adopts `known` (the states an earlier process
@@ -270,9 +268,7 @@ export class Shaper {
   }
 
   /** Per-operation tc lines: through the session, or one exec. */
-  private tc(lines: string[], opts: BatchOptions = {}): Promise<BatchResult> {
-    return this.session ? this.session.run(lines, opts) : batch('tc', lines, opts);
-  }
+  private tc = (lines: string[], opts: BatchOptions = {}): Promise<BatchResult> => (this.session ? this.session.run(lines, opts) : batch('tc', lines, opts));
 
   private async removeOrphans(ifb: string, listing: IfbListing, owners: ShapingState[]): Promise<void> {
     const lines = orphanLines(ifb, listing, owners);
@@ -523,9 +519,7 @@ export class Shaper {
   }
 
   /** The htb class id of a pod's egress (for diagnostics and tests); undefined when unshaped. */
-  classIdOf(podId: string): number | undefined {
-    return this.records.get(podId)?.classId || undefined;
-  }
+  classIdOf = (podId: string): number | undefined => this.records.get(podId)?.classId || undefined;
 
   /** The ifb carrying a pod's egress (its shard's); undefined when its egress is not shaped. */
   ifbOfPod(podId: string): string | undefined {
@@ -563,6 +557,12 @@ export class Shaper {
   close(): void {
     this.session?.close();
     this.counterReader.close();
+  }
+
+  /** Replaces the unshaped destinations live (unshaped.ts: every shard's ifb, the bridge's chain): after init, one change at a time. */
+  setUnshaped(u: Unshaped): Promise<void> {
+    this.unshaped = u;
+    return this.mutex.run('', () => this.init().then(() => ensureUnshaped(this.tc, this.ifbs, u, this.log)));
   }
 }
 

@@ -1,6 +1,7 @@
 /**
  * Unshaped destinations: traffic between a shaped pod and the listed CIDRs (config `unshapedCIDRs`;
- * by default the cluster's own range when routes between nodes are on) runs at line rate, while
+ * by default, with routes between nodes, the cluster's own pod CIDRs and Service ranges, followed
+ * live: src/daemon/cluster-ranges.ts) runs at line rate, while
  * the pod's limits hold for everything else, in both directions. The cost is per node, not per pod
  * per CIDR: no pod gets an object for it.
  *
@@ -15,10 +16,13 @@
  *   its own traffic to escape its limits: the kernel resets a packet's priority when it crosses a
  *   veth pair.
  *
- * Both parts are replaced as a whole at the shaper's start (the set is configuration), so a CIDR
- * dropped from the list stops being unshaped on the next start.
+ * Both parts are replaced as a whole at the shaper's start and by each change of the set
+ * (Shaper.setUnshaped), so a CIDR dropped from the list stops being unshaped then. The set is kept
+ * in the fewest CIDRs that hold exactly its addresses (mergeCidrs): every packet from a shaped pod
+ * passes one filter per CIDR.
  */
 import { execa } from 'execa';
+import { Address4, Address6 } from 'ip-address';
 import { ToolError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { parseCidr, type Subnet } from '../net/ip.js';
@@ -44,6 +48,41 @@ export function parseUnshaped(cidrs: string[]): Subnet[] {
     out.set(s.cidr, s);
   }
   return [...out.values()];
+}
+
+/**
+ * The same addresses in the fewest CIDRs (pure): a CIDR inside another is dropped, two halves of
+ * one CIDR become it ("10.244.0.0/24" + "10.244.1.0/24" -> "10.244.0.0/23"), repeatedly; never an
+ * address more. IPv4 first, then IPv6, each ascending. A cluster's pod CIDRs, allocated from one
+ * range, fold into a few.
+ */
+export function mergeCidrs(subnets: Subnet[]): Subnet[] {
+  const out: Subnet[] = [];
+  for (const family of [4, 6] as const) {
+    const bits = family === 4 ? 32 : 128;
+    const blocks = subnets
+      .filter((s) => s.family === family)
+      .map((s) => ({ start: (family === 4 ? new Address4(s.network) : new Address6(s.network)).bigInt(), len: s.prefixLen }))
+      .sort((a, b) => (a.start < b.start ? -1 : a.start > b.start ? 1 : a.len - b.len));
+    const size = (len: number) => 1n << BigInt(bits - len);
+    const kept: Array<{ start: bigint; len: number }> = [];
+    for (const b of blocks) {
+      const last = kept[kept.length - 1];
+      if (last && b.start < last.start + size(last.len)) continue; // inside the last one (sorted: never partly)
+      kept.push(b);
+      // Join the two last while they are the halves of one block.
+      for (;;) {
+        const [x, y] = [kept[kept.length - 2], kept[kept.length - 1]];
+        if (!x || !y || x.len !== y.len || x.len === 0 || x.start % size(x.len - 1) !== 0n || y.start !== x.start + size(x.len)) break;
+        kept.splice(-2, 2, { start: x.start, len: x.len - 1 });
+      }
+    }
+    for (const k of kept) {
+      const network = (family === 4 ? Address4.fromBigInt(k.start) : Address6.fromBigInt(k.start)).correctForm();
+      out.push({ family, network, prefixLen: k.len, cidr: `${network}/${k.len}` });
+    }
+  }
+  return out;
 }
 
 /**
@@ -82,6 +121,17 @@ async function xt(tool: Tool, args: string[], ok: number[] = [0]): Promise<{ exi
   return { exitCode: r.exitCode, stdout: r.stdout };
 }
 
+/** What `iptables-restore --noflush` takes to make the chain hold exactly `rules` (pure). */
+export function unshapedRestoreText(rules: string[][]): string {
+  return ['*mangle', `:${UNSHAPED_CHAIN} - [0:0]`, ...rules.map((r) => [`-A ${UNSHAPED_CHAIN}`, ...r].join(' ')), 'COMMIT', ''].join('\n');
+}
+
+async function xtRestore(tool: Tool, input: string): Promise<void> {
+  const args = ['-w', '5', '--noflush'];
+  const r = await execa(`${tool}-restore`, args, { input, reject: false });
+  if (r.exitCode !== 0) throw new ToolError(`${tool}-restore`, args, r.exitCode, r.exitCode === undefined ? `cannot run ${tool}-restore: ${String(r.message)}` : r.stderr);
+}
+
 /**
  * Makes the node's mangle table hold exactly the unshaped rules for the bridge and subnets, per
  * family: the chain rewritten only when it differs, one jump from POSTROUTING; none of them for a
@@ -114,11 +164,10 @@ export async function syncUnshapedRules(bridge: string, subnets: Subnet[], log: 
       changed = true;
       continue;
     }
-    if (have === undefined) await xt(tool, ['-N', UNSHAPED_CHAIN]);
     const wantText = want.map((r) => [`-A ${UNSHAPED_CHAIN}`, ...r].join(' '));
     if (have === undefined || have.join('\n') !== wantText.join('\n')) {
-      if (have !== undefined && have.length > 0) await xt(tool, ['-F', UNSHAPED_CHAIN]);
-      for (const rule of want) await xt(tool, ['-A', UNSHAPED_CHAIN, ...rule]);
+      // One restore: the chain made, or replaced whole (declaring a chain flushes it), never half written.
+      await xtRestore(tool, unshapedRestoreText(want));
       changed = true;
     }
     if ((await xt(tool, ['-C', 'POSTROUTING', ...jump], [0, 1])).exitCode !== 0) {

@@ -7,7 +7,9 @@ import test from 'ava';
 import { ConfigError } from '../../src/errors.js';
 import {
   applyNamespacePolicy,
+  cappedAskMessage,
   cappedMessage,
+  capToCeilings,
   describeSourcedLimits,
   NAMESPACE_ANNOTATIONS,
   NAMESPACE_POLICY_ANNOTATIONS,
@@ -108,4 +110,14 @@ test('helpers: policy annotations kept, raw comparison, texts for Events, status
   t.is(cappedMessage({ direction: 'egress', asked: 50 * M, ceiling: 20 * M }, 'team-a'), 'kubernetes.io/egress-bandwidth 50M is above the ceiling kubenet.io/max-egress-bandwidth 20M of namespace team-a: egress limited to 20M');
   t.true(sameSources(undefined, {}));
   t.false(sameSources({ ingress: 'pod' }, { ingress: 'namespace-ceiling' }));
+});
+
+test('kubenet shape\'s asks held to the ceilings: above or unlimited gets the ceiling, below stands, defaults and invalid ceilings do not apply', (t) => {
+  const ns = { [MAX_EG]: '100M', [DEF_IN]: '5M', [MAX_IN]: 'lots' };
+  t.deepEqual(capToCeilings({ egress: 500 * M, ingress: 50 * M }, ns, 'team'), { rates: { ingress: 50 * M, egress: 100 * M }, capped: [{ direction: 'egress', asked: 500 * M, ceiling: 100 * M }] });
+  t.deepEqual(capToCeilings({ egress: 100 * M }, ns, 'team'), { rates: { egress: 100 * M }, capped: [] }, 'at the ceiling: as asked; no ingress asked, no default forced');
+  t.deepEqual(capToCeilings({}, ns, 'team'), { rates: { egress: 100 * M }, capped: [{ direction: 'egress', asked: undefined, ceiling: 100 * M }] });
+  t.deepEqual(capToCeilings({ egress: 500 * M }, undefined), { rates: { egress: 500 * M }, capped: [] }, 'no namespace policy');
+  t.is(cappedAskMessage({ direction: 'egress', asked: 500 * M, ceiling: 100 * M }, 'team'), 'egress 500M is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M');
+  t.is(cappedAskMessage({ direction: 'ingress', asked: undefined, ceiling: 20 * M }, 'team'), 'no ingress limit is above the ceiling kubenet.io/max-ingress-bandwidth 20M of namespace team: ingress limited to 20M');
 });

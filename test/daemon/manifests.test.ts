@@ -1,6 +1,6 @@
 /**
- * Static checks of manifests/: every YAML document parses, RBAC is exactly get/list/watch on nodes
- * and pods and create on events,
+ * Static checks of manifests/: every YAML document parses, RBAC is exactly get/list/watch on nodes,
+ * pods and namespaces, create on events and list/watch on servicecidrs,
  * the ConfigMap's config passes loadConfig, and every host path the config uses is a hostPath
  * mount of the DaemonSet at the same path (the host's runtime and CNI binary use those paths).
  */
@@ -126,7 +126,7 @@ test('every document parses and the expected kinds are present', (t) => {
   }
 });
 
-test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on events (core group), bound to the agent service account', (t) => {
+test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on events (core group), list/watch on servicecidrs (networking.k8s.io), bound to the agent service account', (t) => {
   const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
   t.true(roles.length > 0);
   const granted = new Set<string>();
@@ -134,17 +134,19 @@ test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on e
     const rules = (role as Obj & { rules?: Rule[] }).rules ?? [];
     t.true(rules.length > 0);
     for (const r of rules) {
-      t.deepEqual(r.apiGroups, [''], 'core API group only');
+      t.true(r.apiGroups?.length === 1, 'one API group per rule');
+      const group = r.apiGroups?.[0] === '' ? '' : `.${r.apiGroups?.[0]}`;
       t.is(r.nonResourceURLs, undefined);
       t.is(r.resourceNames, undefined);
       t.false((r.verbs ?? []).includes('*') || (r.resources ?? []).includes('*'), 'no wildcards');
-      for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}`);
+      for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}${group}`);
     }
   }
   // The agent reads nodes (pod CIDR), pods (annotations, live re-shaping) and namespaces (their
   // bandwidth policy, issue 24) and creates Events (BandwidthApplied / BandwidthRejected /
-  // BandwidthCapped); it never patches, updates or deletes anything.
-  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events'];
+  // BandwidthCapped), and lists ServiceCIDRs (the Service ranges, unshaped with routes: direct);
+  // it never patches, updates or deletes anything.
+  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'list servicecidrs.networking.k8s.io', 'watch servicecidrs.networking.k8s.io'];
   t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');

@@ -196,6 +196,29 @@ test("a pod's own annotation above its namespace's ceiling: capped with a Warnin
   t.deepEqual(reshapes[2], { id: 'p-id', limits: { egress: 3 * M }, sources: undefined });
 });
 
+test('kubenet shape never sets a limit above the namespace ceiling: a direction above it (or cleared) gets the ceiling and the answer says so; below it, as asked', async (t) => {
+  const c = fakeCluster();
+  c.setNs('team', { [MAX_EG]: '100M', [DEF_IN]: '5M' });
+  const { network, reshapes } = fakeNetwork([record('team', 'p', { egress: 50 * M, ingress: 5 * M }, { egress: 'pod', ingress: 'namespace-default' }), record('free', 'q', { egress: 50 * M })]);
+  const ev = fakeEvents();
+  const live = new LiveShaping(network, ev.rec, c.pods, silent, c.namespaces);
+  const above = await live.shape('team', 'p', { egress: 500 * M, clear: false });
+  t.deepEqual(above.map((p) => [p.limits, p.changed, p.capped]), [
+    [{ ingress: 5 * M, egress: 100 * M }, true, ['egress 500M is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M']],
+  ]);
+  t.deepEqual(reshapes.at(-1), { id: 'p-id', limits: { ingress: 5 * M, egress: 100 * M }, sources: { egress: 'namespace-ceiling' } });
+  t.deepEqual(ev.of('BandwidthApplied'), ['p: bandwidth limits applied: ingress 5M, egress 100M (namespace ceiling) (were ingress 5M (namespace default), egress 50M)']);
+  const below = await live.shape('team', 'p', { egress: 20 * M, clear: false });
+  t.deepEqual([below[0]?.limits, below[0]?.capped], [{ ingress: 5 * M, egress: 20 * M }, undefined], 'below the ceiling: as asked, nothing to say');
+  t.deepEqual(reshapes.at(-1)?.sources, undefined, 'the operator\'s own, as before');
+  const cleared = await live.shape('team', 'p', { clear: true });
+  t.deepEqual([cleared[0]?.limits, cleared[0]?.capped], [{ egress: 100 * M }, ['no egress limit is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M']], '--clear: no limit where there is a ceiling is the ceiling; the default (ingress) is not forced on the operator');
+  const again = await live.shape('team', 'p', { egress: 200 * M, clear: false });
+  t.deepEqual([again[0]?.changed, again[0]?.limits, again[0]?.capped?.length], [false, { egress: 100 * M }, 1], 'already at the ceiling: unchanged, and still said');
+  const free = await live.shape('free', 'q', { egress: 500 * M, clear: false });
+  t.deepEqual([free[0]?.limits, free[0]?.capped], [{ egress: 500 * M }, undefined], 'a namespace without a ceiling: as asked');
+});
+
 const addRequest = (ns: string, name: string, runtimeConfig?: object) => ({
   env: { CNI_COMMAND: 'ADD', CNI_CONTAINERID: `${name}-id`, CNI_NETNS: `/var/run/netns/${name}`, CNI_IFNAME: 'eth0', CNI_ARGS: `K8S_POD_NAMESPACE=${ns};K8S_POD_NAME=${name}`, CNI_PATH: '/opt/cni/bin' },
   stdin: JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', ...(runtimeConfig ? { runtimeConfig } : {}) }),

@@ -9,9 +9,11 @@
  * authorizer); pods reach each other and the node; deleting them leaves nothing; `down` removes the
  * cluster. A namespace's bandwidth policy (kubenet.io/default-* and max-* annotations, issue 24):
  * defaults, pod limits below and above its ceiling measured with iperf3, the BandwidthCapped
- * Warning, status/top sources, and a ceiling lowered under load. Traffic only between the cluster's
- * own namespaces (pings, iperf3 between its pods and with the cluster's LAN namespace, which is
- * outside the cluster range that the manifest's config leaves unshaped). Bringing the cluster up and
+ * Warning, status/top sources, and a ceiling lowered under load. The unshaped destinations (issue
+ * 33): exactly the cluster's pod CIDRs and ServiceCIDRs, a ServiceCIDR created or deleted followed
+ * live. Traffic only between the cluster's own namespaces (pings, iperf3 between its pods and with
+ * the cluster's LAN namespace, which is outside the cluster's ranges that the manifest's config
+ * leaves unshaped). Bringing the cluster up and
  * every step that loads the CPU hold the traffic lock (hack/support/traffic-lock.ts): a control plane
  * starting beside another suite's iperf3 measurement would measure the machine.
  */
@@ -19,6 +21,8 @@ import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
+import { mergeCidrs } from '../../src/shaper/unshaped.js';
+import { until } from '../../hack/support/until.js';
 import { uniq } from '../../hack/support/kernel.js';
 import { upstreamDir } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
@@ -70,6 +74,37 @@ serialTest('the manifest, unchanged, rolls out on a real kubelet: the node goes 
   t.deepEqual((await inNode('ls', ['/etc/cni/net.d'])).stdout.split('\n'), ['10-kubenet.conflist']);
 }));
 
+serialTest('unshaped by default: exactly the cluster\'s pod CIDRs and ServiceCIDRs (merged), on the ifb and in KUBENET-UNSHAPED; a ServiceCIDR created or deleted is followed live', (t) => withTrafficLock(async () => {
+  const chain = async () => (await inNode('iptables', ['-t', 'mangle', '-S', 'KUBENET-UNSHAPED'], false)).stdout.split('\n').filter((l) => l.startsWith('-A ')).map((l) => l.split(' ')[3] ?? '');
+  const ifbFilters = async () => (await inNode('tc', ['filter', 'show', 'dev', 'kubenet-ifb0', 'parent', '1:', 'prio', '4'], false)).stdout.split('\n').filter((l) => /flowid 1: /.test(l)).length;
+  const wanted = async () => {
+    const nodes = (await json<{ items: Array<{ spec: { podCIDRs?: string[] } }> }>(['get', 'nodes'])).items.flatMap((n) => n.spec.podCIDRs ?? []);
+    const services = (await json<{ items: Array<{ spec: { cidrs?: string[] } }> }>(['get', 'servicecidrs'])).items.flatMap((s) => s.spec.cidrs ?? []);
+    return { nodes, services, merged: mergeCidrs([...nodes, ...services].map((c) => parseCidr(c))).filter((s) => s.family === 4).map((s) => s.cidr) };
+  };
+  const want = await wanted();
+  t.true(want.services.length > 0, 'the API server serves ServiceCIDRs (1.33+): at least the default one');
+  await until('the cluster\'s ranges in the chain', async () => JSON.stringify((await chain()).sort()) === JSON.stringify([...want.merged].sort()), 10_000);
+  t.is(await ifbFilters(), want.merged.length, 'one ifb filter per CIDR');
+  t.false((await chain()).includes('10.0.0.0/8'), 'not nonMasqueradeCIDR any more');
+  t.log(`pod CIDRs ${want.nodes.join(' ')}; ServiceCIDRs ${want.services.join(' ')}; unshaped ${want.merged.join(' ')}`);
+  const name = `kus-e2e-${uniq(6)}`;
+  const extra = '10.97.0.0/24';
+  const t0 = Date.now();
+  await kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'networking.k8s.io/v1', kind: 'ServiceCIDR', metadata: { name }, spec: { cidrs: [extra] } }) });
+  try {
+    await until('a new ServiceCIDR unshaped', async () => (await chain()).includes(extra), 10_000);
+    t.log(`ServiceCIDR ${extra} created: in the chain ${Date.now() - t0} ms after kubectl apply started`);
+    t.is(await ifbFilters(), want.merged.length + 1);
+  } finally {
+    await kubectl(['delete', 'servicecidr', name, '--wait=true', '--timeout=60s'], { reject: false });
+  }
+  const t1 = Date.now();
+  await until('a deleted ServiceCIDR shaped again', async () => !(await chain()).includes(extra), 10_000);
+  t.log(`deleted (its finalizer done): out of the chain ${Date.now() - t1} ms later`);
+  t.is(await ifbFilters(), want.merged.length);
+}));
+
 serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.podCIDR, limits applied (Events), pods reach each other and the node; the agent logs no authorization error', (t) => withTrafficLock(async () => {
   const podCidr = (await json<{ spec: { podCIDR: string } }>(['get', 'node', NODE])).spec.podCIDR;
   const deployment = {
@@ -116,7 +151,7 @@ serialTest('a Deployment of 20 pods runs with addresses from the node\'s spec.po
   t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
 }));
 
-serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced with a host outside the cluster (the LAN\'s): iperf3 within ±10 %, no full second above 1.25×; between two pods of the cluster the same pod runs at line rate (unshapedCIDRs unset: nonMasqueradeCIDR with routes direct)', (t) => withTrafficLock(async () => {
+serialTest('annotations as users set them (ingress 10M, egress 20M) are enforced with a host outside the cluster (the LAN\'s): iperf3 within ±10 %, no full second above 1.25×; between two pods of the cluster the same pod runs at line rate (unshapedCIDRs unset: the cluster\'s pod CIDRs and Service ranges with routes direct)', (t) => withTrafficLock(async () => {
   const pod = (name: string, annotations: Record<string, string>) => ({
     apiVersion: 'v1',
     kind: 'Pod',

@@ -278,12 +278,13 @@ serialTest('RunPodSandbox as kubelet: pod IPs from the pod CIDR in PodSandboxSta
   t.deepEqual(status.pods.find((p) => p.name === web.name)?.portMappings?.map((m) => m.hostPort), [hostPort], 'agent status: the web pod host port');
 });
 
-serialTest('bandwidth annotations are enforced both ways with a host outside the cluster within ±10 %, no 1 s interval above 1.25 × the limit; the node (the bridge\'s gateway, in the cluster range) is not shaped', async (t) => {
+serialTest('bandwidth annotations are enforced both ways with a host outside the cluster within ±10 %, no 1 s interval above 1.25 × the limit; the node (the bridge\'s gateway, in the node\'s pod CIDR) is not shaped', async (t) => {
   const { sb, cfg, podCidr, shaped, pods } = w();
   const pod = pods.get(shaped);
   if (!pod?.ip) throw new Error('the shaped pod is not running');
-  // The manifest's config: routes direct, so the cluster range (nonMasqueradeCIDR) is unshaped. The
-  // limits hold with the LAN host on the node's uplink (outside it), routed to the pod CIDR.
+  // The manifest's config: routes direct, so the cluster's own ranges (every Node's pod CIDRs, here
+  // this node's, and the ServiceCIDRs the fake API server lists: none) are unshaped. The limits hold
+  // with the LAN host on the node's uplink (outside them), routed to the pod CIDR.
   const bridgeAddrs = JSON.parse((await sb.exec('ip', ['-j', '-4', 'addr', 'show', 'dev', cfg.bridgeName])).stdout) as Array<{ addr_info: Array<{ local: string }> }>;
   const gateway = bridgeAddrs[0]?.addr_info[0]?.local ?? '';
   t.true(cidrContains(parseCidr(podCidr), gateway), `bridge ${cfg.bridgeName} has the gateway ${gateway}`);
@@ -298,9 +299,9 @@ serialTest('bandwidth annotations are enforced both ways with a host outside the
       const egress = await iperf(lanEp, podEp, { onRetry: retryLog(t), seconds: 5 });
       logRate(t, 'egress 10M (pod → LAN host, masqueraded)', egress.bps, egress.intervals, EGRESS);
       const fromNode = await iperf(podEp, nodeEp, { onRetry: retryLog(t), seconds: 3 });
-      logUnshaped(t, 'node → pod (the gateway, in the cluster range)', fromNode.bps, fromNode.intervals, INGRESS);
+      logUnshaped(t, 'node → pod (the gateway, in the pod CIDR)', fromNode.bps, fromNode.intervals, INGRESS);
       const toNode = await iperf(nodeEp, podEp, { onRetry: retryLog(t), seconds: 3 });
-      logUnshaped(t, 'pod → node (the gateway, in the cluster range)', toNode.bps, toNode.intervals, EGRESS);
+      logUnshaped(t, 'pod → node (the gateway, in the pod CIDR)', toNode.bps, toNode.intervals, EGRESS);
     },
     { onWait: () => t.log('waiting for the traffic lock') },
   );

@@ -5,8 +5,8 @@
  * allocated by the controller-manager), `kubectl apply -f manifests/kubenet.yaml`, unchanged. Then:
  * every node routes the other nodes' pod CIDRs via their InternalIPs (routing protocol 98); every
  * pod reaches every pod on the other nodes in both families and sees the peer's own address (no
- * masquerading inside the cluster CIDR); iperf3 across nodes runs at line rate (the cluster's range
- * is unshaped by default with routes direct), and each pod's limits hold with a LAN host; a Node
+ * masquerading inside the cluster CIDR); iperf3 across nodes runs at line rate (the cluster's pod
+ * CIDRs and Service ranges are unshaped by default with routes direct), and each pod's limits hold with a LAN host; a Node
  * added or deleted is routed or unrouted on the others within 1 s; a Node off the LAN gets a Warning
  * Event instead of a route; killing one node's agent neither disturbs the other two nodes' pods nor
  * flaps its own routes, and routes of a Node deleted while that agent was down go when it restarts.
@@ -199,7 +199,7 @@ serialTest('a host port on one node is reached from a pod on another, and traffi
     }
   }));
 
-serialTest('across nodes, between pods of the cluster, iperf3 runs at line rate (unshapedCIDRs unset: nonMasqueradeCIDR with routes direct); with a host outside the cluster (the LAN\'s) each pod\'s limits hold (±10 %, no full second above 1.25×)', (t) =>
+serialTest('across nodes, between pods of the cluster, iperf3 runs at line rate (unshapedCIDRs unset: the cluster\'s pod CIDRs and Service ranges with routes direct); with a host outside the cluster (the LAN\'s) each pod\'s limits hold (±10 %, no full second above 1.25×)', (t) =>
   withTrafficLock(async () => {
     const items = [
       pausePod('bw-1', { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' }, node(1)),
