@@ -33,6 +33,10 @@ export interface GuaranteesOptions {
   capacities: number[];
   seconds: number;
   dirs: Dir[];
+  /** The flows' TCP congestion control (iperf3 -C); default: the node's. */
+  cc?: string;
+  /** Run only these parts. */
+  parts?: string[];
 }
 
 type Dir = 'egress' | 'ingress';
@@ -77,6 +81,7 @@ class World {
     readonly senders: TopoPod[],
     readonly receiver: TopoPod,
     capacity: number,
+    readonly cc?: string,
   ) {
     this.shaper = new Shaper({ ifbName: ifb, capacity: { egress: capacity, ingress: capacity } });
   }
@@ -103,7 +108,7 @@ class World {
       const timer = setInterval(sample, 100);
       const c0 = await cpuBusy();
       try {
-        await Promise.all(flows.map((f) => iperf(this.receiver, f.pod, { seconds: f.seconds, reverse: dir !== 'egress' })));
+        await Promise.all(flows.map((f) => iperf(this.receiver, f.pod, { seconds: f.seconds, reverse: dir !== 'egress', ...(this.cc ? { congestion: this.cc } : {}) })));
       } finally {
         clearInterval(timer);
       }
@@ -133,7 +138,7 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
   try {
     for (const cap of [o.capacity, ...o.capacities]) {
       const ifb = `kgb${topo.tag}`;
-      const w = new World(ifb, [a, b, c], r, cap);
+      const w = new World(ifb, [a, b, c], r, cap, o.cc);
       try {
         await w.shaper.init();
         for (const dir of o.dirs) {

@@ -29,6 +29,7 @@
  *   [--high-rates 1G,5G,10G] [--agg-sizes 2,8,32] [--agg-seconds 10] [--agg-rounds 3] [--agg-dests lan,pods]
  *   [--agg-protos tcp,udp] [--agg-cases above,binding] [--agg-limit 100G] [--agg-binding 200M]
  *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-perf]
+ *   [--cost-capacity 10G] (the cost table's ours in the node's trees)
  *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
  */
@@ -84,6 +85,8 @@ const probes = Number(argValue('--probes') ?? 10);
 const implPasses: Array<Set<string>> = argValue('--impls')
   ? [new Set((argValue('--impls') ?? '').split(','))]
   : [new Set(['ours', 'ref']), new Set(['ours', 'unshaped']), new Set(['ours', 'exec'])];
+/** `--cost-capacity Q`: ours in the node's trees (issue 33) at that capacity both ways, in the cost table. */
+const costCapacity = argValue('--cost-capacity') ? parseBandwidth(argValue('--cost-capacity') ?? '', 'capacity') : undefined;
 /** How many unshaped destinations the `unshaped` implementation's ifb holds (issue 24: 10). */
 const unshapedCount = Number(argValue('--unshaped-cidrs') ?? 10);
 const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
@@ -442,7 +445,7 @@ async function costBench(impls: Set<string>): Promise<void> {
   const oursExec = await makeTopology(useExec ? total : 0, { addresses: false });
   const ref = await makeTopology(useRef ? total : 0, { addresses: false });
   console.error(`  done in ${((performance.now() - tA) / 1000).toFixed(1)} s`);
-  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}` });
+  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}`, ...(costCapacity ? { capacity: { egress: costCapacity, ingress: costCapacity } } : {}) });
   const shaperExec = new Shaper({ ifbName: `kshbe${oursExec.tag}`, tcMode: 'exec' });
   // The same shaper with UNSHAPED_CIDRS destinations not shaped (its ifb's filters; the mangle
   // rules for traffic to the pods are per node and not made here: the bench runs in the host's netns).
@@ -509,7 +512,7 @@ async function costBench(impls: Set<string>): Promise<void> {
       console.error(`  n=${n}: session ${sa.toFixed(2)}+${sd.toFixed(2)} ms, exec ${ea.toFixed(2)}+${ed.toFixed(2)} ms, ref ${ra.toFixed(2)}+${rd.toFixed(2)} ms`);
     }
     printTable(
-      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M), pass ${[...impls].join(' + ')}. ` +
+      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M), pass ${[...impls].join(' + ')}${costCapacity ? `, ours in the node's trees at capacity ${formatBandwidth(costCapacity)} both ways` : ''}. ` +
         `ours = Shaper with its long-lived tc session (default), ours-exec = one tc spawn per operation, ref = CNI bandwidth plugin exec`,
       ['n shaped', 'ours setup', 'teardown', 'total', 'ours-exec setup', 'teardown', 'total', 'ref setup', 'teardown', 'total', 'ref/ours', 'ref/ours-exec'],
       rows,
@@ -842,5 +845,6 @@ if (runs('guarantees')) {
     capacities: (argValue('--guarantee-capacities') ?? (quick ? '' : '1G,10G')).split(',').filter(Boolean).map((q) => parseBandwidth(q, 'capacity')),
     seconds: Number(argValue('--guarantee-seconds') ?? (quick ? 5 : 10)),
     dirs: (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>,
+    ...(argValue('--cc') ? { cc: argValue('--cc') } : {}),
   });
 }

@@ -242,6 +242,16 @@ export function withRates(current: BandwidthLimits, rates: { ingress?: number | 
   return out;
 }
 
+/** `limits` with the namespace totals `from` has (none where it has none). */
+export function withTotals(limits: BandwidthLimits, from: BandwidthLimits): BandwidthLimits {
+  const out: BandwidthLimits = { ...limits };
+  delete out.ingressTotal;
+  delete out.egressTotal;
+  if (from.ingressTotal !== undefined) out.ingressTotal = from.ingressTotal;
+  if (from.egressTotal !== undefined) out.egressTotal = from.egressTotal;
+  return out;
+}
+
 /** Same rates both ways (bursts aside). */
 export function sameRates(a: BandwidthLimits, b: BandwidthLimits): boolean {
   return a.ingress === b.ingress && a.egress === b.egress;

@@ -4,6 +4,10 @@
  *
  * - `kubenet.io/default-ingress-bandwidth`, `kubenet.io/default-egress-bandwidth`
  * - `kubenet.io/max-ingress-bandwidth`, `kubenet.io/max-egress-bandwidth`
+ * - `kubenet.io/max-ingress-bandwidth-total`, `kubenet.io/max-egress-bandwidth-total`: a cap on the
+ *   sum of the namespace's pods on a node together (issue 33), carried in every pod's limits as
+ *   `ingressTotal` / `egressTotal`; the shaper enforces it as a class of the node's tree between
+ *   the node and the namespace's pods (src/shaper/groups.ts), where the node has a capacity.
  *
  * Same quantities and bounds as the pod's own `kubernetes.io/ingress-bandwidth` /
  * `egress-bandwidth` (limits.ts parseBandwidth). Per direction, the pod's own limit stands when it
@@ -24,15 +28,17 @@ const DIRECTIONS: readonly Direction[] = ['ingress', 'egress'];
 export const NAMESPACE_ANNOTATIONS = {
   default: { ingress: 'kubenet.io/default-ingress-bandwidth', egress: 'kubenet.io/default-egress-bandwidth' },
   max: { ingress: 'kubenet.io/max-ingress-bandwidth', egress: 'kubenet.io/max-egress-bandwidth' },
-} as const satisfies Record<'default' | 'max', Record<Direction, string>>;
+  total: { ingress: 'kubenet.io/max-ingress-bandwidth-total', egress: 'kubenet.io/max-egress-bandwidth-total' },
+} as const satisfies Record<'default' | 'max' | 'total', Record<Direction, string>>;
 
 /** Every namespace policy annotation (what a namespace watch keeps and compares). */
-export const NAMESPACE_POLICY_ANNOTATIONS: readonly string[] = DIRECTIONS.flatMap((d) => [NAMESPACE_ANNOTATIONS.default[d], NAMESPACE_ANNOTATIONS.max[d]]);
+export const NAMESPACE_POLICY_ANNOTATIONS: readonly string[] = DIRECTIONS.flatMap((d) => [NAMESPACE_ANNOTATIONS.default[d], NAMESPACE_ANNOTATIONS.max[d], NAMESPACE_ANNOTATIONS.total[d]]);
 
 /** The parsed policy of one namespace (bits/s), with what was refused. */
 export interface NamespacePolicy {
   default: { ingress?: number; egress?: number };
   max: { ingress?: number; egress?: number };
+  total: { ingress?: number; egress?: number };
   /** One message per invalid annotation (ignored), naming the namespace, the annotation and the value. */
   problems: string[];
 }
@@ -73,9 +79,9 @@ export function rawPolicy(annotations: Record<string, string> | undefined): stri
 
 /** Parses a namespace's policy annotations; an invalid one is left out and described in `problems`. */
 export function parseNamespacePolicy(annotations: Record<string, string> | undefined, namespace = ''): NamespacePolicy {
-  const policy: NamespacePolicy = { default: {}, max: {}, problems: [] };
+  const policy: NamespacePolicy = { default: {}, max: {}, total: {}, problems: [] };
   const where = namespace ? `namespace ${namespace}: ` : '';
-  for (const role of ['default', 'max'] as const) {
+  for (const role of ['default', 'max', 'total'] as const) {
     for (const d of DIRECTIONS) {
       const key = NAMESPACE_ANNOTATIONS[role][d];
       const v = annotations?.[key];
@@ -92,7 +98,7 @@ export function parseNamespacePolicy(annotations: Record<string, string> | undef
 
 /** Whether a parsed policy sets anything. */
 export function hasPolicy(p: NamespacePolicy): boolean {
-  return DIRECTIONS.some((d) => p.default[d] !== undefined || p.max[d] !== undefined);
+  return DIRECTIONS.some((d) => p.default[d] !== undefined || p.max[d] !== undefined || p.total[d] !== undefined);
 }
 
 /**
@@ -140,9 +146,13 @@ export function applyNamespacePolicy(own: BandwidthLimits, namespaceAnnotations:
     }
     if (rate !== undefined) limits[d] = rate;
   }
+  // The namespace's totals on this node; the pod's own guarantees and band pass through.
+  if (policy.total.ingress !== undefined) limits.ingressTotal = policy.total.ingress;
+  if (policy.total.egress !== undefined) limits.egressTotal = policy.total.egress;
+  for (const k of ['ingressGuarantee', 'egressGuarantee', 'priority'] as const) if (own[k] !== undefined) limits[k] = own[k];
   // Key order as the pod's own limits have it (ingress, egress, then bursts): records compare equal.
   const ordered: BandwidthLimits = {};
-  for (const k of ['ingress', 'egress', 'ingressBurst', 'egressBurst'] as const) if (limits[k] !== undefined) ordered[k] = limits[k];
+  for (const k of ['ingress', 'egress', 'ingressBurst', 'egressBurst', 'ingressGuarantee', 'egressGuarantee', 'priority', 'ingressTotal', 'egressTotal'] as const) if (limits[k] !== undefined) ordered[k] = limits[k];
   return { limits: ordered, sources, capped, problems, policy: true };
 }
 

@@ -42,6 +42,7 @@ import {
   sameRates,
   sameSources,
   withRates,
+  withTotals,
   type BandwidthLimits,
   type LimitSources,
   type PodNetwork,
@@ -206,8 +207,10 @@ export class LiveShaping {
     const sources = res.policy ? res.sources : undefined;
     let changed = false;
     for (const r of records) {
-      if (sameRates(r.limits, res.limits) && sameSources(r.limitSources, sources)) continue;
-      changed = (await this.apply(r, withRates(r.limits, res.limits), sources, pod, why.via)) || changed;
+      // New rates from the annotations and policy; the namespace's totals follow it too.
+      const next = withTotals(withRates(r.limits, res.limits), res.limits);
+      if (sameRates(r.limits, res.limits) && sameLimits(next, r.limits) && sameSources(r.limitSources, sources)) continue;
+      changed = (await this.apply(r, next, sources, pod, why.via)) || changed;
     }
     if (changed || why.podChanged) for (const c of res.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, pod.namespace));
   }

@@ -103,7 +103,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     // The egress side on the shared ifb needs only the pod's addresses: made beside the exec too,
     // once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
     const limits = req.limits;
-    egressFirst = prefetch && core.shaper.shapesEgress(limits) ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits })) : undefined;
+    egressFirst = prefetch && core.shaper.shapesEgress(limits) ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits, group: req.namespace })) : undefined;
     egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
     // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
     // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
@@ -167,7 +167,7 @@ export async function applyShaping(core: Core, record: PodRecord): Promise<void>
     return;
   }
   if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
-  const state = await core.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits });
+  const state = await core.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits, group: record.namespace });
   if (state) record.shaping = state;
 }
 
@@ -218,6 +218,6 @@ async function shapeWhileExec(
   if (veth === undefined) return undefined;
   const ips = resultIps(await prefetch);
   await egressFirst;
-  const state = await core.shaper.ensure({ id: req.containerId, hostVeth: veth.name, ips, limits: req.limits });
+  const state = await core.shaper.ensure({ id: req.containerId, hostVeth: veth.name, ips, limits: req.limits, group: req.namespace });
   return { hostVeth: veth.name, hostVethIndex: veth.index, state };
 }

@@ -24,6 +24,7 @@ export {
   sameRates,
   sameSources,
   withRates,
+  withTotals,
   type BandwidthLimits,
   type LimitSource,
   type LimitSources,

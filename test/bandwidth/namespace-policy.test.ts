@@ -27,10 +27,12 @@ const DEF_IN = 'kubenet.io/default-ingress-bandwidth';
 const DEF_EG = 'kubenet.io/default-egress-bandwidth';
 const MAX_IN = 'kubenet.io/max-ingress-bandwidth';
 const MAX_EG = 'kubenet.io/max-egress-bandwidth';
+const TOT_IN = 'kubenet.io/max-ingress-bandwidth-total';
+const TOT_EG = 'kubenet.io/max-egress-bandwidth-total';
 
 test('the annotation names, defined once', (t) => {
-  t.deepEqual(NAMESPACE_ANNOTATIONS, { default: { ingress: DEF_IN, egress: DEF_EG }, max: { ingress: MAX_IN, egress: MAX_EG } });
-  t.deepEqual([...NAMESPACE_POLICY_ANNOTATIONS].sort(), [DEF_EG, DEF_IN, MAX_EG, MAX_IN]);
+  t.deepEqual(NAMESPACE_ANNOTATIONS, { default: { ingress: DEF_IN, egress: DEF_EG }, max: { ingress: MAX_IN, egress: MAX_EG }, total: { ingress: TOT_IN, egress: TOT_EG } });
+  t.deepEqual([...NAMESPACE_POLICY_ANNOTATIONS].sort(), [DEF_EG, DEF_IN, MAX_EG, TOT_EG, MAX_IN, TOT_IN]);
 });
 
 test('a namespace without policy changes nothing: the pod\'s own limits, bursts included, source pod', (t) => {
@@ -120,4 +122,16 @@ test('kubenet shape\'s asks held to the ceilings: above or unlimited gets the ce
   t.deepEqual(capToCeilings({ egress: 500 * M }, undefined), { rates: { egress: 500 * M }, capped: [] }, 'no namespace policy');
   t.is(cappedAskMessage({ direction: 'egress', asked: 500 * M, ceiling: 100 * M }, 'team'), 'egress 500M is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M');
   t.is(cappedAskMessage({ direction: 'ingress', asked: undefined, ceiling: 20 * M }, 'team'), 'no ingress limit is above the ceiling kubenet.io/max-ingress-bandwidth 20M of namespace team: ingress limited to 20M');
+});
+
+test("a namespace's totals (issue 33) ride in every pod's limits; the pod's own guarantees and band pass through", async (t) => {
+  const { resolveLimits: resolve, applyNamespacePolicy: apply, NAMESPACE_POLICY_ANNOTATIONS: keys } = await import('../../src/bandwidth/namespace-policy.js');
+  t.true(keys.includes('kubenet.io/max-egress-bandwidth-total') && keys.includes('kubenet.io/max-ingress-bandwidth-total'));
+  const r = resolve({ 'kubernetes.io/egress-bandwidth': '10M' }, { 'kubenet.io/max-egress-bandwidth-total': '50M', 'kubenet.io/max-ingress-bandwidth-total': '1G' }, 'team-a');
+  t.deepEqual(r.limits, { egress: 10e6, ingressTotal: 1e9, egressTotal: 50e6 });
+  t.true(r.policy);
+  t.deepEqual(apply({ egressGuarantee: 5e6, priority: 0 }, { 'kubenet.io/max-egress-bandwidth-total': '50M' }).limits, { egressGuarantee: 5e6, priority: 0, egressTotal: 50e6 });
+  const bad = resolve({}, { 'kubenet.io/max-egress-bandwidth-total': '50 M' }, 'team-a');
+  t.deepEqual(bad.limits, {});
+  t.regex(bad.problems[0] ?? '', /namespace team-a: annotation kubenet\.io\/max-egress-bandwidth-total: invalid bandwidth quantity "50 M"/);
 });
