@@ -40,3 +40,4 @@ export {
   sourceTag,
   type ResolvedLimits,
 } from '../bandwidth/namespace-policy.js';
+export { PRIORITY_BANDS } from '../bandwidth/guarantees.js';

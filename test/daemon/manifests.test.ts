@@ -1,6 +1,6 @@
 /**
- * Static checks of manifests/: every YAML document parses, RBAC is exactly get/list/watch on nodes
- * and pods and create on events,
+ * Static checks of manifests/: every YAML document parses, RBAC is exactly get/list/watch on nodes,
+ * pods and namespaces, create on events and patch on nodes/status,
  * the ConfigMap's config passes loadConfig, and every host path the config uses is a hostPath
  * mount of the DaemonSet at the same path (the host's runtime and CNI binary use those paths).
  */
@@ -126,7 +126,7 @@ test('every document parses and the expected kinds are present', (t) => {
   }
 });
 
-test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on events (core group), bound to the agent service account', (t) => {
+test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on events and patch on nodes/status (core group), bound to the agent service account', (t) => {
   const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
   t.true(roles.length > 0);
   const granted = new Set<string>();
@@ -143,8 +143,9 @@ test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on e
   }
   // The agent reads nodes (pod CIDR), pods (annotations, live re-shaping) and namespaces (their
   // bandwidth policy, issue 24) and creates Events (BandwidthApplied / BandwidthRejected /
-  // BandwidthCapped); it never patches, updates or deletes anything.
-  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events'];
+  // BandwidthCapped, ...) and patches its Node's status (its bandwidth capacity as extended
+  // resources, issue 33); it updates or deletes nothing.
+  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'patch nodes/status'];
   t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');
