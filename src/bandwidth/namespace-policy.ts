@@ -161,8 +161,8 @@ export function sourceTag(s: LimitSource | undefined): string {
 }
 
 /**
- * Limits with where each came from, guarantees and the band, as Events say it: "ingress 20M
- * (namespace ceiling), egress 5M", "egress 100M (guaranteed 60M); priority high".
+ * Limits with where each came from, guarantees and (with a guarantee) the band, as Events say it:
+ * "ingress 20M (namespace ceiling), egress 5M", "egress 100M (guaranteed 60M); priority high".
  */
 export function describeSourcedLimits(limits: BandwidthLimits, sources: LimitSources | undefined): string {
   const parts: string[] = [];
@@ -175,7 +175,8 @@ export function describeSourcedLimits(limits: BandwidthLimits, sources: LimitSou
     parts.push(`${d} ${v === undefined ? 'no ceiling' : formatBandwidth(v)}${from}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`);
   }
   if (parts.length === 0) return 'none';
-  const band = limits.priority === undefined ? undefined : PRIORITY_BANDS[limits.priority];
+  const guaranteed = limits.ingressGuarantee !== undefined || limits.egressGuarantee !== undefined;
+  const band = limits.priority === undefined || !guaranteed ? undefined : PRIORITY_BANDS[limits.priority];
   return band === undefined ? parts.join(', ') : `${parts.join(', ')}; priority ${band}`;
 }
 

@@ -155,6 +155,7 @@ async function daemon(config: AgentConfig): Promise<number> {
 /** The node's capacity per direction, what its pods are guaranteed and what is free; or why guarantees are off. */
 function printBandwidth(b: BandwidthReport): void {
   const on = (['egress', 'ingress'] as const).filter((d) => b.capacity[d] !== undefined);
+  if (on.length === 0 && b.off?.egress === b.off?.ingress) return console.log(`guarantees: off: ${b.off?.egress ?? 'no capacity'}`);
   if (on.length > 0) console.log(`capacity: ${b.description}`);
   for (const d of ['egress', 'ingress'] as const) {
     const cap = b.capacity[d];

@@ -55,7 +55,7 @@ import {
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import type { PodLookup, PodUpdate } from './cni-handler.js';
 import type { NodeCapacity } from '../bandwidth/capacity.js';
-import { PRIORITY_ANNOTATION, raisedMessage, withGuarantees } from '../bandwidth/guarantees.js';
+import { PRIORITY_ANNOTATION, PRIORITY_BANDS, raisedMessage, withGuarantees } from '../bandwidth/guarantees.js';
 import { REASON_APPLIED, REASON_CAPPED, REASON_CEILING_RAISED, REASON_REJECTED, type EventRecorder } from './events.js';
 import { applyAsk, asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from './pod-guarantees.js';
 import type { NamespaceLookup, NamespaceUpdate } from './namespace-lookup.js';
@@ -267,7 +267,16 @@ export class LiveShaping {
     const ms = +(performance.now() - t0).toFixed(2);
     this.log.info({ pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, ...(sources ? { sources } : {}), via, ms }, 'pod re-shaped');
     const were = describeSourcedLimits(r.limits, r.limitSources);
-    this.events.record(pod, 'Normal', REASON_APPLIED, isUnshaped(limits) ? `bandwidth limits removed (were ${were})` : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`);
+    const bandOnly = sameLimits({ ...r.limits, priority: 0 }, { ...limits, priority: 0 });
+    const band = (p: number | undefined) => (p === undefined ? 'none' : (PRIORITY_BANDS[p] ?? String(p)));
+    this.events.record(
+      pod,
+      'Normal',
+      REASON_APPLIED,
+      bandOnly ? `bandwidth priority ${band(limits.priority)} (was ${band(r.limits.priority)})`
+      : isUnshaped(limits) ? `bandwidth limits removed (were ${were})`
+      : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`,
+    );
     return true;
   }
 

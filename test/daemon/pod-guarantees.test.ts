@@ -163,7 +163,7 @@ const upd = (name: string, annotations: Record<string, string>, ask: PodAsk, pre
 });
 
 test('live: a priority annotation change re-shapes the band; a guarantee first seen keeps the runtime rates; the same ask again does nothing', async (t) => {
-  const { network, reshapes } = fakeNetwork([record('web', { egress: 100 * M, egressGuarantee: 60 * M, priority: 1 }), record('rc', { ingress: 10 * M })]);
+  const { network, reshapes } = fakeNetwork([record('web', { egress: 100 * M, egressGuarantee: 60 * M, priority: 1 }), record('rc', { ingress: 10 * M }), record('plain', { egress: 5 * M, priority: 1 })]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent, undefined, () => CAP);
   const ask: PodAsk = { guarantees: { egress: 60 * M }, qosClass: 'Burstable' };
@@ -171,15 +171,20 @@ test('live: a priority annotation change re-shapes the band; a guarantee first s
   t.deepEqual(reshapes, [], 'nothing of the bandwidth changed');
   await live.onPodUpdate(upd('web', { [EG]: '100M', [PRIO]: 'high' }, ask, { [EG]: '100M' }, ask));
   t.deepEqual(reshapes, [{ id: 'web-id', limits: { egress: 100 * M, egressGuarantee: 60 * M, priority: 0 } }]);
-  t.deepEqual(ev.of('BandwidthApplied'), ['web: bandwidth limits applied: egress 100M (guaranteed 60M); priority high (were egress 100M (guaranteed 60M); priority medium)']);
+  t.deepEqual(ev.of('BandwidthApplied'), ['web: bandwidth priority high (was medium)']);
   await live.onPodUpdate(upd('web', { [EG]: '100M', [PRIO]: 'top' }, ask, { [EG]: '100M', [PRIO]: 'high' }, ask));
   t.deepEqual(reshapes[1], { id: 'web-id', limits: { egress: 100 * M, egressGuarantee: 60 * M, priority: 1 } }, 'an invalid band: the QoS class\'s');
   t.is(ev.of('BandwidthPriorityRejected').length, 1);
+  // Without a guarantee the band is still the pod's: a change of it alone says so.
+  const burst: PodAsk = { guarantees: {}, qosClass: 'Burstable' };
+  await live.onPodUpdate(upd('plain', { [EG]: '5M', [PRIO]: 'low' }, burst, { [EG]: '5M' }, burst));
+  t.deepEqual(reshapes.at(-1), { id: 'plain-id', limits: { egress: 5 * M, priority: 2 } });
+  t.is(ev.of('BandwidthApplied').at(-1), 'plain: bandwidth priority low (was medium)');
   // First sight (after a restart) of a pod whose rates came from runtimeConfig and that asks a guarantee.
   await live.onPodUpdate(upd('rc', {}, { guarantees: { ingress: 5 * M }, qosClass: 'Guaranteed' }));
-  t.deepEqual(reshapes[2], { id: 'rc-id', limits: { ingress: 10 * M, ingressGuarantee: 5 * M, priority: 0 } }, 'its ceiling stays');
+  t.deepEqual(reshapes.at(-1), { id: 'rc-id', limits: { ingress: 10 * M, ingressGuarantee: 5 * M, priority: 0 } }, 'its ceiling stays');
   await live.onPodUpdate(upd('rc', {}, { guarantees: { ingress: 5 * M }, qosClass: 'Guaranteed' }));
-  t.is(reshapes.length, 3);
+  t.is(reshapes.length, 4);
 });
 
 test('kubenet shape keeps a pod\'s guarantee and band: a ceiling below the guarantee is raised to it, with a Warning', async (t) => {
