@@ -11,7 +11,9 @@
  * - a guarantee in a direction the node has no capacity for: none (`BandwidthGuaranteeUnavailable`,
  *   "guarantees are off on this node: ...", naming the config keys).
  *
- * The band is given only on a node with a capacity (the tree it orders exists only there). And the
+ * The band is given only on a node with a capacity (the tree it orders exists only there), and only
+ * when it is known: a pod without a QoS class (none yet; fakes) and without a valid annotation gets
+ * none, and the shaper's default. And the
  * node's side: what its pods are guaranteed together, what is free (`kubenet status`, /metrics). Pure.
  */
 import type { V1Pod } from '@kubernetes/client-node';
@@ -86,8 +88,10 @@ export function applyAsk(limits: BandwidthLimits, ask: PodAsk, annotations: Reco
     }
     kept[d] = g;
   }
+  // A band where the node has a capacity, and the pod's is known (the API server sets the QoS class of every pod).
   const on = capacity?.egress !== undefined || capacity?.ingress !== undefined;
-  const { limits: out, raised } = withGuarantees(limits, kept, on ? band.priority : undefined);
+  const known = ask.qosClass !== undefined || (annotations?.[PRIORITY_ANNOTATION] !== undefined && band.problem === undefined);
+  const { limits: out, raised } = withGuarantees(limits, kept, on && known ? band.priority : undefined);
   for (const r of raised) notes.push({ reason: REASON_CEILING_RAISED, message: raisedMessage(r) });
   return { limits: out, notes };
 }

@@ -95,7 +95,7 @@ test('the ask: guarantees summed from the containers (1 unit = 1 Mbit/s), the Qo
   t.regex(bad.problem ?? '', /kubenet\.io\/egress-bandwidth: invalid quantity "-5"/);
 });
 
-test('applyAsk: the guarantee and the QoS band into the limits; a ceiling below the guarantee raised; a bad priority, a bad request and a node without capacity are Warnings', (t) => {
+test('applyAsk: the guarantee and the QoS band (when known) into the limits; a ceiling below the guarantee raised; a bad priority, a bad request and a node without capacity are Warnings', (t) => {
   const ask: PodAsk = { guarantees: { egress: 60 * M }, qosClass: 'Guaranteed' };
   t.deepEqual(applyAsk({ egress: 100 * M }, ask, {}, CAP), { limits: { egress: 100 * M, egressGuarantee: 60 * M, priority: 0 }, notes: [] });
   const raised = applyAsk({ egress: 20 * M, egressBurst: 1000 }, ask, { [PRIO]: 'low' }, CAP);
@@ -109,10 +109,13 @@ test('applyAsk: the guarantee and the QoS band into the limits; a ceiling below 
   t.deepEqual(badQty.notes, [{ reason: 'BandwidthGuaranteeRejected', message: 'container resource kubenet.io/egress-bandwidth: invalid quantity "1.5"; the pod gets no guarantee' }]);
   // Egress known, ingress not (a device without link speed, say): the ingress guarantee is off.
   const half: NodeCapacity = { egress: 1000 * M, source: { egress: 'config', ingress: 'unknown' }, device: 'veth0' };
-  const off = applyAsk({}, { guarantees: { egress: 10 * M, ingress: 20 * M } }, {}, half);
+  const off = applyAsk({}, { guarantees: { egress: 10 * M, ingress: 20 * M }, qosClass: 'Burstable' }, {}, half);
   t.deepEqual(off.limits, { egressGuarantee: 10 * M, priority: 1 });
   t.deepEqual(off.notes.map((n) => n.reason), ['BandwidthGuaranteeUnavailable']);
   t.regex(off.notes[0]?.message ?? '', /^guarantees are off on this node: no ingress capacity: veth0 reports no link speed \(set ingressCapacity, or capacityDevice to a device that reports its link speed, in the agent's config\); the pod's kubenet\.io\/ingress-bandwidth request \(20M\) is not reserved$/);
+  // No QoS class known (a pod without status, as fakes hold them) and no valid annotation: no band.
+  t.deepEqual(applyAsk({ egress: 5 * M }, { guarantees: {} }, {}, CAP).limits, { egress: 5 * M });
+  t.deepEqual(applyAsk({ egress: 5 * M }, { guarantees: {} }, { [PRIO]: 'high' }, CAP).limits, { egress: 5 * M, priority: 0 });
   // No capacity at all: no guarantee, no band (today's shaping).
   const none = applyAsk({ egress: 5 * M }, { guarantees: { egress: 10 * M }, qosClass: 'Guaranteed' }, {}, { source: { egress: 'unknown', ingress: 'unknown' } });
   t.deepEqual(none.limits, { egress: 5 * M });
