@@ -115,8 +115,9 @@ async function daemon(config: AgentConfig): Promise<number> {
   let capacity: NodeCapacity | undefined;
   let nodeCapacity: NodeCapacityPublisher | undefined;
   if (config.podCIDR) {
-    // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig.
+    // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig (a capacity only as configured).
     source = new StaticCidr(config.podCIDR);
+    capacity = (await import('../daemon/node-capacity.js')).configuredCapacity(config);
   } else {
     // In a cluster: the Node's spec.podCIDRs, and pod annotations when the runtime passes no bandwidth.
     const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr-source.js'), import('../daemon/pod-lookup.js')]);

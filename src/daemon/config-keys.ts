@@ -110,7 +110,7 @@ function capacityKey(direction: 'egress' | 'ingress', what: string): KeyDefiniti
     type: 'string',
     flag: `--${direction}-capacity`,
     defaultText: 'the link speed of capacityDevice',
-    description: `The node's bandwidth ${what}, a quantity as in the pod annotations (e.g. "10G"): the rate of the shaping tree's node class, the capacity published on the Node as \`kubenet.io/${direction}-bandwidth\` (1 = 1 Mbit/s) and what guarantees are promised out of. Unset: the link speed of \`capacityDevice\`; a device that reports none turns ${direction} guarantees off (\`kubenet status\` says so).`,
+    description: `The node's bandwidth ${what}, a quantity as in the pod annotations (e.g. "10G"): the rate of the shaping tree's node class, the capacity published on the Node as \`kubenet.io/${direction}-bandwidth\` (1 = 1 Mbit/s) and what guarantees are promised out of. Unset: in cluster mode the link speed of \`capacityDevice\`, and a device that reports none turns ${direction} guarantees off (\`kubenet status\` says so); with a static \`podCIDR\`, none.`,
     validate: (value, fail) => {
       // A number is bits/s (a loaded config given again as flags).
       const s = typeof value === 'number' && Number.isSafeInteger(value) ? String(value) : str(value, fail, 'a bandwidth quantity such as "10G"');

@@ -36,6 +36,17 @@ export function resolveNodeCapacity(config: Pick<AgentConfig, 'egressCapacity' |
   });
 }
 
+/** The capacity the config alone gives (the static mode: no link speed is read, so an unset config changes nothing there). */
+export function configuredCapacity(config: Pick<AgentConfig, 'egressCapacity' | 'ingressCapacity'>): NodeCapacity | undefined {
+  const { egressCapacity: egress, ingressCapacity: ingress } = config;
+  if (egress === undefined && ingress === undefined) return undefined;
+  return {
+    ...(egress !== undefined ? { egress } : {}),
+    ...(ingress !== undefined ? { ingress } : {}),
+    source: { egress: egress !== undefined ? 'config' : 'unknown', ingress: ingress !== undefined ? 'config' : 'unknown' },
+  };
+}
+
 /** resource name → integer Mbit/s as a string, or null: none that way (removed). */
 export type PublishedCapacity = Record<string, string | null>;
 

@@ -8,7 +8,7 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import { pino } from 'pino';
-import { capacityDiffers, NodeCapacityPublisher, publishedCapacity } from '../../src/daemon/node-capacity.js';
+import { capacityDiffers, configuredCapacity, NodeCapacityPublisher, publishedCapacity, resolveNodeCapacity } from '../../src/daemon/node-capacity.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { FakeApiServer, fakeKubeConfig, node, type FakeObject } from '../../hack/support/fake-apiserver.js';
 import { until } from '../../hack/support/until.js';
@@ -50,6 +50,14 @@ test('the resources in whole Mbit/s; a direction without capacity is null (remov
   t.true(capacityDiffers(n({ [EGR]: '1k', [INR]: '1k' }, { [EGR]: '1k' }), want), 'allocatable too');
   t.true(capacityDiffers(n({ [EGR]: '1k', [INR]: '5' }), publishedCapacity({ egress: 1 * G })), 'a stale direction');
   t.false(capacityDiffers(n({ [EGR]: '1k' }), publishedCapacity({ egress: 1 * G })));
+});
+
+test('the capacity from config: both keys set read no link speed; the static mode takes the config alone (unset: none, nothing changes)', async (t) => {
+  t.deepEqual(await resolveNodeCapacity({ egressCapacity: 10 * G, ingressCapacity: 1 * G }), { egress: 10 * G, ingress: 1 * G, source: { egress: 'config', ingress: 'config' } });
+  t.deepEqual(await resolveNodeCapacity({ egressCapacity: 10 * G, ingressCapacity: 1 * G, capacityDevice: 'no-such-dev0' }), { egress: 10 * G, ingress: 1 * G, source: { egress: 'config', ingress: 'config' } });
+  t.like(await resolveNodeCapacity({ capacityDevice: 'no-such-dev0' }), { device: 'no-such-dev0', source: { egress: 'unknown', ingress: 'unknown' } }, 'a device without a link speed: guarantees off');
+  t.is(configuredCapacity({}), undefined);
+  t.deepEqual(configuredCapacity({ egressCapacity: 5 * G }), { egress: 5 * G, source: { egress: 'config', ingress: 'unknown' } });
 });
 
 test('published at start as a merge patch of the status; again when kubelet drops them, not when it keeps them', async (t) => {
