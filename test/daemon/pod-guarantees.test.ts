@@ -148,6 +148,25 @@ test('ADD in cluster mode: guarantees and band from the pod, also beside runtime
   t.is((await handler.handle(addRequest('down2'))).status, 500, 'without them, the lookup is needed');
 });
 
+test('ADD on a node without capacity: the pod runs with its ceilings, no guarantee and no band, and a Warning says guarantees are off, naming the config keys; a bad request and a bad band likewise', async (t) => {
+  const c = fakePods();
+  c.pods.set('default/g', { annotations: { [EG]: '20M', [PRIO]: 'fastest' }, ask: { guarantees: { egress: 60 * M }, qosClass: 'Guaranteed' } });
+  c.pods.set('default/q', { annotations: {}, ask: { guarantees: {}, problem: 'container resource kubenet.io/ingress-bandwidth: invalid quantity "-1" (expected a whole number of Mbit/s, e.g. "200")', qosClass: 'Burstable' } });
+  const { network, attaches } = fakeNetwork([]);
+  const ev = fakeEvents();
+  const none: NodeCapacity = { source: { egress: 'unknown', ingress: 'unknown' }, device: 'eth0' };
+  const live = new LiveShaping(network, ev.rec, c.lookup, silent, undefined, () => none);
+  const handler = new CniHandler(network, c.lookup, () => undefined, silent, live, undefined, () => none);
+  t.is((await handler.handle(addRequest('g'))).status, 200);
+  t.is((await handler.handle(addRequest('q'))).status, 200);
+  t.deepEqual(attaches.map((a) => a.limits), [{ egress: 20 * M }, {}]);
+  await afterAnswers();
+  t.deepEqual(ev.of('BandwidthGuaranteeUnavailable'), ["g: guarantees are off on this node: no egress capacity: eth0 reports no link speed (set egressCapacity, or capacityDevice to a device that reports its link speed, in the agent's config); the pod's kubenet.io/egress-bandwidth request (60M) is not reserved"]);
+  t.is(ev.of('BandwidthPriorityRejected').length, 1);
+  t.deepEqual(ev.of('BandwidthGuaranteeRejected'), ['q: container resource kubenet.io/ingress-bandwidth: invalid quantity "-1" (expected a whole number of Mbit/s, e.g. "200"); the pod gets no guarantee']);
+  t.true(ev.got.filter((e) => e.reason !== 'BandwidthApplied').every((e) => e.type === 'Warning'));
+});
+
 test('static mode (no pod lookup, no capacity): the limits as the runtime gives them, nothing else', async (t) => {
   const { network, attaches } = fakeNetwork([]);
   const handler = new CniHandler(network, undefined, () => undefined, silent);
