@@ -3,7 +3,9 @@
  * the node agent: lists and watches of nodes, pods, namespaces and ServiceCIDRs (networking.k8s.io/v1,
  * or 404 as an API server before 1.33 answers: `serveServiceCidrs`) with field selectors and
  * resourceVersions, 410 for compacted resourceVersions, GET of one pod or namespace, creation (POST)
- * of core/v1 Events, which it records. Tests drive it: change objects (open watches get the events: a pod's new annotations
+ * of core/v1 Events, which it records, and JSON merge patches (RFC 7386) of a Node's status
+ * (`PATCH /api/v1/nodes/NAME/status`, as the agent publishes its bandwidth capacity), which it
+ * applies (open watches get the Node MODIFIED) and records. Tests drive it: change objects (open watches get the events: a pod's new annotations
  * reach the agent as MODIFIED), close watches, expire resourceVersions, stall, fail, stop and
  * restart on the same port.
  */
@@ -71,8 +73,17 @@ export interface RecordedEvent {
   [k: string]: unknown;
 }
 
+/** A PATCH of a Node's status as received. */
+export interface RecordedPatch {
+  node: string;
+  contentType: string | undefined;
+  patch: unknown;
+}
+
 export class FakeApiServer {
   readonly requests: RecordedRequest[] = [];
+  /** Node status patches, in arrival order (also those refused). */
+  readonly patches: RecordedPatch[] = [];
   /** Events created through POST /api/v1/namespaces/NS/events, in arrival order. */
   readonly events: RecordedEvent[] = [];
   /** How a watch from a compacted resourceVersion is refused: 200 + ERROR event (as kube-apiserver does) or HTTP 410. */
@@ -314,6 +325,8 @@ export class FakeApiServer {
     if (failure) return sendStatus(res, failure, REASONS[failure] ?? 'InternalError', `injected failure ${failure}`);
     const ev = /^\/api\/v1\/namespaces\/([^/]+)\/events$/.exec(url.pathname);
     if (req.method === 'POST' && ev) return this.createEvent(decodeURIComponent(ev[1] ?? ''), req, res);
+    const st = /^\/api\/v1\/nodes\/([^/]+)\/status$/.exec(url.pathname);
+    if (req.method === 'PATCH' && st) return this.patchNodeStatus(decodeURIComponent(st[1] ?? ''), req, res);
     if (req.method !== 'GET') return sendStatus(res, 405, 'MethodNotAllowed', `${req.method} is not supported by the fake`);
     if (url.pathname === '/api/v1/nodes') return this.collection('nodes', url, watch, res);
     if (url.pathname === '/api/v1/pods') return this.collection('pods', url, watch, res);
@@ -366,6 +379,37 @@ export class FakeApiServer {
     });
   }
 
+  /** PATCH of a Node's status: a JSON merge patch touching only `status` (the subresource's rule), applied; 200 with the Node. */
+  private patchNodeStatus(name: string, req: IncomingMessage, res: ServerResponse): void {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const contentType = req.headers['content-type'];
+      let patch: unknown;
+      try {
+        patch = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+      } catch {
+        return sendStatus(res, 400, 'BadRequest', 'the body is not JSON');
+      }
+      this.patches.push({ node: name, contentType, patch });
+      if (contentType !== 'application/merge-patch+json') return sendStatus(res, 415, 'UnsupportedMediaType', `the fake takes merge patches only, not ${contentType}`);
+      const node = this.objects.nodes.get(name);
+      if (!node) return sendStatus(res, 404, 'NotFound', `nodes "${name}" not found`);
+      // The status subresource ignores everything but status.
+      const status = (patch as { status?: unknown } | null)?.status;
+      const next = structuredClone(node);
+      next.status = mergePatch(next.status ?? {}, status ?? {}) as Record<string, unknown>;
+      this.setNode(next);
+      sendJson(res, 200, { apiVersion: 'v1', kind: 'Node', ...this.objects.nodes.get(name) });
+    });
+  }
+
+  /** The Node as stored now (a copy), or undefined. */
+  getNode(name: string): FakeObject | undefined {
+    const n = this.objects.nodes.get(name);
+    return n ? structuredClone(n) : undefined;
+  }
+
   private collection(kind: Kind, url: URL, watch: boolean, res: ServerResponse): void {
     const selector = parseSelector(url.searchParams.get('fieldSelector') ?? '');
     if (!selector) return sendStatus(res, 400, 'BadRequest', `unsupported fieldSelector ${url.searchParams.get('fieldSelector')}`);
@@ -392,6 +436,17 @@ export class FakeApiServer {
     this.watches.add(w);
     res.on('close', () => this.watches.delete(w));
   }
+}
+
+/** RFC 7386: objects merge key by key, null removes a key, anything else replaces. */
+function mergePatch(target: unknown, patch: unknown): unknown {
+  if (patch === null || typeof patch !== 'object' || Array.isArray(patch)) return patch;
+  const out: Record<string, unknown> = target !== null && typeof target === 'object' && !Array.isArray(target) ? { ...(target as Record<string, unknown>) } : {};
+  for (const [k, v] of Object.entries(patch)) {
+    if (v === null) delete out[k];
+    else out[k] = mergePatch(out[k], v);
+  }
+  return out;
 }
 
 function writeEvent(res: ServerResponse, type: EventType | 'ERROR', object: unknown, written?: () => void): void {

@@ -19,6 +19,7 @@
  *
  * Pure: no I/O; the agent feeds it the annotations of the pod and of its namespace.
  */
+import { PRIORITY_BANDS } from './guarantees.js';
 import { bandwidthFromAnnotations, EGRESS_ANNOTATION, formatBandwidth, INGRESS_ANNOTATION, parseBandwidth, type BandwidthLimits, type LimitSource, type LimitSources } from './limits.js';
 
 type Direction = 'ingress' | 'egress';
@@ -169,16 +170,24 @@ export function sourceTag(s: LimitSource | undefined): string {
   return s === 'namespace-default' ? 'ns-default' : s === 'namespace-ceiling' ? 'ns-ceiling' : '';
 }
 
-/** Limits with where each came from, as Events say it: "ingress 20M (namespace ceiling), egress 5M". */
+/**
+ * Limits with where each came from, guarantees and (with a guarantee) the band, as Events say it:
+ * "ingress 20M (namespace ceiling), egress 5M", "egress 100M (guaranteed 60M); priority high".
+ */
 export function describeSourcedLimits(limits: BandwidthLimits, sources: LimitSources | undefined): string {
   const parts: string[] = [];
   for (const d of DIRECTIONS) {
     const v = limits[d];
-    if (v === undefined) continue;
+    const g = limits[d === 'ingress' ? 'ingressGuarantee' : 'egressGuarantee'];
+    if (v === undefined && g === undefined) continue;
     const s = sources?.[d];
-    parts.push(`${d} ${formatBandwidth(v)}${s === 'namespace-default' ? ' (namespace default)' : s === 'namespace-ceiling' ? ' (namespace ceiling)' : ''}`);
+    const from = v !== undefined && s === 'namespace-default' ? ' (namespace default)' : v !== undefined && s === 'namespace-ceiling' ? ' (namespace ceiling)' : '';
+    parts.push(`${d} ${v === undefined ? 'no ceiling' : formatBandwidth(v)}${from}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`);
   }
-  return parts.length > 0 ? parts.join(', ') : 'none';
+  if (parts.length === 0) return 'none';
+  const guaranteed = limits.ingressGuarantee !== undefined || limits.egressGuarantee !== undefined;
+  const band = limits.priority === undefined || !guaranteed ? undefined : PRIORITY_BANDS[limits.priority];
+  return band === undefined ? parts.join(', ') : `${parts.join(', ')}; priority ${band}`;
 }
 
 /** The Warning for a capped direction, naming both annotations and the values. */

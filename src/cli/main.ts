@@ -19,11 +19,13 @@ import { KubeEventRecorder } from '../daemon/events.js';
 import type { NamespaceLookup } from '../daemon/namespace-lookup.js';
 import type { NodeRoutes } from '../daemon/routes.js';
 import type { ClusterRanges } from '../daemon/cluster-ranges.js';
+import type { NodeCapacity, NodeCapacityPublisher } from '../daemon/node-capacity.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
-import { describeLimits } from '../pod/index.js';
+import { describeLimits, formatBandwidth } from '../pod/index.js';
+import type { BandwidthReport } from '../daemon/pod-guarantees.js';
 import { commandHelp, usage } from './help.js';
-import { limitText, rateText, top } from './top.js';
+import { bandText, directionText, rateText, top } from './top.js';
 
 const USAGE = usage();
 
@@ -112,14 +114,21 @@ async function daemon(config: AgentConfig): Promise<number> {
   let routes: NodeRoutes | undefined;
   let namespaces: NamespaceLookup | undefined;
   let ranges: ClusterRanges | undefined;
+  let capacity: NodeCapacity | undefined;
+  let nodeCapacity: NodeCapacityPublisher | undefined;
   if (config.podCIDR) {
-    // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig.
+    // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig (a capacity only as configured).
     source = new StaticCidr(config.podCIDR);
+    capacity = (await import('../daemon/node-capacity.js')).configuredCapacity(config);
   } else {
     // In a cluster: the Node's spec.podCIDRs, and pod annotations when the runtime passes no bandwidth.
     const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr-source.js'), import('../daemon/pod-lookup.js')]);
     const kube = { nodeName: config.nodeName, logger: log, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
-    source = new NodeWatchPodCidrSource(kube);
+    // The node's bandwidth capacity: the shaper's node class, published on the Node for the scheduler.
+    const { NodeCapacityPublisher, resolveNodeCapacity } = await import('../daemon/node-capacity.js');
+    capacity = await resolveNodeCapacity(config);
+    const publisher = (nodeCapacity = new NodeCapacityPublisher(kube));
+    source = new NodeWatchPodCidrSource({ ...kube, onNode: (node) => publisher.nodeSeen(node) });
     pods = new ClusterPodLookup(kube);
     namespaces = new (await import('../daemon/namespace-lookup.js')).ClusterNamespaceLookup(kube);
     events = new KubeEventRecorder(kube);
@@ -135,7 +144,14 @@ async function daemon(config: AgentConfig): Promise<number> {
   // In the image: write through the iptables backend the node uses (src/daemon/xtables.ts).
   const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
   if (xtablesLinks) await (await import('../daemon/xtables.js')).selectXtablesBackend(xtablesLinks, log);
-  const agent = new Agent(config, source, log, pods, { ...(events ? { events } : {}), ...(routes ? { routes } : {}), ...(namespaces ? { namespaces } : {}), ...(ranges ? { ranges } : {}) });
+  const agent = new Agent(config, source, log, pods, {
+    ...(events ? { events } : {}),
+    ...(routes ? { routes } : {}),
+    ...(namespaces ? { namespaces } : {}),
+    ...(ranges ? { ranges } : {}),
+    ...(capacity ? { capacity } : {}),
+    ...(nodeCapacity ? { nodeCapacity } : {}),
+  });
   await agent.start();
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
@@ -147,6 +163,22 @@ async function daemon(config: AgentConfig): Promise<number> {
   });
   await agent.stop();
   return 0;
+}
+
+/** The node's capacity per direction, what its pods are guaranteed and what is free; or why guarantees are off. */
+function printBandwidth(b: BandwidthReport): void {
+  const on = (['egress', 'ingress'] as const).filter((d) => b.capacity[d] !== undefined);
+  if (on.length === 0 && b.off?.egress === b.off?.ingress) return console.log(`guarantees: off: ${b.off?.egress ?? 'no capacity'}`);
+  if (on.length > 0) console.log(`capacity: ${b.description}`);
+  for (const d of ['egress', 'ingress'] as const) {
+    const cap = b.capacity[d];
+    if (cap === undefined) {
+      console.log(`  ${d.padEnd(7)} guarantees off: ${b.off?.[d] ?? 'no capacity'}`);
+      continue;
+    }
+    const free = b.free[d] ?? 0;
+    console.log(`  ${d.padEnd(7)} ${formatBandwidth(b.committed[d])} guaranteed, ${free >= 0 ? `${formatBandwidth(free)} free` : `over by ${formatBandwidth(-free)}`} of ${formatBandwidth(cap)}`);
+  }
 }
 
 function positiveNumber(v: unknown, flag: string): number | undefined {
@@ -192,20 +224,26 @@ async function status(socket: string, json: boolean, windowS: number | undefined
   console.log(`pod CIDR: ${s.podCIDR ?? '(none yet)'}\nbridge:   ${s.bridge}\nready:    ${s.ready}\npods:     ${s.pods.length}`);
   // Limits hold for everything else; an older agent does not say.
   if (s.unshapedCIDRs) console.log(`unshaped: ${s.unshapedCIDRs.join(', ') || '(none: limits hold for all traffic)'}`);
+  if (s.bandwidth) printBandwidth(s.bandwidth);
   const ports = (p: StatusReport['pods'][number]) => (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
   const seconds = s.pods.find((p) => p.rate)?.rate?.seconds;
   // A limit from the pod's namespace says so ("10M ns-default", "20M ns-ceiling"); the column widens for it.
-  const limits = s.pods.map((p) => [limitText(p.limits.ingress || undefined, p.limitSources?.ingress), limitText(p.limits.egress || undefined, p.limitSources?.egress)] as const);
+  // A guarantee stands before its ceiling ("60M..100M"); the band (PRIO) only on a node that gives them.
+  const limits = s.pods.map((p) => [directionText(p.limits, 'ingress', p.limitSources?.ingress), directionText(p.limits, 'egress', p.limitSources?.egress)] as const);
   const lw = Math.max(9, ...limits.flat().map((c) => c.length));
+  const banded = s.pods.some((p) => p.limits.priority !== undefined);
   if (s.pods.length > 0) {
-    console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(lw)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(lw)} ${'OUT RATE'.padEnd(9)} HOST PORTS`);
+    console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(lw)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(lw)} ${'OUT RATE'.padEnd(9)} ${banded ? 'PRIO   ' : ''}HOST PORTS`);
   }
   s.pods.forEach((p, i) => {
     const [ingress, egress] = limits[i] ?? ['-', '-'];
-    const cells = [ingress.padEnd(lw), rateText(p.rate?.ingress).padEnd(9), egress.padEnd(lw), rateText(p.rate?.egress).padEnd(9)];
+    const cells = [ingress.padEnd(lw), rateText(p.rate?.ingress).padEnd(9), egress.padEnd(lw), rateText(p.rate?.egress).padEnd(9), ...(banded ? [bandText(p.limits.priority).padEnd(6)] : [])];
     console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${cells.join(' ')} ${ports(p)}`);
   });
   if (seconds !== undefined) console.log(`(INGRESS/EGRESS: limits to/from the pod; IN/OUT RATE: measured over the last ${seconds} s, bits/s on the wire)`);
+  if (s.pods.some((p) => p.limits.ingressGuarantee !== undefined || p.limits.egressGuarantee !== undefined)) {
+    console.log("(60M..100M: guaranteed 60M, may borrow up to 100M; 60M..: up to the node's capacity)");
+  }
   if (s.pods.some((p) => p.limitSources?.ingress?.startsWith('namespace') || p.limitSources?.egress?.startsWith('namespace'))) {
     console.log('(ns-default / ns-ceiling: the limit is the default or the ceiling of the pod\'s namespace, not its own)');
   }

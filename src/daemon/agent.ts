@@ -3,7 +3,9 @@
  * socket, the CNI binary and conflist for container runtimes (installed once the pod CIDR is known),
  * metrics, live re-shaping (the pod watch in cluster mode, `kubenet shape` always) with its Events,
  * and the measured rates of `kubenet status` / `top`. The pod records are the core's
- * (src/pod/record.ts): restarts keep every pod.
+ * (src/pod/record.ts): restarts keep every pod. The node's bandwidth capacity (resolved before the
+ * agent is made: the shaper is built with it) is logged at start, published on the Node in cluster
+ * mode (node-capacity.ts), and shown with the guarantees committed out of it (status, metrics).
  *
  * In dhcp mode it also runs the reference DHCP lease daemon (dhcp-daemon.ts) before the core
  * starts, installs the CNI config at once (addresses come from the LAN, not the pod CIDR), and has
@@ -31,6 +33,8 @@ import { Coalesced } from '../util/coalesce.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
+import { describeCapacity, type NodeCapacity } from '../bandwidth/capacity.js';
+import { bandwidthReport, type BandwidthReport } from './pod-guarantees.js';
 import type { NodeRoutes, RouteStatus } from './routes.js';
 import type { ClusterRanges } from './cluster-ranges.js';
 import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER, ipamSocketPath, MAX_SOCKET_PATH_BYTES } from './protocol.js';
@@ -43,6 +47,8 @@ export interface StatusReport {
   unshapedCIDRs?: string[];
   /** With `routes: direct`: the routes to other Nodes' pod CIDRs, and the Nodes that have none. */
   routes?: RouteStatus;
+  /** The node's bandwidth capacity, the guarantees committed out of it and what is free (bits/s). */
+  bandwidth?: BandwidthReport;
   pods: Array<{
     namespace: string;
     name: string;
@@ -75,6 +81,10 @@ export interface AgentOptions {
   namespaces?: NamespaceLookup;
   /** The cluster's pod and Service ranges, the unshaped destinations (`routes: direct`, unshapedCIDRs unset). */
   ranges?: ClusterRanges;
+  /** The node's bandwidth capacity (src/bandwidth/capacity.ts resolveCapacity); unset: unknown, guarantees off. */
+  capacity?: NodeCapacity;
+  /** Cluster mode: publishes the capacity on the Node's status (node-capacity.ts NodeCapacityPublisher). */
+  nodeCapacity?: { publish(c: NodeCapacity): void; stop(): Promise<void> };
 }
 
 export class Agent {
@@ -90,6 +100,8 @@ export class Agent {
   private readonly routes: NodeRoutes | undefined;
   private readonly namespaces: NamespaceLookup | undefined;
   private readonly ranges: ClusterRanges | undefined;
+  private readonly capacity: NodeCapacity | undefined;
+  private readonly nodeCapacity: AgentOptions['nodeCapacity'];
   private confWritten = false;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
@@ -117,6 +129,7 @@ export class Agent {
       ifbName: config.ifbName,
       ifbShards: shardsFor(config.ifbShards, availableParallelism()),
       ...(unshaped ? { unshapedCIDRs: unshaped } : {}),
+      ...(opts.capacity ? { capacity: { ...(opts.capacity.egress !== undefined ? { egress: opts.capacity.egress } : {}), ...(opts.capacity.ingress !== undefined ? { ingress: opts.capacity.ingress } : {}) } } : {}),
       // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
       legacyShaperStateDir: join(config.stateDir, 'shaper'),
       // The runtime calling us runs loopback for lo itself.
@@ -142,9 +155,12 @@ export class Agent {
     this.routes = opts.routes;
     this.namespaces = opts.namespaces;
     this.ranges = opts.ranges;
-    this.live = new LiveShaping(this.network, this.events, pods, log, this.namespaces);
+    this.capacity = opts.capacity;
+    this.nodeCapacity = opts.nodeCapacity;
+    const capacity = () => this.capacity;
+    this.live = new LiveShaping(this.network, this.events, pods, log, this.namespaces, capacity);
     this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
-    this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live, this.namespaces);
+    this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live, this.namespaces, capacity);
     this.api = new AgentApi(
       {
         cni: (req) => this.handler.handle(req),
@@ -183,6 +199,11 @@ export class Agent {
     const pods = this.network.list();
     if (pods.length > 0) this.log.info({ pods: pods.length }, 'pods set up before this start are known');
     this.metrics.update(pods, 0);
+    this.metrics.setCapacity(this.capacity);
+    if (this.capacity) {
+      this.log.info({ capacity: this.capacity }, `node bandwidth capacity: ${describeCapacity(this.capacity)}`);
+      this.nodeCapacity?.publish(this.capacity);
+    }
     if (this.dhcpDaemon) {
       // Ready without a pod CIDR: pods take their addresses from the LAN.
       installCni(this.config, this.log);
@@ -268,6 +289,7 @@ export class Agent {
       ...(unshaped ? { unshapedCIDRs: unshaped } : {}),
       ready: this.ready().ok,
       ...(this.routes ? { routes: this.routes.status() } : {}),
+      bandwidth: bandwidthReport(this.capacity, pods),
       pods: this.network.list().map((p) => {
         const rate = rates.get(rateKey(p.containerId, p.ifName));
         return {
@@ -305,6 +327,7 @@ export class Agent {
     this.stopLoopWatch?.();
     clearTimeout(this.readoptTimer);
     await this.source.stop();
+    await this.nodeCapacity?.stop();
     await this.routes?.stop();
     await this.ranges?.stop();
     await this.api.close();

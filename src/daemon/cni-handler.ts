@@ -22,6 +22,8 @@ import {
   type CniRequest,
 } from './protocol.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
+import { applyAsk, type AskNote, type PodAsk } from './pod-guarantees.js';
+import type { NodeCapacity } from '../bandwidth/capacity.js';
 
 export interface CniAnswer {
   status: number;
@@ -39,6 +41,15 @@ export interface PodUpdate {
   annotations: Record<string, string>;
   /** The annotations known before this update; undefined when the pod is new to the watcher (first list, new pod). */
   previous: Record<string, string> | undefined;
+  /** What it asks of the node now (guarantees, QoS class) and before this update (pod-guarantees.ts). */
+  ask?: PodAsk;
+  previousAsk?: PodAsk | undefined;
+}
+
+/** A pod as the ADD path needs it (cluster mode). */
+export interface PodInfo {
+  annotations: Record<string, string>;
+  ask: PodAsk;
 }
 
 export interface PodLookup {
@@ -46,8 +57,11 @@ export interface PodLookup {
   annotations(namespace: string, name: string): Promise<Record<string, string> | undefined>;
   /** Cluster mode: hear of every pod the watch lists, adds or modifies (live re-shaping). */
   onPodUpdate?(fn: (u: PodUpdate) => void | Promise<void>): void;
-  /** Cluster mode: the watch cache only (no API request): annotations and uid, or undefined. */
+  /** Cluster mode: the pod's annotations and what it asks of the node, from the watch cache or one GET; undefined when it does not exist. */
+  pod?(namespace: string, name: string): Promise<PodInfo | undefined>;
+  /** Cluster mode: the watch cache only (no API request): annotations, ask and uid, or undefined. */
   cachedAnnotations?(namespace: string, name: string): Record<string, string> | undefined;
+  cachedAsk?(namespace: string, name: string): PodAsk | undefined;
   uid?(namespace: string, name: string): string | undefined;
   /** Begin and end whatever feeds the lookup (a watch); the agent calls them around its own life. */
   start?(): Promise<void>;
@@ -56,8 +70,8 @@ export interface PodLookup {
 
 /** Told about what ADD did to a pod's bandwidth (Events, live re-shaping). */
 export interface AttachObserver {
-  /** `resolved`: how its namespace's policy shaped the limits (cluster mode). */
-  attached(record: PodRecord, resolved?: ResolvedLimits): void;
+  /** `resolved`: how its namespace's policy shaped the limits (cluster mode); `notes`: what it asked of the node and did not get as asked. */
+  attached(record: PodRecord, resolved?: ResolvedLimits, notes?: AskNote[]): void;
   /** The ADD was refused for the pod's bandwidth annotations. */
   refused(pod: { namespace: string; name: string }, err: unknown): void;
 }
@@ -71,6 +85,8 @@ export class CniHandler {
     private readonly observer?: AttachObserver,
     /** Cluster mode: the namespaces' bandwidth policy (defaults and ceilings). */
     private readonly namespaces?: NamespaceLookup,
+    /** Cluster mode: the node's capacity (undefined: unknown), out of which pods' guarantees are given (pod-guarantees.ts). */
+    private readonly capacity?: () => NodeCapacity | undefined,
   ) {}
 
   async handle(req: CniRequest): Promise<CniAnswer> {
@@ -100,9 +116,9 @@ export class CniHandler {
     }
   }
 
-  private tellAttached(record: PodRecord, resolved: ResolvedLimits | undefined): void {
+  private tellAttached(record: PodRecord, resolved: ResolvedLimits | undefined, notes: AskNote[]): void {
     try {
-      this.observer?.attached(record, resolved);
+      this.observer?.attached(record, resolved, notes);
     } catch (err) {
       this.log.error({ err, pod: `${record.namespace}/${record.name}` }, 'telling of an attached pod failed');
     }
@@ -120,8 +136,8 @@ export class CniHandler {
       case 'ADD': {
         // runtimeConfig carries the annotations' rates already; else (cluster mode) the pod's annotations.
         let limits = call.limits;
+        const { annotations, ask } = await this.podOf(call);
         if (!limits && call.name) {
-          const annotations = await this.pods?.annotations(call.namespace, call.name);
           try {
             limits = bandwidthFromAnnotations(annotations);
           } catch (err) {
@@ -136,6 +152,9 @@ export class CniHandler {
           resolved = applyNamespacePolicy(limits, await this.namespaces.annotations(call.namespace), call.namespace);
           limits = resolved.limits;
         }
+        // Cluster mode: its guarantees and band (a ceiling below a guarantee raised to it).
+        let notes: AskNote[] = [];
+        if (ask && this.capacity) ({ limits, notes } = applyAsk(limits, ask, annotations, this.capacity()));
         const { result, record, repeated } = await this.network.attach({
           containerId: call.containerId,
           ifName: call.ifName,
@@ -147,7 +166,7 @@ export class CniHandler {
           portMappings: call.portMappings,
         });
         // Events and the late re-shape check after the answer has gone out, not before it.
-        if (!repeated && this.observer) setImmediate(() => this.tellAttached(record, resolved));
+        if (!repeated && this.observer) setImmediate(() => this.tellAttached(record, resolved, notes));
         return JSON.stringify(convertResult(result, call.cniVersion));
       }
       case 'DEL':
@@ -161,6 +180,24 @@ export class CniHandler {
       case 'GC':
         await this.network.gc(call.valid);
         return '';
+    }
+  }
+
+  /**
+   * The pod's annotations and ask (cluster mode). With runtimeConfig limits the ADD does not need
+   * the API server: a failed lookup then costs the pod its guarantees until the watch brings it
+   * (live-shaping.ts applies them), not its ADD.
+   */
+  private async podOf(call: Extract<CniCall, { command: 'ADD' }>): Promise<{ annotations?: Record<string, string> | undefined; ask?: PodAsk | undefined }> {
+    if (!call.name || !this.pods) return {};
+    if (!this.pods.pod) return call.limits ? {} : { annotations: await this.pods.annotations(call.namespace, call.name) };
+    try {
+      const p = await this.pods.pod(call.namespace, call.name);
+      return { annotations: p?.annotations, ask: p?.ask };
+    } catch (err) {
+      if (!call.limits) throw err;
+      this.log.warn({ err, pod: `${call.namespace}/${call.name}` }, 'pod lookup failed; setting it up with the runtime\'s limits, its guarantees once the watch has it');
+      return {};
     }
   }
 }

@@ -6,11 +6,14 @@
  * is one entry here plus its field in `AgentConfig`; rules between keys live in config.ts.
  */
 import { isAbsolute } from 'node:path';
-import { isValidIfName } from '../net/ifname.js';
-import { parseCidr, parsePodCidrs } from '../net/ip.js';
+import { parseBandwidth } from '../bandwidth/limits.js';
+import { parsePodCidrs } from '../net/ip.js';
 import { HAIRPIN_MODES, type HairpinMode } from '../pod/bridge.js';
 import { AUTO_SHARDS_PER_CPU, MAX_SHARDS } from '../shaper/tc-layout.js';
+import { absPath, causeText, cidr, describe, ifName, oneOf, str, type Validator } from './config-validate.js';
 import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
+
+export { causeText, describe, type Fail, type Validator } from './config-validate.js';
 
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'silent'] as const;
 export type LogLevel = (typeof LOG_LEVELS)[number];
@@ -67,62 +70,22 @@ export interface AgentConfig {
   stateDir: string;
   /** Seconds a /metrics scrape may serve the pods' counters an earlier scrape read; 0: each reads them. */
   metricsMaxAge: number;
+  /** The node's bandwidth capacity from the pods (bits/s); unset: the link speed of capacityDevice (src/bandwidth/capacity.ts). */
+  egressCapacity?: number;
+  /** The node's bandwidth capacity to the pods (bits/s); unset: the link speed of capacityDevice. */
+  ingressCapacity?: number;
+  /** The device whose link speed gives an unset capacity; unset: the IPv4 default route's device. */
+  capacityDevice?: string;
   logLevel: LogLevel;
 }
 
 export type ConfigKey = keyof AgentConfig;
 /** Keys without a fixed default: optional ones and nodeName (from the environment). */
-export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink' | 'unshapedCIDRs';
+export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink' | 'unshapedCIDRs' | 'egressCapacity' | 'ingressCapacity' | 'capacityDevice';
 export type DefaultedConfig = Omit<AgentConfig, UndefaultedConfigKey>;
 
 /** Env var nodeName defaults to (set by the DaemonSet from spec.nodeName). */
 export const NODE_NAME_ENV = 'NODE_NAME';
-
-/** Makes the error of a bad value: what was expected, and why it is not (the caller adds where). */
-export type Fail = (expected: string, detail?: string) => Error;
-/** Checks and normalizes one key's value, or throws fail(...). */
-export type Validator = (value: unknown, fail: Fail) => unknown;
-
-function str(value: unknown, fail: Fail, expected: string): string {
-  if (typeof value !== 'string' || value === '' || value.includes('\0')) throw fail(expected);
-  return value;
-}
-
-function ifName(value: unknown, fail: Fail): string {
-  const expected = 'a Linux interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")';
-  const s = str(value, fail, expected);
-  if (!isValidIfName(s)) throw fail(expected);
-  return s;
-}
-
-/** The CIDR normalized (host bits cleared), or fail(expected, why). */
-function cidr(s: string, fail: Fail, expected: string): string {
-  try {
-    return parseCidr(s).cidr;
-  } catch (err) {
-    throw fail(expected, causeText(err));
-  }
-}
-
-function absPath(expected = 'an absolute path'): Validator {
-  return (value, fail) => {
-    const s = str(value, fail, expected);
-    if (!isAbsolute(s)) throw fail(expected);
-    return s;
-  };
-}
-
-function oneOf(values: readonly string[]): Validator {
-  const expected = `one of ${values.map((v) => JSON.stringify(v)).join(', ')}`;
-  return (value, fail) => {
-    if (typeof value !== 'string' || !values.includes(value)) throw fail(expected);
-    return value;
-  };
-}
-
-export function causeText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
 
 export interface ConfigKeySpec {
   /** Type in the YAML file. */
@@ -140,6 +103,25 @@ export interface ConfigKeySpec {
 }
 
 type KeyDefinition = Omit<ConfigKeySpec, 'default'> & { defaultText?: string };
+
+/** `egressCapacity` / `ingressCapacity`: a bandwidth quantity, kept in bits/s. */
+function capacityKey(direction: 'egress' | 'ingress', what: string): KeyDefinition {
+  return {
+    type: 'string',
+    flag: `--${direction}-capacity`,
+    defaultText: 'the link speed of capacityDevice',
+    description: `The node's bandwidth ${what}, a quantity as in the pod annotations (e.g. "10G"): the rate of the shaping tree's node class, the capacity published on the Node as \`kubenet.io/${direction}-bandwidth\` (1 = 1 Mbit/s) and what guarantees are promised out of. Unset: in cluster mode the link speed of \`capacityDevice\`, and a device that reports none turns ${direction} guarantees off (\`kubenet status\` says so); with a static \`podCIDR\`, none.`,
+    validate: (value, fail) => {
+      // A number is bits/s (a loaded config given again as flags).
+      const s = typeof value === 'number' && Number.isSafeInteger(value) ? String(value) : str(value, fail, 'a bandwidth quantity such as "10G"');
+      try {
+        return parseBandwidth(s, `${direction}Capacity`);
+      } catch (err) {
+        throw fail('a bandwidth quantity from 1k to 10T, such as "10G"', causeText(err));
+      }
+    },
+  };
+}
 
 const KEYS: Record<ConfigKey, KeyDefinition> = {
   podCIDR: {
@@ -352,6 +334,15 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
       return value;
     },
   },
+  egressCapacity: capacityKey('egress', 'from the pods: what the node sends out'),
+  ingressCapacity: capacityKey('ingress', 'to the pods: what the node takes in'),
+  capacityDevice: {
+    type: 'string',
+    flag: '--capacity-device',
+    defaultText: 'the IPv4 default route\'s device',
+    description: 'The device whose link speed (/sys/class/net/DEV/speed) gives `egressCapacity` and `ingressCapacity` when they are unset.',
+    validate: ifName,
+  },
   logLevel: {
     type: 'string',
     values: LOG_LEVELS,
@@ -387,14 +378,4 @@ export function configKeysMarkdown(): string {
     return `| \`${key}\` | \`${s.flag}\` | ${type} | ${def} | ${s.description.replace(/\|/g, '\\|')} |`;
   });
   return ['| key | flag | type | default | description |', '| --- | --- | --- | --- | --- |', ...rows].join('\n');
-}
-
-/** A value as an error message shows it. */
-export function describe(v: unknown): string {
-  if (v === null) return 'null';
-  if (v === undefined) return 'nothing';
-  if (Array.isArray(v)) return 'a list';
-  if (typeof v === 'object') return 'a mapping';
-  if (typeof v === 'string') return JSON.stringify(v);
-  return `${String(v)} (${typeof v})`;
 }

@@ -1,8 +1,8 @@
 /**
  * Kubernetes Events on pods (core/v1, as kubelet writes them), so `kubectl describe pod` shows what
- * the agent did to a pod's bandwidth: Normal `BandwidthApplied` (the limits) and Warning
- * `BandwidthRejected` (the annotation and the error). POSTed through the agent's own API client
- * (kube-watch.ts); RBAC: `create` on `events` in the core group, nothing else (no patch: every
+ * the agent did to a pod's bandwidth: Normal `BandwidthApplied` (the limits, guarantees, band) and
+ * Warnings (`BandwidthRejected`: the annotation and the error; the reasons below, one each).
+ * POSTed through the agent's own API client (kube-watch.ts); RBAC: `create` on `events` in the core group, nothing else (no patch: every
  * event is a new object, count 1).
  *
  * Fire and forget: recording never blocks or fails the work it reports. Events are posted one at a
@@ -19,6 +19,14 @@ export const REASON_APPLIED = 'BandwidthApplied';
 export const REASON_REJECTED = 'BandwidthRejected';
 /** A pod asked more than its namespace's ceiling and got the ceiling (src/bandwidth/namespace-policy.ts). */
 export const REASON_CAPPED = 'BandwidthCapped';
+/** A pod's ceiling was below its guarantee and was raised to it (src/bandwidth/guarantees.ts). */
+export const REASON_CEILING_RAISED = 'BandwidthCeilingRaised';
+/** A pod's `kubenet.io/bandwidth-priority` annotation is not a band: its QoS class's band applies. */
+export const REASON_PRIORITY_REJECTED = 'BandwidthPriorityRejected';
+/** A pod's request of a bandwidth resource is no whole number of Mbit/s: it gets no guarantee. */
+export const REASON_GUARANTEE_REJECTED = 'BandwidthGuaranteeRejected';
+/** A pod asks a guarantee of a node without a capacity that way: guarantees are off there. */
+export const REASON_GUARANTEE_UNAVAILABLE = 'BandwidthGuaranteeUnavailable';
 
 export interface PodRef {
   namespace: string;

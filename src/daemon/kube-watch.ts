@@ -1,7 +1,7 @@
 /**
- * The Kubernetes API as the node agent uses it: GET, POST (Events), and list + watch of one
- * collection with reconnects (a small reflector). Shared by the Node pod-CIDR source, the pod
- * lookup and the event recorder.
+ * The Kubernetes API as the node agent uses it: GET, POST (Events), PATCH (its Node's status) and
+ * list + watch of one collection with reconnects (a small reflector). Shared by the Node pod-CIDR
+ * source, the pod lookup, the event recorder and the Node capacity publisher.
  *
  * Requests are plain node:http(s) requests; the configuration (src/daemon/kubeconfig.ts: a
  * kubeconfig file or the in-cluster service account) supplies the server, TLS agent and
@@ -90,19 +90,25 @@ export class KubeApi {
     return parseAnswer<T>('POST', path, res, [200, 201]);
   }
 
+  /** PATCH with a JSON merge patch (RFC 7386: null removes a key); a 200 answer is parsed, any other throws KubeApiError with the Status details. */
+  async mergePatch<T>(path: string, patch: unknown, signal?: AbortSignal): Promise<T> {
+    const res = await this.send('PATCH', path, {}, REQUEST_IDLE_MS, signal, JSON.stringify(patch), 'application/merge-patch+json');
+    return parseAnswer<T>('PATCH', path, res, [200]);
+  }
+
   /** Sends a GET and resolves with the response (any status). `idleMs`: fail when the socket is idle that long. */
   open(path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal): Promise<IncomingMessage> {
     return this.send('GET', path, query, idleMs, signal);
   }
 
-  private async send(method: 'GET' | 'POST', path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal, body?: string): Promise<IncomingMessage> {
+  private async send(method: 'GET' | 'POST' | 'PATCH', path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal, body?: string, contentType = 'application/json'): Promise<IncomingMessage> {
     const server = this.kc.getCurrentCluster()?.server;
     if (!server) throw new ConfigError('kubeconfig has no current cluster');
     const url = new URL(server.replace(/\/+$/, '') + path);
     for (const [k, v] of Object.entries(query)) url.searchParams.set(k, v);
     const headers: Record<string, string | number> = { Accept: 'application/json' };
     if (body !== undefined) {
-      headers['Content-Type'] = 'application/json';
+      headers['Content-Type'] = contentType;
       headers['Content-Length'] = Buffer.byteLength(body);
     }
     const opts: RequestOptions = { method, headers };

@@ -24,6 +24,13 @@
  * `BandwidthRejected` with the annotation and the error (an invalid value of the pod, at ADD or
  * later; an invalid value of its namespace, ignored, at ADD and when the namespace changes),
  * Warning `BandwidthCapped` when the pod asks more than its namespace's ceiling and gets the ceiling.
+ *
+ * With a pod's guarantees and band (cluster mode, pod-guarantees.ts): every resolution applies
+ * them too, with their Warnings; a change of what the pod asks of the node (its requests, its QoS
+ * class, `kubenet.io/bandwidth-priority`) re-shapes it as an annotation change does. A pod seen for
+ * the first time that asks a guarantee or a band but carries no bandwidth annotation (and no
+ * namespace policy) keeps its rates: only its guarantees and band are resolved. `kubenet shape`
+ * keeps a pod's guarantees: a ceiling below one is raised to it.
  */
 import { ConfigError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
@@ -39,7 +46,6 @@ import {
   rawPolicy,
   resolveLimits,
   sameLimits,
-  sameRates,
   sameSources,
   withRates,
   withTotals,
@@ -52,7 +58,10 @@ import {
 import { capToCeilings, cappedAskMessage } from '../bandwidth/namespace-policy.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import type { PodLookup, PodUpdate } from './cni-handler.js';
-import { REASON_APPLIED, REASON_CAPPED, REASON_REJECTED, type EventRecorder } from './events.js';
+import type { NodeCapacity } from '../bandwidth/capacity.js';
+import { PRIORITY_ANNOTATION, PRIORITY_BANDS, raisedMessage, withGuarantees } from '../bandwidth/guarantees.js';
+import { REASON_APPLIED, REASON_CAPPED, REASON_CEILING_RAISED, REASON_REJECTED, type EventRecorder } from './events.js';
+import { applyAsk, asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from './pod-guarantees.js';
 import type { NamespaceLookup, NamespaceUpdate } from './namespace-lookup.js';
 
 /** What `kubenet shape` asks: quantities as in the annotations; `clear` starts from no limits. */
@@ -93,9 +102,9 @@ export function parseShapeRequest(body: unknown): { ingress?: number; egress?: n
   return out;
 }
 
-/** The two bandwidth annotations' raw values ("" when absent): what a change is judged on. */
+/** The bandwidth annotations' raw values (the two ceilings, the band; null when absent): what a change is judged on. */
 function rawBandwidth(a: Record<string, string> | undefined): string {
-  return JSON.stringify([a?.[INGRESS_ANNOTATION] ?? null, a?.[EGRESS_ANNOTATION] ?? null]);
+  return JSON.stringify([a?.[INGRESS_ANNOTATION] ?? null, a?.[EGRESS_ANNOTATION] ?? null, a?.[PRIORITY_ANNOTATION] ?? null]);
 }
 
 function hasBandwidthAnnotation(a: Record<string, string>): boolean {
@@ -116,6 +125,8 @@ interface Trigger {
   podChanged: boolean;
   /** Its namespace's policy changed: invalid namespace values are reported. */
   namespaceChanged: boolean;
+  /** Resolve only its guarantees and band; its rates stay (a first sight without a bandwidth annotation or policy). */
+  keepRates?: boolean;
 }
 
 export class LiveShaping {
@@ -128,6 +139,8 @@ export class LiveShaping {
     private readonly pods: PodLookup | undefined,
     log: Logger,
     private readonly namespaces?: NamespaceLookup,
+    /** Cluster mode: the node's capacity, out of which guarantees are given (pod-guarantees.ts). */
+    private readonly capacity?: () => NodeCapacity | undefined,
   ) {
     this.log = log.child({ component: 'live-shaping' });
   }
@@ -160,14 +173,17 @@ export class LiveShaping {
   /** One pod as the watch saw it (see the module doc). */
   async onPodUpdate(u: PodUpdate): Promise<void> {
     if (!u.namespace || !u.name || this.ready(u.namespace, u.name).length === 0) return;
-    if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations)) return;
+    if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations) && sameAsk(u.previousAsk, u.ask)) return;
+    let keepRates = false;
     if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) {
-      // Without a bandwidth annotation, only a namespace policy (now, or when it was set up) can say anything.
+      // Without a bandwidth annotation, only a namespace policy (now, or when it was set up) can say anything of its rates.
       const policed = this.ready(u.namespace, u.name).some((r) => r.limitSources) || hasPolicyAnnotation(await this.policyOf(u.namespace));
-      if (!policed) return;
+      if (!policed && !(this.capacity && asksOfNode(u.ask, u.annotations))) return;
+      keepRates = !policed;
     }
     const pod = { namespace: u.namespace, name: u.name, uid: u.uid };
-    await this.mutex.run(`${u.namespace}/${u.name}`, () => this.follow(pod, u.annotations, { via: 'annotation', podChanged: u.previous !== undefined, namespaceChanged: false }));
+    const why = { via: 'annotation', podChanged: u.previous !== undefined, namespaceChanged: false, keepRates };
+    await this.mutex.run(`${u.namespace}/${u.name}`, () => this.follow(pod, u.annotations, why, u.ask));
   }
 
   /** A namespace's policy annotations as the watch saw them (see the module doc). */
@@ -183,12 +199,16 @@ export class LiveShaping {
       const annotations = this.pods?.cachedAnnotations?.(u.name, name);
       if (!annotations) continue;
       const pod = { namespace: u.name, name, uid: this.uid(u.name, name) };
-      await this.mutex.run(`${u.name}/${name}`, () => this.follow(pod, annotations, { via: 'namespace policy', podChanged: false, namespaceChanged: u.previous !== undefined }));
+      const why = { via: 'namespace policy', podChanged: false, namespaceChanged: u.previous !== undefined };
+      await this.mutex.run(`${u.name}/${name}`, () => this.follow(pod, annotations, why, this.pods?.cachedAsk?.(u.name, name)));
     }
   }
 
-  /** Resolves the pod's limits from its annotations and its namespace's policy now, and applies them where they differ. */
-  private async follow(pod: PodRef, annotations: Record<string, string>, why: Trigger): Promise<void> {
+  /**
+   * Resolves the pod's limits from its annotations, its namespace's policy and (with `ask`) what it
+   * asks of the node now, and applies them where they differ.
+   */
+  private async follow(pod: PodRef, annotations: Record<string, string>, why: Trigger, ask?: PodAsk): Promise<void> {
     const records = this.ready(pod.namespace, pod.name);
     if (records.length === 0) return;
     // Read inside the pod's lock: the policy as it is now, not as it was when the event came.
@@ -204,15 +224,28 @@ export class LiveShaping {
       return;
     }
     if (why.namespaceChanged) this.reportProblems(pod, res);
-    const sources = res.policy ? res.sources : undefined;
+    const sources = why.keepRates ? records[0]?.limitSources : res.policy ? res.sources : undefined;
     let changed = false;
+    let notes: AskNote[] = [];
     for (const r of records) {
       // New rates from the annotations and policy; the namespace's totals follow it too.
-      const next = withTotals(withRates(r.limits, res.limits), res.limits);
-      if (sameRates(r.limits, res.limits) && sameLimits(next, r.limits) && sameSources(r.limitSources, sources)) continue;
-      changed = (await this.apply(r, next, sources, pod, why.via)) || changed;
+      let limits = why.keepRates ? r.limits : withTotals(withRates(r.limits, res.limits), res.limits);
+      if (ask && this.capacity) ({ limits, notes } = applyAsk(limits, ask, annotations, this.capacity()));
+      if (sameLimits(r.limits, limits) && sameSources(r.limitSources, sources)) continue;
+      changed = (await this.apply(r, limits, sources, pod, why.via)) || changed;
     }
-    if (changed || why.podChanged) for (const c of res.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, pod.namespace));
+    if (changed || why.podChanged) {
+      if (!why.keepRates) for (const c of res.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, pod.namespace));
+      this.note(pod, notes);
+    }
+  }
+
+  /** What the pod asked of the node and did not get as asked: a Warning each. */
+  private note(pod: PodRef, notes: AskNote[]): void {
+    for (const n of notes) {
+      this.log.warn({ pod: `${pod.namespace}/${pod.name}`, reason: n.reason }, n.message);
+      this.events.record(pod, 'Warning', n.reason, n.message);
+    }
   }
 
   /** Invalid namespace values (ignored): logged, and a Warning on the pod. */
@@ -241,7 +274,16 @@ export class LiveShaping {
     const ms = +(performance.now() - t0).toFixed(2);
     this.log.info({ pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, ...(sources ? { sources } : {}), via, ms }, 'pod re-shaped');
     const were = describeSourcedLimits(r.limits, r.limitSources);
-    this.events.record(pod, 'Normal', REASON_APPLIED, isUnshaped(limits) ? `bandwidth limits removed (were ${were})` : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`);
+    const bandOnly = sameLimits({ ...r.limits, priority: 0 }, { ...limits, priority: 0 });
+    const band = (p: number | undefined) => (p === undefined ? 'none' : (PRIORITY_BANDS[p] ?? String(p)));
+    this.events.record(
+      pod,
+      'Normal',
+      REASON_APPLIED,
+      bandOnly ? `bandwidth priority ${band(limits.priority)} (was ${band(r.limits.priority)})`
+      : isUnshaped(limits) ? `bandwidth limits removed (were ${were})`
+      : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`,
+    );
     return true;
   }
 
@@ -249,7 +291,7 @@ export class LiveShaping {
    * An ADD set the pod up: its limits (an Event; a capped ask and invalid namespace values as
    * Warnings, from the ADD's `resolved` policy), and a change of its annotations the ADD may have missed.
    */
-  attached(record: PodRecord, resolved?: ResolvedLimits): void {
+  attached(record: PodRecord, resolved?: ResolvedLimits, notes: AskNote[] = []): void {
     if (!record.namespace || !record.name) return;
     const pod = { namespace: record.namespace, name: record.name, uid: this.uid(record.namespace, record.name) };
     if (!isUnshaped(record.limits)) this.events.record(pod, 'Normal', REASON_APPLIED, `bandwidth limits applied: ${describeSourcedLimits(record.limits, record.limitSources)}`);
@@ -257,8 +299,10 @@ export class LiveShaping {
       for (const c of resolved.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, record.namespace));
       this.reportProblems(pod, resolved);
     }
+    this.note(pod, notes);
     const now = this.pods?.cachedAnnotations?.(record.namespace, record.name);
-    if (now) void this.onPodUpdate({ ...pod, annotations: now, previous: undefined }).catch((err: unknown) => this.log.error({ err }, 'late re-shape failed'));
+    const ask = this.pods?.cachedAsk?.(record.namespace, record.name);
+    if (now) void this.onPodUpdate({ ...pod, annotations: now, previous: undefined, ...(ask ? { ask } : {}) }).catch((err: unknown) => this.log.error({ err }, 'late re-shape failed'));
   }
 
   /** An ADD was refused for its bandwidth annotations. */
@@ -275,9 +319,11 @@ export class LiveShaping {
       const policy = await this.policyOf(namespace);
       for (const r of this.ready(namespace, name)) {
         const base = req.clear ? {} : r.limits;
-        // Held to the namespace's ceilings (the operator is told, as a pod's own annotation above one would be).
+        // Held to the namespace's ceilings (the operator is told, as a pod's own annotation above one would be);
+        // its guarantees and band stay, and a new ceiling below a guarantee is raised to it.
         const { rates, capped } = capToCeilings({ ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress }, policy, namespace);
-        const limits = withRates(r.limits, rates);
+        const { limits, raised } = withGuarantees(withRates(r.limits, rates), guaranteesOf(r.limits), r.limits.priority);
+        this.note(pod, raised.map((x) => ({ reason: REASON_CEILING_RAISED, message: raisedMessage(x) })));
         const sources: LimitSources | undefined = capped.length === 0 ? undefined : Object.fromEntries(capped.map((c) => [c.direction, 'namespace-ceiling']));
         const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, sources, pod, 'kubenet shape'));
         const notes = capped.map((c) => cappedAskMessage(c, namespace));

@@ -10,13 +10,21 @@
  * also carry `source`, where the limit came from: `pod` (its annotations or runtimeConfig, and
  * every pod outside a namespace bandwidth policy), `namespace-default` or `namespace-ceiling`.
  *
+ * Bandwidth as a resource of the node (issue 33): `kubenet_node_bandwidth_capacity_bits_per_second`
+ * and `kubenet_node_bandwidth_committed_bits_per_second` (the sum of the ready pods' guarantees) by
+ * direction (a direction without a capacity has no capacity series); per pod with a guarantee
+ * `kubenet_pod_bandwidth_guarantee_bits_per_second{namespace,pod,direction}`, and per pod with a
+ * band `kubenet_pod_bandwidth_priority{namespace,pod}` (0 served first .. 2), from the pod records.
+ *
  * The per-pod families (six lines per shaped direction, 6 000 at 500 pods) are written as text here
  * rather than through prom-client, whose per-series label objects and hashing cost more than the
  * kernel reads: each direction's lines are kept and written again as they are while its figures
  * and labels stay the same. prom-client serves the rest.
  */
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { NodeCapacity } from '../bandwidth/capacity.js';
 import { isUnshaped, type DirectionCounters, type PodRecord, type PodTraffic } from '../pod/index.js';
+import { committed } from './pod-guarantees.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
 /** Fine up to 20 ms, where a blocked loop starts to show in every CNI call. */
@@ -115,6 +123,32 @@ export class PodSeries {
   }
 }
 
+const GUARANTEE_FAMILY = 'kubenet_pod_bandwidth_guarantee_bits_per_second';
+const PRIORITY_FAMILY = 'kubenet_pod_bandwidth_priority';
+
+/** The per-pod guarantee and band families from the ready pods' records (one series per pod: its first attachment's). */
+export function guaranteeSeries(records: PodRecord[]): string {
+  let guarantees = '';
+  let bands = '';
+  const seen = new Set<string>();
+  for (const r of records) {
+    const pod = r.name || r.containerId.slice(0, 12);
+    const key = `${r.namespace}/${pod}`;
+    if (r.phase !== 'ready' || seen.has(key)) continue;
+    seen.add(key);
+    const labels = `namespace="${escapeLabel(r.namespace)}",pod="${escapeLabel(pod)}"`;
+    for (const d of ['ingress', 'egress'] as const) {
+      const g = r.limits[d === 'ingress' ? 'ingressGuarantee' : 'egressGuarantee'];
+      if (g !== undefined) guarantees += `${GUARANTEE_FAMILY}{${labels},direction="${d}"} ${g}\n`;
+    }
+    if (r.limits.priority !== undefined) bands += `${PRIORITY_FAMILY}{${labels}} ${r.limits.priority}\n`;
+  }
+  return (
+    `# HELP ${GUARANTEE_FAMILY} The bandwidth the node guarantees the pod under contention (its requests of kubenet.io/{ingress,egress}-bandwidth), by direction\n# TYPE ${GUARANTEE_FAMILY} gauge\n${guarantees}` +
+    `# HELP ${PRIORITY_FAMILY} The pod's priority band for bandwidth left after guarantees: 0 (high, served first), 1 (medium), 2 (low)\n# TYPE ${PRIORITY_FAMILY} gauge\n${bands}`
+  );
+}
+
 export class AgentMetrics {
   readonly registry = new Registry();
   readonly add = new Histogram({ name: 'kubenet_cni_add_seconds', help: 'CNI ADD latency', buckets: LATENCY_BUCKETS, registers: [this.registry] });
@@ -128,6 +162,14 @@ export class AgentMetrics {
   // Fed by loop-delay.ts: how late a timer due every 10 ms ran, runs a blocked loop missed included.
   readonly loopDelay = new Histogram({ name: 'kubenet_event_loop_delay_seconds', help: "How late the agent's event loop ran a timer due every 10 ms", buckets: LOOP_DELAY_BUCKETS, registers: [this.registry] });
   private readonly perPod = new PodSeries();
+  private readonly capacity = new Gauge({ name: 'kubenet_node_bandwidth_capacity_bits_per_second', help: "The node's bandwidth capacity guarantees are given out of, by direction (ingress: to the pods, egress: from them)", labelNames: ['direction'], registers: [this.registry] });
+  private readonly committed = new Gauge({ name: 'kubenet_node_bandwidth_committed_bits_per_second', help: "The sum of the guarantees of the node's pods, by direction", labelNames: ['direction'], registers: [this.registry] });
+
+  /** The node's capacity (undefined: unknown); a direction without one has no series. */
+  setCapacity(c: Pick<NodeCapacity, 'egress' | 'ingress'> | undefined): void {
+    this.capacity.reset();
+    for (const d of ['ingress', 'egress'] as const) if (c?.[d] !== undefined) this.capacity.set({ direction: d }, c[d]);
+  }
 
   /** One finished CNI call. */
   observe(command: string, seconds: number, code: number | undefined): void {
@@ -141,6 +183,8 @@ export class AgentMetrics {
     const ready = records.filter((r) => r.phase === 'ready');
     this.pods.set(ready.length);
     this.shaped.set(ready.filter((r) => !isUnshaped(r.limits)).length);
+    const sum = committed(ready.map((r) => r.limits));
+    for (const d of ['ingress', 'egress'] as const) this.committed.set({ direction: d }, sum[d]);
     this.vethDeletions.set(vethDeletionsInFlight);
   }
 
@@ -150,10 +194,10 @@ export class AgentMetrics {
     return { contentType, body: parts.map((p) => p.toString()).join('') };
   }
 
-  /** The exposition in the parts /metrics sends: prom-client's text, then the per-pod series' encoded text (reused while unchanged). */
+  /** The exposition in the parts /metrics sends: prom-client's text, the per-pod series' encoded text (reused while unchanged), the guarantee and band series. */
   async exposition(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[]): Promise<{ contentType: string; parts: Array<string | Buffer> }> {
     this.update(records, vethDeletionsInFlight);
     const base = await this.registry.metrics();
-    return { contentType: this.registry.contentType, parts: [base.endsWith('\n') || base === '' ? base : `${base}\n`, this.perPod.body(traffic)] };
+    return { contentType: this.registry.contentType, parts: [base.endsWith('\n') || base === '' ? base : `${base}\n`, this.perPod.body(traffic), guaranteeSeries(records)] };
   }
 }

@@ -1,6 +1,8 @@
 /**
  * The pod CIDR from this node's Node object: list + watch of /api/v1/nodes restricted to
- * metadata.name=<node>, reporting spec.podCIDRs ("v4,v6" when dual-stack) or spec.podCIDR.
+ * metadata.name=<node>, reporting spec.podCIDRs ("v4,v6" when dual-stack) or spec.podCIDR. Every
+ * state of the Node it sees also goes to `onNode` (the bandwidth capacity on its status,
+ * node-capacity.ts), so one watch serves both.
  */
 import type { V1Node } from '@kubernetes/client-node';
 import { ConfigError } from '../errors.js';
@@ -8,7 +10,10 @@ import type { Logger } from '../log.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
 
-export type NodeWatchOptions = KubeClientOptions;
+export interface NodeWatchOptions extends KubeClientOptions {
+  /** Hears of every state of the Node the watch sees (not of its deletion). */
+  onNode?: (node: V1Node) => void;
+}
 
 /** spec.podCIDRs joined with ",", else spec.podCIDR; undefined while the Node has none. */
 export function podCidrOf(node: V1Node): string | undefined {
@@ -21,6 +26,7 @@ export class NodeWatchPodCidrSource implements PodCidrSource {
   private readonly log: Logger;
   private readonly nodeName: string;
   private readonly loop: ListWatchLoop<V1Node>;
+  private readonly onNode: ((node: V1Node) => void) | undefined;
   private onCidr: ((podCidr: string) => void | Promise<void>) | undefined;
   /** The value last given to onCidr: each distinct value is reported once. */
   private last: string | undefined;
@@ -30,6 +36,7 @@ export class NodeWatchPodCidrSource implements PodCidrSource {
   constructor(opts: NodeWatchOptions) {
     if (!opts.nodeName) throw new ConfigError('the node name is needed to watch the Node object');
     this.nodeName = opts.nodeName;
+    this.onNode = opts.onNode;
     this.log = opts.logger.child({ component: 'node-watch', node: opts.nodeName });
     this.loop = new ListWatchLoop<V1Node>({
       api: new KubeApi(loadKubeConfig(opts)),
@@ -60,6 +67,13 @@ export class NodeWatchPodCidrSource implements PodCidrSource {
   }
 
   private async seen(node: V1Node | undefined): Promise<void> {
+    if (node) {
+      try {
+        this.onNode?.(node);
+      } catch (err) {
+        this.log.error({ err }, 'the Node handler failed');
+      }
+    }
     const cidr = node && podCidrOf(node);
     if (cidr === undefined) {
       const why = node ? 'no-cidr' : 'no-node';

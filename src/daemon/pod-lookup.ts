@@ -2,13 +2,15 @@
  * The pods of this node in cluster mode: a cache fed by list + watch of /api/v1/pods
  * (spec.nodeName=<node>), with one GET on a miss (the runtime may call ADD before the watch has
  * delivered a freshly scheduled pod). It serves the pod annotations for CNI ADD (bandwidth limits)
- * and tells a listener about every pod it learns of or sees change (live re-shaping,
- * src/daemon/live-shaping.ts), with the annotations it knew before.
+ * and what the pod asks of the node (its requests of the bandwidth resources and its QoS class:
+ * guarantees and band, pod-guarantees.ts), and tells a listener about every pod it learns of or
+ * sees change (live re-shaping, src/daemon/live-shaping.ts), with what it knew before.
  */
 import type { V1Pod } from '@kubernetes/client-node';
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
-import type { PodLookup, PodUpdate } from './cni-handler.js';
+import type { PodInfo, PodLookup, PodUpdate } from './cni-handler.js';
+import { podAsk, type PodAsk } from './pod-guarantees.js';
 import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
 
 /** Pod GETs one agent may have in flight (one per ADD of a pod not yet in the watch) before Node warns. */
@@ -21,10 +23,11 @@ const key = (namespace: string, name: string) => `${namespace}/${name}`;
 interface Cached {
   uid: string | undefined;
   annotations: Record<string, string>;
+  ask: PodAsk;
 }
 
 function cached(p: V1Pod): Cached {
-  return { uid: p.metadata?.uid, annotations: { ...p.metadata?.annotations } };
+  return { uid: p.metadata?.uid, annotations: { ...p.metadata?.annotations }, ask: podAsk(p) };
 }
 
 export class ClusterPodLookup implements PodLookup {
@@ -82,6 +85,8 @@ export class ClusterPodLookup implements PodLookup {
         uid: now.uid,
         annotations: now.annotations,
         previous: before?.annotations,
+        ask: now.ask,
+        previousAsk: before?.ask,
       });
     } catch (err) {
       this.log.error({ err, pod: `${p.metadata?.namespace}/${p.metadata?.name}` }, 'pod update handler failed');
@@ -116,14 +121,23 @@ export class ClusterPodLookup implements PodLookup {
     return c ? { ...c.annotations } : undefined;
   }
 
+  /** What the pod asks of the node as the watch cache holds it now. */
+  cachedAsk(namespace: string, name: string): PodAsk | undefined {
+    return this.cache.get(key(namespace, name))?.ask;
+  }
+
   async annotations(namespace: string, name: string): Promise<Record<string, string> | undefined> {
+    return (await this.pod(namespace, name))?.annotations;
+  }
+
+  async pod(namespace: string, name: string): Promise<PodInfo | undefined> {
     const c = this.cache.get(key(namespace, name));
-    if (c) return { ...c.annotations };
+    if (c) return { annotations: { ...c.annotations }, ask: c.ask };
     const path = `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods/${encodeURIComponent(name)}`;
     try {
       const pod = await this.api.getJson<V1Pod>(path, {}, this.aborter.signal);
       this.log.debug({ namespace, pod: name }, 'pod not in the watch cache yet; fetched it');
-      return { ...pod.metadata?.annotations };
+      return { annotations: { ...pod.metadata?.annotations }, ask: podAsk(pod) };
     } catch (err) {
       if (err instanceof KubeApiError && err.status === 404) return undefined;
       const why = err instanceof Error ? err.message : String(err);

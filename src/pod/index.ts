@@ -41,3 +41,4 @@ export {
   sourceTag,
   type ResolvedLimits,
 } from '../bandwidth/namespace-policy.js';
+export { PRIORITY_BANDS } from '../bandwidth/guarantees.js';

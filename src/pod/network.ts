@@ -92,7 +92,7 @@ export class PodNetwork {
       ...(opts.cniTimeoutMs !== undefined ? { timeoutMs: opts.cniTimeoutMs } : {}),
     });
     this.shaper = new Shaper({
-      logger: this.log,
+      logger: this.log, ...(opts.capacity !== undefined ? { capacity: opts.capacity } : {}),
       ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}), shards: opts.ifbShards ?? 1,
       ...(opts.unshapedCIDRs !== undefined ? { unshaped: { subnets: parseUnshaped(opts.unshapedCIDRs), bridge: opts.bridgeName } } : {}),
     });

@@ -66,6 +66,11 @@ export interface PodNetworkOptions {
    * until then, empty: removed.
    */
   unshapedCIDRs?: string[];
+  /**
+   * The node's bandwidth capacity per direction, bits/s (src/bandwidth/capacity.ts): the Shaper's
+   * `capacity`, the rate of its node class, out of which guarantees are given. Unset: no node class.
+   */
+  capacity?: { egress?: number; ingress?: number };
   logger: Logger;
 }
 

@@ -204,7 +204,7 @@ test('flags are validated too and name the flag', async (t) => {
 test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', async (t) => {
   const c = await loadConfig({ flags: {}, env: ENV });
   const keys = Object.keys(CONFIG_KEYS).sort();
-  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'unshapedCIDRs', 'uplink'].sort());
+  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'unshapedCIDRs', 'uplink', 'egressCapacity', 'ingressCapacity', 'capacityDevice'].sort());
   for (const [key, value] of Object.entries(DEFAULT_CONFIG)) {
     const spec = CONFIG_KEYS[key as keyof typeof CONFIG_KEYS];
     t.is(spec.default, Array.isArray(value) ? value.join(',') : String(value), key);
@@ -267,6 +267,24 @@ test('ipam dhcp: uplink required there and refused elsewhere, validated as an in
   // The agent's socket fits (102 bytes); dhcp.sock beside it would not (110).
   const tooLong = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', socket: `/${'s'.repeat(99)}/k` }, env: ENV }), { instanceOf: AgentConfigError });
   t.regex(tooLong?.message ?? '', /lease daemon's socket/);
+});
+
+test('egressCapacity / ingressCapacity: bandwidth quantities kept in bits/s, refused outside 1k..10T naming the key; capacityDevice an interface name; all unset by default', async (t) => {
+  const c = await loadConfig({ file: await yamlFile('egressCapacity: 10G\ningressCapacity: 500M\ncapacityDevice: eth1\n'), flags: {}, env: ENV });
+  t.is(c.egressCapacity, 10_000_000_000);
+  t.is(c.ingressCapacity, 500_000_000);
+  t.is(c.capacityDevice, 'eth1');
+  const none = await loadConfig({ flags: {}, env: ENV });
+  t.false('egressCapacity' in none || 'ingressCapacity' in none || 'capacityDevice' in none);
+  t.is((await loadConfig({ flags: { egressCapacity: 1_000_000_000 }, env: ENV })).egressCapacity, 1e9, 'a number is bits/s (a loaded config as flags)');
+  t.deepEqual(configFlags({ egressCapacity: 1e9 }), ['--egress-capacity', '1000000000']);
+  for (const [bad, why] of [['10 Gbit', /invalid bandwidth quantity/], ['20T', /above the maximum/], ['100', /below the minimum/]] as const) {
+    const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ingressCapacity: ${bad}\n`), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+    t.is(err?.key, 'ingressCapacity');
+    t.regex(err?.message ?? '', why);
+  }
+  const dev = await t.throwsAsync(loadConfig({ flags: { capacityDevice: 'a/b' }, env: ENV }), { instanceOf: AgentConfigError });
+  t.is(dev?.key, 'capacityDevice');
 });
 
 test("README documents every key: its table is configKeysMarkdown()'s", async (t) => {

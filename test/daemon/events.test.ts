@@ -108,7 +108,7 @@ test('the pod watch tells of every pod listed, added and modified, with the anno
   t.teardown(() => lookup.stop());
   await lookup.start();
   await until('the list', () => seen.length === 1);
-  t.deepEqual(seen[0], { namespace: 'default', name: 'a', uid: 'uid-default-a', annotations: { 'kubernetes.io/egress-bandwidth': '10M' }, previous: undefined });
+  t.deepEqual(seen[0], { namespace: 'default', name: 'a', uid: 'uid-default-a', annotations: { 'kubernetes.io/egress-bandwidth': '10M' }, previous: undefined, ask: { guarantees: {} }, previousAsk: undefined });
   await until('the watch', () => api.openWatches === 1);
   api.annotatePod('default', 'a', { 'kubernetes.io/egress-bandwidth': '20M' });
   await until('the change', () => seen.length === 2);

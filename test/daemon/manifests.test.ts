@@ -1,6 +1,6 @@
 /**
  * Static checks of manifests/: every YAML document parses, RBAC is exactly get/list/watch on nodes,
- * pods and namespaces, create on events and list/watch on servicecidrs,
+ * pods and namespaces, create on events, list/watch on servicecidrs and patch on nodes/status,
  * the ConfigMap's config passes loadConfig, and every host path the config uses is a hostPath
  * mount of the DaemonSet at the same path (the host's runtime and CNI binary use those paths).
  */
@@ -126,7 +126,7 @@ test('every document parses and the expected kinds are present', (t) => {
   }
 });
 
-test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on events (core group), list/watch on servicecidrs (networking.k8s.io), bound to the agent service account', (t) => {
+test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on events and patch on nodes/status (core group), list/watch on servicecidrs (networking.k8s.io), bound to the agent service account', (t) => {
   const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
   t.true(roles.length > 0);
   const granted = new Set<string>();
@@ -144,9 +144,10 @@ test('RBAC: exactly get/list/watch on nodes, pods and namespaces and create on e
   }
   // The agent reads nodes (pod CIDR), pods (annotations, live re-shaping) and namespaces (their
   // bandwidth policy, issue 24) and creates Events (BandwidthApplied / BandwidthRejected /
-  // BandwidthCapped), and lists ServiceCIDRs (the Service ranges, unshaped with routes: direct);
-  // it never patches, updates or deletes anything.
-  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'list servicecidrs.networking.k8s.io', 'watch servicecidrs.networking.k8s.io'];
+  // BandwidthCapped, ...), lists ServiceCIDRs (the Service ranges, unshaped with routes: direct)
+  // and patches its Node's status (its bandwidth capacity as extended resources, issue 33); it
+  // updates or deletes nothing.
+  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'list servicecidrs.networking.k8s.io', 'watch servicecidrs.networking.k8s.io', 'patch nodes/status'];
   t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');

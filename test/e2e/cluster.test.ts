@@ -11,9 +11,12 @@
  * defaults, pod limits below and above its ceiling measured with iperf3, the BandwidthCapped
  * Warning, status/top sources, and a ceiling lowered under load. The unshaped destinations (issue
  * 33): exactly the cluster's pod CIDRs and ServiceCIDRs, a ServiceCIDR created or deleted followed
- * live. Traffic only between the cluster's own namespaces (pings, iperf3 between its pods and with
- * the cluster's LAN namespace, which is outside the cluster's ranges that the manifest's config
- * leaves unshaped). Bringing the cluster up and
+ * live. Bandwidth as a resource of the node (issue 33): the Node shows the extended resources from
+ * the uplink's link speed, a pod asking a guarantee runs with it, one asking more than is left stays
+ * Pending with the scheduler's own "Insufficient" reason; the pods' band from their QoS class
+ * (BestEffort: 2) is in their limits. Traffic only between the cluster's own namespaces (pings,
+ * iperf3 between its pods and with the cluster's LAN namespace, which is outside the cluster's
+ * ranges that the manifest's config leaves unshaped). Bringing the cluster up and
  * every step that loads the CPU hold the traffic lock (hack/support/traffic-lock.ts): a control plane
  * starting beside another suite's iperf3 measurement would measure the machine.
  */
@@ -23,6 +26,7 @@ import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { mergeCidrs } from '../../src/shaper/unshaped.js';
 import { until } from '../../hack/support/until.js';
+import { parseQuantity } from '../../src/bandwidth/quantity.js';
 import { uniq } from '../../hack/support/kernel.js';
 import { upstreamDir } from '../../hack/support/upstream.js';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
@@ -212,9 +216,10 @@ serialTest('namespace policy: a default for pods that ask none, a ceiling for th
     // What the agent applied, and says: status (JSON) and top.
     const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ namespace: string; name: string; limits: object; limitSources?: object }> };
     const mine = (name: string) => status.pods.find((p) => p.namespace === NS && p.name === name);
-    t.deepEqual([mine('none')?.limits, mine('none')?.limitSources], [{ ingress: DEFAULT_IN }, { ingress: 'namespace-default' }], 'no limit asked: the namespace default');
-    t.deepEqual([mine('below')?.limits, mine('below')?.limitSources], [{ ingress: BELOW_IN }, { ingress: 'pod' }], "under the ceiling: the pod's own");
-    t.deepEqual([mine('above')?.limits, mine('above')?.limitSources], [{ ingress: MAX_IN }, { ingress: 'namespace-ceiling' }], 'above the ceiling: the ceiling');
+    // Each pod's band is its QoS class's: BestEffort (2), on a node with a capacity.
+    t.deepEqual([mine('none')?.limits, mine('none')?.limitSources], [{ ingress: DEFAULT_IN, priority: 2 }, { ingress: 'namespace-default' }], 'no limit asked: the namespace default');
+    t.deepEqual([mine('below')?.limits, mine('below')?.limitSources], [{ ingress: BELOW_IN, priority: 2 }, { ingress: 'pod' }], "under the ceiling: the pod's own");
+    t.deepEqual([mine('above')?.limits, mine('above')?.limitSources], [{ ingress: MAX_IN, priority: 2 }, { ingress: 'namespace-ceiling' }], 'above the ceiling: the ceiling');
     const topText = (await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'top', '-b', '-n', '1'])).stdout;
     t.regex(topText, new RegExp(`${NS}/above +\\S+ +20M ns-ceiling `), 'top: the ceiling');
     t.regex(topText, new RegExp(`${NS}/none +\\S+ +8M ns-default `), 'top: the default');
@@ -257,7 +262,7 @@ serialTest('namespace policy: a default for pods that ask none, a ceiling for th
     t.true(lowered.includes('BandwidthApplied bandwidth limits applied: ingress 15M (namespace ceiling) (were ingress 20M (namespace ceiling))'), lowered.join(' | '));
     t.true(lowered.includes('BandwidthCapped kubernetes.io/ingress-bandwidth 50M is above the ceiling kubenet.io/max-ingress-bandwidth 15M of namespace bw-policy: ingress limited to 15M'), lowered.join(' | '));
     const after2 = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as typeof status;
-    t.deepEqual(after2.pods.filter((p) => p.namespace === NS).map((p) => [p.name, p.limits]).sort(), [['above', { ingress: LOWERED_IN }], ['below', { ingress: BELOW_IN }], ['none', { ingress: DEFAULT_IN }]], 'only the pod above the new ceiling changed');
+    t.deepEqual(after2.pods.filter((p) => p.namespace === NS).map((p) => [p.name, p.limits]).sort(), [['above', { ingress: LOWERED_IN, priority: 2 }], ['below', { ingress: BELOW_IN, priority: 2 }], ['none', { ingress: DEFAULT_IN, priority: 2 }]], 'only the pod above the new ceiling changed');
   } finally {
     // Also after a failed measurement: the later tests count the pods and check for leftovers.
     await unroute();
@@ -278,7 +283,7 @@ serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, w
   }
   t.true(messages.some((m) => /ingress 10M, egress 5M \(were ingress 10M, egress 20M\)/.test(m)), `the Event: ${messages.join(' | ')}`);
   const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ name: string; limits: object }> };
-  t.deepEqual(status.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6 }, 'kubenet status in the agent pod shows the new limits');
+  t.deepEqual(status.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6, priority: 2 }, 'kubenet status in the agent pod shows the new limits');
   // An invalid value keeps the limits and says why (Warning BandwidthRejected, in kubectl describe).
   await kubectl(['annotate', 'pod', pod, 'kubernetes.io/egress-bandwidth=5 Mbit', '--overwrite']);
   const rejectedBy = Date.now() + 30_000;
@@ -291,7 +296,51 @@ serialTest('kubectl annotate --overwrite changes a running pod\'s limits live, w
   t.regex(described, /Warning\s+BandwidthRejected\s.*5 Mbit/, 'kubectl describe pod shows the Warning BandwidthRejected with the value');
   t.regex(described, /Normal\s+BandwidthApplied\s/, 'and the earlier BandwidthApplied');
   const kept = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { pods: Array<{ name: string; limits: object }> };
-  t.deepEqual(kept.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6 }, 'the invalid value kept the limits');
+  t.deepEqual(kept.pods.find((p) => p.name === pod)?.limits, { ingress: 10e6, egress: 5e6, priority: 2 }, 'the invalid value kept the limits');
+}));
+
+serialTest('bandwidth as a resource of the node: the Node shows kubenet.io/{egress,ingress}-bandwidth at the uplink\'s link speed (manifest unchanged); a pod asking a guarantee runs with it and status counts it; one asking more than is left stays Pending with the scheduler\'s Insufficient reason', (t) => withTrafficLock(async () => {
+  // The capacity the agent read: the link speed of the node's default-route device (its uplink veth).
+  const dev = /\bdev (\S+)/.exec((await inNode('ip', ['-4', 'route', 'show', 'default'])).stdout)?.[1] ?? '';
+  const mbit = Number((await inNode('cat', [`/sys/class/net/${dev}/speed`])).stdout.trim());
+  t.true(Number.isInteger(mbit) && mbit > 0, `${dev} reports a link speed (${mbit})`);
+  type NodeStatus = { status: { capacity: Record<string, string>; allocatable: Record<string, string> } };
+  const shown = async () => (await json<NodeStatus>(['get', 'node', NODE])).status;
+  let st = await shown();
+  for (const deadline = Date.now() + 30_000; st.allocatable['kubenet.io/egress-bandwidth'] === undefined && Date.now() < deadline; st = await shown()) await new Promise((r) => setTimeout(r, 500));
+  for (const r of ['kubenet.io/egress-bandwidth', 'kubenet.io/ingress-bandwidth']) {
+    t.is(parseQuantity(st.capacity[r] ?? ''), BigInt(mbit), `capacity ${r}: ${st.capacity[r]}`);
+    t.is(parseQuantity(st.allocatable[r] ?? ''), BigInt(mbit), `allocatable ${r}: ${st.allocatable[r]}`);
+  }
+  const asking = (name: string, egress: number, ingress: number, annotations: Record<string, string> = {}) => {
+    const p = pausePod(name, annotations) as { spec: { containers: Array<Record<string, unknown>> } };
+    const resources = { 'kubenet.io/egress-bandwidth': String(egress), 'kubenet.io/ingress-bandwidth': String(ingress) };
+    p.spec.containers[0] = { ...p.spec.containers[0], resources: { requests: resources, limits: resources } };
+    return p;
+  };
+  await kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [asking('guaranteed', 100, 50, { 'kubernetes.io/egress-bandwidth': '200M' })] }) });
+  try {
+    await kubectl(['wait', '--for=condition=Ready', 'pod/guaranteed', '--timeout=60s']);
+    const status = JSON.parse((await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status', '--json'])).stdout) as { bandwidth: { capacity: { egress?: number }; committed: { egress: number; ingress: number } }; pods: Array<{ name: string; limits: object }> };
+    t.deepEqual(status.pods.find((p) => p.name === 'guaranteed')?.limits, { egress: 200e6, egressGuarantee: 100e6, ingressGuarantee: 50e6, priority: 2 }, 'its guarantees, its ceiling, its band (BestEffort: extended resources are no cpu or memory)');
+    t.is(status.bandwidth.capacity.egress, mbit * 1e6);
+    t.deepEqual(status.bandwidth.committed, { egress: 100e6, ingress: 50e6 });
+    const text = (await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status'])).stdout;
+    t.regex(text, new RegExp(`egress +100M guaranteed, ${(mbit - 100) / 1000}G free`), text);
+    // More than is left: the scheduler keeps it Pending, with its own reason.
+    await kubectl(['apply', '-f', '-'], { input: JSON.stringify(asking('toobig', mbit - 99, 1)) });
+    let reasons: string[] = [];
+    for (const deadline = Date.now() + 30_000; !reasons.some((m) => /Insufficient kubenet\.io\/egress-bandwidth/.test(m)) && Date.now() < deadline; ) {
+      await new Promise((r) => setTimeout(r, 500));
+      const events = (await json<{ items: Array<{ message: string }> }>(['get', 'events', '--field-selector', 'reason=FailedScheduling,involvedObject.name=toobig'])).items;
+      reasons = events.map((e) => e.message);
+    }
+    t.true(reasons.some((m) => /Insufficient kubenet\.io\/egress-bandwidth/.test(m)), `FailedScheduling: ${reasons.join(' | ')}`);
+    t.log(`the scheduler: ${reasons[0]}`);
+    t.is((await json<{ status: { phase: string } }>(['get', 'pod', 'toobig'])).status.phase, 'Pending');
+  } finally {
+    await kubectl(['delete', 'pod', 'guaranteed', 'toobig', '--wait=true', '--timeout=60s', '--ignore-not-found']);
+  }
 }));
 
 serialTest('a rolling update of the DaemonSet to a new image tag: a running pod keeps its network (pinged every 50 ms, at most 1 s lost) and the new agent knows every pod', (t) => withTrafficLock(async () => {
