@@ -101,8 +101,12 @@ test('no import cycle under src/, type-only imports included', (t) => {
  */
 const LONGER: Record<string, { max: number; why: string }> = {
   'src/shaper/tc.ts': {
-    max: 480,
-    why: 'the Shaper owns every pod\'s installed tc state, the shards\' class-id pools, the tc session and the node tree; init, ensure, remove and reconcile all read and write that state under one mutex, and a split would hand its private maps to other files (the pure parts already live in tc-layout.ts, tc-plan.ts, sizing.ts)',
+    max: 600,
+    why: 'the Shaper owns every pod\'s installed tc state, the class-id pools of the egress shards and of the ingress tree, the namespace class ids, the tc session and the node\'s trees; init, ensure, remove and reconcile all read and write that state under one mutex, and a split would hand its private maps to other files (the pure parts already live in tc-layout.ts, tc-plan.ts, groups.ts, sizing.ts)',
+  },
+  'src/shaper/tc-layout.ts': {
+    max: 430,
+    why: 'every kernel object the shaper makes, its handle and its tc line, flat and in the trees, in one reading: the module doc is the map the lines follow, and a reader checking one pod\'s objects needs all of it',
   },
 };
 

@@ -34,8 +34,12 @@
  *   The node's tree (a capacity is known: sizing.ts TreeParams): one shard, whose htb root has
  *                `default fffd`; class 1:fffe is the node (rate = ceil = the capacity), 1:fffd its
  *                default class (unclassified frames), and every pod class is a child of 1:fffe
- *                instead of the root. The root's default cannot change, so a shard switches between
- *                the flat layout and the tree by being rebuilt (tc.ts init).
+ *                instead of the root (or of its namespace's class 1:<0x2000+n>, when the namespace
+ *                has a total that way: groups.ts). The root's default cannot change, so a shard
+ *                switches between the flat layout and the tree by being rebuilt (tc.ts init).
+ *   The ingress tree (an ingress capacity): the veth's root is htb 2: without classes whose one
+ *                filter redirects everything to `<ifb>.in`, which holds the same tree and tables,
+ *                keyed on the destination address (vethToIfbLines, V4_IN, V6_IN).
  *
  */
 import { ConfigError } from '../errors.js';
