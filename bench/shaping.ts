@@ -29,7 +29,7 @@
  *   [--high-rates 1G,5G,10G] [--agg-sizes 2,8,32] [--agg-seconds 10] [--agg-rounds 3] [--agg-dests lan,pods]
  *   [--agg-protos tcp,udp] [--agg-cases above,binding] [--agg-limit 100G] [--agg-binding 200M]
  *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-perf]
- *   [--cost-capacity 10G] (the cost table's ours in the node's trees)
+ *   [--capacity 10G] (ours of (1) and of the cost table in the node's trees at that capacity both ways)
  *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
  */
@@ -85,8 +85,9 @@ const probes = Number(argValue('--probes') ?? 10);
 const implPasses: Array<Set<string>> = argValue('--impls')
   ? [new Set((argValue('--impls') ?? '').split(','))]
   : [new Set(['ours', 'ref']), new Set(['ours', 'unshaped']), new Set(['ours', 'exec'])];
-/** `--cost-capacity Q`: ours in the node's trees (issue 33) at that capacity both ways, in the cost table. */
-const costCapacity = argValue('--cost-capacity') ? parseBandwidth(argValue('--cost-capacity') ?? '', 'capacity') : undefined;
+/** `--capacity Q`: ours in the node's trees (issue 33) at that capacity both ways, in (1) and the cost table. */
+const benchCapacity = argValue('--capacity') ? parseBandwidth(argValue('--capacity') ?? '', 'capacity') : undefined;
+const treeOpts = benchCapacity ? { capacity: { egress: benchCapacity, ingress: benchCapacity } } : {};
 /** How many unshaped destinations the `unshaped` implementation's ifb holds (issue 24: 10). */
 const unshapedCount = Number(argValue('--unshaped-cidrs') ?? 10);
 const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
@@ -154,6 +155,8 @@ async function tcBytes(args: string[]): Promise<number> {
 
 /** Which counter carries the pod's traffic in one direction, for ours or the reference. */
 function counterFor(impl: 'ours' | 'ref', dir: 'egress' | 'ingress', pod: TopoPod, ifb: string, refIfb: () => Promise<string>) {
+  // Ours in the ingress tree (--capacity): the pod's class on `<ifb>.in`, the only pod there.
+  if (dir === 'ingress' && impl === 'ours' && benchCapacity) return () => tcBytes(['class', 'show', 'dev', `${ifb}.in`, 'classid', '1:1']);
   if (dir === 'ingress') return () => tcBytes(['qdisc', 'show', 'dev', pod.hostVeth, 'root']);
   if (impl === 'ours') return () => tcBytes(['class', 'show', 'dev', ifb, 'classid', '1:1']);
   return async () => tcBytes(['qdisc', 'show', 'dev', await refIfb(), 'root']);
@@ -161,6 +164,7 @@ function counterFor(impl: 'ours' | 'ref', dir: 'egress' | 'ingress', pod: TopoPo
 
 /** Ours only: the interactive leaf of the pod in one direction (its bytes are inside the class's). */
 function interactiveCounterFor(dir: 'egress' | 'ingress', pod: TopoPod, ifb: string) {
+  if (dir === 'ingress' && benchCapacity) return () => tcBytes(['class', 'show', 'dev', `${ifb}.in`, 'classid', '1:801']);
   if (dir === 'ingress') return () => tcBytes(['class', 'show', 'dev', pod.hostVeth, 'classid', '2:2']);
   return () => tcBytes(['class', 'show', 'dev', ifb, 'classid', '1:801']);
 }
@@ -331,7 +335,7 @@ async function rateBench(rateList: string[] = rates, highRate = false): Promise<
   const topo = await makeTopology(2);
   const [a, b] = topo.pods as [TopoPod, TopoPod];
   const ifb = `kshbi${topo.tag}`;
-  const shaper = new Shaper({ ifbName: ifb });
+  const shaper = new Shaper({ ifbName: ifb, ...treeOpts });
   const rows: RateRow[] = [];
   const goalRows: string[][] = [];
   let goalNames: string[] = [];
@@ -445,7 +449,7 @@ async function costBench(impls: Set<string>): Promise<void> {
   const oursExec = await makeTopology(useExec ? total : 0, { addresses: false });
   const ref = await makeTopology(useRef ? total : 0, { addresses: false });
   console.error(`  done in ${((performance.now() - tA) / 1000).toFixed(1)} s`);
-  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}`, ...(costCapacity ? { capacity: { egress: costCapacity, ingress: costCapacity } } : {}) });
+  const shaper = new Shaper({ ifbName: `kshbc${ours.tag}`, ...treeOpts });
   const shaperExec = new Shaper({ ifbName: `kshbe${oursExec.tag}`, tcMode: 'exec' });
   // The same shaper with UNSHAPED_CIDRS destinations not shaped (its ifb's filters; the mangle
   // rules for traffic to the pods are per node and not made here: the bench runs in the host's netns).
@@ -512,7 +516,7 @@ async function costBench(impls: Set<string>): Promise<void> {
       console.error(`  n=${n}: session ${sa.toFixed(2)}+${sd.toFixed(2)} ms, exec ${ea.toFixed(2)}+${ed.toFixed(2)} ms, ref ${ra.toFixed(2)}+${rd.toFixed(2)} ms`);
     }
     printTable(
-      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M), pass ${[...impls].join(' + ')}${costCapacity ? `, ours in the node's trees at capacity ${formatBandwidth(costCapacity)} both ways` : ''}. ` +
+      `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M), pass ${[...impls].join(' + ')}${benchCapacity ? `, ours in the node's trees at capacity ${formatBandwidth(benchCapacity)} both ways` : ''}. ` +
         `ours = Shaper with its long-lived tc session (default), ours-exec = one tc spawn per operation, ref = CNI bandwidth plugin exec`,
       ['n shaped', 'ours setup', 'teardown', 'total', 'ours-exec setup', 'teardown', 'total', 'ref setup', 'teardown', 'total', 'ref/ours', 'ref/ours-exec'],
       rows,
