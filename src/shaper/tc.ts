@@ -18,7 +18,9 @@
  * tree and its own class ids: a new shaped pod goes to the shard with the fewest and keeps it for
  * as long as its egress is shaped. An htb qdisc is one lock and an ifb one tasklet, which every
  * packet through it takes in turn: shards let pods on different CPUs shape in parallel
- * (docs/shaping.md, "Egress shards").
+ * (docs/shaping.md, "Egress shards"). With a capacity (ShaperOptions.capacity) every pod's traffic
+ * passes one tree per direction instead (node class, namespace classes, pod classes with guarantees
+ * and bands: one egress shard, and `<ifb>.in` for traffic to the pods; docs/shaping.md, "The node's trees").
  *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
