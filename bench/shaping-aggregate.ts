@@ -72,6 +72,8 @@ export interface AggregateOptions {
   perf: boolean;
   /** The agent's egress shards (`--ifb-shards`); undefined: its default. */
   shards?: number;
+  /** The agent's capacity both ways (`--egress-capacity`, `--ingress-capacity`; issue 33): every pod in the node's trees. */
+  capacity?: string;
 }
 
 /** UDP with limits far above: no pod offers more than this (one iperf3 receiver takes ~250 Mbit/s of 1448-byte datagrams here without loss). */
@@ -161,10 +163,11 @@ export class AggregateWorld {
   private constructor(
     readonly maxN: number,
     private readonly shards: number | undefined,
+    private readonly capacity?: string,
   ) {}
 
-  static async create(maxN: number, shards?: number): Promise<AggregateWorld> {
-    const w = new AggregateWorld(maxN, shards);
+  static async create(maxN: number, shards?: number, capacity?: string): Promise<AggregateWorld> {
+    const w = new AggregateWorld(maxN, shards, capacity);
     try {
       await w.setup();
     } catch (err) {
@@ -180,7 +183,12 @@ export class AggregateWorld {
     this.cleanup.add(() => sb.destroy());
     // Each /metrics read here is a sample of the pods' wire bytes at that moment: the agent reads
     // the kernel's counters for each (metricsMaxAge 0), never an earlier scrape's.
-    const extraArgs = ['--metrics-max-age', '0', ...(this.shards === undefined ? [] : ['--ifb-shards', String(this.shards)])];
+    const extraArgs = [
+      '--metrics-max-age',
+      '0',
+      ...(this.shards === undefined ? [] : ['--ifb-shards', String(this.shards)]),
+      ...(this.capacity === undefined ? [] : ['--egress-capacity', this.capacity, '--ingress-capacity', this.capacity]),
+    ];
     const started = flagsAgent(sb, { podCidr: '10.60.0.0/24', logFile: join(sb.tmpDir, 'agent.log'), extraArgs });
     this.settings = started.settings;
     await started.agent.start();
@@ -426,7 +434,7 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
   const maxN = Math.max(...o.sizes);
   const t0 = performance.now();
   console.error(`aggregate: a node sandbox with the agent and the reference chain, ${maxN} senders + ${maxN} receivers each...`);
-  const world = await AggregateWorld.create(maxN, o.shards);
+  const world = await AggregateWorld.create(maxN, o.shards, o.capacity);
   console.error(`  ready in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
   const runs: AggRun[] = [];
   const perfs: Array<{ n: number; p: QdiscPerf; run: AggRun }> = [];

@@ -28,7 +28,7 @@
  *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M] [--cc cubic]
  *   [--high-rates 1G,5G,10G] [--agg-sizes 2,8,32] [--agg-seconds 10] [--agg-rounds 3] [--agg-dests lan,pods]
  *   [--agg-protos tcp,udp] [--agg-cases above,binding] [--agg-limit 100G] [--agg-binding 200M]
- *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-perf]
+ *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-capacity 10G] [--agg-perf]
  *   [--capacity 10G] (ours of (1) and of the cost table in the node's trees at that capacity both ways)
  *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
@@ -841,6 +841,7 @@ if (runs('aggregate')) {
     udpOffered: parseBandwidth(argValue('--agg-udp') ?? '2G', 'offered'),
     perf: has('--agg-perf'),
     ...(argValue('--agg-shards') ? { shards: Number(argValue('--agg-shards')) } : {}),
+    ...(argValue('--agg-capacity') ? { capacity: argValue('--agg-capacity') } : {}),
   });
 }
 if (runs('guarantees')) {
