@@ -147,7 +147,7 @@ export class Shaper {
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
     checkIfName(this.ifbName, 'ifbName');
     const inIfb = ingressIfb(this.ifbName);
-    checkIfName(inIfb, 'ifbName (its ingress ifb, <ifbName>.in)');
+    if (capIn !== undefined) checkIfName(inIfb, 'ifbName with an ingress capacity (its ingress tree\'s ifb, <ifbName>.in)');
     this.ingressTree = capIn === undefined ? undefined : { ifb: inIfb, tree: { capacity: capIn } };
     this.inIds = new ClassIds(inIfb);
     // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
@@ -316,7 +316,7 @@ export class Shaper {
    * caller to keep); limits with neither direction remove it (and return undefined).
    */
   async ensure(pod: PodShaping): Promise<ShapingState | undefined> {
-    if (pod.hostVeth !== '' || pod.limits.egress === undefined) checkIfName(pod.hostVeth, 'hostVeth');
+    if (pod.hostVeth !== '' || !this.shapesEgress(pod.limits)) checkIfName(pod.hostVeth, 'hostVeth');
     if (typeof pod.id !== 'string' || pod.id === '') throw new ConfigError('pod id must be a non-empty string');
     checkLimits(pod.limits, `pod ${pod.id}`);
     const perFamily = { 4: 0, 6: 0 };

@@ -343,6 +343,45 @@ serialTest('bandwidth as a resource of the node: the Node shows kubenet.io/{egre
   }
 }));
 
+serialTest('guarantees hold under contention, measured from a host on the LAN: in its own copy of the ConfigMap the node\'s capacity is 100M both ways (the Node shows 100); two pods guaranteed 60M and 20M to them, saturated at once, each get at least their guarantee and together no more than the capacity; the ConfigMap restored after', (t) => withTrafficLock(async () => {
+  const CAP = 100e6;
+  const original = (await json<{ data: Record<string, string> }>(['-n', 'kube-system', 'get', 'configmap', 'kubenet-config'])).data['config.yaml'] ?? '';
+  const setConfig = async (text: string) => {
+    await kubectl(['-n', 'kube-system', 'patch', 'configmap', 'kubenet-config', '--type', 'merge', '-p', JSON.stringify({ data: { 'config.yaml': text } })]);
+    await kubectl(['-n', 'kube-system', 'rollout', 'restart', 'daemonset/kubenet']);
+    await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
+  };
+  const allocatable = async () => (await json<{ status: { allocatable: Record<string, string> } }>(['get', 'node', NODE])).status.allocatable['kubenet.io/ingress-bandwidth'];
+  await setConfig(`${original.replace(/\n*$/, '\n')}egressCapacity: 100M\ningressCapacity: 100M\n`);
+  let unroute: (() => Promise<void>) | undefined;
+  try {
+    for (const deadline = Date.now() + 30_000; (await allocatable()) !== '100' && Date.now() < deadline; ) await new Promise((r) => setTimeout(r, 500));
+    t.is(await allocatable(), '100', 'the Node shows the configured capacity');
+    const asking = (name: string, ingress: number) => {
+      const p = pausePod(name, {}) as { spec: { containers: Array<Record<string, unknown>> } };
+      const resources = { 'kubenet.io/ingress-bandwidth': String(ingress) };
+      p.spec.containers[0] = { ...p.spec.containers[0], resources: { requests: resources, limits: resources } };
+      return p;
+    };
+    await kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [asking('g60', 60), asking('g20', 20)] }) });
+    await kubectl(['wait', '--for=condition=Ready', 'pod/g60', 'pod/g20', '--timeout=60s']);
+    const ipOf = async (name: string) => (await json<{ status: { podIP: string } }>(['get', 'pod', name])).status.podIP;
+    const ep = (ip: string) => ({ netns: '', netnsPath: `/proc/${pausePidOf(ip) ?? 'none'}/ns/net`, ip4: ip });
+    const [a, b] = [ep(await ipOf('g60')), ep(await ipOf('g20'))];
+    unroute = await lanRoutes([{ cidr: (await json<{ spec: { podCIDR: string } }>(['get', 'node', NODE])).spec.podCIDR, node: 1 }]);
+    // Both at once from the LAN host, as fast as TCP goes: the ingress tree divides the node's 100M.
+    const [ra, rb] = await Promise.all([iperf(a, LAN_HOST, { onRetry: retryLog(t), seconds: 10 }), iperf(b, LAN_HOST, { onRetry: retryLog(t), seconds: 10 })]);
+    t.log(`guaranteed 60M: ${(ra.bps / 1e6).toFixed(1)} Mbit/s, guaranteed 20M: ${(rb.bps / 1e6).toFixed(1)} Mbit/s (TCP goodput; the tree counts frames: goodput is ~95 % of it)`);
+    t.true(ra.bps >= 0.95 * 0.98 * 60e6, `the 60M pod got ${(ra.bps / 1e6).toFixed(1)} Mbit/s`);
+    t.true(rb.bps >= 0.95 * 0.98 * 20e6, `the 20M pod got ${(rb.bps / 1e6).toFixed(1)} Mbit/s`);
+    t.true(ra.bps + rb.bps <= 1.02 * CAP, `together ${((ra.bps + rb.bps) / 1e6).toFixed(1)} Mbit/s`);
+  } finally {
+    await unroute?.();
+    await kubectl(['delete', 'pod', 'g60', 'g20', '--wait=true', '--timeout=60s', '--ignore-not-found']);
+    await setConfig(original);
+  }
+}));
+
 serialTest('a rolling update of the DaemonSet to a new image tag: a running pod keeps its network (pinged every 50 ms, at most 1 s lost) and the new agent knows every pod', (t) => withTrafficLock(async () => {
   const tag = `kubenet-ts:e2e-${uniq(4)}`;
   const current = (await json<{ spec: { template: { spec: { containers: Array<{ image: string }> } } } }>(['-n', 'kube-system', 'get', 'daemonset', 'kubenet'])).spec.template.spec.containers[0]?.image ?? '';

@@ -176,3 +176,17 @@ kTest("a namespace's total: its pods' classes under one class at that ceil, guar
   t.false((await classes(inIfb)).has(gid.toString(16)));
   t.deepEqual((await classes(env.ifb)).get('fffd')?.parent, 'fffe');
 });
+
+kTest('with a tree, a pod without an egress ceiling still gets its egress side first, before its veth (the ADD beside the bridge exec)', async (t) => {
+  const env = await shaperEnv(t, 1, 1, { egress: 100e6, ingress: 100e6 });
+  const [a] = env.topo.pods as [(typeof env.topo.pods)[0]];
+  const first = await env.shaper.ensure({ ...podOf(a, { ingress: 10e6 }), hostVeth: '' });
+  t.truthy(first?.classId, 'its egress class, made before the veth is known');
+  t.false(first?.ingressInstalled, 'nothing on a veth yet');
+  const then = await env.shaper.ensure(podOf(a, { ingress: 10e6 }));
+  t.is(then?.classId, first?.classId);
+  t.truthy(then?.ingressClassId);
+  t.regex((await execa('tc', ['filter', 'show', 'dev', a.hostVeth, 'ingress'])).stdout, new RegExp(`Redirect to device ${env.ifb}`));
+  t.throws(() => new Shaper({ ifbName: 'kubenet-ifb012', capacity: { ingress: 1e9 } }), { message: /kubenet-ifb012\.in/ });
+  t.notThrows(() => new Shaper({ ifbName: 'kubenet-ifb012' }).close());
+});
