@@ -171,15 +171,17 @@ serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR
   t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], 'nothing else in /opt/cni/bin');
   t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], 'nothing else in /run/kubenet');
 
-  // The shaped pod: its veth's root qdisc (ingress) and its class on the ifb (egress) at the asked rates.
+  // The shaped pod, in the node's trees (the sandbox's uplink reports a link speed: the node has a
+  // capacity): its veth's root redirects to the ingress tree's ifb, where its class has the ingress
+  // ceiling; its class on the egress ifb has the egress ceiling.
   const status = JSON.parse((await agentGet(sb.hostPath(node.settings.socket), '/v1/status')).body) as { pods: Array<{ id: string; hostVeth: string; limits: object; portMappings?: Array<{ hostPort: number }> }> };
   const shapedStatus = status.pods.find((p) => p.id === shaped.id);
   t.deepEqual(shapedStatus?.limits, { ingress: 20e6, egress: 10e6 }, 'the agent took the PascalCase rates (burst 4294967295: none given)');
   const veth = shapedStatus?.hostVeth ?? 'none';
-  const vethTc = (await sb.exec('tc', ['qdisc', 'show', 'dev', veth])).stdout + (await sb.exec('tc', ['class', 'show', 'dev', veth])).stdout;
-  t.regex(vethTc, /root/, 'a root qdisc on the pod veth');
-  t.regex(vethTc, /rate 20Mbit/, 'ingress shaped at 20Mbit on the pod veth');
-  t.regex((await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).stdout, /class htb 1:\S+ .*rate 10Mbit/, 'egress class on kubenet-ifb0');
+  t.regex((await sb.exec('tc', ['qdisc', 'show', 'dev', veth])).stdout, /qdisc htb 2: root/, 'a root qdisc on the pod veth');
+  t.regex((await sb.exec('tc', ['filter', 'show', 'dev', veth, 'parent', '2:'])).stdout, /Redirect to device kubenet-ifb0\.in/, 'traffic to the pod goes to the ingress tree');
+  t.regex((await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout, /class htb 1:\S+ parent 1:fffe .*ceil 20Mbit/, 'ingress ceiling 20Mbit in the ingress tree');
+  t.regex((await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).stdout, /class htb 1:\S+ parent 1:fffe .*ceil 10Mbit/, 'egress ceiling 10Mbit on kubenet-ifb0');
   t.deepEqual(status.pods.find((p) => p.id === web.id)?.portMappings?.map((m) => m.hostPort), [hostPort], 'the agent took the host port');
   t.true((await sb.exec('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.includes(`--to-destination ${web.ip}:8080`), `a DNAT rule for host port ${hostPort}`);
 
