@@ -334,8 +334,9 @@ export class Shaper {
       this.ready = undefined;
       await this.init();
     }
-    // Pods of namespaces with a total one at a time: each sizes its namespace's class from the others.
-    const grouped = pod.group !== undefined || this.records.get(pod.id)?.group !== undefined;
+    // Pods of namespaces with a total one at a time (each sizes its namespace's class from the others); the rest in parallel.
+    const hasTotal = pod.limits.egressTotal !== undefined || pod.limits.ingressTotal !== undefined;
+    const grouped = (pod.group !== undefined && hasTotal) || this.records.get(pod.id)?.group !== undefined;
     return this.mutex.run(pod.id, () => (grouped ? this.mutex.run(GROUPS_KEY, () => this.doEnsure(pod)) : this.doEnsure(pod)));
   }
 
