@@ -146,11 +146,6 @@ async function runPod(name: string, annotations: Record<string, string>): Promis
 }
 
 /** The rate of the htb class `classid` on `dev`, as tc prints it (e.g. "20Mbit"), or undefined. */
-async function classRate(sb: NodeSandbox, dev: string, classid: string): Promise<string | undefined> {
-  const out = (await sb.exec('tc', ['class', 'show', 'dev', dev, 'classid', classid])).stdout;
-  return new RegExp(`^class htb ${classid} .*\\brate (\\S+)`, 'm').exec(out)?.[1];
-}
-
 test.before(async (t) => {
   if (blocker) return;
   const cleanup = new Cleanup();
@@ -228,8 +223,11 @@ serialTest('pods through the same containerd get addresses from the pod CIDR and
   const shaped = status.pods.find((p) => p.name === 'shaped');
   t.deepEqual(shaped?.limits, { ingress: 20e6, egress: 10e6 });
   t.deepEqual(status.pods.find((p) => p.name === 'plain')?.limits, {});
-  // Ingress: the pod's class (2:1) on its host veth holds the rate.
-  t.is(await classRate(sb, shaped?.hostVeth ?? '', '2:1'), '20Mbit', `the ingress class on ${shaped?.hostVeth} is 20 Mbit/s`);
+  // Ingress, in the node's trees (the manifest's agent reads the sandbox uplink's link speed): the
+  // pod's veth redirects to the ingress tree's ifb, where its class's ceil is the limit.
+  t.regex((await sb.exec('tc', ['filter', 'show', 'dev', shaped?.hostVeth ?? '', 'parent', '2:'])).stdout, /Redirect to device kubenet-ifb0\.in/, `${shaped?.hostVeth} redirects to the ingress tree`);
+  const inClasses = (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout;
+  t.regex(inClasses, /^class htb 1:\S+ parent 1:fffe .*\bceil 20Mbit/m, `a class with the ingress limit in the ingress tree: ${inClasses}`);
   const ping = (from: string, to: string) => execa('nsenter', [`--net=/proc/${from}/ns/net`, '--', 'ping', '-c', '2', '-W', '2', to], { reject: false });
   const plainInfo = containerdSandboxInfo(await w().ctd.cri.podSandboxStatus(pods.get('plain')?.id ?? '', true));
   t.is((await ping(String(plainInfo.pid), pods.get('shaped')?.ip ?? '')).exitCode, 0, 'plain pings shaped');
