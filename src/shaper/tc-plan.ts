@@ -8,6 +8,7 @@ import { checkIfName } from '../net/ifname.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout } from './sizing.js';
 import type { TreeParams } from './sizing.js';
+import type { IfbListing } from './tc-listing.js';
 import {
   classDelLines,
   egressLayout,
@@ -36,8 +37,6 @@ export interface Trees {
   egress?: TreeParams;
   ingress?: { ifb: string; tree: TreeParams };
 }
-
-import type { IfbListing } from './tc-listing.js';
 
 const refOf = ({ prio, proto, handle }: FilterRef): FilterRef => ({ prio, proto, handle });
 
