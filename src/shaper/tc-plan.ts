@@ -7,7 +7,7 @@ import { ConfigError, KubenetError } from '../errors.js';
 import { checkIfName } from '../net/ifname.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { podLayout } from './sizing.js';
-import type { TreeParams } from './sizing.js';
+import type { PodLayout, TreeParams } from './sizing.js';
 import type { IfbListing } from './tc-listing.js';
 import {
   classDelLines,
@@ -198,11 +198,12 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   // the old rate; TCP recovers); the replace line below makes the new one.
   const prevInTree = !!prev?.ingressClassId && prev.ingressInstalled;
   const nextInTree = inTree !== undefined && !!next.ingressClassId && next.ingressInstalled;
-  if (sameVeth && prev.ingressInstalled && !prevInTree && !nextInTree && shrinks(prev.limits, limits, 'ingress')) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
-  if (prevInTree && nextInTree && prev.ingressClassId === next.ingressClassId && ingressTreeLayout(limits, inTree.tree).bulk.leaf.burst < ingressTreeLayout(prev.limits, inTree.tree).bulk.leaf.burst) {
+  const vethIngress = (l: BandwidthLimits) => (l.ingress === undefined ? undefined : podLayout(l.ingress, l.ingressBurst));
+  if (sameVeth && prev.ingressInstalled && !prevInTree && !nextInTree && leafShrinks(vethIngress(prev.limits), vethIngress(limits))) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
+  if (prevInTree && nextInTree && prev.ingressClassId === next.ingressClassId && leafShrinks(ingressTreeLayout(prev.limits, inTree.tree), ingressTreeLayout(limits, inTree.tree))) {
     pre.push(`qdisc del dev ${inTree.ifb} parent 1:${hex(ifbClassIds(next.ingressClassId ?? 0).bulk)}`);
   }
-  if (prev?.egressInstalled && next.egressInstalled && prev.classId === next.classId && egressLeafShrinks(prev.limits, limits, tree)) {
+  if (prev?.egressInstalled && next.egressInstalled && prev.classId === next.classId && leafShrinks(egressLayout(prev.limits, tree), egressLayout(limits, tree))) {
     pre.push(`qdisc del dev ${ifb} parent 1:${hex(ifbClassIds(next.classId).bulk)}`);
   }
   // TO the pod: into the ingress tree, or htb with two leaves on the host veth ('': no veth yet,
@@ -258,17 +259,9 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   return { pre, lines, optional };
 }
 
-/** Whether the egress bulk leaf's bucket gets smaller from `before` to `after` (both shaped). */
-function egressLeafShrinks(before: BandwidthLimits, after: BandwidthLimits, tree?: TreeParams): boolean {
-  const b = egressLayout(before, tree);
-  const a = egressLayout(after, tree);
-  return b !== undefined && a !== undefined && a.bulk.leaf.burst < b.bulk.leaf.burst;
-}
-
-/** Whether the direction's bulk leaf bucket gets smaller from `before` to `after` (both limited). */
-function shrinks(before: BandwidthLimits, after: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
-  const [b, bBurst, a, aBurst] = dir === 'ingress' ? [before.ingress, before.ingressBurst, after.ingress, after.ingressBurst] : [before.egress, before.egressBurst, after.egress, after.egressBurst];
-  return b !== undefined && a !== undefined && podLayout(a, aBurst).bulk.leaf.burst < podLayout(b, bBurst).bulk.leaf.burst;
+/** Whether a direction's bulk leaf bucket gets smaller from `before` to `after` (both shaped that way). */
+function leafShrinks(before: PodLayout | undefined, after: PodLayout | undefined): boolean {
+  return before !== undefined && after !== undefined && after.bulk.leaf.burst < before.bulk.leaf.burst;
 }
 
 /** Deletes of the ifb's pod filters and classes that none of `owners` claims (init's one listing). */
