@@ -6,49 +6,23 @@
 import test from 'ava';
 import { pino } from 'pino';
 import { ConfigError, UnknownPodError } from '../../src/errors.js';
-import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/events.js';
 import { LiveShaping, parseShapeRequest } from '../../src/daemon/live-shaping.js';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
 import { RateTracker } from '../../src/daemon/rates.js';
-import type { BandwidthLimits, PodNetwork, PodRecord, PodTraffic } from '../../src/pod/index.js';
+import type { BandwidthLimits, PodTraffic } from '../../src/pod/index.js';
 import { rateText, renderTop } from '../../src/cli/top.js';
 import type { StatusReport } from '../../src/daemon/agent.js';
+import { fakeEvents, fakeNetwork, podRecord as record } from '../helpers/fake-core.js';
 
 const silent = pino({ level: 'silent' });
 const M = 1e6;
-
-function record(name: string, limits: BandwidthLimits, id = `${name}-id`): PodRecord {
-  return { version: 2, containerId: id, ifName: 'eth0', namespace: 'default', name, netns: `/var/run/netns/${name}`, phase: 'ready', cniArgs: [], portMappings: [], limits, ips: ['10.0.0.2'], addedAt: '' };
-}
-
-/** The core as LiveShaping uses it: list() and reshape(), recording the calls. */
-function fakeNetwork(records: PodRecord[]) {
-  const calls: Array<{ id: string; limits: BandwidthLimits }> = [];
-  const network = {
-    list: () => records,
-    reshape: async (containerId: string, ifName: string, limits: BandwidthLimits) => {
-      const i = records.findIndex((r) => r.containerId === containerId && r.ifName === ifName);
-      if (i < 0) throw new UnknownPodError(`container ${containerId} gone`);
-      calls.push({ id: containerId, limits });
-      records[i] = { ...records[i]!, limits };
-      return records[i]!;
-    },
-  } as unknown as PodNetwork;
-  return { network, calls, records };
-}
-
-function fakeEvents() {
-  const got: Array<{ pod: ObjectRef; type: EventType; reason: string; message: string }> = [];
-  const rec: EventRecorder = { record: (pod, type, reason, message) => void got.push({ pod, type, reason, message }), flush: async () => undefined, stop: async () => undefined };
-  return { rec, got };
-}
 
 const update = (name: string, annotations: Record<string, string>, previous?: Record<string, string>) => ({ namespace: 'default', name, uid: `uid-${name}`, annotations, previous });
 const EG = 'kubernetes.io/egress-bandwidth';
 const IN = 'kubernetes.io/ingress-bandwidth';
 
 test('a bandwidth annotation change re-shapes the pod and is a Normal event; other changes, other pods and the same values do nothing', async (t) => {
-  const { network, calls } = fakeNetwork([record('web', { egress: 10 * M, egressBurst: 80_000, ingress: 5 * M, ingressBurst: 40_000 })]);
+  const { network, reshapes: calls } = fakeNetwork([record('web', { egress: 10 * M, egressBurst: 80_000, ingress: 5 * M, ingressBurst: 40_000 })]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   await live.onPodUpdate(update('web', { [EG]: '10M', [IN]: '5M', other: 'x' }, { [EG]: '10M', [IN]: '5M' }));
@@ -66,7 +40,7 @@ test('a bandwidth annotation change re-shapes the pod and is a Normal event; oth
 });
 
 test('an invalid new value keeps the old limits and is a Warning naming the annotation and the error', async (t) => {
-  const { network, calls } = fakeNetwork([record('web', { egress: 10 * M })]);
+  const { network, reshapes: calls } = fakeNetwork([record('web', { egress: 10 * M })]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   await live.onPodUpdate(update('web', { [EG]: '10 Mbit' }, { [EG]: '10M' }));
@@ -81,7 +55,7 @@ test('an invalid new value keeps the old limits and is a Warning naming the anno
 });
 
 test('a pod seen for the first time re-shapes only when it carries a bandwidth annotation with other rates', async (t) => {
-  const { network, calls } = fakeNetwork([record('a', { egress: 10 * M, egressBurst: 1000 }, 'a-id'), record('b', { egress: 10 * M }, 'b-id'), record('c', { egress: 10 * M }, 'c-id')]);
+  const { network, reshapes: calls } = fakeNetwork([record('a', { egress: 10 * M, egressBurst: 1000 }), record('b', { egress: 10 * M }), record('c', { egress: 10 * M })]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   await live.onPodUpdate(update('a', { [EG]: '10M' })); // same rate (runtimeConfig burst kept)
@@ -91,7 +65,7 @@ test('a pod seen for the first time re-shapes only when it carries a bandwidth a
 });
 
 test('kubenet shape: sets the given directions, keeps the others, --clear starts from none; unknown pods and bad requests refused', async (t) => {
-  const { network, calls } = fakeNetwork([record('web', { ingress: 20 * M, egress: 10 * M })]);
+  const { network, reshapes: calls } = fakeNetwork([record('web', { ingress: 20 * M, egress: 10 * M })]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   const r = await live.shape('default', 'web', parseShapeRequest({ ingress: '40M' }));

@@ -10,13 +10,13 @@ import { pino } from 'pino';
 import { renderTop } from '../../src/cli/top.js';
 import { sourcesOf, type StatusReport } from '../../src/daemon/agent.js';
 import { CniHandler, type PodLookup } from '../../src/daemon/cni-handler.js';
-import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/events.js';
 import { LiveShaping } from '../../src/daemon/live-shaping.js';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
 import { ClusterNamespaceLookup, type NamespaceLookup, type NamespaceUpdate } from '../../src/daemon/namespace-lookup.js';
-import type { AttachRequest, BandwidthLimits, LimitSources, PodNetwork, PodRecord, PodTraffic } from '../../src/pod/index.js';
+import type { BandwidthLimits, LimitSources, PodRecord, PodTraffic } from '../../src/pod/index.js';
 import { FakeApiServer, fakeKubeConfig, namespace } from '../../hack/support/fake-apiserver.js';
 import { until } from '../../hack/support/until.js';
+import { fakeEvents, fakeNetwork as fakeCore, podRecord } from '../helpers/fake-core.js';
 
 const silent = pino({ level: 'silent' });
 const M = 1e6;
@@ -30,38 +30,11 @@ const MAX_EG = 'kubenet.io/max-egress-bandwidth';
 const afterAnswers = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 function record(ns: string, name: string, limits: BandwidthLimits, limitSources?: LimitSources): PodRecord {
-  return { version: 2, containerId: `${name}-id`, ifName: 'eth0', namespace: ns, name, netns: `/var/run/netns/${name}`, phase: 'ready', cniArgs: [], portMappings: [], limits, ...(limitSources ? { limitSources } : {}), ips: ['10.0.0.2'], addedAt: '' };
+  return podRecord(name, limits, { namespace: ns, ...(limitSources ? { limitSources } : {}) });
 }
 
-/** The core as LiveShaping and CniHandler use it: list(), reshape() and attach(), recording the calls. */
-function fakeNetwork(records: PodRecord[]) {
-  const reshapes: Array<{ id: string; limits: BandwidthLimits; sources: LimitSources | undefined }> = [];
-  const attaches: AttachRequest[] = [];
-  const network = {
-    list: () => records,
-    reshape: async (containerId: string, ifName: string, limits: BandwidthLimits, sources?: LimitSources) => {
-      const i = records.findIndex((r) => r.containerId === containerId && r.ifName === ifName);
-      reshapes.push({ id: containerId, limits, sources });
-      const { limitSources: _was, ...rest } = records[i]!;
-      records[i] = { ...rest, limits, ...(sources ? { limitSources: sources } : {}) };
-      return records[i]!;
-    },
-    attach: async (req: AttachRequest) => {
-      attaches.push(req);
-      const r = record(req.namespace, req.name, req.limits, req.limitSources);
-      records.push(r);
-      return { record: r, result: { cniVersion: '1.0.0', interfaces: [], ips: [], routes: [], dns: {} }, repeated: false };
-    },
-  } as unknown as PodNetwork;
-  return { network, reshapes, attaches, records };
-}
-
-function fakeEvents() {
-  const got: Array<{ pod: ObjectRef; type: EventType; reason: string; message: string }> = [];
-  const rec: EventRecorder = { record: (pod, type, reason, message) => void got.push({ pod, type, reason, message }), flush: async () => undefined, stop: async () => undefined };
-  const of = (reason: string) => got.filter((e) => e.reason === reason).map((e) => `${(e.pod as { name: string }).name}: ${e.message}`);
-  return { rec, got, of };
-}
+/** The fake core recording the limit sources of each re-shape. */
+const fakeNetwork = (records: PodRecord[]) => fakeCore(records, { sources: true });
 
 /** Namespaces and pods as the watches would hold them. */
 function fakeCluster() {

@@ -12,14 +12,13 @@ import type { NodeCapacity } from '../../src/bandwidth/capacity.js';
 import { bandText, directionText, renderTop } from '../../src/cli/top.js';
 import type { StatusReport } from '../../src/daemon/agent.js';
 import { CniHandler, type PodInfo, type PodLookup, type PodUpdate } from '../../src/daemon/cni-handler.js';
-import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/events.js';
 import { LiveShaping } from '../../src/daemon/live-shaping.js';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { applyAsk, bandwidthReport, podAsk, type PodAsk } from '../../src/daemon/pod-guarantees.js';
-import type { AttachRequest, BandwidthLimits, PodNetwork, PodRecord } from '../../src/pod/index.js';
 import { FakeApiServer, fakeKubeConfig, pod } from '../../hack/support/fake-apiserver.js';
 import { until } from '../../hack/support/until.js';
+import { fakeEvents, fakeNetwork, podRecord as record } from '../helpers/fake-core.js';
 
 const silent = pino({ level: 'silent' });
 const M = 1e6;
@@ -31,38 +30,6 @@ const CAP: NodeCapacity = { egress: 1000 * M, ingress: 1000 * M, source: { egres
 const afterAnswers = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 const spec = (requests: Record<string, string>) => ({ containers: [{ resources: { requests } }] });
-
-function record(name: string, limits: BandwidthLimits): PodRecord {
-  return { version: 2, containerId: `${name}-id`, ifName: 'eth0', namespace: 'default', name, netns: `/var/run/netns/${name}`, phase: 'ready', cniArgs: [], portMappings: [], limits, ips: ['10.0.0.2'], addedAt: '' };
-}
-
-function fakeNetwork(records: PodRecord[]) {
-  const reshapes: Array<{ id: string; limits: BandwidthLimits }> = [];
-  const attaches: AttachRequest[] = [];
-  const network = {
-    list: () => records,
-    reshape: async (containerId: string, ifName: string, limits: BandwidthLimits) => {
-      const i = records.findIndex((r) => r.containerId === containerId && r.ifName === ifName);
-      reshapes.push({ id: containerId, limits });
-      records[i] = { ...records[i]!, limits };
-      return records[i]!;
-    },
-    attach: async (req: AttachRequest) => {
-      attaches.push(req);
-      const r = record(req.name, req.limits);
-      records.push(r);
-      return { record: r, result: { cniVersion: '1.0.0', interfaces: [], ips: [], routes: [], dns: {} }, repeated: false };
-    },
-  } as unknown as PodNetwork;
-  return { network, reshapes, attaches, records };
-}
-
-function fakeEvents() {
-  const got: Array<{ pod: ObjectRef; type: EventType; reason: string; message: string }> = [];
-  const rec: EventRecorder = { record: (pod, type, reason, message) => void got.push({ pod, type, reason, message }), flush: async () => undefined, stop: async () => undefined };
-  const of = (reason: string) => got.filter((e) => e.reason === reason).map((e) => `${(e.pod as { name: string }).name}: ${e.message}`);
-  return { rec, got, of };
-}
 
 /** Pods as the watch would hold them: annotations and ask. */
 function fakePods() {
