@@ -58,6 +58,8 @@ interface WatchStream {
   kind: Kind;
   selector: Selector;
   res: ServerResponse;
+  /** The client asked for bookmarks (allowWatchBookmarks=true). */
+  bookmarks: boolean;
 }
 
 /** A core/v1 Event as the agent POSTs it (the fields the tests read). */
@@ -170,6 +172,19 @@ export class FakeApiServer {
   closeWatches(): void {
     for (const w of this.watches) w.res.end();
     this.watches.clear();
+  }
+
+  /**
+   * A BOOKMARK on every open watch that asked for them: an object of the watch's kind carrying only
+   * the current resourceVersion (as kube-apiserver sends about once a minute).
+   */
+  bookmark(): void {
+    for (const w of this.watches) if (w.bookmarks) writeEvent(w.res, 'BOOKMARK', { kind: KIND_OF[w.kind], apiVersion: w.kind === 'servicecidrs' ? 'networking.k8s.io/v1' : 'v1', metadata: { resourceVersion: String(this.rv) } });
+  }
+
+  /** Writes that no watch sees (another kind, or objects outside every selector): the resourceVersion moves on. */
+  advance(by = 1): void {
+    this.rv += by;
   }
 
   /** Compacts history: every resourceVersion handed out so far becomes too old (410); open watches end (with an ERROR event in 'event' mode). */
@@ -429,7 +444,7 @@ export class FakeApiServer {
     }
     res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
     res.flushHeaders();
-    const w: WatchStream = { kind, selector, res };
+    const w: WatchStream = { kind, selector, res, bookmarks: url.searchParams.get('allowWatchBookmarks') === 'true' };
     // No resourceVersion: the current state as ADDED events, then changes. Else every change after it.
     if (fromRv === undefined) for (const o of current) this.writeObject(w, 'ADDED', o);
     else for (const c of this.history) if (c.rv > fromRv && c.kind === kind) this.sendChange(w, c);
@@ -449,7 +464,9 @@ function mergePatch(target: unknown, patch: unknown): unknown {
   return out;
 }
 
-function writeEvent(res: ServerResponse, type: EventType | 'ERROR', object: unknown, written?: () => void): void {
+const KIND_OF: Record<Kind, string> = { nodes: 'Node', pods: 'Pod', namespaces: 'Namespace', servicecidrs: 'ServiceCIDR' };
+
+function writeEvent(res: ServerResponse, type: EventType | 'ERROR' | 'BOOKMARK', object: unknown, written?: () => void): void {
   res.write(JSON.stringify({ type, object }) + '\n', written && ((err) => !err && written()));
 }
 

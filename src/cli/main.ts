@@ -123,7 +123,9 @@ async function daemon(config: AgentConfig): Promise<number> {
   } else {
     // In a cluster: the Node's spec.podCIDRs, and pod annotations when the runtime passes no bandwidth.
     const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr-source.js'), import('../daemon/pod-lookup.js')]);
-    const kube = { nodeName: config.nodeName, logger: log, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
+    // One ApiHealth for every client of the agent: while the API server is away they try about once a second together, not each on its own.
+    const health = new (await import('../daemon/api-health.js')).ApiHealth({ logger: log });
+    const kube = { nodeName: config.nodeName, logger: log, health, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
     // The node's bandwidth capacity: the shaper's node class, published on the Node for the scheduler.
     const { NodeCapacityPublisher, resolveNodeCapacity } = await import('../daemon/node-capacity.js');
     capacity = await resolveNodeCapacity(config);

@@ -33,7 +33,7 @@ export interface ServiceCidrObject extends KubernetesObject {
   spec?: { cidrs?: string[] };
 }
 
-export interface ClusterRangesOptions extends Pick<KubeClientOptions, 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs'> {
+export interface ClusterRangesOptions extends Pick<KubeClientOptions, 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs' | 'health'> {
   coalesceMs?: number;
   retryMs?: number;
 }
@@ -84,8 +84,7 @@ export class ClusterRanges {
       log: this.log,
       path: SERVICE_CIDRS_PATH,
       fieldSelector: '',
-      retryMinMs: o.retryMinMs,
-      retryMaxMs: o.retryMaxMs,
+      retry: o,
       onList: (items) => {
         this.services.clear();
         for (const s of items) if (s.metadata?.name) this.services.set(s.metadata.name, serviceCidrsOf(s));

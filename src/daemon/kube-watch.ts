@@ -13,11 +13,11 @@
 import { setMaxListeners } from 'node:events';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { KubernetesListObject, KubernetesObject, V1Status } from '@kubernetes/client-node';
 import { ConfigError, KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { inClusterCredentials, kubeconfigCredentials, type KubeClientConfig } from './kubeconfig.js';
+import { ApiHealth, Backoff, BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, isOutage } from './api-health.js';
 
 /**
  * An AbortController whose signal many requests share (each request in flight listens on it): Node
@@ -29,8 +29,6 @@ export function sharedAborter(maxInFlight: number): AbortController {
   return c;
 }
 
-export const DEFAULT_RETRY_MIN_MS = 1000;
-export const DEFAULT_RETRY_MAX_MS = 30_000;
 /** A list or GET that receives no byte for this long fails. */
 const REQUEST_IDLE_MS = 30_000;
 /** Objects per list request (client-go's reflector pages by 500 too). */
@@ -47,9 +45,22 @@ export interface KubeClientOptions {
   kubeconfig?: string;
   /** A ready configuration (tests: a client-node KubeConfig fits); wins over kubeconfig. */
   kubeConfig?: KubeClientConfig;
-  /** Reconnect backoff: first delay, doubled per failure up to retryMaxMs. */
-  retryMinMs?: number;
-  retryMaxMs?: number;
+  /**
+   * The agent's API health (api-health.ts), shared by all its clients: paces retries while the API
+   * server is away. Without it each loop has its own, with a period of retryMinMs (default 1 s).
+   */
+  health?: ApiHealth | undefined;
+  /** Backoff after an error answer: first step (default 800 ms), doubled per failure up to retryMaxMs (30 s), jittered. */
+  retryMinMs?: number | undefined;
+  retryMaxMs?: number | undefined;
+}
+
+/** How a client retries (KubeClientOptions satisfies it). */
+export type RetryOptions = Pick<KubeClientOptions, 'health' | 'retryMinMs' | 'retryMaxMs'>;
+
+/** The shared health of `o`, or one of its own (its period: retryMinMs, default 1 s). */
+export function healthOf(o: RetryOptions = {}): ApiHealth {
+  return o.health ?? new ApiHealth(o.retryMinMs !== undefined ? { periodMs: o.retryMinMs } : {});
 }
 
 /** The API server answered with an error (`status`: HTTP status or Status.code) or broke the protocol. */
@@ -57,10 +68,13 @@ export class KubeApiError extends KubenetError {
   readonly status: number | undefined;
   /** Status.reason, e.g. NotFound, Expired, Forbidden. */
   readonly reason: string | undefined;
-  constructor(message: string, init: { status?: number | undefined; reason?: string | undefined } = {}, options?: { cause?: unknown }) {
+  /** No answer came (a request idle too long, a watch cut): the API server is away (api-health.ts). */
+  readonly away: boolean;
+  constructor(message: string, init: { status?: number | undefined; reason?: string | undefined; away?: boolean } = {}, options?: { cause?: unknown }) {
     super(message, options);
     this.status = init.status;
     this.reason = init.reason;
+    this.away = init.away === true;
   }
 }
 
@@ -118,7 +132,7 @@ export class KubeApi {
       const req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, { ...opts, ...(signal ? { signal } : {}) }, resolve);
       req.on('error', reject); // `on`, not `once`: a second error (mid-response) must not become uncaught
       req.on('socket', (s) => s.setKeepAlive(true, 30_000));
-      req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`${method} ${path}: no data from the API server for ${idleMs} ms`)));
+      req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`${method} ${path}: no data from the API server for ${idleMs} ms`, { away: true })));
       req.end(body);
     });
   }
@@ -162,8 +176,7 @@ export interface ListWatchOptions<T extends KubernetesObject> {
   /** Collection path, e.g. /api/v1/nodes. */
   path: string;
   fieldSelector: string;
-  retryMinMs?: number | undefined;
-  retryMaxMs?: number | undefined;
+  retry?: RetryOptions | undefined;
   /** The full state after each (re-)list: replaces whatever was known. */
   onList(items: T[]): void | Promise<void>;
   /** One watch event. Handlers run one at a time, in order. */
@@ -172,22 +185,32 @@ export interface ListWatchOptions<T extends KubernetesObject> {
   stopOn?(err: unknown): boolean;
 }
 
+/** A watch the server ends sooner than this without an event counts as a failure (client-go: "very short watch"), so a server that closes every watch at once is not hammered. */
+const SHORT_WATCH_MS = 1000;
+
 /**
- * Lists the collection, then watches it from the list's resourceVersion, forever: when the watch
- * ends, breaks or cannot be opened it reconnects after a backoff (retryMinMs doubling up to
- * retryMaxMs; reset once a watch made progress), re-watching from the last resourceVersion seen,
- * or re-listing after 410 Gone. Every failure is logged once, with its reason. A failure the
- * caller's `stopOn` accepts ends the loop.
+ * Lists the collection, then watches it from the list's resourceVersion, forever, as client-go's
+ * reflector does where it matters (api-health.ts says when it tries again):
+ *
+ * - the server ends the watch (timeoutSeconds, a shutdown): watched again at once from the last
+ *   resourceVersion seen (events and bookmarks keep it fresh through quiet periods);
+ * - 410 Gone / Expired (the resourceVersion was compacted while away): re-listed at once;
+ * - the API server away (refused, broken, 429, 5xx): the agent's shared ApiHealth paces the next
+ *   attempt (about one request a second per agent; all loops go once it answers);
+ * - an error answer (403, 404, ...): this loop's own jittered backoff (800 ms doubling to 30 s).
+ *
+ * Every failure is logged, an outage once per agent. A failure the caller's `stopOn` accepts ends the loop.
  */
 export class ListWatchLoop<T extends KubernetesObject> {
-  private readonly min: number;
-  private readonly max: number;
+  private readonly backoff: Backoff;
+  private readonly health: ApiHealth;
   private aborter: AbortController | undefined;
   private running: Promise<void> | undefined;
 
   constructor(private readonly o: ListWatchOptions<T>) {
-    this.min = Math.max(1, o.retryMinMs ?? DEFAULT_RETRY_MIN_MS);
-    this.max = Math.max(this.min, o.retryMaxMs ?? DEFAULT_RETRY_MAX_MS);
+    const min = Math.max(1, o.retry?.retryMinMs ?? BACKOFF_INITIAL_MS);
+    this.backoff = new Backoff(min, Math.max(min, o.retry?.retryMaxMs ?? BACKOFF_MAX_MS));
+    this.health = healthOf(o.retry);
   }
 
   /** Starts the loop in the background; returns at once. */
@@ -208,58 +231,76 @@ export class ListWatchLoop<T extends KubernetesObject> {
   private async run(signal: AbortSignal): Promise<void> {
     const { log, path } = this.o;
     let rv = '';
-    let delay = this.min;
-    let attempt = 0;
     while (!signal.aborted) {
       const progress = { events: 0, openedAt: 0 };
       let failure: unknown;
       try {
+        await this.health.turn(signal); // at once while the API server answers; paced while it is away
         if (!rv) {
-          // In pages of LIST_PAGE_SIZE, as client-go's reflector lists: no answer of thousands of
-          // objects held as one string (a Node is 2-4 kB of JSON).
-          const items: T[] = [];
-          let cont = '';
-          let listRv = '';
-          do {
-            const query: Record<string, string> = { fieldSelector: this.o.fieldSelector, limit: String(LIST_PAGE_SIZE), ...(cont ? { continue: cont } : {}) };
-            const page = await this.o.api.getJson<KubernetesListObject<T>>(path, query, signal);
-            for (const item of page.items ?? []) items.push(item);
-            // Raw JSON: the field is `continue` (client-node's type calls it `_continue` after its own mapping).
-            cont = (page.metadata as { continue?: string } | undefined)?.continue ?? '';
-            listRv = page.metadata?.resourceVersion ?? '';
-          } while (cont);
-          await this.o.onList(items);
-          rv = listRv; // only a whole list (all pages, handed over) is a place to watch from
-          log.debug({ path, resourceVersion: rv, items: items.length }, 'listed');
+          rv = await this.list(signal);
+          this.health.answered();
         }
-        await this.watch(rv, signal, () => (progress.openedAt = Date.now()), (next) => {
+        await this.watch(rv, signal, () => {
+          progress.openedAt = Date.now();
+          this.health.answered();
+        }, (next, event) => {
           rv = next;
-          progress.events++;
+          if (event) progress.events++;
         });
       } catch (err) {
         failure = err;
       }
       if (signal.aborted) break;
-      if (failure !== undefined && this.o.stopOn?.(failure) === true) break;
-      // Progress (a watch that delivered events or stayed open a while) resets the backoff.
-      if (progress.events > 0 || (progress.openedAt > 0 && Date.now() - progress.openedAt >= this.max)) {
-        delay = this.min;
-        attempt = 0;
-      }
-      attempt++;
       if (failure === undefined) {
-        log.info({ path, retryInMs: delay }, 'watch closed by the API server; reconnecting');
-      } else {
-        if (isGone(failure)) rv = ''; // resourceVersion compacted away: re-list
-        log.warn({ err: failure, path, attempt, retryInMs: delay, relist: rv === '' }, 'list/watch failed; retrying');
+        const openMs = Date.now() - progress.openedAt;
+        if (progress.events > 0 || openMs >= SHORT_WATCH_MS) {
+          log.debug({ path, resourceVersion: rv, openMs }, 'watch closed by the API server; watching again');
+          continue;
+        }
+        failure = new KubeApiError(`watch of ${path} ended after ${openMs} ms without an event`, { away: true });
       }
-      await sleep(delay, undefined, { signal }).catch(() => undefined); // abort ends the wait (and clears the timer)
-      delay = Math.min(delay * 2, this.max);
+      if (this.o.stopOn?.(failure) === true) break;
+      if (isGone(failure)) {
+        rv = ''; // compacted away: only a fresh list helps, and it is made now
+        log.info({ path, err: failure }, 'the resourceVersion expired; listing again');
+        continue;
+      }
+      if (isOutage(failure)) {
+        const first = !this.health.isDown;
+        this.health.failed(failure);
+        log[first ? 'warn' : 'debug']({ err: failure, path, retryEveryMs: this.health.periodMs }, 'list/watch failed: the API server is away; retrying about once a period (jittered) until it answers');
+        continue;
+      }
+      this.health.answered(); // an error answer is an answer
+      const delay = this.backoff.next();
+      log.warn({ err: failure, path, retryInMs: delay, relist: rv === '' }, 'list/watch failed; retrying');
+      await ApiHealth.pause(delay, signal);
     }
   }
 
+  /** A whole list (all pages), handed to onList; its resourceVersion. */
+  private async list(signal: AbortSignal): Promise<string> {
+    // In pages of LIST_PAGE_SIZE, as client-go's reflector lists: no answer of thousands of
+    // objects held as one string (a Node is 2-4 kB of JSON).
+    const { path } = this.o;
+    const items: T[] = [];
+    let cont = '';
+    let listRv = '';
+    do {
+      const query: Record<string, string> = { fieldSelector: this.o.fieldSelector, limit: String(LIST_PAGE_SIZE), ...(cont ? { continue: cont } : {}) };
+      const page = await this.o.api.getJson<KubernetesListObject<T>>(path, query, signal);
+      for (const item of page.items ?? []) items.push(item);
+      // Raw JSON: the field is `continue` (client-node's type calls it `_continue` after its own mapping).
+      cont = (page.metadata as { continue?: string } | undefined)?.continue ?? '';
+      listRv = page.metadata?.resourceVersion ?? '';
+    } while (cont);
+    await this.o.onList(items);
+    this.o.log.debug({ path, resourceVersion: listRv, items: items.length }, 'listed');
+    return listRv; // only a whole list (all pages, handed over) is a place to watch from
+  }
+
   /** One watch request from `rv`; resolves when the server ends it, throws when it fails or breaks. */
-  private async watch(rv: string, signal: AbortSignal, opened: () => void, seen: (rv: string) => void): Promise<void> {
+  private async watch(rv: string, signal: AbortSignal, opened: () => void, seen: (rv: string, event: boolean) => void): Promise<void> {
     const timeoutS = Math.round(WATCH_TIMEOUT_S * (1 + Math.random()));
     const query = { fieldSelector: this.o.fieldSelector, resourceVersion: rv, watch: 'true', allowWatchBookmarks: 'true', timeoutSeconds: String(timeoutS) };
     const res = await this.o.api.open(this.o.path, query, (timeoutS + 30) * 1000, signal);
@@ -275,10 +316,10 @@ export class ListWatchLoop<T extends KubernetesObject> {
         if (line) await this.event(line, seen);
       }
     }
-    if (!res.complete) throw new KubeApiError(`watch of ${this.o.path} broke off`);
+    if (!res.complete) throw new KubeApiError(`watch of ${this.o.path} broke off`, { away: true });
   }
 
-  private async event(line: string, seen: (rv: string) => void): Promise<void> {
+  private async event(line: string, seen: (rv: string, event: boolean) => void): Promise<void> {
     let ev: { type?: string; object?: T & Partial<V1Status> };
     try {
       ev = JSON.parse(line) as typeof ev;
@@ -291,8 +332,9 @@ export class ListWatchLoop<T extends KubernetesObject> {
       throw new KubeApiError(`watch of ${this.o.path}: ${obj?.code ?? ''} ${obj?.reason ?? ''} ${obj?.message ?? ''}`.replace(/\s+/g, ' '), { status: obj?.code, reason: obj?.reason });
     }
     if (!obj) return;
-    if (ev.type === 'ADDED' || ev.type === 'MODIFIED' || ev.type === 'DELETED') await this.o.onEvent(ev.type, obj);
+    const change = ev.type === 'ADDED' || ev.type === 'MODIFIED' || ev.type === 'DELETED';
+    if (change) await this.o.onEvent(ev.type as WatchEventType, obj);
     const next = obj.metadata?.resourceVersion;
-    if (next) seen(next); // also for BOOKMARK
+    if (next) seen(next, change); // a BOOKMARK only moves the resourceVersion
   }
 }

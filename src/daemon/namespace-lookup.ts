@@ -59,8 +59,7 @@ export class ClusterNamespaceLookup implements NamespaceLookup {
       log: this.log,
       path: '/api/v1/namespaces',
       fieldSelector: '',
-      retryMinMs: opts.retryMinMs,
-      retryMaxMs: opts.retryMaxMs,
+      retry: opts,
       onList: async (items) => {
         const before = this.cache;
         this.cache = new Map(items.map((n) => [n.metadata?.name ?? '', policyAnnotations(n.metadata?.annotations)]));

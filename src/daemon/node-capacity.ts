@@ -14,8 +14,10 @@
  * device-plugin state reset, kubelet zeroes extended capacities: the watch sees that and the agent
  * publishes again. RBAC: `patch` on `nodes/status`, nothing more.
  *
- * A failed PATCH is retried with backoff (a Node not registered yet is published when the watch
- * brings it); a Forbidden answer is logged once with the RBAC to apply.
+ * A failed PATCH is retried: while the API server is away when the agent's ApiHealth lets it (as
+ * its watches), after another error answer with a jittered backoff (1 s doubling to 60 s); a Node
+ * not registered yet is published when the watch brings it; a Forbidden answer is logged once with
+ * the RBAC to apply.
  */
 import type { V1Node } from '@kubernetes/client-node';
 import { resolveCapacity, type NodeCapacity } from '../bandwidth/capacity.js';
@@ -23,7 +25,8 @@ import { BANDWIDTH_RESOURCES, RESOURCE_UNIT_BITS } from '../bandwidth/guarantees
 import { parseQuantity } from '../bandwidth/quantity.js';
 import type { Logger } from '../log.js';
 import type { AgentConfig } from './config-keys.js';
-import { KubeApi, KubeApiError, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
+import { ApiHealth, Backoff, isOutage } from './api-health.js';
+import { healthOf, KubeApi, KubeApiError, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
 
 export type { NodeCapacity };
 
@@ -84,12 +87,14 @@ export class NodeCapacityPublisher {
   private running: Promise<void> | undefined;
   private again = false;
   private timer: NodeJS.Timeout | undefined;
-  private delayMs = RETRY_MIN_MS;
+  private readonly backoff = new Backoff(RETRY_MIN_MS, RETRY_MAX_MS);
+  private readonly health: ApiHealth;
   private forbiddenLogged = false;
 
-  constructor(opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig'>) {
+  constructor(opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'health'>) {
     this.log = opts.logger.child({ component: 'node-capacity', node: opts.nodeName });
     this.api = new KubeApi(loadKubeConfig(opts));
+    this.health = healthOf(opts);
     this.path = `/api/v1/nodes/${encodeURIComponent(opts.nodeName)}/status`;
   }
 
@@ -138,10 +143,19 @@ export class NodeCapacityPublisher {
     if (!wanted) return;
     try {
       await this.api.mergePatch(this.path, capacityPatch(wanted), this.aborter.signal);
-      this.delayMs = RETRY_MIN_MS;
+      this.health.answered();
+      this.backoff.reset();
       this.log.info({ resources: wanted }, 'node bandwidth capacity published on the Node');
     } catch (err) {
       if (this.aborter.signal.aborted) return;
+      if (isOutage(err)) {
+        // The API server is away: tried again when the agent's ApiHealth lets it (its watches wait the same way).
+        this.health.failed(err);
+        this.log.debug({ err }, 'publishing the node bandwidth capacity failed: the API server is away; retrying when it answers');
+        this.health.turn(this.aborter.signal).then(() => this.kick(), () => undefined);
+        return;
+      }
+      this.health.answered();
       if (err instanceof KubeApiError && err.status === 404) {
         this.log.info('the Node is not registered yet; its bandwidth capacity is published when it is');
         return; // the watch brings it
@@ -149,11 +163,10 @@ export class NodeCapacityPublisher {
       if (err instanceof KubeApiError && err.status === 403) {
         if (!this.forbiddenLogged) this.log.warn({ err }, 'the ClusterRole does not allow patching nodes/status: the scheduler does not see this node\'s bandwidth capacity (apply manifests/kubenet.yaml\'s RBAC)');
         this.forbiddenLogged = true;
-      } else {
-        this.log.warn({ err, retryInMs: this.delayMs }, 'publishing the node bandwidth capacity failed; retrying');
       }
-      this.timer = setTimeout(() => this.kick(), this.delayMs);
-      this.delayMs = Math.min(this.delayMs * 2, RETRY_MAX_MS);
+      const delay = this.backoff.next();
+      if (!(err instanceof KubeApiError && err.status === 403)) this.log.warn({ err, retryInMs: delay }, 'publishing the node bandwidth capacity failed; retrying');
+      this.timer = setTimeout(() => this.kick(), delay);
     }
   }
 }

@@ -43,8 +43,7 @@ export class NodeWatchPodCidrSource implements PodCidrSource {
       log: this.log,
       path: '/api/v1/nodes',
       fieldSelector: `metadata.name=${opts.nodeName}`,
-      retryMinMs: opts.retryMinMs,
-      retryMaxMs: opts.retryMaxMs,
+      retry: opts,
       onList: (nodes) => this.seen(nodes.find((n) => n.metadata?.name === this.nodeName)),
       onEvent: (type, node) => {
         if (node.metadata?.name !== this.nodeName) return; // the field selector should already ensure this

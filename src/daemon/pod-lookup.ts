@@ -49,8 +49,7 @@ export class ClusterPodLookup implements PodLookup {
       log: this.log,
       path: '/api/v1/pods',
       fieldSelector: `spec.nodeName=${opts.nodeName}`,
-      retryMinMs: opts.retryMinMs,
-      retryMaxMs: opts.retryMaxMs,
+      retry: opts,
       onList: async (pods) => {
         const before = this.cache;
         this.cache = new Map(pods.map((p) => [key(p.metadata?.namespace ?? '', p.metadata?.name ?? ''), cached(p)]));

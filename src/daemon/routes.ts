@@ -55,7 +55,7 @@ export function netlinkRouteKernel(bridgeName: string): RouteKernel {
   };
 }
 
-export interface NodeRoutesOptions extends Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs'> {
+export interface NodeRoutesOptions extends Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs' | 'health'> {
   events: EventRecorder;
   kernel: RouteKernel;
   resyncMs?: number;
@@ -102,8 +102,7 @@ export class NodeRoutes {
       log: this.log,
       path: '/api/v1/nodes',
       fieldSelector: '',
-      retryMinMs: o.retryMinMs,
-      retryMaxMs: o.retryMaxMs,
+      retry: o,
       onList: (items) => {
         this.nodes.clear();
         for (const n of items) {

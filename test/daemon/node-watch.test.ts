@@ -10,6 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import { KubenetError } from '../../src/errors.js';
+import { ApiHealth } from '../../src/daemon/api-health.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { FakeApiServer, fakeKubeConfig, node, pod } from '../../hack/support/fake-apiserver.js';
@@ -161,68 +162,133 @@ test('node source: an error thrown by onCidr is logged, not fatal', async (t) =>
   t.deepEqual(cidrs, [V4, V4B]);
 });
 
-test('node source: when the server closes the watch it watches again from where it was and sees later changes', async (t) => {
+/** A node source whose every retry wait would take a minute: whatever it does within a test's time, it does at once. */
+const NO_WAIT = { retryMinMs: 60_000, retryMaxMs: 60_000 };
+
+test('node source: when the server ends a watch it watches again at once from the last resourceVersion, a bookmark\'s included; no re-list', async (t) => {
   const api = await fakeApi(t);
   api.setNode(node('node-a', { podCIDR: V4 }));
-  const { cidrs, having } = await nodeSource(t, api);
+  const log = capturingLogger();
+  const cidrs: string[] = [];
+  const source = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, kubeConfig: fakeKubeConfig(api), ...NO_WAIT });
+  t.teardown(() => source.stop());
+  await source.start((c) => void cidrs.push(c));
   await until('the watch', () => cidrs.length === 1 && api.openWatches === 1);
+  api.setNode(node('node-a', { podCIDR: V4B })); // an event on this watch: it made progress
+  await until('the change', () => cidrs.length === 2);
+  api.advance(5); // writes this watch does not see; a bookmark carries the resourceVersion
+  api.bookmark();
+  const bookmarked = api.resourceVersion;
+  await sleep(50);
   api.closeWatches();
-  api.setNode(node('node-a', { podCIDR: V4B })); // made while no watch is open
-  await until('the change made between watches', () => cidrs.length >= 2);
-  await until('a new watch', () => api.openWatches === 1);
+  await until('a new watch at once (a retry wait would take a minute)', () => api.openWatches === 1, 5_000);
+  const watches = api.requests.filter((r) => r.path === NODES && r.query.get('watch') === 'true');
+  t.is(watches.length, 2);
+  t.is(watches[1]?.query.get('resourceVersion'), bookmarked, 'watched again from the bookmark');
+  t.is(watches[0]?.query.get('allowWatchBookmarks'), 'true');
   api.setNode(node('node-a', { podCIDR: V4C }));
   await until('a later change', () => cidrs.length >= 3);
   t.deepEqual(cidrs, [V4, V4B, V4C]);
-  t.is(api.count(NODES, 'watch'), 2);
   t.is(api.count(NODES, 'list'), 1, 'a clean close needs no re-list: the resourceVersion is still good');
-  t.is(having('watch closed by the API server').length, 1);
+  t.is(log.lines.filter((l) => l.level >= 40).length, 0, 'a watch the server ends is no failure');
 });
 
-test('node source: API server gone and back on the same port: it backs off, reconnects and sees the change made meanwhile', async (t) => {
+test('node source: a watch the server ends at once without an event counts as a failure (paced, not a hot loop)', async (t) => {
   const api = await fakeApi(t);
   api.setNode(node('node-a', { podCIDR: V4 }));
-  const { cidrs, having } = await nodeSource(t, api);
+  const { cidrs, lines } = await nodeSource(t, api);
   await until('the watch', () => cidrs.length === 1 && api.openWatches === 1);
-  await api.stop();
-  // Refused connections: 20, 40, 80, 160, 200, 200 ms... (RETRY), each failure logged once with its reason.
-  await until('six failures', () => having('list/watch failed').length >= 6);
+  api.closeWatches();
+  await until('a new watch', () => api.openWatches === 1);
+  t.is(lines.filter((l) => /ended after \d+ ms without an event/.test(l.err?.message ?? '')).length, 1);
   api.setNode(node('node-a', { podCIDR: V4B }));
+  await until('the change', () => cidrs.length >= 2);
+});
+
+test('API server gone and back on the same port: the node source and the pod lookup share one ApiHealth: about one attempt per period between them, one warning; both back at once when it answers, with the change made meanwhile', async (t) => {
+  const api = await fakeApi(t);
+  api.setNode(node('node-a', { podCIDR: V4 }));
+  const log = capturingLogger();
+  const PERIOD = 50;
+  const health = new ApiHealth({ periodMs: PERIOD, logger: log.logger });
+  const kube = { nodeName: 'node-a', logger: log.logger, kubeConfig: fakeKubeConfig(api), health, retryMaxMs: 200 };
+  const cidrs: string[] = [];
+  const source = new NodeWatchPodCidrSource(kube);
+  const lookup = new ClusterPodLookup(kube);
+  t.teardown(() => lookup.stop());
+  t.teardown(() => source.stop());
+  await source.start((c) => void cidrs.push(c));
+  await lookup.start();
+  await until('both watches', () => cidrs.length === 1 && api.openWatches === 2);
+  await api.stop();
+  await until('away', () => health.isDown);
+  const since = Date.now();
+  const before = health.stats.attempts;
+  await sleep(40 * PERIOD);
+  const attempts = health.stats.attempts - before;
+  const perPeriod = attempts / ((Date.now() - since) / PERIOD);
+  // Each of the two loops on its own would try once per period or more: together they stay near one.
+  t.true(perPeriod > 0.5 && perPeriod < 1.5, `${attempts} attempts in ${Date.now() - since} ms (${perPeriod.toFixed(2)} per period)`);
+  t.is(log.having('the API server is away').filter((l) => l.level === 40).length, 1, 'one warning for the outage, not one per loop or attempt');
+  t.true(log.having('the API server is away').every((l) => typeof l.err?.message === 'string' && l.err.message !== ''));
+  api.setNode(node('node-a', { podCIDR: V4B }));
+  api.setPod(pod('default', 'web', 'node-a', { 'kubernetes.io/ingress-bandwidth': '1M' }));
   await api.start();
-  await until('the change made while the server was away', () => cidrs.length >= 2);
+  await until('the change made while the server was away', () => cidrs.length >= 2 && lookup.has('default', 'web'));
+  await until('both watches again', () => api.openWatches === 2);
+  t.false(health.isDown);
   t.deepEqual(cidrs, [V4, V4B]);
-  const failures = having('list/watch failed').slice(0, 6);
-  t.true(failures.slice(1).every((l) => l.err?.code === 'ECONNREFUSED'), JSON.stringify(failures.map((l) => l.err)));
-  t.true(failures.every((l) => typeof l.err?.message === 'string' && l.err.message !== ''));
-  t.deepEqual(failures.map((l) => l.attempt), [1, 2, 3, 4, 5, 6], 'one log line per failure');
-  const delays = failures.map((l) => l.retryInMs ?? -1);
-  t.is(delays[0], RETRY.retryMinMs);
-  for (let i = 1; i < delays.length; i++) t.is(delays[i], Math.min((delays[i - 1] ?? 0) * 2, RETRY.retryMaxMs), `delays ${delays.join(',')}`);
-  // Back to normal: later changes arrive over the new watch.
+  t.is(log.having('the API server answers again').length, 1);
   api.setNode(node('node-a', { podCIDR: V4C }));
   await until('a later change', () => cidrs.length >= 3);
 });
 
 for (const mode of ['event', 'status'] as const) {
-  test(`node source: 410 Gone (${mode === 'event' ? 'ERROR event' : 'HTTP 410'}) makes it re-list`, async (t) => {
+  test(`node source: 410 Gone (${mode === 'event' ? 'ERROR event' : 'HTTP 410'}) makes it re-list at once, then watch from the new list`, async (t) => {
     const api = await fakeApi(t);
     api.goneMode = mode;
     api.setNode(node('node-a', { podCIDR: V4 }));
-    const { cidrs, lines } = await nodeSource(t, api);
+    const log = capturingLogger();
+    const cidrs: string[] = [];
+    const source = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, kubeConfig: fakeKubeConfig(api), ...NO_WAIT });
+    t.teardown(() => source.stop());
+    await source.start((c) => void cidrs.push(c));
     await until('the watch', () => cidrs.length === 1 && api.openWatches === 1);
+    api.setNode(node('node-a', { podCIDR: V4 }, { seen: 'yes' })); // an event: the watch made progress (an empty watch ended at once would be paced)
+    await until('the event', () => api.requests.length >= 2 && log.lines.some((l) => l.msg.includes('listed')));
+    await sleep(50);
     api.expire(); // every resourceVersion handed out so far is now too old; the watch ends
     api.setNode(node('node-a', { podCIDR: V4B }));
-    await until('the change', () => cidrs.length >= 2);
+    await until('the change, at once (a retry wait would take a minute)', () => cidrs.length >= 2, 5_000);
     await until('a new watch', () => api.openWatches === 1);
     api.setNode(node('node-a', { podCIDR: V4C }));
     await until('a later change', () => cidrs.length >= 3);
     t.deepEqual(cidrs, [V4, V4B, V4C]);
     t.is(api.count(NODES, 'list'), 2, 'exactly one re-list');
-    const gone = lines.filter((l) => l.err?.status === 410);
+    const gone = log.lines.filter((l) => l.err?.status === 410);
     t.is(gone.length, 1);
-    t.true(gone[0]?.relist);
+    t.regex(gone[0]?.msg ?? '', /listing again/);
     t.regex(gone[0]?.err?.message ?? '', /too old resource version/);
   });
 }
+
+test('node source: an error answer (403) backs off on its own, jittered and growing; the API server is not \'away\'', async (t) => {
+  const api = await fakeApi(t);
+  api.setNode(node('node-a', { podCIDR: V4 }));
+  api.failWith = (r) => (r.path === NODES ? 403 : undefined);
+  const log = capturingLogger();
+  const health = new ApiHealth({ periodMs: 20 });
+  const source = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, kubeConfig: fakeKubeConfig(api), health, retryMinMs: 20, retryMaxMs: 160 });
+  t.teardown(() => source.stop());
+  await source.start(() => undefined);
+  await until('six failures', () => log.having('list/watch failed; retrying').length >= 6);
+  const delays = log.having('list/watch failed; retrying').slice(0, 6).map((l) => l.retryInMs ?? -1);
+  // Steps 20, 40, 80, 160, 160, 160: each wait within [step/2, step].
+  [20, 40, 80, 160, 160, 160].forEach((step, i) => t.true((delays[i] ?? -1) >= step / 2 && (delays[i] ?? Infinity) <= step, `delays ${delays.join(',')}`));
+  t.false(health.isDown);
+  t.is(health.stats.outages, 0);
+  api.failWith = undefined;
+});
 
 test('node source: start() returns at once when the API server does not answer; stop() cuts the hanging request', async (t) => {
   const api = await fakeApi(t);
@@ -271,7 +337,7 @@ import { pino } from 'pino';
 import { NodeWatchPodCidrSource } from './src/daemon/pod-cidr-source.ts';
 import { fakeKubeConfig } from './hack/support/fake-apiserver.ts';
 const source = new NodeWatchPodCidrSource({
-  nodeName: 'node-a', logger: pino({ level: 'warn' }, process.stdout),
+  nodeName: 'node-a', logger: pino({ level: 'debug' }, process.stdout),
   kubeConfig: fakeKubeConfig(process.env.FAKE_URL), retryMinMs: 20, retryMaxMs: 200,
 });
 await source.start((c) => console.log('cidr ' + c));
