@@ -44,6 +44,8 @@ export interface PodUpdate {
   /** What it asks of the node now (guarantees, QoS class) and before this update (pod-guarantees.ts). */
   ask?: PodAsk;
   previousAsk?: PodAsk | undefined;
+  /** spec.hostNetwork: the runtime never sets up its network (nor reads its bandwidth annotations). */
+  hostNetwork?: boolean;
 }
 
 /** A pod as the ADD path needs it (cluster mode). */

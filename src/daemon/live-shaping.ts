@@ -25,6 +25,13 @@
  * later; an invalid value of its namespace, ignored, at ADD and when the namespace changes),
  * Warning `BandwidthCapped` when the pod asks more than its namespace's ceiling and gets the ceiling.
  *
+ * A pod of this node whose bandwidth annotation cannot be parsed gets its `BandwidthRejected`
+ * Warning from the pod watch, naming the annotation, the value and the accepted form, whether or not
+ * the runtime ever calls the plugin: containerd refuses such a sandbox before any CNI call (kubelet
+ * shows only `FailedCreatePodSandBox ... quantities must match the regular expression`), so the
+ * watch is the one place that sees it. Told once per pod and value (an ADD refused for the same value
+ * says nothing more); host-network pods are left alone (no runtime reads their annotations).
+ *
  * With a pod's guarantees and band (cluster mode, pod-guarantees.ts): every resolution applies
  * them too, with their Warnings; a change of what the pod asks of the node (its requests, its QoS
  * class, `kubenet.io/bandwidth-priority`) re-shapes it as an annotation change does. A pod seen for
@@ -38,6 +45,7 @@ import {
   cappedMessage,
   describeLimits,
   describeSourcedLimits,
+  bandwidthFromAnnotations,
   EGRESS_ANNOTATION,
   INGRESS_ANNOTATION,
   isUnshaped,
@@ -102,6 +110,11 @@ export function parseShapeRequest(body: unknown): { ingress?: number; egress?: n
   return out;
 }
 
+/** What an unparsable-annotation Warning was about: the pod's uid and both values. */
+function unparsableKey(uid: string | undefined, a: Record<string, string>): string {
+  return JSON.stringify([uid ?? '', a[INGRESS_ANNOTATION] ?? null, a[EGRESS_ANNOTATION] ?? null]);
+}
+
 /** The bandwidth annotations' raw values (the two ceilings, the band; null when absent): what a change is judged on. */
 function rawBandwidth(a: Record<string, string> | undefined): string {
   return JSON.stringify([a?.[INGRESS_ANNOTATION] ?? null, a?.[EGRESS_ANNOTATION] ?? null, a?.[PRIORITY_ANNOTATION] ?? null]);
@@ -118,6 +131,9 @@ function hasPolicyAnnotation(a: Record<string, string> | undefined): boolean {
 
 type PodRef = { namespace: string; name: string; uid: string | undefined };
 
+/** How many pods' unparsable annotations are remembered (so each is told once); the oldest are forgotten first. */
+const MAX_TOLD = 4096;
+
 /** Why a pod is resolved again: what it is told about besides a change of its limits. */
 interface Trigger {
   via: string;
@@ -132,6 +148,8 @@ interface Trigger {
 export class LiveShaping {
   private readonly log: Logger;
   private readonly mutex = new KeyedMutex();
+  /** "namespace/name" → "uid ingress egress" of the unparsable values it was told of. */
+  private readonly toldUnparsable = new Map<string, string>();
 
   constructor(
     private readonly network: PodNetwork,
@@ -172,7 +190,8 @@ export class LiveShaping {
 
   /** One pod as the watch saw it (see the module doc). */
   async onPodUpdate(u: PodUpdate): Promise<void> {
-    if (!u.namespace || !u.name || this.ready(u.namespace, u.name).length === 0) return;
+    if (!u.namespace || !u.name) return;
+    if (this.ready(u.namespace, u.name).length === 0) return this.checkUnattached(u);
     if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations) && sameAsk(u.previousAsk, u.ask)) return;
     let keepRates = false;
     if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) {
@@ -305,9 +324,35 @@ export class LiveShaping {
     if (now) void this.onPodUpdate({ ...pod, annotations: now, previous: undefined, ...(ask ? { ask } : {}) }).catch((err: unknown) => this.log.error({ err }, 'late re-shape failed'));
   }
 
-  /** An ADD was refused for its bandwidth annotations. */
+  /** An ADD was refused for its bandwidth annotations: a Warning, unless the watch told the pod of the same values already. */
   refused(pod: { namespace: string; name: string }, err: unknown): void {
-    this.events.record({ ...pod, uid: this.uid(pod.namespace, pod.name) }, 'Warning', REASON_REJECTED, err instanceof Error ? err.message : String(err));
+    const uid = this.uid(pod.namespace, pod.name);
+    const annotations = this.pods?.cachedAnnotations?.(pod.namespace, pod.name);
+    if (annotations && this.toldUnparsable.get(`${pod.namespace}/${pod.name}`) === unparsableKey(uid, annotations)) return;
+    this.events.record({ ...pod, uid }, 'Warning', REASON_REJECTED, err instanceof Error ? err.message : String(err));
+  }
+
+  /**
+   * A pod of this node not (yet) set up here: a Warning when its bandwidth annotations cannot be
+   * parsed, once per pod and values (see the module doc).
+   */
+  private checkUnattached(u: PodUpdate): void {
+    const k = `${u.namespace}/${u.name}`;
+    if (u.hostNetwork === true) return;
+    try {
+      bandwidthFromAnnotations(u.annotations);
+      this.toldUnparsable.delete(k); // fixed (or never wrong): a new wrong value is told again
+      return;
+    } catch (err) {
+      const told = unparsableKey(u.uid, u.annotations);
+      if (this.toldUnparsable.get(k) === told) return;
+      this.toldUnparsable.delete(k);
+      this.toldUnparsable.set(k, told);
+      if (this.toldUnparsable.size > MAX_TOLD) this.toldUnparsable.delete(this.toldUnparsable.keys().next().value ?? '');
+      const message = `${err instanceof Error ? err.message : String(err)}; the pod's network cannot be set up until the annotation is fixed or removed`;
+      this.log.warn({ pod: k, err }, 'a pod of this node carries a bandwidth annotation that cannot be parsed');
+      this.events.record({ namespace: u.namespace, name: u.name, uid: u.uid }, 'Warning', REASON_REJECTED, message);
+    }
   }
 
   /** `kubenet shape`: new limits for every attachment of the pod. @throws UnknownPodError, ConfigError */

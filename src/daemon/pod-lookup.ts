@@ -86,6 +86,7 @@ export class ClusterPodLookup implements PodLookup {
         previous: before?.annotations,
         ask: now.ask,
         previousAsk: before?.ask,
+        ...(p.spec?.hostNetwork === true ? { hostNetwork: true } : {}),
       });
     } catch (err) {
       this.log.error({ err, pod: `${p.metadata?.namespace}/${p.metadata?.name}` }, 'pod update handler failed');

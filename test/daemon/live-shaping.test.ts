@@ -54,6 +54,40 @@ test('an invalid new value keeps the old limits and is a Warning naming the anno
   t.regex(ev.got[1]?.message ?? '', /ingress-bandwidth.*above the maximum/);
 });
 
+test('a pod of this node not set up here (containerd refused its sandbox) with an unparsable annotation gets one Warning naming the annotation, the value and the accepted form; an ADD refused for the same values adds none; host-network pods are left alone', async (t) => {
+  const { network, reshapes } = fakeNetwork([]);
+  const ev = fakeEvents();
+  const annotations: Record<string, Record<string, string>> = {};
+  const pods = { annotations: async () => undefined, cachedAnnotations: (_ns: string, name: string) => annotations[name], uid: (_ns: string, name: string) => `uid-${name}` };
+  const live = new LiveShaping(network, ev.rec, pods, silent);
+  const seen = async (name: string, a: Record<string, string>, previous?: Record<string, string>, extra: object = {}) => {
+    annotations[name] = a;
+    await live.onPodUpdate({ ...update(name, a, previous), ...extra });
+  };
+  await seen('bad', { [IN]: '10 Mbit' });
+  t.is(ev.got.length, 1);
+  t.like(ev.got[0], { pod: { namespace: 'default', name: 'bad', uid: 'uid-bad' }, type: 'Warning', reason: 'BandwidthRejected' });
+  const message = ev.got[0]?.message ?? '';
+  t.true(message.includes('kubernetes.io/ingress-bandwidth') && message.includes('"10 Mbit"'), message);
+  t.regex(message, /e\.g\. "10M"|such as 10M|e\.g\. 10M/, 'the accepted form');
+  t.regex(message, /cannot be set up until the annotation is fixed or removed$/);
+  await seen('bad', { [IN]: '10 Mbit', other: 'x' }, { [IN]: '10 Mbit' });
+  live.refused({ namespace: 'default', name: 'bad' }, new Error('an ADD refused for the same value'));
+  t.is(ev.got.length, 1, 'told once per pod and value');
+  await seen('bad', { [IN]: '10 Mbit', [EG]: '5 M' }, { [IN]: '10 Mbit' });
+  t.is(ev.got.length, 2, 'another wrong value is told');
+  await seen('bad', { [IN]: '10M' }, { [IN]: '10 Mbit', [EG]: '5 M' });
+  t.is(ev.got.length, 2, 'fixed: nothing to tell');
+  await seen('bad', { [IN]: '10 Mbit' }, { [IN]: '10M' });
+  t.is(ev.got.length, 3, 'wrong again after a fix: told again');
+  live.refused({ namespace: 'default', name: 'other' }, new Error('annotation kubernetes.io/egress-bandwidth: refused at ADD'));
+  t.is(ev.got.length, 4, 'an ADD refused for values the watch has not told of is a Warning');
+  await seen('host', { [EG]: 'lots' }, undefined, { hostNetwork: true });
+  await seen('fine', { [EG]: '1M' });
+  t.is(ev.got.length, 4, 'a host-network pod and a valid value: nothing');
+  t.deepEqual(reshapes, []);
+});
+
 test('a pod seen for the first time re-shapes only when it carries a bandwidth annotation with other rates', async (t) => {
   const { network, reshapes: calls } = fakeNetwork([record('a', { egress: 10 * M, egressBurst: 1000 }), record('b', { egress: 10 * M }), record('c', { egress: 10 * M })]);
   const ev = fakeEvents();
