@@ -6,7 +6,9 @@
 #                                              prints the kubeconfig
 #   sudo bash hack/cluster.sh down             removes everything `up` made
 #   sudo bash hack/cluster.sh kubectl ARGS...  kubectl against it
-#   sudo bash hack/cluster.sh restart kubelet|containerd|kube-proxy [NODE]   as a service restart
+#   sudo bash hack/cluster.sh restart kubelet|containerd|kube-proxy|etcd|kube-apiserver|... [NODE]
+#                                              as a service restart (the control plane runs on node 1)
+#   sudo bash hack/cluster.sh stop|start PART [NODE]   the same in two steps: a part away for a while
 #
 # Parts (hack/build-upstream.sh, pinned in hack/upstream/): etcd, kube-apiserver (Node + RBAC
 # authorization, NodeRestriction, ServiceAccount tokens, privileged pods allowed), kube-controller-
@@ -65,18 +67,30 @@ start() {
   setsid nsenter -t "$(holder "$i")" -m -n --wdns="$DIR" "$@" >>"$DIR/n$i/$name.log" 2>&1 </dev/null &
   echo $! >"$DIR/n$i/$name.pid"
 }
-# restart NAME [I]: SIGTERM (SIGKILL after 10 s) node I's NAME (kubelet, containerd, kube-proxy...)
-# and start it again as it was started; what it ran (pods, shims) goes on, as after a service restart.
-restart() {
-  local name="$1" i="${2:-1}" pid args
+# stop NAME [I]: SIGTERM (SIGKILL after 10 s) node I's NAME (kubelet, containerd, kube-proxy, etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler); what it ran (pods, shims) goes on.
+stop_part() {
+  local name="$1" i="${2:-1}" pid
   [ -f "$DIR/n$i/$name.cmd" ] || die "node $i runs no $name"
   pid="$(cat "$DIR/n$i/$name.pid")"
   kill "$pid" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -9 "$pid" 2>/dev/null || true
+  log "stopped $name on node $i"
+}
+# resume NAME [I]: start node I's NAME again as it was started (after stop); a running one is left alone.
+resume() {
+  local name="$1" i="${2:-1}" args
+  [ -f "$DIR/n$i/$name.cmd" ] || die "node $i runs no $name"
+  if kill -0 "$(cat "$DIR/n$i/$name.pid")" 2>/dev/null; then log "$name on node $i is running"; return; fi
   mapfile -d '' args <"$DIR/n$i/$name.cmd"
   start "$i" "$name" "${args[@]}"
-  log "restarted $name on node $i (pid $(cat "$DIR/n$i/$name.pid"))"
+  log "started $name on node $i (pid $(cat "$DIR/n$i/$name.pid"))"
+}
+# restart NAME [I]: stop, then resume, as a service restart.
+restart() {
+  stop_part "$@"
+  resume "$@"
 }
 kctl() { in_node 1 "$B/kubernetes/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@"; }
 wait_for() { # WHAT SECONDS CMD...
@@ -371,5 +385,7 @@ case "${1:-}" in
   down) down ;;
   kubectl) shift; in_node 1 "$B/kubernetes/kubectl" --kubeconfig "$DIR/admin.kubeconfig" "$@" ;;
   restart) shift; restart "$@" ;;
-  *) die "usage: hack/cluster.sh up [--nodes N] | down | kubectl ARGS... | restart kubelet|containerd|kube-proxy [NODE]" ;;
+  stop) shift; stop_part "$@" ;;
+  start) shift; resume "$@" ;;
+  *) die "usage: hack/cluster.sh up [--nodes N] | down | kubectl ARGS... | restart|stop|start PART [NODE]" ;;
 esac

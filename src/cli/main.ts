@@ -16,6 +16,7 @@ import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
 import { KubeEventRecorder } from '../daemon/events.js';
+import { loadKubeConfig, type KubeClientOptions } from '../daemon/kube-watch.js';
 import type { NamespaceLookup } from '../daemon/namespace-lookup.js';
 import type { NodeRoutes } from '../daemon/routes.js';
 import type { ClusterRanges } from '../daemon/cluster-ranges.js';
@@ -116,6 +117,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   let ranges: ClusterRanges | undefined;
   let capacity: NodeCapacity | undefined;
   let nodeCapacity: NodeCapacityPublisher | undefined;
+  let apiEndpoints: { start(): void; stop(): Promise<void> } | undefined;
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig (a capacity only as configured).
     source = new StaticCidr(config.podCIDR);
@@ -125,7 +127,14 @@ async function daemon(config: AgentConfig): Promise<number> {
     const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr-source.js'), import('../daemon/pod-lookup.js')]);
     // One ApiHealth for every client of the agent: while the API server is away they try about once a second together, not each on its own.
     const health = new (await import('../daemon/api-health.js')).ApiHealth({ logger: log });
-    const kube = { nodeName: config.nodeName, logger: log, health, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
+    let kube: KubeClientOptions = { nodeName: config.nodeName, logger: log, health, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
+    if (!config.kubeconfig) {
+      // In a pod: the API servers' own addresses first, the Service address last (src/daemon/api-endpoints.ts).
+      const { ApiEndpoints, ApiEndpointsWatch } = await import('../daemon/api-endpoints.js');
+      const endpoints = new ApiEndpoints(loadKubeConfig({}), log);
+      kube = { ...kube, kubeConfig: endpoints };
+      apiEndpoints = new ApiEndpointsWatch(endpoints, kube);
+    }
     // The node's bandwidth capacity: the shaper's node class, published on the Node for the scheduler.
     const { NodeCapacityPublisher, resolveNodeCapacity } = await import('../daemon/node-capacity.js');
     capacity = await resolveNodeCapacity(config);
@@ -154,6 +163,7 @@ async function daemon(config: AgentConfig): Promise<number> {
     ...(capacity ? { capacity } : {}),
     ...(nodeCapacity ? { nodeCapacity } : {}),
   });
+  apiEndpoints?.start();
   await agent.start();
   await new Promise<void>((resolve) => {
     const stop = (signal: string) => {
@@ -164,6 +174,7 @@ async function daemon(config: AgentConfig): Promise<number> {
     process.once('SIGINT', () => stop('SIGINT'));
   });
   await agent.stop();
+  await apiEndpoints?.stop();
   return 0;
 }
 

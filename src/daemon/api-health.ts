@@ -130,8 +130,7 @@ export class ApiHealth {
     if (this.down) return;
     this.down = true;
     this.s.outages++;
-    this.s.downSince = Date.now();
-    this.log?.warn({ err, retryEveryMs: this.periodMs }, 'the API server is unreachable; retrying about once per period, jittered, until it answers');
+    this.s.downSince = Date.now(); // the caller logs the failure, once per outage
     this.schedule(this.random() * this.firstRetryMaxMs);
   }
 

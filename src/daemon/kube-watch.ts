@@ -130,7 +130,11 @@ export class KubeApi {
     signal?.throwIfAborted();
     return new Promise((resolve, reject) => {
       const req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, { ...opts, ...(signal ? { signal } : {}) }, resolve);
-      req.on('error', reject); // `on`, not `once`: a second error (mid-response) must not become uncaught
+      // `on`, not `once`: a second error (mid-response) must not become uncaught.
+      req.on('error', (err) => {
+        if (!signal?.aborted && isOutage(err)) this.kc.requestFailed?.(server, err);
+        reject(err);
+      });
       req.on('socket', (s) => s.setKeepAlive(true, 30_000));
       req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`${method} ${path}: no data from the API server for ${idleMs} ms`, { away: true })));
       req.end(body);

@@ -37,6 +37,8 @@ export interface KubeClientConfig {
   getCurrentCluster(): { server: string } | null;
   /** Sets the connection agent (TLS settings) and the credentials on a request's options. */
   applyToHTTPSOptions(opts: RequestOptions): Promise<void>;
+  /** A request to `server` could not connect or broke (api-endpoints.ts moves to the next address). */
+  requestFailed?(server: string, err: unknown): void;
 }
 
 type Auth = { kind: 'none' } | { kind: 'token'; token: string } | { kind: 'tokenFile'; path: string } | { kind: 'basic'; username: string; password: string };

@@ -14,6 +14,7 @@ import { pino } from 'pino';
 import { ConfigError } from '../../src/errors.js';
 import { inClusterCredentials, kubeconfigCredentials } from '../../src/daemon/kubeconfig.js';
 import { KubeApi, loadKubeConfig } from '../../src/daemon/kube-watch.js';
+import { ApiEndpoints, endpointUrls } from '../../src/daemon/api-endpoints.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { FakeApiServer, node, type FakeTls } from '../../hack/support/fake-apiserver.js';
 import { makeTmpDir, rmrf } from '../../hack/support/kernel.js';
@@ -194,3 +195,46 @@ test('refused configurations are ConfigErrors naming the kubeconfig and the fiel
 function readText(path: string): Promise<string> {
   return readFile(path, 'utf8');
 }
+
+test('the API servers\' own addresses: endpointUrls takes the ready endpoints of the https port (IPv6 in brackets)', (t) => {
+  t.deepEqual(
+    endpointUrls({ endpoints: [{ addresses: ['10.0.0.2'] }, { addresses: ['10.0.0.3'], conditions: { ready: false } }, { addresses: ['fd00::2'], conditions: { ready: true } }], ports: [{ name: 'https', port: 6443 }] }),
+    ['https://10.0.0.2:6443', 'https://[fd00::2]:6443'],
+  );
+  t.deepEqual(endpointUrls({ endpoints: [{ addresses: ['10.0.0.2'] }], ports: [] }), [], 'no port: nothing');
+  t.deepEqual(endpointUrls({ endpoints: [], ports: [{ name: 'https', port: 6443 }] }), []);
+});
+
+test('ApiEndpoints: requests go to the API server\'s own address first (TLS verified against the Service host), move on when it refuses, come back when the Service address refuses; an empty EndpointSlice keeps the addresses', async (t) => {
+  const tls = { key: await readText(pki.serverKey), cert: await readText(pki.serverCert) };
+  const service = await fakeApi(t, tls);
+  const own = await fakeApi(t, tls);
+  for (const a of [service, own]) a.setNode(node('node-a', { podCIDR: V4 }));
+  const sa = join(root, 'sa-endpoints');
+  await mkdir(sa, { recursive: true });
+  await writeFile(join(sa, 'ca.crt'), await readText(pki.caCert));
+  await writeFile(join(sa, 'token'), 'sa-token');
+  // The Service address by name (the certificate names localhost and 127.0.0.1); the own address dialled by IP.
+  const creds = inClusterCredentials({ env: { KUBERNETES_SERVICE_HOST: 'localhost', KUBERNETES_SERVICE_PORT: String(service.port) }, serviceAccountDir: sa });
+  const endpoints = new ApiEndpoints(creds);
+  const api = new KubeApi(endpoints);
+  await api.getJson(NODES);
+  t.is(service.requests.length, 1, 'no address known yet: the Service address');
+  endpoints.setSlice({ endpoints: [{ addresses: ['127.0.0.1'] }], ports: [{ name: 'https', port: own.port }] });
+  t.deepEqual(endpoints.targets(), [`https://127.0.0.1:${own.port}`, `https://localhost:${service.port}`]);
+  await api.getJson(NODES);
+  t.is(own.requests.length, 1, 'the own address, verified against the Service host');
+  t.is(own.requests[0]?.authorization, 'Bearer sa-token');
+  endpoints.setSlice({ endpoints: [], ports: [{ name: 'https', port: own.port }] });
+  t.deepEqual(endpoints.targets(), [`https://127.0.0.1:${own.port}`, `https://localhost:${service.port}`], 'an API server shutting down empties the slice: the addresses stay');
+  await own.stop();
+  const away = async () => t.regex(String(((await t.throwsAsync(api.getJson(NODES))) as NodeJS.ErrnoException | undefined)?.code), /^ECONN(REFUSED|RESET)$/);
+  await away();
+  await api.getJson(NODES);
+  t.is(service.requests.length, 2, 'refused: the next address');
+  await own.start();
+  await service.stop();
+  await away();
+  await api.getJson(NODES);
+  t.is(own.requests.length, 2, 'and round again');
+});

@@ -122,11 +122,13 @@ test('every document parses and the expected kinds are present', (t) => {
   const kinds = new Set(docs.map((d) => d.kind));
   for (const k of ['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'ConfigMap', 'DaemonSet']) t.true(kinds.has(k), k);
   for (const d of docs) {
-    if (['ServiceAccount', 'ConfigMap', 'DaemonSet', 'Role', 'RoleBinding'].includes(d.kind ?? '')) t.is(d.metadata?.namespace, 'kube-system', `${d.kind} ${d.metadata?.name}`);
+    // The one exception: the Role that reads the `kubernetes` EndpointSlice, which lives in `default`.
+    const inDefault = d.metadata?.name === 'kubenet-api-endpoints' && ['Role', 'RoleBinding'].includes(d.kind ?? '');
+    if (['ServiceAccount', 'ConfigMap', 'DaemonSet', 'Role', 'RoleBinding'].includes(d.kind ?? '')) t.is(d.metadata?.namespace, inDefault ? 'default' : 'kube-system', `${d.kind} ${d.metadata?.name}`);
   }
 });
 
-test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on events and patch on nodes/status (core group), list/watch on servicecidrs (networking.k8s.io), bound to the agent service account', (t) => {
+test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on events and patch on nodes/status (core group), list/watch on servicecidrs (networking.k8s.io), get/list/watch on the kubernetes EndpointSlice alone (in default), bound to the agent service account', (t) => {
   const roles = docs.filter((d) => d.kind === 'ClusterRole' || d.kind === 'Role');
   t.true(roles.length > 0);
   const granted = new Set<string>();
@@ -137,17 +139,21 @@ test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on even
       t.true(r.apiGroups?.length === 1, 'one API group per rule');
       const group = r.apiGroups?.[0] === '' ? '' : `.${r.apiGroups?.[0]}`;
       t.is(r.nonResourceURLs, undefined);
-      t.is(r.resourceNames, undefined);
+      // Only the API server's EndpointSlice is named (its Role is namespaced to `default`).
+      const named = r.resourceNames === undefined ? '' : `/${r.resourceNames.join(',')}`;
+      if (named) t.is(role.kind, 'Role');
       t.false((r.verbs ?? []).includes('*') || (r.resources ?? []).includes('*'), 'no wildcards');
-      for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}${group}`);
+      for (const res of r.resources ?? []) for (const v of r.verbs ?? []) granted.add(`${v} ${res}${group}${named}`);
     }
   }
   // The agent reads nodes (pod CIDR), pods (annotations, live re-shaping) and namespaces (their
   // bandwidth policy, issue 24) and creates Events (BandwidthApplied / BandwidthRejected /
   // BandwidthCapped, ...), lists ServiceCIDRs (the Service ranges, unshaped with routes: direct)
-  // and patches its Node's status (its bandwidth capacity as extended resources, issue 33); it
-  // updates or deletes nothing.
-  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'list servicecidrs.networking.k8s.io', 'watch servicecidrs.networking.k8s.io', 'patch nodes/status'];
+  // and patches its Node's status (its bandwidth capacity as extended resources, issue 33), and
+  // reads the `kubernetes` EndpointSlice (the API servers' own addresses, issue 34); it updates or
+  // deletes nothing.
+  const eps = ['get', 'list', 'watch'].map((v) => `${v} endpointslices.discovery.k8s.io/kubernetes`);
+  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'list servicecidrs.networking.k8s.io', 'watch servicecidrs.networking.k8s.io', 'patch nodes/status', ...eps];
   t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');
@@ -155,6 +161,9 @@ test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on even
   t.is(binding.roleRef.kind, 'ClusterRole');
   t.is(binding.roleRef.name, only(docs, 'ClusterRole').metadata?.name ?? '(unnamed)');
   t.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: 'kubenet', namespace: 'kube-system' }]);
+  const rb = only<Obj & { roleRef: { kind: string; name: string }; subjects: unknown[] }>(docs, 'RoleBinding');
+  t.deepEqual([rb.roleRef.kind, rb.roleRef.name], ['Role', 'kubenet-api-endpoints']);
+  t.deepEqual(rb.subjects, [{ kind: 'ServiceAccount', name: 'kubenet', namespace: 'kube-system' }]);
   t.is(pod.serviceAccountName, sa.metadata?.name);
 });
 

@@ -304,6 +304,91 @@ serialTest('killing one node\'s agent disturbs neither the other nodes\' pods no
     t.deepEqual(await ourRoutes(3), before.filter((r) => !r.startsWith('10.244.202.')), 'every other route as before');
   }));
 
+/** The ceils of the htb classes on node i's egress tree (the pods' egress limits in the kernel), as tc prints them. */
+async function egressCeils(i: number): Promise<string[]> {
+  const { stdout } = await c.inNode(i, 'tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false);
+  return [...stdout.matchAll(/ ceil (\S+)/g)].map((m) => m[1] ?? '');
+}
+
+/** Polls until `ok` (every 20 ms); the ms it took since t0, or Infinity after `limitMs`: a time measured, not a wait that fails. */
+async function msUntil(ok: () => Promise<boolean>, t0: number, limitMs = 10_000): Promise<number> {
+  while (Date.now() - t0 < limitMs) {
+    if (await ok()) return Date.now() - t0;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return Infinity;
+}
+
+/** What pods leave on node i: host-local reservations and the agent's pod records. */
+async function podState(i: number): Promise<string[]> {
+  const ls = async (dir: string) => (await c.inNode(i, 'ls', [dir], false)).stdout.split('\n').filter((f) => f !== '' && f !== 'lock' && !f.startsWith('last_reserved'));
+  return [...(await ls('/var/lib/cni/networks/kubenet')), ...(await ls('/var/lib/kubenet/pods'))].sort();
+}
+
+const FAULTS = [
+  { what: 'kube-apiserver stopped 20 s', run: async () => { await c.stop('kube-apiserver'); await new Promise((r) => setTimeout(r, 20_000)); await c.start('kube-apiserver'); } },
+  { what: 'etcd stopped 20 s', run: async () => { await c.stop('etcd'); await new Promise((r) => setTimeout(r, 20_000)); await c.start('etcd'); } },
+  { what: 'kube-controller-manager restarted', run: async () => { await c.restart('kube-controller-manager'); } },
+];
+
+serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s, kube-controller-manager restarted): pods on different nodes lose no ping and no route flaps; once the API server accepts writes, a new Node is routed and an annotation change is in the kernel on every node within 3 s, a new pod runs with its limits; nothing left after', (t) =>
+  withTrafficLock(async () => {
+    const ips = new Map((await c.json<PodList>(['get', 'pods'])).items.filter((p) => p.metadata.name.startsWith('mesh-')).map((p) => [p.metadata.name, p.status.podIP ?? '']));
+    const from = pausePidOf(ips.get('mesh-1') ?? '') ?? '';
+    t.truthy(from, 'mesh-1 runs');
+    const stateBefore = await Promise.all(NODES.map(podState));
+    try {
+      for (const [k, fault] of FAULTS.entries()) {
+        const routesBefore = await Promise.all(NODES.map(ourRoutes));
+        const monitors = NODES.map((i) => execa('ip', ['-n', node(i), 'monitor', 'route'], { reject: false }));
+        const pinger = pingThroughout((cmd, args) => execa('nsenter', ['-t', from, '-n', cmd, ...args], { reject: false }), ips.get('mesh-2') ?? '', 150);
+        const faultStart = Date.now();
+        await fault.run();
+        // The first write accepted is the new Node; the annotations follow at once.
+        const dst = `10.244.${210 + k}.0/24`;
+        const gw = `198.18.252.${90 + k}`;
+        const t0 = await c.firstWrite(() => c.kubectl(['--request-timeout=3s', 'create', '-f', '-'], { input: JSON.stringify(fakeNode(`kcl-cp-${k}`, [dst], gw)) }));
+        const rate = `${21 + k}Mbit`;
+        const annotated = Promise.all(NODES.map((i) => c.kubectl(['annotate', '--overwrite', 'pod', `mesh-${i}`, `kubernetes.io/egress-bandwidth=${21 + k}M`])));
+        const [routed, shaped] = await Promise.all([
+          Promise.all(NODES.map((i) => msUntilRoutes(i, (r) => r.includes(`${dst} via ${gw} dev kcl${i}u`), t0, 10_000))),
+          Promise.all(NODES.map((i) => msUntil(async () => (await egressCeils(i)).includes(rate), t0))),
+        ]);
+        await annotated;
+        t.log(`${fault.what}: writes accepted ${t0 - faultStart} ms after the fault began; the new Node routed on n1..n3 after ${routed.join(' / ')} ms, egress ${rate} in the kernel after ${shaped.join(' / ')} ms`);
+        for (const ms of [...routed, ...shaped]) t.true(ms <= 3000, `${fault.what}: within 3 s of the first accepted write: ${ms} ms`);
+        // A new pod on node 3 with its limits.
+        const pod = `cp-${k}`;
+        await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(pod, { 'kubernetes.io/egress-bandwidth': `${31 + k}M` }, node(3))) });
+        await c.kubectl(['wait', '--for=condition=Ready', `pod/${pod}`, '--timeout=90s']);
+        t.true((await egressCeils(3)).includes(`${31 + k}Mbit`), `${fault.what}: the new pod's egress limit is in the kernel`);
+        await new Promise((r) => setTimeout(r, 500));
+        const ping = await pinger.stop();
+        for (const m of monitors) m.kill();
+        const changes = (await Promise.all(monitors)).map((m) => m.stdout.split('\n').filter((l) => /proto 98/.test(l) && !l.includes(dst)));
+        t.log(`${fault.what}: mesh-1 (n1) → mesh-2 (n2): ${ping.sent} sent, ${ping.lost} lost; other route changes: ${changes.flat().join(' | ') || 'none'}`);
+        t.true(ping.sent >= 200, `the ping ran through the fault (${ping.sent} sent)`);
+        t.is(ping.lost, 0, `${fault.what}: no ping lost between pods on different nodes`);
+        t.deepEqual(changes, [[], [], []], `${fault.what}: no route flapped`);
+        const routesAfter = await Promise.all(NODES.map(ourRoutes));
+        t.deepEqual(routesAfter.map((r) => r.filter((x) => !x.startsWith(dst))), routesBefore, 'every other route as before');
+        await c.kubectl(['delete', 'node', `kcl-cp-${k}`]);
+        await c.kubectl(['delete', 'pod', pod, '--wait=true', '--timeout=60s']);
+      }
+    } finally {
+      for (const [k] of FAULTS.entries()) await c.kubectl(['delete', 'node', `kcl-cp-${k}`, `--ignore-not-found`], { reject: false });
+      for (const [k] of FAULTS.entries()) await c.kubectl(['delete', 'pod', `cp-${k}`, '--ignore-not-found', '--wait=true', '--timeout=60s'], { reject: false });
+      for (const i of NODES) await c.kubectl(['annotate', 'pod', `mesh-${i}`, 'kubernetes.io/egress-bandwidth-'], { reject: false });
+    }
+    // Nothing of the pods made here is left on any node (reservations, records).
+    let after: string[][] = [];
+    for (const end = Date.now() + 30_000; Date.now() < end; await new Promise((r) => setTimeout(r, 500))) {
+      after = await Promise.all(NODES.map(podState));
+      if (JSON.stringify(after) === JSON.stringify(stateBefore)) break;
+    }
+    t.deepEqual(after, stateBefore, 'no reservation or record left');
+  }));
+
 serialTest('deleting a real Node removes its routes on the others within 1 s', async (t: ExecutionContext) => {
   const cidrs = (await c.json<NodeJson>(['get', 'node', node(3)])).spec.podCIDRs ?? [];
   t.is(cidrs.length, 2);

@@ -62,6 +62,32 @@ export class LocalCluster {
     return execa('bash', [CLUSTER_SH, 'restart', service, String(node)], { env: this.env });
   }
 
+  /** Stops a part of node `node` (the control plane's run on node 1) until start(). */
+  stop(part: string, node = 1) {
+    return execa('bash', [CLUSTER_SH, 'stop', part, String(node)], { env: this.env });
+  }
+
+  start(part: string, node = 1) {
+    return execa('bash', [CLUSTER_SH, 'start', part, String(node)], { env: this.env });
+  }
+
+  /**
+   * Tries `write` (a kubectl call that writes) every 100 ms until it succeeds, for at most `limitMs`:
+   * when the API server accepts writes again. Returns when the successful attempt began.
+   */
+  async firstWrite(write: () => Promise<unknown>, limitMs = 120_000): Promise<number> {
+    for (const end = Date.now() + limitMs; ; ) {
+      const began = Date.now();
+      try {
+        await write();
+        return began;
+      } catch (err) {
+        if (Date.now() > end) throw err;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+  }
+
   kubectl(args: string[], opts: { input?: string; reject?: boolean } = {}) {
     return execa(KUBECTL, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], { reject: opts.reject ?? true, ...(opts.input !== undefined ? { input: opts.input } : {}) });
   }
