@@ -69,6 +69,31 @@ export class ToolError extends KubenetError {
   }
 }
 
+/**
+ * A filesystem call failed. The message says what was being done (`op` on `path`), the errno in
+ * words and what an operator can do about it (src/util/fs-error.ts builds it); `code` is the errno's
+ * name as Node gives it ('ENOSPC', 'ENOENT', ...), so code that checks `err.code` keeps working, and
+ * `errno` its (positive) number.
+ */
+export class FsError extends KubenetError {
+  readonly code: string;
+  readonly errno: number;
+  /** The failing system call ('open', 'write', 'rename', 'mkdir', ...) when known. */
+  readonly syscall: string | undefined;
+  /** The file or directory the operation was about (not a temporary file of it). */
+  readonly path: string;
+  /** What was being done: 'write', 'remove', 'create', 'read', ... */
+  readonly op: string;
+  constructor(init: { code: string; errno: number; syscall?: string | undefined; path: string; op: string }, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = init.code;
+    this.errno = init.errno;
+    this.syscall = init.syscall;
+    this.path = init.path;
+    this.op = init.op;
+  }
+}
+
 /** Several independent steps failed (teardown runs every step and reports all failures). */
 export class AggregateKubenetError extends KubenetError {
   readonly errors: unknown[];

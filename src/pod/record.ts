@@ -21,6 +21,7 @@ import type { Logger } from '../log.js';
 import type { BandwidthLimits, LimitSources } from '../bandwidth/limits.js';
 import type { ShapingState } from '../shaper/tc-layout.js';
 import { isTempFile, SpareFileWriter } from '../util/atomic-file.js';
+import { fsError, fsTry } from '../util/fs-error.js';
 import { sameNetns, type NetnsId } from './netns.js';
 
 export const RECORD_VERSION = 2;
@@ -127,7 +128,7 @@ export class PodStore {
     readonly dir: string,
     private readonly log: Logger,
   ) {
-    this.files = new SpareFileWriter(dir, join(dirname(dir), `.${basename(dir)}-spare`), { mode: 0o600 });
+    this.files = new SpareFileWriter(dir, join(dirname(dir), `.${basename(dir)}-spare`), { mode: 0o600, what: 'the pod record' });
   }
 
   /**
@@ -145,12 +146,12 @@ export class PodStore {
       names = readdirSync(this.dir);
     } catch (err) {
       if ((err as { code?: string }).code === 'ENOENT') return { legacy };
-      throw err;
+      throw fsError(err, 'read', 'the pod records in', this.dir);
     }
     for (const name of names) {
       const file = join(this.dir, name);
       if (isTempFile(name)) {
-        unlinkSync(file);
+        fsTry('remove', 'a stray temporary file', file, () => unlinkSync(file));
         continue;
       }
       if (!name.endsWith('.json')) continue;
@@ -186,7 +187,7 @@ export class PodStore {
     return this.all().filter((r) => sameNetns(r.netnsId, id));
   }
 
-  /** Writes the record (atomically) and then makes it the one in memory. */
+  /** Writes the record (atomically) and then makes it the one in memory. @throws FsError naming the record's file */
   put(record: PodRecord): void {
     const key = recordKey(record.containerId, record.ifName);
     this.files.write(`${key}.json`, JSON.stringify(record));
@@ -194,7 +195,7 @@ export class PodStore {
     this.changes++;
   }
 
-  /** Removes the record; a missing one is success. */
+  /** Removes the record; a missing one is success. @throws FsError naming the record's file */
   delete(containerId: string, ifName: string): void {
     const key = recordKey(containerId, ifName);
     this.files.remove(`${key}.json`);

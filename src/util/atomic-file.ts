@@ -10,6 +10,7 @@
  */
 import { closeSync, constants, copyFileSync, chmodSync, existsSync, fstatSync, linkSync, mkdirSync, openSync, readdirSync, renameSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
+import { fsError } from './fs-error.js';
 
 let counter = 0;
 
@@ -22,8 +23,11 @@ export function isTempFile(name: string): boolean {
   return name.startsWith('.') && name.endsWith('.tmp');
 }
 
-/** Atomically replaces `path` with `data` (mode applies to a new file). Creates the directory when missing. */
-export function writeFileAtomic(path: string, data: string | Uint8Array, opts: { mode?: number; dirMode?: number } = {}): void {
+/**
+ * Atomically replaces `path` with `data` (mode applies to a new file). Creates the directory when
+ * missing. Fails with an FsError naming `opts.what` (default "the file") and `path`.
+ */
+export function writeFileAtomic(path: string, data: string | Uint8Array, opts: { mode?: number; dirMode?: number; what?: string } = {}): void {
   const tmp = tempPathFor(path);
   try {
     try {
@@ -40,12 +44,15 @@ export function writeFileAtomic(path: string, data: string | Uint8Array, opts: {
     } catch {
       // never written
     }
-    throw err;
+    throw fsError(err, 'write', opts.what ?? 'the file', path);
   }
 }
 
-/** Atomically installs a copy of `src` at `dest` with `mode` (e.g. an executable into a CNI bin dir). */
-export function copyFileAtomic(src: string, dest: string, mode: number): void {
+/**
+ * Atomically installs a copy of `src` at `dest` with `mode` (e.g. an executable into a CNI bin dir).
+ * Fails with an FsError naming `what` and `dest` (and `src` when the copy could not read it).
+ */
+export function copyFileAtomic(src: string, dest: string, mode: number, what = 'the file'): void {
   const tmp = tempPathFor(dest);
   try {
     copyFileSync(src, tmp);
@@ -57,7 +64,7 @@ export function copyFileAtomic(src: string, dest: string, mode: number): void {
     } catch {
       // never written
     }
-    throw err;
+    throw fsError(err, 'install', what, dest);
   }
 }
 
@@ -90,8 +97,13 @@ export class SpareFileWriter {
   constructor(
     readonly dir: string,
     readonly spareDir: string,
-    private readonly opts: { mode: number; keep?: number; delayMs?: number },
+    /** `what` names a file in errors (default "the file"): "cannot write the pod record <path>: …". */
+    private readonly opts: { mode: number; keep?: number; delayMs?: number; what?: string },
   ) {}
+
+  private get what(): string {
+    return this.opts.what ?? 'the file';
+  }
 
   private get keep(): number {
     return this.opts.keep ?? 8;
@@ -127,7 +139,7 @@ export class SpareFileWriter {
     const spare = this.spares.pop();
     if (this.spares.length < this.keep / 2) this.replenishLater();
     if (spare === undefined) {
-      writeFileAtomic(target, data, { mode: this.opts.mode });
+      writeFileAtomic(target, data, { mode: this.opts.mode, what: this.what });
       return;
     }
     let old: string | undefined;
@@ -153,9 +165,9 @@ export class SpareFileWriter {
           // not there
         }
       }
-      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'write', this.what, target);
       // A spare or a directory is missing: the plain way (which creates the target directory).
-      writeFileAtomic(target, data, { mode: this.opts.mode });
+      writeFileAtomic(target, data, { mode: this.opts.mode, what: this.what });
     }
   }
 
@@ -176,7 +188,7 @@ export class SpareFileWriter {
     try {
       unlinkSync(target);
     } catch (err) {
-      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'remove', this.what, target);
     }
   }
 
@@ -223,7 +235,11 @@ export class SpareFileWriter {
   }
 }
 
-/** Writes `data` from offset 0 of the existing file `path` in one write, padded with spaces to its current length. */
+/**
+ * Writes `data` from offset 0 of the existing file `path`, padded with spaces to its current length:
+ * one write, unless the kernel takes part of it (a disk filling up), when the rest follows, so that
+ * a full disk fails with its errno (ENOSPC), not with a short count.
+ */
 function writeInPlace(path: string, data: string): void {
   const fd = openSync(path, constants.O_WRONLY);
   try {
@@ -231,8 +247,11 @@ function writeInPlace(path: string, data: string): void {
     const bytes = Buffer.from(data, 'utf8');
     const out = bytes.length >= size ? bytes : Buffer.alloc(size, 0x20);
     if (out !== bytes) bytes.copy(out);
-    const n = writeSync(fd, out, 0, out.length, 0);
-    if (n !== out.length) throw new Error(`short write to ${path}: ${n} of ${out.length} bytes`);
+    for (let done = 0; done < out.length; ) {
+      const n = writeSync(fd, out, done, out.length - done, done);
+      if (n <= 0) throw new Error(`short write to ${path}: ${done} of ${out.length} bytes`);
+      done += n;
+    }
   } finally {
     closeSync(fd);
   }

@@ -39,6 +39,7 @@
 import { closeSync, constants, fstatSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { KubenetError } from '../../errors.js';
+import { fsErrnoError, fsError, fsTry } from '../../util/fs-error.js';
 import { KeyedMutex } from '../../util/keyed-mutex.js';
 import { dirWatch, type WatchedDir } from './dir-watch.js';
 import { AT_FDCWD, AT_SYMLINK_FOLLOW, EEXIST, EINTR, EWOULDBLOCK, flockExclusiveAsync, fns, lastErrno, LOCK_EX, LOCK_NB, LOCK_UN, O_TMPFILE } from './libc.js';
@@ -48,7 +49,10 @@ export const LAST_IP_PREFIX = 'last_reserved_ip.';
 /** host-local's separator of container ID and interface name in a reservation file. */
 export const LINE_BREAK = '\r\n';
 
-/** A store call failed on the filesystem or the lock; `errno` when a libc call said why. */
+/**
+ * A store call failed other than with an errno (a network name that cannot be a directory, a write
+ * the kernel cut short); failures with an errno are FsErrors naming the file (src/util/fs-error.ts).
+ */
 export class HostLocalStoreError extends KubenetError {
   readonly errno: number | undefined;
   constructor(message: string, errno?: number, options?: { cause?: unknown }) {
@@ -148,13 +152,14 @@ export class DiskStore {
   }
 
   private async lock(): Promise<number> {
-    mkdirSync(this.dir, { recursive: true, mode: 0o755 });
-    const fd = openSync(join(this.dir, LOCK_FILE), constants.O_CREAT | constants.O_RDONLY, 0o750);
+    const lockFile = join(this.dir, LOCK_FILE);
+    fsTry('create', "host-local's network directory", this.dir, () => mkdirSync(this.dir, { recursive: true, mode: 0o755 }));
+    const fd = fsTry('open', "host-local's lock file", lockFile, () => openSync(lockFile, constants.O_CREAT | constants.O_RDONLY, 0o750));
     try {
       for (let attempt = 0; ; attempt++) {
         if (fns.flock(fd, LOCK_EX | LOCK_NB) === 0) return fd;
         const errno = lastErrno();
-        if (errno !== EWOULDBLOCK && errno !== EINTR) throw new HostLocalStoreError(`host-local: flock ${join(this.dir, LOCK_FILE)}`, errno);
+        if (errno !== EWOULDBLOCK && errno !== EINTR) throw fsErrnoError(errno, 'flock', 'lock', "host-local's lock file", lockFile);
         // Held by another process: wait for it off the event loop. A failed wait (EINTR) tries again.
         if ((await flockExclusiveAsync(fd)) === 0) return fd;
         if (attempt >= 100) throw new HostLocalStoreError(`host-local: flock ${join(this.dir, LOCK_FILE)} keeps failing`);
@@ -199,7 +204,8 @@ export class DiskStore {
       return false;
     }
     this.index?.set(name, content.toString('utf8').trim());
-    writeInPlace(join(this.dir, LAST_IP_PREFIX + rangeId), Buffer.from(name, 'latin1'));
+    const last = join(this.dir, LAST_IP_PREFIX + rangeId);
+    fsTry('write', "host-local's last reserved address", last, () => writeInPlace(last, Buffer.from(name, 'latin1')));
     return true;
   }
 
@@ -214,14 +220,14 @@ export class DiskStore {
         this.tmpfile = false;
         return undefined;
       }
-      throw err;
+      throw fsError(err, 'create', 'the address reservation', path);
     }
     try {
-      writeAll(fd, content, path);
+      fsTry('write', 'the address reservation', path, () => writeAll(fd, content, path));
       if (fns.linkat(AT_FDCWD, `/proc/self/fd/${fd}`, AT_FDCWD, path, AT_SYMLINK_FOLLOW) === 0) return true;
       const errno = lastErrno();
       if (errno === EEXIST) return false;
-      throw new HostLocalStoreError(`host-local: cannot create reservation ${path}`, errno);
+      throw fsErrnoError(errno, 'linkat', 'create', 'the address reservation', path);
     } finally {
       closeSync(fd);
     }
@@ -234,14 +240,14 @@ export class DiskStore {
       fd = openSync(path, constants.O_RDWR | constants.O_EXCL | constants.O_CREAT, 0o600);
     } catch (err) {
       if ((err as { code?: string }).code === 'EEXIST') return false;
-      throw err;
+      throw fsError(err, 'create', 'the address reservation', path);
     }
     try {
       writeAll(fd, content, path);
     } catch (err) {
       closeSync(fd);
       unlinkSync(path);
-      throw err;
+      throw fsError(err, 'write', 'the address reservation', path);
     }
     closeSync(fd);
     return true;
@@ -262,7 +268,7 @@ export class DiskStore {
       entries = readdirSync(this.dir, { withFileTypes: true });
     } catch (err) {
       if ((err as { code?: string }).code === 'ENOENT') return out;
-      throw err;
+      throw fsError(err, 'read', 'the address reservations in', this.dir);
     }
     for (const e of entries) {
       if (!e.isFile() || !isReservationName(e.name)) continue;
@@ -276,9 +282,13 @@ export class DiskStore {
   }
 }
 
+/** `data` at offset 0; the rest again when the kernel took part of it (a disk filling up fails then with its errno). */
 function writeAll(fd: number, data: Buffer, path: string): void {
-  const n = writeSync(fd, data, 0, data.length, 0);
-  if (n !== data.length) throw new HostLocalStoreError(`host-local: short write to ${path}: ${n} of ${data.length} bytes`);
+  for (let done = 0; done < data.length; ) {
+    const n = writeSync(fd, data, done, data.length - done, done);
+    if (n <= 0) throw new HostLocalStoreError(`host-local: short write to ${path}: ${done} of ${data.length} bytes`);
+    done += n;
+  }
 }
 
 /**
