@@ -13,6 +13,7 @@
 import { readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../util/atomic-file.js';
+import { fsError } from '../util/fs-error.js';
 import { CacheError } from './errors.js';
 import { validateContainerId, validateInterfaceName, validateNetworkName } from './names.js';
 import type { CacheEntry, WireResult } from './types.js';
@@ -49,7 +50,7 @@ export class ResultCache {
 
   /**
    * The entry for the attachment, or undefined when there is none.
-   * @throws CacheError when the file exists but is unreadable or not a cniCacheV1 entry
+   * @throws FsError when the file exists but cannot be read, CacheError when it is not a cniCacheV1 entry
    */
   async read(key: AttachmentKey): Promise<CacheEntry | undefined> {
     const path = this.path(key);
@@ -58,7 +59,7 @@ export class ResultCache {
       text = readFileSync(path, 'utf8');
     } catch (err) {
       if (isErrno(err, 'ENOENT')) return undefined;
-      throw new CacheError(path, 'cannot read', { cause: err });
+      throw fsError(err, 'read', 'the CNI result cache entry', path);
     }
     let v: unknown;
     try {
@@ -78,24 +79,19 @@ export class ResultCache {
     return v as unknown as CacheEntry;
   }
 
-  /** Writes (or replaces) the entry atomically: readers see the old entry or the new one, never a partial file. */
+  /** Writes (or replaces) the entry atomically: readers see the old entry or the new one, never a partial file. @throws FsError */
   async write(entry: CacheEntry): Promise<void> {
-    const path = this.path(entry);
-    try {
-      writeFileAtomic(path, JSON.stringify(entry), { mode: 0o600, dirMode: 0o700 });
-    } catch (err) {
-      throw new CacheError(path, 'cannot write', { cause: err });
-    }
+    writeFileAtomic(this.path(entry), JSON.stringify(entry), { mode: 0o600, dirMode: 0o700, what: 'the CNI result cache entry' });
   }
 
-  /** Removes the entry; a missing one is success. */
+  /** Removes the entry; a missing one is success. @throws FsError */
   async delete(key: AttachmentKey): Promise<void> {
     const path = this.path(key);
     try {
       unlinkSync(path);
     } catch (err) {
       if (isErrno(err, 'ENOENT')) return;
-      throw new CacheError(path, 'cannot delete', { cause: err });
+      throw fsError(err, 'remove', 'the CNI result cache entry', path);
     }
   }
 }

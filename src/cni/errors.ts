@@ -32,7 +32,7 @@ export class UnsupportedVersionError extends ConfigError {
 /** A plugin result (or cached result) is not valid JSON or not a valid result of its spec version. */
 export class InvalidResultError extends KubenetError {}
 
-/** A result cache entry exists but cannot be read or written. */
+/** A result cache entry exists but is not one (not JSON, not a cniCacheV1 entry); a file that cannot be read or written is an FsError. */
 export class CacheError extends KubenetError {
   readonly path: string;
   constructor(path: string, message: string, options?: { cause?: unknown }) {

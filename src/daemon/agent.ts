@@ -103,6 +103,8 @@ export class Agent {
   private readonly capacity: NodeCapacity | undefined;
   private readonly nodeCapacity: AgentOptions['nodeCapacity'];
   private confWritten = false;
+  /** Why the last install of the CNI binary and config failed (FsError's words), until one succeeds: STATUS and /healthz say it. */
+  private installFailure: string | undefined;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
   private readoptDelayMs = READOPT_RETRY_MS;
@@ -206,8 +208,7 @@ export class Agent {
     }
     if (this.dhcpDaemon) {
       // Ready without a pod CIDR: pods take their addresses from the LAN.
-      installCni(this.config, this.log);
-      this.confWritten = true;
+      this.install();
       this.readoptLeases();
     }
     this.live.start();
@@ -222,11 +223,22 @@ export class Agent {
   private async onPodCidr(cidr: string): Promise<void> {
     try {
       await this.network.setPodCidr(cidr);
-      installCni(this.config, this.log);
-      this.confWritten = true;
+      this.install();
     } catch (err) {
       this.log.error({ err, podCIDR: cidr }, 'pod CIDR refused or CNI config not installed; keeping the previous state');
     }
+  }
+
+  /** installCni; its failure is kept for STATUS and /healthz until an install succeeds. */
+  private install(): void {
+    try {
+      installCni(this.config, this.log);
+    } catch (err) {
+      this.installFailure = err instanceof Error ? err.message : String(err);
+      throw err;
+    }
+    this.installFailure = undefined;
+    this.confWritten = true;
   }
 
   /**
@@ -270,7 +282,8 @@ export class Agent {
       }
     });
     if (missing.length > 0) return `kubenet: CNI plugin(s) ${missing.join(', ')} missing from ${this.config.pluginBinDirs.join(', ')}`;
-    return this.confWritten ? undefined : 'CNI config not written yet';
+    if (this.confWritten) return undefined;
+    return this.installFailure ? `CNI config not written: ${this.installFailure}` : 'CNI config not written yet';
   }
 
   ready(): { ok: boolean; reason?: string } {

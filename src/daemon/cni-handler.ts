@@ -5,7 +5,7 @@
  */
 import { existsSync } from 'node:fs';
 import { convertResult } from '../cni/result.js';
-import { CniPluginError, ConfigError, ConflictError, NotReadyError, UnknownPodError } from '../errors.js';
+import { CniPluginError, ConfigError, ConflictError, FsError, NotReadyError, UnknownPodError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { applyNamespacePolicy, bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord, type ResolvedLimits } from '../pod/index.js';
 import { CniRequestError, parseCniCall, parseIpamCall, type CniCall } from './cni-request.js';
@@ -14,6 +14,7 @@ import {
   CNI_ERR_INTERNAL,
   CNI_ERR_INVALID_CONFIG,
   CNI_ERR_INVALID_ENV,
+  CNI_ERR_IO,
   CNI_ERR_PLUGIN_NOT_AVAILABLE,
   CNI_ERR_TRY_AGAIN_LATER,
   CNI_ERR_UNKNOWN_CONTAINER,
@@ -218,6 +219,8 @@ export function codeOf(err: unknown): number {
   // No DHCP server answered in time: the runtime may well succeed later.
   if (err instanceof DhcpLeaseError) return CNI_ERR_TRY_AGAIN_LATER;
   if (err instanceof ConfigError) return CNI_ERR_INVALID_CONFIG;
+  // The spec's "I/O failure": a full, read-only or forbidden disk; the message says which and what to do.
+  if (err instanceof FsError) return CNI_ERR_IO;
   return CNI_ERR_INTERNAL;
 }
 

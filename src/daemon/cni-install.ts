@@ -9,10 +9,11 @@
 import { existsSync, mkdirSync, readFileSync, realpathSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { findPlugin } from '../cni/exec.js';
-import { ConfigError, KubenetError } from '../errors.js';
+import { ConfigError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { NETWORK_NAME, PLUGIN_TYPES } from '../pod/index.js';
 import { copyFileAtomic, writeFileAtomic } from '../util/atomic-file.js';
+import { fsTry } from '../util/fs-error.js';
 import { packagePath } from '../util/package-root.js';
 import { CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CONF_SOCKET_KEY, IPAM_SHIM_BUILD_DIR } from './protocol.js';
 
@@ -77,30 +78,29 @@ export function checkInstallConfig(c: InstallConfig): void {
   }
 }
 
-/** Installs the forwarder (and loopback when absent) into cniBinDir and writes the conflist. */
+/**
+ * Installs the forwarder (and loopback when absent) into cniBinDir and writes the conflist.
+ * @throws FsError naming the directory or file that could not be written, and why
+ */
 export function installCni(c: InstallConfig, log: Logger): { bin: string; conf: string; loopback: string | undefined } {
   const src = forwarderBinaryPath();
   const bin = join(c.cniBinDir, CNI_BINARY_NAME);
-  mkdirSync(c.cniBinDir, { recursive: true });
-  try {
-    copyFileAtomic(src, bin, 0o755);
-  } catch (err) {
-    throw new KubenetError(`cannot install the CNI forwarder ${src} as ${bin}: ${(err as Error).message}`, { cause: err });
-  }
+  fsTry('create', 'the CNI bin directory', c.cniBinDir, () => mkdirSync(c.cniBinDir, { recursive: true }));
+  copyFileAtomic(src, bin, 0o755, `the CNI forwarder (from ${src}) as`);
   let loopback: string | undefined;
   const runtimeLoopback = join(c.cniBinDir, 'loopback');
   if (!existsSync(runtimeLoopback)) {
     try {
       const ours = findPlugin('loopback', c.pluginBinDirs);
-      copyFileAtomic(ours, runtimeLoopback, 0o755);
+      copyFileAtomic(ours, runtimeLoopback, 0o755, `the loopback plugin (from ${ours}) as`);
       loopback = runtimeLoopback;
     } catch (err) {
       log.warn({ err, dir: c.cniBinDir }, 'no loopback plugin to install: the container runtime needs one in its CNI bin dir');
     }
   }
-  mkdirSync(c.cniConfDir, { recursive: true });
+  fsTry('create', 'the CNI config directory', c.cniConfDir, () => mkdirSync(c.cniConfDir, { recursive: true }));
   const conf = join(c.cniConfDir, CONFLIST_NAME);
-  writeFileAtomic(conf, JSON.stringify(buildConflist(c.socket), null, 2) + '\n');
+  writeFileAtomic(conf, JSON.stringify(buildConflist(c.socket), null, 2) + '\n', { what: 'the CNI config' });
   log.info({ bin, conf, ...(loopback ? { loopback } : {}) }, 'installed the CNI binary and conflist');
   return { bin, conf, loopback };
 }

@@ -20,6 +20,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { dirname } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../log.js';
+import { fsError, fsTry } from '../util/fs-error.js';
 import type { CniAnswer } from './cni-handler.js';
 import { CniRequestError, parseJsonBounded } from './cni-request.js';
 import { CNI_API_PATH, CNI_ERR_DECODE, cniErrorBody, HEALTH_PATH, IPAM_API_PATH, MAX_REQUEST_BYTES, parseCniRequest, type CniRequest } from './protocol.js';
@@ -121,8 +122,8 @@ export class AgentApi {
 
   private async serve(socket: string, route: (req: IncomingMessage, res: ServerResponse) => Promise<void>): Promise<Server> {
     const { log } = this.opts;
-    mkdirSync(dirname(socket), { recursive: true });
-    rmSync(socket, { force: true });
+    fsTry('create', "the agent's socket directory", dirname(socket), () => mkdirSync(dirname(socket), { recursive: true }));
+    fsTry('remove', 'the old agent socket', socket, () => rmSync(socket, { force: true }));
     const server = createServer({ requestTimeout: this.opts.requestTimeoutMs ?? 10_000, headersTimeout: 5_000, connectionsCheckingInterval: 500 }, (req, res) => {
       route(req, res).catch((err: unknown) => {
         log.error({ err }, 'request failed');
@@ -135,13 +136,13 @@ export class AgentApi {
     const umask = process.umask(0o177);
     try {
       await new Promise<void>((ok, fail) => {
-        server.once('error', fail);
+        server.once('error', (err) => fail(fsError(err, 'create', 'the agent socket', socket)));
         server.listen(socket, () => ok());
       });
     } finally {
       process.umask(umask);
     }
-    chmodSync(socket, 0o600);
+    fsTry('set the mode of', 'the agent socket', socket, () => chmodSync(socket, 0o600));
     return server;
   }
 

@@ -16,6 +16,7 @@ import { execa } from 'execa';
 import { readlink, rename, symlink, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import { fsError } from '../util/fs-error.js';
 
 export type XtablesBackend = 'legacy' | 'nft';
 
@@ -86,8 +87,13 @@ export async function selectXtablesBackend(dir: string, log: Logger): Promise<{ 
     if ((await readlink(path).catch(() => undefined)) === target) continue;
     const tmp = `${path}.kubenet-${process.pid}`;
     await unlink(tmp).catch(() => undefined);
-    await symlink(target, tmp);
-    await rename(tmp, path);
+    try {
+      await symlink(target, tmp);
+      await rename(tmp, path);
+    } catch (err) {
+      await unlink(tmp).catch(() => undefined);
+      throw fsError(err, 'replace', 'the iptables link', path);
+    }
     changed++;
   }
   log.info({ backend: choice.backend, why: choice.why, linksChanged: changed }, 'iptables backend of this node');

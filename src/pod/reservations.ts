@@ -17,6 +17,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ToolError } from '../errors.js';
 import { isIpAddress } from '../net/ip.js';
+import { fsError } from '../util/fs-error.js';
 
 export interface Reservation {
   ip: string;
@@ -39,7 +40,7 @@ export async function readReservations(dataDir: string, networkName: string): Pr
     names = await readdir(dir);
   } catch (err) {
     if ((err as { code?: string }).code === 'ENOENT') return out;
-    throw err;
+    throw fsError(err, 'read', 'the address reservations in', dir);
   }
   for (const name of names) {
     // IPv6 reservations are named with the address as is; anything else (lock, last_reserved_ip.N) is not one.

@@ -20,6 +20,7 @@ import { NetlinkError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { NETWORK_NAME, POD_IFNAME } from './bridge.js';
+import { fsError } from '../util/fs-error.js';
 import { netnsIdIfAlive } from './netns.js';
 import { RECORD_VERSION, type LegacyPodRecord, type PodRecord, type PodStore } from './record.js';
 
@@ -79,11 +80,12 @@ function isOwnConfig(config: unknown): boolean {
   return c.type === 'bridge' || (Array.isArray(c.plugins) && c.plugins[0]?.type === 'bridge');
 }
 
-function unlinkQuiet(file: string): void {
+/** Removes a file kubenet-ts 0.1.0 left (`what` names it in errors); a missing one is success. */
+function unlinkQuiet(file: string, what: string): void {
   try {
     unlinkSync(file);
   } catch (err) {
-    if ((err as { code?: string }).code !== 'ENOENT') throw err;
+    if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'remove', what, file);
   }
 }
 
@@ -116,7 +118,7 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
       if (entry && isOwnConfig(entry.config)) {
         network = entry.config as NetConf | NetConfList;
         result = entry.result;
-        unlinkQuiet(entry.file);
+        unlinkQuiet(entry.file, "kubenet-ts 0.1.0's CNI cache entry");
         report.ownCacheEntriesRemoved++;
       } else if (entry) {
         // The runtime's entry: the result in it is the one the agent returned. Read, never touched.
@@ -158,7 +160,7 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
         'converted a pod record of kubenet-ts 0.1.0',
       );
     }
-    unlinkQuiet(file);
+    unlinkQuiet(file, 'the kubenet-ts 0.1.0 pod record');
   }
   // The 0.1.0 agent's own entries that no record claims: pods gone, or an ADD that died midway.
   if (resultsDir) {
@@ -166,13 +168,13 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
     try {
       names = readdirSync(resultsDir);
     } catch (err) {
-      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'read', "kubenet-ts 0.1.0's CNI cache", resultsDir);
     }
     for (const name of names) {
       if (!name.startsWith(`${NETWORK_NAME}-`) && !name.startsWith('cni-loopback-')) continue;
       const entry = readEntry(join(resultsDir, name));
       if (!entry || !isOwnConfig(entry.config)) continue;
-      unlinkQuiet(entry.file);
+      unlinkQuiet(entry.file, "kubenet-ts 0.1.0's CNI cache entry");
       report.ownCacheEntriesRemoved++;
     }
   }
@@ -182,7 +184,7 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
     try {
       names = readdirSync(o.legacyShaperStateDir);
     } catch (err) {
-      if ((err as { code?: string }).code !== 'ENOENT') throw err;
+      if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'read', "kubenet-ts 0.1.0's shaper state in", o.legacyShaperStateDir);
     }
     for (const name of names) {
       if (!name.endsWith('.json')) continue;
@@ -198,7 +200,7 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
         o.store.put({ ...record, shaping: state });
         report.shapingStatesAdopted++;
       }
-      unlinkQuiet(file);
+      unlinkQuiet(file, "kubenet-ts 0.1.0's shaper state");
     }
     try {
       rmdirSync(o.legacyShaperStateDir);

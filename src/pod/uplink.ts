@@ -17,6 +17,7 @@ import { ConfigError, ToolError } from '../errors.js';
 import type { Logger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { writeFileAtomic } from '../util/atomic-file.js';
+import { fsError } from '../util/fs-error.js';
 
 const MARKER = 'uplink';
 
@@ -60,7 +61,7 @@ export async function ensureUplink(o: { bridgeName: string; uplink: string; mtu:
     bridge = await nl.linkByName(o.bridgeName);
   }
   if (bridge.type !== 'bridge') throw new ConfigError(`${o.bridgeName} exists and is not a bridge (${bridge.type ?? 'no kind'})`);
-  if (markedUplink(o.stateDir) !== o.uplink) writeFileAtomic(join(o.stateDir, MARKER), `${o.uplink}\n`, { mode: 0o600 });
+  if (markedUplink(o.stateDir) !== o.uplink) writeFileAtomic(join(o.stateDir, MARKER), `${o.uplink}\n`, { mode: 0o600, what: 'the uplink marker' });
   if (up.master !== bridge.index) {
     await ip(['link', 'set', 'dev', o.uplink, 'master', o.bridgeName]);
     log.info({ uplink: o.uplink, bridge: o.bridgeName }, 'uplink enslaved to the pod bridge');
@@ -85,7 +86,7 @@ export async function releaseOldUplink(o: { bridgeName: string; stateDir: string
   try {
     unlinkSync(join(o.stateDir, MARKER));
   } catch (err) {
-    if ((err as { code?: string }).code !== 'ENOENT') throw err;
+    if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'remove', 'the uplink marker', join(o.stateDir, MARKER));
   }
 }
 
