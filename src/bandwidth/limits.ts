@@ -63,11 +63,17 @@ export const MAX_BANDWIDTH = 10_000_000_000_000;
 /** A burst, in bits, is at most this (tc's 32-bit byte count; the shaper bounds it further from the rate). */
 export const MAX_BURST_BITS = 4294967295 * 8;
 
-/** A bandwidth quantity in bits/s, validated against kubelet's bounds; `what` names the source in errors. */
+/** The accepted form of a bandwidth quantity, in the words of every error about one. */
+export const BANDWIDTH_FORM = 'want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"';
+
+/**
+ * A bandwidth quantity in bits/s, validated against kubelet's bounds. Errors name `what` (the
+ * annotation, key or flag the value came from), the value, and the accepted form or bound.
+ */
 export function parseBandwidth(value: string, what: string): number {
   const v = parseQuantity(value);
   if (v === undefined) {
-    throw new ConfigError(`${what}: invalid bandwidth quantity ${JSON.stringify(value)} (expected e.g. "10M", "500k", "1Gi")`);
+    throw new ConfigError(`${what}: ${JSON.stringify(value)} is not a bandwidth: ${BANDWIDTH_FORM}`);
   }
   if (v < BigInt(MIN_BANDWIDTH)) {
     throw new ConfigError(`${what}: bandwidth ${JSON.stringify(value)} is below the minimum 1k (1000 bit/s)`);

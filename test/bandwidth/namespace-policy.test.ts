@@ -86,7 +86,7 @@ test('an invalid namespace value is ignored, named in problems; the rest of the 
   t.deepEqual(r.limits, { ingress: 50 * M, egress: 5 * M });
   t.deepEqual(r.sources, { ingress: 'pod', egress: 'namespace-default' });
   t.deepEqual(r.problems, [
-    'namespace team-b: annotation kubenet.io/max-ingress-bandwidth: invalid bandwidth quantity "lots" (expected e.g. "10M", "500k", "1Gi"); ignored',
+    'namespace team-b: annotation kubenet.io/max-ingress-bandwidth: "lots" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored',
     'namespace team-b: annotation kubenet.io/max-egress-bandwidth: bandwidth "0.5k" is below the minimum 1k (1000 bit/s); ignored',
   ]);
   t.true(r.policy);
@@ -133,5 +133,5 @@ test("a namespace's totals (issue 33) ride in every pod's limits; the pod's own 
   t.deepEqual(apply({ egressGuarantee: 5e6, priority: 0 }, { 'kubenet.io/max-egress-bandwidth-total': '50M' }).limits, { egressGuarantee: 5e6, priority: 0, egressTotal: 50e6 });
   const bad = resolve({}, { 'kubenet.io/max-egress-bandwidth-total': '50 M' }, 'team-a');
   t.deepEqual(bad.limits, {});
-  t.regex(bad.problems[0] ?? '', /namespace team-a: annotation kubenet\.io\/max-egress-bandwidth-total: invalid bandwidth quantity "50 M"/);
+  t.regex(bad.problems[0] ?? '', /namespace team-a: annotation kubenet\.io\/max-egress-bandwidth-total: "50 M" is not a bandwidth/);
 });

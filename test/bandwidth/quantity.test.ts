@@ -53,7 +53,7 @@ test('bandwidthFromAnnotations reads both directions', (t) => {
   t.deepEqual(bandwidthFromAnnotations({ [EGRESS_ANNOTATION]: '1Gi' }), { egress: 2 ** 30 });
 });
 
-test('invalid annotations name the annotation and the value', (t) => {
+test('invalid annotations name the annotation, the value and the accepted form', (t) => {
   for (const bad of ['10 Mbit', '-5M', '', '1e3M', 'abc', '100', '2P']) {
     const err = t.throws(() => bandwidthFromAnnotations({ [EGRESS_ANNOTATION]: bad }), { instanceOf: ConfigError });
     t.true(err?.message.includes(EGRESS_ANNOTATION), err?.message);
@@ -61,6 +61,11 @@ test('invalid annotations name the annotation and the value', (t) => {
   }
   const err = t.throws(() => bandwidthFromAnnotations({ [INGRESS_ANNOTATION]: 'abc', [EGRESS_ANNOTATION]: '1M' }), { instanceOf: ConfigError });
   t.true(err?.message.includes(INGRESS_ANNOTATION));
+  // What an operator reads (issue 34): the annotation, the value and the accepted form, in one line.
+  t.is(
+    t.throws(() => bandwidthFromAnnotations({ [INGRESS_ANNOTATION]: '10 Mbit' }))?.message,
+    'annotation kubernetes.io/ingress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"',
+  );
 });
 
 test('sizing: bursts small but at least two frames, queues bounded, quantum in htb range', (t) => {

@@ -278,7 +278,7 @@ test('egressCapacity / ingressCapacity: bandwidth quantities kept in bits/s, ref
   t.false('egressCapacity' in none || 'ingressCapacity' in none || 'capacityDevice' in none);
   t.is((await loadConfig({ flags: { egressCapacity: 1_000_000_000 }, env: ENV })).egressCapacity, 1e9, 'a number is bits/s (a loaded config as flags)');
   t.deepEqual(configFlags({ egressCapacity: 1e9 }), ['--egress-capacity', '1000000000']);
-  for (const [bad, why] of [['10 Gbit', /invalid bandwidth quantity/], ['20T', /above the maximum/], ['100', /below the minimum/]] as const) {
+  for (const [bad, why] of [['10 Gbit', /"10 Gbit" is not a bandwidth: want a number of bits\/s/], ['20T', /above the maximum/], ['100', /below the minimum/]] as const) {
     const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ingressCapacity: ${bad}\n`), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
     t.is(err?.key, 'ingressCapacity');
     t.regex(err?.message ?? '', why);

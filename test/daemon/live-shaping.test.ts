@@ -47,7 +47,7 @@ test('an invalid new value keeps the old limits and is a Warning naming the anno
   t.deepEqual(calls, []);
   t.is(ev.got.length, 1);
   t.like(ev.got[0], { type: 'Warning', reason: 'BandwidthRejected' });
-  t.regex(ev.got[0]?.message ?? '', /^annotation kubernetes\.io\/egress-bandwidth: invalid bandwidth quantity "10 Mbit".*; the pod keeps its limits \(egress 10M\)$/);
+  t.regex(ev.got[0]?.message ?? '', /^annotation kubernetes\.io\/egress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits\/s with an optional suffix .*e\.g\. "10M" or "500k"; the pod keeps its limits \(egress 10M\)$/);
   // Both changed, one invalid: nothing applies.
   await live.onPodUpdate(update('web', { [EG]: '20M', [IN]: '2P' }, { [EG]: '10 Mbit' }));
   t.deepEqual(calls, []);

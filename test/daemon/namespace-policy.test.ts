@@ -123,7 +123,7 @@ test('namespace defaults: pods that ask nothing get them live; an invalid namesp
     { id: 'a-id', limits: { ingress: 10 * M, egress: 5 * M }, sources: { ingress: 'namespace-default', egress: 'namespace-default' } },
     { id: 'b-id', limits: { ingress: 10 * M, egress: 1 * M }, sources: { ingress: 'namespace-default', egress: 'pod' } },
   ]);
-  const rejected = 'namespace team: annotation kubenet.io/max-egress-bandwidth: invalid bandwidth quantity "fast" (expected e.g. "10M", "500k", "1Gi"); ignored';
+  const rejected = 'namespace team: annotation kubenet.io/max-egress-bandwidth: "fast" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored';
   t.deepEqual(ev.of('BandwidthRejected'), [`a: ${rejected}`, `b: ${rejected}`]);
   t.deepEqual(ev.of('BandwidthApplied'), ['a: bandwidth limits applied: ingress 10M (namespace default), egress 5M (namespace default) (were none)', 'b: bandwidth limits applied: ingress 10M (namespace default), egress 1M (were egress 1M)']);
 });
@@ -237,7 +237,7 @@ test('ADD: runtimeConfig or annotation limits meet the namespace policy; the rec
   await ok(addRequest('bad', 'p'));
   t.deepEqual(attaches[3]?.limits, { egress: 3 * M });
   await afterAnswers();
-  t.deepEqual(ev.of('BandwidthRejected'), ['p: namespace bad: annotation kubenet.io/max-ingress-bandwidth: invalid bandwidth quantity "1X" (expected e.g. "10M", "500k", "1Gi"); ignored']);
+  t.deepEqual(ev.of('BandwidthRejected'), ['p: namespace bad: annotation kubenet.io/max-ingress-bandwidth: "1X" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored']);
   // Without a namespace lookup (static mode) nothing is asked.
   const before = c.namespaces.lookups;
   const statik = new CniHandler(fakeNetwork([]).network, undefined, () => undefined, silent);

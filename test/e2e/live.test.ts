@@ -219,7 +219,7 @@ serialTest('kubenet shape: ingress up, down and cleared under one iperf3 flow; b
   t.regex(unknown.stderr, /default\/nobody is not attached to kubenet on this node/);
   const bad = await kubenet(h, ['shape', 'default/web', '--ingress', '10 Mbit']);
   t.is(bad.exitCode, 1);
-  t.regex(bad.stderr, /--ingress: invalid bandwidth quantity "10 Mbit"/);
+  t.regex(bad.stderr, /--ingress: "10 Mbit" is not a bandwidth: want a number of bits\/s/);
   const none = await kubenet(h, ['shape', 'default/web']);
   t.is(none.exitCode, 1);
   t.regex(none.stderr, /nothing to change/);
