@@ -21,7 +21,7 @@ import { IPAM_SHIM_TYPE, isUnshaped, PodNetwork, REQUIRED_PLUGINS, type LimitSou
 import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
 import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
-import { checkInstallConfig, installCni, ipamShimDir } from './cni-install.js';
+import { checkInstallConfig, CniInstaller, ipamShimDir } from './cni-install.js';
 import { dhcpSocketPath, unshapedCidrsOf, type AgentConfig } from './config.js';
 import { shardsFor } from '../shaper/tc-layout.js';
 import { AgentApi } from './http-api.js';
@@ -102,9 +102,7 @@ export class Agent {
   private readonly ranges: ClusterRanges | undefined;
   private readonly capacity: NodeCapacity | undefined;
   private readonly nodeCapacity: AgentOptions['nodeCapacity'];
-  private confWritten = false;
-  /** Why the last install of the CNI binary and config failed (FsError's words), until one succeeds: STATUS and /healthz say it. */
-  private installFailure: string | undefined;
+  private readonly installer: CniInstaller;
   private readonly dhcpDaemon: DhcpDaemon | undefined;
   private readoptTimer: NodeJS.Timeout | undefined;
   private readoptDelayMs = READOPT_RETRY_MS;
@@ -153,6 +151,7 @@ export class Agent {
         onRestart: () => this.readoptLeases(),
       });
     }
+    this.installer = new CniInstaller(config, log);
     this.events = opts.events ?? noEvents;
     this.routes = opts.routes;
     this.namespaces = opts.namespaces;
@@ -208,7 +207,7 @@ export class Agent {
     }
     if (this.dhcpDaemon) {
       // Ready without a pod CIDR: pods take their addresses from the LAN.
-      this.install();
+      this.installer.install();
       this.readoptLeases();
     }
     this.live.start();
@@ -223,22 +222,10 @@ export class Agent {
   private async onPodCidr(cidr: string): Promise<void> {
     try {
       await this.network.setPodCidr(cidr);
-      this.install();
+      this.installer.install();
     } catch (err) {
       this.log.error({ err, podCIDR: cidr }, 'pod CIDR refused or CNI config not installed; keeping the previous state');
     }
-  }
-
-  /** installCni; its failure is kept for STATUS and /healthz until an install succeeds. */
-  private install(): void {
-    try {
-      installCni(this.config, this.log);
-    } catch (err) {
-      this.installFailure = err instanceof Error ? err.message : String(err);
-      throw err;
-    }
-    this.installFailure = undefined;
-    this.confWritten = true;
   }
 
   /**
@@ -282,8 +269,7 @@ export class Agent {
       }
     });
     if (missing.length > 0) return `kubenet: CNI plugin(s) ${missing.join(', ')} missing from ${this.config.pluginBinDirs.join(', ')}`;
-    if (this.confWritten) return undefined;
-    return this.installFailure ? `CNI config not written: ${this.installFailure}` : 'CNI config not written yet';
+    return this.installer.notInstalled();
   }
 
   ready(): { ok: boolean; reason?: string } {

@@ -79,6 +79,37 @@ export function checkInstallConfig(c: InstallConfig): void {
 }
 
 /**
+ * installCni for the agent, remembering whether an install has succeeded (runtimes have the binary
+ * and the conflist: they stay when a later install fails) and why the last one failed, which STATUS
+ * and /healthz say until an install succeeds (an FsError names the directory and what to do).
+ */
+export class CniInstaller {
+  private installed = false;
+  private failure: unknown;
+
+  constructor(
+    private readonly c: InstallConfig,
+    private readonly log: Logger,
+  ) {}
+
+  install(): void {
+    this.failure = undefined;
+    try {
+      installCni(this.c, this.log);
+    } catch (err) {
+      throw (this.failure = err);
+    }
+    this.installed = true;
+  }
+
+  /** Why runtimes do not have the CNI config yet, or undefined once they do. */
+  notInstalled(): string | undefined {
+    if (this.installed) return undefined;
+    return this.failure instanceof Error ? `CNI config not written: ${this.failure.message}` : 'CNI config not written yet';
+  }
+}
+
+/**
  * Installs the forwarder (and loopback when absent) into cniBinDir and writes the conflist.
  * @throws FsError naming the directory or file that could not be written, and why
  */
