@@ -37,6 +37,8 @@ export class AgentProcess {
     private readonly env: Record<string, string>,
     readonly logFile: string,
     private readonly socket: string,
+    /** A command the agent runs under, e.g. `['setpriv', '--bounding-set=-dac_override', '--']`; default none. */
+    readonly wrapper: readonly string[] = [],
   ) {}
 
   /** The agent's pid (in the sandbox's pid namespace, which is the host's). */
@@ -47,7 +49,8 @@ export class AgentProcess {
   /** Starts the agent; returns once /healthz says ready (200), or with `ready: false` once it answers at all (the API listens). */
   async start(opts: { ready?: boolean } = {}): Promise<void> {
     const ready = opts.ready ?? true;
-    this.proc = this.sandbox.spawn(process.execPath, ['--import', 'tsx', AGENT_MAIN, 'daemon', ...this.args], { cwd: ROOT, env: this.env, logFile: this.logFile });
+    const [cmd, ...pre] = [...this.wrapper, process.execPath];
+    this.proc = this.sandbox.spawn(cmd ?? process.execPath, [...pre, '--import', 'tsx', AGENT_MAIN, 'daemon', ...this.args], { cwd: ROOT, env: this.env, logFile: this.logFile });
     const proc = this.proc;
     let exited = false;
     void proc.then(() => (exited = true));

@@ -166,11 +166,11 @@ export class SandboxWorld {
   /**
    * `kubenet daemon ARGS` in the node (AgentProcess) in place of the agent that ran (stopped first);
    * returns once it is ready. `socket` where it serves (default the agent's), `logFile` default
-   * <tmpDir>/agent.log.
+   * <tmpDir>/agent.log, `wrapper` a command it runs under (AgentProcess).
    */
-  async startAgent(args: string[], opts: { env?: Record<string, string>; socket?: string; logFile?: string } = {}): Promise<AgentProcess> {
+  async startAgent(args: string[], opts: { env?: Record<string, string>; socket?: string; logFile?: string; wrapper?: string[] } = {}): Promise<AgentProcess> {
     await this.current?.stop(5000);
-    const agent = new AgentProcess(this.sb, args, opts.env ?? {}, opts.logFile ?? join(this.sb.tmpDir, 'agent.log'), opts.socket ?? DEFAULT_SOCKET_PATH);
+    const agent = new AgentProcess(this.sb, args, opts.env ?? {}, opts.logFile ?? join(this.sb.tmpDir, 'agent.log'), opts.socket ?? DEFAULT_SOCKET_PATH, opts.wrapper);
     this.current = agent;
     await agent.start();
     return agent;
