@@ -300,12 +300,14 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   t.deepEqual((await status(h)).pods.map((p) => p.limits), [{ ingress: 7 * MBIT, egress: 3 * MBIT }]);
   t.regex(await ifbClasses(h), /rate 3Mbit/, 'egress class from the annotation');
 
-  // An invalid annotation refuses the pod, naming it, and leaks nothing.
+  // An invalid annotation refuses the pod (code 7) with a msg naming it, its value and the accepted form, and leaks nothing.
   const bad = await h.addPod('bad');
   api.setPod(podObject('default', 'bad', 'test-node', { 'kubernetes.io/egress-bandwidth': '10 Mbit' }));
   const refused = await h.libcni('add', bad);
   t.not(refused.exitCode, 0);
-  t.regex(refused.stderr, /kubernetes\.io\/egress-bandwidth/);
+  t.regex(refused.stderr, /^libcni-driver: CNI error code 7$/m);
+  const msg = 'annotation kubernetes.io/egress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"';
+  t.true(refused.stderr.includes(`failed (add): ${msg}\n`), refused.stderr);
   t.is((await h.reservedIps()).length, 1, 'the refused pod holds no address');
 
   t.is((await h.libcni('del', web)).exitCode, 0);
