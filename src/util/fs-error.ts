@@ -107,8 +107,10 @@ function adviceFor(e: SystemError, op: string, path: string): string | undefined
       return `${home} must be writable, but the filesystem holding it (${describeFs(home, false)}) is read-only: mount it read-write`;
     case 'EACCES':
     case 'EPERM': {
-      // Refused where the call was made: the directory it creates in, renames in or opens from.
-      const dir = nearestDir(dirname(e.dest ?? e.path ?? path));
+      // Refused where the call was made: the directory it lists or makes a file in (O_TMPFILE), else
+      // the one it creates in, renames in or opens from.
+      const at = e.dest ?? e.path ?? path;
+      const dir = e.syscall !== 'mkdir' && e.syscall !== 'rmdir' && isDirectory(at) ? at : nearestDir(dirname(at));
       const verb = op === 'read' ? 'read' : 'write';
       const attrs = e.code === 'EPERM' ? 'the immutable and append-only attributes (lsattr; chattr -i -a), ' : '';
       return `the agent (${describeAgent()}) may not ${verb} in ${dir} (${describeOwner(dir)}): check ${attrs}the owner and mode of ${dir} and of its files, and any security policy confining the agent (SELinux, AppArmor)`;
@@ -124,16 +126,19 @@ function adviceFor(e: SystemError, op: string, path: string): string | undefined
   }
 }
 
+function isDirectory(p: string): boolean {
+  try {
+    return statSync(p).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
 /** `p` when it is a directory, else its nearest ancestor that is ('/' at worst). */
 function nearestDir(p: string): string {
-  for (let d = p; ; d = dirname(d)) {
-    try {
-      if (statSync(d).isDirectory()) return d;
-    } catch {
-      // not there (yet): its parent
-    }
-    if (d === dirname(d)) return d;
-  }
+  let d = p;
+  while (!isDirectory(d) && d !== dirname(d)) d = dirname(d);
+  return d;
 }
 
 /** "tmpfs at /var/lib/kubenet" (with space and inodes free), from /proc/self/mountinfo and statfs(2). */

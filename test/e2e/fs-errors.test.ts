@@ -72,10 +72,14 @@ function libcniError(r: LibcniCall): string {
   return /^libcni-driver: add network list "kubenet": plugin type="kubenet" failed \(add\): (.*)$/m.exec(r.stderr)?.[1] ?? `(no libcni error in: ${r.stderr})`;
 }
 
+function lay(): NodeLayout {
+  if (!layout) throw new Error('no node: the setup (before hook) failed');
+  return layout;
+}
+
+/** What pods left on the node, as describeLeftovers says it ('' when nothing). */
 async function leftovers(): Promise<string> {
-  if (!layout) throw new Error('no layout');
-  const l = await podLeftovers(w().sb, layout);
-  return describeLeftovers(l);
+  return describeLeftovers(await podLeftovers(w().sb, lay()));
 }
 
 async function addOk(t: import('ava').ExecutionContext, pod: TestPod, what: string): Promise<void> {
@@ -142,7 +146,7 @@ serialTest('ENOSPC on the state dir: the ADD fails with CNI code 5 naming the po
   await free(STATE);
   await addOk(t, b, 'ADD once space is freed again');
   await delOk(t, b, 'DEL');
-  t.deepEqual(await podLeftovers(w().sb, layout ?? ({} as NodeLayout)), NO_LEFTOVERS);
+  t.deepEqual(await podLeftovers(w().sb, lay()), NO_LEFTOVERS);
 });
 
 serialTest("ENOSPC in host-local's store: the IPAM (the bridge plugin's, answered by the agent) fails naming the reservation file; the ADD is undone whole; freed, the ADD succeeds", async (t) => {

@@ -6,6 +6,7 @@
  *
  *   fs-fault.ts write FILE          writeFileAtomic(FILE) as a pod record
  *   fs-fault.ts remove FILE         a pod record's removal (SpareFileWriter.remove) of FILE
+ *   fs-fault.ts load DIR            the pod records of DIR read (PodStore.load, as at the agent's start)
  *   fs-fault.ts spare-full DIR      a PodStore in DIR/pods with spares ready, DIR's filesystem then
  *                                   filled by this script (DIR/fill), then one more record
  *   fs-fault.ts reserve-full DIR    host-local's store in DIR (lock made), the filesystem filled
@@ -52,6 +53,9 @@ async function run(scenario: string, path: string): Promise<void> {
   switch (scenario) {
     case 'write':
       writeFileAtomic(path, JSON.stringify(record('a')), { mode: 0o600, what: 'the pod record' });
+      return;
+    case 'load':
+      new PodStore(path, pino({ level: 'silent' })).load();
       return;
     case 'remove':
       new SpareFileWriter(dirname(path), join(dirname(dirname(path)), '.spare'), { mode: 0o600, what: 'the pod record' }).remove(basename(path));

@@ -139,7 +139,7 @@ chattr -i "$d/imm" 2>/dev/null || true
   );
 });
 
-rootTest('EACCES: as uid 65534 in a root-owned directory, and as root without CAP_DAC_OVERRIDE in a directory owned by 65534: the uid, the capability, the owner and mode', async (t) => {
+rootTest('EACCES: as uid 65534 in a root-owned directory, and as root without CAP_DAC_OVERRIDE in a directory owned by 65534: the uid, the capability, the owner and mode; a directory it may not list', async (t) => {
   // Root with CAP_DAC_OVERRIDE is never refused by owner and mode: the refusal is produced as a
   // process without that power, as an agent run as non-root or with capabilities dropped is.
   const d = tmp(t);
@@ -158,6 +158,16 @@ rootTest('EACCES: as uid 65534 in a root-owned directory, and as root without CA
   t.is(
     asNobody?.message,
     `cannot write the pod record ${rootOwned}/pods/x.json: permission denied (EACCES): the agent (uid 65534, without CAP_DAC_OVERRIDE) may not write in ${rootOwned} (owner 0:0, mode 0755): check the owner and mode of ${rootOwned} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
+  );
+
+  // Reading: the directory listed is the one named.
+  const closed = join(rootOwned, 'pods');
+  mkdirSync(closed, { mode: 0o700 });
+  const unreadable = (await faults(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--'], `${script} load ${JSON.stringify(closed)}`))[0];
+  t.is(unreadable?.code, 'EACCES');
+  t.is(
+    unreadable?.message,
+    `cannot read the pod records in ${closed}: permission denied (EACCES): the agent (uid 65534, without CAP_DAC_OVERRIDE) may not read in ${closed} (owner 0:0, mode 0700): check the owner and mode of ${closed} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
   );
 
   const drop = '-dac_override,-dac_read_search';
