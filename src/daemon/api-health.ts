@@ -7,8 +7,10 @@
  *   full jitter, reset after 2 min without a failure). Such an error does not go away by itself.
  * - **The API server is away** (refused, reset, timed out, no answer, 429 or 5xx: restarting,
  *   overloaded, or its etcd gone): one `ApiHealth` per agent, shared by every loop and writer. The
- *   first failure after a healthy period is retried after a short jittered pause (0-250 ms: a
- *   load balancer that dropped one connection costs nothing); after that the agent tries once per
+ *   first failure after a healthy period is retried after a short pause, uniform over 0-1 s (mean
+ *   0.5 s, where client-go waits 0.8-1.6 s: a load balancer that dropped one connection costs
+ *   little, and a cluster of agents whose connections all broke at once spreads its first retries
+ *   over a second instead of sending them in one burst); after that the agent tries once per
  *   `periodMs` (1 s) on average, jittered uniformly over 0.5-1.5 periods, one waiting caller at a
  *   time, however many loops wait. The first answer lets every waiting loop go at once. So during
  *   an outage of any length an agent sends about one request a second, and a cluster of them
@@ -26,8 +28,8 @@ export const BACKOFF_MAX_MS = 30_000;
 export const BACKOFF_RESET_MS = 120_000;
 /** Mean time between an agent's attempts while the API server is away. */
 export const OUTAGE_PERIOD_MS = 1_000;
-/** The first retry after a healthy period waits up to this (uniformly). */
-export const FIRST_RETRY_MAX_MS = 250;
+/** The first retry after a healthy period waits up to this (uniformly): one period, so a cluster's first retries are no burst. */
+export const FIRST_RETRY_MAX_MS = 1_000;
 
 type Random = () => number;
 
@@ -111,7 +113,7 @@ export class ApiHealth {
 
   constructor(o: ApiHealthOptions = {}) {
     this.periodMs = Math.max(1, o.periodMs ?? OUTAGE_PERIOD_MS);
-    this.firstRetryMaxMs = Math.max(0, o.firstRetryMaxMs ?? Math.min(FIRST_RETRY_MAX_MS, this.periodMs / 4));
+    this.firstRetryMaxMs = Math.max(0, o.firstRetryMaxMs ?? Math.min(FIRST_RETRY_MAX_MS, this.periodMs));
     this.random = o.random ?? Math.random;
     this.log = o.logger?.child({ component: 'api-health' });
   }
@@ -152,7 +154,7 @@ export class ApiHealth {
    */
   turn(signal?: AbortSignal): Promise<void> {
     if (!this.down) return Promise.resolve();
-    signal?.throwIfAborted();
+    if (signal?.aborted) return Promise.reject(new Error('aborted while waiting for the API server', { cause: signal.reason }));
     return new Promise<void>((resolve, reject) => {
       const go = () => {
         signal?.removeEventListener('abort', abort);
@@ -161,7 +163,7 @@ export class ApiHealth {
       const abort = () => {
         const i = this.waiters.indexOf(go);
         if (i >= 0) this.waiters.splice(i, 1);
-        reject(signal?.reason instanceof Error ? signal.reason : new Error('aborted'));
+        reject(new Error('aborted while waiting for the API server', { cause: signal?.reason }));
       };
       signal?.addEventListener('abort', abort, { once: true });
       this.waiters.push(go);

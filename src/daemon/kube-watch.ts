@@ -200,7 +200,9 @@ const SHORT_WATCH_MS = 1000;
  *   resourceVersion seen (events and bookmarks keep it fresh through quiet periods);
  * - 410 Gone / Expired (the resourceVersion was compacted while away): re-listed at once;
  * - the API server away (refused, broken, 429, 5xx): the agent's shared ApiHealth paces the next
- *   attempt (about one request a second per agent; all loops go once it answers);
+ *   attempt (about one request a second per agent; all loops go once it answers); after a refused
+ *   connection (no API server listening: it restarts, and a new one would answer an old
+ *   resourceVersion with 410) the next attempt is a list;
  * - an error answer (403, 404, ...): this loop's own jittered backoff (800 ms doubling to 30 s).
  *
  * Every failure is logged, an outage once per agent. A failure the caller's `stopOn` accepts ends the loop.
@@ -272,6 +274,9 @@ export class ListWatchLoop<T extends KubernetesObject> {
       if (isOutage(failure)) {
         const first = !this.health.isDown;
         this.health.failed(failure);
+        // Refused: no API server listens (restarting). A new one's watch cache starts at the current
+        // revision, so a watch from ours would only earn a 410: list at once when it answers.
+        if ((failure as { code?: unknown }).code === 'ECONNREFUSED') rv = '';
         log[first ? 'warn' : 'debug']({ err: failure, path, retryEveryMs: this.health.periodMs }, 'list/watch failed: the API server is away; retrying about once a period (jittered) until it answers');
         continue;
       }

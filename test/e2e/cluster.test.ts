@@ -422,6 +422,89 @@ serialTest('a kubelet restart and a containerd restart: the node stays Ready, ru
   t.truthy(after[0]?.status.podIP, 'the new pod has an address');
 }));
 
+/** Events about pod `name` (reason, source component and message), oldest first. */
+async function podEvents(name: string): Promise<Array<{ reason: string; type: string; component: string; message: string }>> {
+  const items = (await json<{ items: Array<{ reason: string; type: string; source?: { component?: string }; reportingComponent?: string; message: string; firstTimestamp?: string }> }>(['get', 'events', '--field-selector', `involvedObject.name=${name}`])).items;
+  return items.map((e) => ({ reason: e.reason, type: e.type, component: e.source?.component ?? e.reportingComponent ?? '', message: e.message }));
+}
+
+serialTest('an invalid bandwidth annotation on a new pod: containerd refuses the sandbox before any CNI call (kubelet\'s FailedCreatePodSandBox names neither), and the agent\'s pod watch gives the pod one BandwidthRejected Warning naming the annotation, the value and the accepted form; fixed, the pod starts', (t) => withTrafficLock(async () => {
+  const name = `badbw-${uniq(4)}`;
+  await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/ingress-bandwidth': '10 Mbit' }, NODE)) });
+  try {
+    let events: Awaited<ReturnType<typeof podEvents>> = [];
+    for (const end = Date.now() + 60_000; Date.now() < end; await new Promise((r) => setTimeout(r, 500))) {
+      events = await podEvents(name);
+      if (events.some((e) => e.reason === 'BandwidthRejected') && events.filter((e) => e.reason === 'FailedCreatePodSandBox').length >= 2) break;
+    }
+    const kubelet = events.filter((e) => e.reason === 'FailedCreatePodSandBox');
+    const ours = events.filter((e) => e.reason === 'BandwidthRejected');
+    t.log(`kubelet: ${kubelet[0]?.message ?? '(none)'}`);
+    t.log(`kubenet: ${ours[0]?.message ?? '(none)'}`);
+    t.true(kubelet.length >= 2, 'kubelet tried the sandbox more than once');
+    t.false(kubelet.some((e) => e.message.includes('kubernetes.io/ingress-bandwidth')), 'containerd\'s refusal names no annotation (why the agent says it)');
+    t.is(ours.length, 1, 'one Warning from the agent, however often kubelet retries');
+    t.like(ours[0], { type: 'Warning', component: 'kubenet' });
+    t.true(['kubernetes.io/ingress-bandwidth', '"10 Mbit"', 'e.g. "10M"'].every((w) => ours[0]?.message.includes(w)), ours[0]?.message);
+    await kubectl(['annotate', '--overwrite', 'pod', name, 'kubernetes.io/ingress-bandwidth=10M']);
+    await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
+    t.is((await podEvents(name)).filter((e) => e.reason === 'BandwidthRejected').length, 1, 'nothing more once fixed');
+  } finally {
+    await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s'], { reject: false });
+  }
+}));
+
+serialTest('a full state disk: kubelet\'s FailedCreatePodSandBox carries the CNI error naming the file, the errno and what to do; nothing is left of the refused pod, and it starts once space is freed', (t) => withTrafficLock(async () => {
+  const name = `fullbw-${uniq(4)}`;
+  const records = async () => (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '' && !f.startsWith('.')).sort();
+  const before = await records();
+  // The node's /var/lib/kubenet (a tmpfs of its own, hostPath in the agent's pod) held to what it uses plus 64 KiB, then filled.
+  const usedK = Number((await inNode('df', ['-k', '--output=used', '/var/lib/kubenet'])).stdout.split('\n')[1]?.trim());
+  await inNode('mount', ['-o', `remount,size=${usedK + 64}k`, '/var/lib/kubenet']);
+  try {
+    await inNode('dd', ['if=/dev/zero', 'of=/var/lib/kubenet/kcl-fill', 'bs=4k'], false);
+    await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '10M' }, NODE)) });
+    let failed: string | undefined;
+    for (const end = Date.now() + 60_000; !failed && Date.now() < end; await new Promise((r) => setTimeout(r, 500))) {
+      failed = (await podEvents(name)).find((e) => e.reason === 'FailedCreatePodSandBox')?.message;
+    }
+    t.log(`kubelet: ${failed ?? '(none)'}`);
+    t.regex(failed ?? '', /cannot write the pod record \/var\/lib\/kubenet\/pods\/\S+: no space left on device \(ENOSPC\): free space or inodes on the filesystem holding \/var\/lib\/kubenet/);
+    t.deepEqual(await records(), before, 'no record of the refused pod');
+  } finally {
+    await inNode('rm', ['-f', '/var/lib/kubenet/kcl-fill'], false);
+    await inNode('mount', ['-o', 'remount,size=50%', '/var/lib/kubenet'], false);
+  }
+  await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
+  await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s']);
+  await until('the record gone', async () => JSON.stringify(await records()) === JSON.stringify(before), 30_000);
+  t.pass();
+}));
+
+serialTest('kube-apiserver stopped 20 s: once it accepts writes, an annotation change is in the kernel within 3 s and a new pod runs with its limits', (t) => withTrafficLock(async () => {
+  const pod = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items[1]?.metadata.name ?? '';
+  await c.stop('kube-apiserver');
+  await new Promise((r) => setTimeout(r, 20_000));
+  await c.start('kube-apiserver');
+  const t0 = await c.firstWrite(() => kubectl(['--request-timeout=3s', 'annotate', '--overwrite', 'pod', pod, 'kubernetes.io/egress-bandwidth=23M']));
+  let ms = Infinity;
+  while (Date.now() - t0 < 30_000) {
+    if ((await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 23Mbit ')) {
+      ms = Date.now() - t0;
+      break;
+    }
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  t.log(`the annotation change in the kernel ${ms} ms after the first accepted write`);
+  t.true(ms <= 3000, `within 3 s: ${ms} ms`);
+  const name = `after-api-${uniq(4)}`;
+  await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '24M' }, NODE)) });
+  await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
+  t.true((await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 24Mbit '), 'the new pod\'s limit');
+  await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s']);
+  await kubectl(['annotate', '--overwrite', 'pod', pod, 'kubernetes.io/egress-bandwidth=20M']);
+}));
+
 serialTest('deleting the pods leaves nothing on the node: no reservation, veth, record, shaping leaf or filter, iptables rule or runtime cache entry', (t) => withTrafficLock(async () => {
   const podIps = (await json<PodList>(['get', 'pods', '-l', 'app=web'])).items.map((p) => p.status.podIP ?? '').filter(Boolean);
   t.true(podIps.length >= 20);
