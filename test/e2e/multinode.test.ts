@@ -329,8 +329,8 @@ async function podState(i: number): Promise<string[]> {
  * The faults, and how soon after the first accepted write every node must show the changes. After
  * etcd comes back the API server accepts writes before its own watch cache has resumed its etcd
  * watch (measured: the Node change reached every node's watch 2.3 s after, the pod change 9.1 s,
- * on all three nodes at the same instant): that lag is the API server's, not the agents', so
- * there the bound is the watch cache's.
+ * on all three nodes at the same instant; in another run 1.0 s and 1.2 s): that lag is the API
+ * server's, not the agents', so there the bound is the watch cache's.
  */
 const FAULTS = [
   { what: 'kube-apiserver stopped 20 s', withinMs: 3000, run: async () => { await c.stop('kube-apiserver'); await new Promise((r) => setTimeout(r, 20_000)); await c.start('kube-apiserver'); } },
@@ -374,7 +374,8 @@ serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s
         for (const m of monitors) m.kill();
         const changes = (await Promise.all(monitors)).map((m) => m.stdout.split('\n').filter((l) => /proto 98/.test(l) && !l.includes(dst)));
         t.log(`${fault.what}: mesh-1 (n1) → mesh-2 (n2): ${ping.sent} sent, ${ping.lost} lost; other route changes: ${changes.flat().join(' | ') || 'none'}`);
-        t.true(ping.sent >= 200, `the ping ran through the fault (${ping.sent} sent)`);
+        const ranMs = Date.now() - faultStart;
+        t.true(ping.sent >= (0.8 * ranMs) / 50, `the ping ran through the fault (${ping.sent} sent in ${ranMs} ms)`);
         t.is(ping.lost, 0, `${fault.what}: no ping lost between pods on different nodes`);
         t.deepEqual(changes, [[], [], []], `${fault.what}: no route flapped`);
         const routesAfter = await Promise.all(NODES.map(ourRoutes));
