@@ -454,30 +454,35 @@ serialTest('an invalid bandwidth annotation on a new pod: containerd refuses the
   }
 }));
 
-serialTest('a full state disk: kubelet\'s FailedCreatePodSandBox carries the CNI error naming the file, the errno and what to do; nothing is left of the refused pod, and it starts once space is freed', (t) => withTrafficLock(async () => {
+serialTest('a full disk under host-local\'s store: kubelet\'s FailedCreatePodSandBox carries the CNI error naming the file, the errno and what to do; nothing is left of the refused pod, and it starts once space is freed', (t) => withTrafficLock(async () => {
+  // (A full /var/lib/kubenet refuses nothing while its spare record files last: a record is written into a spare's blocks.)
   const name = `fullbw-${uniq(4)}`;
-  const records = async () => (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '' && !f.startsWith('.')).sort();
-  const before = await records();
-  // The node's /var/lib/kubenet (a tmpfs of its own, hostPath in the agent's pod) held to what it uses plus 64 KiB, then filled.
-  const usedK = Number((await inNode('df', ['-k', '--output=used', '/var/lib/kubenet'])).stdout.split('\n')[1]?.trim());
-  await inNode('mount', ['-o', `remount,size=${usedK + 64}k`, '/var/lib/kubenet']);
+  const ls = async (dir: string) => (await inNode('ls', [dir], false)).stdout.split('\n').filter((f) => f !== '' && !f.startsWith('.')).sort();
+  const state = async () => ({ records: await ls('/var/lib/kubenet/pods'), reservations: (await ls('/var/lib/cni/networks/kubenet')).filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f)) });
+  const before = await state();
+  // The node's /var/lib/cni (a tmpfs of its own, hostPath in the agent's pod) held to what it uses plus 64 KiB, then filled.
+  const usedK = Number((await inNode('df', ['-k', '--output=used', '/var/lib/cni'])).stdout.split('\n')[1]?.trim());
+  await inNode('mount', ['-o', `remount,size=${usedK + 64}k`, '/var/lib/cni']);
   try {
-    await inNode('dd', ['if=/dev/zero', 'of=/var/lib/kubenet/kcl-fill', 'bs=4k'], false);
+    await inNode('dd', ['if=/dev/zero', 'of=/var/lib/cni/kcl-fill', 'bs=4k'], false);
     await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '10M' }, NODE)) });
     let failed: string | undefined;
     for (const end = Date.now() + 60_000; !failed && Date.now() < end; await new Promise((r) => setTimeout(r, 500))) {
       failed = (await podEvents(name)).find((e) => e.reason === 'FailedCreatePodSandBox')?.message;
     }
     t.log(`kubelet: ${failed ?? '(none)'}`);
-    t.regex(failed ?? '', /cannot write the pod record \/var\/lib\/kubenet\/pods\/\S+: no space left on device \(ENOSPC\): free space or inodes on the filesystem holding \/var\/lib\/kubenet/);
-    t.deepEqual(await records(), before, 'no record of the refused pod');
+    t.regex(failed ?? '', /cannot write the address reservation \/var\/lib\/cni\/networks\/kubenet\/\S+: no space left on device \(ENOSPC\): free space or inodes on the filesystem holding \/var\/lib\/cni\/networks/);
+    t.deepEqual(await state(), before, 'no record or reservation of the refused pod');
   } finally {
-    await inNode('rm', ['-f', '/var/lib/kubenet/kcl-fill'], false);
-    await inNode('mount', ['-o', 'remount,size=50%', '/var/lib/kubenet'], false);
+    await inNode('rm', ['-f', '/var/lib/cni/kcl-fill'], false);
+    await inNode('mount', ['-o', 'remount,size=50%', '/var/lib/cni'], false);
   }
-  await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
-  await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s']);
-  await until('the record gone', async () => JSON.stringify(await records()) === JSON.stringify(before), 30_000);
+  try {
+    await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
+  } finally {
+    await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s'], { reject: false });
+  }
+  await until('its record and reservation gone', async () => JSON.stringify(await state()) === JSON.stringify(before), 30_000);
   t.pass();
 }));
 
@@ -499,9 +504,12 @@ serialTest('kube-apiserver stopped 20 s: once it accepts writes, an annotation c
   t.true(ms <= 3000, `within 3 s: ${ms} ms`);
   const name = `after-api-${uniq(4)}`;
   await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '24M' }, NODE)) });
-  await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
-  t.true((await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 24Mbit '), 'the new pod\'s limit');
-  await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s']);
+  try {
+    await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
+    t.true((await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 24Mbit '), 'the new pod\'s limit');
+  } finally {
+    await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s'], { reject: false });
+  }
   await kubectl(['annotate', '--overwrite', 'pod', pod, 'kubernetes.io/egress-bandwidth=20M']);
 }));
 
