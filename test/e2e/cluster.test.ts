@@ -454,28 +454,30 @@ serialTest('an invalid bandwidth annotation on a new pod: containerd refuses the
   }
 }));
 
-serialTest('a full disk under host-local\'s store: kubelet\'s FailedCreatePodSandBox carries the CNI error naming the file, the errno and what to do; nothing is left of the refused pod, and it starts once space is freed', (t) => withTrafficLock(async () => {
-  // (A full /var/lib/kubenet refuses nothing while its spare record files last: a record is written into a spare's blocks.)
+serialTest('a full state disk: kubelet\'s FailedCreatePodSandBox carries the CNI error naming the file, the errno and what to do; nothing is left of the refused pod, and it starts once space is freed', (t) => withTrafficLock(async () => {
   const name = `fullbw-${uniq(4)}`;
   const ls = async (dir: string) => (await inNode('ls', [dir], false)).stdout.split('\n').filter((f) => f !== '' && !f.startsWith('.')).sort();
   const state = async () => ({ records: await ls('/var/lib/kubenet/pods'), reservations: (await ls('/var/lib/cni/networks/kubenet')).filter((f) => /^\d+\.\d+\.\d+\.\d+$/.test(f)) });
   const before = await state();
-  // The node's /var/lib/cni (a tmpfs of its own, hostPath in the agent's pod) held to what it uses plus 64 KiB, then filled.
-  const usedK = Number((await inNode('df', ['-k', '--output=used', '/var/lib/cni'])).stdout.split('\n')[1]?.trim());
-  await inNode('mount', ['-o', `remount,size=${usedK + 64}k`, '/var/lib/cni']);
+  // The node's /var/lib/kubenet (a tmpfs of its own, hostPath in the agent's pod) held to what it
+  // uses plus 64 KiB and filled, its spare record files gone (a record is written into a spare's
+  // blocks: while one is left, a full disk refuses nothing), as on a disk that filled up before the agent started.
+  await inNode('sh', ['-c', 'rm -f /var/lib/kubenet/.pods-spare/*'], false);
+  const usedK = Number((await inNode('df', ['-k', '--output=used', '/var/lib/kubenet'])).stdout.split('\n')[1]?.trim());
+  await inNode('mount', ['-o', `remount,size=${usedK + 64}k`, '/var/lib/kubenet']);
   try {
-    await inNode('dd', ['if=/dev/zero', 'of=/var/lib/cni/kcl-fill', 'bs=4k'], false);
+    await inNode('dd', ['if=/dev/zero', 'of=/var/lib/kubenet/kcl-fill', 'bs=4k'], false);
     await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '10M' }, NODE)) });
     let failed: string | undefined;
     for (const end = Date.now() + 60_000; !failed && Date.now() < end; await new Promise((r) => setTimeout(r, 500))) {
       failed = (await podEvents(name)).find((e) => e.reason === 'FailedCreatePodSandBox')?.message;
     }
     t.log(`kubelet: ${failed ?? '(none)'}`);
-    t.regex(failed ?? '', /cannot write the address reservation \/var\/lib\/cni\/networks\/kubenet\/\S+: no space left on device \(ENOSPC\): free space or inodes on the filesystem holding \/var\/lib\/cni\/networks/);
+    t.regex(failed ?? '', /cannot write the pod record \/var\/lib\/kubenet\/pods\/\S+: no space left on device \(ENOSPC\): free space or inodes on the filesystem holding \/var\/lib\/kubenet/);
     t.deepEqual(await state(), before, 'no record or reservation of the refused pod');
   } finally {
-    await inNode('rm', ['-f', '/var/lib/cni/kcl-fill'], false);
-    await inNode('mount', ['-o', 'remount,size=50%', '/var/lib/cni'], false);
+    await inNode('rm', ['-f', '/var/lib/kubenet/kcl-fill'], false);
+    await inNode('mount', ['-o', 'remount,size=50%', '/var/lib/kubenet'], false);
   }
   try {
     await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);

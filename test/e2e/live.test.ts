@@ -198,9 +198,11 @@ serialTest('cluster mode: egress re-shaped up, down, refused and removed through
   t.is(classList(hostVeth).find((c) => c.handle === 0x20001)?.rate, 15 * M, 'the veth class 2:1 is at the new ingress limit');
   const eventsBefore = api.events.length;
   api.setPod(podObject('default', 'stranger', 'test-node', { [EGRESS]: 'bogus' }));
+  await until('the Warning for its unparsable value (the runtime would refuse its sandbox)', () => api.eventsFor('default', 'stranger', 'BandwidthRejected').length === 1);
   api.annotatePod('default', 'stranger', { [EGRESS]: '1M' });
   await new Promise((res) => setTimeout(res, 300));
-  t.is(api.events.length, eventsBefore, 'nothing for a pod the agent did not set up');
+  t.is(api.events.length, eventsBefore + 1, 'a pod the agent did not set up: its unparsable value told, nothing re-shaped');
+  t.regex(api.eventsFor('default', 'stranger', 'BandwidthRejected')[0]?.message ?? '', /kubernetes\.io\/egress-bandwidth: "bogus" is not a bandwidth/);
   t.deepEqual((await h.agent?.statusReport())?.pods.find((x) => x.name === 'web')?.limits, { ingress: 15 * M });
 });
 
