@@ -505,13 +505,17 @@ serialTest('kube-apiserver stopped 20 s: once it accepts writes, an annotation c
   t.log(`the annotation change in the kernel ${ms} ms after the first accepted write`);
   t.true(ms <= 3000, `within 3 s: ${ms} ms`);
   const name = `after-api-${uniq(4)}`;
+  const records = async () => (await inNode('ls', ['/var/lib/kubenet/pods'], false)).stdout.split('\n').filter((f) => f !== '').sort().join();
+  const before = await records();
   await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '24M' }, NODE)) });
   try {
     await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
     t.true((await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 24Mbit '), 'the new pod\'s limit');
   } finally {
-    await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=60s'], { reject: false });
+    await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=120s'], { reject: false });
   }
+  // kubelet's own watch is in client-go's backoff after the restart: its teardown may come late, but it comes.
+  await until('the new pod\'s record gone', async () => (await records()) === before, 120_000);
   await kubectl(['annotate', '--overwrite', 'pod', pod, 'kubernetes.io/egress-bandwidth=20M']);
 }));
 
