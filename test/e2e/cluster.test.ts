@@ -462,7 +462,7 @@ serialTest('a full state disk: kubelet\'s FailedCreatePodSandBox carries the CNI
   // The node's /var/lib/kubenet (a tmpfs of its own, hostPath in the agent's pod) held to what it
   // uses plus 64 KiB and filled, its spare record files gone (a record is written into a spare's
   // blocks: while one is left, a full disk refuses nothing), as on a disk that filled up before the agent started.
-  await inNode('sh', ['-c', 'rm -f /var/lib/kubenet/.pods-spare/*'], false);
+  await inNode('find', ['/var/lib/kubenet/.pods-spare', '-type', 'f', '-delete'], false);
   const usedK = Number((await inNode('df', ['-k', '--output=used', '/var/lib/kubenet'])).stdout.split('\n')[1]?.trim());
   await inNode('mount', ['-o', `remount,size=${usedK + 64}k`, '/var/lib/kubenet']);
   try {
