@@ -338,14 +338,14 @@ const FAULTS = [
   { what: 'kube-controller-manager restarted', withinMs: 3000, run: async () => { await c.restart('kube-controller-manager'); } },
 ];
 
-serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s, kube-controller-manager restarted): pods on different nodes lose no ping and no route flaps; once the API server accepts writes, a new Node is routed and an annotation change is in the kernel on every node within 3 s (after etcd: as soon as the API server\'s watch cache has resumed), a new pod runs with its limits; nothing left after', (t) =>
-  withTrafficLock(async () => {
+serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s, kube-controller-manager restarted): pods on different nodes lose no ping and no route flaps; once the API server accepts writes, a new Node is routed and an annotation change is in the kernel on every node within 3 s (after etcd: as soon as the API server\'s watch cache has resumed), a new pod runs with its limits; nothing left after', async (t) => {
+    // The traffic lock one fault at a time: held through all three (~150 s) it would starve the suites waiting on it.
     const ips = new Map((await c.json<PodList>(['get', 'pods'])).items.filter((p) => p.metadata.name.startsWith('mesh-')).map((p) => [p.metadata.name, p.status.podIP ?? '']));
     const from = pausePidOf(ips.get('mesh-1') ?? '') ?? '';
     t.truthy(from, 'mesh-1 runs');
     const stateBefore = await Promise.all(NODES.map(podState));
     try {
-      for (const [k, fault] of FAULTS.entries()) {
+      for (const [k, fault] of FAULTS.entries()) await withTrafficLock(async () => {
         const routesBefore = await Promise.all(NODES.map(ourRoutes));
         const monitors = NODES.map((i) => execa('ip', ['-n', node(i), 'monitor', 'route'], { reject: false }));
         const pinger = pingThroughout((cmd, args) => execa('nsenter', ['-t', from, '-n', cmd, ...args], { reject: false }), ips.get('mesh-2') ?? '', 150);
@@ -382,7 +382,7 @@ serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s
         t.deepEqual(routesAfter.map((r) => r.filter((x) => !x.startsWith(dst))), routesBefore, 'every other route as before');
         await c.kubectl(['delete', 'node', `kcl-cp-${k}`]);
         await c.kubectl(['delete', 'pod', pod, '--wait=true', '--timeout=60s']);
-      }
+      });
     } finally {
       for (const [k] of FAULTS.entries()) await c.kubectl(['delete', 'node', `kcl-cp-${k}`, `--ignore-not-found`], { reject: false });
       for (const [k] of FAULTS.entries()) await c.kubectl(['delete', 'pod', `cp-${k}`, '--ignore-not-found', '--wait=true', '--timeout=60s'], { reject: false });
@@ -395,7 +395,7 @@ serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s
       if (JSON.stringify(after) === JSON.stringify(stateBefore)) break;
     }
     t.deepEqual(after, stateBefore, 'no reservation or record left');
-  }));
+});
 
 serialTest('deleting a real Node removes its routes on the others within 1 s', async (t: ExecutionContext) => {
   const cidrs = (await c.json<NodeJson>(['get', 'node', node(3)])).spec.podCIDRs ?? [];
