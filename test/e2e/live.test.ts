@@ -112,7 +112,7 @@ function checkPhases(t: ExecutionContext, r: IperfResult, changes: Change[], ask
 }
 
 serialTest('cluster mode: egress re-shaped up, down, refused and removed through the pod watch under one iperf3 flow; Events', async (t) => {
-  t.timeout(180_000);
+  t.timeout(600_000); // with the wait for the traffic lock, which the cluster suites hold ~50 s per control-plane fault
   const api = await FakeApiServer.start();
   t.teardown(() => api.stop());
   const h = await harness(t, '10.91.1.0/24');
@@ -207,7 +207,7 @@ serialTest('cluster mode: egress re-shaped up, down, refused and removed through
 });
 
 serialTest('kubenet shape: ingress up, down and cleared under one iperf3 flow; bad requests change nothing; status shows the rate', async (t) => {
-  t.timeout(180_000);
+  t.timeout(600_000); // with the wait for the traffic lock (see above)
   const h = await harness(t, '10.91.2.0/24');
   await h.startAgent();
   const web = await h.addPod('web');
