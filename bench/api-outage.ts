@@ -35,6 +35,7 @@ import { fileURLToPath } from 'node:url';
 import { argValue, numArg, percentile } from '../hack/support/bench-kit.js';
 import { uniq } from '../hack/support/kernel.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
+import { msUntil } from '../hack/support/until.js';
 import { upstreamDir } from '../hack/support/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -108,15 +109,6 @@ function num(s: string | undefined): number | undefined {
   return s === undefined ? undefined : Number(s);
 }
 
-/** Ms from t0 until `ok` (polled every 20 ms), Infinity after 60 s. */
-async function msUntil(ok: () => Promise<boolean>, t0: number): Promise<number> {
-  while (Date.now() - t0 < 60_000) {
-    if (await ok()) return Date.now() - t0;
-    await sleep(20);
-  }
-  return Infinity;
-}
-
 const inNode = async (cmd: string, args: string[]) => {
   const holder = (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
   return (await execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject: false })).stdout;
@@ -176,8 +168,8 @@ async function child(): Promise<void> {
         kubectl(['annotate', '--overwrite', 'pod', 'bench-shaped', `kubernetes.io/egress-bandwidth=${41 + k}M`]),
       ]);
       const [route, limit] = await Promise.all([
-        msUntil(async () => (await inNode('ip', ['route', 'show', 'proto', '98'])).includes(`${dst} via ${gw}`), t0),
-        msUntil(async () => (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).includes(` ceil ${rate} `), t0),
+        msUntil(async () => (await inNode('ip', ['route', 'show', 'proto', '98'])).includes(`${dst} via ${gw}`), t0, 60_000),
+        msUntil(async () => (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).includes(` ceil ${rate} `), t0, 60_000),
       ]);
       // Every loop of every agent sees its write, or 60 s pass.
       for (const end = Date.now() + 60_000; Date.now() < end && groups.some((a) => a.seen.some((s) => !s.has(k))); ) await sleep(50);

@@ -11,3 +11,15 @@ export async function until<T>(what: string, probe: () => T | Promise<T>, timeou
     await sleep(intervalMs);
   }
 }
+
+/**
+ * Polls `ok` every `intervalMs` until it holds; returns the ms since `t0` (Infinity after `limitMs`
+ * from t0): a time measured, not a wait that fails.
+ */
+export async function msUntil(ok: () => boolean | Promise<boolean>, t0: number, limitMs = 10_000, intervalMs = 20): Promise<number> {
+  while (Date.now() - t0 < limitMs) {
+    if (await ok()) return Date.now() - t0;
+    await sleep(intervalMs);
+  }
+  return Infinity;
+}

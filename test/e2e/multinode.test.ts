@@ -17,6 +17,7 @@ import { execa } from 'execa';
 import { statSync } from 'node:fs';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
+import { msUntil } from '../../hack/support/until.js';
 import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
 import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../helpers/measure.js';
 
@@ -52,12 +53,8 @@ async function ourRoutes(i: number): Promise<string[]> {
 }
 
 /** Polls node i's routes every 20 ms until `ok`; returns the ms it took since t0 (Infinity after `limitMs`): a time measured, not a wait that fails. */
-async function msUntilRoutes(i: number, ok: (routes: string[]) => boolean, t0: number, limitMs = 5000): Promise<number> {
-  while (Date.now() - t0 < limitMs) {
-    if (ok(await ourRoutes(i))) return Date.now() - t0;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return Infinity;
+function msUntilRoutes(i: number, ok: (routes: string[]) => boolean, t0: number, limitMs = 5000): Promise<number> {
+  return msUntil(async () => ok(await ourRoutes(i)), t0, limitMs);
 }
 
 /** The agent pod of node i. */
@@ -308,15 +305,6 @@ serialTest('killing one node\'s agent disturbs neither the other nodes\' pods no
 async function egressCeils(i: number): Promise<string[]> {
   const { stdout } = await c.inNode(i, 'tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false);
   return [...stdout.matchAll(/ ceil (\S+)/g)].map((m) => m[1] ?? '');
-}
-
-/** Polls until `ok` (every 20 ms); the ms it took since t0, or Infinity after `limitMs`: a time measured, not a wait that fails. */
-async function msUntil(ok: () => Promise<boolean>, t0: number, limitMs = 10_000): Promise<number> {
-  while (Date.now() - t0 < limitMs) {
-    if (await ok()) return Date.now() - t0;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return Infinity;
 }
 
 /** What pods leave on node i: host-local reservations and the agent's pod records. */
