@@ -176,12 +176,6 @@ export class ApiHealth {
     await sleep(ms, undefined, { signal }).catch(() => undefined);
   }
 
-  /** Clears the pending tick (waiters stay; their owners abort them). */
-  close(): void {
-    clearTimeout(this.timer);
-    this.timer = undefined;
-  }
-
   private tickMs(): number {
     return this.periodMs * (0.5 + this.random());
   }

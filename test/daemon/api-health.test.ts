@@ -53,5 +53,4 @@ test('ApiHealth: while away, one waiting caller per tick, oldest first; the firs
   t.is(h.stats.outages, 1);
   t.is(h.stats.attempts, 2);
   await h.turn();
-  h.close();
 });

@@ -87,6 +87,16 @@ async function addOk(t: import('ava').ExecutionContext, pod: TestPod, what: stri
   t.is(r.exitCode, 0, `${what}: ${r.stderr}`);
 }
 
+/** An ADD of `pod` the agent must refuse with CNI code 5 (I/O failure); returns libcni's msg (logged). */
+async function refusedMsg(t: import('ava').ExecutionContext, pod: TestPod): Promise<string> {
+  const r = await w().call('add', pod);
+  t.not(r.exitCode, 0);
+  t.is(cniErrorCode(r), CNI_IO, r.stderr);
+  const msg = libcniError(r);
+  t.log(msg);
+  return msg;
+}
+
 async function delOk(t: import('ava').ExecutionContext, pod: TestPod, what: string): Promise<void> {
   const r = await w().call('del', pod);
   t.is(r.exitCode, 0, `${what}: ${r.stderr}`);
@@ -120,11 +130,7 @@ serialTest('ENOSPC on the state dir: the ADD fails with CNI code 5 naming the po
   const a = await w().newPod('a');
   const b = await w().newPod('b');
   await fill(STATE);
-  const full = await w().call('add', a);
-  t.not(full.exitCode, 0);
-  t.is(cniErrorCode(full), CNI_IO, full.stderr);
-  const msg = libcniError(full);
-  t.log(msg);
+  const msg = await refusedMsg(t, a);
   const space = `free space or inodes on the filesystem holding ${STATE}/pods \\(tmpfs at ${STATE}: 0 B of 64 KiB free, \\d+ inodes free\\)`;
   t.regex(msg, new RegExp(`^cannot write the pod record ${STATE}/pods/${a.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`));
   t.is(await leftovers(), '', 'nothing of the refused pod: no veth, reservation, record, cache entry');
@@ -136,9 +142,7 @@ serialTest('ENOSPC on the state dir: the ADD fails with CNI code 5 naming the po
   for (let i = 0; i < 100 && (await readdir(spares).catch(() => [])).length === 0; i++) await new Promise((r) => setTimeout(r, 20));
   t.true((await readdir(spares)).length > 0, 'spare record files are ready');
   await fill(STATE);
-  const viaSpare = await w().call('add', b);
-  t.is(cniErrorCode(viaSpare), CNI_IO, viaSpare.stderr);
-  t.regex(libcniError(viaSpare), new RegExp(`^cannot write the pod record ${STATE}/pods/${b.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`));
+  t.regex(await refusedMsg(t, b), new RegExp(`^cannot write the pod record ${STATE}/pods/${b.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`));
   t.deepEqual(await readdir(w().sb.hostPath(`${STATE}/pods`)), [`${a.id}@eth0.json`], 'only the attached pod has a record');
 
   await delOk(t, a, 'DEL on the full disk');
@@ -156,11 +160,7 @@ serialTest("ENOSPC in host-local's store: the IPAM (the bridge plugin's, answere
   await addOk(t, c, 'ADD before the store fills');
   await delOk(t, c, 'DEL');
   await fill(IPAM);
-  const full = await w().call('add', c);
-  t.not(full.exitCode, 0);
-  t.is(cniErrorCode(full), CNI_IO, full.stderr);
-  const msg = libcniError(full);
-  t.log(msg);
+  const msg = await refusedMsg(t, c);
   t.regex(
     msg,
     new RegExp(
@@ -178,12 +178,7 @@ serialTest('EROFS on the state dir: the ADD fails naming the directory and the r
   t.timeout(120_000);
   const d = await w().newPod('d');
   await w().sb.exec('mount', ['-o', 'remount,ro', STATE]);
-  const ro = await w().call('add', d);
-  await w().sb.exec('mount', ['-o', 'remount,rw', STATE]).catch(() => undefined);
-  t.not(ro.exitCode, 0);
-  t.is(cniErrorCode(ro), CNI_IO, ro.stderr);
-  const msg = libcniError(ro);
-  t.log(msg);
+  const msg = await refusedMsg(t, d).finally(() => w().sb.exec('mount', ['-o', 'remount,rw', STATE]).catch(() => undefined));
   t.is(msg, `cannot write the pod record ${STATE}/pods/${d.id}@eth0.json: read-only file system (EROFS): ${STATE}/pods must be writable, but the filesystem holding it (tmpfs at ${STATE}) is read-only: mount it read-write`);
   t.is(await leftovers(), '', 'nothing of the refused pod');
   await addOk(t, d, 'ADD once remounted read-write');
@@ -204,11 +199,7 @@ serialTest('EACCES: the agent as root without CAP_DAC_OVERRIDE, the state dir ow
   t.is(BigInt(`0x${capEff || '0'}`) & 2n, 0n, `the agent (pid ${pid}) runs without CAP_DAC_OVERRIDE: CapEff ${capEff}`);
 
   const e = await w().newPod('e');
-  const denied = await w().call('add', e);
-  t.not(denied.exitCode, 0);
-  t.is(cniErrorCode(denied), CNI_IO, denied.stderr);
-  const msg = libcniError(denied);
-  t.log(msg);
+  const msg = await refusedMsg(t, e);
   t.is(
     msg,
     `cannot write the pod record ${STATE}/pods/${e.id}@eth0.json: permission denied (EACCES): the agent (uid 0, without CAP_DAC_OVERRIDE) may not write in ${STATE} (owner 65534:65534, mode 0755): check the owner and mode of ${STATE} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
