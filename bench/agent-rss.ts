@@ -57,6 +57,7 @@ async function runAgent(mode: 'cluster' | 'static', api: FakeApiServer, cidr: st
       '--cni-cache-dir', join(root, 'cni-cache'),
       '--state-dir', join(root, 'state'),
       '--log-level', 'warn',
+      '--metrics-address', '127.0.0.1:0',
     ];
     const { NODE_OPTIONS: _drop, ...env } = process.env;
     proc = execa(process.execPath, [DIST_MAIN, 'daemon', ...flags], { env, extendEnv: false, stdio: ['ignore', 'inherit', 'inherit'], reject: false });

@@ -66,6 +66,8 @@ async function main(): Promise<void> {
     '--bridge-name', bridge,
     '--ifb-name', ifb,
     '--non-masquerade-cidr', '0.0.0.0/0',
+    // /metrics and /healthz on the loopback only: the demo's agent is not the node's.
+    '--metrics-address', '127.0.0.1:0',
     '--ipam-data-dir', join(dir, 'ipam'),
     '--cni-cache-dir', join(dir, 'cni-cache'),
     '--state-dir', join(dir, 'state'),

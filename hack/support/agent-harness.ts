@@ -69,6 +69,8 @@ export class AgentHarness {
         cniCacheDir: join(this.root, 'cni-cache'),
         stateDir: join(this.root, 'state'),
         logLevel: (process.env.KUBENET_LOG_LEVEL as AgentConfig['logLevel'] | undefined) ?? 'silent',
+        // Loopback, a free port: agents of parallel tests side by side on the host, none on its addresses.
+        metricsAddress: '127.0.0.1:0',
         ...overrides,
       },
       env: { NODE_NAME: 'test-node' },

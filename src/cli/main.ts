@@ -16,6 +16,7 @@ import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
 import type { PodLookup } from '../daemon/cni-handler.js';
 import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
 import { KubeEventRecorder } from '../daemon/events.js';
+import type { MetricsAuthorizer } from '../daemon/metrics-auth.js';
 import { loadKubeConfig, type KubeClientOptions } from '../daemon/kube-watch.js';
 import type { NamespaceLookup } from '../daemon/namespace-lookup.js';
 import type { NodeRoutes } from '../daemon/routes.js';
@@ -118,6 +119,7 @@ async function daemon(config: AgentConfig): Promise<number> {
   let capacity: NodeCapacity | undefined;
   let nodeCapacity: NodeCapacityPublisher | undefined;
   let apiEndpoints: { start(): void; stop(): Promise<void> } | undefined;
+  let metricsAuth: MetricsAuthorizer | undefined;
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig (a capacity only as configured).
     source = new StaticCidr(config.podCIDR);
@@ -143,6 +145,7 @@ async function daemon(config: AgentConfig): Promise<number> {
     pods = new ClusterPodLookup(kube);
     namespaces = new (await import('../daemon/namespace-lookup.js')).ClusterNamespaceLookup(kube);
     events = new KubeEventRecorder(kube);
+    if (config.metricsAuth === 'kubernetes') metricsAuth = (await import('../daemon/metrics-auth.js')).KubeMetricsAuth.fromClient(kube);
     if (config.routes === 'direct') {
       const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/routes.js');
       // unshapedCIDRs unset: the cluster's pod CIDRs (from the routes' Node watch) and Service ranges, live.
@@ -162,6 +165,7 @@ async function daemon(config: AgentConfig): Promise<number> {
     ...(ranges ? { ranges } : {}),
     ...(capacity ? { capacity } : {}),
     ...(nodeCapacity ? { nodeCapacity } : {}),
+    ...(metricsAuth ? { metricsAuth } : {}),
   });
   apiEndpoints?.start();
   await agent.start();

@@ -29,6 +29,8 @@ import { noEvents, type EventRecorder } from './events.js';
 import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
 import { AgentMetrics } from './metrics.js';
+import type { MetricsAuthorizer } from './metrics-auth.js';
+import { MetricsHttp } from './metrics-http.js';
 import { Coalesced } from '../util/coalesce.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
@@ -85,12 +87,16 @@ export interface AgentOptions {
   capacity?: NodeCapacity;
   /** Cluster mode: publishes the capacity on the Node's status (node-capacity.ts NodeCapacityPublisher). */
   nodeCapacity?: { publish(c: NodeCapacity): void; stop(): Promise<void> };
+  /** `metricsAuth: kubernetes`: who may read /metrics on the TCP port (metrics-auth.ts KubeMetricsAuth). */
+  metricsAuth?: MetricsAuthorizer;
 }
 
 export class Agent {
   readonly network: PodNetwork;
   private readonly handler: CniHandler;
   private readonly api: AgentApi;
+  /** /metrics and /healthz over TCP (config metricsAddress); undefined when "off". */
+  private readonly metricsHttp: MetricsHttp | undefined;
   private readonly metrics = new AgentMetrics();
   /** The pods' counters for /metrics: read at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
   private readonly scraped: Coalesced<PodTraffic[]>;
@@ -162,11 +168,24 @@ export class Agent {
     this.live = new LiveShaping(this.network, this.events, pods, log, this.namespaces, capacity);
     this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
     this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live, this.namespaces, capacity);
+    const metrics = async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.store.generation()));
+    if (config.metricsAddress !== 'off') {
+      this.metricsHttp = new MetricsHttp(
+        { metrics, ready: () => this.ready() },
+        {
+          address: config.metricsAddress,
+          log,
+          nodeName: config.nodeName,
+          ...(opts.metricsAuth ? { auth: opts.metricsAuth } : {}),
+          ...(config.metricsTLSCertFile !== undefined && config.metricsTLSKeyFile !== undefined ? { tls: { certFile: config.metricsTLSCertFile, keyFile: config.metricsTLSKeyFile } } : {}),
+        },
+      );
+    }
     this.api = new AgentApi(
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.store.generation())),
+        metrics,
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
         ipam: (req) => this.handler.ipam(req),
@@ -215,6 +234,7 @@ export class Agent {
     this.ranges?.start((cidrs) => this.network.setUnshaped(cidrs));
     await this.namespaces?.start();
     await this.pods?.start?.();
+    await this.metricsHttp?.listen();
     await this.api.listen();
     await this.source.start((cidr) => this.onPodCidr(cidr));
   }
@@ -249,6 +269,11 @@ export class Agent {
       },
       (err: unknown) => this.log.error({ err }, 'acquiring the DHCP leases again failed'),
     );
+  }
+
+  /** The TCP metrics port's URL once listening (`http://127.0.0.1:PORT`); undefined with metricsAddress "off". */
+  metricsUrl(): string | undefined {
+    return this.metricsHttp?.url();
   }
 
   /** CNI calls being handled right now. */
@@ -329,6 +354,7 @@ export class Agent {
     await this.nodeCapacity?.stop();
     await this.routes?.stop();
     await this.ranges?.stop();
+    await this.metricsHttp?.close();
     await this.api.close();
     await this.pods?.stop?.();
     await this.namespaces?.stop();

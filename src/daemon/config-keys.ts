@@ -11,6 +11,7 @@ import { parsePodCidrs } from '../net/ip.js';
 import { HAIRPIN_MODES, type HairpinMode } from '../pod/bridge.js';
 import { AUTO_SHARDS_PER_CPU, MAX_SHARDS } from '../shaper/tc-layout.js';
 import { absPath, causeText, cidr, describe, ifName, oneOf, str, type Validator } from './config-validate.js';
+import { parseListenAddress } from '../net/listen-address.js';
 import { DEFAULT_SOCKET_PATH, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export { causeText, describe, type Fail, type Validator } from './config-validate.js';
@@ -23,6 +24,16 @@ export type IpamMode = (typeof IPAM_MODES)[number];
 /** Routes to other Nodes' pod CIDRs (src/daemon/routes.ts). */
 export const ROUTE_MODES = ['none', 'direct'] as const;
 export type RouteMode = (typeof ROUTE_MODES)[number];
+/** Who may read the metrics port: anyone, or what the API server's TokenReview and SubjectAccessReview allow. */
+export const METRICS_AUTH_MODES = ['none', 'kubernetes'] as const;
+export type MetricsAuthMode = (typeof METRICS_AUTH_MODES)[number];
+/**
+ * The metrics port's default: outside Prometheus's exporter range (9100-9999, all allocated) and
+ * the Kubernetes components' own ports (10248-10259: kubelet, kube-proxy, controller-manager,
+ * scheduler), and none of the node network plugins' (Cilium 9962-9965, Calico 9091/9099, Antrea
+ * 10349-10350, kube-router 20244, NodeLocal DNSCache 9253, CoreDNS 9153).
+ */
+export const DEFAULT_METRICS_PORT = 10266;
 /** The DHCP lease daemon's socket: beside the agent's own socket, in the agent's run dir. */
 export const DHCP_SOCKET_NAME = 'dhcp.sock';
 
@@ -70,6 +81,14 @@ export interface AgentConfig {
   stateDir: string;
   /** Seconds a /metrics scrape may serve the pods' counters an earlier scrape read; 0: each reads them. */
   metricsMaxAge: number;
+  /** Where /metrics and /healthz are served over TCP (metrics-http.ts): "HOST:PORT", ":PORT" (every address), or "off". */
+  metricsAddress: string;
+  /** Who may read /metrics over TCP: anyone (`none`), or callers the API server authenticates and authorizes (`kubernetes`). */
+  metricsAuth: MetricsAuthMode;
+  /** PEM certificate (chain) the metrics port serves TLS with; with metricsTLSKeyFile. Unset: plain HTTP, or a self-signed certificate with metricsAuth kubernetes. */
+  metricsTLSCertFile?: string;
+  /** The PEM private key of metricsTLSCertFile. */
+  metricsTLSKeyFile?: string;
   /** The node's bandwidth capacity from the pods (bits/s); unset: the link speed of capacityDevice (src/bandwidth/capacity.ts). */
   egressCapacity?: number;
   /** The node's bandwidth capacity to the pods (bits/s); unset: the link speed of capacityDevice. */
@@ -81,7 +100,18 @@ export interface AgentConfig {
 
 export type ConfigKey = keyof AgentConfig;
 /** Keys without a fixed default: optional ones and nodeName (from the environment). */
-export type UndefaultedConfigKey = 'podCIDR' | 'nodeName' | 'kubeconfig' | 'mtu' | 'uplink' | 'unshapedCIDRs' | 'egressCapacity' | 'ingressCapacity' | 'capacityDevice';
+export type UndefaultedConfigKey =
+  | 'podCIDR'
+  | 'nodeName'
+  | 'kubeconfig'
+  | 'mtu'
+  | 'uplink'
+  | 'unshapedCIDRs'
+  | 'egressCapacity'
+  | 'ingressCapacity'
+  | 'capacityDevice'
+  | 'metricsTLSCertFile'
+  | 'metricsTLSKeyFile';
 export type DefaultedConfig = Omit<AgentConfig, UndefaultedConfigKey>;
 
 /** Env var nodeName defaults to (set by the DaemonSet from spec.nodeName). */
@@ -333,6 +363,45 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 60) throw fail('an integer number of seconds from 0 to 60');
       return value;
     },
+  },
+  metricsAddress: {
+    type: 'string',
+    value: `:${DEFAULT_METRICS_PORT}`,
+    flag: '--metrics-address',
+    description:
+      'Where `/metrics` and `/healthz` (liveness: 200 while the agent runs) are served over TCP, and nothing else (the CNI API and `kubenet shape` stay on the unix socket): `HOST:PORT` (e.g. `127.0.0.1:10266`, `[::1]:10266`), `:PORT` on every address of the node (IPv4 and IPv6), or `off`. Port 0 picks a free one (logged).',
+    validate: (value, fail) => {
+      const expected = 'HOST:PORT, :PORT or "off", with a port from 0 to 65535';
+      const s = str(value, fail, expected);
+      if (s === 'off') return s;
+      try {
+        parseListenAddress(s);
+      } catch (err) {
+        throw fail(expected, causeText(err));
+      }
+      return s;
+    },
+  },
+  metricsAuth: {
+    type: 'string',
+    values: METRICS_AUTH_MODES,
+    value: 'none',
+    flag: '--metrics-auth',
+    description:
+      "Who may read `/metrics` over TCP. `none`: anyone who reaches the port. `kubernetes`: as kubelet and kube-rbac-proxy do, a bearer token the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: verb `get` on the non-resource URL `/metrics`), answers cached 2 min (denials 30 s); served over TLS (metricsTLSCertFile, else a self-signed certificate made at start). `/healthz` stays open for the kubelet's probe. Needs the Kubernetes API (no static podCIDR) and, in the agent's RBAC, `create` on tokenreviews and subjectaccessreviews.",
+    validate: oneOf(METRICS_AUTH_MODES),
+  },
+  metricsTLSCertFile: {
+    type: 'string',
+    flag: '--metrics-tls-cert-file',
+    description: 'PEM certificate (chain) the metrics port serves TLS with, with `metricsTLSKeyFile` (both or neither). Unset: plain HTTP, or with `metricsAuth: kubernetes` a self-signed certificate.',
+    validate: absPath(),
+  },
+  metricsTLSKeyFile: {
+    type: 'string',
+    flag: '--metrics-tls-key-file',
+    description: 'The PEM private key of `metricsTLSCertFile`.',
+    validate: absPath(),
   },
   egressCapacity: capacityKey('egress', 'from the pods: what the node sends out'),
   ingressCapacity: capacityKey('ingress', 'to the pods: what the node takes in'),

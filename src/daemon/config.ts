@@ -64,6 +64,7 @@ export async function loadConfig(opts: LoadConfigOptions): Promise<AgentConfig> 
   checkShards(out, opts.file ?? 'flags');
   checkIpam(out, merged, opts.file ?? 'flags');
   checkRoutes(out, opts.file ?? 'flags');
+  checkMetrics(out, opts.file ?? 'flags');
   return out;
 }
 
@@ -115,6 +116,20 @@ function checkRoutes(c: AgentConfig, source: string): void {
   }
   if (c.ipam !== 'host-local') {
     throw new AgentConfigError({ source, key: 'routes', expected: '"none" with ipam "dhcp"', problem: `routes "direct" routes the Nodes' pod CIDRs; with ipam "${c.ipam}" pods take their addresses from the LAN, which needs no routes` });
+  }
+}
+
+/** The metrics port's TLS files go together; its `kubernetes` auth asks the API server, which a static pod CIDR has none of. */
+function checkMetrics(c: AgentConfig, source: string): void {
+  if ((c.metricsTLSCertFile === undefined) !== (c.metricsTLSKeyFile === undefined)) {
+    const key = c.metricsTLSCertFile === undefined ? 'metricsTLSCertFile' : 'metricsTLSKeyFile';
+    throw new AgentConfigError({ source, key, expected: 'metricsTLSCertFile and metricsTLSKeyFile together', problem: `${key} is missing: the metrics port's certificate and its key are set together (or neither)` });
+  }
+  if (c.metricsAuth === 'kubernetes' && c.podCIDR !== undefined) {
+    throw new AgentConfigError({ source, key: 'metricsAuth', expected: '"none" with a static podCIDR', problem: 'metricsAuth "kubernetes" asks the API server who a caller is; with a static podCIDR the agent has no Kubernetes API (unset podCIDR, or set metricsAuth: none)' });
+  }
+  if (c.metricsAddress === 'off' && (c.metricsAuth !== 'none' || c.metricsTLSCertFile !== undefined)) {
+    throw new AgentConfigError({ source, key: 'metricsAddress', expected: 'an address, with metricsAuth or metricsTLSCertFile set', problem: 'metricsAddress is "off": metricsAuth and the TLS files would secure a port that is not served' });
   }
 }
 

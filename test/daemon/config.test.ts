@@ -54,6 +54,8 @@ test('defaults: no file, no flags', async (t) => {
     cniCacheDir: '/var/lib/cni',
     stateDir: '/var/lib/kubenet',
     metricsMaxAge: 2,
+    metricsAddress: ':10266',
+    metricsAuth: 'none',
     logLevel: 'info',
   });
   t.false('podCIDR' in c, 'optional keys are absent, not undefined');
@@ -204,7 +206,7 @@ test('flags are validated too and name the flag', async (t) => {
 test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', async (t) => {
   const c = await loadConfig({ flags: {}, env: ENV });
   const keys = Object.keys(CONFIG_KEYS).sort();
-  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'unshapedCIDRs', 'uplink', 'egressCapacity', 'ingressCapacity', 'capacityDevice'].sort());
+  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'unshapedCIDRs', 'uplink', 'egressCapacity', 'ingressCapacity', 'capacityDevice', 'metricsTLSCertFile', 'metricsTLSKeyFile'].sort());
   for (const [key, value] of Object.entries(DEFAULT_CONFIG)) {
     const spec = CONFIG_KEYS[key as keyof typeof CONFIG_KEYS];
     t.is(spec.default, Array.isArray(value) ? value.join(',') : String(value), key);
@@ -322,4 +324,29 @@ test('unshapedCIDRs: a list of CIDRs, normalized; unset, the cluster\'s own rang
   t.deepEqual(unshapedCidrsOf(unset), [], 'routes none: nothing is unshaped');
   t.is(unshapedCidrsOf({ ...unset, routes: 'direct', nonMasqueradeCIDR: '10.0.0.0/8' }), undefined, 'not nonMasqueradeCIDR: the cluster\'s ranges, from the API (cluster-ranges.ts)');
   t.deepEqual(configFlags({ unshapedCIDRs: ['10.0.0.0/8', 'fd00:10::/32'] }), ['--unshaped-cidrs', '10.0.0.0/8,fd00:10::/32']);
+});
+
+test('metricsAddress: HOST:PORT, [V6]:PORT, :PORT or off; the TLS files together; kubernetes auth needs the API', async (t) => {
+  for (const ok of [':10266', '127.0.0.1:0', '[::1]:10266', '0.0.0.0:65535', 'off']) {
+    t.is((await loadConfig({ flags: { metricsAddress: ok }, env: ENV })).metricsAddress, ok);
+  }
+  for (const [bad, why] of [
+    ['10266', /HOST:PORT or :PORT/],
+    ['::1:10266', /HOST:PORT or :PORT|brackets/],
+    ['localhost:10266', /not an IPv4 address/],
+    [':70000', /above 65535/],
+    ['[10.0.0.1]:80', /not an IPv6 address/],
+    ['', /HOST:PORT/],
+  ] as const) {
+    const err = await t.throwsAsync(loadConfig({ flags: { metricsAddress: bad }, env: ENV }));
+    t.regex(err?.message ?? '', /metricsAddress/, bad);
+    t.regex(err?.message ?? '', why, bad);
+  }
+  const half = await t.throwsAsync(loadConfig({ flags: { metricsTLSCertFile: '/etc/kubenet/tls.crt' }, env: ENV }));
+  t.regex(half?.message ?? '', /metricsTLSKeyFile is missing/);
+  const auth = await t.throwsAsync(loadConfig({ flags: { metricsAuth: 'kubernetes', podCIDR: '10.9.0.0/24' }, env: ENV }));
+  t.regex(auth?.message ?? '', /metricsAuth.*static podCIDR/);
+  const off = await t.throwsAsync(loadConfig({ flags: { metricsAuth: 'kubernetes', metricsAddress: 'off' }, env: ENV }));
+  t.regex(off?.message ?? '', /not served/);
+  t.is((await loadConfig({ flags: { metricsAuth: 'kubernetes' }, env: ENV })).metricsAuth, 'kubernetes');
 });

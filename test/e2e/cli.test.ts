@@ -32,7 +32,7 @@ kernelTest('kubenet daemon --pod-cidr: health, status, SIGTERM exits 0 and remov
   cleanup.add(() => delLink(bridge));
   cleanup.add(() => delIfbs(`kci${tag}`));
   const socket = join(dir, 'k.sock');
-  const flags = ['--socket', socket];
+  const flags = ['--socket', socket, '--metrics-address', '127.0.0.1:0'];
   const daemon: ResultPromise = execa(
     process.execPath,
     [

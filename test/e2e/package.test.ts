@@ -146,6 +146,7 @@ console.log(JSON.stringify(status));
     'daemon', '--pod-cidr', '10.231.8.0/24', '--socket', socket, '--cni-bin-dir', cniBin, '--cni-conf-dir', cniConf,
     '--plugin-bin-dirs', CNI_BIN_DIRS.join(','), '--bridge-name', bridge, '--ifb-name', ifb, '--ipam-data-dir', dirs.ipam,
     '--cni-cache-dir', dirs.cache, '--state-dir', join(tmp, 'agent-state'), '--non-masquerade-cidr', '0.0.0.0/0', '--log-level', 'warn',
+    '--metrics-address', '127.0.0.1:0',
   ];
   const daemon: ResultPromise = execa(bin, daemonArgs, { cwd: project, reject: false });
   cleanup.add(async () => {
