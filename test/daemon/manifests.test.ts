@@ -53,6 +53,9 @@ interface Container {
   env?: Array<{ name: string; value?: string; valueFrom?: { fieldRef?: { fieldPath: string } } }>;
   securityContext?: { privileged?: boolean };
   readinessProbe?: { exec?: { command?: string[] }; httpGet?: unknown };
+  livenessProbe?: { httpGet?: { path?: string; port?: string | number; scheme?: string } };
+  ports?: Array<{ name?: string; containerPort: number; protocol?: string }>;
+  resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
   volumeMounts?: VolumeMount[];
 }
 interface PodSpec {
@@ -196,6 +199,16 @@ test('DaemonSet: host network, privileged, node-critical, runs on every node', (
   t.deepEqual([...(agent.command ?? []), ...(agent.args ?? [])], ['kubenet', 'daemon', '--config', '/etc/kubenet/config.yaml']);
   const probe = agent.readinessProbe?.exec?.command;
   t.deepEqual(probe, ['kubenet', 'health', '--config', '/etc/kubenet/config.yaml']);
+});
+
+test('the metrics port: declared as the config serves it, the liveness probe on its /healthz, a memory limit', (t) => {
+  const port = /:(\d+)$/.exec(config.metricsAddress)?.[1];
+  t.is(config.metricsAddress, ':10266', 'every node address, the documented port');
+  t.is(config.metricsAuth, 'none');
+  t.deepEqual(agent.ports, [{ name: 'metrics', containerPort: Number(port), protocol: 'TCP' }]);
+  t.deepEqual(agent.livenessProbe?.httpGet, { path: '/healthz', port: 'metrics', scheme: 'HTTP' });
+  t.truthy(agent.resources?.limits?.memory);
+  t.is(agent.resources?.limits?.cpu, undefined, 'no CPU limit: throttling stalls pod ADDs');
 });
 
 test('the image is the one hack/build-image.sh builds: kubenet-ts:<package version>', async (t) => {
