@@ -448,3 +448,18 @@ export function configKeysMarkdown(): string {
   });
   return ['| key | flag | type | default | description |', '| --- | --- | --- | --- | --- |', ...rows].join('\n');
 }
+
+/**
+ * The JSON Schema (draft-07, as Helm checks values with) of a config file's mapping, generated from
+ * CONFIG_KEYS: each key's type, allowed values and description; no other key. The Helm chart's
+ * values.schema.json holds it as `config` (hack/render-manifest.sh writes it).
+ */
+export function configKeysJsonSchema(): Record<string, unknown> {
+  const properties = Object.fromEntries(
+    (Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>).map(([key, s]) => {
+      const type = s.values ? { type: 'string', enum: [...s.values] } : s.type === 'string[]' ? { type: 'array', items: { type: 'string' } } : { type: s.type };
+      return [key, { ...type, description: s.description, ...(s.value !== undefined ? { default: s.value } : {}) }];
+    }),
+  );
+  return { type: 'object', additionalProperties: false, properties };
+}
