@@ -48,6 +48,22 @@ test('the scrape config and the PodMonitor select the DaemonSet pods and their m
   t.true(pm.spec.podMetricsEndpoints[0].relabelings.some((r: any) => r.targetLabel === 'node'));
 });
 
+test("prometheus.yaml embeds scrape-config.yaml's job as it is, and may discover pods and read /metrics", async (t) => {
+  const docs = (yaml.loadAll(await readFile(join(MON, 'prometheus.yaml'), 'utf8')) as any[]).filter(Boolean);
+  const cm = docs.find((d) => d.kind === 'ConfigMap');
+  const embedded = yaml.load(cm.data['prometheus.yml']) as { scrape_configs: unknown[] };
+  t.deepEqual(embedded.scrape_configs, (await load('scrape-config.yaml')).scrape_configs);
+  const role = docs.find((d) => d.kind === 'ClusterRole');
+  t.deepEqual(role.rules, [
+    { apiGroups: [''], resources: ['pods'], verbs: ['get', 'list', 'watch'] },
+    { nonResourceURLs: ['/metrics'], verbs: ['get'] },
+  ]);
+  const binding = docs.find((d) => d.kind === 'ClusterRoleBinding');
+  const deploy = docs.find((d) => d.kind === 'Deployment');
+  t.is(binding.subjects[0].name, deploy.spec.template.spec.serviceAccountName);
+  t.is(binding.subjects[0].namespace, deploy.metadata.namespace);
+});
+
 test('the dashboard asks only for families the agent exposes, with the variables it defines, panels apart', async (t) => {
   const d = await dashboard();
   const exposed = new Set(

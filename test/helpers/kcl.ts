@@ -16,6 +16,8 @@ const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const CLUSTER_SH = join(ROOT, 'hack/cluster.sh');
 export const MANIFEST = join(ROOT, 'manifests/kubenet.yaml');
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
+const HELM = join(upstreamDir('helm'), 'helm');
+export const CHART = join(ROOT, 'manifests/chart');
 
 /** Why a cluster cannot come up here (a missing part), or undefined. */
 export function clusterBlocker(): string | undefined {
@@ -26,6 +28,12 @@ export function clusterBlocker(): string | undefined {
     upstreamBlocker('containerd', ['containerd', 'ctr', 'containerd-shim-runc-v2']) ??
     (existsSync(AGENT_IMAGE_TAR) ? undefined : `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`)
   );
+}
+
+/** An instant vector as Prometheus's query API answers it. */
+export interface PromVector {
+  resultType: string;
+  result: Array<{ metric: Record<string, string>; value: [number, string] }>;
 }
 
 export interface PodList {
@@ -90,6 +98,20 @@ export class LocalCluster {
 
   kubectl(args: string[], opts: { input?: string; reject?: boolean } = {}) {
     return execa(KUBECTL, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], { reject: opts.reject ?? true, ...(opts.input !== undefined ? { input: opts.input } : {}) });
+  }
+
+  /** The pinned Helm against this cluster (its cache and config under the cluster's dir). */
+  helm(args: string[], opts: { reject?: boolean } = {}) {
+    const env = { HELM_CACHE_HOME: join(this.dir, 'helm/cache'), HELM_CONFIG_HOME: join(this.dir, 'helm/config'), HELM_DATA_HOME: join(this.dir, 'helm/data') };
+    return execa(HELM, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], { reject: opts.reject ?? true, env, all: true });
+  }
+
+  /** A PromQL query to the Prometheus of manifests/monitoring/prometheus.yaml, through the API server's service proxy. */
+  async promQuery<T = PromVector>(query: string, time?: number): Promise<T> {
+    const q = new URLSearchParams({ query, ...(time !== undefined ? { time: (time / 1000).toFixed(3) } : {}) });
+    const r = JSON.parse((await this.kubectl(['get', '--raw', `/api/v1/namespaces/kubenet-monitoring/services/prometheus:9090/proxy/api/v1/query?${q}`])).stdout) as { status: string; data: T; error?: string };
+    if (r.status !== 'success') throw new Error(`PromQL ${query}: ${r.error ?? r.status}`);
+    return r.data;
   }
 
   async json<T>(args: string[]): Promise<T> {
