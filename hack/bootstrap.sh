@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 node lacks for kubenet-ts, builds the pinned reference CNI plugins,
-# then the npm dependencies. Idempotent and cheap when everything is there (~0.15 s: one dpkg-query,
+# then the npm dependencies. Idempotent and cheap when everything is there (~0.2 s: one dpkg-query,
 # the plugins' build stamp, one comparison of the lockfiles), so `npm test` runs it first (pretest)
 # and `npm run demo` too: packages already present are not fetched again, the plugins already built
 # at their pinned version are not built again (hack/build-upstream.sh), and npm ci runs only when
