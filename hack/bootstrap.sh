@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 # binaries, static), libseccomp-dev + pkg-config (runc), mmdebstrap (the image's Debian files).
 PKGS=(libnl-3-200 libnl-route-3-200 iproute2 iptables ebtables util-linux kmod iperf3 iputils-ping dnsmasq-base openssl gcc libc6-dev libseccomp-dev pkg-config mmdebstrap)
 
-# One dpkg-query for all of them (a package dpkg has never heard of is simply not listed).
-installed=" $(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${PKGS[@]}" 2>/dev/null | awk '$1 == "ii" { printf "%s ", $2 }')"
+# One dpkg-query for all of them (a package dpkg has never heard of is not listed, and makes it exit 1).
+installed=" $({ dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${PKGS[@]}" 2>/dev/null || true; } | awk '$1 == "ii" { printf "%s ", $2 }')"
 missing=()
 for p in "${PKGS[@]}"; do
   [[ "$installed" == *" $p "* ]] || missing+=("$p")
