@@ -1,5 +1,5 @@
 /**
- * The package's public surface, exactly what README.md's "Library" section documents: the
+ * The package's public surface, exactly what docs/library.md documents: the
  * kubelet-style plugin, the types it takes and returns, and the error classes it throws.
  */
 export { KubenetPlugin } from './plugin/kubenet.js';

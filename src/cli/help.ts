@@ -1,7 +1,7 @@
 /**
  * `kubenet --help`, `kubenet help CMD` and `kubenet CMD --help`: the usage of each command and, for
  * `daemon`, every config key with its flag, type, default and meaning, from CONFIG_KEYS (the one
- * description of each key; README's table comes from the same).
+ * description of each key; docs/config.md's table comes from the same).
  */
 import { CONFIG_KEYS, type ConfigKey, type ConfigKeySpec } from '../daemon/config.js';
 

@@ -2,7 +2,7 @@
  * The agent's config keys, each defined once: its type, allowed values, default, flag, meaning and
  * validation (`CONFIG_KEYS`). From this table come the defaults (`DEFAULT_CONFIG`), the YAML loader's
  * and the flags' checks (config.ts), `kubenet daemon --help` (src/cli/help.ts), the flags of an
- * agent started as configured (config.ts `configFlags`) and README's table (`configKeysMarkdown`). A new key
+ * agent started as configured (config.ts `configFlags`) and docs/config.md's table (`configKeysMarkdown`). A new key
  * is one entry here plus its field in `AgentConfig`; rules between keys live in config.ts.
  */
 import { isAbsolute } from 'node:path';
@@ -124,7 +124,7 @@ export interface ConfigKeySpec {
   values?: readonly string[];
   /** The default value; absent for keys without a fixed one. */
   value?: unknown;
-  /** The default as README and --help show it; undefined for optional keys without one. */
+  /** The default as docs/config.md and --help show it; undefined for optional keys without one. */
   default: string | undefined;
   /** The matching `kubenet daemon` flag. */
   flag: string;
@@ -422,7 +422,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
   },
 };
 
-/** Every config key: type, default, flag, description and validation. Order is README's order. */
+/** Every config key: type, default, flag, description and validation. Order is docs/config.md's order. */
 export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.freeze(
   Object.fromEntries(
     Object.entries(KEYS).map(([key, { defaultText, ...k }]) => [
@@ -439,7 +439,7 @@ export const DEFAULT_CONFIG: Readonly<DefaultedConfig> = Object.freeze(
   ) as unknown as DefaultedConfig,
 );
 
-/** README's table of config keys, generated from CONFIG_KEYS. */
+/** docs/config.md's table of config keys, generated from CONFIG_KEYS. */
 export function configKeysMarkdown(): string {
   const rows = (Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>).map(([key, s]) => {
     const type = s.values ? s.values.map((v) => `\`${v}\``).join(' \\| ') : s.type;

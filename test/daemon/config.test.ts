@@ -289,10 +289,12 @@ test('egressCapacity / ingressCapacity: bandwidth quantities kept in bits/s, ref
   t.is(dev?.key, 'capacityDevice');
 });
 
-test("README documents every key: its table is configKeysMarkdown()'s", async (t) => {
+test("docs/config.md documents every key: its table is configKeysMarkdown()'s, and README links to it", async (t) => {
+  const page = await readFile(new URL('../../docs/config.md', import.meta.url), 'utf8');
+  t.true(page.includes(configKeysMarkdown()), 'regenerate the table in docs/config.md from configKeysMarkdown()');
+  for (const key of Object.keys(CONFIG_KEYS)) t.true(page.includes(`| \`${key}\` |`), key);
   const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8');
-  t.true(readme.includes(configKeysMarkdown()), 'regenerate the table in README.md from configKeysMarkdown()');
-  for (const key of Object.keys(CONFIG_KEYS)) t.true(readme.includes(`| \`${key}\` |`), key);
+  t.true(readme.includes('](docs/config.md)'), 'README.md links to docs/config.md');
 });
 
 test('configFlags: every set key as its flag, lists joined; dhcp keys only with ipam dhcp', async (t) => {

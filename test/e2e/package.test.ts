@@ -1,6 +1,6 @@
 /**
  * The package as users get it: `npm pack` of this project, installed from the tarball into a fresh
- * temporary project (npm registry for its dependencies), then used there exactly as README.md
+ * temporary project (npm registry for its dependencies), then used there exactly as docs/library.md
  * shows: `import { KubenetPlugin, … } from 'kubenet-ts'` in TypeScript (typechecked with the
  * package's own declarations, then run), and the `kubenet` bin (its daemon installs the forwarder
  * the package built at install time; a pod goes through it via libcni). Everything on the node is
@@ -21,7 +21,7 @@ const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`package e2e tests skipped: ${blocker}`);
 
-/** What README.md's Library section documents as the package's exports (runtime values; types are checked by tsc). */
+/** What docs/library.md documents as the package's exports (runtime values; types are checked by tsc). */
 const DOCUMENTED_EXPORTS = [
   'AggregateKubenetError',
   'CniPluginError',
@@ -49,7 +49,15 @@ async function npm(args: string[], cwd: string): Promise<string> {
   throw new Error(`npm ${args.join(' ')} failed:\n${last}`);
 }
 
-serialTest('npm pack, installed in a fresh project: the documented exports, typed, used as README shows, and the kubenet bin', async (t) => {
+test('docs/library.md names every export the package has (its "exports exactly" paragraph)', async (t) => {
+  const page = await readFile(join(ROOT, 'docs/library.md'), 'utf8');
+  const paragraph = /^The package exports exactly:[\s\S]*?(?=\n\n)/m.exec(page)?.[0] ?? '';
+  t.not(paragraph, '', 'docs/library.md keeps its "The package exports exactly:" paragraph');
+  const named = new Set([...paragraph.matchAll(/`([A-Za-z]+)/g)].map((m) => m[1]));
+  t.deepEqual(DOCUMENTED_EXPORTS.filter((e) => !named.has(e)), [], 'every runtime export is named in docs/library.md');
+});
+
+serialTest('npm pack, installed in a fresh project: the documented exports, typed, used as docs/library.md shows, and the kubenet bin', async (t) => {
   t.timeout(600_000);
   // CPU-heavy (npm pack, npm install, tsc): never beside another suite's traffic measurement, whose
   // flows it starved of CPU in a full run (a 20M flow dipped to 8.8 Mbit/s while this installed).
@@ -77,7 +85,7 @@ async function packedPackage(t: ExecutionContext): Promise<void> {
   const keys = await execa('node', ['--input-type=module', '-e', "const m = await import('kubenet-ts'); console.log(JSON.stringify(Object.keys(m).sort()))"], { cwd: project });
   t.deepEqual(JSON.parse(keys.stdout), DOCUMENTED_EXPORTS, 'the entry exports the documented API and nothing else');
 
-  // README's library example, in strict TypeScript against the package's own declarations.
+  // docs/library.md's example, in strict TypeScript against the package's own declarations.
   const tag = uniq(6);
   const bridge = `kpk${tag}`;
   const ifb = `kpi${tag}`;
@@ -125,7 +133,7 @@ console.log(JSON.stringify(status));
   );
   const tsc = await execa('npx', ['tsc', '-p', '.'], { cwd: project, reject: false });
   step('typechecked');
-  t.is(tsc.exitCode, 0, `the README example typechecks against the package's declarations:\n${tsc.stdout}${tsc.stderr}`);
+  t.is(tsc.exitCode, 0, `the docs/library.md example typechecks against the package's declarations:\n${tsc.stdout}${tsc.stderr}`);
   const run = await execa('node', ['out/main.js'], { cwd: project, reject: false, timeout: 60_000 });
   t.is(run.exitCode, 0, run.stderr);
   step('ran the library example');

@@ -51,7 +51,7 @@ export class LocalCluster {
    * traffic-lock section: the suite holding the cluster lock needs the traffic lock to finish.
    */
   async up(args: string[] = [], onWait?: () => void) {
-    // A run under `flock cluster.lock ...` (README) already holds it: taking it again would wait on ourselves.
+    // A run under `flock cluster.lock ...` (docs/testing.md, "The kernel, and the locks") already holds it: taking it again would wait on ourselves.
     this.release ??= heldByAncestor(CLUSTER_LOCK) ? () => Promise.resolve() : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(onWait ? { onWait } : {}) });
     return withTrafficLock(() => execa('bash', [CLUSTER_SH, 'up', ...args], { env: this.env, reject: false, all: true }));
   }
