@@ -108,6 +108,14 @@ const LONGER: Record<string, { max: number; why: string }> = {
     max: 430,
     why: 'every kernel object the shaper makes, its handle and its tc line, flat and in the trees, in one reading: the module doc is the map the lines follow, and a reader checking one pod\'s objects needs all of it',
   },
+  'src/daemon/config-keys.ts': {
+    max: 520,
+    why: 'the config-key table: one entry per key (type, default, flag, meaning, check), from which the defaults, the flags, --help, docs/config.md and the chart\'s values schema all come; a table split across files is two tables',
+  },
+  'src/daemon/agent.ts': {
+    max: 440,
+    why: 'the Agent owns the lifecycle of every part it starts (core, sockets, metrics port, watches, DHCP daemon) in the order start and stop must keep; the parts themselves live in their own modules',
+  },
 };
 
 test(`no file under src/ over ${MAX_LINES} lines, but the allowed owners within their own caps`, (t) => {
