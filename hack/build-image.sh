@@ -75,7 +75,8 @@ sbom() {
     --node-package "$NODE_PKG" --node-integrity "$NODE_INTEGRITY" --lockfile package-lock.json || die "writing the SBOM $SBOM failed"
 }
 if [ -f "$OUT" ] && [ "$(cat "$OUT.stamp" 2>/dev/null)" = "$stamp" ]; then
-  # Up to date; its SBOM too when it names this archive's manifest, else written from the archive's layer.
+  # Up to date; its SBOM too when its namespace (hack/support/sbom.ts) names this archive's
+  # manifest, else it is written from the archive's layer.
   digest="$(tar -xOf "$OUT" index.json | sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p')"
   [ -n "$digest" ] || die "$OUT: no manifest digest in its index.json"
   if [ ! -f "$SBOM" ] || ! grep -q "\"documentNamespace\": \".*-${digest/:/-}\"" "$SBOM"; then
@@ -90,7 +91,8 @@ if [ -f "$OUT" ] && [ "$(cat "$OUT.stamp" 2>/dev/null)" = "$stamp" ]; then
   exit 0
 fi
 
-# 1. Debian's files, extracted (no maintainer scripts, no dpkg or apt in what we take from them).
+# 1. Debian's files, extracted (no maintainer scripts, no dpkg or apt in what we take from them);
+#    the tree's dpkg database records what each package unpacked (hack/support/dpkg-register.sh).
 debkey="$( (printf '%s\n' "$SUITE" "${DEBS[@]}"; cat hack/support/dpkg-register.sh) | sha256sum | cut -c1-16)"
 deb="$CACHE/debian-$SUITE-$debkey"
 if [ ! -d "$deb" ]; then
@@ -209,6 +211,7 @@ done
 # 5. Pack.
 . hack/support/oci.sh
 config='{"Entrypoint":["/usr/local/bin/kubenet"],"Cmd":["daemon","--config","/etc/kubenet/config.yaml"],"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","KUBENET_XTABLES_LINKS=/usr/sbin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"kubenet-ts","org.opencontainers.image.version":"'"$VERSION"'"}}'
+rm -f "$SBOM" # never beside an archive it does not describe
 oci_pack "$rootfs" "$NAME" "$config" "$OUT"
 sbom "$rootfs" "$OCI_MANIFEST_DIGEST"
 echo "$stamp" >"$OUT.stamp"
