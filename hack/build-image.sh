@@ -26,6 +26,13 @@
 #   (kmod), libnl-3 and libnl-route-3,
 #   with exactly the shared libraries they and node load (found with the image's own dynamic
 #   loader), /etc/protocols, /etc/services, /etc/iproute2, a root-only /etc/passwd and /etc/group.
+#   /var/lib/dpkg/status.d      the Debian packages those files come from, as distroless images
+#                                record them (NAME: the package's dpkg stanza, NAME.md5sums), for
+#                                image scanners
+# Beside the archive, its SBOM: an SPDX 2.3 JSON document (OUT less .oci.tar, plus .spdx.json;
+# default native/build/kubenet-image.spdx.json) naming kubenet-ts, every npm package in its
+# node_modules, Node.js, every Debian package in the image and every Go module in each Go binary
+# (the CNI plugins), each with its version and purl (hack/support/sbom.ts).
 # The Debian files (bookworm, from the machine's apt sources) are cached by package list, the
 # node tarball by version, under $KUBENET_CACHE_DIR/image (default /var/cache/kubenet-ts): a
 # rebuild costs the package build and the packing (~30 s). Needs root (mmdebstrap --mode=root).
@@ -51,25 +58,48 @@ PLUGINS=(loopback bridge host-local portmap dhcp)
 die() { echo "build-image: $*" >&2; exit 1; }
 [ "$(uname -m)" = x86_64 ] || die "builds amd64 images only (this machine is $(uname -m))"
 [ "$(id -u)" -eq 0 ] || die "run as root (mmdebstrap --mode=root)"
-for t in mmdebstrap npm strip gzip tar sha256sum; do command -v "$t" >/dev/null 2>&1 || die "$t not found (run hack/bootstrap.sh)"; done
+for t in mmdebstrap dpkg-deb dpkg-query npm strip gzip tar sha256sum; do command -v "$t" >/dev/null 2>&1 || die "$t not found (run hack/bootstrap.sh)"; done
 
 if [ -n "${KUBENET_CACHE_DIR:-}" ]; then CACHE="$KUBENET_CACHE_DIR/image"; else CACHE=/var/cache/kubenet-ts/image; fi
 mkdir -p "$CACHE"
 bash hack/build-upstream.sh cni-plugins >/dev/null
 # Nothing to do when OUT was built from the same inputs (sources, lock file, native code, plugins, this recipe).
-stamp="$( (cat package.json package-lock.json tsconfig.json tsconfig.build.json hack/build-image.sh hack/support/oci.sh; find src native -type f ! -path 'native/build/*' -print0 | sort -z | xargs -0 cat; readlink -f native/build/upstream/cni-plugins) | sha256sum | cut -c1-32)"
-if [ -f "$OUT" ] && [ "$(cat "$OUT.stamp" 2>/dev/null)" = "$stamp" ]; then echo "$ROOT/$OUT"; exit 0; fi
+stamp="$( (cat package.json package-lock.json tsconfig.json tsconfig.build.json hack/build-image.sh hack/support/oci.sh hack/support/sbom.ts hack/support/dpkg-register.sh; find src native -type f ! -path 'native/build/*' -print0 | sort -z | xargs -0 cat; readlink -f native/build/upstream/cni-plugins) | sha256sum | cut -c1-32)"
 t0=$SECONDS
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/kubenet-image.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
+SBOM="${OUT%.oci.tar}.spdx.json"
+# sbom ROOTFS DIGEST: writes SBOM for the image whose root filesystem is ROOTFS.
+sbom() {
+  node --import tsx hack/support/sbom.ts --rootfs "$1" --digest "$2" --out "$SBOM" --image "$NAME" \
+    --node-package "$NODE_PKG" --node-integrity "$NODE_INTEGRITY" --lockfile package-lock.json || die "writing the SBOM $SBOM failed"
+}
+if [ -f "$OUT" ] && [ "$(cat "$OUT.stamp" 2>/dev/null)" = "$stamp" ]; then
+  # Up to date; its SBOM too when its namespace (hack/support/sbom.ts) names this archive's
+  # manifest, else it is written from the archive's layer.
+  digest="$(tar -xOf "$OUT" index.json | sed -n 's/.*"digest":"\(sha256:[0-9a-f]*\)".*/\1/p')"
+  [ -n "$digest" ] || die "$OUT: no manifest digest in its index.json"
+  if [ ! -f "$SBOM" ] || ! grep -q "\"documentNamespace\": \".*-${digest/:/-}\"" "$SBOM"; then
+    mkdir -p "$tmp/layout" "$tmp/rootfs"
+    tar -xf "$OUT" -C "$tmp/layout"
+    layer="$(sed -n 's/.*"layers":\[{[^]]*"digest":"sha256:\([0-9a-f]*\)".*/\1/p' "$tmp/layout/blobs/sha256/${digest#sha256:}")"
+    tar -xzf "$tmp/layout/blobs/sha256/$layer" -C "$tmp/rootfs"
+    sbom "$tmp/rootfs" "$digest"
+    echo "build-image: $SBOM written for the up-to-date $OUT ($((SECONDS - t0)) s)" >&2
+  fi
+  echo "$ROOT/$OUT"
+  exit 0
+fi
 
-# 1. Debian's files, extracted (no maintainer scripts, no dpkg or apt in what we take from them).
-debkey="$(printf '%s\n' "$SUITE" "${DEBS[@]}" | sha256sum | cut -c1-16)"
+# 1. Debian's files, extracted (no maintainer scripts, no dpkg or apt in what we take from them);
+#    the tree's dpkg database records what each package unpacked (hack/support/dpkg-register.sh).
+debkey="$( (printf '%s\n' "$SUITE" "${DEBS[@]}"; cat hack/support/dpkg-register.sh) | sha256sum | cut -c1-16)"
 deb="$CACHE/debian-$SUITE-$debkey"
 if [ ! -d "$deb" ]; then
   echo "build-image: fetching ${DEBS[*]} ($SUITE) with mmdebstrap" >&2
   rm -rf "$deb.partial"
-  mmdebstrap --quiet --variant=extract --mode=root --include="$(IFS=,; echo "${DEBS[*]}")" "$SUITE" "$deb.partial" >&2 ||
+  mmdebstrap --quiet --variant=extract --mode=root --include="$(IFS=,; echo "${DEBS[*]}")" \
+    --extract-hook="bash '$ROOT/hack/support/dpkg-register.sh' \"\$1\"" "$SUITE" "$deb.partial" >&2 ||
     die "mmdebstrap failed (the machine's apt sources must reach Debian $SUITE)"
   mv "$deb.partial" "$deb"
 fi
@@ -115,13 +145,17 @@ for p in "${PLUGINS[@]}"; do cp "native/build/upstream/cni-plugins/$p" "$rootfs/
 
 # The image is merged-/usr (as bookworm systems are): Debian's /bin, /sbin, /lib go under /usr.
 dst() { case "$1" in bin/* | sbin/* | lib/*) echo "usr/$1" ;; *) echo "$1" ;; esac; }
+# Every path of the Debian tree the image takes a file from (dirs expanded): their packages are the
+# image's Debian packages.
+debfiles=()
 # copy PATH...: files of the Debian tree (symlinks as symlinks) at their merged-/usr path.
 copy() {
-  local f d
+  local f d x
   for f in "$@"; do
     d="$(dst "$f")"
     mkdir -p "$rootfs/$(dirname "$d")"
     cp -a "$deb/$f" "$rootfs/$d"
+    while IFS= read -r -d '' x; do debfiles+=("${x#"$deb"}"); done < <(find "$deb/$f" ! -type d -print0)
   done
 }
 multi=x86_64-linux-gnu
@@ -159,17 +193,27 @@ for lib in "${!libs[@]}"; do
   d="$(dst "$lib")"
   mkdir -p "$rootfs/$(dirname "$d")"
   cp -L "$deb/$lib" "$rootfs/$d"
+  debfiles+=("/$lib")
 done
 mkdir -p "$rootfs/usr/lib64"
 ln -s "../lib/$multi/ld-linux-x86-64.so.2" "$rootfs/usr/lib64/ld-linux-x86-64.so.2"
 ln -s usr/lib64 "$rootfs/lib64"
 printf 'root:x:0:0:root:/root:/usr/sbin/nologin\n' >"$rootfs/etc/passwd"
 printf 'root:x:0:\n' >"$rootfs/etc/group"
+# The Debian packages of those files (the tree's dpkg database: hack/support/dpkg-register.sh).
+owners="$(dpkg-query --admindir="$deb/var/lib/dpkg" --search "${debfiles[@]}")" || die "a file the image takes from the Debian tree belongs to no package"
+mkdir -p "$rootfs/var/lib/dpkg/status.d"
+for p in $(sed 's/: \/.*//; s/,/ /g' <<<"$owners" | tr ' ' '\n' | sort -u); do
+  dpkg-query --admindir="$deb/var/lib/dpkg" --status "$p" >"$rootfs/var/lib/dpkg/status.d/${p%%:*}"
+  [ ! -f "$deb/var/lib/dpkg/info/$p.md5sums" ] || cp "$deb/var/lib/dpkg/info/$p.md5sums" "$rootfs/var/lib/dpkg/status.d/${p%%:*}.md5sums"
+done
 
 # 5. Pack.
 . hack/support/oci.sh
 config='{"Entrypoint":["/usr/local/bin/kubenet"],"Cmd":["daemon","--config","/etc/kubenet/config.yaml"],"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","KUBENET_XTABLES_LINKS=/usr/sbin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"kubenet-ts","org.opencontainers.image.version":"'"$VERSION"'"}}'
+rm -f "$SBOM" # never beside an archive it does not describe
 oci_pack "$rootfs" "$NAME" "$config" "$OUT"
+sbom "$rootfs" "$OCI_MANIFEST_DIGEST"
 echo "$stamp" >"$OUT.stamp"
-echo "build-image: $NAME in $OUT: $((OCI_LAYER_BYTES / 1000000)) MB uncompressed, $(( $(stat -c %s "$OUT") / 1000000 )) MB archive, $OCI_MANIFEST_DIGEST ($((SECONDS - t0)) s)" >&2
+echo "build-image: $NAME in $OUT: $((OCI_LAYER_BYTES / 1000000)) MB uncompressed, $(( $(stat -c %s "$OUT") / 1000000 )) MB archive, $OCI_MANIFEST_DIGEST; SBOM $SBOM ($((SECONDS - t0)) s)" >&2
 echo "$ROOT/$OUT"

@@ -11,19 +11,26 @@
  * Inside a NodeSandbox with tmpfs over the node's CNI, kubenet and containerd dirs and /run/netns
  * (containerd's default pod netns dir, which the manifest mounts HostToContainer). No iperf here:
  * the limits are checked in the kernel's classes (test/e2e/containerd.test.ts measures them).
+ *
+ * The archive's SBOM (hack/support/sbom.ts) against the archive's own layer, unpacked: SPDX 2.3 in
+ * shape, and the versions really inside (the image's node run with the image's loader, every
+ * node_modules package.json, `go version -m` on the image, each Debian file's md5 in its package's
+ * record). Needs only the archive and go.
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { randomInt, randomUUID } from 'node:crypto';
+import { createHash, randomInt, randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { mkdir, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { FORWARDER } from '../../hack/support/agent-harness.js';
 import { FakeApiServer, node as nodeObject, pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
 import { makePki } from '../../hack/support/pki.js';
+import { controlFields, sbomPath, type SpdxDocument, type SpdxPackage } from '../../hack/support/sbom.js';
 import { refPlugin } from '../../hack/support/upstream.js';
 import { until } from '../../hack/support/until.js';
 import { AGENT_IMAGE_TAR, Containerd, containerdTestBlocker } from '../helpers/containerd.js';
@@ -40,6 +47,14 @@ const blocker =
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`image e2e tests skipped: ${blocker}`);
+// The SBOM test needs only the archive and go.
+const GO = ['/usr/local/go/bin/go', 'go'].find((g) => g === 'go' || existsSync(g)) ?? 'go';
+const sbomBlocker = !existsSync(AGENT_IMAGE_TAR)
+  ? `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`
+  : (await execa(GO, ['version'], { reject: false })).exitCode === 0
+    ? undefined
+    : 'needs go (go version -m reads the image\'s Go binaries)';
+if (sbomBlocker) console.warn(`image SBOM test skipped: ${sbomBlocker}`);
 
 const SOCKET = '/run/kubenet/kubenet.sock';
 
@@ -282,4 +297,179 @@ serialTest('removing every pod, then the agent, leaves nothing: no veth, reserva
     }
   });
   t.deepEqual(agents, [], 'no agent process left');
+});
+
+// ---- The SBOM beside the archive ----
+const SBOM = sbomPath(AGENT_IMAGE_TAR);
+
+/** The archive's one layer, unpacked into a temp dir; its manifest digest. */
+async function unpackImage(archive: string): Promise<{ rootfs: string; digest: string; dir: string }> {
+  const dir = await mkdtemp(join(tmpdir(), 'kubenet-image-sbom-'));
+  await mkdir(join(dir, 'rootfs'));
+  await execa('tar', ['-xf', archive, '-C', dir, 'index.json', 'blobs']);
+  const index = JSON.parse(await readFile(join(dir, 'index.json'), 'utf8')) as { manifests: Array<{ digest: string }> };
+  const digest = index.manifests[0]?.digest ?? '';
+  const blob = (d: string) => join(dir, 'blobs', ...d.split(':'));
+  const manifest = JSON.parse(await readFile(blob(digest), 'utf8')) as { layers: Array<{ digest: string }> };
+  if (manifest.layers.length !== 1) throw new Error(`${archive}: ${manifest.layers.length} layers, expected one`);
+  await execa('tar', ['-xzf', blob(manifest.layers[0]?.digest ?? ''), '-C', join(dir, 'rootfs')]);
+  return { rootfs: join(dir, 'rootfs'), digest, dir };
+}
+
+/** Every regular file under DIR, by its path in the image (/usr/bin/ip); symlinks are not followed. */
+async function regularFiles(dir: string, sub = ''): Promise<string[]> {
+  const out: string[] = [];
+  for (const e of await readdir(join(dir, sub), { withFileTypes: true })) {
+    if (e.isDirectory()) out.push(...(await regularFiles(dir, `${sub}/${e.name}`)));
+    else if (e.isFile()) out.push(`${sub}/${e.name}`);
+  }
+  return out.sort();
+}
+
+/** purl → its type, namespace/name, version and subpath, decoded. */
+function parsePurl(p: string): { type: string; name: string; version?: string; qualifiers: Record<string, string>; subpath?: string } {
+  const m = /^pkg:([a-z]+)\/([^@?#]+)(?:@([^?#]+))?(?:\?([^#]*))?(?:#(.*))?$/.exec(p);
+  if (!m) throw new Error(`not a purl: ${p}`);
+  const dec = (s: string) => s.split('/').map(decodeURIComponent).join('/');
+  const qualifiers = Object.fromEntries((m[4] ?? '').split('&').filter(Boolean).map((kv) => kv.split('=').map(decodeURIComponent) as [string, string]));
+  return { type: m[1] ?? '', name: dec(m[2] ?? ''), ...(m[3] ? { version: decodeURIComponent(m[3]) } : {}), qualifiers, ...(m[5] ? { subpath: dec(m[5]) } : {}) };
+}
+const purlOf = (p: SpdxPackage) => parsePurl(p.externalRefs.find((r) => r.referenceType === 'purl')?.referenceLocator ?? '');
+
+/** `go version -m DIR`: each Go binary under DIR → its Go version and modules (a replacement in place of what it replaces). */
+async function goVersionM(dir: string): Promise<Map<string, { go: string; modules: string[] }>> {
+  const out = new Map<string, { go: string; modules: string[] }>();
+  let cur: { go: string; modules: string[] } | undefined;
+  for (const line of (await execa(GO, ['version', '-m', dir])).stdout.split('\n')) {
+    const head = /^(\S.*): (go\S+)$/.exec(line);
+    if (head) {
+      cur = { go: head[2] ?? '', modules: [] };
+      out.set(`/${relative(dir, head[1] ?? '')}`, cur);
+      continue;
+    }
+    const [, kind, path, version] = line.split('\t');
+    if (!cur) continue;
+    if (kind === 'mod' || kind === 'dep') cur.modules.push(`${path}@${version}`);
+    else if (kind === '=>' && version) cur.modules[cur.modules.length - 1] = `${path}@${version}`;
+  }
+  return out;
+}
+
+(sbomBlocker ? test.skip : test)('the SBOM beside the archive is SPDX 2.3 and names the versions really inside the image: node, every node_modules package, every Go module of each Go binary, every Debian package', async (t) => {
+  const raw = await readFile(SBOM, 'utf8').catch(() => undefined);
+  if (raw === undefined) return t.fail(`no SBOM ${SBOM} beside ${AGENT_IMAGE_TAR} (bash hack/build-image.sh writes it)`);
+  const doc = JSON.parse(raw) as SpdxDocument;
+  const { rootfs, digest, dir } = await unpackImage(AGENT_IMAGE_TAR);
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+
+  // SPDX 2.3 in shape.
+  t.is(doc.spdxVersion, 'SPDX-2.3');
+  t.is(doc.dataLicense, 'CC0-1.0');
+  t.is(doc.SPDXID, 'SPDXRef-DOCUMENT');
+  t.regex(doc.name, /\S/);
+  t.notThrows(() => new URL(doc.documentNamespace), 'documentNamespace is a URI');
+  t.false(doc.documentNamespace.includes('#'), 'documentNamespace has no #');
+  t.true(doc.documentNamespace.endsWith(digest.replace(':', '-')), `the namespace names this archive's manifest ${digest}: ${doc.documentNamespace}`);
+  t.regex(doc.creationInfo.created, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+  t.true(doc.creationInfo.creators.length > 0 && doc.creationInfo.creators.every((c) => /^(Tool|Organization|Person): \S/.test(c)), `creators: ${doc.creationInfo.creators.join(', ')}`);
+  const ids = [doc.SPDXID, ...doc.packages.map((p) => p.SPDXID)];
+  t.deepEqual(ids.filter((id, i) => ids.indexOf(id) !== i), [], 'unique SPDXIDs');
+  t.deepEqual(ids.filter((id) => !/^SPDXRef-[A-Za-z0-9.-]+$/.test(id)), [], 'SPDXIDs of the form SPDXRef-[A-Za-z0-9.-]+');
+  const known = new Set(ids);
+  t.deepEqual(doc.relationships.filter((r) => !known.has(r.spdxElementId) || !known.has(r.relatedSpdxElement)), [], 'every relationship names elements of the document');
+  for (const p of doc.packages) {
+    const bad = [
+      !p.name && 'name',
+      !p.versionInfo && 'versionInfo',
+      !/^(NOASSERTION|NONE|https?:\/\/\S+)$/.test(p.downloadLocation) && `downloadLocation ${p.downloadLocation}`,
+      !/^(NOASSERTION|(Person|Organization): \S.*)$/.test(p.supplier) && `supplier ${p.supplier}`,
+      p.externalRefs.filter((r) => r.referenceCategory === 'PACKAGE-MANAGER' && r.referenceType === 'purl').length !== 1 && 'one purl',
+      (p.checksums ?? []).some((c) => !/^[0-9a-f]+$/.test(c.checksumValue) || c.checksumValue.length !== { SHA1: 40, SHA256: 64, SHA512: 128 }[c.algorithm]) && 'checksums',
+    ].filter(Boolean);
+    t.deepEqual(bad, [], `${p.SPDXID}: ${bad.join(', ')}`);
+  }
+  // The described package is kubenet-ts at the version the image's package.json says; everything else is in it.
+  const app = JSON.parse(await readFile(join(rootfs, 'opt/kubenet/package.json'), 'utf8')) as { name: string; version: string };
+  const described = doc.relationships.filter((r) => r.relationshipType === 'DESCRIBES');
+  t.is(described.length, 1);
+  const root = doc.packages.find((p) => p.SPDXID === described[0]?.relatedSpdxElement);
+  t.deepEqual([root?.name, root?.versionInfo, root && purlOf(root).type], [app.name, app.version, 'npm']);
+  const contained = new Map<string, string[]>();
+  for (const r of doc.relationships.filter((x) => x.relationshipType === 'CONTAINS')) contained.set(r.spdxElementId, [...(contained.get(r.spdxElementId) ?? []), r.relatedSpdxElement]);
+  const reach = new Set<string>([root?.SPDXID ?? '']);
+  for (const id of reach) for (const c of contained.get(id) ?? []) reach.add(c);
+  t.deepEqual(doc.packages.map((p) => p.SPDXID).filter((id) => !reach.has(id)), [], `every package is in ${app.name} (CONTAINS)`);
+  const ofType = (type: string) => doc.packages.filter((p) => p !== root && purlOf(p).type === type);
+  for (const p of doc.packages) {
+    const u = purlOf(p);
+    // A Go binary is its main package: the main module's purl with the package's subpath.
+    t.is(u.subpath ? `${u.name}/${u.subpath}` : u.name.split('/').pop(), u.subpath ? p.name : p.name.split('/').pop(), `${p.SPDXID}: the purl's name`);
+  }
+
+  // Node.js: the image's node, run by the image's own loader against the image's libraries.
+  const nodeV = (await execa(join(rootfs, 'usr/lib64/ld-linux-x86-64.so.2'), ['--library-path', join(rootfs, 'usr/lib/x86_64-linux-gnu'), join(rootfs, 'usr/local/bin/node'), '--version'])).stdout.trim();
+  const node = ofType('generic').filter((p) => p.name === 'node');
+  t.deepEqual(node.map((p) => `v${p.versionInfo}`), [nodeV], `node ${nodeV}`);
+  t.is(node[0] && purlOf(node[0]).version, nodeV.slice(1));
+
+  // npm: every package.json directly under a node_modules (or node_modules/@scope) in the image.
+  const appFiles = await regularFiles(join(rootfs, 'opt/kubenet'));
+  const inImage = new Set<string>();
+  for (const f of appFiles.filter((x) => /\/node_modules\/(@[^/]+\/)?[^/@][^/]*\/package\.json$/.test(x))) {
+    const pj = JSON.parse(await readFile(join(rootfs, 'opt/kubenet', f), 'utf8')) as { name: string; version: string };
+    inImage.add(`${pj.name}@${pj.version}`);
+  }
+  const npm = ofType('npm');
+  t.deepEqual(npm.map((p) => `${p.name}@${p.versionInfo}`).sort(), [...inImage].sort(), 'the SBOM\'s npm packages are the image\'s node_modules');
+  t.deepEqual(npm.filter((p) => `${purlOf(p).name}@${purlOf(p).version}` !== `${p.name}@${p.versionInfo}`).map((p) => p.SPDXID), [], 'each npm purl names its package');
+  t.true(inImage.size > 10, `${inImage.size} npm packages`);
+
+  // Go: `go version -m` on the whole image finds the Go binaries; each one's package CONTAINS exactly its modules and stdlib.
+  const gov = await goVersionM(rootfs);
+  const bins = ofType('golang').filter((p) => p.packageFileName);
+  t.deepEqual(bins.map((p) => p.packageFileName).sort(), [...gov.keys()].sort(), 'one package per Go binary in the image');
+  t.true(gov.size >= 5, `Go binaries: ${[...gov.keys()].join(' ')}`);
+  const byId = new Map(doc.packages.map((p) => [p.SPDXID, p]));
+  for (const b of bins) {
+    const want = gov.get(b.packageFileName ?? '');
+    const data = await readFile(join(rootfs, b.packageFileName ?? ''));
+    t.is(b.checksums?.find((c) => c.algorithm === 'SHA256')?.checksumValue, createHash('sha256').update(data).digest('hex'), `${b.packageFileName}: its SHA256`);
+    const mods = (contained.get(b.SPDXID) ?? []).map((id) => byId.get(id)).filter((p): p is SpdxPackage => p !== undefined);
+    t.true(mods.every((p) => purlOf(p).type === 'golang'), `${b.packageFileName}: golang packages only`);
+    t.deepEqual(mods.map((p) => `${p.name}@${p.versionInfo}`).sort(), [...(want?.modules ?? []), `stdlib@${want?.go}`].sort(), `${b.packageFileName}: the modules go version -m reports`);
+    t.is<string | undefined, string | undefined>(b.versionInfo, want?.modules[0]?.split('@')[1], `${b.packageFileName}: its main module's version`);
+  }
+
+  // Debian: every file of the image that is not ours (app, node, the CNI plugins, passwd/group, the
+  // records themselves) is, by its md5, a file of a package recorded in status.d; those packages are
+  // the SBOM's, at the recorded versions.
+  const statusDir = join(rootfs, 'var/lib/dpkg/status.d');
+  const records = new Map<string, { version: string; arch: string; md5s: Set<string> }>();
+  for (const name of (await readdir(statusDir)).filter((n) => !n.includes('.'))) {
+    const f = controlFields(await readFile(join(statusDir, name), 'utf8'));
+    const sums = await readFile(join(statusDir, `${name}.md5sums`), 'utf8').catch(() => '');
+    const md5s = new Set([...sums.split('\n'), ...(f.get('Conffiles') ?? '').split('\n')].map((l) => /\b([0-9a-f]{32})\b/.exec(l)?.[1]).filter((x): x is string => x !== undefined));
+    records.set(f.get('Package') ?? name, { version: f.get('Version') ?? '', arch: f.get('Architecture') ?? '', md5s });
+  }
+  const ours = /^\/(opt\/kubenet\/|usr\/local\/bin\/|usr\/lib\/cni\/|var\/lib\/dpkg\/status\.d\/|etc\/(passwd|group)$)/;
+  const debianFiles = (await regularFiles(rootfs)).filter((f) => !ours.test(f));
+  const owners = new Set<string>();
+  const orphans: string[] = [];
+  for (const f of debianFiles) {
+    const md5 = createHash('md5').update(await readFile(join(rootfs, f))).digest('hex');
+    const own = [...records].filter(([, r]) => r.md5s.has(md5)).map(([n]) => n);
+    if (own.length === 0) orphans.push(f);
+    for (const n of own) owners.add(n ?? '');
+  }
+  t.deepEqual(orphans, [], 'every Debian file of the image is a file of a recorded package (by md5)');
+  t.deepEqual([...owners].sort(), [...records.keys()].sort(), 'every recorded package has a file in the image');
+  t.true(debianFiles.length > 50 && records.size > 10, `${debianFiles.length} Debian files of ${records.size} packages`);
+  const deb = ofType('deb');
+  t.deepEqual(deb.map((p) => `${p.name}=${p.versionInfo}`).sort(), [...records].map(([n, r]) => `${n}=${r.version}`).sort(), 'the SBOM\'s Debian packages at the recorded versions');
+  t.deepEqual(
+    deb.map((p) => purlOf(p)).map((u) => `${u.name}=${u.version}:${u.qualifiers.arch}`).sort(),
+    [...records].map(([n, r]) => `debian/${n}=${r.version}:${r.arch}`).sort(),
+    'pkg:deb/debian/NAME@VERSION?arch=ARCH',
+  );
+  t.log(`SBOM: ${npm.length} npm, ${deb.length} deb, ${ofType('golang').length - bins.length} Go modules in ${bins.length} binaries, node ${nodeV}`);
 });
