@@ -30,6 +30,7 @@ import { LiveShaping, parseShapeRequest } from './live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
 import { AgentMetrics } from './metrics.js';
 import { Coalesced } from '../util/coalesce.js';
+import { packageVersion } from '../util/package-root.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
@@ -91,9 +92,16 @@ export class Agent {
   readonly network: PodNetwork;
   private readonly handler: CniHandler;
   private readonly api: AgentApi;
-  private readonly metrics = new AgentMetrics();
-  /** The pods' counters for /metrics: read at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
-  private readonly scraped: Coalesced<PodTraffic[]>;
+  private readonly metrics = new AgentMetrics(() => ({
+    node: this.config.nodeName,
+    version: packageVersion(),
+    podCIDR: this.network.podCidr(),
+    bridge: this.config.bridgeName,
+    ipam: this.config.ipam,
+    routes: this.config.routes,
+  }));
+  /** The pods' counters for /metrics and when they were read: at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
+  private readonly scraped: Coalesced<{ traffic: PodTraffic[]; at: number }>;
   readonly live: LiveShaping;
   private readonly rates: RateTracker;
   private readonly events: EventRecorder;
@@ -119,7 +127,7 @@ export class Agent {
     const ipam = ipamShimOf(config, log);
     // Fixed by the config, or (undefined) the cluster's ranges once known: the node keeps what it has until then.
     const unshaped = unshapedCidrsOf(config);
-    this.scraped = new Coalesced(() => this.network.traffic(), config.metricsMaxAge * 1000);
+    this.scraped = new Coalesced(async () => ({ traffic: await this.network.traffic(), at: Date.now() }), config.metricsMaxAge * 1000);
     this.network = new PodNetwork({
       ...(ipam.prefetchSocket !== undefined ? { ipamPrefetchSocket: ipam.prefetchSocket } : {}),
       bridgeName: config.bridgeName,
@@ -166,7 +174,10 @@ export class Agent {
       {
         cni: (req) => this.handler.handle(req),
         health: () => this.ready(),
-        metrics: async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.store.generation())),
+        metrics: async () => {
+          const { traffic, at } = await this.scraped.get(this.network.store.generation());
+          return this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), traffic, at);
+        },
         status: (windowS) => this.statusReport(windowS),
         limits: (namespace, name, body) => this.limits(namespace, name, body),
         ipam: (req) => this.handler.ipam(req),
