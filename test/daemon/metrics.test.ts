@@ -8,6 +8,7 @@ import test from 'ava';
 import { AgentMetrics, infoSeries, type AgentInfo } from '../../src/daemon/metrics.js';
 import type { PodRecord, PodTraffic } from '../../src/pod/index.js';
 import { parseExposition, samplesOf } from '../../src/cli/prom-text.js';
+import { snapshotOf } from '../../src/cli/cluster-view.js';
 import { podRecord } from '../helpers/fake-core.js';
 
 const M = 1_000_000;
@@ -62,6 +63,19 @@ test('the whole exposition is valid text format: every family once, typed before
       t.deepEqual(extra, f.name === 'kubenet_pod_info' ? ['ips'] : [], `${s.name} labels`);
     }
   }
+
+  // What kubectl kubenet reads of it.
+  const snap = snapshotOf(families, 0);
+  t.deepEqual(snap.info, { node: 'node-a', version: '0.2.0', podCIDR: '10.244.1.0/24,fd00:10:244:1::/64', bridge: 'cbr0', ipam: 'host-local', routes: 'direct' });
+  t.is(snap.countersReadAtS, 1_700_000_000.25);
+  t.deepEqual(snap.pods.get('default/gold'), {
+    namespace: 'default',
+    pod: 'gold',
+    ips: ['10.0.0.2', 'fd00::2', '192.168.9.2'],
+    directions: { ingress: { limit: 40 * M, source: 'pod', bytes: 2000, drops: 2, overlimits: 7 }, egress: { limit: 100 * M, source: 'pod', bytes: 3000, drops: 2, overlimits: 7, guarantee: 60 * M } },
+  });
+  t.deepEqual(snap.pods.get('default/plain'), { namespace: 'default', pod: 'plain', ips: ['10.0.0.3'], directions: {} });
+  t.is(snap.pods.get('ns/we"ird\\name\nx')?.directions.egress?.bytes, 1000);
 });
 
 test('info series: no pod CIDR yet is an empty label; without info or a read time, only kubenet_pod_info', (t) => {
