@@ -16,6 +16,8 @@ import type { BandwidthLimits, LimitSources, PodTraffic } from '../../src/pod/in
 import { renderClusterTop, renderNodeStatus, rowsOf, snapshotOf, sortRows, type NodeSnapshot, type PodRow } from '../../src/cli/cluster-view.js';
 import { parseExposition } from '../../src/cli/prom-text.js';
 import { HELP, run } from '../../src/cli/kubectl-plugin.js';
+import { listAgents, mapBounded } from '../../src/cli/cluster-scrape.js';
+import { KubeApi } from '../../src/daemon/kube-watch.js';
 import { FakeApiServer, fakeKubeConfig, node, type FakeObject, type ProxyRequest } from '../../hack/support/fake-apiserver.js';
 import { kubectlKubenet, type TopJson } from '../helpers/kubectl-kubenet.js';
 import { podRecord } from '../helpers/fake-core.js';
@@ -343,4 +345,43 @@ test('the bin: a kubeconfig file (--kubeconfig, --context), the table on stdout,
   const help = await kubectlKubenet(kubeconfig, ['--help']);
   t.is(help.exitCode, 0);
   t.regex(help.stdout, /kubectl kubenet top/);
+});
+
+test('scrapes run in parallel, at most --parallel at a time, and keep the agents\' order', async (t) => {
+  t.deepEqual(await mapBounded([5, 1, 3], 2, async (x, i) => `${i}:${x}`), ['0:5', '1:1', '2:3']);
+  t.deepEqual(await mapBounded([], 4, async (x) => x), []);
+  const c = await cluster(t);
+  for (const n of ['node-e', 'node-f', 'node-g']) {
+    c.api.setNode(node(n));
+    c.api.setPod(agentPod(`kubenet-${n.slice(-1)}`, n));
+  }
+  let inFlight = 0;
+  let most = 0;
+  c.api.proxy = async (req) => {
+    inFlight++;
+    most = Math.max(most, inFlight);
+    await new Promise((r) => setTimeout(r, 30));
+    inFlight--;
+    return { status: 200, body: await agentText(info(req.pod, ''), [], 1000 + c.proxied.push(req)) };
+  };
+  const serial = await kubenet(c, ['top', '--parallel', '1', '--interval', '0.01', '--json']);
+  t.is(serial.code, 0, serial.err);
+  t.is(most, 1);
+  t.deepEqual((JSON.parse(serial.out) as TopJson).nodes.map((n) => n.node), ['node-a', 'node-b', 'node-c', 'node-e', 'node-f', 'node-g']);
+  most = 0;
+  t.is((await kubenet(c, ['top', '--parallel', '4', '--interval', '0.01'])).code, 0);
+  t.is(most, 4, 'six agents, four at a time');
+});
+
+test('one agent per node: of several (a rollout), the running one not being deleted', async (t) => {
+  const c = await cluster(t);
+  const old = agentPod('kubenet-old', 'node-a');
+  old.metadata.deletionTimestamp = '2026-01-01T00:00:00Z';
+  c.api.setPod(old);
+  c.api.setPod({ ...agentPod('kubenet-pending', 'node-a'), status: { phase: 'Pending' } });
+  const agents = await listAgents(new KubeApi(fakeKubeConfig(c.api)), { namespace: 'kube-system', selector: 'app.kubernetes.io/name=kubenet' });
+  t.deepEqual(agents.map((a) => `${a.node} ${a.name}:${a.port}`), ['node-a kubenet-a:10266', 'node-b kubenet-b:9100', 'node-c kubenet-c:10266']);
+  c.api.deletePod('kube-system', 'kubenet-a');
+  const next = await listAgents(new KubeApi(fakeKubeConfig(c.api)), { namespace: 'kube-system', selector: 'app.kubernetes.io/name=kubenet', node: 'node-a' });
+  t.deepEqual(next.map((a) => a.name), ['kubenet-old'], 'running but being deleted, before one not running');
 });
