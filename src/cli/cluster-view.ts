@@ -4,9 +4,10 @@
  * drops/s, overlimits/s, use % of the limit), the order (throttled first), and the tables of `top`
  * and `status`. The agent's I/O is cluster-scrape.ts's; the command is kubectl-plugin.ts.
  */
-import { formatBandwidth, sourceTag, type LimitSource } from '../pod/index.js';
+import { formatBandwidth, type LimitSource } from '../bandwidth/limits.js';
+import { sourceTag } from '../bandwidth/namespace-policy.js';
 import { samplesOf, type MetricFamily } from './prom-text.js';
-import { rateText } from './top.js';
+import { rateText } from './rate-text.js';
 
 export type Direction = 'ingress' | 'egress';
 export const DIRECTIONS: readonly Direction[] = ['ingress', 'egress'];

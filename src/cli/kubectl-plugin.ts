@@ -12,7 +12,7 @@ import { KubeApi } from '../daemon/kube-watch.js';
 import { kubectlCredentials, type KubeClientConfig } from '../daemon/kubeconfig.js';
 import { DEFAULT_AGENT_NAMESPACE, DEFAULT_AGENT_SELECTOR, listAgents, mapBounded, scrapeAgent, type AgentPod } from './cluster-scrape.js';
 import { renderClusterTop, renderNodeStatus, rowsOf, snapshotOf, sortRows, windowOf, type NodeSnapshot, type PodRow } from './cluster-view.js';
-import { wrap } from './help.js';
+import { wrap } from './wrap.js';
 
 export const HELP = [
   'usage:',

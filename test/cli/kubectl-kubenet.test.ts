@@ -8,9 +8,10 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import yaml from 'js-yaml';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { AgentMetrics, type AgentInfo } from '../../src/daemon/metrics.js';
 import type { BandwidthLimits, LimitSources, PodTraffic } from '../../src/pod/index.js';
 import { renderClusterTop, renderNodeStatus, rowsOf, snapshotOf, sortRows, type NodeSnapshot, type PodRow } from '../../src/cli/cluster-view.js';
@@ -384,4 +385,26 @@ test('one agent per node: of several (a rollout), the running one not being dele
   c.api.deletePod('kube-system', 'kubenet-a');
   const next = await listAgents(new KubeApi(fakeKubeConfig(c.api)), { namespace: 'kube-system', selector: 'app.kubernetes.io/name=kubenet', node: 'node-a' });
   t.deepEqual(next.map((a) => a.name), ['kubenet-old'], 'running but being deleted, before one not running');
+});
+
+test('the plugin loads nothing of the node\'s side: no netlink (koffi, libnl), no CNI, no pod core; only js-yaml of the packages', async (t) => {
+  const root = fileURLToPath(new URL('../../src/', import.meta.url));
+  const seen = new Set<string>();
+  const packages = new Set<string>();
+  const visit = async (file: string): Promise<void> => {
+    if (seen.has(file)) return;
+    seen.add(file);
+    const text = await readFile(file, 'utf8');
+    // Imports that load a module at run time (`import type` / `export type` are erased).
+    for (const m of text.matchAll(/^\s*(?:import|export)\s+(?!type\s)(?:[^;]*?\sfrom\s+)?'([^']+)'/gm)) {
+      const spec = m[1] ?? '';
+      if (spec.startsWith('.')) await visit(join(dirname(file), spec.replace(/\.js$/, '.ts')));
+      else if (!spec.startsWith('node:')) packages.add(spec);
+    }
+  };
+  await visit(join(root, 'cli/kubectl-kubenet.ts'));
+  const modules = [...seen].map((f) => f.slice(root.length)).sort();
+  t.true(modules.includes('cli/prom-text.ts') && modules.includes('daemon/kube-watch.ts'), modules.join(' '));
+  t.deepEqual(modules.filter((m) => /^(netlink|shaper|pod|cni|plugin)\/|^daemon\/(config|agent|http-api|protocol)/.test(m)), []);
+  t.deepEqual([...packages], ['js-yaml']);
 });
