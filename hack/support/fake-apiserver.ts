@@ -5,7 +5,10 @@
  * resourceVersions, 410 for compacted resourceVersions, GET of one pod or namespace, creation (POST)
  * of core/v1 Events, which it records, and JSON merge patches (RFC 7386) of a Node's status
  * (`PATCH /api/v1/nodes/NAME/status`, as the agent publishes its bandwidth capacity), which it
- * applies (open watches get the Node MODIFIED) and records. Tests drive it: change objects (open watches get the events: a pod's new annotations
+ * applies (open watches get the Node MODIFIED) and records; pod lists of one namespace and label
+ * selectors (equality terms); the pod proxy (`GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH`),
+ * answered by `proxy` (as `kubectl kubenet` scrapes the agents' /metrics), else 503 as kube-apiserver
+ * answers when nothing listens there. Tests drive it: change objects (open watches get the events: a pod's new annotations
  * reach the agent as MODIFIED), close watches, expire resourceVersions, stall, fail, stop and
  * restart on the same port.
  */
@@ -75,6 +78,21 @@ export interface RecordedEvent {
   [k: string]: unknown;
 }
 
+/** A request through the pod proxy: the pod, the port asked for (undefined: none given) and the path after /proxy. */
+export interface ProxyRequest {
+  namespace: string;
+  pod: string;
+  port: number | undefined;
+  path: string;
+}
+
+/** The pod's answer through the proxy; `status` 503 is also how kube-apiserver says it could not reach the pod. */
+export interface ProxyAnswer {
+  status: number;
+  body: string;
+  contentType?: string;
+}
+
 /** A PATCH of a Node's status as received. */
 export interface RecordedPatch {
   node: string;
@@ -94,6 +112,8 @@ export class FakeApiServer {
   stall = false;
   /** Return an HTTP status to fail a request with it (a Status body is sent). */
   failWith: ((req: RecordedRequest) => number | undefined) | undefined;
+  /** Answers requests through the pod proxy to pods that exist; undefined (or answering undefined): 503, nothing reachable there. */
+  proxy: ((req: ProxyRequest) => ProxyAnswer | undefined | Promise<ProxyAnswer | undefined>) | undefined;
   /** False: /apis/networking.k8s.io/v1/servicecidrs is 404, as on an API server that does not serve it (Kubernetes < 1.33). */
   serveServiceCidrs = true;
   port = 0;
@@ -346,6 +366,10 @@ export class FakeApiServer {
     if (url.pathname === '/api/v1/nodes') return this.collection('nodes', url, watch, res);
     if (url.pathname === '/api/v1/pods') return this.collection('pods', url, watch, res);
     if (url.pathname === '/api/v1/namespaces') return this.collection('namespaces', url, watch, res);
+    const nsPods = /^\/api\/v1\/namespaces\/([^/]+)\/pods$/.exec(url.pathname);
+    if (nsPods) return this.collection('pods', url, watch, res, [['metadata.namespace', decodeURIComponent(nsPods[1] ?? '')]]);
+    const proxy = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)\/proxy(\/.*)?$/.exec(url.pathname);
+    if (proxy) return void this.proxyTo(decodeURIComponent(proxy[1] ?? ''), decodeURIComponent(proxy[2] ?? ''), proxy[3] ?? '/', res);
     if (url.pathname === '/apis/networking.k8s.io/v1/servicecidrs' && this.serveServiceCidrs) return this.collection('servicecidrs', url, watch, res);
     const n = /^\/api\/v1\/namespaces\/([^/]+)$/.exec(url.pathname);
     if (n) {
@@ -419,15 +443,31 @@ export class FakeApiServer {
     });
   }
 
+  /** GET through the pod proxy: 404 for a pod that does not exist, else `proxy`'s answer or 503. */
+  private async proxyTo(namespace: string, nameAndPort: string, path: string, res: ServerResponse): Promise<void> {
+    const m = /^([^:]+)(?::(\d+))?$/.exec(nameAndPort);
+    const name = m?.[1] ?? nameAndPort;
+    if (!this.objects.pods.has(`${namespace}/${name}`)) return sendStatus(res, 404, 'NotFound', `pods "${name}" not found`);
+    const port = m?.[2] !== undefined ? Number(m[2]) : undefined;
+    // A hook that throws: nothing answered, as when the pod's port is closed.
+    const answer = await Promise.resolve(this.proxy?.({ namespace, pod: name, port, path })).catch(() => undefined);
+    if (!answer) return sendStatus(res, 503, 'ServiceUnavailable', `error trying to reach service: dial tcp 10.0.0.1:${port ?? 80}: connect: connection refused`);
+    res.writeHead(answer.status, { 'content-type': answer.contentType ?? 'text/plain; version=0.0.4; charset=utf-8' });
+    res.end(answer.body);
+  }
+
   /** The Node as stored now (a copy), or undefined. */
   getNode(name: string): FakeObject | undefined {
     const n = this.objects.nodes.get(name);
     return n ? structuredClone(n) : undefined;
   }
 
-  private collection(kind: Kind, url: URL, watch: boolean, res: ServerResponse): void {
-    const selector = parseSelector(url.searchParams.get('fieldSelector') ?? '');
-    if (!selector) return sendStatus(res, 400, 'BadRequest', `unsupported fieldSelector ${url.searchParams.get('fieldSelector')}`);
+  private collection(kind: Kind, url: URL, watch: boolean, res: ServerResponse, scope: Selector = []): void {
+    const fields = parseSelector(url.searchParams.get('fieldSelector') ?? '');
+    if (!fields) return sendStatus(res, 400, 'BadRequest', `unsupported fieldSelector ${url.searchParams.get('fieldSelector')}`);
+    const labels = parseLabelSelector(url.searchParams.get('labelSelector') ?? '');
+    if (!labels) return sendStatus(res, 400, 'BadRequest', `unsupported labelSelector ${url.searchParams.get('labelSelector')}`);
+    const selector = [...scope, ...fields, ...labels];
     const current = [...this.objects[kind].values()].filter((o) => matches(selector, o));
     if (!watch) {
       const listKind = kind === 'nodes' ? 'NodeList' : kind === 'pods' ? 'PodList' : kind === 'namespaces' ? 'NamespaceList' : 'ServiceCIDRList';
@@ -481,8 +521,20 @@ function parseSelector(s: string): Selector | undefined {
   return out;
 }
 
+/** "a=b,c==d" on labels → [["label:a","b"],["label:c","d"]]; undefined for anything else (!=, set-based). */
+function parseLabelSelector(s: string): Selector | undefined {
+  const out: Selector = [];
+  for (const term of s.split(',').filter((t) => t !== '')) {
+    const m = /^\s*([\w./-]+)\s*==?\s*([\w.-]*)\s*$/.exec(term);
+    if (!m) return undefined;
+    out.push([`label:${m[1] ?? ''}`, m[2] ?? '']);
+  }
+  return out;
+}
+
 function matches(selector: Selector, obj: FakeObject): boolean {
   return selector.every(([field, value]) => {
+    if (field.startsWith('label:')) return ((obj.metadata.labels ?? {}) as Record<string, string>)[field.slice('label:'.length)] === value;
     const v = field.split('.').reduce<unknown>((o, p) => (o && typeof o === 'object' ? (o as Record<string, unknown>)[p] : undefined), obj);
     return String(v ?? '') === value;
   });

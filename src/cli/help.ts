@@ -4,6 +4,9 @@
  * description of each key; docs/config.md's table comes from the same).
  */
 import { CONFIG_KEYS, type ConfigKey, type ConfigKeySpec } from '../daemon/config.js';
+import { wrap } from './wrap.js';
+
+export { wrap };
 
 const COMMANDS: Record<string, { usage: string; about: string; options?: Array<[string, string]> }> = {
   daemon: {
@@ -69,20 +72,4 @@ export function commandHelp(cmd: string): string | undefined {
     out.push(...wrap(spec.description.replace(/`/g, ''), 96, '    '));
   }
   return out.join('\n');
-}
-
-/** Words of `text` in lines of at most `width` characters (a longer word stands alone). */
-export function wrap(text: string, width: number, indent: string): string[] {
-  const lines: string[] = [];
-  let line = '';
-  for (const word of text.split(/\s+/).filter(Boolean)) {
-    if (line && indent.length + line.length + 1 + word.length > width) {
-      lines.push(indent + line);
-      line = word;
-    } else {
-      line = line ? `${line} ${word}` : word;
-    }
-  }
-  if (line) lines.push(indent + line);
-  return lines;
 }

@@ -10,20 +10,10 @@
 import type { StatusReport } from '../daemon/agent.js';
 import { STATUS_PATH } from '../daemon/http-api.js';
 import { agentGet } from '../daemon/protocol.js';
+import { rateText } from './rate-text.js';
 import { formatBandwidth, PRIORITY_BANDS, sourceTag, type BandwidthLimits, type LimitSource } from '../pod/index.js';
 
-/** bits/s (or any rate) for a narrow column: "19.9M", "850k", "0". */
-export function rateText(v: number | undefined): string {
-  if (v === undefined || !Number.isFinite(v)) return '-';
-  for (const [unit, f] of [
-    ['G', 1e9],
-    ['M', 1e6],
-    ['k', 1e3],
-  ] as const) {
-    if (v >= f) return `${(v / f).toFixed(v >= 100 * f ? 0 : 1)}${unit}`;
-  }
-  return v >= 10 ? String(Math.round(v)) : v === 0 ? '0' : v.toFixed(1);
-}
+export { rateText };
 
 /**
  * A limit, and where it came from when that is the pod's namespace: "20M", "10M ns-default", "5M

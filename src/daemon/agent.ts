@@ -32,6 +32,7 @@ import { AgentMetrics } from './metrics.js';
 import type { MetricsAuthorizer } from './metrics-auth.js';
 import { MetricsHttp } from './metrics-http.js';
 import { Coalesced } from '../util/coalesce.js';
+import { packageVersion } from '../util/package-root.js';
 import type { NamespaceLookup } from './namespace-lookup.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { rateKey, RateTracker, type PodRate } from './rates.js';
@@ -97,9 +98,16 @@ export class Agent {
   private readonly api: AgentApi;
   /** /metrics and /healthz over TCP (config metricsAddress); undefined when "off". */
   private readonly metricsHttp: MetricsHttp | undefined;
-  private readonly metrics = new AgentMetrics();
-  /** The pods' counters for /metrics: read at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
-  private readonly scraped: Coalesced<PodTraffic[]>;
+  private readonly metrics = new AgentMetrics(() => ({
+    node: this.config.nodeName,
+    version: packageVersion(),
+    podCIDR: this.network.podCidr(),
+    bridge: this.config.bridgeName,
+    ipam: this.config.ipam,
+    routes: this.config.routes,
+  }));
+  /** The pods' counters for /metrics and when they were read: at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
+  private readonly scraped: Coalesced<{ traffic: PodTraffic[]; at: number }>;
   readonly live: LiveShaping;
   private readonly rates: RateTracker;
   private readonly events: EventRecorder;
@@ -125,7 +133,7 @@ export class Agent {
     const ipam = ipamShimOf(config, log);
     // Fixed by the config, or (undefined) the cluster's ranges once known: the node keeps what it has until then.
     const unshaped = unshapedCidrsOf(config);
-    this.scraped = new Coalesced(() => this.network.traffic(), config.metricsMaxAge * 1000);
+    this.scraped = new Coalesced(async () => ({ traffic: await this.network.traffic(), at: Date.now() }), config.metricsMaxAge * 1000);
     this.network = new PodNetwork({
       ...(ipam.prefetchSocket !== undefined ? { ipamPrefetchSocket: ipam.prefetchSocket } : {}),
       bridgeName: config.bridgeName,
@@ -168,7 +176,10 @@ export class Agent {
     this.live = new LiveShaping(this.network, this.events, pods, log, this.namespaces, capacity);
     this.rates = new RateTracker(() => this.network.traffic({ links: true }), log);
     this.handler = new CniHandler(this.network, pods, () => this.notReadyReason(), log, this.live, this.namespaces, capacity);
-    const metrics = async () => this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), await this.scraped.get(this.network.store.generation()));
+    const metrics = async () => {
+      const { traffic, at } = await this.scraped.get(this.network.store.generation());
+      return this.metrics.exposition(this.network.list(), this.network.vethDeletionsInFlight(), traffic, at);
+    };
     if (config.metricsAddress !== 'off') {
       this.metricsHttp = new MetricsHttp(
         { metrics, ready: () => this.ready() },

@@ -12,13 +12,15 @@
  *   `tls-server-name`; user `token`, `tokenFile` (re-read like the service account's),
  *   `client-certificate` / `client-key` (`-data`), `username` / `password`. Relative paths are
  *   relative to the kubeconfig's directory.
+ * For `kubectl kubenet`, kubectl's search too (kubectlCredentials): --kubeconfig, $KUBECONFIG (a
+ * list of files, merged), ~/.kube/config; --context instead of the current one.
  * Refused with a ConfigError naming the kubeconfig and the field: exec and auth-provider plugins,
  * impersonation, proxy-url, a missing or non-http(s) server, and http:// without
  * insecure-skip-tls-verify (as client-node refused it).
  *
  * Only types come from client-node (`import type`: nothing at run time).
  */
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { Agent as HttpAgent } from 'node:http';
 import { Agent as HttpsAgent, type RequestOptions } from 'node:https';
 import { dirname, isAbsolute, join } from 'node:path';
@@ -169,8 +171,8 @@ function named(doc: Obj, list: string, field: string, name: string, path: string
   return inner;
 }
 
-/** A kubeconfig file's current context as credentials. @throws ConfigError naming the file and the field */
-export function kubeconfigCredentials(path: string, opts: CredentialOptions = {}): KubeCredentials {
+/** Reads and parses one kubeconfig file. @throws ConfigError */
+function loadDoc(path: string): Obj {
   let doc: unknown;
   try {
     doc = yaml.load(readFileSync(path, 'utf8'));
@@ -178,7 +180,66 @@ export function kubeconfigCredentials(path: string, opts: CredentialOptions = {}
     throw new ConfigError(`cannot load kubeconfig ${path}: ${(err as Error).message}`, { cause: err });
   }
   if (!isObj(doc)) throw new ConfigError(`kubeconfig ${path}: not a mapping`);
-  const base = dirname(path);
+  return doc;
+}
+
+/** A kubeconfig file's current context (or `opts.context`) as credentials. @throws ConfigError naming the file and the field */
+export function kubeconfigCredentials(path: string, opts: CredentialOptions & { context?: string } = {}): KubeCredentials {
+  return docCredentials(loadDoc(path), path, dirname(path), opts);
+}
+
+/** The fields of clusters and users that hold paths: resolved against their own file's directory when files are merged (kubectl's rule). */
+const PATH_FIELDS: Record<'clusters' | 'users', { field: string; keys: string[] }> = {
+  clusters: { field: 'cluster', keys: ['certificate-authority'] },
+  users: { field: 'user', keys: ['client-certificate', 'client-key', 'tokenFile'] },
+};
+
+/**
+ * Credentials as kubectl finds them: the file `kubeconfig` (it must exist), else the files of
+ * `$KUBECONFIG` (a ':'-separated list, missing files skipped, merged: the first file that sets
+ * current-context or names a cluster, user or context wins), else ~/.kube/config; the context
+ * `context`, else the current one.
+ */
+export function kubectlCredentials(opts: { kubeconfig?: string; context?: string; env?: NodeJS.ProcessEnv; home?: string } = {}): KubeCredentials {
+  const env = opts.env ?? process.env;
+  const ctx = opts.context !== undefined ? { context: opts.context } : {};
+  if (opts.kubeconfig) return kubeconfigCredentials(opts.kubeconfig, ctx);
+  const list = (env.KUBECONFIG ?? '').split(':').filter((p) => p !== '');
+  if (list.length === 0) {
+    const home = opts.home ?? env.HOME ?? '';
+    return kubeconfigCredentials(join(home, '.kube', 'config'), ctx);
+  }
+  const found = list.filter((p) => existsSync(p));
+  if (found.length === 0) throw new ConfigError(`none of the kubeconfig files in $KUBECONFIG exists (${list.join(':')})`);
+  if (found.length === 1) return kubeconfigCredentials(found[0] ?? '', ctx);
+  const merged: Obj = {};
+  const seen = { clusters: new Set<string>(), users: new Set<string>(), contexts: new Set<string>() };
+  for (const path of found) {
+    const doc = loadDoc(path);
+    if (merged['current-context'] === undefined && typeof doc['current-context'] === 'string' && doc['current-context'] !== '') merged['current-context'] = doc['current-context'];
+    for (const list of ['clusters', 'users', 'contexts'] as const) {
+      const items = doc[list];
+      if (items === undefined || items === null) continue;
+      if (!Array.isArray(items)) throw new ConfigError(`kubeconfig ${path}: ${list} must be a list`);
+      for (const item of items as unknown[]) {
+        if (!isObj(item) || typeof item.name !== 'string' || seen[list].has(item.name)) continue;
+        seen[list].add(item.name);
+        const paths = list === 'contexts' ? undefined : PATH_FIELDS[list];
+        const inner = paths ? item[paths.field] : undefined;
+        let entry = item;
+        if (paths && isObj(inner)) {
+          const resolved = { ...inner };
+          for (const k of paths.keys) if (typeof resolved[k] === 'string' && resolved[k] !== '' && !isAbsolute(resolved[k])) resolved[k] = join(dirname(path), resolved[k]);
+          entry = { ...item, [paths.field]: resolved };
+        }
+        ((merged[list] ??= []) as unknown[]).push(entry);
+      }
+    }
+  }
+  return docCredentials(merged, found.join(':'), '/', ctx);
+}
+
+function docCredentials(doc: Obj, path: string, base: string, opts: CredentialOptions & { context?: string }): KubeCredentials {
   const file = (p: unknown, field: string): string => {
     if (typeof p !== 'string' || p === '') throw new ConfigError(`kubeconfig ${path}: ${field} must be a non-empty string`);
     return isAbsolute(p) ? p : join(base, p);
@@ -187,7 +248,7 @@ export function kubeconfigCredentials(path: string, opts: CredentialOptions = {}
     if (typeof d !== 'string' || d === '') throw new ConfigError(`kubeconfig ${path}: ${field} must be a non-empty base64 string`);
     return Buffer.from(d, 'base64');
   };
-  const contextName = doc['current-context'];
+  const contextName = opts.context ?? doc['current-context'];
   if (typeof contextName !== 'string' || contextName === '') throw new ConfigError(`kubeconfig ${path} has no current cluster (no current-context)`);
   const context = named(doc, 'contexts', 'context', contextName, path);
   if (typeof context.cluster !== 'string') throw new ConfigError(`kubeconfig ${path} has no current cluster (context ${JSON.stringify(contextName)} names none)`);

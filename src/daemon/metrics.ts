@@ -16,6 +16,15 @@
  * `kubenet_pod_bandwidth_guarantee_bits_per_second{namespace,pod,direction}`, and per pod with a
  * band `kubenet_pod_bandwidth_priority{namespace,pod}` (0 served first .. 2), from the pod records.
  *
+ * What the node is, for readers that have only /metrics (`kubectl kubenet status`, over the API
+ * server's pod proxy): `kubenet_info{node,version,pod_cidr,bridge,ipam,routes} 1` (pod_cidr: ""
+ * while none is known; "v4,v6" on a dual-stack node), `kubenet_pod_info{namespace,pod,ips} 1` per
+ * ready pod, shaped or not (ips: its addresses, comma-separated), and
+ * `kubenet_pod_counters_read_timestamp_seconds`, when the pods' tc counters this scrape serves were
+ * read (a scrape may serve an earlier scrape's read: metricsMaxAge), so that a rate between two
+ * scrapes divides by the time between the reads, not between the scrapes. Only the *_info families
+ * carry labels beyond namespace, pod, direction and source.
+ *
  * The per-pod families (six lines per shaped direction, 6 000 at 500 pods) are written as text here
  * rather than through prom-client, whose per-series label objects and hashing cost more than the
  * kernel reads: each direction's lines are kept and written again as they are while its figures
@@ -149,8 +158,52 @@ export function guaranteeSeries(records: PodRecord[]): string {
   );
 }
 
+/** The node as `kubenet_info` describes it. */
+export interface AgentInfo {
+  node: string;
+  version: string;
+  /** The pod CIDR(s) ("v4,v6"); undefined while none is known. */
+  podCIDR: string | undefined;
+  bridge: string;
+  ipam: string;
+  routes: string;
+}
+
+const INFO_FAMILY = 'kubenet_info';
+const POD_INFO_FAMILY = 'kubenet_pod_info';
+const READ_AT_FAMILY = 'kubenet_pod_counters_read_timestamp_seconds';
+
+/** `kubenet_info` (when `info` is given), `kubenet_pod_info` per ready pod (one series per pod, its attachments' addresses together), and the counters' read time (when known). */
+export function infoSeries(info: AgentInfo | undefined, records: PodRecord[], countersReadAtMs?: number): string {
+  let out = '';
+  if (info) {
+    const labels = (['node', 'version', 'pod_cidr', 'bridge', 'ipam', 'routes'] as const)
+      .map((k) => `${k}="${escapeLabel((k === 'pod_cidr' ? info.podCIDR : info[k]) ?? '')}"`)
+      .join(',');
+    out += `# HELP ${INFO_FAMILY} The agent: its node, version, pod CIDR(s) (empty while none is known), bridge, address mode and routes mode\n# TYPE ${INFO_FAMILY} gauge\n${INFO_FAMILY}{${labels}} 1\n`;
+  }
+  const pods = new Map<string, { namespace: string; pod: string; ips: string[] }>();
+  for (const r of records) {
+    if (r.phase !== 'ready') continue;
+    const pod = r.name || r.containerId.slice(0, 12);
+    const key = `${r.namespace}/${pod}`;
+    const p = pods.get(key) ?? { namespace: r.namespace, pod, ips: [] };
+    for (const ip of r.ips) if (!p.ips.includes(ip)) p.ips.push(ip);
+    pods.set(key, p);
+  }
+  out += `# HELP ${POD_INFO_FAMILY} A pod attached to the bridge, shaped or not, with its addresses (comma-separated)\n# TYPE ${POD_INFO_FAMILY} gauge\n`;
+  for (const p of pods.values()) out += `${POD_INFO_FAMILY}{namespace="${escapeLabel(p.namespace)}",pod="${escapeLabel(p.pod)}",ips="${escapeLabel(p.ips.join(','))}"} 1\n`;
+  if (countersReadAtMs !== undefined) {
+    out += `# HELP ${READ_AT_FAMILY} When the pods' tc counters this scrape serves were read (unix seconds): an earlier scrape's read may be served again (metricsMaxAge)\n# TYPE ${READ_AT_FAMILY} gauge\n${READ_AT_FAMILY} ${countersReadAtMs / 1000}\n`;
+  }
+  return out;
+}
+
 export class AgentMetrics {
   readonly registry = new Registry();
+  /** `info`: the node as kubenet_info describes it, asked at each scrape (the pod CIDR comes later). */
+  constructor(private readonly info?: () => AgentInfo) {}
+
   readonly add = new Histogram({ name: 'kubenet_cni_add_seconds', help: 'CNI ADD latency', buckets: LATENCY_BUCKETS, registers: [this.registry] });
   readonly del = new Histogram({ name: 'kubenet_cni_del_seconds', help: 'CNI DEL latency', buckets: LATENCY_BUCKETS, registers: [this.registry] });
   readonly errors = new Counter({ name: 'kubenet_cni_errors_total', help: 'CNI calls that failed, by command and CNI error code', labelNames: ['command', 'code'], registers: [this.registry] });
@@ -189,15 +242,19 @@ export class AgentMetrics {
   }
 
   /** The exposition: prom-client's metrics, then the per-pod series of the pods shaped now (in parts, as sent). */
-  async text(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[]): Promise<{ contentType: string; body: string }> {
-    const { contentType, parts } = await this.exposition(records, vethDeletionsInFlight, traffic);
+  async text(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[], countersReadAtMs?: number): Promise<{ contentType: string; body: string }> {
+    const { contentType, parts } = await this.exposition(records, vethDeletionsInFlight, traffic, countersReadAtMs);
     return { contentType, body: parts.map((p) => p.toString()).join('') };
   }
 
-  /** The exposition in the parts /metrics sends: prom-client's text, the per-pod series' encoded text (reused while unchanged), the guarantee and band series. */
-  async exposition(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[]): Promise<{ contentType: string; parts: Array<string | Buffer> }> {
+  /**
+   * The exposition in the parts /metrics sends: prom-client's text, the per-pod series' encoded text
+   * (reused while unchanged), the guarantee and band series, the info series. `countersReadAtMs`:
+   * when `traffic` was read (Date.now()).
+   */
+  async exposition(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[], countersReadAtMs?: number): Promise<{ contentType: string; parts: Array<string | Buffer> }> {
     this.update(records, vethDeletionsInFlight);
     const base = await this.registry.metrics();
-    return { contentType: this.registry.contentType, parts: [base.endsWith('\n') || base === '' ? base : `${base}\n`, this.perPod.body(traffic), guaranteeSeries(records)] };
+    return { contentType: this.registry.contentType, parts: [base.endsWith('\n') || base === '' ? base : `${base}\n`, this.perPod.body(traffic), guaranteeSeries(records), infoSeries(this.info?.(), records, countersReadAtMs)] };
   }
 }

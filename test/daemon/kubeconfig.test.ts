@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
 import { ConfigError } from '../../src/errors.js';
-import { inClusterCredentials, kubeconfigCredentials } from '../../src/daemon/kubeconfig.js';
+import { inClusterCredentials, kubeconfigCredentials, kubectlCredentials } from '../../src/daemon/kubeconfig.js';
 import { KubeApi, loadKubeConfig } from '../../src/daemon/kube-watch.js';
 import { ApiEndpoints, endpointUrls } from '../../src/daemon/api-endpoints.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
@@ -123,6 +123,38 @@ test('kubeconfig with a client certificate over TLS: CA and certificate files, t
   const before = api.requests.length;
   await new KubeApi(loadKubeConfig({ kubeconfig: inline })).getJson(NODES);
   t.is(api.requests[before]?.clientCert, 'system:node:node-a');
+});
+
+test("kubectl's search (kubectl kubenet): --kubeconfig, else $KUBECONFIG's files merged (first wins, missing skipped, paths relative to their own file), else ~/.kube/config; --context", async (t) => {
+  const [api1, api2] = [await fakeApi(t), await fakeApi(t)];
+  const one = await kubeconfig({ server: api1.url, 'insecure-skip-tls-verify': true }, { tokenFile: 'tok' }, { 'current-context': 'ctx' });
+  await writeFile(join(one, '..', 'tok'), 'tok-1\n');
+  // The second file: its own current context, a context of the same name as the first's (shadowed), and one of its own.
+  const twoDir = join(root, `k${++n}`);
+  await mkdir(join(twoDir, '.kube'), { recursive: true });
+  const two = join(twoDir, '.kube', 'config');
+  const doc = {
+    clusters: [{ name: 'c', cluster: { server: 'http://127.0.0.1:1', 'insecure-skip-tls-verify': true } }, { name: 'c2', cluster: { server: api2.url, 'insecure-skip-tls-verify': true } }],
+    users: [{ name: 'u2', user: { token: 'tok-2' } }],
+    contexts: [{ name: 'ctx', context: { cluster: 'c2', user: 'u2' } }, { name: 'other', context: { cluster: 'c2', user: 'u2' } }],
+    'current-context': 'other',
+  };
+  await writeFile(two, yaml.dump(doc));
+  const get = async (o: Parameters<typeof kubectlCredentials>[0]) => {
+    const kc = kubectlCredentials(o);
+    await new KubeApi(kc).getJson(NODES);
+    return kc.server === api1.url ? `api1 ${api1.requests.at(-1)?.authorization}` : kc.server === api2.url ? `api2 ${api2.requests.at(-1)?.authorization}` : kc.server;
+  };
+  const list = [join(root, 'missing'), one, two].join(':');
+  t.is(await get({ env: { KUBECONFIG: list } }), 'api1 Bearer tok-1', "the first file's current context, cluster and user (its tokenFile relative to it)");
+  t.is(await get({ env: { KUBECONFIG: list }, context: 'other' }), 'api2 Bearer tok-2', 'a context only the second file has');
+  t.is(await get({ env: { KUBECONFIG: [two, one].join(':') } }), 'api2 Bearer tok-2', 'the other order: the other file wins');
+  t.is(await get({ env: { KUBECONFIG: list }, kubeconfig: two }), 'api2 Bearer tok-2', '--kubeconfig wins over $KUBECONFIG');
+  t.is(await get({ env: { KUBECONFIG: list }, kubeconfig: one, context: 'ctx' }), 'api1 Bearer tok-1');
+  t.is(await get({ env: {}, home: twoDir }), 'api2 Bearer tok-2', 'no $KUBECONFIG: ~/.kube/config');
+  t.throws(() => kubectlCredentials({ env: { KUBECONFIG: join(root, 'missing') } }), { instanceOf: ConfigError, message: /none of the kubeconfig files in \$KUBECONFIG exists/ });
+  t.throws(() => kubectlCredentials({ env: { KUBECONFIG: list }, context: 'nope' }), { instanceOf: ConfigError, message: /no context named "nope"/ });
+  t.throws(() => kubectlCredentials({ kubeconfig: join(root, 'missing') }), { instanceOf: ConfigError, message: /cannot load kubeconfig/ });
 });
 
 test('TLS: a server certificate the configured CA did not sign is refused; insecure-skip-tls-verify accepts it', async (t) => {

@@ -178,7 +178,8 @@ test('metrics: one series per shaped pod and direction, rebuilt at each scrape (
   t.regex(first, /^kubenet_pod_bandwidth_limit_bits_per_second\{namespace="default",pod="b",direction="ingress",source="pod"\} 10000000$/m);
   t.regex(first, /^kubenet_pod_shaped_overlimits_total\{namespace="default",pod="a",direction="ingress"\} 3$/m);
   t.false(/pod="a",direction="egress"/.test(first));
-  t.false(/pod="c"/.test(first));
+  t.false(/^(?!kubenet_pod_info\{).*pod="c"/m.test(first), 'an unshaped pod has no shaping series');
+  t.regex(first, /^kubenet_pod_info\{namespace="default",pod="c",ips="10\.0\.0\.2"\} 1$/m, 'but its info series');
   const second = await text([traffic('b', 2500, 3500)]);
   t.false(/pod="a"/.test(second), 'a is gone');
   t.regex(second, /^kubenet_pod_shaped_bytes_total\{namespace="default",pod="b",direction="ingress"\} 2500$/m);

@@ -17,6 +17,7 @@ import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
 import { classList } from '../../src/netlink/index.js';
 import { AgentHarness, agentTestBlocker } from '../../hack/support/agent-harness.js';
+import { parseExposition } from '../../src/cli/prom-text.js';
 import type { TestPod } from '../../hack/support/test-pod.js';
 import { FakeApiServer, fakeKubeConfig, pod as podObject } from '../../hack/support/fake-apiserver.js';
 import { kernelTestBlocker } from '../../hack/support/kernel.js';
@@ -302,7 +303,12 @@ serialTest('metrics: per-pod shaping series from the kernel counters agree with 
   t.is(value(first, 'kubenet_pod_bandwidth_limit_bits_per_second', 'web', 'egress'), 20 * M);
   t.is(value(first, 'kubenet_pod_bandwidth_limit_bits_per_second', 'other', 'egress'), 5 * M);
   t.is(value(first, 'kubenet_pod_bandwidth_limit_bits_per_second', 'other', 'ingress'), undefined, 'unshaped direction: no series');
-  t.false(/pod="peer"/.test(first), 'unshaped pod: no series');
+  t.false(/^(?!kubenet_pod_info\{).*pod="peer"/m.test(first), 'unshaped pod: no shaping series');
+  // What kubectl kubenet status reads: every ready pod's addresses, the node's own description; the whole text valid.
+  t.regex(first, new RegExp(`^kubenet_pod_info\\{namespace="default",pod="peer",ips="${p.ip4.replace(/\./g, '\\.')}(?:,[^"]*)?"\\} 1$`, 'm'));
+  t.regex(first, /^kubenet_info\{node="[^"]+",version="\d+\.\d+\.\d+",pod_cidr="[^"]+",bridge="[^"]+",ipam="host-local",routes="none"\} 1$/m);
+  t.regex(first, /^kubenet_pod_counters_read_timestamp_seconds \d+(\.\d+)?$/m);
+  t.notThrows(() => parseExposition(first));
   for (const name of ['kubenet_pod_shaped_bytes_total', 'kubenet_pod_shaped_packets_total', 'kubenet_pod_shaped_drops_total', 'kubenet_pod_shaped_overlimits_total', 'kubenet_pod_shaped_backlog_bytes']) {
     t.not(value(first, name, 'web', 'egress'), undefined, `${name} for web egress`);
   }

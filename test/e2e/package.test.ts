@@ -147,6 +147,10 @@ console.log(JSON.stringify(status));
   const help = await execa(bin, ['--help'], { cwd: project, reject: false });
   t.is(help.exitCode, 0);
   t.regex(help.stdout, /kubenet daemon/);
+  // The kubectl plugin, as npm linked it: `kubectl kubenet` runs it once node_modules/.bin is on PATH.
+  const plugin = await execa(join(project, 'node_modules/.bin/kubectl-kubenet'), ['--help'], { cwd: project, reject: false });
+  t.is(plugin.exitCode, 0, plugin.stderr);
+  t.regex(plugin.stdout, /kubectl kubenet top /);
   const cniBin = join(tmp, 'cni-bin');
   const cniConf = join(tmp, 'cni-conf');
   const socket = join(tmp, 'kubenet.sock');
