@@ -2,7 +2,7 @@
 # Builds the upstream Go parts kubenet-ts runs and tests against, from their Go modules, at the
 # versions pinned in hack/upstream/<part>/go.mod (+ go.sum): the one place those versions live.
 #
-#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes
+#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm
 #                                        (default: cni-plugins containerd runc)
 #
 #   cni-plugins  github.com/containernetworking/plugins: every plugin listed as a `tool` in its go.mod
@@ -13,6 +13,7 @@
 #   kubernetes   k8s.io/kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 #                kube-proxy, kubectl (hack/upstream/kubernetes/update.sh writes its go.mod, which replaces each
 #                k8s.io staging module with its published version). Each takes ~1-2 GB to link.
+#   helm         helm.sh/helm/v4: helm (its Makefile's version ldflags: `helm version` reports the pinned tag)
 #
 # Each part is built into a cache directory keyed by its module version and the Go version,
 #   $KUBENET_CACHE_DIR/upstream/<part>-<version>-go<go version>/bin
@@ -97,6 +98,13 @@ build_kubernetes() { # DIR VERSION
   done < <(tools kubernetes)
 }
 
+build_helm() { # DIR VERSION
+  # What helm's Makefile stamps for a release tag: the version, no "unreleased" metadata.
+  local p=helm.sh/helm/v4/internal/version
+  CGO_ENABLED=0 gobuild helm "$1/bin/helm" helm.sh/helm/v4/cmd/helm \
+    -ldflags "-s -w -X $p.version=$2 -X $p.metadata= -X $p.gitTreeState=clean"
+}
+
 # tools PART: the packages of the `tool` lines of hack/upstream/PART/go.mod.
 tools() {
   awk '/^tool \(/{b=1; next} b && /^\)/{b=0} b{print $1} /^tool [^(]/{print $2}' "hack/upstream/$1/go.mod"
@@ -108,6 +116,7 @@ declare -A MODULE=(
   [runc]=github.com/opencontainers/runc
   [etcd]=go.etcd.io/etcd/server/v3
   [kubernetes]=k8s.io/kubernetes
+  [helm]=helm.sh/helm/v4
 )
 
 parts=("$@")
