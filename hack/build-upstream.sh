@@ -2,7 +2,7 @@
 # Builds the upstream Go parts kubenet-ts runs and tests against, from their Go modules, at the
 # versions pinned in hack/upstream/<part>/go.mod (+ go.sum): the one place those versions live.
 #
-#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm
+#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm coredns
 #                                        (default: cni-plugins containerd runc)
 #
 #   cni-plugins  github.com/containernetworking/plugins: every plugin listed as a `tool` in its go.mod
@@ -14,6 +14,7 @@
 #                kube-proxy, kubectl (hack/upstream/kubernetes/update.sh writes its go.mod, which replaces each
 #                k8s.io staging module with its published version). Each takes ~1-2 GB to link.
 #   helm         helm.sh/helm/v4: helm (its Makefile's version ldflags: `helm version` reports the pinned tag)
+#   coredns      github.com/coredns/coredns: coredns, its main package (the default plugins of its plugin.cfg)
 #
 # Each part is built into a cache directory keyed by its module version and the Go version,
 #   $KUBENET_CACHE_DIR/upstream/<part>-<version>-go<go version>/bin
@@ -105,6 +106,12 @@ build_helm() { # DIR VERSION
     -ldflags "-s -w -X $p.version=$2 -X $p.metadata= -X $p.gitTreeState=clean"
 }
 
+build_coredns() { # DIR VERSION
+  # Its Makefile's build: CGO off, the commit (which a module has not) as the only stamp; the
+  # version is a constant of coremain.
+  CGO_ENABLED=0 gobuild coredns "$1/bin/coredns" github.com/coredns/coredns -ldflags "-s -w"
+}
+
 # tools PART: the packages of the `tool` lines of hack/upstream/PART/go.mod.
 tools() {
   awk '/^tool \(/{b=1; next} b && /^\)/{b=0} b{print $1} /^tool [^(]/{print $2}' "hack/upstream/$1/go.mod"
@@ -117,6 +124,7 @@ declare -A MODULE=(
   [etcd]=go.etcd.io/etcd/server/v3
   [kubernetes]=k8s.io/kubernetes
   [helm]=helm.sh/helm/v4
+  [coredns]=github.com/coredns/coredns
 )
 
 parts=("$@")
