@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 
-export type UpstreamPart = 'cni-plugins' | 'containerd' | 'runc' | 'etcd' | 'kubernetes';
+export type UpstreamPart = 'cni-plugins' | 'containerd' | 'runc' | 'etcd' | 'kubernetes' | 'helm' | 'coredns' | 'prometheus';
 
 /** The bin directory of a built part. */
 export function upstreamDir(part: UpstreamPart): string {
