@@ -2,7 +2,8 @@
 # Builds the upstream Go parts kubenet-ts runs and tests against, from their Go modules, at the
 # versions pinned in hack/upstream/<part>/go.mod (+ go.sum): the one place those versions live.
 #
-#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm
+#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm coredns
+#                                        prometheus
 #                                        (default: cni-plugins containerd runc)
 #
 #   cni-plugins  github.com/containernetworking/plugins: every plugin listed as a `tool` in its go.mod
@@ -14,6 +15,9 @@
 #                kube-proxy, kubectl (hack/upstream/kubernetes/update.sh writes its go.mod, which replaces each
 #                k8s.io staging module with its published version). Each takes ~1-2 GB to link.
 #   helm         helm.sh/helm/v4: helm (its Makefile's version ldflags: `helm version` reports the pinned tag)
+#   coredns      github.com/coredns/coredns: coredns, its main package (the default plugins of its plugin.cfg)
+#   prometheus   github.com/prometheus/prometheus (module v0.3XX.y is release 3.XX.y): prometheus, promtool,
+#                with its release's version ldflags; without the web UI's assets (the API is what we use)
 #
 # Each part is built into a cache directory keyed by its module version and the Go version,
 #   $KUBENET_CACHE_DIR/upstream/<part>-<version>-go<go version>/bin
@@ -105,6 +109,25 @@ build_helm() { # DIR VERSION
     -ldflags "-s -w -X $p.version=$2 -X $p.metadata= -X $p.gitTreeState=clean"
 }
 
+build_coredns() { # DIR VERSION
+  # Its Makefile's build: CGO off, the commit (which a module has not) as the only stamp; the
+  # version is a constant of coremain.
+  CGO_ENABLED=0 gobuild coredns "$1/bin/coredns" github.com/coredns/coredns -ldflags "-s -w"
+}
+
+build_prometheus() { # DIR VERSION
+  # What its .promu.yml stamps, less the UI (tag builtinassets needs the npm-built assets) and the
+  # host: the release version from the module's VERSION file (3.x; the module's own is v0.3xx), the
+  # module version in place of the commit (a module has none), a fixed user and date.
+  local m=github.com/prometheus/prometheus p=github.com/prometheus/common/version dir rel pkg
+  dir="$(cd hack/upstream/prometheus && go mod download -json "$m@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  rel="$(cat "$dir/VERSION" 2>/dev/null)" || die "prometheus: no VERSION file in $m@$2"
+  while read -r pkg; do
+    CGO_ENABLED=0 gobuild prometheus "$1/bin/$(basename "$pkg")" "$pkg" -tags netgo \
+      -ldflags "-s -w -X $p.Version=$rel -X $p.Revision=$2 -X $p.Branch=HEAD -X $p.BuildUser=kubenet-ts -X $p.BuildDate=19700101-00:00:00"
+  done < <(tools prometheus)
+}
+
 # tools PART: the packages of the `tool` lines of hack/upstream/PART/go.mod.
 tools() {
   awk '/^tool \(/{b=1; next} b && /^\)/{b=0} b{print $1} /^tool [^(]/{print $2}' "hack/upstream/$1/go.mod"
@@ -117,6 +140,8 @@ declare -A MODULE=(
   [etcd]=go.etcd.io/etcd/server/v3
   [kubernetes]=k8s.io/kubernetes
   [helm]=helm.sh/helm/v4
+  [coredns]=github.com/coredns/coredns
+  [prometheus]=github.com/prometheus/prometheus
 )
 
 parts=("$@")

@@ -14,10 +14,13 @@
 # authorization, NodeRestriction, ServiceAccount tokens, privileged pods allowed), kube-controller-
 # manager (--allocate-node-cidrs: Nodes get spec.podCIDR(s) from the cluster CIDR, as kubenet
 # clusters do), kube-scheduler, and on every node containerd 2.x + runc (the locally built pause
-# image pinned as its sandbox image, both images imported), kubelet and kube-proxy (iptables).
-# Node 1 also runs the control plane, as a kubeadm control-plane node does. No CNI is installed:
-# nodes stay NotReady until a network plugin writes its conflist (kubectl apply -f
-# manifests/kubenet.yaml).
+# image pinned as its sandbox image; it, the agent's image and the add-ons' images of
+# hack/build-addon-images.sh, CoreDNS and Prometheus, imported), kubelet and kube-proxy (iptables).
+# Node 1 also runs the control plane, as a kubeadm control-plane node does. The cluster's DNS:
+# CoreDNS as Service kube-system/kube-dns at kubelet's clusterDNS 10.96.0.10 (hack/cluster/
+# coredns.yaml, applied once the nodes registered; no forwarding: nothing outside the cluster is
+# looked up). No CNI is installed: nodes stay NotReady, and CoreDNS's pod Pending, until a network
+# plugin writes its conflist (kubectl apply -f manifests/kubenet.yaml).
 #
 # Each node is a sandbox: a netns kcl-n<i> whose uplink kcl<i>u (198.18.252.<10+i>/24, with
 # --dual-stack also fd00:4b:252::<10+i>/64) reaches a
@@ -48,6 +51,7 @@ SERVICE_CIDR=10.96.0.0/16
 CLUSTER_CIDR6=fd00:10:244::/56
 SERVICE_CIDR6=fd00:10:96::/112
 B="$ROOT/native/build/upstream"
+ADDON_IMPORTS=()
 DUAL=0
 TMPFS_DIRS=(/var/lib/kubelet /var/lib/containerd /run/containerd /etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubenet /run/kubenet /run/netns /var/log/pods /var/log/containers)
 SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
@@ -206,6 +210,12 @@ EOF
   for img in native/build/sandbox-image.oci.tar native/build/kubenet-image.oci.tar; do
     in_node "$i" "$B/containerd/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$ROOT/$img" >/dev/null
   done
+  # The add-ons' images (CoreDNS, Prometheus): no pod runs them before a network plugin does, so
+  # they are imported in the background while `up` goes on (~3 s a node), and waited for at its end.
+  (for img in native/build/coredns-image.oci.tar native/build/prometheus-image.oci.tar; do
+    in_node "$i" "$B/containerd/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$ROOT/$img" >/dev/null || exit 1
+  done) >"$nd/addon-images.log" 2>&1 &
+  ADDON_IMPORTS+=($!)
   for img in "${KCL_IMAGES[@]}"; do
     in_node "$i" "$B/containerd/ctr" --address /run/containerd/containerd.sock -n k8s.io images import "$img" >/dev/null
   done
@@ -250,7 +260,12 @@ bindAddress: $ip
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 nodePortAddresses: [primary]
-conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+# The conntrack timeouts are upstream's (established 24h, close-wait 1h): kube-proxy sets them in
+# the node's netns, where they are per network namespace (the host's stay as they are). Only the
+# table size is left alone: nf_conntrack_max is global, read-only outside the host's netns (a
+# write fails, and kube-proxy exits where the host's value is below the one it computes), and the
+# hash size kube-proxy would raise with it is the host's (/sys/module/nf_conntrack/parameters).
+conntrack: {maxPerCore: 0}
 EOF
   start "$i" kube-proxy "$B/kubernetes/kube-proxy" --config "$nd/kube-proxy.yaml"
 }
@@ -276,6 +291,7 @@ up() {
   bash hack/build-upstream.sh etcd kubernetes containerd runc >/dev/null
   bash hack/build-sandbox-image.sh >/dev/null
   bash hack/build-image.sh >/dev/null
+  bash hack/build-addon-images.sh coredns prometheus >/dev/null
   mkdir -p "$DIR"
   echo "$nodes" >"$DIR/nodes"
   echo "$DUAL" >"$DIR/dual-stack"
@@ -311,9 +327,20 @@ up() {
   wait_for "$nodes node(s) registered" 120 nodes_registered "$nodes"
   # The controller-manager works (a part that exited would show here, not later): every Node has its pod CIDR(s).
   wait_for "pod CIDRs of every node (kube-controller-manager: $DIR/n1/kube-controller-manager.log)" 60 cidrs_allocated
+  dns_up
+  local p
+  for p in "${ADDON_IMPORTS[@]}"; do wait "$p" || die "importing the add-ons' images failed ($DIR/n*/addon-images.log)"; done
   log "up in $((SECONDS - t0)) s: $nodes node(s), Kubernetes $("$B/kubernetes/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(.*\)".*/\1/p' | head -1); nodes are NotReady until a network plugin runs (kubectl apply -f manifests/kubenet.yaml)"
   trap - EXIT
   echo "$DIR/kubeconfig"
+}
+
+# dns_up: CoreDNS as kube-dns (hack/cluster/coredns.yaml), at 10.96.0.10 (and fd00:10:96::a).
+dns_up() {
+  local policy=SingleStack ips=10.96.0.10
+  [ "$DUAL" = 1 ] && policy=RequireDualStack ips="10.96.0.10, fd00:10:96::a"
+  sed -e "s#@IMAGE@#$(bash hack/build-addon-images.sh --print-name coredns)#" -e "s#@IP_FAMILY_POLICY@#$policy#" -e "s#@CLUSTER_IPS@#$ips#" \
+    hack/cluster/coredns.yaml | kctl apply -f - >/dev/null
 }
 
 nodes_registered() { [ "$(kctl get nodes -o name | wc -l)" -eq "$1" ]; }

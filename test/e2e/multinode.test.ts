@@ -10,11 +10,14 @@
  * added or deleted is routed or unrouted on the others within 1 s; a Node off the LAN gets a Warning
  * Event instead of a route; killing one node's agent neither disturbs the other two nodes' pods nor
  * flaps its own routes, and routes of a Node deleted while that agent was down go when it restarts.
+ * The cluster's DNS (CoreDNS as kube-dns, hack/cluster/coredns.yaml): a pod on one node resolves a
+ * Service name to its ClusterIP and reaches the pod behind it on another node; kube-proxy's
+ * conntrack timeouts are upstream's in every node's netns and the host's stay as they were.
  * Traffic only between the cluster's namespaces. Every step holds the traffic lock.
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa } from 'execa';
-import { statSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
 import { msUntil } from '../../hack/support/until.js';
@@ -30,6 +33,16 @@ const NODES = [1, 2, 3];
 const node = (i: number) => `kcl-n${i}`;
 const c = new LocalCluster();
 let up = false;
+/** The host's own conntrack close-wait timeout before the cluster came up (undefined: no conntrack yet). */
+let hostCloseWait: string | undefined;
+const CLOSE_WAIT = 'net/netfilter/nf_conntrack_tcp_timeout_close_wait';
+const readSysctl = (path: string) => {
+  try {
+    return readFileSync(`/proc/sys/${path}`, 'utf8').trim();
+  } catch {
+    return undefined;
+  }
+};
 
 interface NodeJson {
   metadata: { name: string };
@@ -77,6 +90,7 @@ async function agentPid(i: number): Promise<string> {
 test.before(async (t) => {
   if (blocker) return;
   const t0 = Date.now();
+  hostCloseWait = readSysctl(CLOSE_WAIT);
   const r = await c.up(['--nodes', '3', '--dual-stack'], () => t.log('waiting for another suite\'s cluster to go down'));
   up = true;
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
@@ -162,6 +176,70 @@ serialTest('full mesh across nodes, both families: every pod pings every pod on 
       for (const s of servers) s.kill();
     }
   }));
+
+/** An HTTP server on port 8080 that answers who it is (pod, node, address) and whom it saw. */
+const WHO_HTTP_SERVER = `require('http').createServer((q,s)=>s.end(JSON.stringify({pod:process.env.POD_NAME,node:process.env.NODE_NAME,ip:process.env.POD_IP,peer:q.socket.remoteAddress}))).listen(8080,'0.0.0.0')`;
+/** In a pod: the name server it is given, the Service name resolved both ways (c-ares on the FQDN, getaddrinfo on the short name through the search path), kube-dns's own IPv6 address, and the Service's answer over HTTP. */
+const DNS_CLIENT = `const dns=require('dns').promises,http=require('http'),fs=require('fs');(async()=>{const t0=Date.now();const fqdn=await dns.resolve4('dns-web.default.svc.cluster.local');const ms=Date.now()-t0;const short=(await dns.lookup('dns-web',{family:4})).address;const dns6=await dns.resolve6('kube-dns.kube-system.svc.cluster.local');const body=await new Promise((res,rej)=>http.get('http://dns-web/',{timeout:5000},(r)=>{let b='';r.on('data',(d)=>b+=d);r.on('end',()=>res(b))}).on('error',rej));console.log(JSON.stringify({resolv:fs.readFileSync('/etc/resolv.conf','utf8'),fqdn,ms,short,dns6,body:JSON.parse(body)}))})().catch((e)=>{console.error(String(e));process.exit(1)})`;
+
+serialTest('cluster DNS: a pod on n1 resolves a Service name through kube-dns (10.96.0.10) to the Service\'s ClusterIP and reaches, through it, the pod behind it on n2, which sees the client\'s own address', (t) =>
+  withTrafficLock(async () => {
+    await c.kubectl(['-n', 'kube-system', 'rollout', 'status', 'deployment/coredns', '--timeout=120s']);
+    const svc = await c.json<{ spec: { clusterIPs: string[]; ipFamilyPolicy: string } }>(['-n', 'kube-system', 'get', 'service', 'kube-dns']);
+    t.deepEqual(svc.spec.clusterIPs, ['10.96.0.10', 'fd00:10:96::a'], 'kube-dns at kubelet\'s clusterDNS, and the IPv6 family too (dual-stack)');
+    const image = (await c.kubectl(['-n', 'kube-system', 'get', 'daemonset', 'kubenet', '-o', 'jsonpath={.spec.template.spec.containers[0].image}'])).stdout;
+    const env = [['POD_NAME', 'metadata.name'], ['NODE_NAME', 'spec.nodeName'], ['POD_IP', 'status.podIP']].map(([name, fieldPath]) => ({ name, valueFrom: { fieldRef: { fieldPath } } }));
+    const nodePod = (name: string, nodeName: string, script: string, extra: Record<string, unknown> = {}) => ({
+      apiVersion: 'v1',
+      kind: 'Pod',
+      metadata: { name, namespace: 'default', labels: { app: name } },
+      spec: { nodeName, terminationGracePeriodSeconds: 1, containers: [{ name: 'node', image, imagePullPolicy: 'Never', command: ['/usr/local/bin/node', '-e', script], env, ...extra }] },
+    });
+    const items = [
+      nodePod('dns-web', node(2), WHO_HTTP_SERVER, { ports: [{ containerPort: 8080 }], readinessProbe: { tcpSocket: { port: 8080 }, periodSeconds: 1 } }),
+      { apiVersion: 'v1', kind: 'Service', metadata: { name: 'dns-web', namespace: 'default' }, spec: { selector: { app: 'dns-web' }, ports: [{ port: 80, targetPort: 8080 }] } },
+      nodePod('dns-client', node(1), 'setInterval(()=>{},3600e3)'),
+    ];
+    try {
+      await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items }) });
+      await c.kubectl(['wait', '--for=condition=Ready', 'pod/dns-web', 'pod/dns-client', '--timeout=90s']);
+      const clusterIP = (await c.json<{ spec: { clusterIP: string } }>(['get', 'service', 'dns-web'])).spec.clusterIP;
+      const web = await c.json<{ status: { podIP: string } }>(['get', 'pod', 'dns-web']);
+      const client = await c.json<{ status: { podIP: string } }>(['get', 'pod', 'dns-client']);
+      const dnsPod = (await c.json<PodList>(['-n', 'kube-system', 'get', 'pods', '-l', 'k8s-app=kube-dns'])).items.map((p) => `${p.metadata.name} on ${p.spec?.nodeName ?? '?'}`);
+      // The Service's endpoints reach kube-proxy's rules a moment after the pod is Ready: retried for 10 s.
+      let r = await c.kubectl(['exec', 'dns-client', '--', '/usr/local/bin/node', '-e', DNS_CLIENT], { reject: false });
+      for (const end = Date.now() + 10_000; r.exitCode !== 0 && Date.now() < end; ) {
+        await new Promise((res) => setTimeout(res, 500));
+        r = await c.kubectl(['exec', 'dns-client', '--', '/usr/local/bin/node', '-e', DNS_CLIENT], { reject: false });
+      }
+      t.is(r.exitCode, 0, `the client ran: ${r.stderr}`);
+      const got = JSON.parse(r.stdout) as { resolv: string; fqdn: string[]; ms: number; short: string; dns6: string[]; body: { pod: string; node: string; ip: string; peer: string } };
+      t.log(`CoreDNS: ${dnsPod.join(', ')}; dns-client (n1) resolved dns-web.default.svc.cluster.local to ${got.fqdn.join(',')} in ${got.ms} ms, dns-web to ${got.short}; Service ClusterIP ${clusterIP}; http://dns-web/ answered ${JSON.stringify(got.body)}`);
+      t.regex(got.resolv, /^nameserver 10\.96\.0\.10$/m, 'the pod\'s name server is kube-dns');
+      t.regex(got.resolv, /^search default\.svc\.cluster\.local svc\.cluster\.local cluster\.local/m);
+      t.deepEqual(got.fqdn, [clusterIP], 'the FQDN resolves to the Service\'s ClusterIP');
+      t.is(got.short, clusterIP, 'the short name resolves through the search path to the ClusterIP');
+      t.deepEqual(got.dns6, ['fd00:10:96::a'], 'kube-dns answers AAAA with its own IPv6 ClusterIP');
+      t.deepEqual({ pod: got.body.pod, node: got.body.node, ip: got.body.ip }, { pod: 'dns-web', node: node(2), ip: web.status.podIP }, 'the answer came from the pod on n2');
+      t.is(got.body.peer, client.status.podIP, 'the server saw the client pod\'s own address (no masquerading inside the cluster)');
+      // Its RBAC is enough (no forbidden list/watch) and nothing failed (the errors plugin logs every SERVFAIL).
+      const logs = (await c.kubectl(['-n', 'kube-system', 'logs', 'deployment/coredns'])).stdout;
+      t.notRegex(logs, /forbidden|Failed to (list|watch)|\[ERROR\]/i, `CoreDNS's log: ${logs}`);
+    } finally {
+      await c.kubectl(['delete', 'pod/dns-web', 'pod/dns-client', 'service/dns-web', '--ignore-not-found', '--wait=true', '--timeout=60s'], { reject: false });
+    }
+  }));
+
+serialTest('kube-proxy runs with upstream\'s conntrack timeouts in every node\'s netns (close-wait 3600 s, established 86400 s); the host\'s stay as they were', async (t) => {
+  for (const i of NODES) {
+    const get = async (k: string) => (await c.inNode(i, 'sysctl', ['-n', `net.netfilter.nf_conntrack_tcp_timeout_${k}`])).stdout.trim();
+    t.is(await get('close_wait'), '3600', `${node(i)}: close-wait`);
+    t.is(await get('established'), '86400', `${node(i)}: established`);
+  }
+  t.log(`host: close-wait ${readSysctl(CLOSE_WAIT)} s (before up: ${hostCloseWait ?? 'no conntrack'}), established ${readSysctl('net/netfilter/nf_conntrack_tcp_timeout_established')} s`);
+  if (hostCloseWait !== undefined) t.is(readSysctl(CLOSE_WAIT), hostCloseWait, 'the host\'s close-wait timeout is as before up');
+});
 
 serialTest('a host port on one node is reached from a pod on another, and traffic leaving the cluster (to a node address or a LAN host) is masqueraded', (t) =>
   withTrafficLock(async () => {

@@ -26,6 +26,9 @@ export function clusterBlocker(): string | undefined {
     upstreamBlocker('kubernetes', ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler', 'kubelet', 'kube-proxy', 'kubectl']) ??
     upstreamBlocker('etcd', ['etcd']) ??
     upstreamBlocker('containerd', ['containerd', 'ctr', 'containerd-shim-runc-v2']) ??
+    // hack/cluster.sh up packs the add-ons' images (CoreDNS, Prometheus) from these.
+    upstreamBlocker('coredns', ['coredns']) ??
+    upstreamBlocker('prometheus', ['prometheus']) ??
     (existsSync(AGENT_IMAGE_TAR) ? undefined : `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`)
   );
 }
