@@ -10,7 +10,8 @@
 #
 # <release> is what the binary itself reports (`coredns -version`, `prometheus --version`), so the
 # tag follows the go.mod pin. Each image is one layer, packed by hack/support/oci.sh: the static Go
-# binary at /<name>, an /etc/passwd and /etc/group with root and nobody, nothing else; it runs as
+# binary at /bin/<name>, an /etc/passwd and /etc/group with root and nobody (Prometheus: an empty
+# /prometheus for its data, as upstream's image has), nothing else; it runs as
 # nobody (65534). CoreDNS binds port 53 as nobody only where the pod allows unprivileged ports
 # (hack/cluster/coredns.yaml: the namespaced sysctl net.ipv4.ip_unprivileged_port_start=53);
 # Prometheus wants a writable --storage.tsdb.path (an emptyDir) and a --config.file.
@@ -54,14 +55,17 @@ for a in "${addons[@]}"; do
   t0=$SECONDS
   tmp="$(mktemp -d "${TMPDIR:-/tmp}/addon-image.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
-  mkdir -p "$tmp/rootfs/etc"
-  cp "$bin" "$tmp/rootfs/$a"
-  chmod 755 "$tmp/rootfs/$a"
+  mkdir -p "$tmp/rootfs/etc" "$tmp/rootfs/bin"
+  # As the upstream images lay them out: the binary in /bin; Prometheus's data in /prometheus, where a
+  # pod mounts its volume (the layer's files are root's: the directory is writable by all instead).
+  cp "$bin" "$tmp/rootfs/bin/$a"
+  chmod 755 "$tmp/rootfs/bin/$a"
+  if [ "$a" = prometheus ]; then mkdir -p "$tmp/rootfs/prometheus" && chmod 1777 "$tmp/rootfs/prometheus"; fi
   printf '%s\n' 'root:x:0:0:root:/:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' >"$tmp/rootfs/etc/passwd"
   printf '%s\n' 'root:x:0:' 'nogroup:x:65534:' >"$tmp/rootfs/etc/group"
   case "$a" in
-    coredns) config='{"User":"65534:65534","Entrypoint":["/coredns"],"ExposedPorts":{"53/tcp":{},"53/udp":{}},"WorkingDir":"/"}' ;;
-    prometheus) config='{"User":"65534:65534","Entrypoint":["/prometheus"],"Cmd":["--config.file=/etc/prometheus/prometheus.yml","--storage.tsdb.path=/prometheus"],"ExposedPorts":{"9090/tcp":{}},"WorkingDir":"/"}' ;;
+    coredns) config='{"User":"65534:65534","Entrypoint":["/bin/coredns"],"ExposedPorts":{"53/tcp":{},"53/udp":{}},"WorkingDir":"/"}' ;;
+    prometheus) config='{"User":"65534:65534","Entrypoint":["/bin/prometheus"],"Cmd":["--config.file=/etc/prometheus/prometheus.yml","--storage.tsdb.path=/prometheus"],"ExposedPorts":{"9090/tcp":{}},"WorkingDir":"/prometheus"}' ;;
   esac
   oci_pack "$tmp/rootfs" "$img" "$config" "$out"
   echo "$stamp" >"$out.stamp"
