@@ -2,9 +2,8 @@
 # Builds the upstream Go parts kubenet-ts runs and tests against, from their Go modules, at the
 # versions pinned in hack/upstream/<part>/go.mod (+ go.sum): the one place those versions live.
 #
-#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm coredns
-#                                        prometheus
-#                                        (default: cni-plugins containerd runc)
+#   hack/build-upstream.sh [PART...]     PART: cni-plugins containerd runc etcd kubernetes helm
+#                                        coredns prometheus (default: cni-plugins containerd runc)
 #
 #   cni-plugins  github.com/containernetworking/plugins: every plugin listed as a `tool` in its go.mod
 #                (loopback, bridge, host-local, dhcp, portmap, bandwidth, tuning)
@@ -18,6 +17,8 @@
 #   coredns      github.com/coredns/coredns: coredns, its main package (the default plugins of its plugin.cfg)
 #   prometheus   github.com/prometheus/prometheus (module v0.3XX.y is release 3.XX.y): prometheus, promtool,
 #                with its release's version ldflags; without the web UI's assets (the API is what we use)
+#   (A first build here, 2 cores, modules already downloaded: helm ~2 min, coredns ~3 min, prometheus
+#   ~9.5 min; the local cluster's add-on images, hack/build-addon-images.sh, take coredns and prometheus.)
 #
 # Each part is built into a cache directory keyed by its module version and the Go version,
 #   $KUBENET_CACHE_DIR/upstream/<part>-<version>-go<go version>/bin
