@@ -2,7 +2,8 @@
  * Pods on several nodes without a cloud (`routes: direct`, src/daemon/routes.ts), on a real cluster:
  * hack/cluster.sh up --nodes 3 --dual-stack (each node its own netns with its own uplink on a shared
  * LAN, its own kubelet, containerd and kube-proxy; one API server; pod CIDRs of both families
- * allocated by the controller-manager), `kubectl apply -f manifests/kubenet.yaml`, unchanged. Then:
+ * allocated by the controller-manager), `helm install kubenet manifests/chart` with its defaults (the
+ * chart manifests/kubenet.yaml is rendered from). Then:
  * every node routes the other nodes' pod CIDRs via their InternalIPs (routing protocol 98); every
  * pod reaches every pod on the other nodes in both families and sees the peer's own address (no
  * masquerading inside the cluster CIDR); iperf3 across nodes runs at line rate (the cluster's pod
@@ -13,6 +14,9 @@
  * The cluster's DNS (CoreDNS as kube-dns, hack/cluster/coredns.yaml): a pod on one node resolves a
  * Service name to its ClusterIP and reaches the pod behind it on another node; kube-proxy's
  * conntrack timeouts are upstream's in every node's netns and the host's stay as they were.
+ * Prometheus (manifests/monitoring) scrapes every agent and the dashboard's queries return series;
+ * `kubectl kubenet` reads every node through the API server; `helm upgrade` to metricsAuth:
+ * kubernetes puts the metrics port behind the API server's reviews.
  * Traffic only between the cluster's namespaces. Every step holds the traffic lock.
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
@@ -21,7 +25,12 @@ import { readFileSync, statSync } from 'node:fs';
 import { withTrafficLock } from '../../hack/support/traffic-lock.js';
 import { iperf, retryLog } from '../../hack/support/topo.js';
 import { msUntil } from '../../hack/support/until.js';
-import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
+import { upstreamDir } from '../../hack/support/upstream.js';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { dashboardQueries, type Dashboard } from '../helpers/dashboard.js';
+import { clusterTop, kubectlKubenet, pluginPathDir, type TopJson } from '../helpers/kubectl-kubenet.js';
+import { CHART, clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
 import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../helpers/measure.js';
 
 const test = anyTest as TestFn;
@@ -95,7 +104,9 @@ test.before(async (t) => {
   up = true;
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
   await withTrafficLock(async () => {
-    await c.kubectl(['apply', '-f', MANIFEST]);
+    // As a Helm user installs it: the chart with its defaults, which render manifests/kubenet.yaml
+    // (test/daemon/chart.test.ts); the single-node suite applies that file with kubectl.
+    await c.helm(['install', 'kubenet', CHART, '--namespace', 'kube-system', '--wait', '--timeout', '180s']);
     await c.kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=180s']);
     await c.kubectl(['wait', '--for=condition=Ready', 'node', '--all', '--timeout=60s']);
   });
@@ -308,6 +319,172 @@ serialTest('across nodes, between pods of the cluster, iperf3 runs at line rate 
     }
   }));
 
+
+const MONITORING = join(MANIFEST, '../monitoring');
+
+/**
+ * A failed CNI call on node `i` (CHECK of a container the agent never saw, through the installed
+ * binary as a runtime calls it): kubenet_cni_errors_total gets a series, as on a node in trouble.
+ */
+async function failedCniCall(i: number): Promise<void> {
+  const list = JSON.parse((await c.inNode(i, 'cat', ['/etc/cni/net.d/10-kubenet.conflist'])).stdout) as { cniVersion: string; name: string; plugins: Array<Record<string, unknown>> };
+  const conf = { cniVersion: list.cniVersion, name: list.name, ...list.plugins[0] };
+  const env = { CNI_COMMAND: 'CHECK', CNI_CONTAINERID: 'kubenet-e2e-never-added', CNI_NETNS: '/proc/self/ns/net', CNI_IFNAME: 'eth0', CNI_PATH: '/opt/cni/bin' };
+  const r = await c.inNode(i, '/opt/cni/bin/kubenet', [], false, { env, input: JSON.stringify(conf) });
+  if (r.exitCode === 0) throw new Error(`CHECK of a container never added succeeded: ${r.stdout}`);
+}
+
+serialTest('Prometheus (manifests/monitoring/prometheus.yaml, unchanged) scrapes every node\'s agent: a shaped pod\'s PromQL rate matches its iperf3 figure (±5 %), kubenet_pod_bandwidth_limit_bits_per_second is its limit, and every query of the Grafana dashboard returns series', (t) =>
+  withTrafficLock(async () => {
+    const t0 = Date.now();
+    await c.kubectl(['apply', '-f', join(MONITORING, 'prometheus.yaml')]);
+    const rolled = await c.kubectl(['-n', 'kubenet-monitoring', 'rollout', 'status', 'deployment/prometheus', '--timeout=180s'], { reject: false });
+    if (rolled.exitCode !== 0) throw new Error(`Prometheus did not start: ${(await c.kubectl(['-n', 'kubenet-monitoring', 'describe', 'pods'], { reject: false })).stdout.slice(-3000)}`);
+    const targetsUp = async () => (await c.promQuery('up{job="kubenet"} == 1').catch(() => ({ result: [] }))).result.map((r) => r.metric.node).sort();
+    const allUp = await msUntil(async () => (await targetsUp()).length === NODES.length, t0, 120_000, 1000);
+    t.log(`Prometheus up and scraping every agent ${allUp} ms after apply`);
+    t.deepEqual(await targetsUp(), NODES.map(node), "every node's agent is a target that answers");
+    // A shaped pod with a guarantee, taking as much as TCP gets from a LAN host for 60 s.
+    const pod = pausePod('prom-bw', { 'kubernetes.io/ingress-bandwidth': '10M' }, node(1)) as { spec: { containers: Array<Record<string, unknown>> } };
+    pod.spec.containers[0] = { ...pod.spec.containers[0], resources: { requests: { 'kubenet.io/ingress-bandwidth': '5' }, limits: { 'kubenet.io/ingress-bandwidth': '5' } } };
+    await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify(pod) });
+    const podCidr = (await c.json<{ spec: { podCIDR: string } }>(['get', 'node', node(1)])).spec.podCIDR;
+    const unroute = await lanRoutes([{ cidr: podCidr, node: 1 }]);
+    try {
+      await c.kubectl(['wait', '--for=condition=Ready', 'pod/prom-bw', '--timeout=90s']);
+      const ip = (await c.json<{ status: { podIP: string } }>(['get', 'pod', 'prom-bw'])).status.podIP;
+      const ep = { netns: '', netnsPath: `/proc/${pausePidOf(ip) ?? 'none'}/ns/net`, ip4: ip };
+      const began = Date.now();
+      const run = await iperf(ep, LAN_HOST, { onRetry: retryLog(t), seconds: 60 });
+      const ended = Date.now();
+      // The tree counts frames; iperf3 counts TCP payload: its figure on the wire adds each data
+      // segment's Ethernet, IPv4 and TCP (with timestamps) headers, 14 + 20 + 32 bytes.
+      const wire = run.bytes !== undefined && run.segments !== undefined && run.bytes > 0 ? run.bps * ((run.bytes + run.segments * 66) / run.bytes) : NaN;
+      // The rate over the scrapes inside the run, past TCP's first seconds.
+      const at = ended - 1000;
+      const windowS = Math.floor((at - (began + 5000)) / 1000);
+      await new Promise((r) => setTimeout(r, 1000));
+      const q = `8 * rate(kubenet_pod_shaped_bytes_total{pod="prom-bw", namespace="default", direction="ingress"}[${windowS}s])`;
+      const prom = Number((await c.promQuery(q, at)).result[0]?.value[1] ?? NaN);
+      t.log(`LAN host → prom-bw (n1, ingress 10M): iperf3 ${(run.bps / 1e6).toFixed(3)} Mbit/s of payload, ${(wire / 1e6).toFixed(3)} on the wire; PromQL ${q} = ${(prom / 1e6).toFixed(3)} Mbit/s (${((prom / wire) * 100).toFixed(1)} %)`);
+      t.true(Math.abs(prom / wire - 1) <= 0.05, `PromQL ${prom} within ±5 % of iperf3's ${wire}`);
+      const limit = (await c.promQuery('kubenet_pod_bandwidth_limit_bits_per_second{pod="prom-bw", direction="ingress"}')).result;
+      t.deepEqual(limit.map((r) => [r.metric.node, r.metric.namespace, r.metric.source, r.value[1]]), [[node(1), 'default', 'pod', '10000000']]);
+      // Every family the dashboard reads exists once a CNI call has failed somewhere; two scrapes later
+      // every panel's query (variables as "All", rate over 2 m) returns series.
+      await failedCniCall(1);
+      const errorsAt = Date.now();
+      await msUntil(async () => (await c.promQuery('count_over_time(kubenet_cni_errors_total{node="kcl-n1"}[2m]) >= 2')).result.length > 0, errorsAt, 60_000, 1000);
+      const queries = dashboardQueries(JSON.parse(await readFile(join(MONITORING, 'grafana-dashboard.json'), 'utf8')) as Dashboard, '2m');
+      const empty: string[] = [];
+      for (const query of queries) {
+        const r = await c.promQuery(query.query);
+        if (r.result.length === 0) empty.push(`${query.title}: ${query.query}`);
+      }
+      t.deepEqual(empty, [], 'dashboard queries that returned no series');
+      t.log(`${queries.length} dashboard queries, each with series`);
+      const nodes = JSON.parse((await c.kubectl(['get', '--raw', '/api/v1/namespaces/kubenet-monitoring/services/prometheus:9090/proxy/api/v1/label/node/values?match[]=kubenet_pods'])).stdout) as { data: string[] };
+      t.deepEqual(nodes.data.sort(), NODES.map(node), "the dashboard's node variable lists every node");
+    } finally {
+      await unroute();
+      await c.kubectl(['delete', 'pod', 'prom-bw', '--wait=true', '--timeout=60s']);
+      // Its scrapes are load of their own: not beside the later cases' measurements.
+      await c.kubectl(['delete', '-f', join(MONITORING, 'prometheus.yaml'), '--wait=true', '--timeout=120s']);
+    }
+  }));
+
+/** GET https://NODE:10266/PATH from the LAN host (outside the cluster), with a bearer token or none: the status and body. */
+async function scrapeFromLan(i: number, path: string, token?: string, scheme = 'https'): Promise<{ status: number; body: string }> {
+  const script = `const m=require(${JSON.stringify(scheme)});const r=m.request(${JSON.stringify(`${scheme}://198.18.252.${10 + i}:10266${path}`)},{rejectUnauthorized:false,headers:${JSON.stringify(token ? { authorization: `Bearer ${token}` } : {})}},(res)=>{let b='';res.on('data',(d)=>b+=d);res.on('end',()=>{console.log(JSON.stringify({status:res.statusCode,body:b.slice(0,4000)}))})});r.on('error',(e)=>{console.log(JSON.stringify({status:0,body:e.message}))});r.end()`;
+  const r = await execa('ip', ['netns', 'exec', LAN_HOST.netns, process.execPath, '-e', script]);
+  return JSON.parse(r.stdout) as { status: number; body: string };
+}
+
+serialTest('metricsAuth kubernetes through the chart (helm upgrade): one more binding (system:auth-delegator); /metrics over TLS answers a service account allowed get on /metrics, refuses one that is not (403) and no token (401), as the real API server reviews them; /healthz stays open; back to the defaults, the binding goes and /metrics is plain HTTP again', async (t) => {
+  const reader = { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: 'kubenet-e2e-metrics-reader' }, rules: [{ nonResourceURLs: ['/metrics'], verbs: ['get'] }] };
+  const binding = { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRoleBinding', metadata: { name: 'kubenet-e2e-metrics-reader' }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: reader.metadata.name }, subjects: [{ kind: 'ServiceAccount', name: 'e2e-scraper', namespace: 'default' }] };
+  try {
+    const up = await c.helm(['upgrade', 'kubenet', CHART, '--namespace', 'kube-system', '--set', 'config.metricsAuth=kubernetes', '--wait', '--timeout', '180s']);
+    t.log(up.all?.split('\n').find((l) => l.startsWith('REVISION')) ?? '');
+    await c.kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=180s']);
+    t.is((await c.json<{ roleRef: { name: string } }>(['get', 'clusterrolebinding', 'kubenet-auth-delegator'])).roleRef.name, 'system:auth-delegator');
+    await c.kubectl(['create', 'serviceaccount', 'e2e-scraper', '-n', 'default']);
+    await c.kubectl(['create', 'serviceaccount', 'e2e-nobody', '-n', 'default']);
+    await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [reader, binding] }) });
+    const scraper = (await c.kubectl(['create', 'token', 'e2e-scraper', '-n', 'default'])).stdout.trim();
+    const nobody = (await c.kubectl(['create', 'token', 'e2e-nobody', '-n', 'default'])).stdout.trim();
+    for (const i of NODES) {
+      const none = await scrapeFromLan(i, '/metrics');
+      t.is(none.status, 401, `${node(i)} without a token: ${none.body}`);
+      const denied = await scrapeFromLan(i, '/metrics', nobody);
+      t.is(denied.status, 403, `${node(i)} e2e-nobody: ${denied.body}`);
+      t.regex(denied.body, /system:serviceaccount:default:e2e-nobody" may not get \/metrics/);
+      const allowed = await scrapeFromLan(i, '/metrics', scraper);
+      t.is(allowed.status, 200, `${node(i)} e2e-scraper: ${allowed.body.slice(0, 200)}`);
+      t.regex(allowed.body, /^kubenet_pods \d+$/m);
+      const health = await scrapeFromLan(i, '/healthz');
+      t.is(health.status, 200, `${node(i)} /healthz without a token`);
+      t.is((await scrapeFromLan(i, '/v1/status', scraper)).status, 404, 'nothing but /metrics and /healthz, token or not');
+    }
+  } finally {
+    await c.kubectl(['delete', 'clusterrolebinding,clusterrole', 'kubenet-e2e-metrics-reader', '--ignore-not-found']);
+    await c.kubectl(['delete', 'serviceaccount', 'e2e-scraper', 'e2e-nobody', '-n', 'default', '--ignore-not-found']);
+    await c.helm(['upgrade', 'kubenet', CHART, '--namespace', 'kube-system', '--reset-values', '--wait', '--timeout', '180s']);
+    await c.kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=180s']);
+  }
+  t.is((await c.kubectl(['get', 'clusterrolebinding', 'kubenet-auth-delegator'], { reject: false })).exitCode, 1, 'the binding goes with the setting');
+  const plain = await scrapeFromLan(1, '/metrics', undefined, 'http');
+  t.is(plain.status, 200, 'plain HTTP, open, again');
+});
+
+serialTest('kubectl kubenet (the plugin, found by kubectl on PATH): top lists every node\'s pods through the API server, the throttled pod first at its limit; --node and --namespace narrow it; status NODE shows one node', (t) =>
+  withTrafficLock(async () => {
+    const kubeconfig = join(c.dir, 'kubeconfig');
+    const items = [pausePod('top-1', { 'kubernetes.io/ingress-bandwidth': '10M' }, node(1)), pausePod('top-2', { 'kubernetes.io/egress-bandwidth': '5M' }, node(2))];
+    await c.kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'List', items }) });
+    const unroute = await lanRoutes([{ cidr: (await c.json<{ spec: { podCIDR: string } }>(['get', 'node', node(1)])).spec.podCIDR, node: 1 }]);
+    try {
+      await c.kubectl(['wait', '--for=condition=Ready', 'pod/top-1', 'pod/top-2', '--timeout=90s']);
+      const ip = async (name: string) => (await c.json<{ status: { podIP: string } }>(['get', 'pod', name])).status.podIP;
+      const ip1 = await ip('top-1');
+      const ip2 = await ip('top-2');
+      // The throttled pod: as much as TCP gets from the LAN host, for the time `top` looks.
+      const flow = iperf({ netns: '', netnsPath: `/proc/${pausePidOf(ip1) ?? 'none'}/ns/net`, ip4: ip1 }, LAN_HOST, { onRetry: retryLog(t), seconds: 14 });
+      await new Promise((r) => setTimeout(r, 4000));
+      // Through kubectl's own plugin lookup, as an operator runs it.
+      const dir = await pluginPathDir(join(c.dir, 'plugin-bin'));
+      const kubectl = join(upstreamDir('kubernetes'), 'kubectl');
+      const viaKubectl = await execa(kubectl, ['kubenet', 'top', '--json', '--kubeconfig', kubeconfig], { env: { PATH: `${dir}:${process.env.PATH ?? ''}` }, reject: false });
+      t.is(viaKubectl.exitCode, 0, viaKubectl.stderr);
+      const top = JSON.parse(viaKubectl.stdout) as TopJson;
+      const text = await kubectlKubenet(kubeconfig, ['top']);
+      await flow;
+      t.log(`kubectl kubenet top:\n${text.stdout}`);
+      t.deepEqual(top.nodes.map((n) => n.node).sort(), NODES.map(node), 'every node read');
+      t.deepEqual(top.unreachable, []);
+      const first = top.pods[0];
+      t.like(first, { node: node(1), namespace: 'default', pod: 'top-1', direction: 'ingress', limit: 10e6 }, 'the throttled pod first');
+      t.true((first?.rate ?? 0) >= 0.85 * 10e6 && (first?.rate ?? 0) <= 1.1 * 10e6, `top-1 at its limit: ${first?.rate}`);
+      t.true((first?.overlimitsPerS ?? 0) > 0, 'and throttled');
+      t.like(top.pods.find((p) => p.pod === 'top-2' && p.direction === 'egress'), { node: node(2), limit: 5e6 });
+      t.regex(text.stdout, /top-1/);
+      const n2 = await clusterTop(kubeconfig, ['--node', node(2)]);
+      t.deepEqual([...new Set(n2.pods.map((p) => p.node))], [node(2)]);
+      t.true(n2.pods.some((p) => p.pod === 'top-2'));
+      const ns = await clusterTop(kubeconfig, ['--namespace', 'kube-system']);
+      t.false(ns.pods.some((p) => p.namespace === 'default'), '--namespace narrows to that namespace');
+      const status = await kubectlKubenet(kubeconfig, ['status', node(2)]);
+      t.is(status.exitCode, 0, status.stderr);
+      t.log(`kubectl kubenet status ${node(2)}:\n${status.stdout}`);
+      const podCidr2 = (await c.json<{ spec: { podCIDR: string } }>(['get', 'node', node(2)])).spec.podCIDR;
+      t.true(status.stdout.includes(podCidr2), "its pod CIDR");
+      t.true(status.stdout.includes(ip2), "top-2's address");
+      t.false(status.stdout.includes(ip1), 'nothing of another node');
+    } finally {
+      await unroute();
+      await c.kubectl(['delete', 'pod', 'top-1', 'top-2', '--wait=true', '--timeout=60s']);
+    }
+  }));
 
 const fakeNode = (name: string, cidrs: string[], ip: string) => ({
   apiVersion: 'v1',

@@ -122,9 +122,9 @@ export class LocalCluster {
   }
 
   /** A command in node `node`'s namespaces (its netns and private mounts). */
-  inNode(node: number, cmd: string, args: string[], reject = true) {
+  inNode(node: number, cmd: string, args: string[], reject = true, opts: { env?: Record<string, string>; input?: string } = {}) {
     const holder = readFileSync(join(this.dir, `n${node}/holder.pid`), 'utf8').trim();
-    return execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject });
+    return execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject, ...(opts.env ? { env: opts.env } : {}), ...(opts.input !== undefined ? { input: opts.input } : {}) });
   }
 }
 
