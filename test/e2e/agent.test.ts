@@ -95,7 +95,7 @@ async function assertNothingLeft(t: import('ava').ExecutionContext, h: AgentHarn
 
 serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL, DEL with empty CNI_NETNS leave nothing', async (t) => {
   const h = await harness(t, '10.93.1.0/24');
-  await h.startAgent();
+  const agent = await h.startAgent();
 
   // What a runtime finds: a 0600 socket, a 0755 binary named kubenet, the conflist.
   t.is((await stat(h.config.socket)).mode & 0o777, 0o600);
@@ -137,6 +137,17 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   const metrics = (await h.get('/metrics')).body;
   t.regex(metrics, /^kubenet_pods 2$/m);
   t.regex(metrics, /^kubenet_cni_add_seconds_count 2$/m);
+  // The same on the agent's TCP port (metricsAddress; the harness's 127.0.0.1:0), and nothing else there.
+  const url = agent.metricsUrl() ?? '';
+  t.regex(url, /^http:\/\/127\.0\.0\.1:\d+$/);
+  const tcp = await fetch(`${url}/metrics`);
+  t.is(tcp.status, 200);
+  const tcpText = await tcp.text();
+  t.regex(tcpText, /^kubenet_pods 2$/m);
+  t.regex(tcpText, /^kubenet_cni_add_seconds_count 2$/m);
+  t.is((await fetch(`${url}/healthz`)).status, 200);
+  for (const path of ['/v1/status', '/v1/cni']) t.is((await fetch(`${url}${path}`)).status, 404, `${path} is the socket's only`);
+  t.is((await fetch(`${url}/v1/cni`, { method: 'POST', body: '{}' })).status, 404);
 
   // CHECK after the pod lost its address fails.
   await execa('ip', ['-n', a.netns, 'addr', 'flush', 'dev', 'eth0']);
