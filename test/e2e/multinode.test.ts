@@ -599,39 +599,46 @@ serialTest('control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s
         const routesBefore = await Promise.all(NODES.map(ourRoutes));
         const monitors = NODES.map((i) => execa('ip', ['-n', node(i), 'monitor', 'route'], { reject: false }));
         const pinger = pingThroughout((cmd, args) => execa('nsenter', ['-t', from, '-n', cmd, ...args], { reject: false }), ips.get('mesh-2') ?? '', 150);
-        const faultStart = Date.now();
-        await fault.run();
-        // The first write accepted is the new Node; the annotations follow at once.
-        const dst = `10.244.${210 + k}.0/24`;
-        const gw = `198.18.252.${90 + k}`;
-        const t0 = await c.firstWrite(() => c.kubectl(['--request-timeout=3s', 'create', '-f', '-'], { input: JSON.stringify(fakeNode(`kcl-cp-${k}`, [dst], gw)) }));
-        const rate = `${21 + k}Mbit`;
-        const annotated = Promise.all(NODES.map((i) => c.kubectl(['annotate', '--overwrite', 'pod', `mesh-${i}`, `kubernetes.io/egress-bandwidth=${21 + k}M`])));
-        const [routed, shaped] = await Promise.all([
-          Promise.all(NODES.map((i) => msUntilRoutes(i, (r) => r.includes(`${dst} via ${gw} dev kcl${i}u`), t0, fault.withinMs + 10_000))),
-          Promise.all(NODES.map((i) => msUntil(async () => (await egressCeils(i)).includes(rate), t0, fault.withinMs + 10_000))),
-        ]);
-        await annotated;
-        t.log(`${fault.what}: writes accepted ${t0 - faultStart} ms after the fault began; the new Node routed on n1..n3 after ${routed.join(' / ')} ms, egress ${rate} in the kernel after ${shaped.join(' / ')} ms`);
-        for (const ms of [...routed, ...shaped]) t.true(ms <= fault.withinMs, `${fault.what}: within ${fault.withinMs} ms of the first accepted write: ${ms} ms`);
-        // A new pod on node 3 with its limits.
-        const pod = `cp-${k}`;
-        await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(pod, { 'kubernetes.io/egress-bandwidth': `${31 + k}M` }, node(3))) });
-        await c.kubectl(['wait', '--for=condition=Ready', `pod/${pod}`, '--timeout=90s']);
-        t.true((await egressCeils(3)).includes(`${31 + k}Mbit`), `${fault.what}: the new pod's egress limit is in the kernel`);
-        await new Promise((r) => setTimeout(r, 500));
-        const ping = await pinger.stop();
-        for (const m of monitors) m.kill();
-        const changes = (await Promise.all(monitors)).map((m) => m.stdout.split('\n').filter((l) => /proto 98/.test(l) && !l.includes(dst)));
-        t.log(`${fault.what}: mesh-1 (n1) → mesh-2 (n2): ${ping.sent} sent, ${ping.lost} lost; other route changes: ${changes.flat().join(' | ') || 'none'}`);
-        const ranMs = Date.now() - faultStart;
-        t.true(ping.sent >= (0.8 * ranMs) / 50, `the ping ran through the fault (${ping.sent} sent in ${ranMs} ms)`);
-        t.is(ping.lost, 0, `${fault.what}: no ping lost between pods on different nodes`);
-        t.deepEqual(changes, [[], [], []], `${fault.what}: no route flapped`);
-        const routesAfter = await Promise.all(NODES.map(ourRoutes));
-        t.deepEqual(routesAfter.map((r) => r.filter((x) => !x.startsWith(dst))), routesBefore, 'every other route as before');
-        await c.kubectl(['delete', 'node', `kcl-cp-${k}`]);
-        await c.kubectl(['delete', 'pod', pod, '--wait=true', '--timeout=60s']);
+        // Whatever throws below, the monitors and the pinger end with the fault (a monitor left running
+        // keeps the test worker alive after the cluster is gone).
+        try {
+          const faultStart = Date.now();
+          await fault.run();
+          // The first write accepted is the new Node; the annotations follow at once.
+          const dst = `10.244.${210 + k}.0/24`;
+          const gw = `198.18.252.${90 + k}`;
+          const t0 = await c.firstWrite(() => c.kubectl(['--request-timeout=3s', 'create', '-f', '-'], { input: JSON.stringify(fakeNode(`kcl-cp-${k}`, [dst], gw)) }));
+          const rate = `${21 + k}Mbit`;
+          const annotated = Promise.all(NODES.map((i) => c.kubectl(['annotate', '--overwrite', 'pod', `mesh-${i}`, `kubernetes.io/egress-bandwidth=${21 + k}M`])));
+          const [routed, shaped] = await Promise.all([
+            Promise.all(NODES.map((i) => msUntilRoutes(i, (r) => r.includes(`${dst} via ${gw} dev kcl${i}u`), t0, fault.withinMs + 10_000))),
+            Promise.all(NODES.map((i) => msUntil(async () => (await egressCeils(i)).includes(rate), t0, fault.withinMs + 10_000))),
+          ]);
+          await annotated;
+          t.log(`${fault.what}: writes accepted ${t0 - faultStart} ms after the fault began; the new Node routed on n1..n3 after ${routed.join(' / ')} ms, egress ${rate} in the kernel after ${shaped.join(' / ')} ms`);
+          for (const ms of [...routed, ...shaped]) t.true(ms <= fault.withinMs, `${fault.what}: within ${fault.withinMs} ms of the first accepted write: ${ms} ms`);
+          // A new pod on node 3 with its limits.
+          const pod = `cp-${k}`;
+          await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(pod, { 'kubernetes.io/egress-bandwidth': `${31 + k}M` }, node(3))) });
+          await c.kubectl(['wait', '--for=condition=Ready', `pod/${pod}`, '--timeout=90s']);
+          t.true((await egressCeils(3)).includes(`${31 + k}Mbit`), `${fault.what}: the new pod's egress limit is in the kernel`);
+          await new Promise((r) => setTimeout(r, 500));
+          const ping = await pinger.stop();
+          for (const m of monitors) m.kill();
+          const changes = (await Promise.all(monitors)).map((m) => m.stdout.split('\n').filter((l) => /proto 98/.test(l) && !l.includes(dst)));
+          t.log(`${fault.what}: mesh-1 (n1) → mesh-2 (n2): ${ping.sent} sent, ${ping.lost} lost; other route changes: ${changes.flat().join(' | ') || 'none'}`);
+          const ranMs = Date.now() - faultStart;
+          t.true(ping.sent >= (0.8 * ranMs) / 50, `the ping ran through the fault (${ping.sent} sent in ${ranMs} ms)`);
+          t.is(ping.lost, 0, `${fault.what}: no ping lost between pods on different nodes`);
+          t.deepEqual(changes, [[], [], []], `${fault.what}: no route flapped`);
+          const routesAfter = await Promise.all(NODES.map(ourRoutes));
+          t.deepEqual(routesAfter.map((r) => r.filter((x) => !x.startsWith(dst))), routesBefore, 'every other route as before');
+          await c.kubectl(['delete', 'node', `kcl-cp-${k}`]);
+          await c.kubectl(['delete', 'pod', pod, '--wait=true', '--timeout=60s']);
+        } finally {
+          for (const m of monitors) m.kill();
+          await pinger.stop().catch(() => undefined);
+        }
       });
     } finally {
       for (const [k] of FAULTS.entries()) await c.kubectl(['delete', 'node', `kcl-cp-${k}`, `--ignore-not-found`], { reject: false });
