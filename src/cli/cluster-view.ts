@@ -7,20 +7,12 @@
 import { formatBandwidth, type LimitSource } from '../bandwidth/limits.js';
 import { sourceTag } from '../bandwidth/namespace-policy.js';
 import { samplesOf, type MetricFamily } from './prom-text.js';
+import type { AgentInfo } from '../daemon/metrics.js';
 import { rateText } from './rate-text.js';
 
 export type Direction = 'ingress' | 'egress';
 export const DIRECTIONS: readonly Direction[] = ['ingress', 'egress'];
 
-/** The node as `kubenet_info` says (absent from agents before it). */
-export interface NodeInfo {
-  node: string;
-  version: string;
-  podCIDR: string | undefined;
-  bridge: string;
-  ipam: string;
-  routes: string;
-}
 
 export interface DirectionSnapshot {
   limit?: number;
@@ -41,7 +33,8 @@ export interface PodSnapshot {
 
 /** One scrape of one agent. */
 export interface NodeSnapshot {
-  info?: NodeInfo;
+  /** The node as `kubenet_info` says (absent from agents before it): the agent's own type, erased at run time. */
+  info?: AgentInfo;
   /** By "namespace/pod". */
   pods: Map<string, PodSnapshot>;
   /** When the agent read the counters (unix seconds, its clock; kubenet_pod_counters_read_timestamp_seconds). */
