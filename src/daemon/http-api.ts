@@ -78,6 +78,15 @@ function parseEnvelope(body: string): CniRequest | CniAnswer {
   }
 }
 
+/** An answer of known length, its body in parts written one after the other (`headOnly`: the headers alone, for HEAD). */
+export function sendParts(res: ServerResponse, status: number, contentType: string, body: string | Array<string | Buffer>, headOnly = false): void {
+  const parts = typeof body === 'string' ? [body] : body;
+  res.writeHead(status, { 'content-type': contentType, 'content-length': parts.reduce((n, p) => n + (typeof p === 'string' ? Buffer.byteLength(p) : p.length), 0) });
+  if (headOnly) return void res.end();
+  for (const p of parts.slice(0, -1)) res.write(p);
+  res.end(parts[parts.length - 1]);
+}
+
 /** How much of a refused body is read and dropped so its client can read the refusal. */
 const DISCARD_BYTES = 64 * 1024 * 1024;
 const DISCARD_MS = 2_000;
@@ -194,10 +203,7 @@ export class AgentApi {
   private reply(res: ServerResponse, status: number, contentType: string, body: string | Array<string | Buffer>): void {
     // While stopping, each answer closes its connection so that close() is not held by keep-alive.
     if (this.stopping) res.setHeader('connection', 'close');
-    const parts = typeof body === 'string' ? [body] : body;
-    res.writeHead(status, { 'content-type': contentType, 'content-length': parts.reduce((n, p) => n + (typeof p === 'string' ? Buffer.byteLength(p) : p.length), 0) });
-    for (const p of parts.slice(0, -1)) res.write(p);
-    res.end(parts[parts.length - 1]);
+    sendParts(res, status, contentType, body);
   }
 
   private async serveLimits(req: IncomingMessage, res: ServerResponse, namespace: string, name: string): Promise<void> {

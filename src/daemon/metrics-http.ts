@@ -22,7 +22,7 @@ import { formatListenAddress, parseListenAddress } from '../net/listen-address.j
 import { selfSignedCertificate } from '../util/self-signed.js';
 import type { MetricsAuthorizer } from './metrics-auth.js';
 import { HEALTH_PATH } from './protocol.js';
-import { METRICS_PATH } from './http-api.js';
+import { METRICS_PATH, sendParts } from './http-api.js';
 
 export interface MetricsHttpHandlers {
   /** The exposition, in parts sent one after the other. */
@@ -138,11 +138,7 @@ export class MetricsHttp {
   }
 
   private reply(res: ServerResponse, req: IncomingMessage, status: number, contentType: string, body: string | Array<string | Buffer>): void {
-    const parts = typeof body === 'string' ? [body] : body;
-    res.writeHead(status, { 'content-type': contentType, 'content-length': parts.reduce((n, p) => n + (typeof p === 'string' ? Buffer.byteLength(p) : p.length), 0) });
-    if (req.method === 'HEAD') return void res.end();
-    for (const p of parts.slice(0, -1)) res.write(p);
-    res.end(parts[parts.length - 1]);
+    sendParts(res, status, contentType, body, req.method === 'HEAD');
   }
 
   async close(): Promise<void> {
