@@ -9,12 +9,13 @@
  * core acquire every known pod's lease again), so renewals continue and pods keep their addresses.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync, unlinkSync } from 'node:fs';
+import { readFileSync, unlinkSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { KubenetError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { socketAnswers } from '../pod/index.js';
+import { dyingWithParent } from '../util/parent-death.js';
 
 export interface DhcpDaemonOptions {
   /** The dhcp plugin binary (the daemon is its `daemon` subcommand). */
@@ -32,7 +33,6 @@ export interface DhcpDaemonOptions {
   readyTimeoutMs?: number;
 }
 
-const SETPRIV = '/usr/bin/setpriv';
 /** A daemon that ran this long before it exited restarts after the initial delay again. */
 const STABLE_MS = 60_000;
 
@@ -66,8 +66,7 @@ export class DhcpDaemon {
   private async spawnAndWait(): Promise<void> {
     this.killStale();
     const args = ['daemon', '-socketpath', this.o.socket, '-pidfile', this.pidFile, '-timeout', `${this.o.attemptTimeoutSec}s`];
-    // setpriv sets the parent-death signal, then execs the daemon (the signal survives exec).
-    const [file, argv] = existsSync(SETPRIV) ? [SETPRIV, ['--pdeathsig', 'KILL', '--', this.o.binary, ...args]] : [this.o.binary, args];
+    const [file, argv] = dyingWithParent(this.o.binary, args);
     const proc = spawn(file, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.proc = proc;
     this.startedAt = Date.now();

@@ -7,6 +7,7 @@
 import { execa } from 'execa';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { KubenetError } from '../errors.js';
+import { dyingWithParent } from '../util/parent-death.js';
 
 /** A tc/ip batch failed; `line` is the failing command (1-based `lineNo`) when the tool named one. */
 export class TcBatchError extends KubenetError {
@@ -138,7 +139,8 @@ export class TcSession {
   }
 
   private spawnTc(): TcProcess {
-    const proc = spawn('tc', ['-force', '-batch', '-'], { stdio: ['pipe', 'ignore', 'pipe'] });
+    // Dies with the agent: lines it holds never run after the next agent's start (parent-death.ts).
+    const proc = spawn(...dyingWithParent('tc', ['-force', '-batch', '-']), { stdio: ['pipe', 'ignore', 'pipe'] });
     this.spawned++;
     const tc: TcProcess = { proc, lineNo: 0, buf: '', pending: [] };
     this.live.add(tc);

@@ -87,3 +87,55 @@ kTest('runs asked for at once are written at once and answered each with its own
   t.not(session.pid, pid);
   t.regex((await execa('tc', ['class', 'show', 'dev', dev])).stdout, /class htb 1:1 root .*rate 9Mbit/);
 });
+
+kTest('the session\'s tc dies with the agent: a run it holds when the agent is killed never reaches the kernel', async (t) => {
+  // The churn suite once found filters of a pod nobody knew: the killed agent's tc, held up under
+  // load, ran its last lines after the next agent had listed and swept the ifb. Here the tc is held
+  // (SIGSTOP) while its agent writes a run to it, the agent is SIGKILLed, and the tc let go.
+  const dev = `ktd${uniq(8)}`;
+  await execa('ip', ['link', 'add', dev, 'type', 'veth', 'peer', 'name', `${dev}p`]);
+  let tcPid: number | undefined;
+  t.teardown(async () => {
+    if (tcPid !== undefined && alive(tcPid)) process.kill(tcPid, 'SIGKILL');
+    await execa('ip', ['link', 'del', dev], { reject: false });
+  });
+  await execa('tc', ['qdisc', 'add', 'dev', dev, 'root', 'handle', '1:', 'htb']);
+  const session = new URL('../../src/shaper/tc-exec.ts', import.meta.url).href;
+  const script = [
+    `import { TcSession } from ${JSON.stringify(session)};`,
+    'const s = new TcSession();',
+    "await s.run(['qdisc show dev lo']);",
+    "process.stdout.write(`${s.pid}\\n`);",
+    `process.stdin.once('data', () => { void s.run(['class add dev ${dev} parent 1: classid 1:5 htb rate 1mbit']).catch(() => undefined); setTimeout(() => process.stdout.write('written\\n'), 50); });`,
+  ].join('\n');
+  const agent = execa(process.execPath, ['--import=tsx', '--input-type=module', '-e', script], { stdin: 'pipe', reject: false });
+  const said: string[] = [];
+  const next = () =>
+    new Promise<string>((resolve, reject) => {
+      const poll = setInterval(() => {
+        const l = said.shift();
+        if (l !== undefined) {
+          clearInterval(poll);
+          resolve(l);
+        }
+      }, 5);
+      void agent.then((r) => {
+        clearInterval(poll);
+        reject(new Error(`the agent process ended: ${r.stderr}`));
+      });
+    });
+  agent.stdout?.setEncoding('utf8');
+  agent.stdout?.on('data', (d: string) => said.push(...d.split('\n').filter((l) => l !== '')));
+  tcPid = Number(await next());
+  t.true(alive(tcPid), `tc ${tcPid} runs`);
+  process.kill(tcPid, 'SIGSTOP');
+  agent.stdin?.write('go\n');
+  t.is(await next(), 'written');
+  agent.kill('SIGKILL');
+  await agent;
+  process.kill(tcPid, 'SIGCONT');
+  const deadline = Date.now() + 2_000;
+  while (alive(tcPid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  t.false(alive(tcPid), 'the tc is gone with its agent');
+  t.notRegex((await execa('tc', ['class', 'show', 'dev', dev])).stdout, /1:5/, 'the run written before the kill never ran');
+});
