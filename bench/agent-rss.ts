@@ -1,7 +1,7 @@
 /**
  * Resident memory of the idle node agent as it ships (`node dist/src/cli/main.js daemon`, compiled
  * first), in cluster mode (watching its Node and the node's pods on a fake API server on 127.0.0.1,
- * hack/support/fake-apiserver.ts, through a kubeconfig file) and in static mode (--pod-cidr), each
+ * test/kit/fake-apiserver.ts, through a kubeconfig file) and in static mode (--pod-cidr), each
  * started `--runs` times. RSS (VmRSS) is sampled once the agent is healthy (pod CIDR known, conflist
  * written) and has been idle for `--idle` seconds. Prints each sample and the medians.
  *
@@ -15,8 +15,8 @@ import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
-import { FakeApiServer, fakeKubeConfig, node, pod } from '../hack/support/fake-apiserver.js';
-import { CNI_BIN_DIRS, delLink, makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
+import { FakeApiServer, fakeKubeConfig, node, pod } from '../test/kit/fake-apiserver.js';
+import { CNI_BIN_DIRS, delLink, makeTmpDir, rmrf, uniq } from '../test/kit/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const DIST_MAIN = join(ROOT, 'dist/src/cli/main.js');

@@ -32,11 +32,11 @@ import { execa } from 'execa';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { argValue, numArg, percentile } from '../hack/support/bench-kit.js';
-import { uniq } from '../hack/support/kernel.js';
-import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
-import { msUntil } from '../hack/support/until.js';
-import { upstreamDir } from '../hack/support/upstream.js';
+import { argValue, numArg, percentile } from '../test/kit/bench-kit.js';
+import { uniq } from '../test/kit/kernel.js';
+import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
+import { msUntil } from '../test/kit/until.js';
+import { upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const AGENTS = numArg('agents', 200);

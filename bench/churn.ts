@@ -1,6 +1,6 @@
 /**
  * Soak: thousands of pod ADD/DEL cycles through libcni against the node agent in a node sandbox,
- * with the mechanics of test/e2e/churn.test.ts (hack/support/churn.ts): 8 pods at a time, a third
+ * with the mechanics of test/e2e/churn.test.ts (test/kit/churn.ts): 8 pods at a time, a third
  * shaped (half with containerd's burst 4294967295), a fifth with a host port, DEL twice (the second
  * with an empty CNI_NETNS), runtime-like retries, and optionally SIGKILLs of the agent (each followed
  * by a restart with the same config).
@@ -21,12 +21,12 @@
 import { randomInt } from 'node:crypto';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../hack/support/agent-process.js';
-import { Churn, leftoversAcrossRestart, percentile, rssKb } from '../hack/support/churn.js';
-import { Cleanup, kernelTestBlocker, uniq } from '../hack/support/kernel.js';
-import { countLeftovers, describeLeftovers, podLeftovers, type NodeLayout } from '../hack/support/node-leaks.js';
-import { NodeSandbox } from '../hack/support/node-sandbox.js';
-import { SandboxLibcni } from '../hack/support/sandbox-libcni.js';
+import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../test/kit/agent-process.js';
+import { Churn, leftoversAcrossRestart, percentile, rssKb } from '../test/kit/churn.js';
+import { Cleanup, kernelTestBlocker, uniq } from '../test/kit/kernel.js';
+import { countLeftovers, describeLeftovers, podLeftovers, type NodeLayout } from '../test/kit/node-leaks.js';
+import { NodeSandbox } from '../test/kit/node-sandbox.js';
+import { SandboxLibcni } from '../test/kit/sandbox-libcni.js';
 
 const { values } = parseArgs({
   options: {

@@ -17,10 +17,10 @@ import { execa, type ResultPromise } from 'execa';
 import { copyFile, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { numArg, percentile, processUsage } from '../hack/support/bench-kit.js';
-import { uniq } from '../hack/support/kernel.js';
-import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
-import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../hack/support/upstream.js';
+import { numArg, percentile, processUsage } from '../test/kit/bench-kit.js';
+import { uniq } from '../test/kit/kernel.js';
+import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
+import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const PODS = numArg('pods', 60);

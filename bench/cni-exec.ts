@@ -34,8 +34,8 @@ import { performance } from 'node:perf_hooks';
 import { execPlugin, findPlugin } from '../src/cni/exec.js';
 import { sharedSpawner } from '../src/cni/spawner.js';
 import { posixSpawnRun, SHIM_C } from './posix-spawn.js';
-import { CNI_BIN_DIRS } from '../hack/support/kernel.js';
-import { summary } from '../hack/support/bench-kit.js';
+import { CNI_BIN_DIRS } from '../test/kit/kernel.js';
+import { summary } from '../test/kit/bench-kit.js';
 
 const DIRS = CNI_BIN_DIRS;
 

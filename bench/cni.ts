@@ -8,7 +8,7 @@
  * - static:  `kubenet daemon --pod-cidr …` (the embedded default; limits from runtimeConfig, as
  *            containerd passes the pod's annotations).
  * - cluster: `kubenet daemon --kubeconfig …` against a fake API server in this process
- *            (hack/support/fake-apiserver.ts) serving the Node with its pod CIDR and the pods with
+ *            (test/kit/fake-apiserver.ts) serving the Node with its pod CIDR and the pods with
  *            their bandwidth annotations; the kubenet side gets NO runtimeConfig, so its limits come
  *            from the annotations in the agent's pod watch (the path a runtime without the bandwidth
  *            capability takes). Every pod is in the API server, and delivered on the agent's watch,
@@ -98,12 +98,12 @@ import { NodeWatchPodCidrSource } from '../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../src/daemon/pod-lookup.js';
 import { createLogger } from '../src/log.js';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
-import { AgentHarness, LIBCNI_DRIVER, FORWARDER, libcniBatch, libcniCallArgs, postCni, type BatchRequest, type LibcniDirs } from '../hack/support/agent-harness.js';
-import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
-import { delIfbs, makeTmpDir, rmrf, uniq } from '../hack/support/kernel.js';
-import { cniArgs, type TestPod } from '../hack/support/test-pod.js';
-import { summary } from '../hack/support/bench-kit.js';
-import { libcniVersion, REF_PLUGINS_DIR, refPluginsVersion } from '../hack/support/upstream.js';
+import { AgentHarness, LIBCNI_DRIVER, FORWARDER, libcniBatch, libcniCallArgs, postCni, type BatchRequest, type LibcniDirs } from '../test/kit/agent-harness.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../test/kit/fake-apiserver.js';
+import { delIfbs, makeTmpDir, rmrf, uniq } from '../test/kit/kernel.js';
+import { cniArgs, type TestPod } from '../test/kit/test-pod.js';
+import { summary } from '../test/kit/bench-kit.js';
+import { libcniVersion, REF_PLUGINS_DIR, refPluginsVersion } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /** The `kubenet` command as package.json's bin ships it. */

@@ -14,12 +14,12 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { argValue, numArg } from '../hack/support/bench-kit.js';
-import { lineChart } from '../hack/support/svg-chart.js';
-import { iperf } from '../hack/support/topo.js';
-import { withTrafficLock } from '../hack/support/traffic-lock.js';
-import { dashboardQueries, type Dashboard } from '../test/helpers/dashboard.js';
-import { CHART, LAN_HOST, lanRoutes, LocalCluster, pausePidOf, pausePod } from '../test/helpers/kcl.js';
+import { argValue, numArg } from '../test/kit/bench-kit.js';
+import { lineChart } from '../test/kit/svg-chart.js';
+import { iperf } from '../test/kit/topo.js';
+import { withTrafficLock } from '../test/kit/traffic-lock.js';
+import { dashboardQueries, type Dashboard } from '../test/kit/dashboard.js';
+import { CHART, LAN_HOST, lanRoutes, LocalCluster, pausePidOf, pausePod } from '../test/kit/kcl.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const SECONDS = numArg('seconds', 90);

@@ -21,10 +21,10 @@ import yaml from 'js-yaml';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { numArg, percentile, processUsage } from '../hack/support/bench-kit.js';
-import { uniq } from '../hack/support/kernel.js';
-import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../hack/support/traffic-lock.js';
-import { upstreamDir } from '../hack/support/upstream.js';
+import { numArg, percentile, processUsage } from '../test/kit/bench-kit.js';
+import { uniq } from '../test/kit/kernel.js';
+import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
+import { upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const NODES = numArg('nodes', 1000);

@@ -16,8 +16,8 @@ import { performance } from 'node:perf_hooks';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { syncDedup } from '../src/pod/dedup.js';
 import { silentLogger } from '../src/log.js';
-import { CNI_BIN_DIRS, delIfbs } from '../hack/support/kernel.js';
-import { argValue, summary } from '../hack/support/bench-kit.js';
+import { CNI_BIN_DIRS, delIfbs } from '../test/kit/kernel.js';
+import { argValue, summary } from '../test/kit/bench-kit.js';
 
 const CNI_DIR = CNI_BIN_DIRS;
 const sizes = (argValue('--sizes') ?? '1,50,200').split(',').map(Number);

@@ -3,7 +3,7 @@
  * runs on a node, against the same pods unshaped and against the reference chain (bridge +
  * host-local + bandwidth) in the same run (issue 32).
  *
- * The node: a NodeSandbox (hack/support/node-sandbox.ts: a node netns with an uplink to a "lan"
+ * The node: a NodeSandbox (test/kit/node-sandbox.ts: a node netns with an uplink to a "lan"
  * netns). In it the agent (`kubenet daemon`, its own process, static pod CIDR: the embedded default,
  * which shapes all of a pod's traffic) with its bridge, and the reference chain's conflist on a
  * bridge of its own; both driven by libcni inside the node (native/build/libcni-driver batch, 8 at
@@ -39,16 +39,16 @@ import { performance } from 'node:perf_hooks';
 import { formatBandwidth } from '../src/bandwidth/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { agentGet, agentPost } from '../src/daemon/protocol.js';
-import { libcniBatch, type BatchRequest, type LibcniDirs } from '../hack/support/agent-harness.js';
-import { flagsAgent, type ManifestSettings } from '../hack/support/agent-process.js';
-import { CNI_BIN_DIRS, Cleanup, ifbShardNames, uniq } from '../hack/support/kernel.js';
-import { NodeSandbox } from '../hack/support/node-sandbox.js';
-import { resultIp } from '../hack/support/sandbox-libcni.js';
-import { addTestPod, cniArgs, type TestPod } from '../hack/support/test-pod.js';
-import { REF_PLUGINS_DIR } from '../hack/support/upstream.js';
-import { withTrafficLock } from '../hack/support/traffic-lock.js';
+import { libcniBatch, type BatchRequest, type LibcniDirs } from '../test/kit/agent-harness.js';
+import { flagsAgent, type ManifestSettings } from '../test/kit/agent-process.js';
+import { CNI_BIN_DIRS, Cleanup, ifbShardNames, uniq } from '../test/kit/kernel.js';
+import { NodeSandbox } from '../test/kit/node-sandbox.js';
+import { resultIp } from '../test/kit/sandbox-libcni.js';
+import { addTestPod, cniArgs, type TestPod } from '../test/kit/test-pod.js';
+import { REF_PLUGINS_DIR } from '../test/kit/upstream.js';
+import { withTrafficLock } from '../test/kit/traffic-lock.js';
 import { qdiscPerf, type QdiscPerf } from './shaping-perf.js';
-import { printTable } from '../hack/support/bench-kit.js';
+import { printTable } from '../test/kit/bench-kit.js';
 
 export type Impl = 'unshaped' | 'ours' | 'ref';
 export type Dest = 'lan' | 'pods';

@@ -1,7 +1,7 @@
 /**
  * bench/shaping.ts (6), `--only guarantees`: bandwidth as a resource of the node (issue 33). The
  * Shaper with a node capacity (its tree: sizing.ts TreeParams), pods of a throwaway topology
- * (hack/support/topo.ts) sending TCP at once to a receiver pod outside the tree (it stands for the
+ * (test/kit/topo.ts) sending TCP at once to a receiver pod outside the tree (it stands for the
  * LAN: its own traffic never enters the node's tree), each pod's rate on the wire read from its htb
  * class's byte counters (netlink, every 100 ms), the figures the tree enforces.
  *
@@ -21,10 +21,10 @@ import { formatBandwidth } from '../src/bandwidth/limits.js';
 import type { BandwidthLimits } from '../src/bandwidth/limits.js';
 import { classList } from '../src/netlink/index.js';
 import { Shaper } from '../src/shaper/tc.js';
-import { delIfbs } from '../hack/support/kernel.js';
-import { iperf, makeTopology, type TopoPod } from '../hack/support/topo.js';
-import { withTrafficLock } from '../hack/support/traffic-lock.js';
-import { printTable } from '../hack/support/bench-kit.js';
+import { delIfbs } from '../test/kit/kernel.js';
+import { iperf, makeTopology, type TopoPod } from '../test/kit/topo.js';
+import { withTrafficLock } from '../test/kit/traffic-lock.js';
+import { printTable } from '../test/kit/bench-kit.js';
 import { readFile } from 'node:fs/promises';
 
 export interface GuaranteesOptions {

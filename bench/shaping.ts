@@ -11,7 +11,7 @@
  *   [--dirs egress,ingress] [--impls ours,exec,ref,unshaped] [--unshaped-cidrs 10] (cost table: which
  *       implementations to run; unshaped = ours with that many unshaped destinations on its ifb)
  *   (3) live re-shaping through the agent as it runs in a cluster (`kubenet daemon` in its own
- *       process, watching the fake API server of hack/support, pods added through its CNI binary with
+ *       process, watching the fake API server of test/kit, pods added through its CNI binary with
  *       their limits from their annotations), with 10, 100, 500 shaped pods on the node: the time from
  *       a pod's annotation change (both directions) to the kernel holding the new rate in both of its
  *       htb classes (polled over netlink every ms), p50/p99 over --changes changes, and to the Event the
@@ -31,7 +31,7 @@
  *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-capacity 10G] [--agg-perf]
  *   [--capacity 10G] (ours of (1) and of the cost table in the node's trees at that capacity both ways)
  *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
- * Traffic runs ((1), (4)) hold the machine-wide traffic lock (hack/support/traffic-lock.ts).
+ * Traffic runs ((1), (4)) hold the machine-wide traffic lock (test/kit/traffic-lock.ts).
  */
 import { execa, type ResultPromise } from 'execa';
 import { createSocket } from 'node:dgram';
@@ -45,15 +45,15 @@ import { formatBandwidth, parseBandwidth } from '../src/bandwidth/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { Shaper } from '../src/shaper/tc.js';
 import { parseUnshaped } from '../src/shaper/unshaped.js';
-import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../hack/support/probe.js';
-import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../hack/support/topo.js';
-import { AgentHarness } from '../hack/support/agent-harness.js';
-import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../hack/support/fake-apiserver.js';
-import { delIfbs, uniq } from '../hack/support/kernel.js';
-import type { TestPod } from '../hack/support/test-pod.js';
-import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../hack/support/upstream.js';
-import { withTrafficLock } from '../hack/support/traffic-lock.js';
-import { argValue, percentile, printTable } from '../hack/support/bench-kit.js';
+import { probeStats, runProbes, startProbeServer, type ProbeResult, type ProbeServer, type ProbeStats } from '../test/kit/probe.js';
+import { ipBatch, iperf, makeTopology, pingRtt, type IperfResult, type TopoPod } from '../test/kit/topo.js';
+import { AgentHarness } from '../test/kit/agent-harness.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../test/kit/fake-apiserver.js';
+import { delIfbs, uniq } from '../test/kit/kernel.js';
+import type { TestPod } from '../test/kit/test-pod.js';
+import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../test/kit/upstream.js';
+import { withTrafficLock } from '../test/kit/traffic-lock.js';
+import { argValue, percentile, printTable } from '../test/kit/bench-kit.js';
 import { aggregateBench } from './shaping-aggregate.js';
 import { guaranteesBench } from './shaping-guarantees.js';
 

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 OUT="${1:-native/build/sandbox-image.oci.tar}"
 SRC=test/image/pause.c
-# The image name containerd is configured with (test/helpers/containerd.ts SANDBOX_IMAGE).
+# The image name containerd is configured with (test/kit/containerd.ts SANDBOX_IMAGE).
 NAME="${SANDBOX_IMAGE_NAME:-kubenet-ts.local/sandbox:1}"
 
 die() { echo "build-sandbox-image: $*" >&2; exit 1; }

@@ -14,9 +14,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
-import { iperf, serverIntervals, type TopoPod } from './support/topo.js';
-import { withTrafficLock } from './support/traffic-lock.js';
-import { CNI_BIN_DIRS, delIfbs } from './support/kernel.js';
+import { iperf, serverIntervals, type TopoPod } from '../test/kit/topo.js';
+import { withTrafficLock } from '../test/kit/traffic-lock.js';
+import { CNI_BIN_DIRS, delIfbs } from '../test/kit/kernel.js';
 
 export const DEMO_POD_CIDR = '10.244.0.0/24';
 const ROOT = fileURLToPath(new URL('../', import.meta.url));

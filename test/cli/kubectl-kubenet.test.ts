@@ -19,9 +19,9 @@ import { parseExposition } from '../../src/cli/prom-text.js';
 import { HELP, run } from '../../src/cli/kubectl-plugin.js';
 import { listAgents, mapBounded } from '../../src/cli/cluster-scrape.js';
 import { KubeApi } from '../../src/daemon/kube-watch.js';
-import { FakeApiServer, fakeKubeConfig, node, type FakeObject, type ProxyRequest } from '../../hack/support/fake-apiserver.js';
-import { kubectlKubenet, type TopJson } from '../helpers/kubectl-kubenet.js';
-import { podRecord } from '../helpers/fake-core.js';
+import { FakeApiServer, fakeKubeConfig, node, type FakeObject, type ProxyRequest } from '../kit/fake-apiserver.js';
+import { kubectlKubenet, type TopJson } from '../kit/kubectl-kubenet.js';
+import { podRecord } from '../kit/fake-core.js';
 
 const M = 1_000_000;
 type Counters = { bytes: number; drops?: number; overlimits?: number };

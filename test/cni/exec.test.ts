@@ -20,9 +20,9 @@ import { cniArgsString, execPlugin, findPlugin } from '../../src/cni/exec.js';
 import { sharedSpawner } from '../../src/cni/spawner.js';
 import { parseResult } from '../../src/cni/result.js';
 import { CNI_VERSIONS } from '../../src/cni/types.js';
-import { PARSED, WIRE } from './fixtures.js';
-import { calls, printing, recording, shQuote, writeScript } from './helpers.js';
-import { until } from '../../hack/support/until.js';
+import { PARSED, WIRE } from '../kit/cni-fixtures.js';
+import { calls, printing, recording, shQuote, writeScript } from '../kit/fake-plugins.js';
+import { until } from '../kit/until.js';
 
 let root = '';
 test.before(async () => {

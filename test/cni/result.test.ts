@@ -3,7 +3,7 @@ import test from 'ava';
 import { InvalidResultError, UnsupportedVersionError } from '../../src/cni/errors.js';
 import { compareVersions, convertResult, parseResult } from '../../src/cni/result.js';
 import { CNI_VERSIONS, type CniResult, type Result040, type Result100 } from '../../src/cni/types.js';
-import { PARSED, WIRE } from './fixtures.js';
+import { PARSED, WIRE } from '../kit/cni-fixtures.js';
 
 for (const v of CNI_VERSIONS) {
   test(`parseResult reads ${v} (object, JSON text and bytes) and convertResult writes it back unchanged`, (t) => {

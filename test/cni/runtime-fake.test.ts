@@ -15,8 +15,8 @@ import { NoCachedResultError, PluginNotFoundError, UnsupportedVersionError } fro
 import { convertResult } from '../../src/cni/result.js';
 import { CniRuntime } from '../../src/cni/runtime.js';
 import type { CacheEntry, NetConf, NetConfList, RuntimeConf } from '../../src/cni/types.js';
-import { PARSED, WIRE } from './fixtures.js';
-import { calls, recording, writeScript } from './helpers.js';
+import { PARSED, WIRE } from '../kit/cni-fixtures.js';
+import { calls, recording, writeScript } from '../kit/fake-plugins.js';
 
 let root = '';
 test.before(async () => {

@@ -14,7 +14,7 @@ import { CniRuntime } from '../../src/cni/runtime.js';
 import { findPlugin } from '../../src/cni/exec.js';
 import { cidrFamily } from '../../src/cni/result.js';
 import type { BridgeNetConf, CniResult, HostLocalIpamConf, LoopbackNetConf, NetConfList, RuntimeConf } from '../../src/cni/types.js';
-import { addNetns, CNI_BIN_DIRS, delLink, delNetns, ipJson, isRoot, linkExists, makeTmpDir, rmrf, sh, uniq } from '../../hack/support/kernel.js';
+import { addNetns, CNI_BIN_DIRS, delLink, delNetns, ipJson, isRoot, linkExists, makeTmpDir, rmrf, sh, uniq } from '../kit/kernel.js';
 
 function blocker(): string | undefined {
   if (!isRoot) return `needs root (network namespaces, bridges, veths); running as uid ${process.getuid?.()}`;

@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadConfig } from '../../src/daemon/config.js';
 import { chartValuesSchema } from '../../hack/support/chart-schema.js';
-import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
+import { upstreamBlocker, upstreamDir } from '../kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const CHART = join(ROOT, 'manifests/chart');

@@ -9,8 +9,8 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import { pino } from 'pino';
-import { FakeApiServer, fakeKubeConfig, serviceCidr, type FakeObject } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
+import { FakeApiServer, fakeKubeConfig, serviceCidr, type FakeObject } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
 import { ClusterRanges, SERVICE_CIDRS_PATH } from '../../src/daemon/cluster-ranges.js';
 import { noEvents } from '../../src/daemon/events.js';
 import { NodeRoutes, type RouteKernel } from '../../src/daemon/routes.js';

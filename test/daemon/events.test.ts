@@ -10,8 +10,8 @@ import { eventObject, KubeEventRecorder } from '../../src/daemon/events.js';
 import type { PodUpdate } from '../../src/daemon/cni-handler.js';
 import { KubeApi, KubeApiError } from '../../src/daemon/kube-watch.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
-import { FakeApiServer, fakeKubeConfig, pod } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
+import { FakeApiServer, fakeKubeConfig, pod } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
 
 const RETRY = { retryMinMs: 20, retryMaxMs: 200 };
 const silent = pino({ level: 'silent' });

@@ -16,9 +16,9 @@ import { inClusterCredentials, kubeconfigCredentials, kubectlCredentials } from 
 import { KubeApi, loadKubeConfig } from '../../src/daemon/kube-watch.js';
 import { ApiEndpoints, endpointUrls } from '../../src/daemon/api-endpoints.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
-import { FakeApiServer, node, type FakeTls } from '../../hack/support/fake-apiserver.js';
-import { makeTmpDir, rmrf } from '../../hack/support/kernel.js';
-import { base64Of, makePki, type Pki } from '../../hack/support/pki.js';
+import { FakeApiServer, node, type FakeTls } from '../kit/fake-apiserver.js';
+import { makeTmpDir, rmrf } from '../kit/kernel.js';
+import { base64Of, makePki, type Pki } from '../kit/pki.js';
 
 const V4 = '10.244.1.0/24';
 const NODES = '/api/v1/nodes';

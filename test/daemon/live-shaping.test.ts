@@ -12,7 +12,7 @@ import { RateTracker } from '../../src/daemon/rates.js';
 import type { BandwidthLimits, PodTraffic } from '../../src/pod/index.js';
 import { rateText, renderTop } from '../../src/cli/top.js';
 import type { StatusReport } from '../../src/daemon/agent.js';
-import { fakeEvents, fakeNetwork, podRecord as record } from '../helpers/fake-core.js';
+import { fakeEvents, fakeNetwork, podRecord as record } from '../kit/fake-core.js';
 
 const silent = pino({ level: 'silent' });
 const M = 1e6;

@@ -9,7 +9,7 @@ import { AgentMetrics, infoSeries, type AgentInfo } from '../../src/daemon/metri
 import type { PodRecord, PodTraffic } from '../../src/pod/index.js';
 import { parseExposition, samplesOf } from '../../src/cli/prom-text.js';
 import { snapshotOf } from '../../src/cli/cluster-view.js';
-import { podRecord } from '../helpers/fake-core.js';
+import { podRecord } from '../kit/fake-core.js';
 
 const M = 1_000_000;
 const INFO: AgentInfo = { node: 'node-a', version: '0.2.0', podCIDR: '10.244.1.0/24,fd00:10:244:1::/64', bridge: 'cbr0', ipam: 'host-local', routes: 'direct' };

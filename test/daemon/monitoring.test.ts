@@ -13,8 +13,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
-import { dashboardQueries, type Dashboard } from '../helpers/dashboard.js';
-import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
+import { dashboardQueries, type Dashboard } from '../kit/dashboard.js';
+import { upstreamBlocker, upstreamDir } from '../kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const MON = join(ROOT, 'manifests/monitoring');

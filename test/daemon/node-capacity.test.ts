@@ -10,8 +10,8 @@ import test, { type ExecutionContext } from 'ava';
 import { pino } from 'pino';
 import { capacityDiffers, configuredCapacity, NodeCapacityPublisher, publishedCapacity, resolveNodeCapacity } from '../../src/daemon/node-capacity.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
-import { FakeApiServer, fakeKubeConfig, node, type FakeObject } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
+import { FakeApiServer, fakeKubeConfig, node, type FakeObject } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
 
 const silent = pino({ level: process.env.DEBUG_LOG ? 'debug' : 'silent' });
 const EGR = 'kubenet.io/egress-bandwidth';

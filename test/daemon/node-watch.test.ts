@@ -13,8 +13,8 @@ import { KubenetError } from '../../src/errors.js';
 import { ApiHealth } from '../../src/daemon/api-health.js';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
-import { FakeApiServer, fakeKubeConfig, node, pod } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
+import { FakeApiServer, fakeKubeConfig, node, pod } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const NODES = '/api/v1/nodes';
@@ -335,7 +335,7 @@ test('node source: stop() ends the watch and any retry wait; no request or callb
 const CHILD = `
 import { pino } from 'pino';
 import { NodeWatchPodCidrSource } from './src/daemon/pod-cidr-source.ts';
-import { fakeKubeConfig } from './hack/support/fake-apiserver.ts';
+import { fakeKubeConfig } from './test/kit/fake-apiserver.ts';
 const source = new NodeWatchPodCidrSource({
   nodeName: 'node-a', logger: pino({ level: 'debug' }, process.stdout),
   kubeConfig: fakeKubeConfig(process.env.FAKE_URL), retryMinMs: 20, retryMaxMs: 200,

@@ -16,9 +16,9 @@ import { LiveShaping } from '../../src/daemon/live-shaping.js';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { applyAsk, bandwidthReport, podAsk, type PodAsk } from '../../src/daemon/pod-guarantees.js';
-import { FakeApiServer, fakeKubeConfig, pod } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
-import { fakeEvents, fakeNetwork, podRecord as record } from '../helpers/fake-core.js';
+import { FakeApiServer, fakeKubeConfig, pod } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
+import { fakeEvents, fakeNetwork, podRecord as record } from '../kit/fake-core.js';
 
 const silent = pino({ level: 'silent' });
 const M = 1e6;

@@ -7,8 +7,8 @@
  * and a Node that cannot be routed gets one Warning Event per reason.
  */
 import test from 'ava';
-import { FakeApiServer, fakeKubeConfig, type FakeObject } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
+import { FakeApiServer, fakeKubeConfig, type FakeObject } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
 import type { EventRecorder, ObjectRef } from '../../src/daemon/events.js';
 import { NodeRoutes, ROUTE_PROTOCOL, type RouteKernel } from '../../src/daemon/routes.js';
 import { silentLogger } from '../../src/log.js';

@@ -18,12 +18,12 @@ import { pino } from 'pino';
 import { NodeWatchPodCidrSource } from '../../src/daemon/pod-cidr-source.js';
 import { ClusterPodLookup } from '../../src/daemon/pod-lookup.js';
 import { createLogger } from '../../src/log.js';
-import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../../hack/support/fake-apiserver.js';
-import { AgentHarness, agentTestBlocker, postCni } from '../../hack/support/agent-harness.js';
-import { cniArgs, type TestPod } from '../../hack/support/test-pod.js';
-import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
-import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
-import { podLeaves } from '../../hack/support/node-leaks.js';
+import { FakeApiServer, fakeKubeConfig, node, pod as podObject } from '../kit/fake-apiserver.js';
+import { AgentHarness, agentTestBlocker, postCni } from '../kit/agent-harness.js';
+import { cniArgs, type TestPod } from '../kit/test-pod.js';
+import { CNI_BIN_DIRS, ipJson, kernelTestBlocker, linkExists } from '../kit/kernel.js';
+import { iperf, retryLog, type TopoPod } from '../kit/topo.js';
+import { podLeaves } from '../kit/node-leaks.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;
@@ -193,7 +193,7 @@ serialTest('libcni in one runtime process, as containerd calls it (libcni-driver
   t.true(deleted.answers.every((a) => !a.error));
   const after = linkDeletionCounts();
   // Whether DELs in flight together shared a request depends on their timing: shown, not asserted
-  // (test/netlink.test.ts asserts the batching itself).
+  // (test/netlink/index.test.ts asserts the batching itself).
   t.log(`veths deleted: ${after.links - before.links} in ${after.requests - before.requests} kernel request(s)`);
   t.is(after.links - before.links, pods.length, 'one veth deletion per attached pod');
   await assertNothingLeft(t, h);

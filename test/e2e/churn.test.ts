@@ -3,7 +3,7 @@
  * them shaped (half of those with containerd's burst 4294967295, "none given"), a fifth with a host
  * port, DEL twice (Stop, then Remove with an empty CNI_NETNS), while the agent is SIGKILLed at
  * random moments and while an ADD is in flight, restarted each time with the same config; the
- * runtime retries as containerd does (hack/support/churn.ts). Checked: no address is ever handed to
+ * runtime retries as containerd does (test/kit/churn.ts). Checked: no address is ever handed to
  * a pod while another pod that is up holds it; every ADD's address is in the pod CIDR and on the
  * pod's eth0; no failure but those the agent's death explains; at the end nothing of any pod is
  * left: addresses, veths, tc classes/filters on the ifb, qdiscs on veths, host-port nat rules,
@@ -21,13 +21,13 @@ import { randomInt } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../../hack/support/agent-process.js';
-import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../../hack/support/churn.js';
-import { uniq } from '../../hack/support/kernel.js';
-import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../../hack/support/node-leaks.js';
-import { NodeSandbox } from '../../hack/support/node-sandbox.js';
-import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
+import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../kit/agent-process.js';
+import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../kit/churn.js';
+import { uniq } from '../kit/kernel.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
+import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../kit/node-leaks.js';
+import { NodeSandbox } from '../kit/node-sandbox.js';
+import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
@@ -118,7 +118,7 @@ serialTest('churn with SIGKILLs, the agent configured by flags with private dirs
     world.agent = agent;
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, dirs under ${sb.tmpDir}`);
-    // CPU-heavy: never beside another suite's traffic measurement (hack/support/traffic-lock.ts).
+    // CPU-heavy: never beside another suite's traffic measurement (test/kit/traffic-lock.ts).
     await withTrafficLock(() => churnAndCheck(t, 'flags, private dirs', sb, agent, s, libcni, cidr, { cycles: 300, kills: 5 }));
   });
 });
@@ -136,7 +136,7 @@ serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'
     const libcni = new SandboxLibcni(sb, { confDir: s.cniConfDir, binDirs: [s.cniBinDir] });
     t.is(libcni.cacheDir, LIBCNI_DEFAULT_CACHE_DIR);
     t.log(`node netns ${sb.netns}, pod CIDR ${cidr}, bridge ${s.bridgeName}, ifb ${s.ifbName}, the manifest's directories`);
-    // CPU-heavy: never beside another suite's traffic measurement (hack/support/traffic-lock.ts).
+    // CPU-heavy: never beside another suite's traffic measurement (test/kit/traffic-lock.ts).
     await withTrafficLock(() => churnAndCheck(t, 'literal defaults', sb, agent, s, libcni, cidr, { cycles: 80, kills: 5 }));
   });
 });

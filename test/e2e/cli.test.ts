@@ -8,8 +8,8 @@ import { execa, type ResultPromise } from 'execa';
 import { stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { agentTestBlocker } from '../../hack/support/agent-harness.js';
-import { Cleanup, CNI_BIN_DIRS, delIfbs, delLink, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { agentTestBlocker } from '../kit/agent-harness.js';
+import { Cleanup, CNI_BIN_DIRS, delIfbs, delLink, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../kit/kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const MAIN = join(ROOT, 'src/cli/main.ts');

@@ -17,7 +17,7 @@
  * (BestEffort: 2) is in their limits. Traffic only between the cluster's own namespaces (pings,
  * iperf3 between its pods and with the cluster's LAN namespace, which is outside the cluster's
  * ranges that the manifest's config leaves unshaped). Bringing the cluster up and
- * every step that loads the CPU hold the traffic lock (hack/support/traffic-lock.ts): a control plane
+ * every step that loads the CPU hold the traffic lock (test/kit/traffic-lock.ts): a control plane
  * starting beside another suite's iperf3 measurement would measure the machine.
  */
 import anyTest, { type TestFn } from 'ava';
@@ -25,15 +25,15 @@ import { execa } from 'execa';
 import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { mergeCidrs } from '../../src/shaper/unshaped.js';
-import { msUntil, until } from '../../hack/support/until.js';
+import { msUntil, until } from '../kit/until.js';
 import { parseQuantity } from '../../src/bandwidth/quantity.js';
-import { uniq } from '../../hack/support/kernel.js';
-import { upstreamDir } from '../../hack/support/upstream.js';
-import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { iperf, retryLog } from '../../hack/support/topo.js';
-import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
-import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../helpers/measure.js';
-import { podLeaves } from '../../hack/support/node-leaks.js';
+import { uniq } from '../kit/kernel.js';
+import { upstreamDir } from '../kit/upstream.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
+import { iperf, retryLog } from '../kit/topo.js';
+import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../kit/kcl.js';
+import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../kit/measure.js';
+import { podLeaves } from '../kit/node-leaks.js';
 
 const blocker = clusterBlocker();
 const test = anyTest as TestFn;

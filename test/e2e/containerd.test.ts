@@ -6,10 +6,10 @@
  * a process with exactly the YAML of manifests/kubenet.yaml's ConfigMap and no directory flag
  * (cluster mode: a fake API server serves the Node's pod CIDR and the pods).
  *
- * Everything runs in a NodeSandbox (hack/support/node-sandbox.ts): the node's netns with an uplink
+ * Everything runs in a NodeSandbox (test/kit/node-sandbox.ts): the node's netns with an uplink
  * to a "lan" netns, and tmpfs over /var/lib/cni, /var/lib/kubenet, /etc/cni/net.d, /opt/cni/bin,
  * /run/kubenet, /run/containerd, /var/lib/containerd; traffic only between the test's namespaces.
- * Rate measurements hold the machine-wide traffic lock (hack/support/traffic-lock.ts); run this
+ * Rate measurements hold the machine-wide traffic lock (test/kit/traffic-lock.ts); run this
  * file as `flock /tmp/kubenet-traffic.lock npx ava test/e2e/containerd.test.ts`.
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
@@ -20,17 +20,17 @@ import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { FORWARDER } from '../../hack/support/agent-harness.js';
-import { AgentProcess, startManifestAgent } from '../../hack/support/agent-process.js';
-import { Containerd, containerdTestBlocker } from '../helpers/containerd.js';
-import { logRate, logUnshaped } from '../helpers/measure.js';
-import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../helpers/cri/client.js';
-import { pod as podObject } from '../../hack/support/fake-apiserver.js';
-import { Cleanup, ifbShardNames, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
-import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { iperf, retryLog, type IperfEndpoint } from '../../hack/support/topo.js';
-import { podLeaves } from '../../hack/support/node-leaks.js';
+import { FORWARDER } from '../kit/agent-harness.js';
+import { AgentProcess, startManifestAgent } from '../kit/agent-process.js';
+import { Containerd, containerdTestBlocker } from '../kit/containerd.js';
+import { logRate, logUnshaped } from '../kit/measure.js';
+import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../kit/cri/client.js';
+import { pod as podObject } from '../kit/fake-apiserver.js';
+import { Cleanup, ifbShardNames, kernelTestBlocker, uniq } from '../kit/kernel.js';
+import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../kit/node-sandbox.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
+import { iperf, retryLog, type IperfEndpoint } from '../kit/topo.js';
+import { podLeaves } from '../kit/node-leaks.js';
 
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;

@@ -23,11 +23,11 @@ import { mkdir, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { socketAnswers } from '../../src/pod/index.js';
-import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
-import { refPlugin } from '../../hack/support/upstream.js';
-import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
-import { Dnsmasq, pluginClientId } from '../helpers/dnsmasq.js';
+import { CNI_BIN_DIRS } from '../kit/kernel.js';
+import { refPlugin } from '../kit/upstream.js';
+import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
+import type { TestPod } from '../kit/test-pod.js';
+import { Dnsmasq, pluginClientId } from '../kit/dnsmasq.js';
 
 const tools = ['/usr/sbin/dnsmasq', refPlugin('dhcp')].find((p) => !existsSync(p));
 const blocker =

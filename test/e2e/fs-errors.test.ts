@@ -23,10 +23,10 @@
 import anyTest, { type TestFn } from 'ava';
 import { randomInt } from 'node:crypto';
 import { readdir } from 'node:fs/promises';
-import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
-import { NO_LEFTOVERS, describeLeftovers, podLeftovers, type NodeLayout } from '../../hack/support/node-leaks.js';
-import { cniErrorCode, type LibcniCall, SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
+import { CNI_BIN_DIRS } from '../kit/kernel.js';
+import { NO_LEFTOVERS, describeLeftovers, podLeftovers, type NodeLayout } from '../kit/node-leaks.js';
+import { cniErrorCode, type LibcniCall, SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
+import type { TestPod } from '../kit/test-pod.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;

@@ -16,9 +16,9 @@
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa, type ResultPromise } from 'execa';
 import { existsSync } from 'node:fs';
-import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
-import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
+import { CNI_BIN_DIRS } from '../kit/kernel.js';
+import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
+import type { TestPod } from '../kit/test-pod.js';
 
 const blocker =
   sandboxTestBlocker() ??

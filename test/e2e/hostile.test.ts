@@ -18,12 +18,12 @@ import { mkdir, readdir, readFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
-import { AgentProcess } from '../../hack/support/agent-process.js';
-import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
-import { refPlugin } from '../../hack/support/upstream.js';
-import type { NodeSandbox } from '../../hack/support/node-sandbox.js';
-import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
-import { cniArgs, type PodIdentity, type TestPod } from '../../hack/support/test-pod.js';
+import { AgentProcess } from '../kit/agent-process.js';
+import { CNI_BIN_DIRS } from '../kit/kernel.js';
+import { refPlugin } from '../kit/upstream.js';
+import type { NodeSandbox } from '../kit/node-sandbox.js';
+import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
+import { cniArgs, type PodIdentity, type TestPod } from '../kit/test-pod.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;

@@ -1,7 +1,7 @@
 /**
  * The agent's image under a real runtime, as the DaemonSet runs it: hack/build-image.sh's OCI
  * archive imported into containerd 2.x (`ctr -n k8s.io images import`), and the agent run from it
- * through CRI exactly as kubelet runs manifests/kubenet.yaml's pod (test/helpers/daemonset-pod.ts:
+ * through CRI exactly as kubelet runs manifests/kubenet.yaml's pod (test/kit/daemonset-pod.ts:
  * the manifest's command, env, privileged securityContext, host network, every volume mount with
  * its propagation, the ConfigMap as files, a service account token; in-cluster config against a
  * fake API server over TLS). Then pods through the same containerd get addresses and limits; the
@@ -26,19 +26,19 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
-import { FORWARDER } from '../../hack/support/agent-harness.js';
-import { FakeApiServer, node as nodeObject, pod as podObject } from '../../hack/support/fake-apiserver.js';
-import { Cleanup, kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { makePki } from '../../hack/support/pki.js';
+import { FORWARDER } from '../kit/agent-harness.js';
+import { FakeApiServer, node as nodeObject, pod as podObject } from '../kit/fake-apiserver.js';
+import { Cleanup, kernelTestBlocker, uniq } from '../kit/kernel.js';
+import { makePki } from '../kit/pki.js';
 import { controlFields, sbomPath, type SpdxDocument, type SpdxPackage } from '../../hack/support/sbom.js';
-import { refPlugin } from '../../hack/support/upstream.js';
-import { until } from '../../hack/support/until.js';
-import { AGENT_IMAGE_TAR, Containerd, containerdTestBlocker } from '../helpers/containerd.js';
-import { containerdSandboxInfo, type PodSandboxConfig } from '../helpers/cri/client.js';
-import { kubeletPod, manifestDaemonSet, type DaemonSetSpec } from '../helpers/daemonset-pod.js';
-import { checkPingLoss, pingThroughout } from '../helpers/measure.js';
-import { describeLeftovers, NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../../hack/support/node-leaks.js';
-import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
+import { refPlugin } from '../kit/upstream.js';
+import { until } from '../kit/until.js';
+import { AGENT_IMAGE_TAR, Containerd, containerdTestBlocker } from '../kit/containerd.js';
+import { containerdSandboxInfo, type PodSandboxConfig } from '../kit/cri/client.js';
+import { kubeletPod, manifestDaemonSet, type DaemonSetSpec } from '../kit/daemonset-pod.js';
+import { checkPingLoss, pingThroughout } from '../kit/measure.js';
+import { describeLeftovers, NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../kit/node-leaks.js';
+import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../kit/node-sandbox.js';
 
 const blocker =
   kernelTestBlocker() ??

@@ -22,16 +22,16 @@
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa } from 'execa';
 import { readFileSync, statSync } from 'node:fs';
-import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { iperf, retryLog } from '../../hack/support/topo.js';
-import { msUntil } from '../../hack/support/until.js';
-import { upstreamDir } from '../../hack/support/upstream.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
+import { iperf, retryLog } from '../kit/topo.js';
+import { msUntil } from '../kit/until.js';
+import { upstreamDir } from '../kit/upstream.js';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { dashboardQueries, type Dashboard } from '../helpers/dashboard.js';
-import { clusterTop, kubectlKubenet, pluginPathDir, type TopJson } from '../helpers/kubectl-kubenet.js';
-import { CHART, clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../helpers/kcl.js';
-import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../helpers/measure.js';
+import { dashboardQueries, type Dashboard } from '../kit/dashboard.js';
+import { clusterTop, kubectlKubenet, pluginPathDir, type TopJson } from '../kit/kubectl-kubenet.js';
+import { CHART, clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../kit/kcl.js';
+import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../kit/measure.js';
 
 const test = anyTest as TestFn;
 const blocker = clusterBlocker();

@@ -1,5 +1,5 @@
 /**
- * The node sandbox test helper (hack/support/node-sandbox.ts) keeps its promises: tmpfs over the
+ * The node sandbox test helper (test/kit/node-sandbox.ts) keeps its promises: tmpfs over the
  * node's directories that the host never sees, /sys of the node netns, host netns added later
  * visible inside, mounts inside never visible outside, the uplink, the host-port relay, and a
  * destroy() that leaves nothing, also after a failed setup. Traffic: one ping between the
@@ -11,8 +11,8 @@ import { existsSync, readFileSync } from 'node:fs';
 import { readdir, stat } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { isRoot, uniq } from '../../hack/support/kernel.js';
-import { NODE_TMPFS_DIRS, NodeSandbox } from '../../hack/support/node-sandbox.js';
+import { isRoot, uniq } from '../kit/kernel.js';
+import { NODE_TMPFS_DIRS, NodeSandbox } from '../kit/node-sandbox.js';
 
 const test = anyTest as TestFn;
 const blocker = isRoot ? undefined : 'needs root (network and mount namespaces)';

@@ -11,9 +11,9 @@ import { execa, type ResultPromise } from 'execa';
 import { readFile, writeFile, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { LIBCNI_DRIVER } from '../../hack/support/agent-harness.js';
-import { withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { addNetns, CNI_BIN_DIRS, Cleanup, delIfbs, delLink, delNetns, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
+import { LIBCNI_DRIVER } from '../kit/agent-harness.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
+import { addNetns, CNI_BIN_DIRS, Cleanup, delIfbs, delLink, delNetns, kernelTestBlocker, makeTmpDir, rmrf, uniq } from '../kit/kernel.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const blocker = kernelTestBlocker();

@@ -6,11 +6,11 @@
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
 import { ConfigError } from '../../src/errors.js';
-import { iperf, retryLog, type TopoPod } from '../../hack/support/topo.js';
-import { ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
-import { PluginHarness } from '../helpers/plugin-harness.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
-import { podLeaves } from '../../hack/support/node-leaks.js';
+import { iperf, retryLog, type TopoPod } from '../kit/topo.js';
+import { ipJson, kernelTestBlocker, linkExists } from '../kit/kernel.js';
+import { PluginHarness } from '../kit/plugin-harness.js';
+import type { TestPod } from '../kit/test-pod.js';
+import { podLeaves } from '../kit/node-leaks.js';
 
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
 const blocker = kernelTestBlocker() ?? (iperfMissing ? 'needs iperf3 (run hack/bootstrap.sh)' : undefined);

@@ -7,10 +7,10 @@ import { MASQUERADE_COMMENT, removeMasquerade } from '../../src/pod/host-setup.j
 import { syncDedup } from '../../src/pod/dedup.js';
 import { silentLogger } from '../../src/log.js';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
-import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../../hack/support/kernel.js';
+import { delNetns, ipJson, kernelTestBlocker, linkExists, makeTmpDir, rmrf, sh } from '../kit/kernel.js';
 import type { KubenetPlugin } from '../../src/plugin/kubenet.js';
 import type { KubenetOptions } from '../../src/plugin/types.js';
-import { CNI_BIN_DIRS, PluginHarness } from '../helpers/plugin-harness.js';
+import { CNI_BIN_DIRS, PluginHarness } from '../kit/plugin-harness.js';
 
 const blocker = kernelTestBlocker();
 const test = anyTest as TestFn;

@@ -22,11 +22,11 @@ import { randomInt } from 'node:crypto';
 import { readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
-import { flagsAgent, startFlagsAgent } from '../../hack/support/agent-process.js';
-import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../../hack/support/fake-apiserver.js';
-import { NO_LEFTOVERS, podLeftovers, podNatRules } from '../../hack/support/node-leaks.js';
-import { cniErrorCode, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
+import { flagsAgent, startFlagsAgent } from '../kit/agent-process.js';
+import { FakeApiServer, fakeKubeConfig, node as nodeObject } from '../kit/fake-apiserver.js';
+import { NO_LEFTOVERS, podLeftovers, podNatRules } from '../kit/node-leaks.js';
+import { cniErrorCode, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
+import type { TestPod } from '../kit/test-pod.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;

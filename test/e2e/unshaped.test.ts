@@ -11,12 +11,12 @@
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa } from 'execa';
-import { CNI_BIN_DIRS } from '../../hack/support/kernel.js';
-import { SandboxWorld, sandboxTestBlocker } from '../../hack/support/sandbox-libcni.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
+import { CNI_BIN_DIRS } from '../kit/kernel.js';
+import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
+import type { TestPod } from '../kit/test-pod.js';
 import { agentGet, DEFAULT_SOCKET_PATH } from '../../src/daemon/protocol.js';
-import { iperf, retryLog, type IperfEndpoint, type IperfResult } from '../../hack/support/topo.js';
-import { logUnshaped } from '../helpers/measure.js';
+import { iperf, retryLog, type IperfEndpoint, type IperfResult } from '../kit/topo.js';
+import { logUnshaped } from '../kit/measure.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;

@@ -22,10 +22,10 @@ import { CniRuntime } from '../../src/cni/runtime.js';
 import { bridgeConf, withPortmap } from '../../src/pod/bridge.js';
 import { parseCidr } from '../../src/net/ip.js';
 import { Shaper } from '../../src/shaper/tc.js';
-import { AgentHarness, agentTestBlocker } from '../../hack/support/agent-harness.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
-import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../../hack/support/kernel.js';
-import { podLeaves } from '../../hack/support/node-leaks.js';
+import { AgentHarness, agentTestBlocker } from '../kit/agent-harness.js';
+import type { TestPod } from '../kit/test-pod.js';
+import { CNI_BIN_DIRS, delNetns, ipJson, kernelTestBlocker, linkExists } from '../kit/kernel.js';
+import { podLeaves } from '../kit/node-leaks.js';
 
 const blocker = kernelTestBlocker() ?? agentTestBlocker();
 const test = anyTest as TestFn;

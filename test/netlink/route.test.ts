@@ -6,7 +6,7 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { fileURLToPath } from 'node:url';
-import { isRoot, sh, uniq } from '../../hack/support/kernel.js';
+import { isRoot, sh, uniq } from '../kit/kernel.js';
 
 const WORKER = fileURLToPath(new URL('./route-worker.ts', import.meta.url));
 const blocker = isRoot ? undefined : `needs root (creates a network namespace; running as uid ${process.getuid?.()})`;

@@ -11,9 +11,9 @@
  * failure.
  */
 import test, { type ExecutionContext } from 'ava';
-import { AgentHarness, agentTestBlocker } from '../../hack/support/agent-harness.js';
-import { Cleanup, kernelTestBlocker, vethStorm } from '../../hack/support/kernel.js';
-import type { TestPod } from '../../hack/support/test-pod.js';
+import { AgentHarness, agentTestBlocker } from '../kit/agent-harness.js';
+import { Cleanup, kernelTestBlocker, vethStorm } from '../kit/kernel.js';
+import type { TestPod } from '../kit/test-pod.js';
 import { linkByIndex, linkByName, linkList, netlinkCallsInFlight, type LinkInfo } from '../../src/netlink/index.js';
 
 const blocker = kernelTestBlocker();

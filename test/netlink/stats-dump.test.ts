@@ -8,7 +8,7 @@ import test from 'ava';
 import { execa } from 'execa';
 import { NetlinkError } from '../../src/errors.js';
 import { StatsSocket, type TcClassStats } from '../../src/netlink/index.js';
-import { isRoot, sh, uniq } from '../../hack/support/kernel.js';
+import { isRoot, sh, uniq } from '../kit/kernel.js';
 
 const blocker = isRoot ? undefined : `needs root (creates network namespaces; running as uid ${process.getuid?.()})`;
 const CLASSES = 400;

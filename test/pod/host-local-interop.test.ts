@@ -15,8 +15,8 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { AddressesExhaustedError, HostLocalAllocator, parseHostLocal } from '../../src/pod/host-local/allocator.js';
 import { reservationScans } from '../../src/pod/host-local/store.js';
-import { refPlugin, upstreamBlocker } from '../../hack/support/upstream.js';
-import { withTrafficLock } from '../../hack/support/traffic-lock.js';
+import { refPlugin, upstreamBlocker } from '../kit/upstream.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
 
 const HOST_LOCAL = refPlugin('host-local');
 const blocker = upstreamBlocker('cni-plugins', ['host-local']) ?? (existsSync('/usr/bin/flock') ? undefined : 'needs flock(1) (util-linux)');

@@ -8,9 +8,9 @@ import test from 'ava';
 import { execa } from 'execa';
 import { CounterReader, directionCounters } from '../../src/shaper/counters.js';
 import type { TcClassStats } from '../../src/netlink/index.js';
-import { isRoot } from '../../hack/support/kernel.js';
-import type { TopoPod } from '../../hack/support/topo.js';
-import { podOf, shaperEnv } from '../helpers/shaper-env.js';
+import { isRoot } from '../kit/kernel.js';
+import type { TopoPod } from '../kit/topo.js';
+import { podOf, shaperEnv } from '../kit/shaper-env.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
 const kTest = skip ? test.skip : test;

@@ -10,9 +10,9 @@ import { ConfigError } from '../../src/errors.js';
 import { bandwidthFromAnnotations, EGRESS_ANNOTATION, MAX_BANDWIDTH, MAX_BURST_BITS, MIN_BANDWIDTH } from '../../src/bandwidth/limits.js';
 import { interactiveQueueBytes } from '../../src/shaper/sizing.js';
 import { Shaper } from '../../src/shaper/tc.js';
-import { isRoot, uniq } from '../../hack/support/kernel.js';
-import type { TopoPod } from '../../hack/support/topo.js';
-import { podOf, shaperEnv, type ShaperEnv } from '../helpers/shaper-env.js';
+import { isRoot, uniq } from '../kit/kernel.js';
+import type { TopoPod } from '../kit/topo.js';
+import { podOf, shaperEnv, type ShaperEnv } from '../kit/shaper-env.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
 const kTest = skip ? test.skip : test;

@@ -6,7 +6,7 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { TcSession } from '../../src/shaper/tc-exec.js';
-import { isRoot, uniq } from '../../hack/support/kernel.js';
+import { isRoot, uniq } from '../kit/kernel.js';
 
 const kTest = isRoot ? test : test.skip;
 

@@ -7,8 +7,8 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { isRoot, uniq } from '../../hack/support/kernel.js';
-import { iperf, makeTopology, retryLog, type IperfResult, type TopoPod, type Topology } from '../../hack/support/topo.js';
+import { isRoot, uniq } from '../kit/kernel.js';
+import { iperf, makeTopology, retryLog, type IperfResult, type TopoPod, type Topology } from '../kit/topo.js';
 
 const skip = isRoot ? undefined : 'needs root (tc, ifb, network namespaces)';
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;

@@ -7,8 +7,8 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { Shaper } from '../../src/shaper/tc.js';
-import { isRoot } from '../../hack/support/kernel.js';
-import { podOf, shaperEnv } from '../helpers/shaper-env.js';
+import { isRoot } from '../kit/kernel.js';
+import { podOf, shaperEnv } from '../kit/shaper-env.js';
 
 const kTest = isRoot ? test : test.skip;
 

@@ -9,7 +9,7 @@
 import test from 'ava';
 import { execa } from 'execa';
 import { fileURLToPath } from 'node:url';
-import { isRoot, sh, uniq } from '../../hack/support/kernel.js';
+import { isRoot, sh, uniq } from '../kit/kernel.js';
 import { parseCidr } from '../../src/net/ip.js';
 import { Address4, Address6 } from 'ip-address';
 

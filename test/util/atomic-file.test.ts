@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SpareFileWriter } from '../../src/util/atomic-file.js';
-import { until } from '../../hack/support/until.js';
+import { until } from '../kit/until.js';
 
 async function tmp(t: import('ava').ExecutionContext): Promise<string> {
   const d = await mkdtemp(join(tmpdir(), 'katom-'));

@@ -19,7 +19,7 @@ import { writeFileAtomic } from '../../src/util/atomic-file.js';
 import { fsErrnoError, fsError, fsTry, mountOf } from '../../src/util/fs-error.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
-const FAULT = join(ROOT, 'test/helpers/fs-fault.ts');
+const FAULT = join(ROOT, 'test/kit/fs-fault.ts');
 const isRoot = process.getuid?.() === 0;
 const rootTest = isRoot ? test : test.skip;
 if (!isRoot) console.warn('fs-error: the ENOSPC/EROFS/EPERM/EACCES cases need root (mount, setpriv); skipped');

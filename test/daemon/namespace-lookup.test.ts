@@ -14,9 +14,9 @@ import { LiveShaping } from '../../src/daemon/live-shaping.js';
 import { AgentMetrics } from '../../src/daemon/metrics.js';
 import { ClusterNamespaceLookup, type NamespaceLookup, type NamespaceUpdate } from '../../src/daemon/namespace-lookup.js';
 import type { BandwidthLimits, LimitSources, PodRecord, PodTraffic } from '../../src/pod/index.js';
-import { FakeApiServer, fakeKubeConfig, namespace } from '../../hack/support/fake-apiserver.js';
-import { until } from '../../hack/support/until.js';
-import { fakeEvents, fakeNetwork as fakeCore, podRecord } from '../helpers/fake-core.js';
+import { FakeApiServer, fakeKubeConfig, namespace } from '../kit/fake-apiserver.js';
+import { until } from '../kit/until.js';
+import { fakeEvents, fakeNetwork as fakeCore, podRecord } from '../kit/fake-core.js';
 
 const silent = pino({ level: 'silent' });
 const M = 1e6;

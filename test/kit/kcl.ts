@@ -7,9 +7,9 @@ import { randomInt } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { kernelTestBlocker, uniq } from '../../hack/support/kernel.js';
-import { CLUSTER_LOCK, heldByAncestor, holdLock, withTrafficLock } from '../../hack/support/traffic-lock.js';
-import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
+import { kernelTestBlocker, uniq } from './kernel.js';
+import { CLUSTER_LOCK, heldByAncestor, holdLock, withTrafficLock } from './traffic-lock.js';
+import { upstreamBlocker, upstreamDir } from './upstream.js';
 import { AGENT_IMAGE_TAR } from './containerd.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));

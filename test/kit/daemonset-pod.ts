@@ -11,9 +11,9 @@
 import yaml from 'js-yaml';
 import { mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { MANIFEST } from '../../hack/support/agent-process.js';
+import { MANIFEST } from './agent-process.js';
 import type { ContainerConfig, ContainerMount, PodSandboxConfig } from './cri/client.js';
-import type { NodeSandbox } from '../../hack/support/node-sandbox.js';
+import type { NodeSandbox } from './node-sandbox.js';
 
 interface EnvVar {
   name: string;

@@ -165,7 +165,7 @@ export class IperfToolError extends Error {}
 export async function iperf(server: IperfEndpoint, client: IperfEndpoint, opts: IperfOptions = {}): Promise<IperfResult> {
   for (let attempt = 1; ; attempt++) {
     try {
-      // Never beside another measurement (hack/support/traffic-lock.ts).
+      // Never beside another measurement (test/kit/traffic-lock.ts).
       return await withTrafficLock(() => iperfOnce(server, client, opts));
     } catch (err) {
       if (!(err instanceof IperfToolError) || attempt >= 3) throw err;

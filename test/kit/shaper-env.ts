@@ -1,11 +1,11 @@
 /**
- * A Shaper on its own uniquely named ifb over a topology of pods (hack/support/topo.ts), removed
+ * A Shaper on its own uniquely named ifb over a topology of pods (test/kit/topo.ts), removed
  * with everything the test made when the test ends: the setup of the shaper's kernel tests.
  */
 import type { ExecutionContext } from 'ava';
 import { Shaper, type PodShaping } from '../../src/shaper/tc.js';
-import { delIfbs, uniq } from '../../hack/support/kernel.js';
-import { makeTopology, type TopoPod, type Topology } from '../../hack/support/topo.js';
+import { delIfbs, uniq } from './kernel.js';
+import { makeTopology, type TopoPod, type Topology } from './topo.js';
 
 export interface ShaperEnv {
   topo: Topology;

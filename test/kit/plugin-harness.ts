@@ -3,8 +3,8 @@ import { isIP } from 'node:net';
 import { join } from 'node:path';
 import { KubenetPlugin } from '../../src/plugin/kubenet.js';
 import type { Host, KubenetOptions } from '../../src/plugin/types.js';
-import { CNI_BIN_DIRS, Cleanup, delIfbs, delLink, makeTmpDir, rmrf, uniq } from '../../hack/support/kernel.js';
-import { addTestPod, type TestPod } from '../../hack/support/test-pod.js';
+import { CNI_BIN_DIRS, Cleanup, delIfbs, delLink, makeTmpDir, rmrf, uniq } from './kernel.js';
+import { addTestPod, type TestPod } from './test-pod.js';
 
 /** A fake kubelet host: pods and netns paths the test registers. A process/storage boundary, not the kernel. */
 export class FakeHost implements Host {

@@ -29,9 +29,9 @@ import { readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { CriClient } from './cri/client.js';
-import { Cleanup } from '../../hack/support/kernel.js';
-import { upstreamBlocker, upstreamDir } from '../../hack/support/upstream.js';
-import type { NodeSandbox } from '../../hack/support/node-sandbox.js';
+import { Cleanup } from './kernel.js';
+import { upstreamBlocker, upstreamDir } from './upstream.js';
+import type { NodeSandbox } from './node-sandbox.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 /** Built by hack/build-sandbox-image.sh (npm test runs it through build:test-tools). */

@@ -7,7 +7,7 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import { readlinkSync } from 'node:fs';
-import { ConfigError, NetlinkError } from '../src/errors.js';
+import { ConfigError, NetlinkError } from '../../src/errors.js';
 import {
   addrDel,
   addrList,
@@ -35,8 +35,8 @@ import {
   setPromiscOn,
   type AddrInfo,
   type LinkInfo,
-} from '../src/netlink/index.js';
-import { ipJson, isRoot, sh, uniq } from '../hack/support/kernel.js';
+} from '../../src/netlink/index.js';
+import { ipJson, isRoot, sh, uniq } from '../kit/kernel.js';
 
 const ENOENT = 2;
 const ENODEV = 19;
@@ -258,7 +258,7 @@ kTest('minHostMtu is undefined in a namespace with only loopback (checked throug
   // minHostMtu works on the process's namespace; run it in a child process inside a fresh netns.
   const ns = await makeNetns(t);
   await sh('ip', ['-n', ns.name, 'link', 'set', 'lo', 'up']);
-  const script = `import('${new URL('../src/netlink/index.ts', import.meta.url).href}').then(async (m) => console.log(JSON.stringify({ v: (await m.minHostMtu()) ?? null })))`;
+  const script = `import('${new URL('../../src/netlink/index.ts', import.meta.url).href}').then(async (m) => console.log(JSON.stringify({ v: (await m.minHostMtu()) ?? null })))`;
   const r = await sh('ip', ['netns', 'exec', ns.name, process.execPath, '--import=tsx', '-e', script]);
   t.deepEqual(JSON.parse(r.stdout.trim().split('\n').pop() ?? '{}'), { v: null });
 });
