@@ -17,7 +17,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { CniPluginError, ConfigError } from '../errors.js';
-import { silentLogger, type Logger } from '../log.js';
+import { silentLogger, type Logger, moduleLogger } from '../log.js';
 import { makeCacheEntry, ResultCache, type AttachmentKey } from './cache.js';
 import { InvalidResultError, NoCachedResultError, UnsupportedVersionError } from './errors.js';
 import { DEFAULT_TIMEOUT_MS, execPlugin, findPlugin } from './exec.js';
@@ -84,7 +84,7 @@ export class CniRuntime {
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.resultCache = opts.cacheDir === undefined ? undefined : new ResultCache(opts.cacheDir);
     this.allowedTypes = opts.allowedTypes ? new Set(opts.allowedTypes) : undefined;
-    this.log = (opts.logger ?? silentLogger()).child({ module: 'cni' });
+    this.log = moduleLogger(opts.logger ?? silentLogger(), 'cni');
   }
 
   /** ADD of one network config; caches and returns its result. */

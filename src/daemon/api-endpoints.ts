@@ -18,7 +18,7 @@
  */
 import { checkServerIdentity, type PeerCertificate } from 'node:tls';
 import type { RequestOptions } from 'node:https';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import type { KubeClientConfig } from './kubeconfig.js';
 import { KubeApi, KubeApiError, ListWatchLoop, type RetryOptions } from './kube-watch.js';
 
@@ -56,7 +56,7 @@ export class ApiEndpoints implements KubeClientConfig {
   ) {
     const server = base.getCurrentCluster()?.server ?? '';
     this.verifyHost = new URL(server).hostname.replace(/^\[(.*)\]$/, '$1');
-    this.log = logger?.child({ component: 'api-endpoints' });
+    this.log = logger ? moduleLogger(logger, 'api-endpoints') : undefined;
   }
 
   /** The Service address (the configuration's server). */
@@ -114,7 +114,7 @@ export class ApiEndpointsWatch {
   private readonly loop: ListWatchLoop<ApiEndpointSlice & { metadata?: { name?: string } }>;
 
   constructor(endpoints: ApiEndpoints, o: RetryOptions & { logger: Logger }) {
-    const log = o.logger.child({ component: 'api-endpoints' });
+    const log = moduleLogger(o.logger, 'api-endpoints');
     this.loop = new ListWatchLoop({
       api: new KubeApi(endpoints),
       log,

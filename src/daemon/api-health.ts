@@ -20,7 +20,7 @@
  * What counts as "away" is `isOutage`. Nothing here sleeps on a timer that `stop` cannot cut.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 
 /** client-go's reflector backoff (NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0)). */
 export const BACKOFF_INITIAL_MS = 800;
@@ -115,7 +115,7 @@ export class ApiHealth {
     this.periodMs = Math.max(1, o.periodMs ?? OUTAGE_PERIOD_MS);
     this.firstRetryMaxMs = Math.max(0, o.firstRetryMaxMs ?? Math.min(FIRST_RETRY_MAX_MS, this.periodMs));
     this.random = o.random ?? Math.random;
-    this.log = o.logger?.child({ component: 'api-health' });
+    this.log = o.logger ? moduleLogger(o.logger, 'api-health') : undefined;
   }
 
   get isDown(): boolean {

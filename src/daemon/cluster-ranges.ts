@@ -19,7 +19,7 @@
  * from the one applied. A rewrite that fails is tried again after `retryMs`.
  */
 import type { KubernetesObject } from '@kubernetes/client-node';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import { parseCidr, type Subnet } from '../net/ip.js';
 import { mergeCidrs } from '../shaper/unshaped.js';
 import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
@@ -78,7 +78,7 @@ export class ClusterRanges {
   readonly counters = { rewrites: 0, failures: 0 };
 
   constructor(private readonly o: ClusterRangesOptions) {
-    this.log = o.logger.child({ component: 'cluster-ranges' });
+    this.log = moduleLogger(o.logger, 'cluster-ranges');
     this.loop = new ListWatchLoop<ServiceCidrObject>({
       api: new KubeApi(loadKubeConfig(o)),
       log: this.log,

@@ -13,7 +13,7 @@ import { readFileSync, unlinkSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { KubenetError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import { socketAnswers } from '../pod/index.js';
 import { dyingWithParent } from '../util/parent-death.js';
 
@@ -48,7 +48,7 @@ export class DhcpDaemon {
   private readonly pidFile: string;
 
   constructor(private readonly o: DhcpDaemonOptions) {
-    this.log = o.log.child({ module: 'dhcp-daemon' });
+    this.log = moduleLogger(o.log, 'dhcp-daemon');
     this.delayMs = o.backoff?.initialMs ?? 1000;
     this.pidFile = join(dirname(o.socket), 'dhcp.pid');
   }

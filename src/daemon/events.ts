@@ -12,7 +12,7 @@
  * MAX_PENDING events wait; beyond that they are dropped (and logged), so a slow or absent API
  * server cannot pile them up in memory.
  */
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import { KubeApi, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
 
 export const REASON_APPLIED = 'BandwidthApplied';
@@ -103,7 +103,7 @@ export class KubeEventRecorder implements EventRecorder {
 
   constructor(private readonly opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig'>) {
     this.api = new KubeApi(loadKubeConfig(opts));
-    this.log = opts.logger.child({ component: 'events' });
+    this.log = moduleLogger(opts.logger, 'events');
   }
 
   record(obj: ObjectRef, type: EventType, reason: string, message: string): void {

@@ -40,7 +40,7 @@
  * keeps a pod's guarantees: a ceiling below one is raised to it.
  */
 import { ConfigError, UnknownPodError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import {
   cappedMessage,
   describeLimits,
@@ -160,7 +160,7 @@ export class LiveShaping {
     /** Cluster mode: the node's capacity, out of which guarantees are given (pod-guarantees.ts). */
     private readonly capacity?: () => NodeCapacity | undefined,
   ) {
-    this.log = log.child({ component: 'live-shaping' });
+    this.log = moduleLogger(log, 'live-shaping');
   }
 
   /** Subscribes to the pod and namespace watches (cluster mode); before the lookups start. */

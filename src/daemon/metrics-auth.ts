@@ -9,7 +9,7 @@
  * made-up tokens costs the API server at most one review each, never memory.
  */
 import { createHash } from 'node:crypto';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import { KubeApi, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
 
 /** The answer to one request: 200 (go on), 401 (no or bad token), 403 (not allowed), 503 (the API server could not say). */
@@ -79,7 +79,7 @@ export class KubeMetricsAuth implements MetricsAuthorizer {
   ) {}
 
   static fromClient(o: Pick<KubeClientOptions, 'kubeconfig' | 'kubeConfig' | 'logger'>): KubeMetricsAuth {
-    return new KubeMetricsAuth(new KubeApi(loadKubeConfig(o)), o.logger.child({ module: 'metrics-auth' }));
+    return new KubeMetricsAuth(new KubeApi(loadKubeConfig(o)), moduleLogger(o.logger, 'metrics-auth'));
   }
 
   async authorize(authorization: string | undefined, path: string): Promise<AuthDecision> {

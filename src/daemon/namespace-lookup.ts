@@ -10,7 +10,7 @@
  */
 import type { V1Namespace } from '@kubernetes/client-node';
 import { KubenetError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import { policyAnnotations, rawPolicy } from '../pod/index.js';
 import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
 
@@ -52,7 +52,7 @@ export class ClusterNamespaceLookup implements NamespaceLookup {
   private listener: ((u: NamespaceUpdate) => void | Promise<void>) | undefined;
 
   constructor(opts: KubeClientOptions) {
-    this.log = opts.logger.child({ component: 'namespace-lookup' });
+    this.log = moduleLogger(opts.logger, 'namespace-lookup');
     this.api = new KubeApi(loadKubeConfig(opts));
     this.loop = new ListWatchLoop<V1Namespace>({
       api: this.api,

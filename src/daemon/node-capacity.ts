@@ -23,7 +23,7 @@ import type { V1Node } from '@kubernetes/client-node';
 import { resolveCapacity, type NodeCapacity } from '../bandwidth/capacity.js';
 import { BANDWIDTH_RESOURCES, RESOURCE_UNIT_BITS } from '../bandwidth/guarantees.js';
 import { parseQuantity } from '../bandwidth/quantity.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import type { AgentConfig } from './config-keys.js';
 import { ApiHealth, Backoff, isOutage } from './api-health.js';
 import { healthOf, KubeApi, KubeApiError, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
@@ -92,7 +92,7 @@ export class NodeCapacityPublisher {
   private forbiddenLogged = false;
 
   constructor(opts: Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'health'>) {
-    this.log = opts.logger.child({ component: 'node-capacity', node: opts.nodeName });
+    this.log = moduleLogger(opts.logger, 'node-capacity', { node: opts.nodeName });
     this.api = new KubeApi(loadKubeConfig(opts));
     this.health = healthOf(opts);
     this.path = `/api/v1/nodes/${encodeURIComponent(opts.nodeName)}/status`;

@@ -6,7 +6,7 @@
  */
 import type { V1Node } from '@kubernetes/client-node';
 import { ConfigError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import type { PodCidrSource } from './pod-cidr.js';
 import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
 
@@ -37,7 +37,7 @@ export class NodeWatchPodCidrSource implements PodCidrSource {
     if (!opts.nodeName) throw new ConfigError('the node name is needed to watch the Node object');
     this.nodeName = opts.nodeName;
     this.onNode = opts.onNode;
-    this.log = opts.logger.child({ component: 'node-watch', node: opts.nodeName });
+    this.log = moduleLogger(opts.logger, 'node-watch', { node: opts.nodeName });
     this.loop = new ListWatchLoop<V1Node>({
       api: new KubeApi(loadKubeConfig(opts)),
       log: this.log,

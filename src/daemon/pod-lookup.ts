@@ -8,7 +8,7 @@
  */
 import type { V1Pod } from '@kubernetes/client-node';
 import { ConfigError, KubenetError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import type { PodInfo, PodLookup, PodUpdate } from './cni-handler.js';
 import { podAsk, type PodAsk } from './pod-guarantees.js';
 import { KubeApi, KubeApiError, ListWatchLoop, loadKubeConfig, sharedAborter, type KubeClientOptions } from './kube-watch.js';
@@ -42,7 +42,7 @@ export class ClusterPodLookup implements PodLookup {
 
   constructor(opts: ClusterPodLookupOptions) {
     if (!opts.nodeName) throw new ConfigError('the node name is needed to watch the pods of this node');
-    this.log = opts.logger.child({ component: 'pod-lookup', node: opts.nodeName });
+    this.log = moduleLogger(opts.logger, 'pod-lookup', { node: opts.nodeName });
     this.api = new KubeApi(loadKubeConfig(opts));
     this.loop = new ListWatchLoop<V1Pod>({
       api: this.api,

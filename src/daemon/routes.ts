@@ -21,7 +21,7 @@
  * each change of them: the cluster's pod ranges, which traffic to is unshaped (cluster-ranges.ts).
  */
 import type { V1Node } from '@kubernetes/client-node';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import { addrListAll, linkIndexByName, routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from '../netlink/index.js';
 import type { EventRecorder } from './events.js';
 import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from './kube-watch.js';
@@ -96,7 +96,7 @@ export class NodeRoutes {
   readonly counters = { reconciles: 0, replaced: 0, removed: 0, failed: 0 };
 
   constructor(private readonly o: NodeRoutesOptions) {
-    this.log = o.logger.child({ component: 'routes' });
+    this.log = moduleLogger(o.logger, 'routes');
     this.loop = new ListWatchLoop<V1Node>({
       api: new KubeApi(loadKubeConfig(o)),
       log: this.log,

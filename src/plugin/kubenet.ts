@@ -6,7 +6,7 @@
 import { accessSync, constants as fsConstants } from 'node:fs';
 import type { NetConf } from '../cni/types.js';
 import { ConfigError, KubenetError, NotReadyError } from '../errors.js';
-import { silentLogger, type Logger } from '../log.js';
+import { silentLogger, type Logger, moduleLogger } from '../log.js';
 import { checkIfName } from '../net/ifname.js';
 import { bandwidthFromAnnotations, HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, PodNetwork, REQUIRED_PLUGINS, sameLimits, type PodRecord } from '../pod/index.js';
 import { familyOf, parsePodCidrs } from '../net/ip.js';
@@ -30,7 +30,7 @@ export class KubenetPlugin implements NetworkPlugin {
     this.cniBinDirs = opts.cniBinDirs ?? ['/opt/cni/bin', '/usr/lib/cni'];
     this.ipamDataDir = opts.ipamDataDir ?? '/var/lib/cni/networks';
     this.stateDir = opts.stateDir ?? '/var/lib/kubenet';
-    this.log = (opts.logger ?? silentLogger()).child({ module: 'kubenet' });
+    this.log = moduleLogger(opts.logger ?? silentLogger(), 'kubenet');
     if (opts.mtu !== undefined && (!Number.isInteger(opts.mtu) || opts.mtu < 68 || opts.mtu > 65535)) {
       throw new ConfigError(`mtu must be an integer between 68 and 65535, got ${opts.mtu}`);
     }

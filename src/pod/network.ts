@@ -29,7 +29,7 @@
 import { CniRuntime, deepFreeze } from '../cni/runtime.js';
 import type { CniResult, NetConf } from '../cni/types.js';
 import { AggregateKubenetError, NotReadyError, UnknownPodError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { type Logger, moduleLogger } from '../log.js';
 import * as nl from '../netlink/index.js';
 import { parsePodCidrs, type Subnet } from '../net/ip.js';
 import { checkLimits, type BandwidthLimits, type LimitSources } from '../bandwidth/limits.js';
@@ -83,7 +83,7 @@ export class PodNetwork {
 
   constructor(private readonly opts: PodNetworkOptions) {
     this.bridgeName = opts.bridgeName;
-    this.log = opts.logger.child({ module: 'pod-network' });
+    this.log = moduleLogger(opts.logger, 'pod-network');
     this.store = new PodStore(`${opts.stateDir}/pods`, this.log);
     this.cni = new CniRuntime({
       binDirs: opts.pluginBinDirs,

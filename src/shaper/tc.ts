@@ -36,7 +36,7 @@
 import { performance } from 'node:perf_hooks';
 import { AggregateKubenetError, ConfigError } from '../errors.js';
 import * as nl from '../netlink/index.js';
-import { silentLogger, type Logger } from '../log.js';
+import { silentLogger, type Logger, moduleLogger } from '../log.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { runAll } from '../util/pool.js';
 import { checkIfName } from '../net/ifname.js';
@@ -152,7 +152,7 @@ export class Shaper {
     this.inIds = new ClassIds(inIfb);
     // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
     this.shards = new EgressShards(this.ifbName, this.tree ? 1 : (opts.shards ?? 1));
-    this.log = (opts.logger ?? silentLogger()).child({ module: 'shaper', ifb: this.ifbName });
+    this.log = moduleLogger(opts.logger ?? silentLogger(), 'shaper');
     if (this.tree && (opts.shards ?? 1) > 1) this.log.info({ shards: opts.shards, capacity: this.tree.capacity }, 'egress capacity set: one egress tree instead of shards');
   }
 
@@ -208,7 +208,7 @@ export class Shaper {
     const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.ingressTree));
     if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
-    this.log.info({ ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
+    this.log.info({ ifb: this.ifbName, ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
   }
 
   /**

@@ -24,6 +24,7 @@ import { agentGet } from '../../src/daemon/protocol.js';
 import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../kit/agent-process.js';
 import { Churn, leftoversAcrossRestart, logEntries, percentile, sumSweeps, SWEEP_MSG, type ChurnReport } from '../kit/churn.js';
 import { uniq } from '../kit/kernel.js';
+import { linesRepeatingKeys } from '../kit/log-lines.js';
 import { withTrafficLock } from '../kit/traffic-lock.js';
 import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../kit/node-leaks.js';
 import { NodeSandbox } from '../kit/node-sandbox.js';
@@ -105,6 +106,8 @@ async function churnAndCheck(
   t.deepEqual(afterChurn, NO_LEFTOVERS, 'nothing of any pod left right after the churn');
   t.deepEqual(final, NO_LEFTOVERS, 'nothing of any pod left after the final restart');
   t.deepEqual(status.pods, [], 'the agent lists no pod');
+  const repeating = linesRepeatingKeys(await readFile(agent.logFile, 'utf8'));
+  t.deepEqual(repeating.slice(0, 5), [], `no line of the agent's log names a key twice (${repeating.length} lines do)`);
 }
 
 serialTest('churn with SIGKILLs, the agent configured by flags with private dirs: 300 cycles, 8 at a time, 5 kills', async (t) => {
