@@ -9,22 +9,22 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { convertResult, parseResult } from '../cni/result.js';
 import type { CniResult, NetConf, NetConfList } from '../cni/types.js';
 import { ConflictError, KubenetError } from '../errors.js';
-import * as nl from '../netlink/index.js';
 import type { ShapingState } from '../shaper/tc.js';
 import { differences, podCniArgs, podName, round, runtimeConf, shortId } from './attachment.js';
 import { CNI_VERSION, withPortmap } from './bridge.js';
-import { ensureBridge } from './bridge-kernel.js';
-import type { Core } from './core.js';
+import type { SetUpDeps } from './core.js';
+import { teardown } from './del.js';
 import { NetnsError, type NetnsId } from './netns.js';
 import { RECORD_VERSION, recordKey, type PodRecord } from './record.js';
 import { LOOPBACK_NETWORK_NAME, type AttachRequest } from './requests.js';
 import { StepTimer } from './step-timer.js';
-import { hostEndOnBridge } from './veth.js';
+import type { LinkRef } from './pod-kernel.js';
+import type { PendingAdd } from './pending-adds.js';
 
 const LOOPBACK_CONF: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
 
 /** The ADD of an attachment, under its lock and its netns's; `conf` is the network config in force. */
-export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
+export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
   const started = performance.now();
   const steps = new StepTimer(started);
   const key = recordKey(req.containerId, req.ifName);
@@ -42,13 +42,13 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
   }
   if (existing) {
     log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
-    await core.teardown(existing, log);
+    await teardown(core, existing, log);
   }
   const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
   if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
   steps.mark('lookup');
   // By ioctl in the pod's netns: no netlink request (nor the RTNL lock) on the ADD's way to its exec.
-  if (nl.netnsLinkIndex(req.netns, req.ifName) !== undefined) {
+  if (core.kernel.podInterfaceIndex(req.netns, req.ifName) !== undefined) {
     throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
   }
   await core.mode().precheck(conf, podName(req));
@@ -75,14 +75,14 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
   // The intent, before any plugin runs.
   core.store.put(record);
   steps.mark('record');
-  core.adding.add(key);
+  const pending = core.pending.begin(key);
   const rt = runtimeConf(record, req.netns);
   let prefetch: Promise<CniResult> | undefined;
   let egressFirst: Promise<unknown> | undefined;
   let early: Promise<EarlyShaping | undefined> | undefined;
   try {
     // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
-    const bridge = await ensureBridge(core.settings(), log);
+    const bridge = await core.kernel.ensureBridge(core.settings(), log);
     await core.dedup.syncIfNewBridge(bridge.index);
     if (core.opts.manageLoopback) await core.cni.add(LOOPBACK_CONF, { ...rt, ifName: 'lo', capabilityArgs: {} });
     // portmap creates its top-level chains check-then-create: two at once, one fails (iptables-nft
@@ -97,7 +97,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     prefetch = core.mode().startAllocation(network, rt);
     if (prefetch) {
       prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
-      core.prefetched.set(key, prefetch);
+      pending.prefetch(prefetch);
       void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
     }
     // The egress side on the shared ifb needs only the pod's addresses: made beside the exec too,
@@ -107,7 +107,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
     // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
     // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
-    early = prefetch && core.shaper.wants(limits) ? shapeWhileExec(core, key, req, bridge.index, prefetch, egressFirst, exec) : undefined;
+    early = prefetch && core.shaper.wants(limits) ? shapeWhileExec(core, pending, req, bridge.index, prefetch, egressFirst, exec) : undefined;
     early?.then((e) => e && steps.note('vethEarly', performance.now() - started), () => undefined);
     const result = await exec;
     steps.mark('bridge');
@@ -121,7 +121,7 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     const shaped = await early?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
     const shapedHere = shaped?.hostVeth === hostVeth ? shaped : undefined;
     // The veth shaped beside the exec is the one reported: its index was found then.
-    const hostVethIndex = shapedHere ? shapedHere.hostVethIndex : nl.linkIndexByName(hostVeth);
+    const hostVethIndex = shapedHere ? shapedHere.hostVethIndex : core.kernel.linkIndexByName(hostVeth);
     if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
     record.hostVethIndex = hostVethIndex;
     steps.mark('veth');
@@ -145,22 +145,20 @@ export async function setUp(core: Core, req: AttachRequest, netnsId: NetnsId, co
     await egressFirst?.catch(() => undefined);
     await early?.catch(() => undefined);
     try {
-      await core.teardown(record, log);
+      await teardown(core, record, log);
     } catch (undoErr) {
       // The record stays (phase adding): the runtime's DEL, or the next start, finishes the undo.
       log.error({ err: undoErr }, 'undoing the failed setup left something behind; the record is kept for DEL');
     }
     throw err;
   } finally {
-    core.adding.delete(key);
-    core.prefetched.delete(key);
-    core.ipamAsked.delete(key);
+    pending.end();
   }
 }
 
 
 /** Shapes the pod as its limits say (without limits, any old shaping goes); the record keeps what was installed. */
-export async function applyShaping(core: Core, record: PodRecord): Promise<void> {
+export async function applyShaping(core: Pick<SetUpDeps, 'shaper'>, record: PodRecord): Promise<void> {
   if (!core.shaper.wants(record.limits)) {
     await core.shaper.remove(record.containerId);
     delete record.shaping;
@@ -188,15 +186,15 @@ interface EarlyShaping {
 
 /**
  * The pod's shaping made while the bridge plugin still runs. The plugin makes the veth a port of
- * the bridge before it asks its IPAM for the addresses (the shim: `Core.ipamAsked`), then spends
+ * the bridge before it asks its IPAM for the addresses (the shim: `PendingAdd.whenIpamAsked`), then spends
  * the rest of its run in the pod's netns. From that call the host veth is found (veth.ts
  * hostEndOnBridge; looked for again every VETH_POLL_MS should it not be there yet) and shaped with
  * the addresses the agent allocated, after the ifb side `egressFirst` made. Undefined when the
  * exec ended first: the ADD then shapes after it, as without this.
  */
 async function shapeWhileExec(
-  core: Core,
-  key: string,
+  core: SetUpDeps,
+  pending: PendingAdd,
   req: AttachRequest,
   bridgeIndex: number,
   prefetch: Promise<CniResult>,
@@ -208,11 +206,11 @@ async function shapeWhileExec(
     () => (done = true),
     () => (done = true),
   );
-  await Promise.race([new Promise<void>((resolve) => core.ipamAsked.set(key, resolve)), ended]);
+  await Promise.race([pending.whenIpamAsked(), ended]);
   const claimed = new Set(core.store.all().flatMap((r) => (r.hostVethIndex ? [r.hostVethIndex] : [])));
-  let veth: nl.LinkInfo | undefined;
+  let veth: LinkRef | undefined;
   while (!done && veth === undefined) {
-    veth = await hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed);
+    veth = await core.kernel.hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed);
     if (veth === undefined) await sleep(VETH_POLL_MS);
   }
   if (veth === undefined) return undefined;

@@ -1,9 +1,13 @@
 /**
- * What the pod network core's operations share (network.ts holds it and the state behind it; the
- * ADD in add.ts, DEL in del.ts, and the reconcile and sweep in sweep.ts work on it). Types only.
+ * What the pod lifecycle's operations are given (network.ts builds it and owns the state behind
+ * it): the ADD in add.ts, the DEL in del.ts, the reconcile and sweep in sweep.ts, CHECK and traffic
+ * in inspect.ts. Each operation names the narrow part it needs (`TeardownDeps`, `SetUpDeps`); every
+ * piece of mutable state has one owner with named operations (the store, the locks, `PendingAdds`),
+ * and the kernel, the plugins and the shaper are interfaces, so the rules are unit-tested over
+ * fakes without root (test/pod/lifecycle.test.ts). Types only.
  */
 import type { CniRuntime } from '../cni/runtime.js';
-import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.js';
+import type { NetConf } from '../cni/types.js';
 import type { Logger } from '../log.js';
 import type { Subnet } from '../net/ip.js';
 import type { Shaper } from '../shaper/tc.js';
@@ -12,25 +16,29 @@ import type { AddressMode } from './address-mode.js';
 import type { AddressModes } from './address-modes.js';
 import type { BridgeSettings } from './bridge.js';
 import type { DedupKeeper } from './dedup-keeper.js';
-import type { PodRecord, PodStore } from './record.js';
+import type { PendingAdds } from './pending-adds.js';
+import type { PodKernel } from './pod-kernel.js';
+import type { PodStore } from './record.js';
 import type { PodNetworkOptions } from './requests.js';
 
+/** The shaper as the lifecycle uses it (src/shaper/tc.ts `Shaper`). */
+export type PodShaper = Pick<Shaper, 'ensure' | 'remove' | 'wants' | 'shapesEgress' | 'list' | 'states' | 'reconcile' | 'counters'>;
+
 export interface Core {
-  readonly opts: PodNetworkOptions;
+  readonly opts: Pick<PodNetworkOptions, 'manageLoopback' | 'stateDir'>;
   readonly store: PodStore;
-  /** Per attachment (record key), per netns (`netns:dev:ino`) and `dedup`. */
+  /** Per attachment (record key), per netns (`netns:dev:ino`), `portmap` and `dedup`. */
   readonly locks: KeyedMutex;
-  /** Attachments whose ADD is running now (their records say `adding`). */
-  readonly adding: Set<string>;
-  /** The allocations the mode started beside the bridge exec for ADDs running now, by record key. */
-  readonly prefetched: Map<string, Promise<CniResult>>;
-  /** Called when the bridge plugin of an ADD running now asks for its addresses (the shim), by record key. */
-  readonly ipamAsked: Map<string, () => void>;
-  readonly cni: CniRuntime;
-  readonly shaper: Shaper;
+  /** The ADDs running now, and their handshake with the shim's IPAM requests. */
+  readonly pending: PendingAdds;
+  /** Links, namespaces and host-port rules (pod-kernel.ts). */
+  readonly kernel: PodKernel;
+  /** The loopback plugin's ADD (when the core manages the pod's lo). */
+  readonly cni: Pick<CniRuntime, 'add'>;
+  readonly shaper: PodShaper;
   /** The address mode in force, and the mode of each record's network. */
   readonly modes: AddressModes;
-  readonly dedup: DedupKeeper;
+  readonly dedup: Pick<DedupKeeper, 'syncIfNewBridge'>;
   readonly bridgeName: string;
   readonly log: Logger;
   /** The address mode in force. */
@@ -43,8 +51,10 @@ export interface Core {
   requireReady(what: string): { conf: NetConf; subnets: Subnet[] };
   /** Whether the pod CIDR is known (a dhcp node is ready without one). */
   hasPodCidr(): boolean;
-  /** Undoes an attachment, every step; its record goes when all succeeded (del.ts). */
-  teardown(record: PodRecord, log: Logger): Promise<void>;
-  /** The network's DEL by the mode whose addresses it holds. */
-  delNetwork(network: NetConf | NetConfList, rt: RuntimeConf, prev?: CniResult): Promise<void>;
 }
+
+/** What undoing an attachment needs (del.ts teardown). */
+export type TeardownDeps = Pick<Core, 'store' | 'modes' | 'shaper' | 'kernel' | 'bridgeName' | 'settings' | 'requireReady'>;
+
+/** What an ADD needs: a teardown's (it undoes its own failure) and the plugins, the pending ADDs, the bridge. */
+export type SetUpDeps = TeardownDeps & Pick<Core, 'opts' | 'locks' | 'pending' | 'cni' | 'dedup' | 'log' | 'mode'>;

@@ -43,6 +43,8 @@ import { checkAttachment, podName, reshapedRecord, shortId } from './attachment.
 import { NETWORK_NAME, POD_IFNAME, type BridgeSettings, type HairpinMode } from './bridge.js';
 import { ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
 import type { Core } from './core.js';
+import { PendingAdds } from './pending-adds.js';
+import { nodeKernel } from './pod-kernel.js';
 import { DedupKeeper } from './dedup-keeper.js';
 import { releaseUnknown, teardown } from './del.js';
 import { ensureBridgeNetfilter } from './host-setup.js';
@@ -65,12 +67,8 @@ export class PodNetwork {
   private readonly cni: CniRuntime;
   private readonly shaper: Shaper;
   private readonly locks = new KeyedMutex();
-  /** Attachments whose ADD is running now (their records say `adding`). */
-  private readonly adding = new Set<string>();
-  /** The allocations the mode started beside the bridge exec for ADDs running now, by record key. */
-  private readonly prefetched = new Map<string, Promise<CniResult>>();
-  /** Called when the bridge plugin of an ADD running now asks for its addresses, by record key. */
-  private readonly ipamAsked = new Map<string, () => void>();
+  /** The ADDs running now (their records say `adding`), and their handshake with the shim. */
+  private readonly pending = new PendingAdds();
   /** The address mode in force, and the mode of each record's network. */
   private readonly modes: AddressModes;
   private readonly dedup: DedupKeeper;
@@ -110,9 +108,8 @@ export class PodNetwork {
       opts,
       store: this.store,
       locks: this.locks,
-      adding: this.adding,
-      prefetched: this.prefetched,
-      ipamAsked: this.ipamAsked,
+      pending: this.pending,
+      kernel: nodeKernel,
       cni: this.cni,
       shaper: this.shaper,
       modes: this.modes,
@@ -124,8 +121,6 @@ export class PodNetwork {
       ready: () => (this.state.phase === 'ready' ? this.state : undefined),
       requireReady: (what) => this.requireReady(what),
       hasPodCidr: () => this.podCidr() !== undefined,
-      teardown: (record, log) => teardown(core, record, log),
-      delNetwork: (network, rt, prev) => this.modes.of(network).del(network, rt, prev),
     };
     this.core = core;
   }
@@ -266,12 +261,8 @@ export class PodNetwork {
    *   hand with the agent's config): nothing is allocated for it.
    */
   prefetchedIpam(containerId: string, ifName: string): Promise<CniResult> {
-    const key = recordKey(containerId, ifName);
-    const running = this.prefetched.get(key);
-    // The plugin asks once the veth is a port of the bridge: the ADD shapes it now (add.ts), after
-    // this turn of the event loop, in which the answer (ready by then) goes out first.
-    const asked = this.ipamAsked.get(key);
-    if (asked) setImmediate(asked);
+    // The plugin asks once the veth is a port of the bridge: the ADD shapes it now (add.ts).
+    const running = this.pending.get(recordKey(containerId, ifName))?.ipamAsked();
     if (running) return running;
     return Promise.reject(
       new UnknownPodError(`kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`),
@@ -330,11 +321,11 @@ export class PodNetwork {
     const errors: unknown[] = [];
     for (const r of this.store.all()) {
       const key = recordKey(r.containerId, r.ifName);
-      if (keep.has(key) || this.adding.has(key)) continue;
+      if (keep.has(key) || this.pending.has(key)) continue;
       await this.locks
         .run(key, async () => {
           const cur = this.store.get(r.containerId, r.ifName);
-          if (!cur || this.adding.has(key)) return;
+          if (!cur || this.pending.has(key)) return;
           await teardown(this.core, cur, this.log.child({ pod: podName(cur), id: shortId(cur.containerId), gc: true }));
         })
         .catch((err: unknown) => errors.push(err));

@@ -5,17 +5,13 @@
  */
 import type { RuntimeConf } from '../cni/types.js';
 import { AggregateKubenetError } from '../errors.js';
-import * as nl from '../netlink/index.js';
 import { cidrContains } from '../net/ip.js';
 import { PLACEHOLDER_PORT, podCniArgs, podName, shortId } from './attachment.js';
 import { NETWORK_NAME, POD_IFNAME, withPortmap } from './bridge.js';
-import { bridgeVeths } from './bridge-kernel.js';
 import type { Core } from './core.js';
-import { hostPortRules } from './host-setup.js';
-import { netnsIdIfAlive, sameNetns } from './netns.js';
+import { delNetwork, teardown } from './del.js';
 import { recordKey } from './record.js';
 import { markedUplink } from './uplink.js';
-import { podVethPresent } from './veth.js';
 
 /**
  * The startup reconcile: an ADD that never finished is undone; a pod whose netns is gone and whose
@@ -28,12 +24,12 @@ export async function reconcile(core: Core): Promise<void> {
   for (const r of core.store.all()) {
     const log = core.log.child({ pod: podName(r), id: shortId(r.containerId), reconcile: true });
     const key = recordKey(r.containerId, r.ifName);
-    if (core.adding.has(key)) continue;
-    const gone = r.phase === 'ready' && !sameNetns(netnsIdIfAlive(r.netns), r.netnsId) && !(await podVethPresent(r));
+    if (core.pending.has(key)) continue;
+    const gone = r.phase === 'ready' && !core.kernel.podNetnsAlive(r) && !(await core.kernel.podVethPresent(r));
     if (r.phase === 'ready' && !gone) continue;
     if (!r.network && !core.hasPodCidr()) continue; // needs the pod CIDR's config
     log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
-    await core.locks.run(key, () => core.teardown(r, log)).catch((err: unknown) => errors.push(err));
+    await core.locks.run(key, () => teardown(core, r, log)).catch((err: unknown) => errors.push(err));
   }
   // Shaping: gone for pods without a record, put back as recorded for every live shaped pod.
   const shaped = core.store.all().filter((r) => r.phase === 'ready' && r.hostVeth && core.shaper.wants(r.limits));
@@ -68,10 +64,10 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
   const { held: reservations, empty: emptyReservations } = await core.mode().reservations();
   // The uplink (and one an earlier start enslaved) is a port of the bridge too, and may be a veth.
   const uplinks = new Set([core.mode().uplink, markedUplink(core.opts.stateDir)]);
-  const veths = (await bridgeVeths(core.bridgeName)).filter((v) => !uplinks.has(v.name));
-  const portRules = await hostPortRules(NETWORK_NAME);
+  const veths = (await core.kernel.bridgeVeths(core.bridgeName)).filter((v) => !uplinks.has(v.name));
+  const portRules = await core.kernel.hostPortRules(NETWORK_NAME);
   const records = core.store.all();
-  const liveKeys = new Set([...keep, ...core.adding, ...records.map((r) => recordKey(r.containerId, r.ifName))]);
+  const liveKeys = new Set([...keep, ...core.pending.keys(), ...records.map((r) => recordKey(r.containerId, r.ifName))]);
   const liveIds = new Set([...liveKeys].map((k) => k.slice(0, k.indexOf('@'))));
   const errors: unknown[] = [];
   const removed = { reservations: 0, veths: 0, hostPorts: 0, shaping: 0 };
@@ -90,10 +86,10 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
   for (const [key, s] of stale) {
     await core.locks
       .run(key, async () => {
-        if (core.store.get(s.containerId, s.ifName) || core.adding.has(key)) return;
+        if (core.store.get(s.containerId, s.ifName) || core.pending.has(key)) return;
         const rt: RuntimeConf = { containerId: s.containerId, ifName: s.ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId: s.containerId }) };
         if (s.ports) rt.capabilityArgs = { portMappings: [PLACEHOLDER_PORT] };
-        await core.delNetwork(s.ports ? withPortmap(conf) : conf, rt);
+        await delNetwork(core, s.ports ? withPortmap(conf) : conf, rt);
         if (s.ports) removed.hostPorts++;
         if (reservations.some((r) => r.containerId === s.containerId)) removed.reservations++;
       })
@@ -109,14 +105,14 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
       (err: unknown) => errors.push(err),
     );
   }
-  if (core.adding.size === 0) {
+  if (core.pending.size === 0) {
     const known = new Set(core.store.all().flatMap((r) => (r.hostVeth ? [r.hostVeth] : [])));
     // Asked all at once: veths go together in one kernel request (nl.linkDelete).
     await Promise.all(
       veths
         .filter((v) => !known.has(v.name))
         .map((v) =>
-          nl.linkDelete(v.index, { veth: true }).then(
+          core.kernel.deleteVeth(v.index).then(
             () => removed.veths++,
             (err: unknown) => errors.push(err),
           ),
