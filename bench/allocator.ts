@@ -1,5 +1,5 @@
 /**
- * host-local's allocator in the agent (src/pod/host-local): what one ADD and one DEL cost on the
+ * host-local's allocator in the agent (src/pod/addresses/allocator): what one ADD and one DEL cost on the
  * event loop as the node's reservations grow, with the store's index of reservation files in use
  * (nobody else changed the directory) against the directory read on every call (what host-local
  * itself does, and what the store does after anyone else changed it: here a file written and
@@ -16,8 +16,8 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { parseArgs } from 'node:util';
-import { HostLocalAllocator, parseHostLocal } from '../src/pod/host-local/allocator.js';
-import { reservationScans } from '../src/pod/host-local/store.js';
+import { HostLocalAllocator, parseHostLocal } from '../src/pod/addresses/allocator/allocator.js';
+import { reservationScans } from '../src/pod/addresses/allocator/store.js';
 
 const { values } = parseArgs({ options: { calls: { type: 'string', default: '60' }, counts: { type: 'string', default: '0,100,250' }, 'pause-ms': { type: 'string', default: '5' } } });
 const calls = Number(values.calls);

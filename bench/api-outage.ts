@@ -3,7 +3,7 @@
  * kube-apiserver of a one-node local cluster (hack/cluster.sh, manifests/kubenet.yaml unchanged)
  * is stopped for `--down-s` seconds (default 20) and started again. Against it, in the same run:
  *
- * - `--agents` simulated agents (default 200) running this tree's client code (kube-watch.ts
+ * - `--agents` simulated agents (default 200) running this tree's client code (kube/watch.ts
  *   ListWatchLoop with one ApiHealth per agent), each with an agent's watches: its own Node, its
  *   node's pods, Namespaces, all Nodes; and as many running the client code of `--before` (a git
  *   revision, default the last one before api-health.ts), from a worktree of it. Each agent has
@@ -72,9 +72,9 @@ const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfi
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function simAgents(group: 'after' | 'before', srcRoot: string, n: number): Promise<SimAgent[]> {
-  const kw = (await import(join(srcRoot, 'src/daemon/kube-watch.ts'))) as { ListWatchLoop: LoopCtor; KubeApi: new (kc: unknown) => unknown };
-  const { kubeconfigCredentials } = (await import(join(srcRoot, 'src/daemon/kubeconfig.ts'))) as { kubeconfigCredentials: (p: string) => { getCurrentCluster(): unknown; applyToHTTPSOptions(o: unknown): Promise<void> } };
-  const healthMod = (await import(join(srcRoot, 'src/daemon/api-health.ts')).catch(() => undefined)) as { ApiHealth: new () => unknown } | undefined;
+  const kw = (await import(join(srcRoot, 'src/daemon/kube/watch.ts'))) as { ListWatchLoop: LoopCtor; KubeApi: new (kc: unknown) => unknown };
+  const { kubeconfigCredentials } = (await import(join(srcRoot, 'src/daemon/kube/kubeconfig.ts'))) as { kubeconfigCredentials: (p: string) => { getCurrentCluster(): unknown; applyToHTTPSOptions(o: unknown): Promise<void> } };
+  const healthMod = (await import(join(srcRoot, 'src/daemon/kube/api-health.ts')).catch(() => undefined)) as { ApiHealth: new () => unknown } | undefined;
   const { pino } = await import('pino');
   const log = pino({ level: 'silent' });
   const agents: SimAgent[] = [];
@@ -117,8 +117,8 @@ const inNode = async (cmd: string, args: string[]) => {
 /** The simulated agents, the outages and the measurements; runs inside node 1's network namespace (the API server's own address). */
 async function child(): Promise<void> {
   const before = process.env.BENCH_BEFORE_ROOT ?? '';
-  const { KubeApi } = await import('../src/daemon/kube-watch.js');
-  const { kubeconfigCredentials } = await import('../src/daemon/kubeconfig.js');
+  const { KubeApi } = await import('../src/daemon/kube/watch.js');
+  const { kubeconfigCredentials } = await import('../src/daemon/kube/kubeconfig.js');
   const writer = new KubeApi(kubeconfigCredentials(KUBECONFIG));
   const afterGroup = await simAgents('after', ROOT, AGENTS);
   const beforeGroup = before ? await simAgents('before', before, AGENTS) : [];

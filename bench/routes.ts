@@ -1,5 +1,5 @@
 /**
- * Routes between nodes at scale (`routes: direct`, src/daemon/routes.ts): one agent against the real
+ * Routes between nodes at scale (`routes: direct`, src/daemon/cluster/routes.ts): one agent against the real
  * API server of a local cluster (hack/cluster.sh up, one node) holding `--nodes` simulated Node
  * objects (default 1 000; no real node behind them: each has a pod CIDR out of the cluster CIDR
  * 10.128.0.0/9 and an InternalIP in 198.19.0.0/20, a subnet added to the node's uplink on the test

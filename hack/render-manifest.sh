@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes manifests/kubenet.yaml from the Helm chart in manifests/chart with its default values: the
 # chart is the one source, the plain manifest its rendering; and the chart's values.schema.json from
-# the config-key table (hack/support/chart-schema.ts). test/daemon/chart.test.ts checks both files are
+# the config-key table (hack/support/chart-schema.ts). test/manifests/chart.test.ts checks both files are
 # exactly what this writes. Helm is the pinned build of hack/build-upstream.sh.
 #
 #   bash hack/render-manifest.sh           rewrite manifests/kubenet.yaml

@@ -2,6 +2,8 @@
  * The source layout's rules (issue 23), checked on the files themselves, without root:
  * - no import cycle under src/, type-only imports and re-exports included (a reader can start at
  *   any module and never loop back to it);
+ * - no upward import: the folders of src/, and those of src/pod and src/daemon, are layers (LAYERS),
+ *   and a module imports only from its own unit or a lower layer;
  * - no file under src/ over 400 lines, but the cohesive owners of state in LONGER, each within its
  *   own cap and with the reason (a file back under 400 leaves the list: the test says so).
  */
@@ -96,6 +98,96 @@ test('no import cycle under src/, type-only imports included', (t) => {
 });
 
 /**
+ * The layers, lowest first, at each level that has folders of its own: a unit (a folder, or a file
+ * at that level) imports only within itself or from a unit of a lower rank. Equal ranks are
+ * siblings that do not know each other.
+ */
+const LAYERS: Record<string, Record<string, number>> = {
+  src: {
+    'errors.ts': 0, 'log.ts': 0,
+    util: 1, net: 1,
+    netlink: 2, cni: 2, bandwidth: 2,
+    shaper: 3,
+    pod: 4,
+    plugin: 5, daemon: 5,
+    cli: 6,
+    'index.ts': 7,
+  },
+  'src/pod': {
+    'bridge-conf.ts': 0, 'netns.ts': 0,
+    records: 1,
+    'requests.ts': 2,
+    'attachment.ts': 3,
+    node: 4,
+    addresses: 5,
+    lifecycle: 6,
+    'network.ts': 7,
+    'index.ts': 8,
+  },
+  'src/daemon': {
+    'protocol.ts': 0,
+    config: 1,
+    kube: 2, host: 2, 'loop-delay.ts': 2,
+    'pod-cidr': 3, cluster: 3,
+    cni: 4,
+    shaping: 5,
+    http: 6,
+    'agent.ts': 7,
+  },
+};
+
+/** The imports that go up or sideways at some level of LAYERS, as "from -> to (level: a r1 -> b r2)". */
+export function upwardImports(graph: Map<string, string[]>, layers: Record<string, Record<string, number>>, root: string): string[] {
+  const out: string[] = [];
+  const unitOf = (level: string, file: string): string | undefined => {
+    const r = relative(join(root, level), file);
+    if (r.startsWith('..')) return undefined;
+    return r.split('/')[0];
+  };
+  for (const [from, deps] of graph) {
+    for (const to of deps) {
+      for (const [level, ranks] of Object.entries(layers)) {
+        const a = unitOf(level, from);
+        const b = unitOf(level, to);
+        if (a === undefined || b === undefined || a === b) continue;
+        const ra = ranks[a];
+        const rb = ranks[b];
+        if (ra === undefined || rb === undefined) {
+          out.push(`${relative(root, from)} -> ${relative(root, to)} (${level}: ${ra === undefined ? a : b} has no layer)`);
+        } else if (rb >= ra) {
+          out.push(`${relative(root, from)} -> ${relative(root, to)} (${level}: ${a} ${ra} -> ${b} ${rb})`);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+test('the layer check finds an upward or sideways import, and a unit with no layer', (t) => {
+  const r = '/r';
+  const g = new Map([
+    ['/r/src/pod/x.ts', ['/r/src/net/ip.ts', '/r/src/daemon/agent.ts']],
+    ['/r/src/plugin/k.ts', ['/r/src/daemon/agent.ts']],
+    ['/r/src/new/y.ts', ['/r/src/log.ts']],
+  ]);
+  t.deepEqual(upwardImports(g, { src: LAYERS.src ?? {} }, r), [
+    'src/pod/x.ts -> src/daemon/agent.ts (src: pod 4 -> daemon 5)',
+    'src/plugin/k.ts -> src/daemon/agent.ts (src: plugin 5 -> daemon 5)',
+    'src/new/y.ts -> src/log.ts (src: new has no layer)',
+  ]);
+});
+
+test('no upward import: each folder of src/, src/pod and src/daemon imports only its own or lower layers', (t) => {
+  const graph = new Map(files.map((f) => [f, importsOf(f, readFileSync(f, 'utf8'))]));
+  t.deepEqual(upwardImports(graph, LAYERS, ROOT), []);
+  // Every unit at each level is in its table (a new folder needs its place).
+  for (const [level, ranks] of Object.entries(LAYERS)) {
+    const units = readdirSync(join(ROOT, level)).filter((n) => !n.endsWith('.md'));
+    t.deepEqual(units.filter((u) => ranks[u] === undefined), [], `${level}: every folder and file has a layer`);
+  }
+});
+
+/**
  * Cohesive owners of state allowed past MAX_LINES (DESIGN.md, house style: a line cap is a smell
  * detector, not a law), each with its own cap and the reason splitting it would scatter one owner.
  */
@@ -108,7 +200,7 @@ const LONGER: Record<string, { max: number; why: string }> = {
     max: 430,
     why: 'every kernel object the shaper makes, its handle and its tc line, flat and in the trees, in one reading: the module doc is the map the lines follow, and a reader checking one pod\'s objects needs all of it',
   },
-  'src/daemon/config-keys.ts': {
+  'src/daemon/config/keys.ts': {
     max: 520,
     why: 'the config-key table: one entry per key (type, default, flag, meaning, check), from which the defaults, the flags, --help, docs/config.md and the chart\'s values schema all come; a table split across files is two tables',
   },

@@ -1,10 +1,10 @@
 /**
  * Prints the Helm chart's values.schema.json: the chart's own values (image, resources, placement,
  * the metrics TLS Secret) and `config`, whose schema is generated from the config-key table
- * (src/daemon/config-keys.ts configKeysJsonSchema), so the chart refuses what the agent would.
- * hack/render-manifest.sh writes it; test/daemon/chart.test.ts checks the file is this output.
+ * (src/daemon/config/keys.ts configKeysJsonSchema), so the chart refuses what the agent would.
+ * hack/render-manifest.sh writes it; test/manifests/chart.test.ts checks the file is this output.
  */
-import { configKeysJsonSchema } from '../../src/daemon/config-keys.js';
+import { configKeysJsonSchema } from '../../src/daemon/config/keys.js';
 
 export function chartValuesSchema(): Record<string, unknown> {
   return {

@@ -7,7 +7,7 @@
 import type { IncomingMessage } from 'node:http';
 import type { V1Pod, V1PodList } from '@kubernetes/client-node';
 import { KubenetError } from '../errors.js';
-import type { KubeApi } from '../daemon/kube-watch.js';
+import type { KubeApi } from '../daemon/kube/watch.js';
 import { parseExposition, type MetricFamily } from './prom-text.js';
 
 export const DEFAULT_AGENT_NAMESPACE = 'kube-system';

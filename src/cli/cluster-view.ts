@@ -7,7 +7,7 @@
 import { formatBandwidth, type LimitSource } from '../bandwidth/limits.js';
 import { sourceTag } from '../bandwidth/namespace-policy.js';
 import { samplesOf, type MetricFamily } from './prom-text.js';
-import type { AgentInfo } from '../daemon/metrics.js';
+import type { AgentInfo } from '../daemon/http/metrics.js';
 import { rateText } from './rate-text.js';
 
 export type Direction = 'ingress' | 'egress';

@@ -3,7 +3,7 @@
  * `daemon`, every config key with its flag, type, default and meaning, from CONFIG_KEYS (the one
  * description of each key; docs/config.md's table comes from the same).
  */
-import { CONFIG_KEYS, type ConfigKey, type ConfigKeySpec } from '../daemon/config.js';
+import { CONFIG_KEYS, type ConfigKey, type ConfigKeySpec } from '../daemon/config/config.js';
 import { wrap } from './wrap.js';
 
 export { wrap };

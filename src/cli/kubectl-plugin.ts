@@ -8,8 +8,8 @@
 import { parseArgs } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ConfigError } from '../errors.js';
-import { KubeApi } from '../daemon/kube-watch.js';
-import { kubectlCredentials, type KubeClientConfig } from '../daemon/kubeconfig.js';
+import { KubeApi } from '../daemon/kube/watch.js';
+import { kubectlCredentials, type KubeClientConfig } from '../daemon/kube/kubeconfig.js';
 import { DEFAULT_AGENT_NAMESPACE, DEFAULT_AGENT_SELECTOR, listAgents, mapBounded, scrapeAgent, type AgentPod } from './cluster-scrape.js';
 import { renderClusterTop, renderNodeStatus, rowsOf, snapshotOf, sortRows, windowOf, type NodeSnapshot, type PodRow } from './cluster-view.js';
 import { wrap } from './wrap.js';

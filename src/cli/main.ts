@@ -10,22 +10,22 @@ import './threadpool.js';
 import './heap.js';
 import { parseArgs } from 'node:util';
 import { Agent, type StatusReport } from '../daemon/agent.js';
-import { limitsPath, STATUS_PATH } from '../daemon/http-api.js';
-import type { ShapedPod } from '../daemon/live-shaping.js';
-import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr.js';
-import type { PodLookup } from '../daemon/cni-handler.js';
-import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config.js';
-import { KubeEventRecorder } from '../daemon/events.js';
-import type { MetricsAuthorizer } from '../daemon/metrics-auth.js';
-import { loadKubeConfig, type KubeClientOptions } from '../daemon/kube-watch.js';
-import type { NamespaceLookup } from '../daemon/namespace-lookup.js';
-import type { NodeRoutes } from '../daemon/routes.js';
-import type { ClusterRanges } from '../daemon/cluster-ranges.js';
-import type { NodeCapacity, NodeCapacityPublisher } from '../daemon/node-capacity.js';
+import { limitsPath, STATUS_PATH } from '../daemon/http/socket-api.js';
+import type { ShapedPod } from '../daemon/shaping/live-shaping.js';
+import { StaticCidr, type PodCidrSource } from '../daemon/pod-cidr/source.js';
+import type { PodLookup } from '../daemon/cluster/pod-lookup.js';
+import { CONFIG_KEYS, loadConfig, type AgentConfig } from '../daemon/config/config.js';
+import { KubeEventRecorder } from '../daemon/kube/events.js';
+import type { MetricsAuthorizer } from '../daemon/http/metrics-auth.js';
+import { loadKubeConfig, type KubeClientOptions } from '../daemon/kube/watch.js';
+import type { NamespaceLookup } from '../daemon/cluster/namespace-lookup.js';
+import type { NodeRoutes } from '../daemon/cluster/routes.js';
+import type { ClusterRanges } from '../daemon/cluster/cluster-ranges.js';
+import type { NodeCapacity, NodeCapacityPublisher } from '../daemon/cluster/node-capacity.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger } from '../log.js';
 import { describeLimits, formatBandwidth } from '../pod/index.js';
-import type { BandwidthReport } from '../daemon/pod-guarantees.js';
+import type { BandwidthReport } from '../daemon/cluster/pod-guarantees.js';
 import { commandHelp, usage } from './help.js';
 import { bandText, directionText, rateText, top } from './top.js';
 
@@ -123,41 +123,41 @@ async function daemon(config: AgentConfig): Promise<number> {
   if (config.podCIDR) {
     // The embedded default: no Kubernetes API; bandwidth only from runtimeConfig (a capacity only as configured).
     source = new StaticCidr(config.podCIDR);
-    capacity = (await import('../daemon/node-capacity.js')).configuredCapacity(config);
+    capacity = (await import('../daemon/cluster/node-capacity.js')).configuredCapacity(config);
   } else {
     // In a cluster: the Node's spec.podCIDRs, and pod annotations when the runtime passes no bandwidth.
-    const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr-source.js'), import('../daemon/pod-lookup.js')]);
+    const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr/node-watch.js'), import('../daemon/cluster/pod-lookup.js')]);
     // One ApiHealth for every client of the agent: while the API server is away they try about once a second together, not each on its own.
-    const health = new (await import('../daemon/api-health.js')).ApiHealth({ logger: log });
+    const health = new (await import('../daemon/kube/api-health.js')).ApiHealth({ logger: log });
     let kube: KubeClientOptions = { nodeName: config.nodeName, logger: log, health, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
     if (!config.kubeconfig) {
-      // In a pod: the API servers' own addresses first, the Service address last (src/daemon/api-endpoints.ts).
-      const { ApiEndpoints, ApiEndpointsWatch } = await import('../daemon/api-endpoints.js');
+      // In a pod: the API servers' own addresses first, the Service address last (src/daemon/kube/api-endpoints.ts).
+      const { ApiEndpoints, ApiEndpointsWatch } = await import('../daemon/kube/api-endpoints.js');
       const endpoints = new ApiEndpoints(loadKubeConfig({}), log);
       kube = { ...kube, kubeConfig: endpoints };
       apiEndpoints = new ApiEndpointsWatch(endpoints, kube);
     }
     // The node's bandwidth capacity: the shaper's node class, published on the Node for the scheduler.
-    const { NodeCapacityPublisher, resolveNodeCapacity } = await import('../daemon/node-capacity.js');
+    const { NodeCapacityPublisher, resolveNodeCapacity } = await import('../daemon/cluster/node-capacity.js');
     capacity = await resolveNodeCapacity(config);
     const publisher = (nodeCapacity = new NodeCapacityPublisher(kube));
     source = new NodeWatchPodCidrSource({ ...kube, onNode: (node) => publisher.nodeSeen(node) });
     pods = new ClusterPodLookup(kube);
-    namespaces = new (await import('../daemon/namespace-lookup.js')).ClusterNamespaceLookup(kube);
+    namespaces = new (await import('../daemon/cluster/namespace-lookup.js')).ClusterNamespaceLookup(kube);
     events = new KubeEventRecorder(kube);
-    if (config.metricsAuth === 'kubernetes') metricsAuth = (await import('../daemon/metrics-auth.js')).KubeMetricsAuth.fromClient(kube);
+    if (config.metricsAuth === 'kubernetes') metricsAuth = (await import('../daemon/http/metrics-auth.js')).KubeMetricsAuth.fromClient(kube);
     if (config.routes === 'direct') {
-      const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/routes.js');
+      const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/cluster/routes.js');
       // unshapedCIDRs unset: the cluster's pod CIDRs (from the routes' Node watch) and Service ranges, live.
-      const r = config.unshapedCIDRs === undefined ? new (await import('../daemon/cluster-ranges.js')).ClusterRanges(kube) : undefined;
+      const r = config.unshapedCIDRs === undefined ? new (await import('../daemon/cluster/cluster-ranges.js')).ClusterRanges(kube) : undefined;
       ranges = r;
       routes = new NodeRoutes({ ...kube, events, kernel: netlinkRouteKernel(config.bridgeName), ...(r ? { onPodCidrs: (c: string[]) => r.setPodCidrs(c) } : {}) });
     }
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
-  // In the image: write through the iptables backend the node uses (src/daemon/xtables.ts).
+  // In the image: write through the iptables backend the node uses (src/daemon/host/xtables.ts).
   const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
-  if (xtablesLinks) await (await import('../daemon/xtables.js')).selectXtablesBackend(xtablesLinks, log);
+  if (xtablesLinks) await (await import('../daemon/host/xtables.js')).selectXtablesBackend(xtablesLinks, log);
   const agent = new Agent(config, source, log, pods, {
     ...(events ? { events } : {}),
     ...(routes ? { routes } : {}),

@@ -8,7 +8,7 @@
  * is not a terminal) prints frames one after the other, `-n N` stops after N of them.
  */
 import type { StatusReport } from '../daemon/agent.js';
-import { STATUS_PATH } from '../daemon/http-api.js';
+import { STATUS_PATH } from '../daemon/http/socket-api.js';
 import { agentGet } from '../daemon/protocol.js';
 import { rateText } from './rate-text.js';
 import { formatBandwidth, PRIORITY_BANDS, sourceTag, type BandwidthLimits, type LimitSource } from '../pod/index.js';

@@ -17,7 +17,8 @@
  */
 import { performance } from 'node:perf_hooks';
 import { CniPluginError, ConfigError } from '../errors.js';
-import { silentLogger, type Logger, moduleLogger } from '../log.js';
+import { silentLogger, type Logger } from '../log.js';
+import { moduleLogger } from '../util/module-logger.js';
 import { makeCacheEntry, ResultCache, type AttachmentKey } from './cache.js';
 import { InvalidResultError, NoCachedResultError, UnsupportedVersionError } from './errors.js';
 import { DEFAULT_TIMEOUT_MS, execPlugin, findPlugin } from './exec.js';

@@ -3,7 +3,7 @@
  * socket, the CNI binary and conflist for container runtimes (installed once the pod CIDR is known),
  * metrics, live re-shaping (the pod watch in cluster mode, `kubenet shape` always) with its Events,
  * and the measured rates of `kubenet status` / `top`. The pod records are the core's
- * (src/pod/record.ts): restarts keep every pod. The node's bandwidth capacity (resolved before the
+ * (src/pod/records/record.ts): restarts keep every pod. The node's bandwidth capacity (resolved before the
  * agent is made: the shaper is built with it) is logged at start, published on the Node in cluster
  * mode (node-capacity.ts), and shown with the guarantees committed out of it (status, metrics).
  *
@@ -19,27 +19,28 @@ import { join } from 'node:path';
 import type { Logger } from '../log.js';
 import { IPAM_SHIM_TYPE, isUnshaped, PodNetwork, REQUIRED_PLUGINS, type LimitSources, type PodRecord, type PodTraffic } from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
-import { attemptTimeoutSec, DhcpDaemon } from './dhcp-daemon.js';
-import { CniHandler, codeOf, type PodLookup } from './cni-handler.js';
-import { checkInstallConfig, CniInstaller, ipamShimDir } from './cni-install.js';
-import { dhcpSocketPath, unshapedCidrsOf, type AgentConfig } from './config.js';
+import { attemptTimeoutSec, DhcpDaemon } from './host/dhcp-daemon.js';
+import { CniHandler, codeOf } from './cni/handler.js';
+import type { PodLookup } from './cluster/pod-lookup.js';
+import { checkInstallConfig, CniInstaller, ipamShimDir } from './cni/install.js';
+import { dhcpSocketPath, unshapedCidrsOf, type AgentConfig } from './config/config.js';
 import { shardsFor } from '../shaper/tc-layout.js';
-import { AgentApi } from './http-api.js';
-import { noEvents, type EventRecorder } from './events.js';
-import { LiveShaping, parseShapeRequest } from './live-shaping.js';
+import { AgentApi } from './http/socket-api.js';
+import { noEvents, type EventRecorder } from './kube/events.js';
+import { LiveShaping, parseShapeRequest } from './shaping/live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
-import { AgentMetrics } from './metrics.js';
-import type { MetricsAuthorizer } from './metrics-auth.js';
-import { MetricsHttp } from './metrics-http.js';
+import { AgentMetrics } from './http/metrics.js';
+import type { MetricsAuthorizer } from './http/metrics-auth.js';
+import { MetricsHttp } from './http/metrics-port.js';
 import { Coalesced } from '../util/coalesce.js';
 import { packageVersion } from '../util/package-root.js';
-import type { NamespaceLookup } from './namespace-lookup.js';
-import type { PodCidrSource } from './pod-cidr.js';
-import { rateKey, RateTracker, type PodRate } from './rates.js';
+import type { NamespaceLookup } from './cluster/namespace-lookup.js';
+import type { PodCidrSource } from './pod-cidr/source.js';
+import { rateKey, RateTracker, type PodRate } from './shaping/rates.js';
 import { describeCapacity, type NodeCapacity } from '../bandwidth/capacity.js';
-import { bandwidthReport, type BandwidthReport } from './pod-guarantees.js';
-import type { NodeRoutes, RouteStatus } from './routes.js';
-import type { ClusterRanges } from './cluster-ranges.js';
+import { bandwidthReport, type BandwidthReport } from './cluster/pod-guarantees.js';
+import type { NodeRoutes, RouteStatus } from './cluster/routes.js';
+import type { ClusterRanges } from './cluster/cluster-ranges.js';
 import { CNI_ERR_INVALID_CONFIG, CNI_ERR_UNKNOWN_CONTAINER, ipamSocketPath, MAX_SOCKET_PATH_BYTES } from './protocol.js';
 
 export interface StatusReport {

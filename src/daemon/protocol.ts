@@ -51,7 +51,7 @@ export const CNI_API_PATH = '/v1/cni';
 export const CNI_API_METHOD = 'POST';
 /**
  * The IPAM shim's endpoint (POST, same envelope as a CNI call: the bridge plugin's IPAM ADD), on the
- * agent's IPAM socket (http-api.ts). The shim sends it to the top-level "socket" of the bridge
+ * agent's IPAM socket (http/socket-api.ts). The shim sends it to the top-level "socket" of the bridge
  * config, which the agent writes there: {@link ipamSocketPath}.
  */
 export const IPAM_API_PATH = '/v1/ipam';
@@ -77,7 +77,7 @@ export const MAX_SOCKET_PATH_BYTES = 107;
 export const CNI_BINARY_NAME = 'kubenet';
 /** Where `npm run build:native` puts the binary, relative to the package root. */
 export const CNI_BINARY_BUILD_PATH = 'native/build/kubenet-cni';
-/** Where it puts the same binary as the IPAM shim (named as src/pod/bridge.ts IPAM_SHIM_TYPE, alone in its directory). */
+/** Where it puts the same binary as the IPAM shim (named as src/pod/bridge-conf.ts IPAM_SHIM_TYPE, alone in its directory). */
 export const IPAM_SHIM_BUILD_DIR = 'native/build/ipam';
 
 /** The CNI environment variables the binary forwards, in the order it writes them. */

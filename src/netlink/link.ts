@@ -197,7 +197,7 @@ export async function linkList(): Promise<LinkInfo[]> {
 /**
  * `ip -s link show NAME` (NAME, or an ifindex): the link's counters. Throws NetlinkError ENODEV when
  * there is no such link. Synchronous, on the event loop: its callers (the pods' traffic counters,
- * src/pod/inspect.ts) are.
+ * src/pod/lifecycle/inspect.ts) are.
  */
 export function linkStats(dev: string | number): LinkStats {
   const op = `linkStats ${dev}`;

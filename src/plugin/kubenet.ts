@@ -6,7 +6,8 @@
 import { accessSync, constants as fsConstants } from 'node:fs';
 import type { NetConf } from '../cni/types.js';
 import { ConfigError, KubenetError, NotReadyError } from '../errors.js';
-import { silentLogger, type Logger, moduleLogger } from '../log.js';
+import { silentLogger, type Logger } from '../log.js';
+import { moduleLogger } from '../util/module-logger.js';
 import { checkIfName } from '../net/ifname.js';
 import { bandwidthFromAnnotations, HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, PodNetwork, REQUIRED_PLUGINS, sameLimits, type PodRecord } from '../pod/index.js';
 import { familyOf, parsePodCidrs } from '../net/ip.js';

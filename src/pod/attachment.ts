@@ -8,10 +8,10 @@ import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../cni/types.
 import { ConfigError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { sameLimits, sameSources, type BandwidthLimits, type LimitSources } from '../bandwidth/limits.js';
-import { POD_IFNAME } from './bridge.js';
+import { POD_IFNAME } from './bridge-conf.js';
 import { sameNetns, type NetnsId } from './netns.js';
 import type { AttachRequest } from './requests.js';
-import type { PodRecord, PortMapping } from './record.js';
+import type { PodRecord, PortMapping } from './records/record.js';
 
 /** A port mapping that makes portmap's DEL run (it removes the container's chains whatever the list holds). */
 export const PLACEHOLDER_PORT: PortMapping = { hostPort: 1, containerPort: 1, protocol: 'tcp' };

@@ -19,7 +19,7 @@
  *   from inside its netns (veth.ts), where that ADD had checked no such interface existed.
  * - Leftovers of attachments that no longer exist are removed by the sweep GC and the startup
  *   reconcile share (sweep.ts).
- * - Where addresses come from is the address mode's (address-mode.ts: host-local run by the
+ * - Where addresses come from is the address mode's (addresses/mode.ts: host-local run by the
  *   bridge plugin, host-local's allocator in the agent, dhcp): the core asks the mode in force for
  *   node setup, the config and each ADD, and the mode of a record's own network for its DEL and
  *   CHECK. With the agent's allocator the addresses are allocated beside the bridge plugin's exec,
@@ -29,32 +29,33 @@
 import { CniRuntime, deepFreeze } from '../cni/runtime.js';
 import type { CniResult, NetConf } from '../cni/types.js';
 import { AggregateKubenetError, NotReadyError, UnknownPodError } from '../errors.js';
-import { type Logger, moduleLogger } from '../log.js';
+import type { Logger } from '../log.js';
+import { moduleLogger } from '../util/module-logger.js';
 import * as nl from '../netlink/index.js';
 import { parsePodCidrs, type Subnet } from '../net/ip.js';
 import { checkLimits, type BandwidthLimits, type LimitSources } from '../bandwidth/limits.js';
 import { Shaper } from '../shaper/tc.js';
 import { parseUnshaped } from '../shaper/unshaped.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
-import { applyShaping, setUp } from './add.js';
-import type { AddressMode } from './address-mode.js';
-import { addressModes, type AddressModes } from './address-modes.js';
+import { applyShaping, setUp } from './lifecycle/add.js';
+import type { AddressMode } from './addresses/mode.js';
+import { addressModes, type AddressModes } from './addresses/modes.js';
 import { checkAttachment, podName, reshapedRecord, shortId } from './attachment.js';
-import { NETWORK_NAME, POD_IFNAME, type BridgeSettings, type HairpinMode } from './bridge.js';
-import { ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './bridge-kernel.js';
-import type { Core } from './core.js';
-import { PendingAdds } from './pending-adds.js';
-import { nodeKernel } from './pod-kernel.js';
-import { DedupKeeper } from './dedup-keeper.js';
-import { releaseUnknown, teardown } from './del.js';
-import { ensureBridgeNetfilter } from './host-setup.js';
+import { NETWORK_NAME, POD_IFNAME, type BridgeSettings, type HairpinMode } from './bridge-conf.js';
+import { ensureBridge, removeStaleBridgeAddresses, tuneBridgeIfPresent } from './node/bridge-link.js';
+import type { Core } from './lifecycle/deps.js';
+import { PendingAdds } from './lifecycle/pending-adds.js';
+import { nodeKernel } from './node/pod-kernel.js';
+import { DedupKeeper } from './node/dedup-keeper.js';
+import { releaseUnknown, teardown } from './lifecycle/del.js';
+import { ensureBridgeNetfilter } from './node/host-setup.js';
 import { podNetnsId } from './netns.js';
-import { PodStore, recordKey, type PodRecord } from './record.js';
+import { PodStore, recordKey, type PodRecord } from './records/record.js';
 import { DEDUP_RESYNC_MS, PLUGIN_TYPES, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions, type PodTraffic } from './requests.js';
-import { checkAttached, podTraffic } from './inspect.js';
-import { reconcile, sweep } from './sweep.js';
-import { releaseOldUplink } from './uplink.js';
-import { upgradeFromV010 } from './upgrade.js';
+import { checkAttached, podTraffic } from './lifecycle/inspect.js';
+import { reconcile, sweep } from './lifecycle/sweep.js';
+import { releaseOldUplink } from './node/uplink.js';
+import { upgradeFromV010 } from './records/upgrade.js';
 
 const DEFAULT_MTU = 1460;
 
@@ -141,7 +142,7 @@ export class PodNetwork {
    * Node setup (MTU, br_netfilter, masquerade rule, the shaper's ifb), then the pod records: loaded,
    * upgraded from 0.1.0, and reconciled with the node (an interrupted ADD is undone, a pod whose
    * netns and veth are both gone is removed). Leftovers are swept once the pod CIDR is known.
-   * The address mode sets up its part of the node (address-mode.ts); a mode whose addresses are
+   * The address mode sets up its part of the node (addresses/mode.ts); a mode whose addresses are
    * not the pod CIDR's (dhcp) is ready at once.
    */
   async init(hairpinMode: HairpinMode, nonMasqueradeCIDR: string): Promise<void> {

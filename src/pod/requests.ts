@@ -7,7 +7,7 @@ import type { Logger } from '../log.js';
 import type * as nl from '../netlink/index.js';
 import type { ShapingCounters } from '../shaper/counters.js';
 import type { BandwidthLimits, LimitSources } from '../bandwidth/limits.js';
-import type { PodRecord, PortMapping } from './record.js';
+import type { PodRecord, PortMapping } from './records/record.js';
 
 export const LOOPBACK_NETWORK_NAME = 'cni-loopback';
 /** The only plugins kubenet-ts ever runs: never its own forwarding binary, never a type from a request. */
@@ -50,7 +50,7 @@ export interface PodNetworkOptions {
   ipam?: IpamSettings;
   /**
    * host-local mode: run host-local for a pod's ADD beside the bridge plugin instead of inside it.
-   * The bridge's IPAM is then the shim (bridge.ts IPAM_SHIM_TYPE, which must be in pluginBinDirs),
+   * The bridge's IPAM is then the shim (bridge-conf.ts IPAM_SHIM_TYPE, which must be in pluginBinDirs),
    * which fetches the result from this socket: the caller serves it with `prefetchedIpam`.
    */
   ipamPrefetchSocket?: string;

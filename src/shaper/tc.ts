@@ -25,7 +25,7 @@
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
  * limits: a `ShapingState`) lives in memory; the shaper writes nothing to disk. `ensure` returns the
- * pod's state and the caller keeps it with the pod (the agent: in the pod record, src/pod/record.ts,
+ * pod's state and the caller keeps it with the pod (the agent: in the pod record, src/pod/records/record.ts,
  * written once per change), and hands every kept state to `init` after a restart, so the process
  * knows its objects without parsing; `init` does ONE listing of each shard's ifb to find the shared
  * structure and to delete classes and filters no known state claims. An ifb without the interactive
@@ -36,7 +36,8 @@
 import { performance } from 'node:perf_hooks';
 import { AggregateKubenetError, ConfigError } from '../errors.js';
 import * as nl from '../netlink/index.js';
-import { silentLogger, type Logger, moduleLogger } from '../log.js';
+import { silentLogger, type Logger } from '../log.js';
+import { moduleLogger } from '../util/module-logger.js';
 import { KeyedMutex } from '../util/keyed-mutex.js';
 import { runAll } from '../util/pool.js';
 import { checkIfName } from '../net/ifname.js';

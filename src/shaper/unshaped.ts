@@ -1,7 +1,7 @@
 /**
  * Unshaped destinations: traffic between a shaped pod and the listed CIDRs (config `unshapedCIDRs`;
  * by default, with routes between nodes, the cluster's own pod CIDRs and Service ranges, followed
- * live: src/daemon/cluster-ranges.ts) runs at line rate, while
+ * live: src/daemon/cluster/cluster-ranges.ts) runs at line rate, while
  * the pod's limits hold for everything else, in both directions. The cost is per node, not per pod
  * per CIDR: no pod gets an object for it.
  *

@@ -2,7 +2,7 @@ import test from 'ava';
 import { execa } from 'execa';
 import { fileURLToPath } from 'node:url';
 import { commandHelp, usage, wrap } from '../../src/cli/help.js';
-import { CONFIG_KEYS } from '../../src/daemon/config.js';
+import { CONFIG_KEYS } from '../../src/daemon/config/config.js';
 
 const MAIN = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
 const kubenet = (args: string[]) => execa(process.execPath, ['--import=tsx', MAIN, ...args], { reject: false, timeout: 60_000, env: { KUBERNETES_SERVICE_HOST: '', KUBERNETES_SERVICE_PORT: '' } });

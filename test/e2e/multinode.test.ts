@@ -1,5 +1,5 @@
 /**
- * Pods on several nodes without a cloud (`routes: direct`, src/daemon/routes.ts), on a real cluster:
+ * Pods on several nodes without a cloud (`routes: direct`, src/daemon/cluster/routes.ts), on a real cluster:
  * hack/cluster.sh up --nodes 3 --dual-stack (each node its own netns with its own uplink on a shared
  * LAN, its own kubelet, containerd and kube-proxy; one API server; pod CIDRs of both families
  * allocated by the controller-manager), `helm install kubenet manifests/chart` with its defaults (the
@@ -105,7 +105,7 @@ test.before(async (t) => {
   if (r.exitCode !== 0) throw new Error(`hack/cluster.sh up failed:\n${r.all ?? ''}`);
   await withTrafficLock(async () => {
     // As a Helm user installs it: the chart with its defaults, which render manifests/kubenet.yaml
-    // (test/daemon/chart.test.ts); the single-node suite applies that file with kubectl.
+    // (test/manifests/chart.test.ts); the single-node suite applies that file with kubectl.
     await c.helm(['install', 'kubenet', CHART, '--namespace', 'kube-system', '--wait', '--timeout', '180s']);
     await c.kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=180s']);
     await c.kubectl(['wait', '--for=condition=Ready', 'node', '--all', '--timeout=60s']);

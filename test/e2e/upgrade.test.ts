@@ -19,7 +19,7 @@ import { createHash } from 'node:crypto';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CniRuntime } from '../../src/cni/runtime.js';
-import { bridgeConf, withPortmap } from '../../src/pod/bridge.js';
+import { bridgeConf, withPortmap } from '../../src/pod/bridge-conf.js';
 import { parseCidr } from '../../src/net/ip.js';
 import { Shaper } from '../../src/shaper/tc.js';
 import { AgentHarness, agentTestBlocker } from '../kit/agent-harness.js';

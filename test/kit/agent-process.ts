@@ -10,7 +10,7 @@ import yaml from 'js-yaml';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { AgentConfig } from '../../src/daemon/config.js';
+import type { AgentConfig } from '../../src/daemon/config/config.js';
 import { agentGet, HEALTH_PATH } from '../../src/daemon/protocol.js';
 import { FakeApiServer, fakeKubeConfig, node as nodeObject } from './fake-apiserver.js';
 import { CNI_BIN_DIRS, type Cleanup } from './kernel.js';

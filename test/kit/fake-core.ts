@@ -4,7 +4,7 @@
  * Event recorder that keeps what it was told. Shared by the daemon tests without root.
  */
 import { UnknownPodError } from '../../src/errors.js';
-import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/events.js';
+import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/kube/events.js';
 import type { AttachRequest, BandwidthLimits, LimitSources, PodNetwork, PodRecord } from '../../src/pod/index.js';
 
 /** A ready pod record of `name` (container `<name>-id` unless given) in `namespace` (default 'default'). */

@@ -1,5 +1,5 @@
 /**
- * The pod lifecycle's world, faked at its seams (src/pod/core.ts): the kernel (`PodKernel`), the
+ * The pod lifecycle's world, faked at its seams (src/pod/lifecycle/deps.ts): the kernel (`PodKernel`), the
  * address modes (`AddressMode`), the shaper (`PodShaper`) and the loopback plugin, each checked
  * against its interface at compile time (`satisfies`). Every call is written to one ordered journal
  * (`calls`), and any call named in `failAt` throws, so a test can say "the ADD fails at this step"
@@ -13,13 +13,13 @@ import { pino } from 'pino';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../../src/cni/types.js';
 import type { Logger } from '../../src/log.js';
 import type { Subnet } from '../../src/net/ip.js';
-import type { AddressMode } from '../../src/pod/address-mode.js';
-import { AddressModes } from '../../src/pod/address-modes.js';
-import type { BridgeSettings } from '../../src/pod/bridge.js';
-import type { Core, PodShaper } from '../../src/pod/core.js';
-import { PendingAdds } from '../../src/pod/pending-adds.js';
-import type { LinkRef, PodKernel } from '../../src/pod/pod-kernel.js';
-import { PodStore, type PodRecord } from '../../src/pod/record.js';
+import type { AddressMode } from '../../src/pod/addresses/mode.js';
+import { AddressModes } from '../../src/pod/addresses/modes.js';
+import type { BridgeSettings } from '../../src/pod/bridge-conf.js';
+import type { Core, PodShaper } from '../../src/pod/lifecycle/deps.js';
+import { PendingAdds } from '../../src/pod/lifecycle/pending-adds.js';
+import type { LinkRef, PodKernel } from '../../src/pod/node/pod-kernel.js';
+import { PodStore, type PodRecord } from '../../src/pod/records/record.js';
 import type { AttachRequest } from '../../src/pod/requests.js';
 import type { ShapingState } from '../../src/shaper/tc.js';
 import { KeyedMutex } from '../../src/util/keyed-mutex.js';

@@ -16,8 +16,8 @@ import { closeSync, openSync, writeSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pino } from 'pino';
-import { DiskStore } from '../../src/pod/host-local/store.js';
-import { PodStore, RECORD_VERSION, type PodRecord } from '../../src/pod/record.js';
+import { DiskStore } from '../../src/pod/addresses/allocator/store.js';
+import { PodStore, RECORD_VERSION, type PodRecord } from '../../src/pod/records/record.js';
 import { SpareFileWriter, writeFileAtomic } from '../../src/util/atomic-file.js';
 
 function fill(file: string): void {

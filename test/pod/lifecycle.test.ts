@@ -1,5 +1,5 @@
 /**
- * The pod lifecycle's rules (src/pod/add.ts, del.ts, sweep.ts), without root: the core over fakes
+ * The pod lifecycle's rules (src/pod/lifecycle/add.ts, del.ts, sweep.ts), without root: the core over fakes
  * of the kernel, the address modes and the shaper (test/kit/fake-pod-core.ts), the real pod store in
  * a temporary directory. What the e2e suites show on the real kernel, here step by step: the record
  * before the plugin, the undo of every failure, DEL's idempotence, the mode that undoes a record,
@@ -7,12 +7,12 @@
  */
 import test from 'ava';
 import { ConflictError } from '../../src/errors.js';
-import { setUp } from '../../src/pod/add.js';
-import { releaseUnknown, teardown } from '../../src/pod/del.js';
+import { setUp } from '../../src/pod/lifecycle/add.js';
+import { releaseUnknown, teardown } from '../../src/pod/lifecycle/del.js';
 import { NetnsError } from '../../src/pod/netns.js';
-import { PendingAdds } from '../../src/pod/pending-adds.js';
-import { recordKey, type PodRecord } from '../../src/pod/record.js';
-import { reconcile, sweep } from '../../src/pod/sweep.js';
+import { PendingAdds } from '../../src/pod/lifecycle/pending-adds.js';
+import { recordKey, type PodRecord } from '../../src/pod/records/record.js';
+import { reconcile, sweep } from '../../src/pod/lifecycle/sweep.js';
 import { attachRequest, DHCP_NET, fakePodCore, HOST_LOCAL_NET, InjectedError, netnsIdOf } from '../kit/fake-pod-core.js';
 
 type World = ReturnType<typeof fakePodCore>;

@@ -1,0 +1,383 @@
+/**
+ * Live bandwidth: a running pod's limits changed without restarting it or resetting its
+ * connections (the shaper replaces its htb classes in place), from three sources:
+ *
+ * - cluster mode: the pod watch (pod-lookup.ts). When `kubernetes.io/ingress-bandwidth` or
+ *   `egress-bandwidth` is added, changed or removed on a pod this agent set up, its tc follows at
+ *   once (the watch event's handler re-shapes; the watch waits for it, so one pod's changes apply in
+ *   order). An invalid new value keeps the old limits. Pods the agent did not set up are ignored.
+ *   A pod seen for the first time (the first list after a start, or a watch event during its ADD)
+ *   is re-shaped only when it carries a bandwidth annotation whose rates differ from what it has,
+ *   or its namespace has a bandwidth policy: a pod without either may have its limits from the
+ *   runtime's runtimeConfig.
+ * - cluster mode: the namespace watch (namespace-lookup.ts). When a namespace's policy annotations
+ *   (src/bandwidth/namespace-policy.ts: defaults and ceilings) change, every pod of it on this node is
+ *   resolved again from its own annotations and the new policy, and re-shaped where that differs.
+ *   Pods in namespaces without a policy are resolved exactly as before (their own annotations).
+ * - `kubenet shape NAMESPACE/NAME` through the agent socket (http/socket-api.ts), in any mode. In cluster
+ *   mode the annotations stay the source of truth: such a change lasts until they change. It never
+ *   sets a limit above the namespace's ceiling (nor none where there is one): such a direction gets
+ *   the ceiling, and the answer says so (`capped`), as a pod's own annotation above it would.
+ *
+ * In cluster mode every change is an Event on the pod (events.ts): Normal `BandwidthApplied` with
+ * the limits (also when an ADD applies limits; a limit from the namespace says so), Warning
+ * `BandwidthRejected` with the annotation and the error (an invalid value of the pod, at ADD or
+ * later; an invalid value of its namespace, ignored, at ADD and when the namespace changes),
+ * Warning `BandwidthCapped` when the pod asks more than its namespace's ceiling and gets the ceiling.
+ *
+ * A pod of this node whose bandwidth annotation cannot be parsed gets its `BandwidthRejected`
+ * Warning from the pod watch, naming the annotation, the value and the accepted form, whether or not
+ * the runtime ever calls the plugin: containerd refuses such a sandbox before any CNI call (kubelet
+ * shows only `FailedCreatePodSandBox ... quantities must match the regular expression`), so the
+ * watch is the one place that sees it. Told once per pod and value (an ADD refused for the same value
+ * says nothing more); host-network pods are left alone (no runtime reads their annotations).
+ *
+ * With a pod's guarantees and band (cluster mode, pod-guarantees.ts): every resolution applies
+ * them too, with their Warnings; a change of what the pod asks of the node (its requests, its QoS
+ * class, `kubenet.io/bandwidth-priority`) re-shapes it as an annotation change does. A pod seen for
+ * the first time that asks a guarantee or a band but carries no bandwidth annotation (and no
+ * namespace policy) keeps its rates: only its guarantees and band are resolved. `kubenet shape`
+ * keeps a pod's guarantees: a ceiling below one is raised to it.
+ */
+import { ConfigError, UnknownPodError } from '../../errors.js';
+import type { Logger } from '../../log.js';
+import { moduleLogger } from '../../util/module-logger.js';
+import {
+  cappedMessage,
+  describeLimits,
+  describeSourcedLimits,
+  bandwidthFromAnnotations,
+  EGRESS_ANNOTATION,
+  INGRESS_ANNOTATION,
+  isUnshaped,
+  NAMESPACE_POLICY_ANNOTATIONS,
+  parseBandwidth,
+  rawPolicy,
+  resolveLimits,
+  sameLimits,
+  sameSources,
+  withRates,
+  withTotals,
+  type BandwidthLimits,
+  type LimitSources,
+  type PodNetwork,
+  type PodRecord,
+  type ResolvedLimits,
+} from '../../pod/index.js';
+import { capToCeilings, cappedAskMessage } from '../../bandwidth/namespace-policy.js';
+import { KeyedMutex } from '../../util/keyed-mutex.js';
+import type { PodLookup, PodUpdate } from '../cluster/pod-lookup.js';
+import type { NodeCapacity } from '../../bandwidth/capacity.js';
+import { PRIORITY_ANNOTATION, PRIORITY_BANDS, raisedMessage, withGuarantees } from '../../bandwidth/guarantees.js';
+import { REASON_APPLIED, REASON_CAPPED, REASON_CEILING_RAISED, REASON_REJECTED, type EventRecorder } from '../kube/events.js';
+import { applyAsk, asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from '../cluster/pod-guarantees.js';
+import type { NamespaceLookup, NamespaceUpdate } from '../cluster/namespace-lookup.js';
+
+/** What `kubenet shape` asks: quantities as in the annotations; `clear` starts from no limits. */
+export interface ShapeRequest {
+  ingress?: string;
+  egress?: string;
+  clear?: boolean;
+}
+
+export interface ShapedPod {
+  namespace: string;
+  name: string;
+  id: string;
+  limits: BandwidthLimits;
+  previous: BandwidthLimits;
+  changed: boolean;
+  /** Directions asked above the namespace's ceiling, which got the ceiling: one message each. */
+  capped?: string[];
+}
+
+/** Parses a POST /v1/pods/NS/NAME/limits body. @throws ConfigError */
+export function parseShapeRequest(body: unknown): { ingress?: number; egress?: number; clear: boolean } {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new ConfigError('limits request: want a JSON object {"ingress"?, "egress"?, "clear"?}');
+  const rec = body as Record<string, unknown>;
+  for (const k of Object.keys(rec)) if (!['ingress', 'egress', 'clear'].includes(k)) throw new ConfigError(`limits request: unknown field ${JSON.stringify(k)}`);
+  const out: { ingress?: number; egress?: number; clear: boolean } = { clear: false };
+  if (rec.clear !== undefined) {
+    if (typeof rec.clear !== 'boolean') throw new ConfigError('limits request: "clear" must be a boolean');
+    out.clear = rec.clear;
+  }
+  for (const dir of ['ingress', 'egress'] as const) {
+    const v = rec[dir];
+    if (v === undefined) continue;
+    if (typeof v !== 'string') throw new ConfigError(`limits request: "${dir}" must be a quantity string such as "10M"`);
+    out[dir] = parseBandwidth(v, `--${dir}`);
+  }
+  if (out.ingress === undefined && out.egress === undefined && !out.clear) throw new ConfigError('nothing to change: give --ingress, --egress or --clear');
+  return out;
+}
+
+/** What an unparsable-annotation Warning was about: the pod's uid and both values. */
+function unparsableKey(uid: string | undefined, a: Record<string, string>): string {
+  return JSON.stringify([uid ?? '', a[INGRESS_ANNOTATION] ?? null, a[EGRESS_ANNOTATION] ?? null]);
+}
+
+/** The bandwidth annotations' raw values (the two ceilings, the band; null when absent): what a change is judged on. */
+function rawBandwidth(a: Record<string, string> | undefined): string {
+  return JSON.stringify([a?.[INGRESS_ANNOTATION] ?? null, a?.[EGRESS_ANNOTATION] ?? null, a?.[PRIORITY_ANNOTATION] ?? null]);
+}
+
+function hasBandwidthAnnotation(a: Record<string, string>): boolean {
+  return a[INGRESS_ANNOTATION] !== undefined || a[EGRESS_ANNOTATION] !== undefined;
+}
+
+/** The namespace has policy annotations (valid or not). */
+function hasPolicyAnnotation(a: Record<string, string> | undefined): boolean {
+  return NAMESPACE_POLICY_ANNOTATIONS.some((k) => a?.[k] !== undefined);
+}
+
+type PodRef = { namespace: string; name: string; uid: string | undefined };
+
+/** How many pods' unparsable annotations are remembered (so each is told once); the oldest are forgotten first. */
+const MAX_TOLD = 4096;
+
+/** Why a pod is resolved again: what it is told about besides a change of its limits. */
+interface Trigger {
+  via: string;
+  /** Its own annotations changed: a capped ask is reported even when the limits stay. */
+  podChanged: boolean;
+  /** Its namespace's policy changed: invalid namespace values are reported. */
+  namespaceChanged: boolean;
+  /** Resolve only its guarantees and band; its rates stay (a first sight without a bandwidth annotation or policy). */
+  keepRates?: boolean;
+}
+
+export class LiveShaping {
+  private readonly log: Logger;
+  private readonly mutex = new KeyedMutex();
+  /** "namespace/name" → "uid ingress egress" of the unparsable values it was told of. */
+  private readonly toldUnparsable = new Map<string, string>();
+
+  constructor(
+    private readonly network: PodNetwork,
+    private readonly events: EventRecorder,
+    private readonly pods: PodLookup | undefined,
+    log: Logger,
+    private readonly namespaces?: NamespaceLookup,
+    /** Cluster mode: the node's capacity, out of which guarantees are given (pod-guarantees.ts). */
+    private readonly capacity?: () => NodeCapacity | undefined,
+  ) {
+    this.log = moduleLogger(log, 'live-shaping');
+  }
+
+  /** Subscribes to the pod and namespace watches (cluster mode); before the lookups start. */
+  start(): void {
+    this.pods?.onPodUpdate?.((u) => this.onPodUpdate(u));
+    this.namespaces?.onNamespaceUpdate((u) => this.onNamespaceUpdate(u));
+  }
+
+  private ready(namespace: string, name: string): PodRecord[] {
+    return this.network.list().filter((r) => r.phase === 'ready' && r.namespace === namespace && r.name === name);
+  }
+
+  private uid(namespace: string, name: string): string | undefined {
+    return this.pods?.uid?.(namespace, name);
+  }
+
+  /** The namespace's policy annotations (cluster mode), or undefined: none, or the lookup failed (logged). */
+  private async policyOf(namespace: string): Promise<Record<string, string> | undefined> {
+    if (!this.namespaces) return undefined;
+    try {
+      return await this.namespaces.annotations(namespace);
+    } catch (err) {
+      this.log.warn({ err, namespace }, 'namespace policy unknown; resolving the pod without it');
+      return undefined;
+    }
+  }
+
+  /** One pod as the watch saw it (see the module doc). */
+  async onPodUpdate(u: PodUpdate): Promise<void> {
+    if (!u.namespace || !u.name) return;
+    if (this.ready(u.namespace, u.name).length === 0) return this.checkUnattached(u);
+    if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations) && sameAsk(u.previousAsk, u.ask)) return;
+    let keepRates = false;
+    if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) {
+      // Without a bandwidth annotation, only a namespace policy (now, or when it was set up) can say anything of its rates.
+      const policed = this.ready(u.namespace, u.name).some((r) => r.limitSources) || hasPolicyAnnotation(await this.policyOf(u.namespace));
+      if (!policed && !(this.capacity && asksOfNode(u.ask, u.annotations))) return;
+      keepRates = !policed;
+    }
+    const pod = { namespace: u.namespace, name: u.name, uid: u.uid };
+    const why = { via: 'annotation', podChanged: u.previous !== undefined, namespaceChanged: false, keepRates };
+    await this.mutex.run(`${u.namespace}/${u.name}`, () => this.follow(pod, u.annotations, why, u.ask));
+  }
+
+  /** A namespace's policy annotations as the watch saw them (see the module doc). */
+  async onNamespaceUpdate(u: NamespaceUpdate): Promise<void> {
+    if (u.previous !== undefined && rawPolicy(u.previous) === rawPolicy(u.annotations)) return;
+    const records = this.network.list().filter((r) => r.phase === 'ready' && r.namespace === u.name && r.name);
+    // Seen for the first time without a policy: nothing of it is in force here.
+    if (records.length === 0 || (u.previous === undefined && !hasPolicyAnnotation(u.annotations) && !records.some((r) => r.limitSources))) return;
+    const names = [...new Set(records.map((r) => r.name))];
+    this.log.info({ namespace: u.name, policy: u.annotations, pods: names.length }, 'namespace bandwidth policy changed; resolving its pods again');
+    for (const name of names) {
+      // The pod watch has not listed it yet: its first sight there resolves it.
+      const annotations = this.pods?.cachedAnnotations?.(u.name, name);
+      if (!annotations) continue;
+      const pod = { namespace: u.name, name, uid: this.uid(u.name, name) };
+      const why = { via: 'namespace policy', podChanged: false, namespaceChanged: u.previous !== undefined };
+      await this.mutex.run(`${u.name}/${name}`, () => this.follow(pod, annotations, why, this.pods?.cachedAsk?.(u.name, name)));
+    }
+  }
+
+  /**
+   * Resolves the pod's limits from its annotations, its namespace's policy and (with `ask`) what it
+   * asks of the node now, and applies them where they differ.
+   */
+  private async follow(pod: PodRef, annotations: Record<string, string>, why: Trigger, ask?: PodAsk): Promise<void> {
+    const records = this.ready(pod.namespace, pod.name);
+    if (records.length === 0) return;
+    // Read inside the pod's lock: the policy as it is now, not as it was when the event came.
+    const policy = await this.policyOf(pod.namespace);
+    let res: ResolvedLimits;
+    try {
+      res = resolveLimits(annotations, policy, pod.namespace);
+    } catch (err) {
+      const keeping = describeLimits(records[0]?.limits ?? {});
+      const message = `${err instanceof Error ? err.message : String(err)}; the pod keeps its limits (${keeping})`;
+      this.log.warn({ pod: `${pod.namespace}/${pod.name}`, err }, 'bandwidth annotation refused; keeping the old limits');
+      this.events.record(pod, 'Warning', REASON_REJECTED, message);
+      return;
+    }
+    if (why.namespaceChanged) this.reportProblems(pod, res);
+    const sources = why.keepRates ? records[0]?.limitSources : res.policy ? res.sources : undefined;
+    let changed = false;
+    let notes: AskNote[] = [];
+    for (const r of records) {
+      // New rates from the annotations and policy; the namespace's totals follow it too.
+      let limits = why.keepRates ? r.limits : withTotals(withRates(r.limits, res.limits), res.limits);
+      if (ask && this.capacity) ({ limits, notes } = applyAsk(limits, ask, annotations, this.capacity()));
+      if (sameLimits(r.limits, limits) && sameSources(r.limitSources, sources)) continue;
+      changed = (await this.apply(r, limits, sources, pod, why.via)) || changed;
+    }
+    if (changed || why.podChanged) {
+      if (!why.keepRates) for (const c of res.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, pod.namespace));
+      this.note(pod, notes);
+    }
+  }
+
+  /** What the pod asked of the node and did not get as asked: a Warning each. */
+  private note(pod: PodRef, notes: AskNote[]): void {
+    for (const n of notes) {
+      this.log.warn({ pod: `${pod.namespace}/${pod.name}`, reason: n.reason }, n.message);
+      this.events.record(pod, 'Warning', n.reason, n.message);
+    }
+  }
+
+  /** Invalid namespace values (ignored): logged, and a Warning on the pod. */
+  private reportProblems(pod: PodRef, res: ResolvedLimits): void {
+    for (const p of res.problems) {
+      this.log.warn({ pod: `${pod.namespace}/${pod.name}`, problem: p }, 'namespace bandwidth policy value refused; ignored');
+      this.events.record(pod, 'Warning', REASON_REJECTED, p);
+    }
+  }
+
+  /**
+   * Re-shapes one attachment (`sources`: where the limits came from, when a namespace policy took
+   * part), with its Event when the rates change; false when it was gone or the kernel refused.
+   */
+  private async apply(r: PodRecord, limits: BandwidthLimits, sources: LimitSources | undefined, pod: PodRef, via: string): Promise<boolean> {
+    const t0 = performance.now();
+    try {
+      await this.network.reshape(r.containerId, r.ifName, limits, sources);
+    } catch (err) {
+      if (err instanceof UnknownPodError) return false; // deleted meanwhile
+      this.log.error({ err, pod: `${r.namespace}/${r.name}` }, 'could not change the pod\'s limits');
+      this.events.record(pod, 'Warning', REASON_REJECTED, `could not apply bandwidth limits ${describeLimits(limits)}: ${err instanceof Error ? err.message : String(err)}; the pod keeps ${describeLimits(r.limits)}`);
+      throw err;
+    }
+    if (sameLimits(r.limits, limits)) return true; // only where they came from changed: recorded, nothing to tell
+    const ms = +(performance.now() - t0).toFixed(2);
+    this.log.info({ pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, ...(sources ? { sources } : {}), via, ms }, 'pod re-shaped');
+    const were = describeSourcedLimits(r.limits, r.limitSources);
+    const bandOnly = sameLimits({ ...r.limits, priority: 0 }, { ...limits, priority: 0 });
+    const band = (p: number | undefined) => (p === undefined ? 'none' : (PRIORITY_BANDS[p] ?? String(p)));
+    this.events.record(
+      pod,
+      'Normal',
+      REASON_APPLIED,
+      bandOnly ? `bandwidth priority ${band(limits.priority)} (was ${band(r.limits.priority)})`
+      : isUnshaped(limits) ? `bandwidth limits removed (were ${were})`
+      : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`,
+    );
+    return true;
+  }
+
+  /**
+   * An ADD set the pod up: its limits (an Event; a capped ask and invalid namespace values as
+   * Warnings, from the ADD's `resolved` policy), and a change of its annotations the ADD may have missed.
+   */
+  attached(record: PodRecord, resolved?: ResolvedLimits, notes: AskNote[] = []): void {
+    if (!record.namespace || !record.name) return;
+    const pod = { namespace: record.namespace, name: record.name, uid: this.uid(record.namespace, record.name) };
+    if (!isUnshaped(record.limits)) this.events.record(pod, 'Normal', REASON_APPLIED, `bandwidth limits applied: ${describeSourcedLimits(record.limits, record.limitSources)}`);
+    if (resolved) {
+      for (const c of resolved.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, record.namespace));
+      this.reportProblems(pod, resolved);
+    }
+    this.note(pod, notes);
+    const now = this.pods?.cachedAnnotations?.(record.namespace, record.name);
+    const ask = this.pods?.cachedAsk?.(record.namespace, record.name);
+    if (now) void this.onPodUpdate({ ...pod, annotations: now, previous: undefined, ...(ask ? { ask } : {}) }).catch((err: unknown) => this.log.error({ err }, 'late re-shape failed'));
+  }
+
+  /** An ADD was refused for its bandwidth annotations: a Warning, unless the watch told the pod of the same values already. */
+  refused(pod: { namespace: string; name: string }, err: unknown): void {
+    const uid = this.uid(pod.namespace, pod.name);
+    const annotations = this.pods?.cachedAnnotations?.(pod.namespace, pod.name);
+    if (annotations && this.toldUnparsable.get(`${pod.namespace}/${pod.name}`) === unparsableKey(uid, annotations)) return;
+    this.events.record({ ...pod, uid }, 'Warning', REASON_REJECTED, err instanceof Error ? err.message : String(err));
+  }
+
+  /**
+   * A pod of this node not (yet) set up here: a Warning when its bandwidth annotations cannot be
+   * parsed, once per pod and values (see the module doc).
+   */
+  private checkUnattached(u: PodUpdate): void {
+    const k = `${u.namespace}/${u.name}`;
+    if (u.hostNetwork === true) return;
+    try {
+      bandwidthFromAnnotations(u.annotations);
+      this.toldUnparsable.delete(k); // fixed (or never wrong): a new wrong value is told again
+      return;
+    } catch (err) {
+      const told = unparsableKey(u.uid, u.annotations);
+      if (this.toldUnparsable.get(k) === told) return;
+      this.toldUnparsable.delete(k);
+      this.toldUnparsable.set(k, told);
+      if (this.toldUnparsable.size > MAX_TOLD) this.toldUnparsable.delete(this.toldUnparsable.keys().next().value ?? '');
+      const message = `${err instanceof Error ? err.message : String(err)}; the pod's network cannot be set up until the annotation is fixed or removed`;
+      this.log.warn({ pod: k, err }, 'a pod of this node carries a bandwidth annotation that cannot be parsed');
+      this.events.record({ namespace: u.namespace, name: u.name, uid: u.uid }, 'Warning', REASON_REJECTED, message);
+    }
+  }
+
+  /** `kubenet shape`: new limits for every attachment of the pod. @throws UnknownPodError, ConfigError */
+  async shape(namespace: string, name: string, req: { ingress?: number; egress?: number; clear: boolean }): Promise<ShapedPod[]> {
+    if (this.ready(namespace, name).length === 0) throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);
+    return this.mutex.run(`${namespace}/${name}`, async () => {
+      const out: ShapedPod[] = [];
+      const pod = { namespace, name, uid: this.uid(namespace, name) };
+      const policy = await this.policyOf(namespace);
+      for (const r of this.ready(namespace, name)) {
+        const base = req.clear ? {} : r.limits;
+        // Held to the namespace's ceilings (the operator is told, as a pod's own annotation above one would be);
+        // its guarantees and band stay, and a new ceiling below a guarantee is raised to it.
+        const { rates, capped } = capToCeilings({ ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress }, policy, namespace);
+        const { limits, raised } = withGuarantees(withRates(r.limits, rates), guaranteesOf(r.limits), r.limits.priority);
+        this.note(pod, raised.map((x) => ({ reason: REASON_CEILING_RAISED, message: raisedMessage(x) })));
+        const sources: LimitSources | undefined = capped.length === 0 ? undefined : Object.fromEntries(capped.map((c) => [c.direction, 'namespace-ceiling']));
+        const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, sources, pod, 'kubenet shape'));
+        const notes = capped.map((c) => cappedAskMessage(c, namespace));
+        out.push({ namespace, name, id: r.containerId, limits: changed ? limits : r.limits, previous: r.limits, changed, ...(notes.length > 0 ? { capped: notes } : {}) });
+      }
+      if (out.some((p) => p.capped)) this.log.info({ pod: `${namespace}/${name}`, capped: out[0]?.capped }, 'kubenet shape asked above the namespace ceiling; capped');
+      if (out.length === 0) throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);
+      return out;
+    });
+  }
+}

@@ -1,0 +1,221 @@
+/**
+ * The core's ADD (network.ts holds the locks around it): the checks against what the node holds,
+ * the record of the intent before any plugin runs, the plugins (with the address mode's allocation
+ * and the pod's egress shaping started beside the bridge exec), the veth looked up, the shaping,
+ * the record of the result; a failure undoes what this ADD made (del.ts).
+ */
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { convertResult, parseResult } from '../../cni/result.js';
+import type { CniResult, NetConf, NetConfList } from '../../cni/types.js';
+import { ConflictError, KubenetError } from '../../errors.js';
+import type { ShapingState } from '../../shaper/tc.js';
+import { differences, podCniArgs, podName, round, runtimeConf, shortId } from '../attachment.js';
+import { CNI_VERSION, withPortmap } from '../bridge-conf.js';
+import type { SetUpDeps } from './deps.js';
+import { teardown } from './del.js';
+import { NetnsError, type NetnsId } from '../netns.js';
+import { RECORD_VERSION, recordKey, type PodRecord } from '../records/record.js';
+import { LOOPBACK_NETWORK_NAME, type AttachRequest } from '../requests.js';
+import { StepTimer } from './step-timer.js';
+import type { LinkRef } from '../node/pod-kernel.js';
+import type { PendingAdd } from './pending-adds.js';
+
+const LOOPBACK_CONF: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
+
+/** The ADD of an attachment, under its lock and its netns's; `conf` is the network config in force. */
+export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
+  const started = performance.now();
+  const steps = new StepTimer(started);
+  const key = recordKey(req.containerId, req.ifName);
+  const log = core.log.child({ pod: podName(req), id: shortId(req.containerId) });
+  const existing = core.store.get(req.containerId, req.ifName);
+  if (existing?.phase === 'ready') {
+    const diff = differences(existing, req, netnsId);
+    if (diff.length === 0 && existing.result) {
+      log.info('ADD repeated with the same parameters: returning the recorded result');
+      return { record: existing, result: parseResult(existing.result), repeated: true };
+    }
+    throw new ConflictError(
+      `container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`,
+    );
+  }
+  if (existing) {
+    log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
+    await teardown(core, existing, log);
+  }
+  const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
+  if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+  steps.mark('lookup');
+  // By ioctl in the pod's netns: no netlink request (nor the RTNL lock) on the ADD's way to its exec.
+  if (core.kernel.podInterfaceIndex(req.netns, req.ifName) !== undefined) {
+    throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
+  }
+  await core.mode().precheck(conf, podName(req));
+  steps.mark('precheck');
+
+  const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
+  const record: PodRecord = {
+    version: RECORD_VERSION,
+    containerId: req.containerId,
+    ifName: req.ifName,
+    namespace: req.namespace,
+    name: req.name,
+    netns: req.netns,
+    netnsId,
+    phase: 'adding',
+    network,
+    cniArgs: podCniArgs(req),
+    portMappings: req.portMappings,
+    limits: req.limits,
+    ...(req.limitSources ? { limitSources: req.limitSources } : {}),
+    ips: [],
+    addedAt: new Date().toISOString(),
+  };
+  // The intent, before any plugin runs.
+  core.store.put(record);
+  steps.mark('record');
+  const pending = core.pending.begin(key);
+  const rt = runtimeConf(record, req.netns);
+  let prefetch: Promise<CniResult> | undefined;
+  let egressFirst: Promise<unknown> | undefined;
+  let early: Promise<EarlyShaping | undefined> | undefined;
+  try {
+    // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
+    const bridge = await core.kernel.ensureBridge(core.settings(), log);
+    await core.dedup.syncIfNewBridge(bridge.index);
+    if (core.opts.manageLoopback) await core.cni.add(LOOPBACK_CONF, { ...rt, ifName: 'lo', capabilityArgs: {} });
+    // portmap creates its top-level chains check-then-create: two at once, one fails (iptables-nft
+    // "CHAIN_USER_ADD failed (File exists)", seen in the churn suite). One host-port ADD at a time.
+    const run = () => core.mode().add(network, rt, podName(req));
+    const exec = req.portMappings.length > 0 ? core.locks.run('portmap', run) : run();
+    // The exec is on its way (the spawner has the request): what the agent does beside it starts
+    // now, not before, so that none of it delays the plugin's start. The agent's allocation, which
+    // the plugin gets when it asks its IPAM (the shim): the plugin asks only once it has started and
+    // made the veth, milliseconds later, and the shim's request is read on a later turn of the
+    // event loop than this one, which sets `prefetched` before any such turn.
+    prefetch = core.mode().startAllocation(network, rt);
+    if (prefetch) {
+      prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
+      pending.prefetch(prefetch);
+      void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
+    }
+    // The egress side on the shared ifb needs only the pod's addresses: made beside the exec too,
+    // once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
+    const limits = req.limits;
+    egressFirst = prefetch && core.shaper.shapesEgress(limits) ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits, group: req.namespace })) : undefined;
+    egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
+    // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
+    // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
+    early = prefetch && core.shaper.wants(limits) ? shapeWhileExec(core, pending, req, bridge.index, prefetch, egressFirst, exec) : undefined;
+    early?.then((e) => e && steps.note('vethEarly', performance.now() - started), () => undefined);
+    const result = await exec;
+    steps.mark('bridge');
+    const ips = resultIps(result);
+    if (ips.length === 0) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no IP`);
+    const hostVeth = result.interfaces.find((i) => !i.sandbox && i.name !== core.bridgeName)?.name;
+    if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
+    record.ips = ips;
+    record.hostVeth = hostVeth;
+    await egressFirst;
+    const shaped = await early?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
+    const shapedHere = shaped?.hostVeth === hostVeth ? shaped : undefined;
+    // The veth shaped beside the exec is the one reported: its index was found then.
+    const hostVethIndex = shapedHere ? shapedHere.hostVethIndex : core.kernel.linkIndexByName(hostVeth);
+    if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
+    record.hostVethIndex = hostVethIndex;
+    steps.mark('veth');
+    if (shapedHere) {
+      if (shapedHere.state) record.shaping = shapedHere.state;
+    } else {
+      if (shaped) log.error({ found: shaped.hostVeth, reported: hostVeth }, 'the veth shaped beside the exec is not the one the bridge plugin reported');
+      await applyShaping(core, record);
+    }
+    steps.mark('shape');
+    record.phase = 'ready';
+    record.result = convertResult(result, network.cniVersion);
+    core.store.put(record);
+    steps.mark('record2');
+    log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started), ...steps.fields(log) }, 'pod set up');
+    return { record, result, repeated: false };
+  } catch (err) {
+    log.warn({ err }, 'pod setup failed; undoing what it made');
+    // A host-local ADD still running would reserve an address after the undo's release of it.
+    await prefetch?.catch(() => undefined);
+    await egressFirst?.catch(() => undefined);
+    await early?.catch(() => undefined);
+    try {
+      await teardown(core, record, log);
+    } catch (undoErr) {
+      // The record stays (phase adding): the runtime's DEL, or the next start, finishes the undo.
+      log.error({ err: undoErr }, 'undoing the failed setup left something behind; the record is kept for DEL');
+    }
+    throw err;
+  } finally {
+    pending.end();
+  }
+}
+
+
+/** Shapes the pod as its limits say (without limits, any old shaping goes); the record keeps what was installed. */
+export async function applyShaping(core: Pick<SetUpDeps, 'shaper'>, record: PodRecord): Promise<void> {
+  if (!core.shaper.wants(record.limits)) {
+    await core.shaper.remove(record.containerId);
+    delete record.shaping;
+    return;
+  }
+  if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
+  const state = await core.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits, group: record.namespace });
+  if (state) record.shaping = state;
+}
+
+
+/** A CNI result's addresses without their prefix length. */
+function resultIps(result: CniResult): string[] {
+  return result.ips.map((i) => i.address.split('/')[0] ?? '').filter((ip) => ip !== '');
+}
+
+/** How often an ADD looks for its veth on the bridge when it was not there yet at the IPAM call. */
+const VETH_POLL_MS = 1;
+
+interface EarlyShaping {
+  hostVeth: string;
+  hostVethIndex: number;
+  state: ShapingState | undefined;
+}
+
+/**
+ * The pod's shaping made while the bridge plugin still runs. The plugin makes the veth a port of
+ * the bridge before it asks its IPAM for the addresses (the shim: `PendingAdd.whenIpamAsked`), then spends
+ * the rest of its run in the pod's netns. From that call the host veth is found (veth.ts
+ * hostEndOnBridge; looked for again every VETH_POLL_MS should it not be there yet) and shaped with
+ * the addresses the agent allocated, after the ifb side `egressFirst` made. Undefined when the
+ * exec ended first: the ADD then shapes after it, as without this.
+ */
+async function shapeWhileExec(
+  core: SetUpDeps,
+  pending: PendingAdd,
+  req: AttachRequest,
+  bridgeIndex: number,
+  prefetch: Promise<CniResult>,
+  egressFirst: Promise<unknown> | undefined,
+  exec: Promise<unknown>,
+): Promise<EarlyShaping | undefined> {
+  let done = false;
+  const ended = exec.then(
+    () => (done = true),
+    () => (done = true),
+  );
+  await Promise.race([pending.whenIpamAsked(), ended]);
+  const claimed = new Set(core.store.all().flatMap((r) => (r.hostVethIndex ? [r.hostVethIndex] : [])));
+  let veth: LinkRef | undefined;
+  while (!done && veth === undefined) {
+    veth = await core.kernel.hostEndOnBridge(req.netns, req.ifName, bridgeIndex, claimed);
+    if (veth === undefined) await sleep(VETH_POLL_MS);
+  }
+  if (veth === undefined) return undefined;
+  const ips = resultIps(await prefetch);
+  await egressFirst;
+  const state = await core.shaper.ensure({ id: req.containerId, hostVeth: veth.name, ips, limits: req.limits, group: req.namespace });
+  return { hostVeth: veth.name, hostVethIndex: veth.index, state };
+}
