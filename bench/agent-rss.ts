@@ -16,19 +16,15 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { agentGet, HEALTH_PATH } from '../src/daemon/protocol.js';
 import { FakeApiServer, fakeKubeConfig, node, pod } from '../test/kit/fake-apiserver.js';
+import { BenchArgs, median } from '../test/kit/bench-kit.js';
 import { CNI_BIN_DIRS, delLink, makeTmpDir, rmrf, uniq } from '../test/kit/kernel.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const DIST_MAIN = join(ROOT, 'dist/src/cli/main.js');
 
-function arg(name: string, def: number): number {
-  const i = process.argv.indexOf(name);
-  return i < 0 ? def : Number(process.argv[i + 1]);
-}
-const RUNS = arg('--runs', 3);
-const IDLE_S = arg('--idle', 5);
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
+const args = BenchArgs.parse('usage: npx tsx bench/agent-rss.ts [--runs N] [--idle S]', ['runs', 'idle']);
+const RUNS = args.num('runs', 3);
+const IDLE_S = args.num('idle', 5);
 
 async function rssMb(pid: number): Promise<number> {
   const status = await readFile(`/proc/${pid}/status`, 'utf8');
@@ -100,7 +96,7 @@ async function main(): Promise<void> {
     }
     for (const mode of ['cluster', 'static'] as const) {
       const xs = out[mode] ?? [];
-      console.log(`${mode.padEnd(7)} median ${median(xs).toFixed(1)} MB (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n ${xs.length})`);
+      console.log(`${mode.padEnd(7)} median ${median(xs, 'upper').toFixed(1)} MB (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n ${xs.length})`);
     }
   } finally {
     await api.stop();

@@ -1,5 +1,5 @@
 /**
- * host-local's allocator in the agent (src/pod/addresses/allocator): what one ADD and one DEL cost on the
+ * host-local's allocator in the agent (src/pod/host-local): what one ADD and one DEL cost on the
  * event loop as the node's reservations grow, with the store's index of reservation files in use
  * (nobody else changed the directory) against the directory read on every call (what host-local
  * itself does, and what the store does after anyone else changed it: here a file written and
@@ -15,14 +15,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { parseArgs } from 'node:util';
 import { HostLocalAllocator, parseHostLocal } from '../src/pod/addresses/allocator/allocator.js';
 import { reservationScans } from '../src/pod/addresses/allocator/store.js';
+import { BenchArgs } from '../test/kit/bench-kit.js';
 
-const { values } = parseArgs({ options: { calls: { type: 'string', default: '60' }, counts: { type: 'string', default: '0,100,250' }, 'pause-ms': { type: 'string', default: '5' } } });
-const calls = Number(values.calls);
-const counts = values.counts.split(',').map(Number);
-const pauseMs = Number(values['pause-ms']);
+const args = BenchArgs.parse('usage: npx tsx bench/allocator.ts [--calls N] [--counts 0,100,250] [--pause-ms 5]', ['calls', 'counts', 'pause-ms']);
+const calls = args.num('calls', 60);
+const counts = args.nums('counts', '0,100,250');
+const pauseMs = args.num('pause-ms', 5);
 
 const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * p))] ?? NaN;
 const fmt = (xs: number[]) => `${pct(xs, 0.5).toFixed(3)} / ${pct(xs, 0.9).toFixed(3)}`;

@@ -29,21 +29,22 @@
  * Root only; holds the cluster and traffic locks; takes the cluster down at the end, also on failure.
  */
 import { execa } from 'execa';
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { argValue, numArg, percentile } from '../test/kit/bench-kit.js';
+import { BenchArgs, percentile } from '../test/kit/bench-kit.js';
+import { inKclNode } from '../test/kit/kcl.js';
 import { uniq } from '../test/kit/kernel.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
 import { msUntil } from '../test/kit/until.js';
 import { upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const AGENTS = numArg('agents', 200);
-const OUTAGES = numArg('outages', 5);
-const DOWN_S = numArg('down-s', 20);
-const BEFORE_OUTAGES = numArg('before-outages', 2);
-const BEFORE = argValue('before') ?? 'eac1d61~1';
+const args = BenchArgs.parse('usage: npx tsx bench/api-outage.ts [--agents 200] [--outages 5] [--down-s 20] [--before REV] [--before-outages 2]', ['agents', 'outages', 'down-s', 'before-outages', 'before']);
+const AGENTS = args.num('agents', 200);
+const OUTAGES = args.num('outages', 5);
+const DOWN_S = args.num('down-s', 20);
+const BEFORE_OUTAGES = args.num('before-outages', 2);
+const BEFORE = args.str('before') ?? 'eac1d61~1';
 const DIR = process.env.KCL_DIR ?? `/tmp/kcl-outage-${uniq(6)}`;
 const ENV = { ...process.env, KCL_DIR: DIR, KCL_API_PORT: process.env.KCL_API_PORT ?? String(20000 + (process.pid % 10000)) };
 const CLUSTER_SH = join(ROOT, 'hack/cluster.sh');
@@ -109,10 +110,7 @@ function num(s: string | undefined): number | undefined {
   return s === undefined ? undefined : Number(s);
 }
 
-const inNode = async (cmd: string, args: string[]) => {
-  const holder = (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
-  return (await execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject: false })).stdout;
-};
+const inNode = async (cmd: string, args: string[]) => (await inKclNode(DIR, 1, cmd, args, false)).stdout;
 
 /** The simulated agents, the outages and the measurements; runs inside node 1's network namespace (the API server's own address). */
 async function child(): Promise<void> {

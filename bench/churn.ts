@@ -20,7 +20,7 @@
  */
 import { randomInt } from 'node:crypto';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
+import { BenchArgs } from '../test/kit/bench-kit.js';
 import { startFlagsAgent, startManifestAgent, type AgentProcess, type ManifestSettings } from '../test/kit/agent-process.js';
 import { Churn, leftoversAcrossRestart, percentile, rssKb } from '../test/kit/churn.js';
 import { Cleanup, kernelTestBlocker, uniq } from '../test/kit/kernel.js';
@@ -28,20 +28,14 @@ import { countLeftovers, describeLeftovers, podLeftovers, type NodeLayout } from
 import { NodeSandbox } from '../test/kit/node-sandbox.js';
 import { SandboxLibcni } from '../test/kit/sandbox-libcni.js';
 
-const { values } = parseArgs({
-  options: {
-    cycles: { type: 'string', default: '2000' },
-    kills: { type: 'string', default: '0' },
-    concurrency: { type: 'string', default: '8' },
-    mode: { type: 'string', default: 'manifest' },
-  },
-});
-const cycles = Number(values.cycles);
-const kills = Number(values.kills);
-const concurrency = Number(values.concurrency);
-const mode = values.mode;
+const USAGE = 'usage: npx tsx bench/churn.ts [--cycles N] [--kills N] [--concurrency N] [--mode manifest|flags]';
+const args = BenchArgs.parse(USAGE, ['cycles', 'kills', 'concurrency', 'mode']);
+const cycles = Number(args.str('cycles') ?? '2000');
+const kills = Number(args.str('kills') ?? '0');
+const concurrency = Number(args.str('concurrency') ?? '8');
+const mode = args.str('mode') ?? 'manifest';
 if (!Number.isInteger(cycles) || cycles < 1 || !Number.isInteger(kills) || kills < 0 || !Number.isInteger(concurrency) || concurrency < 1 || (mode !== 'manifest' && mode !== 'flags')) {
-  console.error('usage: npx tsx bench/churn.ts [--cycles N] [--kills N] [--concurrency N] [--mode manifest|flags]');
+  console.error(USAGE);
   process.exit(64);
 }
 const blocker = kernelTestBlocker();

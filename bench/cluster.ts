@@ -17,21 +17,22 @@ import { execa, type ResultPromise } from 'execa';
 import { copyFile, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { numArg, percentile, processUsage } from '../test/kit/bench-kit.js';
+import { BenchArgs, percentile, processUsage } from '../test/kit/bench-kit.js';
+import { inKclNode, kclNodeHolder } from '../test/kit/kcl.js';
 import { uniq } from '../test/kit/kernel.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
 import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const PODS = numArg('pods', 60);
-const CONC = numArg('concurrency', 10);
-const ROUNDS = numArg('rounds', 2);
+const args = BenchArgs.parse('usage: npx tsx bench/cluster.ts [--pods 60] [--concurrency 10] [--rounds 2]', ['pods', 'concurrency', 'rounds']);
+const PODS = args.num('pods', 60);
+const CONC = args.num('concurrency', 10);
+const ROUNDS = args.num('rounds', 2);
 const DIR = `/tmp/kcl-bench-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)) };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
 const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input } : {});
-const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
-const nodePath = async (p: string) => `/proc/${await holder()}/root${p}`;
+const nodePath = async (p: string) => `/proc/${kclNodeHolder(DIR)}/root${p}`;
 
 /**
  * How long containerd's RunPodSandbox took for each pod whose name starts with `prefix` (its log:
@@ -95,7 +96,7 @@ async function useReference(): Promise<void> {
     await kubectl(['delete', '-f', join(ROOT, 'manifests/kubenet.yaml'), '--wait=true', '--timeout=120s']);
     await kubectl(['-n', 'kube-system', 'wait', '--for=delete', 'pod', '-l', 'app.kubernetes.io/name=kubenet', '--timeout=120s'], undefined).catch(() => undefined);
     await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-kubenet.conflist')]);
-    await execa('nsenter', ['-t', await holder(), '-n', 'ip', 'link', 'del', 'cbr0'], { reject: false });
+    await inKclNode(DIR, 1, 'ip', ['link', 'del', 'cbr0'], false);
   }
   // The controller-manager allocates the Node's pod CIDR a moment after the Node registers.
   let cidr = '';
@@ -120,7 +121,7 @@ async function useReference(): Promise<void> {
 /** The node runs kubenet-ts as the manifest installs it: the reference conflist and bridge gone first. */
 async function useKubenet(): Promise<void> {
   await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-ref.conflist')]);
-  await execa('nsenter', ['-t', await holder(), '-n', 'ip', 'link', 'del', 'cni0'], { reject: false });
+  await inKclNode(DIR, 1, 'ip', ['link', 'del', 'cni0'], false);
   await kubectl(['apply', '-f', join(ROOT, 'manifests/kubenet.yaml')]);
   await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=120s']);
   await kubectl(['wait', '--for=condition=Ready', 'node/kcl-n1', '--timeout=60s']);

@@ -35,20 +35,14 @@ import { execPlugin, findPlugin } from '../src/cni/exec.js';
 import { sharedSpawner } from '../src/cni/spawner.js';
 import { posixSpawnRun, SHIM_C } from './posix-spawn.js';
 import { CNI_BIN_DIRS } from '../test/kit/kernel.js';
-import { summary } from '../test/kit/bench-kit.js';
+import { BenchArgs, summary } from '../test/kit/bench-kit.js';
 
 const DIRS = CNI_BIN_DIRS;
 
-function arg(name: string, def: string): string {
-  const i = process.argv.indexOf(name);
-  return i < 0 ? def : (process.argv[i + 1] ?? def);
-}
-
-const CALLS = Number(arg('--calls', '300'));
-const PLUGIN = arg('--plugin', 'loopback');
-const LEVELS = arg('--rss', '60,170')
-  .split(',')
-  .map((s) => Number(s));
+const args = BenchArgs.parse('usage: node --expose-gc dist/bench/cni-exec.js [--calls N] [--plugin loopback|bridge] [--rss MB[,MB...]]', ['calls', 'plugin', 'rss']);
+const CALLS = args.num('calls', 300);
+const PLUGIN = args.str('plugin') ?? 'loopback';
+const LEVELS = args.nums('rss', '60,170');
 
 const rssMB = () => process.memoryUsage().rss / 1048576;
 

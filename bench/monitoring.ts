@@ -14,7 +14,7 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { argValue, numArg } from '../test/kit/bench-kit.js';
+import { BenchArgs } from '../test/kit/bench-kit.js';
 import { lineChart } from '../test/kit/svg-chart.js';
 import { iperf } from '../test/kit/topo.js';
 import { withTrafficLock } from '../test/kit/traffic-lock.js';
@@ -22,8 +22,9 @@ import { dashboardQueries, type Dashboard } from '../test/kit/dashboard.js';
 import { CHART, LAN_HOST, lanRoutes, LocalCluster, pausePidOf, pausePod } from '../test/kit/kcl.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const SECONDS = numArg('seconds', 90);
-const SVG = argValue('svg') ?? join(ROOT, 'docs/img/dashboard-ingress.svg');
+const args = BenchArgs.parse('usage: npx tsx bench/monitoring.ts [--seconds 90] [--svg docs/img/dashboard-ingress.svg]', ['seconds', 'svg']);
+const SECONDS = args.num('seconds', 90);
+const SVG = args.str('svg') ?? join(ROOT, 'docs/img/dashboard-ingress.svg');
 const c = new LocalCluster();
 const node = (i: number) => `kcl-n${i}`;
 const mbit = (v: number) => `${(v / 1e6).toFixed(v >= 1e7 ? 0 : 1)}M`;

@@ -28,7 +28,7 @@ import { execa } from 'execa';
 import { createRequire } from 'node:module';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { Worker } from 'node:worker_threads';
-import { argValue, numArg, summary } from '../test/kit/bench-kit.js';
+import { BenchArgs, summary } from '../test/kit/bench-kit.js';
 import { Cleanup, isRoot, sh, uniq, vethStorm } from '../test/kit/kernel.js';
 import { AF_INET, AF_UNSPEC, nl, route, rt, type Out, type Ptr } from '../src/netlink/libnl.js';
 import { classList, linkByName, linkIndexByName } from '../src/netlink/index.js';
@@ -37,10 +37,11 @@ import { hostSocket, socketInNetns } from '../src/netlink/socket.js';
 
 const SECTIONS = ['kernel', 'overhead', 'loop', 'pool'] as const;
 type Section = (typeof SECTIONS)[number];
-const only = (argValue('--only') ?? SECTIONS.join(',')).split(',') as Section[];
+const args = BenchArgs.parse('usage: npx tsx bench/netlink.ts [--only kernel,overhead,loop,pool] [--pairs 256] [--calls 2000]', ['only', 'pairs', 'calls']);
+const only = args.list('only', SECTIONS.join(',')) as Section[];
 for (const s of only) if (!SECTIONS.includes(s)) throw new Error(`--only: want sections among ${SECTIONS.join(', ')}, got ${s}`);
-const PAIRS = numArg('pairs', 256);
-const CALLS = numArg('calls', 2000);
+const PAIRS = args.num('pairs', 256);
+const CALLS = args.num('calls', 2000);
 const require = createRequire(import.meta.url);
 
 const f = (x: number) => x.toFixed(3).padStart(9);

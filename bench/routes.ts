@@ -21,19 +21,20 @@ import yaml from 'js-yaml';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { numArg, percentile, processUsage } from '../test/kit/bench-kit.js';
+import { BenchArgs, percentile, processUsage } from '../test/kit/bench-kit.js';
 import { uniq } from '../test/kit/kernel.js';
+import { kclNodeHolder } from '../test/kit/kcl.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
 import { upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const NODES = numArg('nodes', 1000);
-const CHANGES = numArg('changes', 100);
+const args = BenchArgs.parse('usage: npx tsx bench/routes.ts [--nodes 1000] [--changes 100]', ['nodes', 'changes']);
+const NODES = args.num('nodes', 1000);
+const CHANGES = args.num('changes', 100);
 const DIR = `/tmp/kcl-routes-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)), KCL_CLUSTER_CIDR: '10.128.0.0/9' };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
 const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input, maxBuffer: 1e9 } : {});
-const holder = async () => (await readFile(join(DIR, 'n1/holder.pid'), 'utf8')).trim();
 const now = () => performance.timeOrigin + performance.now();
 
 /** Simulated Node k: pod CIDR 10.(130 + k / 256).(k % 256).0/24, InternalIP 198.19.0.16 + k. */
@@ -114,7 +115,7 @@ try {
   const mon = monitor();
   await new Promise((r) => setTimeout(r, 300));
   const spawned = now();
-  const agent = execa('nsenter', ['-t', await holder(), '-m', '-n', `--wdns=${ROOT}`, process.execPath, join(ROOT, 'dist/src/cli/main.js'), 'daemon',
+  const agent = execa('nsenter', ['-t', kclNodeHolder(DIR), '-m', '-n', `--wdns=${ROOT}`, process.execPath, join(ROOT, 'dist/src/cli/main.js'), 'daemon',
     '--config', configFile, '--kubeconfig', join(DIR, 'admin.kubeconfig')], { env: { NODE_NAME: 'kcl-n1' }, reject: false, buffer: false, all: true });
   stopAgent = async () => {
     agent.kill('SIGTERM');

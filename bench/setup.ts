@@ -17,14 +17,13 @@ import { KubenetPlugin } from '../src/plugin/kubenet.js';
 import { syncDedup } from '../src/pod/node/dedup-rules.js';
 import { silentLogger } from '../src/log.js';
 import { CNI_BIN_DIRS, delIfbs } from '../test/kit/kernel.js';
-import { argValue, summary } from '../test/kit/bench-kit.js';
+import { BenchArgs, summary } from '../test/kit/bench-kit.js';
 
 const CNI_DIR = CNI_BIN_DIRS;
-const sizes = (argValue('--sizes') ?? '1,50,200').split(',').map(Number);
+const args = BenchArgs.parse('usage: npx tsx bench/setup.ts [--sizes 1,50,200] [--hairpin-mode promiscuous-bridge|hairpin-veth]', ['sizes', 'hairpin-mode']);
+const sizes = args.nums('sizes', '1,50,200');
 const tag = randomBytes(3).toString('hex');
-const HAIRPIN_ARG = argValue('--hairpin-mode') ?? 'promiscuous-bridge';
-if (HAIRPIN_ARG !== 'promiscuous-bridge' && HAIRPIN_ARG !== 'hairpin-veth') throw new Error(`--hairpin-mode: promiscuous-bridge or hairpin-veth, not ${HAIRPIN_ARG}`);
-const HAIRPIN: 'promiscuous-bridge' | 'hairpin-veth' = HAIRPIN_ARG;
+const HAIRPIN = args.oneOf('hairpin-mode', 'promiscuous-bridge', ['promiscuous-bridge', 'hairpin-veth'] as const);
 
 const stats = summary;
 

@@ -48,7 +48,7 @@ import { addTestPod, cniArgs, type TestPod } from '../test/kit/test-pod.js';
 import { REF_PLUGINS_DIR } from '../test/kit/upstream.js';
 import { withTrafficLock } from '../test/kit/traffic-lock.js';
 import { qdiscPerf, type QdiscPerf } from './shaping-perf.js';
-import { printTable } from '../test/kit/bench-kit.js';
+import { median, printTable } from '../test/kit/bench-kit.js';
 
 export type Impl = 'unshaped' | 'ours' | 'ref';
 export type Dest = 'lan' | 'pods';
@@ -415,12 +415,8 @@ export class AggregateWorld {
 /** An iperf3 run that gave no report: the tool failing, not a measurement. */
 class ToolFailure extends Error {}
 
-const median = (xs: number[]) => {
-  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
-  if (s.length === 0) return NaN;
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? (s[m] ?? NaN) : ((s[m - 1] ?? NaN) + (s[m] ?? NaN)) / 2;
-};
+/** The median of the finite samples, the mean of the middle two for an even count. */
+const finiteMedian = (xs: number[]) => median(xs.filter((x) => Number.isFinite(x)), 'mean');
 const g = (bps: number) => (bps / UNIT).toFixed(2);
 
 /** Per-pod spread as the min and max of each pod's rate over the fair share (total / N). */
@@ -494,11 +490,11 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
     const ratio = (a: Impl, b: Impl, f: (r: AggRun) => number) => {
       const ra = byRound(a);
       const rb = byRound(b);
-      return median([...ra].map(([round, x]) => f(x) / f(rb.get(round) ?? ({} as AggRun))));
+      return finiteMedian([...ra].map(([round, x]) => f(x) / f(rb.get(round) ?? ({} as AggRun))));
     };
-    const total = (impl: Impl) => median(of(impl).map((r) => r.total));
-    const cpu = (impl: Impl) => median(of(impl).map(cpuPerGbit));
-    const retr = (impl: Impl) => median(of(impl).map((r) => r.retransmits));
+    const total = (impl: Impl) => finiteMedian(of(impl).map((r) => r.total));
+    const cpu = (impl: Impl) => finiteMedian(of(impl).map(cpuPerGbit));
+    const retr = (impl: Impl) => finiteMedian(of(impl).map((r) => r.retransmits));
     if (kase === 'above') {
       const vsUnshaped = ratio('ours', 'unshaped', (r) => r.total);
       const vsRef = ratio('ours', 'ref', (r) => r.total);

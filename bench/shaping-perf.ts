@@ -24,6 +24,7 @@ import { execa } from 'execa';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { percentile } from '../test/kit/bench-kit.js';
 
 export interface QdiscPerf {
   seconds: number;
@@ -55,10 +56,6 @@ export interface QdiscPerfOptions {
   shards?: number;
 }
 
-const percentile = (xs: number[], p: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? NaN;
-};
 
 /** Records the tracepoints for `seconds` and reads the figures off them. */
 export async function qdiscPerf(o: QdiscPerfOptions): Promise<QdiscPerf> {

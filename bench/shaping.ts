@@ -53,27 +53,32 @@ import { delIfbs, uniq } from '../test/kit/kernel.js';
 import type { TestPod } from '../test/kit/test-pod.js';
 import { REF_PLUGINS_DIR, refPlugin, refPluginsVersion } from '../test/kit/upstream.js';
 import { withTrafficLock } from '../test/kit/traffic-lock.js';
-import { argValue, percentile, printTable } from '../test/kit/bench-kit.js';
+import { BenchArgs, median, percentile, printTable } from '../test/kit/bench-kit.js';
 import { aggregateBench } from './shaping-aggregate.js';
 import { guaranteesBench } from './shaping-guarantees.js';
 
-const argv = process.argv.slice(2);
-const has = (f: string) => argv.includes(f);
 /** The sections, in the order they run; `--only a,b` runs those alone, `--no-NAME` leaves one out. */
 const SECTIONS = ['rates', 'highrate', 'cost', 'live', 'reshape', 'aggregate', 'guarantees'] as const;
-const only = argValue('--only')?.split(',');
+const args = BenchArgs.parse(
+  'usage: npx tsx bench/shaping.ts [--only SECTION,...] [--no-SECTION] [--quick] and the flags of its header (sections: ' + SECTIONS.join(', ') + ')',
+  ['only', 'seconds', 'rates', 'sizes', 'probes', 'impls', 'capacity', 'unshaped-cidrs', 'dirs', 'live-sizes', 'changes', 'scrapes', 'reshape-rates', 'cc', 'high-rates',
+    'agg-sizes', 'agg-seconds', 'agg-rounds', 'agg-dests', 'agg-protos', 'agg-cases', 'agg-limit', 'agg-binding', 'agg-binding-udp', 'agg-udp', 'agg-shards', 'agg-capacity',
+    'guarantee-capacity', 'guarantee-capacities', 'guarantee-seconds'],
+  ['quick', 'agg-perf', ...SECTIONS.map((x) => `no-${x}`)],
+);
+const only = args.str('only')?.split(',');
 for (const name of only ?? []) {
   if (!(SECTIONS as readonly string[]).includes(name)) {
     console.error(`bench/shaping.ts: unknown section ${name} (sections: ${SECTIONS.join(', ')})`);
     process.exit(2);
   }
 }
-const runs = (name: (typeof SECTIONS)[number]) => (only ? only.includes(name) : !has(`--no-${name}`));
-const quick = has('--quick');
-const seconds = Number(argValue('--seconds') ?? (quick ? 5 : 10));
-const rates = (argValue('--rates') ?? '1M,10M,100M,1G').split(',');
-const sizes = (argValue('--sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
-const probes = Number(argValue('--probes') ?? 10);
+const runs = (name: (typeof SECTIONS)[number]) => (only ? only.includes(name) : !args.has(`no-${name}`));
+const quick = args.has('quick');
+const seconds = args.num('seconds', quick ? 5 : 10);
+const rates = args.list('rates', '1M,10M,100M,1G');
+const sizes = args.nums('sizes', quick ? '10,100' : '10,100,500');
+const probes = args.num('probes', 10);
 /**
  * The cost table's passes: by default each other implementation runs in a pass of its own beside
  * ours (the reference, the unshaped CIDRs, the exec mode), each pair interleaved probe by probe, and
@@ -82,31 +87,27 @@ const probes = Number(argValue('--probes') ?? 10);
  * machine) made the setups beside them dearer: ours at 500 pods 7.7-10.1 ms there, 2.4-4.4 ms in the
  * passes without it (docs/shaping.md). `--impls` runs the ones named in one pass, as before.
  */
-const implPasses: Array<Set<string>> = argValue('--impls')
-  ? [new Set((argValue('--impls') ?? '').split(','))]
+const implPasses: Array<Set<string>> = args.str('impls')
+  ? [new Set(args.list('impls', ''))]
   : [new Set(['ours', 'ref']), new Set(['ours', 'unshaped']), new Set(['ours', 'exec'])];
 /** `--capacity Q`: ours in the node's trees (issue 33) at that capacity both ways, in (1) and the cost table. */
-const benchCapacity = argValue('--capacity') ? parseBandwidth(argValue('--capacity') ?? '', 'capacity') : undefined;
+const benchCapacity = args.str('capacity') ? parseBandwidth(args.str('capacity') ?? '', 'capacity') : undefined;
 const treeOpts = benchCapacity ? { capacity: { egress: benchCapacity, ingress: benchCapacity } } : {};
 /** How many unshaped destinations the `unshaped` implementation's ifb holds (issue 24: 10). */
-const unshapedCount = Number(argValue('--unshaped-cidrs') ?? 10);
-const dirs = (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>;
-const liveSizes = (argValue('--live-sizes') ?? (quick ? '10,100' : '10,100,500')).split(',').map(Number);
-const changes = Number(argValue('--changes') ?? 50);
-const scrapes = Number(argValue('--scrapes') ?? 20);
-const reshapeRates = (argValue('--reshape-rates') ?? '1M,10M,100M').split(',');
+const unshapedCount = args.num('unshaped-cidrs', 10);
+const dirs = args.list('dirs', 'egress,ingress') as Array<'egress' | 'ingress'>;
+const liveSizes = args.nums('live-sizes', quick ? '10,100' : '10,100,500');
+const changes = args.num('changes', 50);
+const scrapes = args.num('scrapes', 20);
+const reshapeRates = args.list('reshape-rates', '1M,10M,100M');
 /** TCP congestion control of the (4) flows; default the host's (net.ipv4.tcp_congestion_control). */
-const congestion = argValue('--cc');
+const congestion = args.str('cc');
 const BANDWIDTH_BIN = refPlugin('bandwidth');
 const NET_NAME = 'kshbench';
 
 const mbit = (v: number) => (v / 1e6).toFixed(v < 10e6 ? 3 : 1);
 const pct = (v: number, ref: number) => `${v >= ref ? '+' : ''}${(((v - ref) / ref) * 100).toFixed(1)}%`;
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : (s[Math.floor((s.length - 1) / 2)] ?? NaN);
-}
 
 // ---------- the reference plugin ----------
 
@@ -823,33 +824,33 @@ for (const stream of [process.stdout, process.stderr]) stream.on('error', () => 
 console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`);
 if (runs('rates')) await withTrafficLock(() => rateBench());
 // One flow at 1G, 5G and 10G against the pod's unshaped flow of the same run (issue 32).
-if (runs('highrate')) await withTrafficLock(() => rateBench((argValue('--high-rates') ?? '1G,5G,10G').split(','), true));
+if (runs('highrate')) await withTrafficLock(() => rateBench(args.list('high-rates', '1G,5G,10G'), true));
 if (runs('cost')) for (const pass of implPasses) await costBench(pass);
 if (runs('live')) await liveBench();
 if (runs('reshape')) await withTrafficLock(() => reshapeAccuracyBench());
 if (runs('aggregate')) {
-  const list = <T extends string>(flag: string, dflt: string) => (argValue(flag) ?? dflt).split(',') as T[];
+  const list = <T extends string>(flag: string, dflt: string) => args.list(flag, dflt) as T[];
   await aggregateBench({
-    sizes: list<string>('--agg-sizes', quick ? '2,8' : '2,8,32').map(Number),
-    seconds: Number(argValue('--agg-seconds') ?? (quick ? 5 : 10)),
-    rounds: Number(argValue('--agg-rounds') ?? (quick ? 1 : 3)),
-    dests: list('--agg-dests', 'lan,pods'),
-    protos: list('--agg-protos', 'tcp,udp'),
-    cases: list('--agg-cases', 'above,binding'),
-    aboveLimit: parseBandwidth(argValue('--agg-limit') ?? '100G', 'limit'),
-    bindingLimit: { tcp: parseBandwidth(argValue('--agg-binding') ?? '200M', 'limit'), udp: parseBandwidth(argValue('--agg-binding-udp') ?? '20M', 'limit') },
-    udpOffered: parseBandwidth(argValue('--agg-udp') ?? '2G', 'offered'),
-    perf: has('--agg-perf'),
-    ...(argValue('--agg-shards') ? { shards: Number(argValue('--agg-shards')) } : {}),
-    ...(argValue('--agg-capacity') ? { capacity: argValue('--agg-capacity') } : {}),
+    sizes: args.nums('agg-sizes', quick ? '2,8' : '2,8,32'),
+    seconds: args.num('agg-seconds', quick ? 5 : 10),
+    rounds: args.num('agg-rounds', quick ? 1 : 3),
+    dests: list('agg-dests', 'lan,pods'),
+    protos: list('agg-protos', 'tcp,udp'),
+    cases: list('agg-cases', 'above,binding'),
+    aboveLimit: parseBandwidth(args.str('agg-limit') ?? '100G', 'limit'),
+    bindingLimit: { tcp: parseBandwidth(args.str('agg-binding') ?? '200M', 'limit'), udp: parseBandwidth(args.str('agg-binding-udp') ?? '20M', 'limit') },
+    udpOffered: parseBandwidth(args.str('agg-udp') ?? '2G', 'offered'),
+    perf: args.has('agg-perf'),
+    ...(args.str('agg-shards') ? { shards: args.num('agg-shards', 1) } : {}),
+    ...(args.str('agg-capacity') ? { capacity: args.str('agg-capacity') } : {}),
   });
 }
 if (runs('guarantees')) {
   await guaranteesBench({
-    capacity: parseBandwidth(argValue('--guarantee-capacity') ?? '100M', 'capacity'),
-    capacities: (argValue('--guarantee-capacities') ?? (quick ? '' : '1G,10G')).split(',').filter(Boolean).map((q) => parseBandwidth(q, 'capacity')),
-    seconds: Number(argValue('--guarantee-seconds') ?? (quick ? 5 : 10)),
-    dirs: (argValue('--dirs') ?? 'egress,ingress').split(',') as Array<'egress' | 'ingress'>,
-    ...(argValue('--cc') ? { cc: argValue('--cc') } : {}),
+    capacity: parseBandwidth(args.str('guarantee-capacity') ?? '100M', 'capacity'),
+    capacities: (args.str('guarantee-capacities') ?? (quick ? '' : '1G,10G')).split(',').filter(Boolean).map((q) => parseBandwidth(q, 'capacity')),
+    seconds: args.num('guarantee-seconds', quick ? 5 : 10),
+    dirs: args.list('dirs', 'egress,ingress') as Array<'egress' | 'ingress'>,
+    ...(args.str('cc') ? { cc: args.str('cc') } : {}),
   });
 }

@@ -122,10 +122,27 @@ export class LocalCluster {
   }
 
   /** A command in node `node`'s namespaces (its netns and private mounts). */
-  inNode(node: number, cmd: string, args: string[], reject = true, opts: { env?: Record<string, string>; input?: string } = {}) {
-    const holder = readFileSync(join(this.dir, `n${node}/holder.pid`), 'utf8').trim();
-    return execa('nsenter', ['-t', holder, '-m', '-n', cmd, ...args], { reject, ...(opts.env ? { env: opts.env } : {}), ...(opts.input !== undefined ? { input: opts.input } : {}) });
+  inNode(node: number, cmd: string, args: string[], reject = true, opts: InNodeOptions = {}) {
+    return inKclNode(this.dir, node, cmd, args, reject, opts);
   }
+}
+
+export interface InNodeOptions {
+  env?: Record<string, string>;
+  input?: string;
+}
+
+/** The pid that holds node `node`'s namespaces, of the cluster hack/cluster.sh keeps in `dir` (its KCL_DIR). */
+export function kclNodeHolder(dir: string, node = 1): string {
+  return readFileSync(join(dir, `n${node}/holder.pid`), 'utf8').trim();
+}
+
+/**
+ * A command in node `node`'s namespaces (its netns and private mounts) of the cluster in `dir`
+ * (its KCL_DIR): for a LocalCluster, and for the benches that bring up a cluster of their own.
+ */
+export function inKclNode(dir: string, node: number, cmd: string, args: string[], reject = true, opts: InNodeOptions = {}) {
+  return execa('nsenter', ['-t', kclNodeHolder(dir, node), '-m', '-n', cmd, ...args], { reject, ...(opts.env ? { env: opts.env } : {}), ...(opts.input !== undefined ? { input: opts.input } : {}) });
 }
 
 /** A host on the cluster's LAN (netns kcl-lan, the nodes' gateway address), outside the cluster range: an iperf3 endpoint. */
