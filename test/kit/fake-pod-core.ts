@@ -19,7 +19,7 @@ import type { BridgeSettings } from '../../src/pod/bridge-conf.js';
 import type { Core, PodShaper } from '../../src/pod/lifecycle/deps.js';
 import { PendingAdds } from '../../src/pod/lifecycle/pending-adds.js';
 import type { LinkRef, PodKernel } from '../../src/pod/node/pod-kernel.js';
-import { PodStore, type PodRecord } from '../../src/pod/records/record.js';
+import { PodStore, recordKey, type PodRecord } from '../../src/pod/records/record.js';
 import type { AttachRequest } from '../../src/pod/requests.js';
 import type { ShapingState } from '../../src/shaper/tc.js';
 import { KeyedMutex } from '../../src/util/keyed-mutex.js';
@@ -110,7 +110,7 @@ export function fakeKernel(j: Journal) {
  * returns an address; with `prefetch`, it allocates beside the exec as the agent's host-local does.
  * `beforeAdd` runs at the plugin's start (a test reads the store there).
  */
-export function fakeMode(j: Journal, tag: string, plug: (rt: RuntimeConf) => string, o: { prefetch?: boolean; beforeAdd?: (rt: RuntimeConf) => void } = {}) {
+export function fakeMode(j: Journal, tag: string, plug: (rt: RuntimeConf) => string, o: { prefetch?: boolean; beforeAdd?: (rt: RuntimeConf) => void; askIpam?: (rt: RuntimeConf) => void } = {}) {
   let last = 4;
   const result = (rt: RuntimeConf, hostVeth: string, ip: string): CniResult => ({
     cniVersion: '1.0.0',
@@ -136,7 +136,14 @@ export function fakeMode(j: Journal, tag: string, plug: (rt: RuntimeConf) => str
     add: async (_network: NetConf | NetConfList, rt: RuntimeConf, _pod: string): Promise<CniResult> => {
       o.beforeAdd?.(rt);
       call(j, `${tag}.add`, rt.containerId);
+      if (o.prefetch) await new Promise((r) => setTimeout(r, 2)); // the plugin's start
       const hostVeth = plug(rt);
+      if (o.prefetch && o.askIpam) {
+        // As the bridge plugin does: the veth on the bridge, then its IPAM asked (the shim), then
+        // the pod's netns configured (a few ms, in which the agent shapes the veth).
+        o.askIpam(rt);
+        await new Promise((r) => setTimeout(r, 5));
+      }
       return result(rt, hostVeth, allocations.get(rt.containerId) ?? `10.0.0.${++last}`);
     },
     releaseBeforeVeth: async (record: PodRecord) => call(j, `${tag}.releaseBeforeVeth`, record.containerId),
@@ -185,8 +192,13 @@ export function fakePodCore(o: { current?: 'hl' | 'dhcp'; prefetch?: boolean; ma
   const log = pino({ level: 'silent' });
   const store = new PodStore(join(dir, 'pods'), log);
   const { kernel, state, plug } = fakeKernel(j);
-  const hl = fakeMode(j, 'hl', plug, o);
-  const dhcp = fakeMode(j, 'dhcp', plug, o);
+  const pending = new PendingAdds();
+  const askIpam = (rt: RuntimeConf) => {
+    call(j, 'shim.ipamAsked', rt.containerId);
+    void pending.get(recordKey(rt.containerId, rt.ifName))?.ipamAsked();
+  };
+  const hl = fakeMode(j, 'hl', plug, { ...o, askIpam });
+  const dhcp = fakeMode(j, 'dhcp', plug, { ...o, askIpam });
   const { shaper, states } = fakeShaper(j);
   const node = { current: (o.current === 'dhcp' ? dhcp : hl) as AddressMode };
   const modes = new AddressModes(node.current, hl, dhcp);
@@ -197,7 +209,7 @@ export function fakePodCore(o: { current?: 'hl' | 'dhcp'; prefetch?: boolean; ma
     opts: { manageLoopback: o.manageLoopback ?? false, stateDir: dir },
     store,
     locks: new KeyedMutex(),
-    pending: new PendingAdds(),
+    pending,
     kernel,
     cni: {
       add: async (_conf: NetConf | NetConfList, rt: RuntimeConf) => {

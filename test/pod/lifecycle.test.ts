@@ -48,6 +48,16 @@ test('the record of the intent is written before the plugin runs, then completed
   });
 });
 
+test('allocated beside the exec: the egress side is shaped before the plugin\'s veth exists, the veth\'s side once the plugin asked its IPAM, before the exec ends; shaped once each', async (t) => {
+  await withCore({ prefetch: true }, async (w) => {
+    const { record } = await add(w, 'web', { limits: { egress: 10_000_000, ingress: 20_000_000 } });
+    t.deepEqual(record.ips, ['10.0.0.5'], 'the address the mode allocated beside the exec');
+    t.deepEqual(w.only('hl.add', 'shim.', 'shaper.'), ['hl.add web-id', 'shaper.ensure web-id (ifb side)', 'shim.ipamAsked web-id', `shaper.ensure web-id ${record.hostVeth}`]);
+    t.like(record.shaping, { hostVeth: record.hostVeth });
+    t.is(w.core.pending.size, 0);
+  });
+});
+
 /** Each step of an ADD that can fail after its record is written, and the call that fails it. */
 const FAILING_STEPS: Array<{ step: string; o?: Parameters<typeof fakePodCore>[0]; limits?: { egress?: number; ingress?: number } }> = [
   { step: 'kernel.ensureBridge' },

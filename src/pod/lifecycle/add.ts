@@ -7,7 +7,8 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { convertResult, parseResult } from '../../cni/result.js';
-import type { CniResult, NetConf, NetConfList } from '../../cni/types.js';
+import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../../cni/types.js';
+import type { Logger } from '../../log.js';
 import { ConflictError, KubenetError } from '../../errors.js';
 import type { ShapingState } from '../../shaper/tc.js';
 import { differences, podCniArgs, podName, round, runtimeConf, shortId } from '../attachment.js';
@@ -27,60 +28,22 @@ const LOOPBACK_CONF: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK
 export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
   const started = performance.now();
   const steps = new StepTimer(started);
-  const key = recordKey(req.containerId, req.ifName);
   const log = core.log.child({ pod: podName(req), id: shortId(req.containerId) });
-  const existing = core.store.get(req.containerId, req.ifName);
-  if (existing?.phase === 'ready') {
-    const diff = differences(existing, req, netnsId);
-    if (diff.length === 0 && existing.result) {
-      log.info('ADD repeated with the same parameters: returning the recorded result');
-      return { record: existing, result: parseResult(existing.result), repeated: true };
-    }
-    throw new ConflictError(
-      `container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`,
-    );
-  }
-  if (existing) {
-    log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
-    await teardown(core, existing, log);
-  }
-  const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
-  if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+  const repeated = await settleEarlierAdd(core, req, netnsId, log);
+  if (repeated) return repeated;
+  checkNetns(core, req, netnsId);
   steps.mark('lookup');
-  // By ioctl in the pod's netns: no netlink request (nor the RTNL lock) on the ADD's way to its exec.
-  if (core.kernel.podInterfaceIndex(req.netns, req.ifName) !== undefined) {
-    throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
-  }
   await core.mode().precheck(conf, podName(req));
   steps.mark('precheck');
-
-  const network: NetConf | NetConfList = req.portMappings.length > 0 ? withPortmap(conf) : conf;
-  const record: PodRecord = {
-    version: RECORD_VERSION,
-    containerId: req.containerId,
-    ifName: req.ifName,
-    namespace: req.namespace,
-    name: req.name,
-    netns: req.netns,
-    netnsId,
-    phase: 'adding',
-    network,
-    cniArgs: podCniArgs(req),
-    portMappings: req.portMappings,
-    limits: req.limits,
-    ...(req.limitSources ? { limitSources: req.limitSources } : {}),
-    ips: [],
-    addedAt: new Date().toISOString(),
-  };
   // The intent, before any plugin runs.
+  const record = intentRecord(req, netnsId, req.portMappings.length > 0 ? withPortmap(conf) : conf);
   core.store.put(record);
   steps.mark('record');
-  const pending = core.pending.begin(key);
-  const rt = runtimeConf(record, req.netns);
-  let prefetch: Promise<CniResult> | undefined;
-  let egressFirst: Promise<unknown> | undefined;
-  let early: Promise<EarlyShaping | undefined> | undefined;
+  const pending = core.pending.begin(recordKey(req.containerId, req.ifName));
+  let beside: BesideExec | undefined;
   try {
+    const network = record.network ?? conf;
+    const rt = runtimeConf(record, req.netns);
     // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
     const bridge = await core.kernel.ensureBridge(core.settings(), log);
     await core.dedup.syncIfNewBridge(bridge.index);
@@ -89,26 +52,7 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
     // "CHAIN_USER_ADD failed (File exists)", seen in the churn suite). One host-port ADD at a time.
     const run = () => core.mode().add(network, rt, podName(req));
     const exec = req.portMappings.length > 0 ? core.locks.run('portmap', run) : run();
-    // The exec is on its way (the spawner has the request): what the agent does beside it starts
-    // now, not before, so that none of it delays the plugin's start. The agent's allocation, which
-    // the plugin gets when it asks its IPAM (the shim): the plugin asks only once it has started and
-    // made the veth, milliseconds later, and the shim's request is read on a later turn of the
-    // event loop than this one, which sets `prefetched` before any such turn.
-    prefetch = core.mode().startAllocation(network, rt);
-    if (prefetch) {
-      prefetch.catch(() => undefined); // its failure reaches the bridge plugin through the shim
-      pending.prefetch(prefetch);
-      void prefetch.then(() => steps.note('hostLocal', performance.now() - started), () => undefined);
-    }
-    // The egress side on the shared ifb needs only the pod's addresses: made beside the exec too,
-    // once they are allocated; the veth's part follows from the plugin's IPAM call (shapeWhileExec).
-    const limits = req.limits;
-    egressFirst = prefetch && core.shaper.shapesEgress(limits) ? prefetch.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits, group: req.namespace })) : undefined;
-    egressFirst?.then(() => steps.note('egressIfb', performance.now() - started), () => undefined);
-    // The veth's side of the shaping too, as soon as the plugin has made the veth a port of the
-    // bridge (it then still configures the pod's netns): nothing of the shaping is left after it.
-    early = prefetch && core.shaper.wants(limits) ? shapeWhileExec(core, pending, req, bridge.index, prefetch, egressFirst, exec) : undefined;
-    early?.then((e) => e && steps.note('vethEarly', performance.now() - started), () => undefined);
+    beside = new BesideExec(core, pending, req, { network, rt, bridgeIndex: bridge.index, exec, steps });
     const result = await exec;
     steps.mark('bridge');
     const ips = resultIps(result);
@@ -117,8 +61,8 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
     if (!hostVeth) throw new KubenetError(`pod ${podName(req)}: the bridge plugin returned no host veth`);
     record.ips = ips;
     record.hostVeth = hostVeth;
-    await egressFirst;
-    const shaped = await early?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
+    await beside.egressSide;
+    const shaped = await beside.vethSide?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
     const shapedHere = shaped?.hostVeth === hostVeth ? shaped : undefined;
     // The veth shaped beside the exec is the one reported: its index was found then.
     const hostVethIndex = shapedHere ? shapedHere.hostVethIndex : core.kernel.linkIndexByName(hostVeth);
@@ -141,9 +85,7 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
   } catch (err) {
     log.warn({ err }, 'pod setup failed; undoing what it made');
     // A host-local ADD still running would reserve an address after the undo's release of it.
-    await prefetch?.catch(() => undefined);
-    await egressFirst?.catch(() => undefined);
-    await early?.catch(() => undefined);
+    await beside?.settled();
     try {
       await teardown(core, record, log);
     } catch (undoErr) {
@@ -156,6 +98,106 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
   }
 }
 
+/**
+ * An earlier ADD of the attachment: finished with the same parameters, its recorded result (the ADD
+ * repeated); finished with others, a ConflictError; unfinished, undone before this one runs.
+ */
+async function settleEarlierAdd(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId, log: Logger): Promise<{ record: PodRecord; result: CniResult; repeated: true } | undefined> {
+  const existing = core.store.get(req.containerId, req.ifName);
+  if (existing?.phase === 'ready') {
+    const diff = differences(existing, req, netnsId);
+    if (diff.length === 0 && existing.result) {
+      log.info('ADD repeated with the same parameters: returning the recorded result');
+      return { record: existing, result: parseResult(existing.result), repeated: true };
+    }
+    throw new ConflictError(`container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`);
+  }
+  if (existing) {
+    log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
+    await teardown(core, existing, log);
+  }
+  return undefined;
+}
+
+/** The pod's netns holds no other pod, and no interface of the name this ADD will make (its undo may then delete one found there). */
+function checkNetns(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId): void {
+  const key = recordKey(req.containerId, req.ifName);
+  const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
+  if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+  // By ioctl in the pod's netns: no netlink request (nor the RTNL lock) on the ADD's way to its exec.
+  if (core.kernel.podInterfaceIndex(req.netns, req.ifName) !== undefined) {
+    throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
+  }
+}
+
+/** The record of what the ADD will make, written before any plugin runs (phase `adding`). */
+function intentRecord(req: AttachRequest, netnsId: NetnsId, network: NetConf | NetConfList): PodRecord {
+  return {
+    version: RECORD_VERSION,
+    containerId: req.containerId,
+    ifName: req.ifName,
+    namespace: req.namespace,
+    name: req.name,
+    netns: req.netns,
+    netnsId,
+    phase: 'adding',
+    network,
+    cniArgs: podCniArgs(req),
+    portMappings: req.portMappings,
+    limits: req.limits,
+    ...(req.limitSources ? { limitSources: req.limitSources } : {}),
+    ips: [],
+    addedAt: new Date().toISOString(),
+  };
+}
+
+/**
+ * What an ADD does beside its bridge plugin's exec, started once the exec is on its way (the spawner
+ * has the request), so that none of it delays the plugin's start:
+ * - `allocation`: the mode's addresses, which the plugin fetches when it asks its IPAM (the shim;
+ *   it asks only once it has started and made the veth, milliseconds later, on a later turn of the
+ *   event loop than the one that set it in the pending ADD);
+ * - `egressSide`: the pod's egress side on the shared ifb, which needs only the addresses;
+ * - `vethSide`: the veth's side, as soon as the plugin has made the veth a port of the bridge (it
+ *   then still configures the pod's netns): nothing of the shaping is left after it.
+ * Each is undefined where the mode allocates through the plugin's own IPAM or the pod has no limits.
+ */
+class BesideExec {
+  readonly allocation: Promise<CniResult> | undefined;
+  readonly egressSide: Promise<unknown> | undefined;
+  readonly vethSide: Promise<EarlyShaping | undefined> | undefined;
+
+  constructor(
+    core: SetUpDeps,
+    pending: PendingAdd,
+    req: AttachRequest,
+    o: { network: NetConf | NetConfList; rt: RuntimeConf; bridgeIndex: number; exec: Promise<unknown>; steps: StepTimer },
+  ) {
+    const since = (what: string) => () => o.steps.note(what, performance.now() - o.steps.started);
+    const allocation = core.mode().startAllocation(o.network, o.rt);
+    this.allocation = allocation;
+    if (!allocation) return;
+    allocation.catch(() => undefined); // its failure reaches the bridge plugin through the shim
+    pending.prefetch(allocation);
+    void allocation.then(since('hostLocal'), () => undefined);
+    const limits = req.limits;
+    if (core.shaper.shapesEgress(limits)) {
+      this.egressSide = allocation.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits, group: req.namespace }));
+      this.egressSide.then(since('egressIfb'), () => undefined);
+    }
+    if (core.shaper.wants(limits)) {
+      this.vethSide = shapeWhileExec(core, pending, req, o.bridgeIndex, allocation, this.egressSide, o.exec);
+      this.vethSide.then((e) => e && since('vethEarly')(), () => undefined);
+    }
+  }
+
+  /** Resolves once none of them runs any more (their failures are read where they are awaited). */
+  async settled(): Promise<void> {
+    await this.allocation?.catch(() => undefined);
+    await this.egressSide?.catch(() => undefined);
+    await this.vethSide?.catch(() => undefined);
+  }
+}
 
 /** Shapes the pod as its limits say (without limits, any old shaping goes); the record keeps what was installed. */
 export async function applyShaping(core: Pick<SetUpDeps, 'shaper'>, record: PodRecord): Promise<void> {

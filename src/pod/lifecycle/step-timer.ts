@@ -10,8 +10,8 @@ export class StepTimer {
   private readonly marks: Array<[string, number]> = [];
   private readonly notes: Array<[string, number]> = [];
   private last: number;
-  constructor(start: number) {
-    this.last = start;
+  constructor(readonly started: number) {
+    this.last = started;
   }
   mark(name: string): void {
     const now = performance.now();
