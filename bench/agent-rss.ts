@@ -42,21 +42,38 @@ async function runAgent(mode: 'cluster' | 'static', api: FakeApiServer, cidr: st
     const socket = join(root, 'kubenet.sock');
     const flags = [
       ...(mode === 'cluster' ? ['--kubeconfig', kubeconfig, '--node-name', 'kfx-node'] : ['--pod-cidr', cidr]),
-      '--socket', socket,
-      '--cni-bin-dir', join(root, 'cni-bin'),
-      '--cni-conf-dir', join(root, 'cni-conf'),
-      '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
-      '--bridge-name', bridge,
-      '--ifb-name', `kfi${tag}`,
-      '--non-masquerade-cidr', '0.0.0.0/0',
-      '--ipam-data-dir', join(root, 'ipam'),
-      '--cni-cache-dir', join(root, 'cni-cache'),
-      '--state-dir', join(root, 'state'),
-      '--log-level', 'warn',
-      '--metrics-address', '127.0.0.1:0',
+      '--socket',
+      socket,
+      '--cni-bin-dir',
+      join(root, 'cni-bin'),
+      '--cni-conf-dir',
+      join(root, 'cni-conf'),
+      '--plugin-bin-dirs',
+      CNI_BIN_DIRS.join(','),
+      '--bridge-name',
+      bridge,
+      '--ifb-name',
+      `kfi${tag}`,
+      '--non-masquerade-cidr',
+      '0.0.0.0/0',
+      '--ipam-data-dir',
+      join(root, 'ipam'),
+      '--cni-cache-dir',
+      join(root, 'cni-cache'),
+      '--state-dir',
+      join(root, 'state'),
+      '--log-level',
+      'warn',
+      '--metrics-address',
+      '127.0.0.1:0',
     ];
     const { NODE_OPTIONS: _drop, ...env } = process.env;
-    proc = execa(process.execPath, [DIST_MAIN, 'daemon', ...flags], { env, extendEnv: false, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    proc = execa(process.execPath, [DIST_MAIN, 'daemon', ...flags], {
+      env,
+      extendEnv: false,
+      stdio: ['ignore', 'inherit', 'inherit'],
+      reject: false,
+    });
     const deadline = performance.now() + 20_000;
     for (;;) {
       const r = await agentGet(socket, HEALTH_PATH).catch(() => ({ status: 0 }));
@@ -79,7 +96,9 @@ async function runAgent(mode: 'cluster' | 'static', api: FakeApiServer, cidr: st
 
 async function main(): Promise<void> {
   if (process.getuid?.() !== 0) throw new Error('needs root (the agent sets up its bridge)');
-  const tsc = await execa(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.json')], { reject: false });
+  const tsc = await execa(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.json')], {
+    reject: false,
+  });
   if (tsc.exitCode !== 0) throw new Error(`compiling the agent failed:\n${tsc.stdout}`);
   const cidr = `10.${96 + Math.floor(Math.random() * 8)}.${Math.floor(Math.random() * 256)}.0/24`;
   const api = await FakeApiServer.start();
@@ -96,7 +115,9 @@ async function main(): Promise<void> {
     }
     for (const mode of ['cluster', 'static'] as const) {
       const xs = out[mode] ?? [];
-      console.log(`${mode.padEnd(7)} median ${median(xs, 'upper').toFixed(1)} MB (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n ${xs.length})`);
+      console.log(
+        `${mode.padEnd(7)} median ${median(xs, 'upper').toFixed(1)} MB (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}, n ${xs.length})`,
+      );
     }
   } finally {
     await api.stop();

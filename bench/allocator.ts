@@ -19,7 +19,11 @@ import { HostLocalAllocator, parseHostLocal } from '../src/pod/addresses/allocat
 import { reservationScans } from '../src/pod/addresses/allocator/store.js';
 import { BenchArgs } from '../test/kit/bench-kit.js';
 
-const args = BenchArgs.parse('usage: npx tsx bench/allocator.ts [--calls N] [--counts 0,100,250] [--pause-ms 5]', ['calls', 'counts', 'pause-ms']);
+const args = BenchArgs.parse('usage: npx tsx bench/allocator.ts [--calls N] [--counts 0,100,250] [--pause-ms 5]', [
+  'calls',
+  'counts',
+  'pause-ms',
+]);
 const calls = args.num('calls', 60);
 const counts = args.nums('counts', '0,100,250');
 const pauseMs = args.num('pause-ms', 5);
@@ -32,7 +36,11 @@ console.log('reservations | ADD indexed  | ADD read all | DEL indexed  | DEL rea
 for (const count of counts) {
   const dataDir = mkdtempSync(join(tmpdir(), 'kbench-alloc-'));
   try {
-    const net = parseHostLocal({ cniVersion: '1.0.0', name: 'kubenet', ipam: { type: 'host-local', ranges: [[{ subnet: '10.77.0.0/20' }]], dataDir } });
+    const net = parseHostLocal({
+      cniVersion: '1.0.0',
+      name: 'kubenet',
+      ipam: { type: 'host-local', ranges: [[{ subnet: '10.77.0.0/20' }]], dataDir },
+    });
     const alloc = new HostLocalAllocator();
     for (let i = 0; i < count; i++) await alloc.add(net, `kbench-held-${i}`, 'eth0');
     const t = { addIdx: [] as number[], addRead: [] as number[], delIdx: [] as number[], delRead: [] as number[] };
@@ -58,7 +66,9 @@ for (const count of counts) {
       }
     }
     const scans = reservationScans() - scansBefore;
-    console.log(`${String(count).padStart(12)} | ${fmt(t.addIdx)} | ${fmt(t.addRead)} | ${fmt(t.delIdx)} | ${fmt(t.delRead)}   (directory read ${scans} times for ${readAll} changes by others)`);
+    console.log(
+      `${String(count).padStart(12)} | ${fmt(t.addIdx)} | ${fmt(t.addRead)} | ${fmt(t.delIdx)} | ${fmt(t.delRead)}   (directory read ${scans} times for ${readAll} changes by others)`,
+    );
   } finally {
     rmSync(dataDir, { recursive: true, force: true });
   }

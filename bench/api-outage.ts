@@ -39,7 +39,10 @@ import { msUntil } from '../test/kit/until.js';
 import { upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const args = BenchArgs.parse('usage: npx tsx bench/api-outage.ts [--agents 200] [--outages 5] [--down-s 20] [--before REV] [--before-outages 2]', ['agents', 'outages', 'down-s', 'before-outages', 'before']);
+const args = BenchArgs.parse(
+  'usage: npx tsx bench/api-outage.ts [--agents 200] [--outages 5] [--down-s 20] [--before REV] [--before-outages 2]',
+  ['agents', 'outages', 'down-s', 'before-outages', 'before'],
+);
 const AGENTS = args.num('agents', 200);
 const OUTAGES = args.num('outages', 5);
 const DOWN_S = args.num('down-s', 20);
@@ -69,13 +72,21 @@ interface SimAgent {
 
 /** The API server's own address inside node 1's network namespace (the child); the host's relay outside it. */
 const KUBECONFIG = join(DIR, process.env.BENCH_OUTAGE_CHILD ? 'admin.kubeconfig' : 'kubeconfig');
-const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { ...(input !== undefined ? { input } : {}) });
+const kubectl = (args: string[], input?: string) =>
+  execa(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { ...(input !== undefined ? { input } : {}) });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function simAgents(group: 'after' | 'before', srcRoot: string, n: number): Promise<SimAgent[]> {
-  const kw = (await import(join(srcRoot, 'src/daemon/kube/watch.ts'))) as { ListWatchLoop: LoopCtor; KubeApi: new (kc: unknown) => unknown };
-  const { kubeconfigCredentials } = (await import(join(srcRoot, 'src/daemon/kube/kubeconfig.ts'))) as { kubeconfigCredentials: (p: string) => { getCurrentCluster(): unknown; applyToHTTPSOptions(o: unknown): Promise<void> } };
-  const healthMod = (await import(join(srcRoot, 'src/daemon/kube/api-health.ts')).catch(() => undefined)) as { ApiHealth: new () => unknown } | undefined;
+  const kw = (await import(join(srcRoot, 'src/daemon/kube/watch.ts'))) as {
+    ListWatchLoop: LoopCtor;
+    KubeApi: new (kc: unknown) => unknown;
+  };
+  const { kubeconfigCredentials } = (await import(join(srcRoot, 'src/daemon/kube/kubeconfig.ts'))) as {
+    kubeconfigCredentials: (p: string) => { getCurrentCluster(): unknown; applyToHTTPSOptions(o: unknown): Promise<void> };
+  };
+  const healthMod = (await import(join(srcRoot, 'src/daemon/kube/api-health.ts')).catch(() => undefined)) as
+    | { ApiHealth: new () => unknown }
+    | undefined;
   const { pino } = await import('pino');
   const log = pino({ level: 'silent' });
   const agents: SimAgent[] = [];
@@ -83,12 +94,23 @@ async function simAgents(group: 'after' | 'before', srcRoot: string, n: number):
     const base = kubeconfigCredentials(join(DIR, 'admin.kubeconfig'));
     const agent: SimAgent = { group, loops: [], requests: [], seen: [] };
     // Every request of this agent passes here once (KubeApi.send): counted.
-    const kc = { getCurrentCluster: () => base.getCurrentCluster(), applyToHTTPSOptions: (o: unknown) => (agent.requests.push(Date.now()), base.applyToHTTPSOptions(o)) };
+    const kc = {
+      getCurrentCluster: () => base.getCurrentCluster(),
+      applyToHTTPSOptions: (o: unknown) => (agent.requests.push(Date.now()), base.applyToHTTPSOptions(o)),
+    };
     const api = new kw.KubeApi(kc);
     const health = healthMod ? new healthMod.ApiHealth() : undefined;
-    const watches: Array<{ path: string; fieldSelector: string; marker: (o: { metadata?: { name?: string; labels?: Record<string, string> } }) => number | undefined }> = [
+    const watches: Array<{
+      path: string;
+      fieldSelector: string;
+      marker: (o: { metadata?: { name?: string; labels?: Record<string, string> } }) => number | undefined;
+    }> = [
       { path: '/api/v1/nodes', fieldSelector: `metadata.name=${NODE}`, marker: (o) => num(o.metadata?.labels?.['bench-outage']) },
-      { path: '/api/v1/pods', fieldSelector: `spec.nodeName=${SIM_NODE}`, marker: (o) => num(/^bench-pod-(\d+)$/.exec(o.metadata?.name ?? '')?.[1]) },
+      {
+        path: '/api/v1/pods',
+        fieldSelector: `spec.nodeName=${SIM_NODE}`,
+        marker: (o) => num(/^bench-pod-(\d+)$/.exec(o.metadata?.name ?? '')?.[1]),
+      },
       { path: '/api/v1/namespaces', fieldSelector: '', marker: (o) => num(/^bench-ns-(\d+)$/.exec(o.metadata?.name ?? '')?.[1]) },
       { path: '/api/v1/nodes', fieldSelector: '', marker: (o) => num(/^bench-node-(\d+)$/.exec(o.metadata?.name ?? '')?.[1]) },
     ];
@@ -99,7 +121,17 @@ async function simAgents(group: 'after' | 'before', srcRoot: string, n: number):
         const k = w.marker(o);
         if (k !== undefined && !seen.has(k)) seen.set(k, Date.now());
       };
-      agent.loops.push(new kw.ListWatchLoop({ api, log, path: w.path, fieldSelector: w.fieldSelector, ...(health ? { retry: { health } } : {}), onList: (items: Array<Parameters<typeof saw>[0]>) => items.forEach(saw), onEvent: (_t: string, o: Parameters<typeof saw>[0]) => saw(o) }));
+      agent.loops.push(
+        new kw.ListWatchLoop({
+          api,
+          log,
+          path: w.path,
+          fieldSelector: w.fieldSelector,
+          ...(health ? { retry: { health } } : {}),
+          onList: (items: Array<Parameters<typeof saw>[0]>) => items.forEach(saw),
+          onEvent: (_t: string, o: Parameters<typeof saw>[0]) => saw(o),
+        }),
+      );
     }
     agents.push(agent);
   }
@@ -124,11 +156,31 @@ async function child(): Promise<void> {
   // --outages outages, then the earlier revision's for --before-outages.
   let groups = afterGroup;
   for (const a of groups) for (const l of a.loops) l.start();
-  await kubectl(['create', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'Pod', metadata: { name: 'bench-shaped', namespace: 'default' }, spec: { nodeName: NODE, containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 } }));
+  await kubectl(
+    ['create', '-f', '-'],
+    JSON.stringify({
+      apiVersion: 'v1',
+      kind: 'Pod',
+      metadata: { name: 'bench-shaped', namespace: 'default' },
+      spec: {
+        nodeName: NODE,
+        containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }],
+        terminationGracePeriodSeconds: 1,
+      },
+    }),
+  );
   await kubectl(['wait', '--for=condition=Ready', 'pod/bench-shaped', '--timeout=90s']);
   // Let every loop list and watch before the first outage.
   await sleep(5_000);
-  const rows: Array<{ k: number; upMs: number; back: Record<string, number[]>; route: number; limit: number; outageRate: Record<string, { perAgent: number; busiest: number; mean: number }>; spread: Record<string, number> }> = [];
+  const rows: Array<{
+    k: number;
+    upMs: number;
+    back: Record<string, number[]>;
+    route: number;
+    limit: number;
+    outageRate: Record<string, { perAgent: number; busiest: number; mean: number }>;
+    spread: Record<string, number>;
+  }> = [];
   try {
     for (let k = 0; k < OUTAGES + (beforeGroup.length > 0 ? BEFORE_OUTAGES : 0); k++) {
       if (k === OUTAGES) {
@@ -144,7 +196,13 @@ async function child(): Promise<void> {
       await execa('bash', [CLUSTER_SH, 'start', 'kube-apiserver'], { env: ENV });
       const dst = `10.244.${220 + k}.0/24`;
       const gw = `198.18.252.${80 + k}`;
-      const node = { apiVersion: 'v1', kind: 'Node', metadata: { name: `bench-node-${k}` }, spec: { podCIDR: dst, podCIDRs: [dst], unschedulable: true }, status: { addresses: [{ type: 'InternalIP', address: gw }] } };
+      const node = {
+        apiVersion: 'v1',
+        kind: 'Node',
+        metadata: { name: `bench-node-${k}` },
+        spec: { podCIDR: dst, podCIDRs: [dst], unschedulable: true },
+        status: { addresses: [{ type: 'InternalIP', address: gw }] },
+      };
       // t0: the answer to the first write the API server accepts (a POST every 100 ms until one is
       // answered; one that hangs while the API server starts is waited for, up to 10 s, as its answer is t0).
       let t0 = 0;
@@ -153,7 +211,8 @@ async function child(): Promise<void> {
           await writer.postJson('/api/v1/nodes', node, AbortSignal.timeout(10_000));
           t0 = Date.now();
         } catch (err) {
-          if ((err as { status?: number }).status === 409) throw new Error('the Node was written by an attempt given up on: t0 unknown', { cause: err });
+          if ((err as { status?: number }).status === 409)
+            throw new Error('the Node was written by an attempt given up on: t0 unknown', { cause: err });
           if (Date.now() > end) throw new Error(`the API server accepts no write 180 s after its start: ${String(err)}`);
           await sleep(100);
         }
@@ -162,7 +221,15 @@ async function child(): Promise<void> {
       await Promise.all([
         kubectl(['label', '--overwrite', 'node', NODE, `bench-outage=${k}`]),
         kubectl(['create', 'namespace', `bench-ns-${k}`]),
-        kubectl(['create', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'Pod', metadata: { name: `bench-pod-${k}`, namespace: 'default' }, spec: { nodeName: SIM_NODE, containers: [{ name: 'c', image: 'kubenet-ts.local/sandbox:1' }] } })),
+        kubectl(
+          ['create', '-f', '-'],
+          JSON.stringify({
+            apiVersion: 'v1',
+            kind: 'Pod',
+            metadata: { name: `bench-pod-${k}`, namespace: 'default' },
+            spec: { nodeName: SIM_NODE, containers: [{ name: 'c', image: 'kubenet-ts.local/sandbox:1' }] },
+          }),
+        ),
         kubectl(['annotate', '--overwrite', 'pod', 'bench-shaped', `kubernetes.io/egress-bandwidth=${41 + k}M`]),
       ]);
       const [route, limit] = await Promise.all([
@@ -195,10 +262,20 @@ async function child(): Promise<void> {
       }
       rows.push({ k, upMs: t0 - startAt, back, route, limit, outageRate, spread });
       const b = back.after ?? [];
-      console.log(`outage ${k + 1}: first write accepted ${((t0 - startAt) / 1000).toFixed(1)} s after the start; back (p50/p99/max, ms): after ${percentile(b, 50)}/${percentile(b, 99)}/${Math.max(...b)}` +
-        (back.before?.length ? `, before ${percentile(back.before, 50)}/${percentile(back.before, 99)}/${Math.max(...back.before)}` : '') +
-        `; real node: route ${route} ms, limit ${limit} ms; outage req/s per agent: ${Object.entries(outageRate).map(([g, r]) => `${g} ${r.perAgent.toFixed(2)} (busiest second ${r.busiest}, mean ${r.mean.toFixed(0)})`).join(', ')}`);
-      await Promise.all([kubectl(['delete', 'namespace', `bench-ns-${k}`, '--wait=false']), kubectl(['delete', 'pod', `bench-pod-${k}`, '--grace-period=0', '--force']), kubectl(['delete', 'node', `bench-node-${k}`])]);
+      console.log(
+        `outage ${k + 1}: first write accepted ${((t0 - startAt) / 1000).toFixed(1)} s after the start; back (p50/p99/max, ms): after ${percentile(b, 50)}/${percentile(b, 99)}/${Math.max(...b)}` +
+          (back.before?.length
+            ? `, before ${percentile(back.before, 50)}/${percentile(back.before, 99)}/${Math.max(...back.before)}`
+            : '') +
+          `; real node: route ${route} ms, limit ${limit} ms; outage req/s per agent: ${Object.entries(outageRate)
+            .map(([g, r]) => `${g} ${r.perAgent.toFixed(2)} (busiest second ${r.busiest}, mean ${r.mean.toFixed(0)})`)
+            .join(', ')}`,
+      );
+      await Promise.all([
+        kubectl(['delete', 'namespace', `bench-ns-${k}`, '--wait=false']),
+        kubectl(['delete', 'pod', `bench-pod-${k}`, '--grace-period=0', '--force']),
+        kubectl(['delete', 'node', `bench-node-${k}`]),
+      ]);
       await sleep(3_000);
     }
   } finally {
@@ -208,17 +285,35 @@ async function child(): Promise<void> {
   const all = (g: string) => rows.flatMap((r) => r.back[g] ?? []);
   const realRoute = rows.map((r) => r.route);
   const realLimit = rows.map((r) => r.limit);
-  console.log(`\n${rows.length} outages of ${DOWN_S} s, ${AGENTS} simulated agents (4 watches each) running this tree's client ("after", ${OUTAGES} outages) or ${BEFORE}'s ("before", ${rows.length - OUTAGES})`);
+  console.log(
+    `\n${rows.length} outages of ${DOWN_S} s, ${AGENTS} simulated agents (4 watches each) running this tree's client ("after", ${OUTAGES} outages) or ${BEFORE}'s ("before", ${rows.length - OUTAGES})`,
+  );
   console.log('                         after               before');
   const fmt = (xs: number[]) => (xs.length ? `${percentile(xs, 50)} / ${percentile(xs, 99)} / ${Math.max(...xs)}` : '-').padEnd(20);
   console.log(`agents back, ms p50/p99/max  ${fmt(all('after'))}${fmt(all('before'))}`);
   const meanOf = (g: string, f: (r: { perAgent: number; busiest: number; mean: number }) => number) => {
-    const xs = rows.map((r) => r.outageRate[g]).filter((x) => x !== undefined).map((x) => f(x!));
+    const xs = rows
+      .map((r) => r.outageRate[g])
+      .filter((x) => x !== undefined)
+      .map((x) => f(x!));
     return xs.length ? xs.reduce((s, x) => s + x, 0) / xs.length : NaN;
   };
-  console.log(`outage req/s per agent       ${meanOf('after', (r) => r.perAgent).toFixed(2).padEnd(20)}${meanOf('before', (r) => r.perAgent).toFixed(2)}`);
-  console.log(`busiest second / mean        ${meanOf('after', (r) => r.busiest / r.mean).toFixed(2).padEnd(20)}${meanOf('before', (r) => r.busiest / r.mean).toFixed(2)}`);
-  const spreadOf = (g: string) => rows.map((r) => r.spread[g]).filter((x) => x !== undefined).map((x) => `${((x ?? 0) * 100).toFixed(0)}%`).join(' ');
+  console.log(
+    `outage req/s per agent       ${meanOf('after', (r) => r.perAgent)
+      .toFixed(2)
+      .padEnd(20)}${meanOf('before', (r) => r.perAgent).toFixed(2)}`,
+  );
+  console.log(
+    `busiest second / mean        ${meanOf('after', (r) => r.busiest / r.mean)
+      .toFixed(2)
+      .padEnd(20)}${meanOf('before', (r) => r.busiest / r.mean).toFixed(2)}`,
+  );
+  const spreadOf = (g: string) =>
+    rows
+      .map((r) => r.spread[g])
+      .filter((x) => x !== undefined)
+      .map((x) => `${((x ?? 0) * 100).toFixed(0)}%`)
+      .join(' ');
   console.log(`first requests after the start, largest 100 ms bucket: after ${spreadOf('after')}; before ${spreadOf('before')}`);
   console.log(`real node (after): route ${realRoute.join(' / ')} ms, limit ${realLimit.join(' / ')} ms`);
   const p99 = percentile(all('after'), 99);
@@ -237,7 +332,10 @@ if (process.env.BENCH_OUTAGE_CHILD) {
 }
 
 const t0 = Date.now();
-const releaseCluster = await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, onWait: () => console.log('waiting for another local cluster to go down') });
+const releaseCluster = await holdLock(CLUSTER_LOCK, {
+  waitMs: 45 * 60_000,
+  onWait: () => console.log('waiting for another local cluster to go down'),
+});
 const releaseTraffic = await holdLock(TRAFFIC_LOCK, { onWait: () => console.log('waiting for the traffic lock') });
 const beforeRoot = `/tmp/kubenet-before-${uniq(6)}`;
 try {
@@ -249,7 +347,11 @@ try {
   await kubectl(['-n', 'kube-system', 'rollout', 'status', 'daemonset/kubenet', '--timeout=180s']);
   await kubectl(['wait', '--for=condition=Ready', 'node', '--all', '--timeout=60s']);
   // The API server's own address, from node 1's network namespace (no relay between).
-  const r = await execa('nsenter', [`--net=/var/run/netns/${NODE}`, process.execPath, '--import', 'tsx', fileURLToPath(import.meta.url), ...process.argv.slice(2)], { env: { ...ENV, BENCH_OUTAGE_CHILD: '1', BENCH_BEFORE_ROOT: beforeRoot }, stdio: 'inherit', reject: false });
+  const r = await execa(
+    'nsenter',
+    [`--net=/var/run/netns/${NODE}`, process.execPath, '--import', 'tsx', fileURLToPath(import.meta.url), ...process.argv.slice(2)],
+    { env: { ...ENV, BENCH_OUTAGE_CHILD: '1', BENCH_BEFORE_ROOT: beforeRoot }, stdio: 'inherit', reject: false },
+  );
   if (r.exitCode !== 0) process.exitCode = 1;
 } finally {
   const down = await execa('bash', [CLUSTER_SH, 'down'], { env: ENV, all: true, reject: false });

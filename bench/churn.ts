@@ -34,7 +34,15 @@ const cycles = Number(args.str('cycles') ?? '2000');
 const kills = Number(args.str('kills') ?? '0');
 const concurrency = Number(args.str('concurrency') ?? '8');
 const mode = args.str('mode') ?? 'manifest';
-if (!Number.isInteger(cycles) || cycles < 1 || !Number.isInteger(kills) || kills < 0 || !Number.isInteger(concurrency) || concurrency < 1 || (mode !== 'manifest' && mode !== 'flags')) {
+if (
+  !Number.isInteger(cycles) ||
+  cycles < 1 ||
+  !Number.isInteger(kills) ||
+  kills < 0 ||
+  !Number.isInteger(concurrency) ||
+  concurrency < 1 ||
+  (mode !== 'manifest' && mode !== 'flags')
+) {
   console.error(USAGE);
   process.exit(64);
 }
@@ -60,10 +68,22 @@ async function main(cleanup: Cleanup): Promise<boolean> {
     libcni = new SandboxLibcni(sb, { confDir: settings.cniConfDir, binDirs: [settings.cniBinDir] });
   } else {
     ({ agent, settings } = await startFlagsAgent(sb, { podCidr }));
-    libcni = new SandboxLibcni(sb, { confDir: settings.cniConfDir, binDirs: [settings.cniBinDir], cacheDir: join(sb.tmpDir, 'libcni-cache') });
+    libcni = new SandboxLibcni(sb, {
+      confDir: settings.cniConfDir,
+      binDirs: [settings.cniBinDir],
+      cacheDir: join(sb.tmpDir, 'libcni-cache'),
+    });
   }
-  const layout: NodeLayout = { bridgeName: settings.bridgeName, ifbName: settings.ifbName, ipamDataDir: settings.ipamDataDir, stateDir: settings.stateDir, runtimeCacheDir: libcni.cacheDir };
-  console.log(`bench/churn: ${cycles} cycles, ${concurrency} at a time, ${kills} kills, mode ${mode}; node netns ${sb.netns}, pod CIDR ${podCidr}, runtime cache ${libcni.cacheDir}`);
+  const layout: NodeLayout = {
+    bridgeName: settings.bridgeName,
+    ifbName: settings.ifbName,
+    ipamDataDir: settings.ipamDataDir,
+    stateDir: settings.stateDir,
+    runtimeCacheDir: libcni.cacheDir,
+  };
+  console.log(
+    `bench/churn: ${cycles} cycles, ${concurrency} at a time, ${kills} kills, mode ${mode}; node netns ${sb.netns}, pod CIDR ${podCidr}, runtime cache ${libcni.cacheDir}`,
+  );
   console.log(`agent RSS at start: ${mb(await rssKb(agent.pid))}`);
 
   let windowStart = performance.now();
@@ -80,7 +100,9 @@ async function main(cleanup: Cleanup): Promise<boolean> {
         every: 500,
         fn: async (done) => {
           const now = performance.now();
-          console.log(`  ${done} cycles: agent RSS ${mb(await rssKb(agent.pid))}, ${((done - windowDone) / ((now - windowStart) / 1000)).toFixed(1)} cycles/s over the last ${done - windowDone}`);
+          console.log(
+            `  ${done} cycles: agent RSS ${mb(await rssKb(agent.pid))}, ${((done - windowDone) / ((now - windowStart) / 1000)).toFixed(1)} cycles/s over the last ${done - windowDone}`,
+          );
           windowStart = now;
           windowDone = done;
         },
@@ -92,14 +114,20 @@ async function main(cleanup: Cleanup): Promise<boolean> {
   const left = await podLeftovers(sb, layout);
 
   console.log(`agent RSS at the end: ${mb(rssEnd)}${kills > 0 ? ' (of the agent started after the last kill)' : ''}`);
-  console.log(`${r.cycles} cycles in ${(r.durationMs / 1000).toFixed(1)} s: ${(r.cycles / (r.durationMs / 1000)).toFixed(1)} cycles/s, up to ${r.maxPodsUp} pods up at once`);
+  console.log(
+    `${r.cycles} cycles in ${(r.durationMs / 1000).toFixed(1)} s: ${(r.cycles / (r.durationMs / 1000)).toFixed(1)} cycles/s, up to ${r.maxPodsUp} pods up at once`,
+  );
   console.log(`ADD: ${r.addMs.length} ok of ${r.addCalls} calls, p50 ${ms(percentile(r.addMs, 50))}, p99 ${ms(percentile(r.addMs, 99))}`);
   console.log(`DEL: ${r.delMs.length} ok of ${r.delCalls} calls, p50 ${ms(percentile(r.delMs, 50))}, p99 ${ms(percentile(r.delMs, 99))}`);
   console.log(`CHECK: ${r.checkCalls} calls`);
   if (kills > 0) {
-    console.log(`kills: ${r.kills.length}, landed mid-ADD: ${r.killsMidAdd}; retries: ADD ${r.addRetries.newId + r.addRetries.sameId}, DEL ${r.delRetries}, CHECK ${r.checkRetries}`);
+    console.log(
+      `kills: ${r.kills.length}, landed mid-ADD: ${r.killsMidAdd}; retries: ADD ${r.addRetries.newId + r.addRetries.sameId}, DEL ${r.delRetries}, CHECK ${r.checkRetries}`,
+    );
   }
-  console.log(`failures: try again later (code 11) ${r.failuresTryAgainLater}, cut by a kill ${r.failuresCut}, other ${r.unexpected.length}; same-ID retries refused for an eth0 a plugin of a killed agent made: ${r.outlivedPlugins.length}`);
+  console.log(
+    `failures: try again later (code 11) ${r.failuresTryAgainLater}, cut by a kill ${r.failuresCut}, other ${r.unexpected.length}; same-ID retries refused for an eth0 a plugin of a killed agent made: ${r.outlivedPlugins.length}`,
+  );
   for (const u of r.unexpected.slice(0, 10)) console.log(`  ${u}`);
   console.log(`addresses handed out twice: ${r.duplicates.length}; bad addresses: ${r.badAddresses.length}`);
   for (const d of [...r.duplicates, ...r.badAddresses].slice(0, 10)) console.log(`  ${d}`);
@@ -107,7 +135,9 @@ async function main(cleanup: Cleanup): Promise<boolean> {
   let leaks = countLeftovers(left);
   if (kills > 0) {
     const after = await leftoversAcrossRestart(sb, agent, layout);
-    console.log(`after a final restart: its sweep removed ${JSON.stringify(after.finalSweep)}; leaks ${countLeftovers(after.final)}${countLeftovers(after.final) > 0 ? `\n${describeLeftovers(after.final)}` : ''}`);
+    console.log(
+      `after a final restart: its sweep removed ${JSON.stringify(after.finalSweep)}; leaks ${countLeftovers(after.final)}${countLeftovers(after.final) > 0 ? `\n${describeLeftovers(after.final)}` : ''}`,
+    );
     leaks = countLeftovers(after.final);
   }
   await agent.stop(10_000);

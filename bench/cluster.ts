@@ -24,14 +24,19 @@ import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.j
 import { REF_PLUGINS_DIR, refPluginsVersion, upstreamDir } from '../test/kit/upstream.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
-const args = BenchArgs.parse('usage: npx tsx bench/cluster.ts [--pods 60] [--concurrency 10] [--rounds 2]', ['pods', 'concurrency', 'rounds']);
+const args = BenchArgs.parse('usage: npx tsx bench/cluster.ts [--pods 60] [--concurrency 10] [--rounds 2]', [
+  'pods',
+  'concurrency',
+  'rounds',
+]);
 const PODS = args.num('pods', 60);
 const CONC = args.num('concurrency', 10);
 const ROUNDS = args.num('rounds', 2);
 const DIR = `/tmp/kcl-bench-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)) };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
-const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input } : {});
+const kubectl = (args: string[], input?: string) =>
+  execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input } : {});
 const nodePath = async (p: string) => `/proc/${kclNodeHolder(DIR)}/root${p}`;
 
 /**
@@ -56,7 +61,19 @@ async function sandboxTimes(prefix: string): Promise<number[]> {
 /** Creates the pods in batches; returns each pod's startup in ms. */
 async function startup(prefix: string, count: number): Promise<number[]> {
   const readyAt = new Map<string, number>();
-  const watch: ResultPromise = execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), 'get', 'pods', '-w', '-o', 'jsonpath={.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\\n"}'], { reject: false, buffer: false });
+  const watch: ResultPromise = execa(
+    KUBECTL,
+    [
+      '--kubeconfig',
+      join(DIR, 'kubeconfig'),
+      'get',
+      'pods',
+      '-w',
+      '-o',
+      'jsonpath={.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\\n"}',
+    ],
+    { reject: false, buffer: false },
+  );
   watch.stdout?.on('data', (d: Buffer) => {
     for (const line of d.toString().split('\n')) {
       const [name, ready] = line.trim().split(' ');
@@ -71,8 +88,15 @@ async function startup(prefix: string, count: number): Promise<number[]> {
       const items = names.map((name) => ({
         apiVersion: 'v1',
         kind: 'Pod',
-        metadata: { name, namespace: 'default', annotations: { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' } },
-        spec: { containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 },
+        metadata: {
+          name,
+          namespace: 'default',
+          annotations: { 'kubernetes.io/ingress-bandwidth': '10M', 'kubernetes.io/egress-bandwidth': '20M' },
+        },
+        spec: {
+          containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }],
+          terminationGracePeriodSeconds: 1,
+        },
       }));
       const t0 = performance.now();
       await kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items }));
@@ -94,22 +118,33 @@ async function startup(prefix: string, count: number): Promise<number[]> {
 async function useReference(): Promise<void> {
   if ((await kubectl(['-n', 'kube-system', 'get', 'daemonset', 'kubenet', '--ignore-not-found', '-o', 'name'])).stdout.trim()) {
     await kubectl(['delete', '-f', join(ROOT, 'manifests/kubenet.yaml'), '--wait=true', '--timeout=120s']);
-    await kubectl(['-n', 'kube-system', 'wait', '--for=delete', 'pod', '-l', 'app.kubernetes.io/name=kubenet', '--timeout=120s'], undefined).catch(() => undefined);
+    await kubectl(
+      ['-n', 'kube-system', 'wait', '--for=delete', 'pod', '-l', 'app.kubernetes.io/name=kubenet', '--timeout=120s'],
+      undefined,
+    ).catch(() => undefined);
     await execa('rm', ['-f', await nodePath('/etc/cni/net.d/10-kubenet.conflist')]);
     await inKclNode(DIR, 1, 'ip', ['link', 'del', 'cbr0'], false);
   }
   // The controller-manager allocates the Node's pod CIDR a moment after the Node registers.
   let cidr = '';
   for (const end = Date.now() + 60_000; !cidr && Date.now() < end; await new Promise((r) => setTimeout(r, 200))) {
-    cidr = (JSON.parse((await kubectl(['get', 'node', 'kcl-n1', '-o', 'json'])).stdout) as { spec: { podCIDR?: string } }).spec.podCIDR ?? '';
+    cidr =
+      (JSON.parse((await kubectl(['get', 'node', 'kcl-n1', '-o', 'json'])).stdout) as { spec: { podCIDR?: string } }).spec.podCIDR ?? '';
   }
   if (!cidr) throw new Error('the node got no pod CIDR within 60 s');
-  for (const p of ['bridge', 'host-local', 'portmap', 'bandwidth', 'loopback']) await copyFile(join(REF_PLUGINS_DIR, p), await nodePath(`/opt/cni/bin/${p}`));
+  for (const p of ['bridge', 'host-local', 'portmap', 'bandwidth', 'loopback'])
+    await copyFile(join(REF_PLUGINS_DIR, p), await nodePath(`/opt/cni/bin/${p}`));
   const conf = {
     cniVersion: '1.0.0',
     name: 'ref',
     plugins: [
-      { type: 'bridge', bridge: 'cni0', isGateway: true, ipMasq: false, ipam: { type: 'host-local', ranges: [[{ subnet: cidr }]], routes: [{ dst: '0.0.0.0/0' }] } },
+      {
+        type: 'bridge',
+        bridge: 'cni0',
+        isGateway: true,
+        ipMasq: false,
+        ipam: { type: 'host-local', ranges: [[{ subnet: cidr }]], routes: [{ dst: '0.0.0.0/0' }] },
+      },
       { type: 'portmap', capabilities: { portMappings: true } },
       { type: 'bandwidth', capabilities: { bandwidth: true } },
     ],
@@ -136,12 +171,17 @@ async function agentUsage(): Promise<{ cpuMs: number; rssMb: number; pid: string
 
 const t0 = Date.now();
 // One local cluster at a time on the machine (its namespaces are kcl-*), and no measurement beside this one.
-const releaseCluster = await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, onWait: () => console.log('waiting for another local cluster to go down') });
+const releaseCluster = await holdLock(CLUSTER_LOCK, {
+  waitMs: 45 * 60_000,
+  onWait: () => console.log('waiting for another local cluster to go down'),
+});
 const releaseTraffic = await holdLock(TRAFFIC_LOCK, { onWait: () => console.log('waiting for the traffic lock') });
 try {
   const up = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'up'], { env: ENV, all: true, reject: false });
   if (up.exitCode !== 0) throw new Error(`cluster up failed:\n${up.all ?? ''}`);
-  console.log(`kubenet-ts cluster bench: ${PODS} pods per side in ${ROUNDS} rounds, ${CONC} at a time; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}, reference plugins ${await refPluginsVersion()}`);
+  console.log(
+    `kubenet-ts cluster bench: ${PODS} pods per side in ${ROUNDS} rounds, ${CONC} at a time; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}, reference plugins ${await refPluginsVersion()}`,
+  );
   const ref: number[] = [];
   const ours: number[] = [];
   const sandbox = { ref: [] as number[], ours: [] as number[] };
@@ -169,8 +209,17 @@ try {
       }
     }
   }
-  const row = (side: string, xs: number[]) => console.log(`${side.padEnd(10)} ${String(xs.length).padStart(4)} ${percentile(xs, 50).toFixed(0).padStart(8)} ${percentile(xs, 99).toFixed(0).padStart(8)} ${Math.min(...xs).toFixed(0).padStart(8)} ${Math.max(...xs).toFixed(0).padStart(8)}`);
-  console.log('\npod startup, ms (create -> Ready, seen on the API server\'s watch)');
+  const row = (side: string, xs: number[]) =>
+    console.log(
+      `${side.padEnd(10)} ${String(xs.length).padStart(4)} ${percentile(xs, 50).toFixed(0).padStart(8)} ${percentile(xs, 99).toFixed(0).padStart(8)} ${Math.min(
+        ...xs,
+      )
+        .toFixed(0)
+        .padStart(8)} ${Math.max(...xs)
+        .toFixed(0)
+        .padStart(8)}`,
+    );
+  console.log("\npod startup, ms (create -> Ready, seen on the API server's watch)");
   console.log('side          n      p50      p99      min      max');
   row('reference', ref);
   row('kubenet', ours);
@@ -181,7 +230,9 @@ try {
   console.log('side          n      p50      p99      min      max');
   row('reference', sandbox.ref);
   row('kubenet', sandbox.ours);
-  console.log(`agent over its ${ours.length} pods: CPU ${cpuMs.toFixed(0)} ms (${(cpuMs / ours.length).toFixed(1)} ms per pod, ADD + DEL), RSS ${rss.first.toFixed(0)} -> ${rss.last.toFixed(0)} MB`);
+  console.log(
+    `agent over its ${ours.length} pods: CPU ${cpuMs.toFixed(0)} ms (${(cpuMs / ours.length).toFixed(1)} ms per pod, ADD + DEL), RSS ${rss.first.toFixed(0)} -> ${rss.last.toFixed(0)} MB`,
+  );
   console.log(`${r50 <= 1 ? 'PASS' : 'MISS'}  startup p50 <= the reference's: ${r50.toFixed(3)}x`);
   console.log(`${r99 <= 1.1 ? 'PASS' : 'MISS'}  startup p99 <= 1.1x the reference's: ${r99.toFixed(3)}x`);
 } finally {

@@ -39,7 +39,11 @@ import { BenchArgs, summary } from '../test/kit/bench-kit.js';
 
 const DIRS = CNI_BIN_DIRS;
 
-const args = BenchArgs.parse('usage: node --expose-gc dist/bench/cni-exec.js [--calls N] [--plugin loopback|bridge] [--rss MB[,MB...]]', ['calls', 'plugin', 'rss']);
+const args = BenchArgs.parse('usage: node --expose-gc dist/bench/cni-exec.js [--calls N] [--plugin loopback|bridge] [--rss MB[,MB...]]', [
+  'calls',
+  'plugin',
+  'rss',
+]);
 const CALLS = args.num('calls', 300);
 const PLUGIN = args.str('plugin') ?? 'loopback';
 const LEVELS = args.nums('rss', '60,170');
@@ -53,7 +57,15 @@ type Method = { name: string; run: () => Promise<string> };
 async function main(): Promise<void> {
   const bin = findPlugin(PLUGIN, DIRS);
   const stdin = JSON.stringify({ cniVersion: '1.0.0', name: 'kfx-bench', type: PLUGIN });
-  const env = { CNI_COMMAND: 'VERSION', CNI_CONTAINERID: '', CNI_NETNS: '', CNI_IFNAME: '', CNI_ARGS: '', CNI_PATH: DIRS.join(':'), PATH: process.env.PATH ?? '' };
+  const env = {
+    CNI_COMMAND: 'VERSION',
+    CNI_CONTAINERID: '',
+    CNI_NETNS: '',
+    CNI_IFNAME: '',
+    CNI_ARGS: '',
+    CNI_PATH: DIRS.join(':'),
+    PATH: process.env.PATH ?? '',
+  };
   const dir = await mkdtemp(join(tmpdir(), 'kfx-exec-bench-'));
   try {
     await writeFile(join(dir, 'shim.c'), SHIM_C);
@@ -71,7 +83,11 @@ async function main(): Promise<void> {
     };
     const spawner = sharedSpawner();
     const methods: Method[] = [
-      { name: 'execa', run: async () => check('execa', (await execa(bin, [], { input: stdin, env, extendEnv: false, reject: false, detached: true })).stdout) },
+      {
+        name: 'execa',
+        run: async () =>
+          check('execa', (await execa(bin, [], { input: stdin, env, extendEnv: false, reject: false, detached: true })).stdout),
+      },
       {
         name: 'spawn',
         run: () =>
@@ -97,8 +113,14 @@ async function main(): Promise<void> {
       { name: 'posix_spawn', run: () => posix([bin], 'posix_spawn') },
       { name: 'posix+shim', run: () => posix([shim, 'exec', agentPid, bin], 'posix+shim') },
       { name: 'posix+forkshim', run: () => posix([shim, 'fork', agentPid, bin], 'posix+forkshim') },
-      { name: 'execPlugin', run: async () => JSON.stringify(await execPlugin(bin, stdin, { command: 'VERSION', path: DIRS }, { via: 'spawner' })) },
-      { name: 'execPlugin/execa', run: async () => JSON.stringify(await execPlugin(bin, stdin, { command: 'VERSION', path: DIRS }, { via: 'execa' })) },
+      {
+        name: 'execPlugin',
+        run: async () => JSON.stringify(await execPlugin(bin, stdin, { command: 'VERSION', path: DIRS }, { via: 'spawner' })),
+      },
+      {
+        name: 'execPlugin/execa',
+        run: async () => JSON.stringify(await execPlugin(bin, stdin, { command: 'VERSION', path: DIRS }, { via: 'execa' })),
+      },
     ];
 
     console.log(`plugin ${bin} VERSION; ${CALLS} calls per method and level; node ${process.version}; ${new Date().toISOString()}`);
@@ -121,18 +143,31 @@ async function main(): Promise<void> {
         (globalThis as { gc?: () => void }).gc?.(); // untimed
       }
       // The reference: the same exec from a lean process.
-      const sh = await execa('bash', ['-c', `s=$EPOCHREALTIME; for i in $(seq ${CALLS}); do printf '%s' "$STDIN" | "$BIN" >/dev/null; done; e=$EPOCHREALTIME; echo "$s $e"`], {
-        env: { ...env, BIN: bin, STDIN: stdin },
-        extendEnv: false,
-      });
+      const sh = await execa(
+        'bash',
+        [
+          '-c',
+          `s=$EPOCHREALTIME; for i in $(seq ${CALLS}); do printf '%s' "$STDIN" | "$BIN" >/dev/null; done; e=$EPOCHREALTIME; echo "$s $e"`,
+        ],
+        {
+          env: { ...env, BIN: bin, STDIN: stdin },
+          extendEnv: false,
+        },
+      );
       const [s0, s1] = sh.stdout.trim().split(' ').map(Number);
       const shellMean = (((s1 ?? 0) - (s0 ?? 0)) * 1000) / CALLS;
-      console.log(`\nagent RSS ${before.toFixed(0)} MB before the level, ${(add > 0 ? level : before).toFixed(0)} MB target, ${rssMB().toFixed(0)} MB after`);
+      console.log(
+        `\nagent RSS ${before.toFixed(0)} MB before the level, ${(add > 0 ? level : before).toFixed(0)} MB target, ${rssMB().toFixed(0)} MB after`,
+      );
       console.log(`  ${'method'.padEnd(18)} ${'p50'.padStart(8)} ${'p99'.padStart(8)} ${'mean'.padStart(8)}`);
-      console.log(`  ${'shell (reference)'.padEnd(18)} ${''.padStart(8)} ${''.padStart(8)} ${shellMean.toFixed(3).padStart(8)}   (bash loop incl. printf; mean only)`);
+      console.log(
+        `  ${'shell (reference)'.padEnd(18)} ${''.padStart(8)} ${''.padStart(8)} ${shellMean.toFixed(3).padStart(8)}   (bash loop incl. printf; mean only)`,
+      );
       for (const m of methods) {
         const st = stats(times.get(m.name) ?? []);
-        console.log(`  ${m.name.padEnd(18)} ${st.p50.toFixed(3).padStart(8)} ${st.p99.toFixed(3).padStart(8)} ${st.mean.toFixed(3).padStart(8)}`);
+        console.log(
+          `  ${m.name.padEnd(18)} ${st.p50.toFixed(3).padStart(8)} ${st.p99.toFixed(3).padStart(8)} ${st.mean.toFixed(3).padStart(8)}`,
+        );
       }
     }
     ballast.length = 0;

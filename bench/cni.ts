@@ -95,7 +95,20 @@ import { BenchArgs } from '../test/kit/bench-kit.js';
 import { libcniVersion, refPluginsVersion } from '../test/kit/upstream.js';
 import { CniBench } from './cni/bench.js';
 import { burstSection } from './cni/burst.js';
-import { ANNOTATIONS, Interrupted, load, NODE_NAME, REF_BIN_DIR, REF_PLUGINS, ROOT, RUNTIME_CONFIG, SECTIONS, type Mode, type Options, type Section } from './cni/common.js';
+import {
+  ANNOTATIONS,
+  Interrupted,
+  load,
+  NODE_NAME,
+  REF_BIN_DIR,
+  REF_PLUGINS,
+  ROOT,
+  RUNTIME_CONFIG,
+  SECTIONS,
+  type Mode,
+  type Options,
+  type Section,
+} from './cni/common.js';
 import { outsideSection } from './cni/outside.js';
 import { overheadSection } from './cni/overhead.js';
 import { roundsSection } from './cni/rounds.js';
@@ -111,7 +124,8 @@ function sectionsArg(args: BenchArgs, soak: number): Set<Section> {
   if (only === undefined) return new Set(SECTIONS.filter((x) => x !== 'soak' || soak > 0));
   const raw = only.split(',').filter((x) => x !== '');
   const bad = raw.filter((x) => !(SECTIONS as readonly string[]).includes(x));
-  if (raw.length === 0 || bad.length > 0) throw new Error(`--only: want sections among ${SECTIONS.join(', ')}, got ${JSON.stringify(only)}`);
+  if (raw.length === 0 || bad.length > 0)
+    throw new Error(`--only: want sections among ${SECTIONS.join(', ')}, got ${JSON.stringify(only)}`);
   if (raw.includes('soak') && soak === 0) throw new Error('--only soak needs --soak N (cycles)');
   return new Set(raw as Section[]);
 }
@@ -126,7 +140,8 @@ function blocker(): string | undefined {
   if (!existsSync(FORWARDER)) return `needs ${FORWARDER}: bash hack/build-native.sh`;
   if (!existsSync(LIBCNI_DRIVER)) return `needs ${LIBCNI_DRIVER}: bash hack/build-libcni-driver.sh`;
   for (const p of [...REF_PLUGINS, 'loopback']) {
-    if (!existsSync(join(REF_BIN_DIR, p))) return `needs the reference CNI plugin ${REF_BIN_DIR}/${p} (bash hack/build-upstream.sh cni-plugins)`;
+    if (!existsSync(join(REF_BIN_DIR, p)))
+      return `needs the reference CNI plugin ${REF_BIN_DIR}/${p} (bash hack/build-upstream.sh cni-plugins)`;
   }
   return undefined;
 }
@@ -147,11 +162,17 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
     await bench.setup(kubenetCidr, refCidr, floorCidr);
     console.log(
       `kubenet:   agent ${o.agentMode === 'process' ? `process (node dist/src/cli/main.js daemon, pid ${bench.agentProc?.pid})` : 'in this process'}, ` +
-        (mode === 'cluster' ? `watching a fake API server at ${bench.api?.url} (Node ${NODE_NAME}, pod CIDR ${kubenetCidr}; limits from the pods' annotations ${JSON.stringify(ANNOTATIONS)}), ` : `--pod-cidr ${kubenetCidr}, runtimeConfig ${JSON.stringify(RUNTIME_CONFIG)}, `) +
+        (mode === 'cluster'
+          ? `watching a fake API server at ${bench.api?.url} (Node ${NODE_NAME}, pod CIDR ${kubenetCidr}; limits from the pods' annotations ${JSON.stringify(ANNOTATIONS)}), `
+          : `--pod-cidr ${kubenetCidr}, runtimeConfig ${JSON.stringify(RUNTIME_CONFIG)}, `) +
         `bridge ${bench.h.bridge}, ifb ${bench.h.ifb}`,
     );
-    console.log(`reference: ${REF_BIN_DIR} bridge+host-local → bandwidth (conflist refnet), bridge ${bench.refBridge}, ${refCidr}, runtimeConfig ${JSON.stringify(RUNTIME_CONFIG)}`);
-    console.log(`floor:     ${REF_BIN_DIR}/bridge alone with the agent's bridge config, exec'd by bash, bridge ${bench.floorBridge}, ${floorCidr}`);
+    console.log(
+      `reference: ${REF_BIN_DIR} bridge+host-local → bandwidth (conflist refnet), bridge ${bench.refBridge}, ${refCidr}, runtimeConfig ${JSON.stringify(RUNTIME_CONFIG)}`,
+    );
+    console.log(
+      `floor:     ${REF_BIN_DIR}/bridge alone with the agent's bridge config, exec'd by bash, bridge ${bench.floorBridge}, ${floorCidr}`,
+    );
 
     // First, while the node is fresh: what its first pods pay is part of what an outside client sees.
     if (o.sections.has('outside')) await outsideSection(bench, o, goals);
@@ -169,7 +190,10 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
     for (const p of problems) console.error(`warning: cleanup: ${p}`);
     const left = await bench.leftovers();
     if (left.ours.length > 0) console.error(`warning: left behind by this run: ${left.ours.join(', ')}`);
-    if (left.others.length > 0) console.error(`warning: links that appeared during the run and are still there (this run's, or another process's): ${left.others.join(', ')}`);
+    if (left.others.length > 0)
+      console.error(
+        `warning: links that appeared during the run and are still there (this run's, or another process's): ${left.others.join(', ')}`,
+      );
     console.log(`${mode} mode cleanup done${left.ours.length === 0 ? ', nothing left behind' : ''}`);
     onBench(undefined);
     if (left.ours.length > 0) throw new Error(`left behind: ${left.ours.join(', ')}`);
@@ -177,7 +201,20 @@ async function runMode(mode: Mode, o: Options, onBench: (b: CniBench | undefined
 }
 
 async function main(): Promise<number> {
-  const args = BenchArgs.parse(USAGE, ['mode', 'pods', 'rounds', 'calls', 'burst', 'concurrency', 'burst-reps', 'burst-runtime', 'soak', 'agent', 'only', 'outside-reps']);
+  const args = BenchArgs.parse(USAGE, [
+    'mode',
+    'pods',
+    'rounds',
+    'calls',
+    'burst',
+    'concurrency',
+    'burst-reps',
+    'burst-runtime',
+    'soak',
+    'agent',
+    'only',
+    'outside-reps',
+  ]);
   const o: Options = {
     pods: args.int('pods', 30, 1, 4000),
     rounds: args.int('rounds', 3, 1, 1000),
@@ -202,7 +239,9 @@ async function main(): Promise<number> {
   const wall = performance.now();
   if (o.agentMode === 'process') {
     // The agent as it ships: compiled by the project's own tsc config into dist/.
-    const tsc = await execa(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.json')], { reject: false });
+    const tsc = await execa(process.execPath, [join(ROOT, 'node_modules/typescript/bin/tsc'), '-p', join(ROOT, 'tsconfig.json')], {
+      reject: false,
+    });
     if (tsc.exitCode !== 0) {
       console.error(`bench/cni: compiling the agent failed:\n${tsc.stdout}${tsc.stderr}`);
       return 1;
@@ -244,7 +283,11 @@ async function main(): Promise<number> {
       results.push(await runMode(mode, o, (b) => (current = b)));
     } catch (err) {
       exitCode = aborted ? 130 : 1;
-      console.error(aborted ? `${mode} mode interrupted: no results${err instanceof Interrupted ? '' : ` (${err instanceof Error ? err.message : String(err)})`}` : err);
+      console.error(
+        aborted
+          ? `${mode} mode interrupted: no results${err instanceof Interrupted ? '' : ` (${err instanceof Error ? err.message : String(err)})`}`
+          : err,
+      );
     }
   }
   if (results.length > 0) {

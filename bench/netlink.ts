@@ -37,7 +37,11 @@ import { hostSocket, socketInNetns } from '../src/netlink/socket.js';
 
 const SECTIONS = ['kernel', 'overhead', 'loop', 'pool'] as const;
 type Section = (typeof SECTIONS)[number];
-const args = BenchArgs.parse('usage: npx tsx bench/netlink.ts [--only kernel,overhead,loop,pool] [--pairs 256] [--calls 2000]', ['only', 'pairs', 'calls']);
+const args = BenchArgs.parse('usage: npx tsx bench/netlink.ts [--only kernel,overhead,loop,pool] [--pairs 256] [--calls 2000]', [
+  'only',
+  'pairs',
+  'calls',
+]);
 const only = args.list('only', SECTIONS.join(',')) as Section[];
 for (const s of only) if (!SECTIONS.includes(s)) throw new Error(`--only: want sections among ${SECTIONS.join(', ')}, got ${s}`);
 const PAIRS = args.num('pairs', 256);
@@ -109,14 +113,18 @@ async function kernelSection(cleanup: Cleanup): Promise<void> {
     ],
     ['SIOCGIFINDEX ioctl (no netlink)', () => void linkIndexByName(dev)],
   ];
-  console.log(`\nkernel: each request on this thread, ms; idle: ${CALLS} calls; storm: back to back while ${PAIRS} veth pairs (htb, ingress) are deleted by one request`);
+  console.log(
+    `\nkernel: each request on this thread, ms; idle: ${CALLS} calls; storm: back to back while ${PAIRS} veth pairs (htb, ingress) are deleted by one request`,
+  );
   console.log('request                                        idle p50   idle max |  storm n  storm p50  storm p99  storm max | storm ms');
   for (const [name, fn] of kinds) {
-    const idle = stats(Array.from({ length: CALLS }, () => {
-      const t0 = performance.now();
-      fn();
-      return performance.now() - t0;
-    }));
+    const idle = stats(
+      Array.from({ length: CALLS }, () => {
+        const t0 = performance.now();
+        fn();
+        return performance.now() - t0;
+      }),
+    );
     const s = await vethStorm(cleanup, PAIRS);
     let done = false;
     const running = s.run().then((ms) => ((done = true), ms));
@@ -124,7 +132,9 @@ async function kernelSection(cleanup: Cleanup): Promise<void> {
     await new Promise((r) => setTimeout(r, 20));
     const during = stats(await timeWhile(fn, () => done));
     const stormMs = await running;
-    console.log(`${name.padEnd(44)} ${f(idle.p50)}  ${f(idle.max)} | ${String(during.n).padStart(7)}  ${f(during.p50)}  ${f(during.p99)}  ${f(during.max)} | ${stormMs.toFixed(0).padStart(8)}`);
+    console.log(
+      `${name.padEnd(44)} ${f(idle.p50)}  ${f(idle.max)} | ${String(during.n).padStart(7)}  ${f(during.p50)}  ${f(during.p99)}  ${f(during.max)} | ${stormMs.toFixed(0).padStart(8)}`,
+    );
   }
 }
 
@@ -157,11 +167,12 @@ function lookupWorker(): { lookup(name: string): Promise<number>; close(): Promi
     waiting.delete(id);
   });
   return {
-    lookup: (name) => new Promise((resolve) => {
-      const id = next++;
-      waiting.set(id, resolve);
-      w.postMessage({ id, name });
-    }),
+    lookup: (name) =>
+      new Promise((resolve) => {
+        const id = next++;
+        waiting.set(id, resolve);
+        w.postMessage({ id, name });
+      }),
     close: () => w.terminate(),
   };
 }
@@ -187,9 +198,15 @@ async function overheadSection(): Promise<void> {
     }
   }
   await worker.close();
-  console.log(`\noverhead: one RTM_GETLINK by name (lo), kernel idle, ${CALLS} calls each way, interleaved; ms from the call to its answer on the event loop`);
+  console.log(
+    `\noverhead: one RTM_GETLINK by name (lo), kernel idle, ${CALLS} calls each way, interleaved; ms from the call to its answer on the event loop`,
+  );
   console.log('way                                      p50       p99       max');
-  const label: Record<Way, string> = { sync: 'on the event loop (sync)', pool: 'libuv pool (koffi .async, the API)', worker: 'worker_thread (postMessage)' };
+  const label: Record<Way, string> = {
+    sync: 'on the event loop (sync)',
+    pool: 'libuv pool (koffi .async, the API)',
+    worker: 'worker_thread (postMessage)',
+  };
   for (const w of ['sync', 'pool', 'worker'] as const) {
     const s = stats(t[w]);
     console.log(`${label[w].padEnd(36)} ${f(s.p50)} ${f(s.p99)} ${f(s.max)}`);
@@ -197,7 +214,9 @@ async function overheadSection(): Promise<void> {
 }
 
 async function loopSection(cleanup: Cleanup): Promise<void> {
-  console.log(`\nloop: lookups back to back during a storm (${PAIRS} pairs deleted by one request); event-loop delay from monitorEventLoopDelay (1 ms resolution); ms`);
+  console.log(
+    `\nloop: lookups back to back during a storm (${PAIRS} pairs deleted by one request); event-loop delay from monitorEventLoopDelay (1 ms resolution); ms`,
+  );
   console.log('way                                   lookups  lookup p50  lookup max |  loop p50  loop p99  loop max | storm ms');
   const sk = hostSocket('bench');
   const worker = lookupWorker();
@@ -234,8 +253,11 @@ async function loopSection(cleanup: Cleanup): Promise<void> {
     h.disable();
     const l = stats(times);
     const ms = (ns: number) => ns / 1e6;
-    const label = way === 'sync' ? 'on the event loop (sync)' : way === 'pool' ? 'libuv pool (koffi .async, the API)' : 'worker_thread (postMessage)';
-    console.log(`${label.padEnd(36)} ${String(l.n).padStart(8)}  ${f(l.p50)}  ${f(l.max)} | ${f(ms(h.percentile(50)))} ${f(ms(h.percentile(99)))} ${f(ms(h.max))} | ${stormMs.toFixed(0).padStart(8)}`);
+    const label =
+      way === 'sync' ? 'on the event loop (sync)' : way === 'pool' ? 'libuv pool (koffi .async, the API)' : 'worker_thread (postMessage)';
+    console.log(
+      `${label.padEnd(36)} ${String(l.n).padStart(8)}  ${f(l.p50)}  ${f(l.max)} | ${f(ms(h.percentile(50)))} ${f(ms(h.percentile(99)))} ${f(ms(h.max))} | ${stormMs.toFixed(0).padStart(8)}`,
+    );
   }
   await worker.close();
 }
@@ -280,7 +302,9 @@ async function main(): Promise<void> {
   process.on('SIGINT', stop);
   process.on('SIGTERM', stop);
   const { release } = await import('node:os');
-  console.log(`netlink requests and the event loop (issue 32): kernel ${release()}, node ${process.version}, UV_THREADPOOL_SIZE ${process.env.UV_THREADPOOL_SIZE ?? '(default 4)'}`);
+  console.log(
+    `netlink requests and the event loop (issue 32): kernel ${release()}, node ${process.version}, UV_THREADPOOL_SIZE ${process.env.UV_THREADPOOL_SIZE ?? '(default 4)'}`,
+  );
   try {
     if (only.includes('kernel')) await kernelSection(cleanup);
     if (only.includes('overhead')) await overheadSection();

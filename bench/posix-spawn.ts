@@ -64,7 +64,12 @@ function pipe(): [number, number] {
 }
 
 /** Runs `argv[0]` with exactly `env`; same outcome shape and timeout semantics as the spawner. */
-export function posixSpawnRun(argv: string[], env: Record<string, string>, stdin: string | Uint8Array, timeoutMs: number): Promise<PosixOutcome> {
+export function posixSpawnRun(
+  argv: string[],
+  env: Record<string, string>,
+  stdin: string | Uint8Array,
+  timeoutMs: number,
+): Promise<PosixOutcome> {
   const [inR, inW] = pipe();
   const [outR, outW] = pipe();
   const [errR, errW] = pipe();
@@ -89,7 +94,15 @@ export function posixSpawnRun(argv: string[], env: Record<string, string>, stdin
   c.close(errW);
   if (rc !== 0) {
     for (const fd of [inW, outR, errR]) c.close(fd);
-    return Promise.resolve({ pid: undefined, exitCode: undefined, signal: undefined, errno: ERRNO_NAMES.get(rc) ?? `errno ${rc}`, timedOut: false, stdout: '', stderr: '' });
+    return Promise.resolve({
+      pid: undefined,
+      exitCode: undefined,
+      signal: undefined,
+      errno: ERRNO_NAMES.get(rc) ?? `errno ${rc}`,
+      timedOut: false,
+      stdout: '',
+      stderr: '',
+    });
   }
   const pid = pidOut[0] ?? 0;
   const input = new Socket({ fd: inW, readable: false, writable: true });
@@ -117,8 +130,12 @@ export function posixSpawnRun(argv: string[], env: Record<string, string>, stdin
         signal: sig ? SIGNAL_NAMES.get(sig) : undefined,
         errno: undefined,
         timedOut,
-        stdout: Buffer.concat(so).toString('utf8').replace(/\r?\n$/, ''),
-        stderr: Buffer.concat(se).toString('utf8').replace(/\r?\n$/, ''),
+        stdout: Buffer.concat(so)
+          .toString('utf8')
+          .replace(/\r?\n$/, ''),
+        stderr: Buffer.concat(se)
+          .toString('utf8')
+          .replace(/\r?\n$/, ''),
       });
     };
     let delay = 0;

@@ -34,7 +34,8 @@ const CHANGES = args.num('changes', 100);
 const DIR = `/tmp/kcl-routes-${uniq(6)}`;
 const ENV = { KCL_DIR: DIR, KCL_API_PORT: String(20000 + (process.pid % 10000)), KCL_CLUSTER_CIDR: '10.128.0.0/9' };
 const KUBECTL = join(upstreamDir('kubernetes'), 'kubectl');
-const kubectl = (args: string[], input?: string) => execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input, maxBuffer: 1e9 } : {});
+const kubectl = (args: string[], input?: string) =>
+  execa(KUBECTL, ['--kubeconfig', join(DIR, 'kubeconfig'), ...args], input !== undefined ? { input, maxBuffer: 1e9 } : {});
 const now = () => performance.timeOrigin + performance.now();
 
 /** Simulated Node k: pod CIDR 10.(130 + k / 256).(k % 256).0/24, InternalIP 198.19.0.16 + k. */
@@ -55,10 +56,20 @@ const simNode = (k: number) => ({
 async function patchAddress(k: number, ip: string, creds: { ca: Buffer; cert: Buffer; key: Buffer }, port: string): Promise<void> {
   const body = JSON.stringify({ status: { addresses: [{ type: 'InternalIP', address: ip }] } });
   await new Promise<void>((resolve, reject) => {
-    const req = request({ host: '127.0.0.1', port, method: 'PATCH', path: `/api/v1/nodes/sim-${k}/status`, headers: { 'Content-Type': 'application/merge-patch+json', 'Content-Length': Buffer.byteLength(body) }, ...creds }, (res) => {
-      res.resume();
-      res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`PATCH sim-${k}: ${res.statusCode}`))));
-    });
+    const req = request(
+      {
+        host: '127.0.0.1',
+        port,
+        method: 'PATCH',
+        path: `/api/v1/nodes/sim-${k}/status`,
+        headers: { 'Content-Type': 'application/merge-patch+json', 'Content-Length': Buffer.byteLength(body) },
+        ...creds,
+      },
+      (res) => {
+        res.resume();
+        res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`PATCH sim-${k}: ${res.statusCode}`))));
+      },
+    );
     req.on('error', reject);
     req.end(body);
   });
@@ -85,14 +96,19 @@ function monitor(): { lines: Array<{ at: number; text: string }>; proc: ResultPr
 
 const t0 = Date.now();
 // One local cluster at a time on the machine (its namespaces are kcl-*), and no measurement beside this one.
-const releaseCluster = await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, onWait: () => console.log('waiting for another local cluster to go down') });
+const releaseCluster = await holdLock(CLUSTER_LOCK, {
+  waitMs: 45 * 60_000,
+  onWait: () => console.log('waiting for another local cluster to go down'),
+});
 const releaseTraffic = await holdLock(TRAFFIC_LOCK, { onWait: () => console.log('waiting for the traffic lock') });
 let stopAgent = async () => undefined as unknown;
 try {
   const up = await execa('bash', [join(ROOT, 'hack/cluster.sh'), 'up'], { env: ENV, all: true, reject: false });
   if (up.exitCode !== 0) throw new Error(`cluster up failed:\n${up.all ?? ''}`);
   await execa('ip', ['-n', 'kcl-n1', 'addr', 'add', '198.19.0.1/20', 'dev', 'kcl1u']);
-  console.log(`kubenet-ts routes bench: ${NODES} simulated Nodes, ${CHANGES} changes; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}`);
+  console.log(
+    `kubenet-ts routes bench: ${NODES} simulated Nodes, ${CHANGES} changes; Kubernetes ${(await kubectl(['version', '-o', 'json'])).stdout.match(/"gitVersion": "([^"]+)"/)?.[1]}`,
+  );
   const tc = Date.now();
   for (let b = 0; b < NODES; b += 250) {
     const items = Array.from({ length: Math.min(250, NODES - b) }, (_, j) => simNode(b + j));
@@ -109,14 +125,33 @@ try {
   // the image runs) in node 1's namespaces. Not the DaemonSet itself: it would also place a pod on
   // each of the 1 000 simulated Nodes, which no kubelet ever runs.
   await execa('npx', ['tsc', '-p', 'tsconfig.build.json'], { cwd: ROOT });
-  const docs = yaml.loadAll(await readFile(join(ROOT, 'manifests/kubenet.yaml'), 'utf8')) as Array<{ kind?: string; data?: Record<string, string> } | null>;
+  const docs = yaml.loadAll(await readFile(join(ROOT, 'manifests/kubenet.yaml'), 'utf8')) as Array<{
+    kind?: string;
+    data?: Record<string, string>;
+  } | null>;
   const configFile = join(DIR, 'agent-config.yaml');
   await writeFile(configFile, docs.find((d) => d?.kind === 'ConfigMap')?.data?.['config.yaml'] ?? '');
   const mon = monitor();
   await new Promise((r) => setTimeout(r, 300));
   const spawned = now();
-  const agent = execa('nsenter', ['-t', kclNodeHolder(DIR), '-m', '-n', `--wdns=${ROOT}`, process.execPath, join(ROOT, 'dist/src/cli/main.js'), 'daemon',
-    '--config', configFile, '--kubeconfig', join(DIR, 'admin.kubeconfig')], { env: { NODE_NAME: 'kcl-n1' }, reject: false, buffer: false, all: true });
+  const agent = execa(
+    'nsenter',
+    [
+      '-t',
+      kclNodeHolder(DIR),
+      '-m',
+      '-n',
+      `--wdns=${ROOT}`,
+      process.execPath,
+      join(ROOT, 'dist/src/cli/main.js'),
+      'daemon',
+      '--config',
+      configFile,
+      '--kubeconfig',
+      join(DIR, 'admin.kubeconfig'),
+    ],
+    { env: { NODE_NAME: 'kcl-n1' }, reject: false, buffer: false, all: true },
+  );
   stopAgent = async () => {
     agent.kill('SIGTERM');
     await agent;
@@ -169,12 +204,20 @@ try {
   console.log(`  from the agent's first log line   ${conv.toFixed(0)}`);
   console.log(`  from the routes controller start  ${(convergedAt - routesStart).toFixed(0)}`);
   console.log(`  from spawn                        ${(convergedAt - spawned).toFixed(0)}`);
-  console.log(`one Node change -> kernel route (ms, ${lat.length} changes): p50 ${percentile(lat, 50).toFixed(1)}  p99 ${percentile(lat, 99).toFixed(1)}  max ${Math.max(...lat).toFixed(1)}`);
-  console.log(`agent CPU per change: ${((after.cpuMs - before.cpuMs) / (2 * CHANGES)).toFixed(2)} ms (each round is 2 changes; includes every other watch event meanwhile)`);
-  console.log(`agent RSS with ${NODES} Nodes: ${settled.rssMb.toFixed(0)} MB after converging, ${after.rssMb.toFixed(0)} MB after the changes`);
+  console.log(
+    `one Node change -> kernel route (ms, ${lat.length} changes): p50 ${percentile(lat, 50).toFixed(1)}  p99 ${percentile(lat, 99).toFixed(1)}  max ${Math.max(...lat).toFixed(1)}`,
+  );
+  console.log(
+    `agent CPU per change: ${((after.cpuMs - before.cpuMs) / (2 * CHANGES)).toFixed(2)} ms (each round is 2 changes; includes every other watch event meanwhile)`,
+  );
+  console.log(
+    `agent RSS with ${NODES} Nodes: ${settled.rssMb.toFixed(0)} MB after converging, ${after.rssMb.toFixed(0)} MB after the changes`,
+  );
   console.log(`${conv <= 2000 ? 'PASS' : 'MISS'}  converge <= 2 s: ${conv.toFixed(0)} ms`);
   console.log(`${percentile(lat, 99) <= 50 ? 'PASS' : 'MISS'}  one change <= 50 ms p99: ${percentile(lat, 99).toFixed(1)} ms`);
-  console.log(`${Math.max(settled.rssMb, after.rssMb) <= 120 ? 'PASS' : 'MISS'}  RSS <= 120 MB: ${Math.max(settled.rssMb, after.rssMb).toFixed(0)} MB`);
+  console.log(
+    `${Math.max(settled.rssMb, after.rssMb) <= 120 ? 'PASS' : 'MISS'}  RSS <= 120 MB: ${Math.max(settled.rssMb, after.rssMb).toFixed(0)} MB`,
+  );
   mon.proc.kill();
 } finally {
   await stopAgent();

@@ -20,7 +20,10 @@ import { CNI_BIN_DIRS, delIfbs } from '../test/kit/kernel.js';
 import { BenchArgs, summary } from '../test/kit/bench-kit.js';
 
 const CNI_DIR = CNI_BIN_DIRS;
-const args = BenchArgs.parse('usage: npx tsx bench/setup.ts [--sizes 1,50,200] [--hairpin-mode promiscuous-bridge|hairpin-veth]', ['sizes', 'hairpin-mode']);
+const args = BenchArgs.parse('usage: npx tsx bench/setup.ts [--sizes 1,50,200] [--hairpin-mode promiscuous-bridge|hairpin-veth]', [
+  'sizes',
+  'hairpin-mode',
+]);
 const sizes = args.nums('sizes', '1,50,200');
 const tag = randomBytes(3).toString('hex');
 const HAIRPIN = args.oneOf('hairpin-mode', 'promiscuous-bridge', ['promiscuous-bridge', 'hairpin-veth'] as const);
@@ -124,7 +127,11 @@ async function runSize(n: number, bins: { loopback: string; bridge: string }) {
   } finally {
     await plugin.settled();
     plugin.close();
-    await ipBatch([...all.flatMap((i) => [`netns del ${ours.netns(i)}`, `netns del ${ref.netns(i)}`]), `link del ${ours.bridge}`, `link del ${ref.bridge}`]);
+    await ipBatch([
+      ...all.flatMap((i) => [`netns del ${ours.netns(i)}`, `netns del ${ref.netns(i)}`]),
+      `link del ${ours.bridge}`,
+      `link del ${ref.bridge}`,
+    ]);
     await delIfbs(ours.ifb);
     await rm(dir, { recursive: true, force: true });
   }
@@ -157,7 +164,8 @@ async function main(): Promise<void> {
     // promiscuous-bridge mode kept kubenet's dedup rules in the host's ebtables: gone afterwards.
     if (HAIRPIN === 'promiscuous-bridge') await syncDedup(undefined, silentLogger());
   }
-  for (const [n, ratio] of addRatios) console.log(`${ratio <= 1.2 ? 'PASS' : 'MISS'}  N=${n}: setUpPod p50 <= 1.2x the raw loopback + bridge execs: ${ratio.toFixed(3)}x`);
+  for (const [n, ratio] of addRatios)
+    console.log(`${ratio <= 1.2 ? 'PASS' : 'MISS'}  N=${n}: setUpPod p50 <= 1.2x the raw loopback + bridge execs: ${ratio.toFixed(3)}x`);
 }
 
 main().catch((err) => {

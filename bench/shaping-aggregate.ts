@@ -209,7 +209,12 @@ export class AggregateWorld {
           // these pods too; the plugin's own ipMasq fails its DEL here (it tears down nftables rules
           // too, and cannot parse what nft prints on this node).
           ipMasq: false,
-          ipam: { type: 'host-local', ranges: [[{ subnet: '10.61.0.0/24' }]], routes: [{ dst: '0.0.0.0/0' }], dataDir: join(sb.tmpDir, 'ref-ipam') },
+          ipam: {
+            type: 'host-local',
+            ranges: [[{ subnet: '10.61.0.0/24' }]],
+            routes: [{ dst: '0.0.0.0/0' }],
+            dataDir: join(sb.tmpDir, 'ref-ipam'),
+          },
         },
         { type: 'bandwidth', capabilities: { bandwidth: true } },
       ],
@@ -252,10 +257,22 @@ export class AggregateWorld {
   }
 
   private async batch(side: 'ours' | 'ref', cmd: 'add' | 'del', pods: TestPod[], runtimeConfig?: object) {
-    const requests: BatchRequest[] = pods.map((p) => ({ cmd, netns: p.netnsPath, containerId: p.id, ifName: p.ifName, args: cniArgs(p), ...(runtimeConfig ? { runtimeConfig } : {}) }));
-    const run = await libcniBatch(this.dirs(side), requests, 8, async (file, args, input) => this.sb.exec(file, args, { input, reject: false }));
-    const failed = pods.flatMap((p, i) => (run.answers[i]?.error || !run.answers[i] ? [`${p.name}: ${run.answers[i]?.error ?? 'no answer'}`] : []));
-    if (failed.length > 0 || run.exitCode !== 0) throw new Error(`${side} ${cmd}: ${failed.slice(0, 3).join('; ')} ${run.stderr.slice(-300)}`);
+    const requests: BatchRequest[] = pods.map((p) => ({
+      cmd,
+      netns: p.netnsPath,
+      containerId: p.id,
+      ifName: p.ifName,
+      args: cniArgs(p),
+      ...(runtimeConfig ? { runtimeConfig } : {}),
+    }));
+    const run = await libcniBatch(this.dirs(side), requests, 8, async (file, args, input) =>
+      this.sb.exec(file, args, { input, reject: false }),
+    );
+    const failed = pods.flatMap((p, i) =>
+      run.answers[i]?.error || !run.answers[i] ? [`${p.name}: ${run.answers[i]?.error ?? 'no answer'}`] : [],
+    );
+    if (failed.length > 0 || run.exitCode !== 0)
+      throw new Error(`${side} ${cmd}: ${failed.slice(0, 3).join('; ')} ${run.stderr.slice(-300)}`);
     return run;
   }
 
@@ -291,7 +308,9 @@ export class AggregateWorld {
     if (limit === this.refLimit) return;
     if (this.refLimit !== undefined) await this.batch('ref', 'del', this.ref.senders);
     const burst = burstBytes(limit) * 8;
-    await this.add('ref', this.ref.senders, { bandwidth: { ingressRate: limit, ingressBurst: burst, egressRate: limit, egressBurst: burst } });
+    await this.add('ref', this.ref.senders, {
+      bandwidth: { ingressRate: limit, ingressBurst: burst, egressRate: limit, egressBurst: burst },
+    });
     this.refLimit = limit;
   }
 
@@ -307,7 +326,9 @@ export class AggregateWorld {
     if (impl === 'ours') {
       const body = (await agentGet(this.settings.socket, '/metrics')).body;
       return this.ours.senders.slice(0, n).map((p) => {
-        const m = new RegExp(`^kubenet_pod_shaped_bytes_total\\{[^}]*pod="${p.name}"[^}]*direction="egress"[^}]*\\} (\\S+)`, 'm').exec(body) ?? new RegExp(`^kubenet_pod_shaped_bytes_total\\{[^}]*direction="egress"[^}]*pod="${p.name}"[^}]*\\} (\\S+)`, 'm').exec(body);
+        const m =
+          new RegExp(`^kubenet_pod_shaped_bytes_total\\{[^}]*pod="${p.name}"[^}]*direction="egress"[^}]*\\} (\\S+)`, 'm').exec(body) ??
+          new RegExp(`^kubenet_pod_shaped_bytes_total\\{[^}]*direction="egress"[^}]*pod="${p.name}"[^}]*\\} (\\S+)`, 'm').exec(body);
         return m?.[1] ? Number(m[1]) : NaN;
       });
     }
@@ -320,7 +341,17 @@ export class AggregateWorld {
    * One run: the first `n` senders of the side at once. Tool failures (an iperf3 that printed no
    * report) run again, at most twice; a measured figure is never retried.
    */
-  async run(impl: Impl, kase: Case, proto: Proto, dest: Dest, n: number, round: number, seconds: number, o: AggregateOptions, perf?: (ifb: string) => Promise<QdiscPerf>): Promise<{ run: AggRun; perf?: QdiscPerf }> {
+  async run(
+    impl: Impl,
+    kase: Case,
+    proto: Proto,
+    dest: Dest,
+    n: number,
+    round: number,
+    seconds: number,
+    o: AggregateOptions,
+    perf?: (ifb: string) => Promise<QdiscPerf>,
+  ): Promise<{ run: AggRun; perf?: QdiscPerf }> {
     for (let attempt = 1; ; attempt++) {
       try {
         return await this.runOnce(impl, kase, proto, dest, n, round, seconds, o, perf);
@@ -331,7 +362,17 @@ export class AggregateWorld {
     }
   }
 
-  private async runOnce(impl: Impl, kase: Case, proto: Proto, dest: Dest, n: number, round: number, seconds: number, o: AggregateOptions, perf?: (ifb: string) => Promise<QdiscPerf>): Promise<{ run: AggRun; perf?: QdiscPerf }> {
+  private async runOnce(
+    impl: Impl,
+    kase: Case,
+    proto: Proto,
+    dest: Dest,
+    n: number,
+    round: number,
+    seconds: number,
+    o: AggregateOptions,
+    perf?: (ifb: string) => Promise<QdiscPerf>,
+  ): Promise<{ run: AggRun; perf?: QdiscPerf }> {
     const limit = impl === 'unshaped' ? undefined : kase === 'above' ? o.aboveLimit : o.bindingLimit[proto];
     if (impl !== 'ref') await this.shapeOurs(limit);
     else if (limit !== undefined) await this.shapeRef(limit);
@@ -341,7 +382,11 @@ export class AggregateWorld {
       const target = dest === 'lan' ? this.sb.uplink.lanIp : (side.receivers[i]?.ip ?? '');
       const port = dest === 'lan' ? LAN_PORT_BASE + i : SENDER_PORT;
       const udp = proto === 'udp' ? ['-u', '-b', String(Math.round(perPodUdp)), '-l', String(UDP_PAYLOAD)] : [];
-      return execa('ip', ['netns', 'exec', s.netns, 'iperf3', '-c', target, '-p', String(port), '-t', String(seconds), '-O', '1', '-J', ...udp], { reject: false, timeout: (seconds + 30) * 1000 });
+      return execa(
+        'ip',
+        ['netns', 'exec', s.netns, 'iperf3', '-c', target, '-p', String(port), '-t', String(seconds), '-O', '1', '-J', ...udp],
+        { reject: false, timeout: (seconds + 30) * 1000 },
+      );
     });
     // The window: from 0.2 s after the warm-up second to 0.2 s before the end.
     const at = (s: number) => new Promise((r) => setTimeout(r, s * 1000));
@@ -416,7 +461,11 @@ export class AggregateWorld {
 class ToolFailure extends Error {}
 
 /** The median of the finite samples, the mean of the middle two for an even count. */
-const finiteMedian = (xs: number[]) => median(xs.filter((x) => Number.isFinite(x)), 'mean');
+const finiteMedian = (xs: number[]) =>
+  median(
+    xs.filter((x) => Number.isFinite(x)),
+    'mean',
+  );
 const g = (bps: number) => (bps / UNIT).toFixed(2);
 
 /** Per-pod spread as the min and max of each pod's rate over the fair share (total / N). */
@@ -450,7 +499,9 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
               for (const impl of order) {
                 const { run } = await withTrafficLock(() => world.run(impl, kase, proto, dest, n, round, o.seconds, o));
                 runs.push(run);
-                console.error(`  ${kase} ${proto} ->${dest} N=${n} r${round} ${impl.padEnd(8)} ${g(run.total)} Gbit/s, ${run.sysCores.toFixed(2)} sys cores, retr ${run.retransmits}, drops ${run.drops}${proto === 'udp' ? `, lost ${run.udpLost}/${run.udpPackets}` : ''}`);
+                console.error(
+                  `  ${kase} ${proto} ->${dest} N=${n} r${round} ${impl.padEnd(8)} ${g(run.total)} Gbit/s, ${run.sysCores.toFixed(2)} sys cores, retr ${run.retransmits}, drops ${run.drops}${proto === 'udp' ? `, lost ${run.udpLost}/${run.udpPackets}` : ''}`,
+                );
               }
             }
           }
@@ -459,10 +510,12 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
     }
     if (o.perf) {
       for (const n of [8, 32].filter((x) => x <= maxN)) {
-        const { run, perf } = await withTrafficLock(() => world.run('ours', 'above', 'tcp', 'pods', n, 0, o.seconds, o, async (ifb) => {
-          const shards = (await ifbShardNames(ifb, world.sb.netns)).length;
-          return qdiscPerf({ ifb, netnsExec: (c, a) => world.sb.exec(c, a, { reject: false }), seconds: 1, shards });
-        }));
+        const { run, perf } = await withTrafficLock(() =>
+          world.run('ours', 'above', 'tcp', 'pods', n, 0, o.seconds, o, async (ifb) => {
+            const shards = (await ifbShardNames(ifb, world.sb.netns)).length;
+            return qdiscPerf({ ifb, netnsExec: (c, a) => world.sb.exec(c, a, { reject: false }), seconds: 1, shards });
+          }),
+        );
         if (perf) perfs.push({ n, p: perf, run });
       }
     }
@@ -472,8 +525,40 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
   printTable(
     `(5a) aggregate, every run: N pods sending at once for ${o.seconds} s (after 1 s), receiver-side rates; spread = slowest-fastest pod over the fair share (total/N); ` +
       `CPU = the node's system + softirq cores over the window (/proc/stat), per Gbit/s of the total; drops = qdisc drops on the node; retr = TCP retransmissions; UDP lost = datagrams`,
-    ['case', 'proto', 'dest', 'N', 'round', 'impl', 'limit', 'total Gbit/s', 'spread', 'sys cores', 'CPU s/Gbit', 'user cores', 'retr', 'drops', 'UDP lost'],
-    runs.map((r) => [r.kase, r.proto, r.dest, String(r.n), String(r.round), r.impl, r.limit === undefined ? '-' : formatBandwidth(r.limit), g(r.total), spread(r), r.sysCores.toFixed(2), cpuPerGbit(r).toFixed(3), r.userCores.toFixed(2), String(r.retransmits), String(r.drops), r.proto === 'udp' ? `${((r.udpLost / Math.max(1, r.udpPackets)) * 100).toFixed(2)}%` : '-']),
+    [
+      'case',
+      'proto',
+      'dest',
+      'N',
+      'round',
+      'impl',
+      'limit',
+      'total Gbit/s',
+      'spread',
+      'sys cores',
+      'CPU s/Gbit',
+      'user cores',
+      'retr',
+      'drops',
+      'UDP lost',
+    ],
+    runs.map((r) => [
+      r.kase,
+      r.proto,
+      r.dest,
+      String(r.n),
+      String(r.round),
+      r.impl,
+      r.limit === undefined ? '-' : formatBandwidth(r.limit),
+      g(r.total),
+      spread(r),
+      r.sysCores.toFixed(2),
+      cpuPerGbit(r).toFixed(3),
+      r.userCores.toFixed(2),
+      String(r.retransmits),
+      String(r.drops),
+      r.proto === 'udp' ? `${((r.udpLost / Math.max(1, r.udpPackets)) * 100).toFixed(2)}%` : '-',
+    ]),
   );
   // Summaries and goals, per (case, proto, dest, N).
   const groups = new Map<string, AggRun[]>();
@@ -499,7 +584,22 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
       const vsUnshaped = ratio('ours', 'unshaped', (r) => r.total);
       const vsRef = ratio('ours', 'ref', (r) => r.total);
       const cpuVsRef = ratio('ours', 'ref', cpuPerGbit);
-      rows.push([kase, proto, dest, String(n), g(total('unshaped')), g(total('ours')), g(total('ref')), `${vsUnshaped.toFixed(3)}x`, `${vsRef.toFixed(3)}x`, cpu('unshaped').toFixed(3), cpu('ours').toFixed(3), cpu('ref').toFixed(3), `${cpuVsRef.toFixed(2)}x`, `${retr('unshaped')}/${retr('ours')}/${retr('ref')}`]);
+      rows.push([
+        kase,
+        proto,
+        dest,
+        String(n),
+        g(total('unshaped')),
+        g(total('ours')),
+        g(total('ref')),
+        `${vsUnshaped.toFixed(3)}x`,
+        `${vsRef.toFixed(3)}x`,
+        cpu('unshaped').toFixed(3),
+        cpu('ours').toFixed(3),
+        cpu('ref').toFixed(3),
+        `${cpuVsRef.toFixed(2)}x`,
+        `${retr('unshaped')}/${retr('ours')}/${retr('ref')}`,
+      ]);
       if (n === 8 || n === 32) {
         const pass = vsUnshaped >= 0.95 && vsRef >= 1 && cpuVsRef <= 1.1;
         goal(
@@ -509,7 +609,22 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
         );
       }
     } else {
-      rows.push([kase, proto, dest, String(n), '-', g(total('ours')), g(total('ref')), '-', `${ratio('ours', 'ref', (r) => r.total).toFixed(3)}x`, '-', cpu('ours').toFixed(3), cpu('ref').toFixed(3), `${ratio('ours', 'ref', cpuPerGbit).toFixed(2)}x`, `-/${retr('ours')}/${retr('ref')}`]);
+      rows.push([
+        kase,
+        proto,
+        dest,
+        String(n),
+        '-',
+        g(total('ours')),
+        g(total('ref')),
+        '-',
+        `${ratio('ours', 'ref', (r) => r.total).toFixed(3)}x`,
+        '-',
+        cpu('ours').toFixed(3),
+        cpu('ref').toFixed(3),
+        `${ratio('ours', 'ref', cpuPerGbit).toFixed(2)}x`,
+        `-/${retr('ours')}/${retr('ref')}`,
+      ]);
       if (n === 32) {
         // Every pod of every round within ±2 % of its limit on the wire; none starved.
         const ours = of('ours');
@@ -529,13 +644,43 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
   }
   printTable(
     '(5b) aggregate, medians over the rounds: totals (Gbit/s), ours over unshaped and over ref (median of per-round ratios), CPU s/Gbit, TCP retransmissions (unshaped/ours/ref)',
-    ['case', 'proto', 'dest', 'N', 'unshaped', 'ours', 'ref', 'ours/unshaped', 'ours/ref', 'CPU unshaped', 'ours', 'ref', 'ours/ref', 'retr'],
+    [
+      'case',
+      'proto',
+      'dest',
+      'N',
+      'unshaped',
+      'ours',
+      'ref',
+      'ours/unshaped',
+      'ours/ref',
+      'CPU unshaped',
+      'ours',
+      'ref',
+      'ours/ref',
+      'retr',
+    ],
     rows,
   );
   if (perfs.length > 0) {
     printTable(
-      '(5c) the first egress shard\'s ifb under perf (one extra ours run each, TCP to pods, limits far above, not in the goals): its qdisc lock (skb/s, holds and waits of this ifb); the tasklets of every shard (one function: busy share of all, per skb over shards x this ifb\'s skb/s) (bench/shaping-perf.ts; docs/shaping.md: the model)',
-      ['N', 'shards', 'total Gbit/s', 'skb/s', 'bytes/skb', 'lock wait % CPU', 'waits/s', 'enqueue hold us', 'dequeue hold us', 'hold/skb us', 'tracepoint us', 'tasklet % of a CPU', 'tasklet us/skb', 'tasklet CPUs'],
+      "(5c) the first egress shard's ifb under perf (one extra ours run each, TCP to pods, limits far above, not in the goals): its qdisc lock (skb/s, holds and waits of this ifb); the tasklets of every shard (one function: busy share of all, per skb over shards x this ifb's skb/s) (bench/shaping-perf.ts; docs/shaping.md: the model)",
+      [
+        'N',
+        'shards',
+        'total Gbit/s',
+        'skb/s',
+        'bytes/skb',
+        'lock wait % CPU',
+        'waits/s',
+        'enqueue hold us',
+        'dequeue hold us',
+        'hold/skb us',
+        'tracepoint us',
+        'tasklet % of a CPU',
+        'tasklet us/skb',
+        'tasklet CPUs',
+      ],
       perfs.map(({ n, p, run }) => [
         String(n),
         String(p.shards),

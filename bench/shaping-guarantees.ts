@@ -43,7 +43,9 @@ type Dir = 'egress' | 'ingress';
 
 /** A pod's ask one way: ceiling, guarantee, band. */
 function ask(dir: Dir, ceil: number, guarantee: number | undefined, band: number): BandwidthLimits {
-  return dir === 'egress' ? { egress: ceil, ...(guarantee ? { egressGuarantee: guarantee } : {}), priority: band } : { ingress: ceil, ...(guarantee ? { ingressGuarantee: guarantee } : {}), priority: band };
+  return dir === 'egress'
+    ? { egress: ceil, ...(guarantee ? { egressGuarantee: guarantee } : {}), priority: band }
+    : { ingress: ceil, ...(guarantee ? { ingressGuarantee: guarantee } : {}), priority: band };
 }
 
 interface Flow {
@@ -91,9 +93,21 @@ class World {
    * class bytes every 100 ms; returns the samples and the node's busy CPU cores over the run.
    */
   async run(dir: Dir, flows: Flow[]): Promise<{ samples: Samples; cores: number }> {
-    for (const f of flows) await this.shaper.ensure({ id: f.pod.id, hostVeth: f.pod.hostVeth, ips: [f.pod.ip4, f.pod.ip6], limits: f.limits, ...(f.group ? { group: f.group } : {}) });
+    for (const f of flows)
+      await this.shaper.ensure({
+        id: f.pod.id,
+        hostVeth: f.pod.hostVeth,
+        ips: [f.pod.ip4, f.pod.ip6],
+        limits: f.limits,
+        ...(f.group ? { group: f.group } : {}),
+      });
     const states = new Map(this.shaper.states().map((st) => [st.id, st]));
-    const ids = new Map(flows.map((f) => [f.pod.id, 0x10000 + ((dir === 'egress' ? states.get(f.pod.id)?.classId : states.get(f.pod.id)?.ingressClassId) ?? 0)]));
+    const ids = new Map(
+      flows.map((f) => [
+        f.pod.id,
+        0x10000 + ((dir === 'egress' ? states.get(f.pod.id)?.classId : states.get(f.pod.id)?.ingressClassId) ?? 0),
+      ]),
+    );
     const dev = dir === 'egress' ? this.ifb : `${this.ifb}.in`;
     const samples: Samples = new Map(flows.map((f) => [f.pod.id, []]));
     // Everything from the moment the lock is ours (another suite's measurement may hold it first).
@@ -108,7 +122,11 @@ class World {
       const timer = setInterval(sample, 100);
       const c0 = await cpuBusy();
       try {
-        await Promise.all(flows.map((f) => iperf(this.receiver, f.pod, { seconds: f.seconds, reverse: dir !== 'egress', ...(this.cc ? { congestion: this.cc } : {}) })));
+        await Promise.all(
+          flows.map((f) =>
+            iperf(this.receiver, f.pod, { seconds: f.seconds, reverse: dir !== 'egress', ...(this.cc ? { congestion: this.cc } : {}) }),
+          ),
+        );
       } finally {
         clearInterval(timer);
       }
@@ -156,7 +174,15 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
           );
           const rates = asks.map(([pod]) => rateBetween(samples.get(pod.id) ?? [], 1500, 1500 + o.seconds * 1000));
           const sum = rates.reduce((x, y) => x + y, 0);
-          rows.push([C, dir, ...rates.map(mbit), mbit(sum), `${((sum / cap) * 100).toFixed(1)}%`, cores.toFixed(2), (cores / (sum / 1e9)).toFixed(2)]);
+          rows.push([
+            C,
+            dir,
+            ...rates.map(mbit),
+            mbit(sum),
+            `${((sum / cap) * 100).toFixed(1)}%`,
+            cores.toFixed(2),
+            (cores / (sum / 1e9)).toFixed(2),
+          ]);
           // Every pod shaped only the way measured next.
           for (const p of [a, b, c]) await w.shaper.remove(p.id);
           if (cap !== o.capacity) continue;
@@ -166,7 +192,11 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
             within,
             asks.map(([, g], i) => `${g ? formatBandwidth(g) : 'none'}: ${mbit(rates[i] ?? NaN)}`).join(', ') + ' Mbit/s',
           );
-          goal(`${dir} sum at capacity ${C} (within ±2 %)`, Math.abs(sum / cap - 1) <= 0.02, `${mbit(sum)} Mbit/s = ${(sum / cap).toFixed(3)}x`);
+          goal(
+            `${dir} sum at capacity ${C} (within ±2 %)`,
+            Math.abs(sum / cap - 1) <= 0.02,
+            `${mbit(sum)} Mbit/s = ${(sum / cap).toFixed(3)}x`,
+          );
 
           // Borrow: the 0.6C pod stops after 5 s; the others take its share.
           const stopAt = 5;
@@ -188,7 +218,11 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
               break;
             }
           }
-          goal(`${dir} borrow at capacity ${C} (the others carry >= 0.98x within 2 s of the 0.6C pod going idle)`, took <= 2, `${Number.isNaN(took) ? 'never' : `${took.toFixed(1)} s`}`);
+          goal(
+            `${dir} borrow at capacity ${C} (the others carry >= 0.98x within 2 s of the 0.6C pod going idle)`,
+            took <= 2,
+            `${Number.isNaN(took) ? 'never' : `${took.toFixed(1)} s`}`,
+          );
 
           // Priority: bands 0 and 2, no guarantees.
           const prio = await w.run(dir, [
@@ -197,20 +231,37 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
           ]);
           const hi = rateBetween(prio.samples.get(a.id) ?? [], 1500, 1500 + o.seconds * 1000);
           const lo = rateBetween(prio.samples.get(b.id) ?? [], 1500, 1500 + o.seconds * 1000);
-          goal(`${dir} priority at capacity ${C} (band 0 >= 75 % of what two pods without guarantees get)`, hi / (hi + lo) >= 0.75, `band 0 ${mbit(hi)}, band 2 ${mbit(lo)} Mbit/s: ${((hi / (hi + lo)) * 100).toFixed(1)} %`);
+          goal(
+            `${dir} priority at capacity ${C} (band 0 >= 75 % of what two pods without guarantees get)`,
+            hi / (hi + lo) >= 0.75,
+            `band 0 ${mbit(hi)}, band 2 ${mbit(lo)} Mbit/s: ${((hi / (hi + lo)) * 100).toFixed(1)} %`,
+          );
           for (const p of [a, b, c]) await w.shaper.remove(p.id);
 
           // A namespace capped at C/2, its three pods saturating, no guarantees or ceilings of their own.
           const total = cap / 2;
           const ns = await w.run(
             dir,
-            [a, b, c].map((pod) => ({ pod, limits: dir === 'egress' ? { egressTotal: total, priority: 1 } : { ingressTotal: total, priority: 1 }, seconds, group: 'bench-ns' })),
+            [a, b, c].map((pod) => ({
+              pod,
+              limits: dir === 'egress' ? { egressTotal: total, priority: 1 } : { ingressTotal: total, priority: 1 },
+              seconds,
+              group: 'bench-ns',
+            })),
           );
           const shares = [a, b, c].map((p) => rateBetween(ns.samples.get(p.id) ?? [], 1500, 1500 + o.seconds * 1000));
           const nsSum = shares.reduce((x, y) => x + y, 0);
-          goal(`${dir} namespace total ${formatBandwidth(total)} at capacity ${C} (sum within ±2 %)`, Math.abs(nsSum / total - 1) <= 0.02, `${mbit(nsSum)} Mbit/s = ${(nsSum / total).toFixed(3)}x`);
+          goal(
+            `${dir} namespace total ${formatBandwidth(total)} at capacity ${C} (sum within ±2 %)`,
+            Math.abs(nsSum / total - 1) <= 0.02,
+            `${mbit(nsSum)} Mbit/s = ${(nsSum / total).toFixed(3)}x`,
+          );
           const spread = Math.max(...shares) / Math.min(...shares) - 1;
-          goal(`${dir} namespace total ${formatBandwidth(total)}: pods' shares within 10 % of each other`, spread <= 0.1, `${shares.map(mbit).join(' / ')} Mbit/s (largest/smallest - 1 = ${(spread * 100).toFixed(1)} %)`);
+          goal(
+            `${dir} namespace total ${formatBandwidth(total)}: pods' shares within 10 % of each other`,
+            spread <= 0.1,
+            `${shares.map(mbit).join(' / ')} Mbit/s (largest/smallest - 1 = ${(spread * 100).toFixed(1)} %)`,
+          );
           for (const p of [a, b, c]) await w.shaper.remove(p.id);
         }
       } finally {

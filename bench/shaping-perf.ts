@@ -56,7 +56,6 @@ export interface QdiscPerfOptions {
   shards?: number;
 }
 
-
 /** Records the tracepoints for `seconds` and reads the figures off them. */
 export async function qdiscPerf(o: QdiscPerfOptions): Promise<QdiscPerf> {
   const ifindex = Number((await o.netnsExec('cat', [`/sys/class/net/${o.ifb}/ifindex`])).stdout.trim());
@@ -78,10 +77,23 @@ export async function qdiscPerf(o: QdiscPerfOptions): Promise<QdiscPerf> {
       ['lock:contention_begin', undefined],
       ['lock:contention_end', undefined],
     ];
-    const args = ['record', '-a', '-q', '-o', data, ...events.flatMap(([e, f]) => ['-e', e, ...(f ? ['--filter', f] : [])]), '--', 'sleep', String(o.seconds)];
+    const args = [
+      'record',
+      '-a',
+      '-q',
+      '-o',
+      data,
+      ...events.flatMap(([e, f]) => ['-e', e, ...(f ? ['--filter', f] : [])]),
+      '--',
+      'sleep',
+      String(o.seconds),
+    ];
     const rec = await execa('perf', args, { reject: false });
     if (rec.exitCode !== 0) throw new Error(`perf record failed: ${rec.stderr.slice(-400)}`);
-    const script = await execa('perf', ['script', '-i', data, '-F', 'cpu,time,event,trace'], { reject: false, maxBuffer: 1024 * 1024 * 1024 });
+    const script = await execa('perf', ['script', '-i', data, '-F', 'cpu,time,event,trace'], {
+      reject: false,
+      maxBuffer: 1024 * 1024 * 1024,
+    });
     return analyse(script.stdout, o.seconds, o.shards ?? 1);
   } finally {
     await rm(dir, { recursive: true, force: true });
@@ -192,6 +204,9 @@ export function analyse(text: string, seconds: number, shards = 1): QdiscPerf {
     tracepointUs: tp,
     taskletShare: busy / 1e6 / window,
     taskletUsPerSkb: skbs ? busy / (skbs * shards) : NaN,
-    taskletCpus: [...taskletBusy].sort((a, b) => a[0] - b[0]).map(([c, us]) => `cpu${c} ${((us / 1e6 / window) * 100).toFixed(0)}%`).join(' '),
+    taskletCpus: [...taskletBusy]
+      .sort((a, b) => a[0] - b[0])
+      .map(([c, us]) => `cpu${c} ${((us / 1e6 / window) * 100).toFixed(0)}%`)
+      .join(' '),
   };
 }

@@ -60,10 +60,41 @@ import { guaranteesBench } from './shaping-guarantees.js';
 /** The sections, in the order they run; `--only a,b` runs those alone, `--no-NAME` leaves one out. */
 const SECTIONS = ['rates', 'highrate', 'cost', 'live', 'reshape', 'aggregate', 'guarantees'] as const;
 const args = BenchArgs.parse(
-  'usage: npx tsx bench/shaping.ts [--only SECTION,...] [--no-SECTION] [--quick] and the flags of its header (sections: ' + SECTIONS.join(', ') + ')',
-  ['only', 'seconds', 'rates', 'sizes', 'probes', 'impls', 'capacity', 'unshaped-cidrs', 'dirs', 'live-sizes', 'changes', 'scrapes', 'reshape-rates', 'cc', 'high-rates',
-    'agg-sizes', 'agg-seconds', 'agg-rounds', 'agg-dests', 'agg-protos', 'agg-cases', 'agg-limit', 'agg-binding', 'agg-binding-udp', 'agg-udp', 'agg-shards', 'agg-capacity',
-    'guarantee-capacity', 'guarantee-capacities', 'guarantee-seconds'],
+  'usage: npx tsx bench/shaping.ts [--only SECTION,...] [--no-SECTION] [--quick] and the flags of its header (sections: ' +
+    SECTIONS.join(', ') +
+    ')',
+  [
+    'only',
+    'seconds',
+    'rates',
+    'sizes',
+    'probes',
+    'impls',
+    'capacity',
+    'unshaped-cidrs',
+    'dirs',
+    'live-sizes',
+    'changes',
+    'scrapes',
+    'reshape-rates',
+    'cc',
+    'high-rates',
+    'agg-sizes',
+    'agg-seconds',
+    'agg-rounds',
+    'agg-dests',
+    'agg-protos',
+    'agg-cases',
+    'agg-limit',
+    'agg-binding',
+    'agg-binding-udp',
+    'agg-udp',
+    'agg-shards',
+    'agg-capacity',
+    'guarantee-capacity',
+    'guarantee-capacities',
+    'guarantee-seconds',
+  ],
   ['quick', 'agg-perf', ...SECTIONS.map((x) => `no-${x}`)],
 );
 const only = args.str('only')?.split(',');
@@ -107,7 +138,6 @@ const NET_NAME = 'kshbench';
 
 const mbit = (v: number) => (v / 1e6).toFixed(v < 10e6 ? 3 : 1);
 const pct = (v: number, ref: number) => `${v >= ref ? '+' : ''}${(((v - ref) / ref) * 100).toFixed(1)}%`;
-
 
 // ---------- the reference plugin ----------
 
@@ -232,13 +262,20 @@ async function measure(
       );
     }
     pingP = new Promise((res) => timers.push(setTimeout(() => void pingRtt(a, b, window * 10, 0.1).then(res), 1000)));
-    probeP = new Promise((res, rej) => timers.push(setTimeout(() => runProbes(a, probeServer, { durationMs: window * 1000 }).then(res, rej), 1000)));
+    probeP = new Promise((res, rej) =>
+      timers.push(setTimeout(() => runProbes(a, probeServer, { durationMs: window * 1000 }).then(res, rej), 1000)),
+    );
   };
   const load0 = await loadavg();
   let r: IperfResult;
   try {
     // egress = FROM a: a is the client sending; ingress = TO a: b's server sends (-R).
-    r = await iperf(b, a, { seconds, reverse: dir === 'ingress', onStart, onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`) });
+    r = await iperf(b, a, {
+      seconds,
+      reverse: dir === 'ingress',
+      onStart,
+      onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`),
+    });
   } finally {
     timers.forEach(clearTimeout);
   }
@@ -315,10 +352,12 @@ async function unshapedFlow(dir: 'egress' | 'ingress', a: TopoPod, b: TopoPod): 
     reverse: dir === 'ingress',
     onStart: () => {
       for (const ms of [1000, (seconds - 0.5) * 1000]) {
-        timers.push(setTimeout(() => {
-          const at = performance.now();
-          void vethBytes(a.hostVeth, dir).then((bytes) => samples.push([at, bytes]));
-        }, ms));
+        timers.push(
+          setTimeout(() => {
+            const at = performance.now();
+            void vethBytes(a.hostVeth, dir).then((bytes) => samples.push([at, bytes]));
+          }, ms),
+        );
       }
     },
     onRetry: (err, n) => console.error(`  iperf3 run ${n} failed (${err.message}); running it again`),
@@ -399,7 +438,24 @@ async function rateBench(rateList: string[] = rates, highRate = false): Promise<
         `L2 = bytes the shaping qdisc/class sent (wire rate the limit applies to); int share = ours: part of L2 sent by the interactive leaf (the ping's and probe's packets, inside the limit); ` +
         `goodput = iperf3 TCP payload (max ~95.6% of L2 at MTU 1500); ` +
         `retr/segs = the bulk flow's retransmissions (iperf3) / data segments; load = 1-min loadavg before->after. Idle RTT ${idle.avg} ms.`,
-      ['impl', 'asked', 'dir', 'L2 Mbit/s', 'L2 err', 'int share', 'goodput', 'gp err', 'worst 1s', 'ping avg/max ms', 'loss', 'probe p50/p99 ms', '<=100ms', '<=250ms', 'retr/segs', 'load'],
+      [
+        'impl',
+        'asked',
+        'dir',
+        'L2 Mbit/s',
+        'L2 err',
+        'int share',
+        'goodput',
+        'gp err',
+        'worst 1s',
+        'ping avg/max ms',
+        'loss',
+        'probe p50/p99 ms',
+        '<=100ms',
+        '<=250ms',
+        'retr/segs',
+        'load',
+      ],
       rows.map((x) => [
         x.impl,
         mbit(x.asked),
@@ -513,13 +569,41 @@ async function costBench(impls: Set<string>): Promise<void> {
       if (useUnshaped) unshapedTotals.push([n, sa + sd, ua + ud]);
       const f = (x: number) => (Number.isNaN(x) ? '-' : x.toFixed(2));
       const ratio = (a: number, b: number) => (Number.isNaN(a) || Number.isNaN(b) ? '-' : `${(a / b).toFixed(1)}x`);
-      rows.push([String(n), f(sa), f(sd), f(sa + sd), f(ea), f(ed), f(ea + ed), f(ra), f(rd), f(ra + rd), ratio(ra + rd, sa + sd), ratio(ra + rd, ea + ed)]);
-      console.error(`  n=${n}: session ${sa.toFixed(2)}+${sd.toFixed(2)} ms, exec ${ea.toFixed(2)}+${ed.toFixed(2)} ms, ref ${ra.toFixed(2)}+${rd.toFixed(2)} ms`);
+      rows.push([
+        String(n),
+        f(sa),
+        f(sd),
+        f(sa + sd),
+        f(ea),
+        f(ed),
+        f(ea + ed),
+        f(ra),
+        f(rd),
+        f(ra + rd),
+        ratio(ra + rd, sa + sd),
+        ratio(ra + rd, ea + ed),
+      ]);
+      console.error(
+        `  n=${n}: session ${sa.toFixed(2)}+${sd.toFixed(2)} ms, exec ${ea.toFixed(2)}+${ed.toFixed(2)} ms, ref ${ra.toFixed(2)}+${rd.toFixed(2)} ms`,
+      );
     }
     printTable(
       `(2) per-pod cost in ms (median of ${probes} probe pods added then removed with n pods already shaped; both directions, 10M), pass ${[...impls].join(' + ')}${benchCapacity ? `, ours in the node's trees at capacity ${formatBandwidth(benchCapacity)} both ways` : ''}. ` +
         `ours = Shaper with its long-lived tc session (default), ours-exec = one tc spawn per operation, ref = CNI bandwidth plugin exec`,
-      ['n shaped', 'ours setup', 'teardown', 'total', 'ours-exec setup', 'teardown', 'total', 'ref setup', 'teardown', 'total', 'ref/ours', 'ref/ours-exec'],
+      [
+        'n shaped',
+        'ours setup',
+        'teardown',
+        'total',
+        'ours-exec setup',
+        'teardown',
+        'total',
+        'ref setup',
+        'teardown',
+        'total',
+        'ref/ours',
+        'ref/ours-exec',
+      ],
       rows,
     );
     const first = rows[0];
@@ -532,15 +616,22 @@ async function costBench(impls: Set<string>): Promise<void> {
       console.log(`total at n=${last[0]} / at n=${first[0]}: ours ${growth(3)}, ours-exec ${growth(6)}, ref ${growth(9)}`);
       const g = Number(last[3]) / Number(first[3]);
       // Judged with our pods and the reference's alone on the node (see implPasses).
-      if (!useExec && !useUnshaped) console.log(`goal per-pod cost flat (issue 22: ours total at n=${last[0]} <= 2x n=${first[0]}): ${g <= 2 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`);
+      if (!useExec && !useUnshaped)
+        console.log(
+          `goal per-pod cost flat (issue 22: ours total at n=${last[0]} <= 2x n=${first[0]}): ${g <= 2 ? 'PASS' : 'MISS'} ${g.toFixed(2)}x`,
+        );
     }
     for (const [n, plain, withU] of unshapedTotals) {
       const g = withU / plain;
-      console.log(`goal per-pod cost with ${unshapedCount} unshaped CIDRs within 10 % of none (issue 24: <= 1.1x) at n=${n}: ${g <= 1.1 ? 'PASS' : 'MISS'} ${withU.toFixed(2)} / ${plain.toFixed(2)} ms (${g.toFixed(2)}x)`);
+      console.log(
+        `goal per-pod cost with ${unshapedCount} unshaped CIDRs within 10 % of none (issue 24: <= 1.1x) at n=${n}: ${g <= 1.1 ? 'PASS' : 'MISS'} ${withU.toFixed(2)} / ${plain.toFixed(2)} ms (${g.toFixed(2)}x)`,
+      );
     }
     const cheap = rows.map((r) => Number(r[9]) / Number(r[3]));
     if (cheap.every((x) => !Number.isNaN(x)) && !useExec && !useUnshaped) {
-      console.log(`goal ours >= 10x cheaper than ref at every n: ${cheap.every((x) => x >= 10) ? 'PASS' : 'MISS'} ${cheap.map((x) => `${x.toFixed(1)}x`).join(' ')}`);
+      console.log(
+        `goal ours >= 10x cheaper than ref at every n: ${cheap.every((x) => x >= 10) ? 'PASS' : 'MISS'} ${cheap.map((x) => `${x.toFixed(1)}x`).join(' ')}`,
+      );
     }
   } finally {
     const t = performance.now();
@@ -594,7 +685,11 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
  * agent (50 ms), with its CPU time read before and after. `before` runs ahead of each (traffic, or
  * a wait for the agent's last read to age out).
  */
-async function measureScrapes(h: AgentHarness, pid: number, before?: () => Promise<void>): Promise<{ wallMs: number[]; cpuMs: number[]; body: string }> {
+async function measureScrapes(
+  h: AgentHarness,
+  pid: number,
+  before?: () => Promise<void>,
+): Promise<{ wallMs: number[]; cpuMs: number[]; body: string }> {
   const wallMs: number[] = [];
   const cpu: number[] = [];
   let body = '';
@@ -631,7 +726,11 @@ async function liveBench(): Promise<void> {
     // The agent as it runs in a cluster: its own process, the Node's pod CIDR, pods' annotations.
     const { podCIDR: _cidr, ...rest } = h.config;
     const flags = configFlags({ ...rest, kubeconfig, nodeName });
-    agent = execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), 'daemon', ...flags], { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    agent = execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), 'daemon', ...flags], {
+      cwd: ROOT,
+      stdio: ['ignore', 'inherit', 'inherit'],
+      reject: false,
+    });
     for (const deadline = Date.now() + 30_000; (await h.get('/healthz').catch(() => ({ status: 0 }))).status !== 200; ) {
       if (Date.now() > deadline) throw new Error('the agent did not become ready');
       await new Promise((r) => setTimeout(r, 100));
@@ -642,7 +741,15 @@ async function liveBench(): Promise<void> {
       const fresh: TestPod[] = [];
       for (let i = pods.length; i < n; i++) {
         const name = `p${i}`;
-        fresh.push({ namespace: 'bench', name, id: `${tag}-${name}-`.padEnd(64, '0'), uid: `uid-${i}`, netns: `klb-${tag}-${i}`, netnsPath: `/var/run/netns/klb-${tag}-${i}`, ifName: 'eth0' });
+        fresh.push({
+          namespace: 'bench',
+          name,
+          id: `${tag}-${name}-`.padEnd(64, '0'),
+          uid: `uid-${i}`,
+          netns: `klb-${tag}-${i}`,
+          netnsPath: `/var/run/netns/klb-${tag}-${i}`,
+          ifName: 'eth0',
+        });
       }
       await ipBatch(fresh.map((p) => `netns add ${p.netns}`));
       netns.push(...fresh.map((p) => p.netns));
@@ -664,7 +771,10 @@ async function liveBench(): Promise<void> {
       console.error(`  ${n} shaped pods on the node (${((performance.now() - t0) / 1000).toFixed(1)} s to add ${n} - previous)`);
       // The pod whose limits change: its veth (ingress: 2:1) and its ifb class (egress: 1:<id>).
       const target = pods[0]!;
-      const record = JSON.parse(await readFile(join(h.config.stateDir, 'pods', `${target.id}@eth0.json`), 'utf8')) as { hostVethIndex: number; shaping: { classId: number } };
+      const record = JSON.parse(await readFile(join(h.config.stateDir, 'pods', `${target.id}@eth0.json`), 'utf8')) as {
+        hostVethIndex: number;
+        shaping: { classId: number };
+      };
       const ifbClass = ((1 << 16) | record.shaping.classId) >>> 0;
       // The veth's class is polled (a dump of 3 classes); the ifb's (a dump of 3 classes per shaped pod,
       // ~1500 at 500 pods, several ms each) only checked once the Event is in: polling it every ms would
@@ -686,14 +796,23 @@ async function liveBench(): Promise<void> {
           if (performance.now() - start > 10_000) throw new Error(`change ${i}: ${q} not on the veth after 10 s`);
         }
         kernelMs.push(performance.now() - start);
-        for (const deadline = Date.now() + 10_000; api.events.length === before && Date.now() < deadline; ) await new Promise((r) => setTimeout(r, 1));
+        for (const deadline = Date.now() + 10_000; api.events.length === before && Date.now() < deadline; )
+          await new Promise((r) => setTimeout(r, 1));
         const ev = api.events[before];
         if (!ev) throw new Error(`change ${i}: no Event within 10 s`);
         eventMs.push(ev.receivedAt - wall);
         if (ifbRate() !== rate) throw new Error(`change ${i}: the ifb class is not at ${q} once the Event is in`);
         await new Promise((r) => setTimeout(r, 20));
       }
-      latencyRows.push([String(n), String(changes), percentile(kernelMs, 50).toFixed(1), percentile(kernelMs, 99).toFixed(1), Math.max(...kernelMs).toFixed(1), percentile(eventMs, 50).toFixed(0), percentile(eventMs, 99).toFixed(0)]);
+      latencyRows.push([
+        String(n),
+        String(changes),
+        percentile(kernelMs, 50).toFixed(1),
+        percentile(kernelMs, 99).toFixed(1),
+        Math.max(...kernelMs).toFixed(1),
+        percentile(eventMs, 50).toFixed(0),
+        percentile(eventMs, 99).toFixed(0),
+      ]);
       // A storm of scrapes (each 150 ms after the last: within metricsMaxAge, they share the agent's
       // reads); then scrapes each after the last read aged out, of idle pods, and with every pod's
       // counters moved since the last one.
@@ -702,16 +821,39 @@ async function liveBench(): Promise<void> {
         await sleep(h.config.metricsMaxAge * 1000 + 300);
       };
       const idle = await measureScrapes(h, pid, aged);
-      const ips = await Promise.all(pods.map(async (p) => (JSON.parse(await readFile(join(h.config.stateDir, 'pods', `${p.id}@eth0.json`), 'utf8')) as { ips: string[] }).ips[0]?.split('/')[0] ?? ''));
+      const ips = await Promise.all(
+        pods.map(
+          async (p) =>
+            (JSON.parse(await readFile(join(h.config.stateDir, 'pods', `${p.id}@eth0.json`), 'utf8')) as { ips: string[] }).ips[0]?.split(
+              '/',
+            )[0] ?? '',
+        ),
+      );
       const busy = await measureScrapes(h, pid, async () => {
         await aged();
         await touchPods(ips.filter((ip) => ip !== ''));
         await sleep(20);
       });
-      for (const [what, m] of [['storm', storm], ['read, idle', idle], ['read, busy', busy]] as const) {
+      for (const [what, m] of [
+        ['storm', storm],
+        ['read, idle', idle],
+        ['read, busy', busy],
+      ] as const) {
         const series = m.body.split('\n').filter((l) => l.startsWith('kubenet_pod_')).length;
-        scrapeRows.push([String(n), what, String(scrapes), percentile(m.wallMs, 50).toFixed(1), percentile(m.wallMs, 99).toFixed(1), percentile(m.cpuMs, 50).toFixed(2), percentile(m.cpuMs, 99).toFixed(2), (m.body.length / 1024).toFixed(0), String(series)]);
-        console.error(`  n=${n} ${what}: scrape p50 ${percentile(m.wallMs, 50).toFixed(1)} ms, agent CPU p50 ${percentile(m.cpuMs, 50).toFixed(2)} ms p99 ${percentile(m.cpuMs, 99).toFixed(2)} ms, ${series} series`);
+        scrapeRows.push([
+          String(n),
+          what,
+          String(scrapes),
+          percentile(m.wallMs, 50).toFixed(1),
+          percentile(m.wallMs, 99).toFixed(1),
+          percentile(m.cpuMs, 50).toFixed(2),
+          percentile(m.cpuMs, 99).toFixed(2),
+          (m.body.length / 1024).toFixed(0),
+          String(series),
+        ]);
+        console.error(
+          `  n=${n} ${what}: scrape p50 ${percentile(m.wallMs, 50).toFixed(1)} ms, agent CPU p50 ${percentile(m.cpuMs, 50).toFixed(2)} ms p99 ${percentile(m.cpuMs, 99).toFixed(2)} ms, ${series} series`,
+        );
       }
       if (n === 500) scrapeGoal = { storm: storm.cpuMs, idle: idle.cpuMs, busy: busy.cpuMs };
       console.error(`  n=${n}: re-shape p50 ${percentile(kernelMs, 50).toFixed(1)} ms p99 ${percentile(kernelMs, 99).toFixed(1)} ms`);
@@ -766,7 +908,10 @@ async function reshapeAccuracyBench(): Promise<void> {
         for (const from of [2 * rate, rate / 2]) {
           const spec = (r: number) => ({ id: a.id, hostVeth: a.hostVeth, ips: [a.ip4, a.ip6], limits: { ingress: r, egress: r } });
           await shaper.ensure(spec(from));
-          const counter = dir === 'ingress' ? () => tcBytes(['class', 'show', 'dev', a.hostVeth, 'classid', '2:1']) : () => tcBytes(['class', 'show', 'dev', ifb, 'classid', `1:${(shaper.classIdOf(a.id) ?? 0).toString(16)}`]);
+          const counter =
+            dir === 'ingress'
+              ? () => tcBytes(['class', 'show', 'dev', a.hostVeth, 'classid', '2:1'])
+              : () => tcBytes(['class', 'show', 'dev', ifb, 'classid', `1:${(shaper.classIdOf(a.id) ?? 0).toString(16)}`]);
           const samples: Array<[number, number]> = [];
           const timers: NodeJS.Timeout[] = [];
           const r = await iperf(b, a, {
@@ -778,10 +923,12 @@ async function reshapeAccuracyBench(): Promise<void> {
               samples.length = 0;
               timers.push(setTimeout(() => void shaper.ensure(spec(rate)), CHANGE_S * 1000));
               for (const ms of [(CHANGE_S + SETTLE_S) * 1000, (S - 0.5) * 1000]) {
-                timers.push(setTimeout(() => {
-                  const at = performance.now();
-                  void counter().then((bytes) => samples.push([at, bytes]));
-                }, ms));
+                timers.push(
+                  setTimeout(() => {
+                    const at = performance.now();
+                    void counter().then((bytes) => samples.push([at, bytes]));
+                  }, ms),
+                );
               }
             },
           }).finally(() => timers.forEach(clearTimeout));
@@ -794,8 +941,20 @@ async function reshapeAccuracyBench(): Promise<void> {
           const gpOk = Math.abs(goodput / rate - 1) <= 0.05;
           const l2Ok = Math.abs(l2 / rate - 1) <= 0.02;
           misses += (gpOk ? 0 : 1) + (l2Ok ? 0 : 1);
-          rows.push([mbit(rate), dir, `${mbit(from)} -> ${mbit(rate)}`, mbit(goodput), `${gpOk ? 'PASS' : 'MISS'} ${pct(goodput, rate)}`, mbit(l2), `${l2Ok ? 'PASS' : 'MISS'} ${pct(l2, rate)}`, `${(Math.max(...after) / rate).toFixed(2)}x`, r.intervals.map((x) => mbit(x)).join(' ')]);
-          console.error(`  ${dir} ${mbit(from)} -> ${mbit(rate)}: goodput ${mbit(goodput)} L2 ${mbit(l2)}; intervals ${r.intervals.map((x) => mbit(x)).join(' ')}`);
+          rows.push([
+            mbit(rate),
+            dir,
+            `${mbit(from)} -> ${mbit(rate)}`,
+            mbit(goodput),
+            `${gpOk ? 'PASS' : 'MISS'} ${pct(goodput, rate)}`,
+            mbit(l2),
+            `${l2Ok ? 'PASS' : 'MISS'} ${pct(l2, rate)}`,
+            `${(Math.max(...after) / rate).toFixed(2)}x`,
+            r.intervals.map((x) => mbit(x)).join(' '),
+          ]);
+          console.error(
+            `  ${dir} ${mbit(from)} -> ${mbit(rate)}: goodput ${mbit(goodput)} L2 ${mbit(l2)}; intervals ${r.intervals.map((x) => mbit(x)).join(' ')}`,
+          );
         }
       }
     }
@@ -821,7 +980,9 @@ if (process.getuid?.() !== 0) {
 // (its `finally` blocks), leaving namespaces, veths and tc objects. It now runs on to its cleanup;
 // what it prints is dropped.
 for (const stream of [process.stdout, process.stderr]) stream.on('error', () => undefined);
-console.log(`kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`);
+console.log(
+  `kubenet-ts shaping bench ${new Date().toISOString()} kernel ${(await execa('uname', ['-r'])).stdout} (${quick ? 'quick' : 'full'}); reference plugins ${await refPluginsVersion()} (${REF_PLUGINS_DIR})`,
+);
 if (runs('rates')) await withTrafficLock(() => rateBench());
 // One flow at 1G, 5G and 10G against the pod's unshaped flow of the same run (issue 32).
 if (runs('highrate')) await withTrafficLock(() => rateBench(args.list('high-rates', '1G,5G,10G'), true));
@@ -838,7 +999,10 @@ if (runs('aggregate')) {
     protos: list('agg-protos', 'tcp,udp'),
     cases: list('agg-cases', 'above,binding'),
     aboveLimit: parseBandwidth(args.str('agg-limit') ?? '100G', 'limit'),
-    bindingLimit: { tcp: parseBandwidth(args.str('agg-binding') ?? '200M', 'limit'), udp: parseBandwidth(args.str('agg-binding-udp') ?? '20M', 'limit') },
+    bindingLimit: {
+      tcp: parseBandwidth(args.str('agg-binding') ?? '200M', 'limit'),
+      udp: parseBandwidth(args.str('agg-binding-udp') ?? '20M', 'limit'),
+    },
     udpOffered: parseBandwidth(args.str('agg-udp') ?? '2G', 'offered'),
     perf: args.has('agg-perf'),
     ...(args.str('agg-shards') ? { shards: args.num('agg-shards', 1) } : {}),
@@ -848,7 +1012,10 @@ if (runs('aggregate')) {
 if (runs('guarantees')) {
   await guaranteesBench({
     capacity: parseBandwidth(args.str('guarantee-capacity') ?? '100M', 'capacity'),
-    capacities: (args.str('guarantee-capacities') ?? (quick ? '' : '1G,10G')).split(',').filter(Boolean).map((q) => parseBandwidth(q, 'capacity')),
+    capacities: (args.str('guarantee-capacities') ?? (quick ? '' : '1G,10G'))
+      .split(',')
+      .filter(Boolean)
+      .map((q) => parseBandwidth(q, 'capacity')),
     seconds: args.num('guarantee-seconds', quick ? 5 : 10),
     dirs: args.list('dirs', 'egress,ingress') as Array<'egress' | 'ingress'>,
     ...(args.str('cc') ? { cc: args.str('cc') } : {}),

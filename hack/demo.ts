@@ -57,21 +57,36 @@ async function main(): Promise<void> {
     { name: 'bronze', id: `demo-bronze-${tag}`, netns: `kdemo-${tag}-bronze`, bandwidth: { egressRate: 5 * M } },
   ];
   const agentArgs = [
-    '--import=tsx', join(ROOT, 'src/cli/main.ts'), 'daemon',
-    '--pod-cidr', DEMO_POD_CIDR,
-    '--socket', socket,
-    '--cni-bin-dir', cniBin,
-    '--cni-conf-dir', cniConf,
-    '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
-    '--bridge-name', bridge,
-    '--ifb-name', ifb,
-    '--non-masquerade-cidr', '0.0.0.0/0',
+    '--import=tsx',
+    join(ROOT, 'src/cli/main.ts'),
+    'daemon',
+    '--pod-cidr',
+    DEMO_POD_CIDR,
+    '--socket',
+    socket,
+    '--cni-bin-dir',
+    cniBin,
+    '--cni-conf-dir',
+    cniConf,
+    '--plugin-bin-dirs',
+    CNI_BIN_DIRS.join(','),
+    '--bridge-name',
+    bridge,
+    '--ifb-name',
+    ifb,
+    '--non-masquerade-cidr',
+    '0.0.0.0/0',
     // /metrics and /healthz on the loopback only: the demo's agent is not the node's.
-    '--metrics-address', '127.0.0.1:0',
-    '--ipam-data-dir', join(dir, 'ipam'),
-    '--cni-cache-dir', join(dir, 'cni-cache'),
-    '--state-dir', join(dir, 'state'),
-    '--log-level', process.env.KUBENET_LOG_LEVEL ?? 'warn',
+    '--metrics-address',
+    '127.0.0.1:0',
+    '--ipam-data-dir',
+    join(dir, 'ipam'),
+    '--cni-cache-dir',
+    join(dir, 'cni-cache'),
+    '--state-dir',
+    join(dir, 'state'),
+    '--log-level',
+    process.env.KUBENET_LOG_LEVEL ?? 'warn',
   ];
   let agent: ResultPromise | undefined;
   const added: DemoPod[] = [];
@@ -93,7 +108,9 @@ async function main(): Promise<void> {
     agent = execa(process.execPath, agentArgs, { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
     await waitHealthy(socket, agent);
     const conflist = JSON.parse(await readFile(join(cniConf, '10-kubenet.conflist'), 'utf8')) as object;
-    console.log(`agent ready: installed ${join(cniBin, 'kubenet')} and ${join(cniConf, '10-kubenet.conflist')}:\n  ${JSON.stringify(conflist)}`);
+    console.log(
+      `agent ready: installed ${join(cniBin, 'kubenet')} and ${join(cniConf, '10-kubenet.conflist')}:\n  ${JSON.stringify(conflist)}`,
+    );
 
     for (const p of pods) {
       await execa('ip', ['netns', 'add', p.netns]);
@@ -103,10 +120,15 @@ async function main(): Promise<void> {
       if (r.exitCode !== 0) throw new Error(`CNI ADD of pod ${p.name} failed: ${r.stdout || r.stderr}`);
       const result = JSON.parse(r.stdout) as { ips: Array<{ address: string }> };
       p.ip = result.ips[0]?.address.split('/')[0];
-      console.log(`  CNI ADD ${p.name.padEnd(6)} -> ${String(p.ip).padEnd(12)} in ${(performance.now() - started).toFixed(1)} ms  limits: ${limitsText(p)}`);
+      console.log(
+        `  CNI ADD ${p.name.padEnd(6)} -> ${String(p.ip).padEnd(12)} in ${(performance.now() - started).toFixed(1)} ms  limits: ${limitsText(p)}`,
+      );
     }
     const kubenet = async (args: string[]) => {
-      const r = await execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), ...args, '--socket', socket], { cwd: ROOT, reject: false });
+      const r = await execa(process.execPath, ['--import=tsx', join(ROOT, 'src/cli/main.ts'), ...args, '--socket', socket], {
+        cwd: ROOT,
+        reject: false,
+      });
       return `$ kubenet ${args.join(' ')}\n${r.stdout}${r.stderr}`;
     };
     console.log(`\n${await kubenet(['status'])}\n`);
@@ -120,17 +142,27 @@ async function main(): Promise<void> {
       { what: 'free (unshaped)', sender: free, receiver: bronze, asked: undefined },
     ];
     const rows: string[][] = [];
-    await withTrafficLock(async () => {
-      for (const [i, run] of runs.entries()) {
-        const label = `[${i + 1}/${runs.length}] ${run.what}: ${run.sender.name} -> ${run.receiver.name}`;
-        const seconds = await measure(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS + OMIT} s`));
-        const measured = median(seconds);
-        const ok = run.asked === undefined ? measured > 200 * M : Math.abs(measured / run.asked - 1) <= 0.1;
-        done(`measured  ${label}: ${fmt(measured)} (1 s rates ${seconds.map(short).join(' ')})`);
-        rows.push([run.what, `${run.sender.name} -> ${run.receiver.name}`, run.asked ? fmt(run.asked) : 'unlimited', fmt(measured), run.asked ? `${((measured / run.asked - 1) * 100).toFixed(1)}%` : '', ok ? 'ok' : 'OFF']);
-        if (!ok) process.exitCode = 1;
-      }
-    }, { onWait: () => console.log('(waiting for the machine-wide traffic lock: another measurement runs)') });
+    await withTrafficLock(
+      async () => {
+        for (const [i, run] of runs.entries()) {
+          const label = `[${i + 1}/${runs.length}] ${run.what}: ${run.sender.name} -> ${run.receiver.name}`;
+          const seconds = await measure(run.sender, run.receiver, (s) => progress(`measuring ${label} ... ${s}/${SECONDS + OMIT} s`));
+          const measured = median(seconds);
+          const ok = run.asked === undefined ? measured > 200 * M : Math.abs(measured / run.asked - 1) <= 0.1;
+          done(`measured  ${label}: ${fmt(measured)} (1 s rates ${seconds.map(short).join(' ')})`);
+          rows.push([
+            run.what,
+            `${run.sender.name} -> ${run.receiver.name}`,
+            run.asked ? fmt(run.asked) : 'unlimited',
+            fmt(measured),
+            run.asked ? `${((measured / run.asked - 1) * 100).toFixed(1)}%` : '',
+            ok ? 'ok' : 'OFF',
+          ]);
+          if (!ok) process.exitCode = 1;
+        }
+      },
+      { onWait: () => console.log('(waiting for the machine-wide traffic lock: another measurement runs)') },
+    );
     console.log('');
     printTable(['pod / direction', 'iperf3', 'asked', 'measured (median 1 s)', 'diff', ''], rows);
     console.log(
@@ -139,7 +171,9 @@ async function main(): Promise<void> {
     );
 
     // Live: gold's egress limit changed twice while one TCP flow runs; its rate follows.
-    console.log(`\nlive re-shape: one iperf3 flow gold -> free for ${LIVE_SECONDS} s; gold's egress limit changed with kubenet shape at ${LIVE_DOWN_AT} s and ${LIVE_UP_AT} s`);
+    console.log(
+      `\nlive re-shape: one iperf3 flow gold -> free for ${LIVE_SECONDS} s; gold's egress limit changed with kubenet shape at ${LIVE_DOWN_AT} s and ${LIVE_UP_AT} s`,
+    );
     const follow = await withTrafficLock(() => liveReshape(gold, free, kubenet));
     const phases = [
       { what: `egress ${fmt(gold.bandwidth?.egressRate ?? 0)}`, asked: gold.bandwidth?.egressRate ?? 0, from: 1, to: LIVE_DOWN_AT },
@@ -195,7 +229,9 @@ const SETTLE = 3;
  */
 async function liveReshape(sender: DemoPod, receiver: DemoPod, kubenet: (args: string[]) => Promise<string>): Promise<number[]> {
   const port = 5201 + Math.floor(Math.random() * 1000);
-  const server = execa('ip', ['netns', 'exec', receiver.netns, 'iperf3', '-s', '-1', '--forceflush', '-p', String(port)], { reject: false });
+  const server = execa('ip', ['netns', 'exec', receiver.netns, 'iperf3', '-s', '-1', '--forceflush', '-p', String(port)], {
+    reject: false,
+  });
   let text = '';
   let printed = 0;
   try {
@@ -207,11 +243,16 @@ async function liveReshape(sender: DemoPod, receiver: DemoPod, kubenet: (args: s
           clearTimeout(timer);
           resolve();
         }
-        for (const rate of serverIntervals(text).slice(printed)) console.log(`  [flow] ${String(printed).padStart(2)}-${String(++printed).padEnd(2)} s  ${fmt(rate)}`);
+        for (const rate of serverIntervals(text).slice(printed))
+          console.log(`  [flow] ${String(printed).padStart(2)}-${String(++printed).padEnd(2)} s  ${fmt(rate)}`);
       });
     });
     const t0 = Date.now();
-    const client = execa('ip', ['netns', 'exec', sender.netns, 'iperf3', '-c', String(receiver.ip), '-p', String(port), '-t', String(LIVE_SECONDS)], { reject: false });
+    const client = execa(
+      'ip',
+      ['netns', 'exec', sender.netns, 'iperf3', '-c', String(receiver.ip), '-p', String(port), '-t', String(LIVE_SECONDS)],
+      { reject: false },
+    );
     const at = async (s: number, args: string[]) => {
       await new Promise((r) => setTimeout(r, Math.max(0, t0 + s * 1000 - Date.now())));
       console.log(await kubenet(args));
@@ -233,7 +274,9 @@ async function liveReshape(sender: DemoPod, receiver: DemoPod, kubenet: (args: s
 function limitsText(p: DemoPod): string {
   const b = p.bandwidth;
   if (!b) return 'none';
-  return [b.ingressRate ? `ingress ${fmt(b.ingressRate)}` : '', b.egressRate ? `egress ${fmt(b.egressRate)}` : ''].filter(Boolean).join(', ');
+  return [b.ingressRate ? `ingress ${fmt(b.ingressRate)}` : '', b.egressRate ? `egress ${fmt(b.egressRate)}` : '']
+    .filter(Boolean)
+    .join(', ');
 }
 
 /** A 1 s rate, short: Mbit/s (or Gbit/s) with one decimal. */
@@ -247,7 +290,12 @@ function fmt(bps: number): string {
 
 function printTable(head: string[], rows: string[][]): void {
   const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (cells: string[]) => '  ' + cells.map((c, i) => c.padEnd(widths[i] ?? 0)).join('  ').trimEnd();
+  const line = (cells: string[]) =>
+    '  ' +
+    cells
+      .map((c, i) => c.padEnd(widths[i] ?? 0))
+      .join('  ')
+      .trimEnd();
   console.log(line(head));
   console.log(line(widths.map((w) => '-'.repeat(w))));
   for (const r of rows) console.log(line(r));
@@ -255,7 +303,15 @@ function printTable(head: string[], rows: string[][]): void {
 
 /** iperf3 from sender to receiver (both demo pods), as the tests measure; the receiver's 1 s rates in bits/s. */
 async function measure(sender: DemoPod, receiver: DemoPod, tick: (s: number) => void): Promise<number[]> {
-  const topo = (p: DemoPod, index: number): TopoPod => ({ index, netns: p.netns, netnsPath: `/var/run/netns/${p.netns}`, hostVeth: '', ip4: String(p.ip), ip6: '', id: p.id });
+  const topo = (p: DemoPod, index: number): TopoPod => ({
+    index,
+    netns: p.netns,
+    netnsPath: `/var/run/netns/${p.netns}`,
+    hostVeth: '',
+    ip4: String(p.ip),
+    ip6: '',
+    id: p.id,
+  });
   let s = 0;
   let ticker: NodeJS.Timeout | undefined;
   const onStart = () => {
@@ -280,7 +336,10 @@ async function waitHealthy(socket: string, agent: ResultPromise): Promise<void> 
   const deadline = Date.now() + 30_000;
   for (;;) {
     if (exited) throw new Error('the agent exited during startup (see its log above)');
-    const status = await agentGet(socket, HEALTH_PATH).then((r) => r.status, () => 0);
+    const status = await agentGet(socket, HEALTH_PATH).then(
+      (r) => r.status,
+      () => 0,
+    );
     if (status === 200) return;
     if (Date.now() > deadline) throw new Error(`the agent did not become ready within 30 s (socket ${socket})`);
     await new Promise((r) => setTimeout(r, 100));

@@ -84,7 +84,11 @@ export class FsError extends KubenetError {
   readonly path: string;
   /** What was being done: 'write', 'remove', 'create', 'read', ... */
   readonly op: string;
-  constructor(init: { code: string; errno: number; syscall?: string | undefined; path: string; op: string }, message: string, options?: { cause?: unknown }) {
+  constructor(
+    init: { code: string; errno: number; syscall?: string | undefined; path: string; op: string },
+    message: string,
+    options?: { cause?: unknown },
+  ) {
     super(message, options);
     this.code = init.code;
     this.errno = init.errno;

@@ -34,7 +34,10 @@ export function slugs(text: string): Set<string> {
     const m = /^#{1,6}\s+(.*?)\s*#*\s*$/.exec(line);
     if (!m) continue;
     const plain = (m[1] ?? '').replace(/\[([^\]]*)\]\([^)]*\)/g, '$1').replace(/[`*]/g, '');
-    const base = plain.toLowerCase().replace(/[^\p{L}\p{M}\p{N}\p{Pc} -]/gu, '').replace(/ /g, '-');
+    const base = plain
+      .toLowerCase()
+      .replace(/[^\p{L}\p{M}\p{N}\p{Pc} -]/gu, '')
+      .replace(/ /g, '-');
     const n = seen.get(base) ?? 0;
     seen.set(base, n + 1);
     out.add(n === 0 ? base : `${base}-${n}`);
@@ -52,22 +55,25 @@ export function links(text: string): Array<{ line: number; target: string }> {
   return out;
 }
 
-const docs = readdirSync(join(ROOT, 'docs')).filter((f) => f.endsWith('.md')).map((f) => join(ROOT, 'docs', f));
+const docs = readdirSync(join(ROOT, 'docs'))
+  .filter((f) => f.endsWith('.md'))
+  .map((f) => join(ROOT, 'docs', f));
 const pages = [join(ROOT, 'README.md'), ...docs];
 
 test('the slug and link helpers read markdown as GitHub does', (t) => {
   t.deepEqual(
-    [...slugs('# Pods on many nodes: `routes: direct`\n## host-local\'s allocator\n```sh\n# not a heading\n```\n## The event loop (issue 32)\n## A\n## A\n')],
+    [
+      ...slugs(
+        "# Pods on many nodes: `routes: direct`\n## host-local's allocator\n```sh\n# not a heading\n```\n## The event loop (issue 32)\n## A\n## A\n",
+      ),
+    ],
     ['pods-on-many-nodes-routes-direct', 'host-locals-allocator', 'the-event-loop-issue-32', 'a', 'a-1'],
   );
-  t.deepEqual(
-    links('see [a](docs/a.md#x) and `[b](nope.md)`\n```\n[c](code.md)\n```\n[d](https://example.com) [e](#top)'),
-    [
-      { line: 1, target: 'docs/a.md#x' },
-      { line: 5, target: 'https://example.com' },
-      { line: 5, target: '#top' },
-    ],
-  );
+  t.deepEqual(links('see [a](docs/a.md#x) and `[b](nope.md)`\n```\n[c](code.md)\n```\n[d](https://example.com) [e](#top)'), [
+    { line: 1, target: 'docs/a.md#x' },
+    { line: 5, target: 'https://example.com' },
+    { line: 5, target: '#top' },
+  ]);
 });
 
 test(`README.md is the front door: at most ${README_MAX_LINES} lines`, (t) => {

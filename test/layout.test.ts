@@ -29,7 +29,8 @@ export function importsOf(file: string, text: string): string[] {
   const out: string[] = [];
   const re = /^\s*(?:import|export)\s[^;]*?from\s+'(\.{1,2}\/[^']+)'/gms;
   for (let m = re.exec(text); m; m = re.exec(text)) out.push(normalize(join(dirname(file), (m[1] ?? '').replace(/\.js$/, '.ts'))));
-  for (const m of text.matchAll(/import\(\s*'(\.{1,2}\/[^']+)'\s*\)/g)) out.push(normalize(join(dirname(file), (m[1] ?? '').replace(/\.js$/, '.ts'))));
+  for (const m of text.matchAll(/import\(\s*'(\.{1,2}\/[^']+)'\s*\)/g))
+    out.push(normalize(join(dirname(file), (m[1] ?? '').replace(/\.js$/, '.ts'))));
   return out;
 }
 
@@ -82,9 +83,20 @@ test('the import graph check finds a cycle when there is one (and only then)', (
     ['e', ['e']],
   ]);
   t.deepEqual(cycles(g), [['a', 'b', 'c'], ['e']]);
-  t.deepEqual(cycles(new Map([['a', ['b']], ['b', []]])), []);
   t.deepEqual(
-    importsOf('/r/src/pod/x.ts', "import type { A } from './a.js';\nimport {\n  B,\n} from '../b.js';\nexport { C } from './c/index.js';\nimport x from 'node:fs';\nconst d = await import('./d.js');"),
+    cycles(
+      new Map([
+        ['a', ['b']],
+        ['b', []],
+      ]),
+    ),
+    [],
+  );
+  t.deepEqual(
+    importsOf(
+      '/r/src/pod/x.ts',
+      "import type { A } from './a.js';\nimport {\n  B,\n} from '../b.js';\nexport { C } from './c/index.js';\nimport x from 'node:fs';\nconst d = await import('./d.js');",
+    ),
     ['/r/src/pod/a.ts', '/r/src/b.ts', '/r/src/pod/c/index.ts', '/r/src/pod/d.ts'],
   );
 });
@@ -94,7 +106,10 @@ test('no import cycle under src/, type-only imports included', (t) => {
   t.true(graph.size > 50, `found ${graph.size} modules`);
   const missing = [...graph].flatMap(([f, deps]) => deps.filter((d) => !graph.has(d)).map((d) => `${rel(f)} -> ${rel(d)}`));
   t.deepEqual(missing, [], 'every relative import names a module under src/');
-  t.deepEqual(cycles(graph).map((c) => c.map(rel)), []);
+  t.deepEqual(
+    cycles(graph).map((c) => c.map(rel)),
+    [],
+  );
 });
 
 /**
@@ -104,17 +119,23 @@ test('no import cycle under src/, type-only imports included', (t) => {
  */
 const LAYERS: Record<string, Record<string, number>> = {
   src: {
-    'errors.ts': 0, 'log.ts': 0,
-    util: 1, net: 1,
-    netlink: 2, cni: 2, bandwidth: 2,
+    'errors.ts': 0,
+    'log.ts': 0,
+    util: 1,
+    net: 1,
+    netlink: 2,
+    cni: 2,
+    bandwidth: 2,
     shaper: 3,
     pod: 4,
-    plugin: 5, daemon: 5,
+    plugin: 5,
+    daemon: 5,
     cli: 6,
     'index.ts': 7,
   },
   'src/pod': {
-    'bridge-conf.ts': 0, 'netns.ts': 0,
+    'bridge-conf.ts': 0,
+    'netns.ts': 0,
     records: 1,
     'requests.ts': 2,
     'attachment.ts': 3,
@@ -127,8 +148,11 @@ const LAYERS: Record<string, Record<string, number>> = {
   'src/daemon': {
     'protocol.ts': 0,
     config: 1,
-    kube: 2, host: 2, 'loop-delay.ts': 2,
-    'pod-cidr': 3, cluster: 3,
+    kube: 2,
+    host: 2,
+    'loop-delay.ts': 2,
+    'pod-cidr': 3,
+    cluster: 3,
     cni: 4,
     shaping: 5,
     http: 6,
@@ -183,7 +207,11 @@ test('no upward import: each folder of src/, src/pod and src/daemon imports only
   // Every unit at each level is in its table (a new folder needs its place).
   for (const [level, ranks] of Object.entries(LAYERS)) {
     const units = readdirSync(join(ROOT, level)).filter((n) => !n.endsWith('.md'));
-    t.deepEqual(units.filter((u) => ranks[u] === undefined), [], `${level}: every folder and file has a layer`);
+    t.deepEqual(
+      units.filter((u) => ranks[u] === undefined),
+      [],
+      `${level}: every folder and file has a layer`,
+    );
   }
 });
 
@@ -193,20 +221,28 @@ test('no upward import: each folder of src/, src/pod and src/daemon imports only
  */
 const LONGER: Record<string, { max: number; why: string }> = {
   'src/shaper/tc.ts': {
-    max: 600,
-    why: 'the Shaper owns every pod\'s installed tc state, the class-id pools of the egress shards and of the ingress tree, the namespace class ids, the tc session and the node\'s trees; init, ensure, remove and reconcile all read and write that state under one mutex, and a split would hand its private maps to other files (the pure parts already live in tc-layout.ts, tc-plan.ts, groups.ts, sizing.ts)',
+    max: 640,
+    why: "the Shaper owns every pod's installed tc state, the class-id pools of the egress shards and of the ingress tree, the namespace class ids, the tc session and the node's trees; init, ensure, remove and reconcile all read and write that state under one mutex, and a split would hand its private maps to other files (the pure parts already live in tc-layout.ts, tc-plan.ts, groups.ts, sizing.ts)",
   },
   'src/shaper/tc-layout.ts': {
-    max: 430,
-    why: 'every kernel object the shaper makes, its handle and its tc line, flat and in the trees, in one reading: the module doc is the map the lines follow, and a reader checking one pod\'s objects needs all of it',
+    max: 490,
+    why: "every kernel object the shaper makes, its handle and its tc line, flat and in the trees, in one reading: the module doc is the map the lines follow, and a reader checking one pod's objects needs all of it",
   },
   'src/daemon/config/keys.ts': {
     max: 520,
-    why: 'the config-key table: one entry per key (type, default, flag, meaning, check), from which the defaults, the flags, --help, docs/config.md and the chart\'s values schema all come; a table split across files is two tables',
+    why: "the config-key table: one entry per key (type, default, flag, meaning, check), from which the defaults, the flags, --help, docs/config.md and the chart's values schema all come; a table split across files is two tables",
   },
   'src/daemon/agent.ts': {
-    max: 440,
+    max: 470,
     why: 'the Agent owns the lifecycle of every part it starts (core, sockets, metrics port, watches, DHCP daemon) in the order start and stop must keep; the parts themselves live in their own modules',
+  },
+  'src/daemon/shaping/live-shaping.ts': {
+    max: 440,
+    why: "LiveShaping owns the per-pod mutex every re-shape takes and what it has told each pod once; the pod watch, the namespace watch and `kubenet shape` all go through its one resolve-and-apply path, and its module doc is the one description of when a running pod's limits change (the pure policy is src/bandwidth's)",
+  },
+  'src/pod/network.ts': {
+    max: 420,
+    why: "PodNetwork is the one facade both front ends drive and the owner of the core's state (its phase, the pending ADDs, the locks, the store, the modes); each operation is a few lines over lifecycle/, node/, addresses/ and records/, and its module doc states the rules every operation keeps",
   },
 };
 

@@ -59,7 +59,10 @@ export function addBuckets(a: Array<[number, number]>, b: Array<[number, number]
  * The q-quantile of per-bucket samples: the bucket it falls in and a linear guess inside it (ms).
  * `within(bound)`: whether at least q of the samples are at or under `bound` (s), exactly.
  */
-export function bucketQuantile(buckets: Array<[number, number]>, q: number): { n: number; ms: number; upperMs: number; within: (bound: number) => boolean } {
+export function bucketQuantile(
+  buckets: Array<[number, number]>,
+  q: number,
+): { n: number; ms: number; upperMs: number; within: (bound: number) => boolean } {
   const n = buckets.reduce((a, [, c]) => a + c, 0);
   const target = q * n;
   let cum = 0;
@@ -67,7 +70,10 @@ export function bucketQuantile(buckets: Array<[number, number]>, q: number): { n
   let found = { ms: NaN, upperMs: NaN };
   for (const [le, c] of buckets) {
     if (cum + c >= target && c > 0) {
-      found = le === Infinity ? { ms: Infinity, upperMs: Infinity } : { ms: (lower + ((le - lower) * (target - cum)) / c) * 1000, upperMs: le * 1000 };
+      found =
+        le === Infinity
+          ? { ms: Infinity, upperMs: Infinity }
+          : { ms: (lower + ((le - lower) * (target - cum)) / c) * 1000, upperMs: le * 1000 };
       break;
     }
     cum += c;
@@ -112,7 +118,8 @@ export async function watchAgent(h: AgentHarness, pid: number | undefined): Prom
       const windowMs = performance.now() - t0;
       await polling;
       const loop1 = histogramBuckets((await h.get('/metrics')).body, LOOP_METRIC);
-      const mainThread = sched0 && sched1 ? { runMs: (sched1.run - sched0.run) / 1e6, waitMs: (sched1.wait - sched0.wait) / 1e6, windowMs } : undefined;
+      const mainThread =
+        sched0 && sched1 ? { runMs: (sched1.run - sched0.run) / 1e6, waitMs: (sched1.wait - sched0.wait) / 1e6, windowMs } : undefined;
       return { loop: bucketDelta(loop0, loop1), health, healthFailures, ...(mainThread ? { mainThread } : {}) };
     },
   };

@@ -17,7 +17,23 @@ import { AgentHarness, LIBCNI_DRIVER, libcniCallArgs, type BatchRequest, type Li
 import { FakeApiServer, fakeKubeConfig, node as nodeObject, pod as podObject } from '../../test/kit/fake-apiserver.js';
 import { delIfbs, makeTmpDir, rmrf, uniq } from '../../test/kit/kernel.js';
 import { cniArgs } from '../../test/kit/test-pod.js';
-import { annotationsOf, bandwidthConfig, DIST_MAIN, Interrupted, linkNames, metricValue, NODE_NAME, POD_GET, RATE, REF_BIN_DIR, type AgentMode, type Call, type Mode, type Op, type Pod } from './common.js';
+import {
+  annotationsOf,
+  bandwidthConfig,
+  DIST_MAIN,
+  Interrupted,
+  linkNames,
+  metricValue,
+  NODE_NAME,
+  POD_GET,
+  RATE,
+  REF_BIN_DIR,
+  type AgentMode,
+  type Call,
+  type Mode,
+  type Op,
+  type Pod,
+} from './common.js';
 import { childPids } from './cpu.js';
 import { startFloor, type BashFloor } from './floor.js';
 
@@ -78,7 +94,12 @@ export class CniBench {
           isGateway: true,
           ipMasq: false,
           hairpinMode: true,
-          ipam: { type: 'host-local', ranges: [[{ subnet: refCidr }]], routes: [{ dst: '0.0.0.0/0' }], dataDir: join(this.refRoot, 'ipam') },
+          ipam: {
+            type: 'host-local',
+            ranges: [[{ subnet: refCidr }]],
+            routes: [{ dst: '0.0.0.0/0' }],
+            dataDir: join(this.refRoot, 'ipam'),
+          },
         },
         { type: 'bandwidth', capabilities: { bandwidth: true } },
       ],
@@ -117,7 +138,12 @@ export class CniBench {
     }
     const { NODE_OPTIONS: _drop, KBENCH_AGENT_NODE_FLAGS: nodeFlags, ...env } = process.env;
     const node = nodeFlags ? nodeFlags.split(' ').filter((f) => f !== '') : [];
-    this.agentProc = execa(process.execPath, [...node, DIST_MAIN, 'daemon', ...flags], { env, extendEnv: false, stdio: ['ignore', 'inherit', 'inherit'], reject: false });
+    this.agentProc = execa(process.execPath, [...node, DIST_MAIN, 'daemon', ...flags], {
+      env,
+      extendEnv: false,
+      stdio: ['ignore', 'inherit', 'inherit'],
+      reject: false,
+    });
     let exited = false;
     void this.agentProc.then(() => (exited = true));
     await this.waitHealthy(() => exited);
@@ -175,7 +201,16 @@ export class CniBench {
     const netns = `kbench-${this.tag}-${name}`;
     // The trailing '-' keeps p1 and p10 apart once padded.
     const id = `${this.tag}-${name}-`.padEnd(64, '0');
-    return { side, namespace: 'default', name, uid: `uid-${this.tag}-${name}`, id, netns, netnsPath: `/var/run/netns/${netns}`, ifName: 'eth0' };
+    return {
+      side,
+      namespace: 'default',
+      name,
+      uid: `uid-${this.tag}-${name}`,
+      id,
+      netns,
+      netnsPath: `/var/run/netns/${netns}`,
+      ifName: 'eth0',
+    };
   }
 
   async addNetns(pods: Pod[]): Promise<void> {
@@ -220,7 +255,10 @@ export class CniBench {
     if (!api) return;
     const kpods = pods.filter((p) => p.side === 'kubenet');
     for (const p of kpods) api.setPod(podObject('default', p.name, NODE_NAME, annotationsOf(p.rate ?? RATE)));
-    await api.waitDelivered('pods', kpods.map((p) => `default/${p.name}`));
+    await api.waitDelivered(
+      'pods',
+      kpods.map((p) => `default/${p.name}`),
+    );
   }
 
   unpublishPods(pods: Pod[]): void {
@@ -248,12 +286,23 @@ export class CniBench {
   /** A libcni call of `p`; the kubenet side in cluster mode gets its limits from the pod's annotations in the agent's watch, not runtimeConfig. */
   request(cmd: 'add' | 'del', p: Pod): BatchRequest {
     const withLimits = p.side !== 'kubenet' || this.mode === 'static';
-    return { cmd, netns: p.netnsPath, containerId: p.id, ifName: 'eth0', args: cniArgs(p), ...(withLimits ? { runtimeConfig: bandwidthConfig(p.rate ?? RATE) } : {}) };
+    return {
+      cmd,
+      netns: p.netnsPath,
+      containerId: p.id,
+      ifName: 'eth0',
+      args: cniArgs(p),
+      ...(withLimits ? { runtimeConfig: bandwidthConfig(p.rate ?? RATE) } : {}),
+    };
   }
 
   libcniDirs(side: 'kubenet' | 'reference'): LibcniDirs {
     return side === 'kubenet'
-      ? { conf: this.h.config.cniConfDir, bin: [this.h.config.cniBinDir, ...this.h.config.pluginBinDirs].join(':'), cache: this.h.libcniCache }
+      ? {
+          conf: this.h.config.cniConfDir,
+          bin: [this.h.config.cniBinDir, ...this.h.config.pluginBinDirs].join(':'),
+          cache: this.h.libcniCache,
+        }
       : { conf: this.refConfDir, bin: REF_BIN_DIR, cache: this.refCache };
   }
 
@@ -362,7 +411,9 @@ export class CniBench {
     const links = new Set(await linkNames());
     const refLinks = [this.refBridge, this.floorBridge, ...this.refIfbs].filter((l) => links.has(l));
     await step('reference links', () =>
-      refLinks.length ? execa('ip', ['-force', '-batch', '-'], { input: refLinks.map((l) => `link del ${l}`).join('\n') + '\n', reject: false }) : Promise.resolve(),
+      refLinks.length
+        ? execa('ip', ['-force', '-batch', '-'], { input: refLinks.map((l) => `link del ${l}`).join('\n') + '\n', reject: false })
+        : Promise.resolve(),
     );
     // The floor's config generator made its shaper's ifb and egress shards.
     await step('floor ifbs', () => delIfbs(this.floorIfb));

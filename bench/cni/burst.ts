@@ -8,7 +8,20 @@ import { median } from '../../test/kit/bench-kit.js';
 import { libcniBatch } from '../../test/kit/agent-harness.js';
 import { addBuckets, bucketQuantile, HEALTH_POLL_MS, watchAgent, type AgentSeen } from './agent-watch.js';
 import type { CniBench } from './bench.js';
-import { GOAL_BURST_RATIO, GOAL_HEALTH_P99_MS, GOAL_LOOP_P99_MS, goal, load, ms, pool, stats, type BurstRuntime, type Options, type Pod, type Side } from './common.js';
+import {
+  GOAL_BURST_RATIO,
+  GOAL_HEALTH_P99_MS,
+  GOAL_LOOP_P99_MS,
+  goal,
+  load,
+  ms,
+  pool,
+  stats,
+  type BurstRuntime,
+  type Options,
+  type Pod,
+  type Side,
+} from './common.js';
 import { agentTreeCpu, procCpu, type BurstCpu } from './cpu.js';
 
 export interface BurstRep {
@@ -44,19 +57,34 @@ export async function burstSection(bench: CniBench, o: Options, goals: string[])
       const seen = b.agentSeen;
       const agent = seen
         ? `; agent event loop p99 ~${bucketQuantile(seen.loop, 0.99).ms.toFixed(1)} ms, /healthz p50 ${stats(seen.health).p50.toFixed(1)} p99 ${stats(seen.health).p99.toFixed(1)} max ${stats(seen.health).max.toFixed(1)} ms (${seen.health.length} GETs, ${seen.healthFailures} failed)` +
-          (seen.mainThread ? `, its main thread ran ${seen.mainThread.runMs.toFixed(0)} ms and waited for a CPU ${seen.mainThread.waitMs.toFixed(0)} ms of ${seen.mainThread.windowMs.toFixed(0)}` : '')
+          (seen.mainThread
+            ? `, its main thread ran ${seen.mainThread.runMs.toFixed(0)} ms and waited for a CPU ${seen.mainThread.waitMs.toFixed(0)} ms of ${seen.mainThread.windowMs.toFixed(0)}`
+            : '')
         : '';
-      console.log(`burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time, ${o.burstRuntime === 'batch' ? 'one runtime process' : 'a driver process per call'})${cpu}${agent}, load ${load()}`);
+      console.log(
+        `burst ${rep + 1} ${side.padEnd(9)}: ${o.burst} ADDs ${ms(b.addMs, 0)} ms + ${o.burst} DELs ${ms(b.delMs, 0)} ms = ${ms(b.totalMs, 0)} ms (${o.concurrency} at a time, ${o.burstRuntime === 'batch' ? 'one runtime process' : 'a driver process per call'})${cpu}${agent}, load ${load()}`,
+      );
     }
   }
   burstReport(burst, o, goals);
 }
 
 /** `n` pods added `concurrency` at a time, then deleted likewise, on one side; wall times. */
-async function oneBurst(bench: CniBench, side: Side, rep: number, n: number, concurrency: number, runtime: BurstRuntime): Promise<BurstRep> {
+async function oneBurst(
+  bench: CniBench,
+  side: Side,
+  rep: number,
+  n: number,
+  concurrency: number,
+  runtime: BurstRuntime,
+): Promise<BurstRep> {
   const agentPid = bench.agentProc?.pid;
   const sample = (): BurstCpu => ({ runtime: procCpu('self').reaped, ...(agentPid ? agentTreeCpu(agentPid) : { agent: 0, helpers: 0 }) });
-  const since = (a: BurstCpu, b: BurstCpu): BurstCpu => ({ runtime: b.runtime - a.runtime, agent: b.agent - a.agent, helpers: b.helpers - a.helpers });
+  const since = (a: BurstCpu, b: BurstCpu): BurstCpu => ({
+    runtime: b.runtime - a.runtime,
+    agent: b.agent - a.agent,
+    helpers: b.helpers - a.helpers,
+  });
   const pods = Array.from({ length: n }, (_, i) => bench.pod(side, 500 + rep, i));
   try {
     await bench.addNetns(pods);
@@ -72,10 +100,16 @@ async function oneBurst(bench: CniBench, side: Side, rep: number, n: number, con
       delMs = await batch(bench, 'del', pods, concurrency);
     } else {
       const t0 = performance.now();
-      await pool(concurrency, pods.map((p) => () => bench.add(p)));
+      await pool(
+        concurrency,
+        pods.map((p) => () => bench.add(p)),
+      );
       cpuAdded = sample();
       const t1 = performance.now();
-      await pool(concurrency, pods.map((p) => () => bench.del(p)));
+      await pool(
+        concurrency,
+        pods.map((p) => () => bench.del(p)),
+      );
       addMs = t1 - t0;
       delMs = performance.now() - t1;
     }
@@ -83,7 +117,15 @@ async function oneBurst(bench: CniBench, side: Side, rep: number, n: number, con
     const agentSeen = await watch?.stop();
     if (side === 'kubenet') await bench.settle();
     bench.unpublishPods(pods);
-    return { side, addMs, delMs, totalMs: addMs + delMs, cpu: since(cpu0, cpu1), addCpu: since(cpu0, cpuAdded), ...(agentSeen ? { agentSeen } : {}) };
+    return {
+      side,
+      addMs,
+      delMs,
+      totalMs: addMs + delMs,
+      cpu: since(cpu0, cpu1),
+      addCpu: since(cpu0, cpuAdded),
+      ...(agentSeen ? { agentSeen } : {}),
+    };
   } finally {
     await bench.dropNetns(pods);
   }
@@ -104,7 +146,9 @@ async function batch(bench: CniBench, cmd: 'add' | 'del', pods: Pod[], concurren
   const answered = r.answers.filter(Boolean);
   const failed = answered.filter((a) => a.error);
   if (r.exitCode !== 0 || answered.length !== pods.length || failed.length > 0) {
-    throw new Error(`${side} batch ${cmd} failed (exit ${r.exitCode}, ${answered.length}/${pods.length} answered): ${failed[0]?.error ?? r.stderr}`);
+    throw new Error(
+      `${side} batch ${cmd} failed (exit ${r.exitCode}, ${answered.length}/${pods.length} answered): ${failed[0]?.error ?? r.stderr}`,
+    );
   }
   for (const a of answered) {
     if (cmd === 'add') {
@@ -131,8 +175,12 @@ function burstReport(burst: BurstRep[], o: Options, goals: string[]): void {
   );
   const seen = burst.flatMap((b) => (b.agentSeen ? [b.agentSeen] : []));
   if (seen.length === 0) return;
-  const loop = bucketQuantile(seen.reduce<Array<[number, number]>>((a, x) => addBuckets(a, x.loop), []), 0.99);
-  const upper = (q: { upperMs: number }) => (q.upperMs === Infinity ? `over ${(seen[0]?.loop.at(-2)?.[0] ?? 0) * 1000} ms` : `≤ ${q.upperMs} ms`);
+  const loop = bucketQuantile(
+    seen.reduce<Array<[number, number]>>((a, x) => addBuckets(a, x.loop), []),
+    0.99,
+  );
+  const upper = (q: { upperMs: number }) =>
+    q.upperMs === Infinity ? `over ${(seen[0]?.loop.at(-2)?.[0] ?? 0) * 1000} ms` : `≤ ${q.upperMs} ms`;
   goals.push(
     goal(
       `event-loop delay p99 during the ${o.burst}-pod bursts`,
@@ -152,4 +200,3 @@ function burstReport(burst: BurstRep[], o: Options, goals: string[]): void {
     ),
   );
 }
-

@@ -14,10 +14,15 @@ export const REF_BIN_DIR = REF_PLUGINS_DIR;
 export const REF_PLUGINS = ['bridge', 'host-local', 'bandwidth'];
 /** 100 Mbit/s both ways; bursts as containerd 1.6 passes them when the pod sets none. */
 export const RATE = 100_000_000;
-export const bandwidthConfig = (rate: number) => ({ bandwidth: { ingressRate: rate, ingressBurst: 4294967295, egressRate: rate, egressBurst: 4294967295 } });
+export const bandwidthConfig = (rate: number) => ({
+  bandwidth: { ingressRate: rate, ingressBurst: 4294967295, egressRate: rate, egressBurst: 4294967295 },
+});
 export const RUNTIME_CONFIG = bandwidthConfig(RATE);
 /** The same limits as pod annotations (cluster mode). */
-export const annotationsOf = (rate: number) => ({ 'kubernetes.io/ingress-bandwidth': `${rate / 1e6}M`, 'kubernetes.io/egress-bandwidth': `${rate / 1e6}M` });
+export const annotationsOf = (rate: number) => ({
+  'kubernetes.io/ingress-bandwidth': `${rate / 1e6}M`,
+  'kubernetes.io/egress-bandwidth': `${rate / 1e6}M`,
+});
 export const ANNOTATIONS = annotationsOf(RATE);
 /** The outside client's limits (issue 32): 10 Mbit/s both ways. */
 export const OUTSIDE_RATE = 10_000_000;
@@ -84,11 +89,15 @@ export const stats = (xs: number[]): Stats => summary(xs);
 export const ms = (x: number, w = 8) => x.toFixed(2).padStart(w);
 export const verdict = (ok: boolean) => (ok ? 'PASS' : 'MISS');
 /** A goal line as DESIGN's bench contract has it: `goal <what> (<threshold>): PASS|MISS <figures>`. */
-export const goal = (what: string, threshold: string, ok: boolean, figures: string) => `goal ${what} (${threshold}): ${verdict(ok)} ${figures}`;
+export const goal = (what: string, threshold: string, ok: boolean, figures: string) =>
+  `goal ${what} (${threshold}): ${verdict(ok)} ${figures}`;
 export const sleep = (msec: number) => new Promise<void>((r) => setTimeout(r, msec));
 /** A word for a POSIX shell, single-quoted. */
 export const shq = (w: string) => `'${w.replace(/'/g, `'\\''`)}'`;
-export const load = () => loadavg().map((x) => x.toFixed(2)).join(' ');
+export const load = () =>
+  loadavg()
+    .map((x) => x.toFixed(2))
+    .join(' ');
 
 /** Runs `jobs` with at most `n` at a time; every job runs, the first failure is rethrown at the end. */
 export async function pool<T>(n: number, jobs: Array<() => Promise<T>>): Promise<T[]> {

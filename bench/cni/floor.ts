@@ -69,7 +69,11 @@ export class BashFloor {
  * The floor's bridge config: the agent's own config generation (`c`: the agent's config), for
  * another bridge and ifb, subnet `cidr` and IPAM dir under `root`; the bash that execs it.
  */
-export async function startFloor(c: AgentHarness['config'], names: { bridge: string; ifb: string; root: string }, cidr: string): Promise<BashFloor> {
+export async function startFloor(
+  c: AgentHarness['config'],
+  names: { bridge: string; ifb: string; root: string },
+  cidr: string,
+): Promise<BashFloor> {
   const gen = new KubenetPlugin({
     bridgeName: names.bridge,
     ifbName: names.ifb,

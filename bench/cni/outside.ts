@@ -10,7 +10,20 @@ import { performance } from 'node:perf_hooks';
 import { median } from '../../test/kit/bench-kit.js';
 import { LIBCNI_DRIVER, libcniCallArgs } from '../../test/kit/agent-harness.js';
 import type { CniBench } from './bench.js';
-import { GOAL_ADD_RATIO, goal, load, ms, OUTSIDE_RATE, shq, stats, type Mode, type Op, type Options, type Pod, type Side } from './common.js';
+import {
+  GOAL_ADD_RATIO,
+  goal,
+  load,
+  ms,
+  OUTSIDE_RATE,
+  shq,
+  stats,
+  type Mode,
+  type Op,
+  type Options,
+  type Pod,
+  type Side,
+} from './common.js';
 
 /** One repetition of the outside client: per side, each ADD's and DEL's time in call order. */
 export interface OutsideRep {
@@ -89,8 +102,10 @@ async function outside(bench: CniBench, rep: number, n: number, first: Side): Pr
       call[side][op].push(Number(callMs));
       wall[side][op].push((Number(e0) - Number(s0)) * 1000);
     }
-    for (let i = 0; i < call.reference.ADD.length; i++) bench.noteIfbs(await readFile(join(dir, `reference-ADD-${i}.out`), 'utf8').catch(() => ''));
-    if (r.exitCode !== 0) throw new Error(`outside client, rep ${rep + 1}: ${r.stdout.split('\n').find((l) => l.startsWith('fail')) ?? r.stderr}`);
+    for (let i = 0; i < call.reference.ADD.length; i++)
+      bench.noteIfbs(await readFile(join(dir, `reference-ADD-${i}.out`), 'utf8').catch(() => ''));
+    if (r.exitCode !== 0)
+      throw new Error(`outside client, rep ${rep + 1}: ${r.stdout.split('\n').find((l) => l.startsWith('fail')) ?? r.stderr}`);
     bench.trackRefPods(pods.reference, false);
     await bench.settle();
     bench.unpublishPods(all);
@@ -102,7 +117,9 @@ async function outside(bench: CniBench, rep: number, n: number, first: Side): Pr
 
 /** The outside client's figures (per repetition and pooled) and its goal. */
 function outsideReport(mode: Mode, reps: OutsideRep[], o: Options, goals: string[]): void {
-  console.log(`\noutside client (${mode} mode): a bash client, one libcni-driver process per call, ${o.pods} pods per side, ${OUTSIDE_RATE / 1e6}M both ways, the agent started afresh before each repetition; ms`);
+  console.log(
+    `\noutside client (${mode} mode): a bash client, one libcni-driver process per call, ${o.pods} pods per side, ${OUTSIDE_RATE / 1e6}M both ways, the agent started afresh before each repetition; ms`,
+  );
   console.log('rep  first      side       op   libcni call p50   p99 | first 3 calls           | rest p50 | process wall p50');
   const pooled = { kubenet: [] as number[], reference: [] as number[] };
   const pooledWall = { kubenet: [] as number[], reference: [] as number[] };
@@ -113,7 +130,11 @@ function outsideReport(mode: Mode, reps: OutsideRep[], o: Options, goals: string
         const xs = r.call[side][op];
         const s = stats(xs);
         console.log(
-          `${String(i + 1).padStart(3)}  ${r.first.padEnd(9)}  ${side.padEnd(9)}  ${op}  ${ms(s.p50, 17)}  ${ms(s.p99, 5)} | ${xs.slice(0, 3).map((x) => x.toFixed(1)).join(' ').padEnd(22)} | ${ms(median(xs.slice(3)), 8)} | ${ms(median(r.wall[side][op]), 16)}`,
+          `${String(i + 1).padStart(3)}  ${r.first.padEnd(9)}  ${side.padEnd(9)}  ${op}  ${ms(s.p50, 17)}  ${ms(s.p99, 5)} | ${xs
+            .slice(0, 3)
+            .map((x) => x.toFixed(1))
+            .join(' ')
+            .padEnd(22)} | ${ms(median(xs.slice(3)), 8)} | ${ms(median(r.wall[side][op]), 16)}`,
         );
       }
       pooled[side].push(...r.call[side].ADD);

@@ -33,7 +33,9 @@ export async function overheadSection(bench: CniBench, o: Options, goals: string
   console.log("from this process: binary = the installed binary exec'd with execa, POST = the same call straight to the socket,");
   console.log("  overhead = median of paired (binary − POST); beyond exec = overhead − /bin/true exec'd the same way");
   console.log('from a sh loop (lean fork/exec, like a Go runtime): mean per call; overhead = sh binary − POST p50');
-  console.log('call                   binary p50  POST p50  /bin/true p50  overhead  beyond exec | binary p99  POST p99 | sh: binary  /bin/true  overhead');
+  console.log(
+    'call                   binary p50  POST p50  /bin/true p50  overhead  beyond exec | binary p99  POST p99 | sh: binary  /bin/true  overhead',
+  );
   for (const x of over) {
     console.log(
       `${x.label.padEnd(21)}  ${ms(x.bin.p50, 10)}  ${ms(x.post.p50)}  ${ms(x.floor.p50, 13)}  ${ms(x.pairedOverhead)}  ${ms(x.pairedOverhead - x.floor.p50, 11)} | ` +
@@ -43,7 +45,12 @@ export async function overheadSection(bench: CniBench, o: Options, goals: string
   const status = over[1]!;
   const overhead = status.shBin - status.post.p50;
   goals.push(
-    goal('forwarding overhead of the installed binary per call', `≤ ${GOAL_OVERHEAD_MS} ms`, overhead <= GOAL_OVERHEAD_MS, `${overhead.toFixed(2)} ms (STATUS exec'd from sh, mean, minus the POST p50; /bin/true alone from sh ${status.shFloor.toFixed(2)})`),
+    goal(
+      'forwarding overhead of the installed binary per call',
+      `≤ ${GOAL_OVERHEAD_MS} ms`,
+      overhead <= GOAL_OVERHEAD_MS,
+      `${overhead.toFixed(2)} ms (STATUS exec'd from sh, mean, minus the POST p50; /bin/true alone from sh ${status.shFloor.toFixed(2)})`,
+    ),
   );
 }
 

@@ -72,7 +72,13 @@ async function runSoak(bench: CniBench, cycles: number): Promise<SoakResult> {
           bench.checkAbort();
           const slot = free.pop()!;
           try {
-            const env = { CNI_CONTAINERID: p.id, CNI_NETNS: slot.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(p), CNI_PATH: bench.h.config.pluginBinDirs.join(':') };
+            const env = {
+              CNI_CONTAINERID: p.id,
+              CNI_NETNS: slot.netnsPath,
+              CNI_IFNAME: 'eth0',
+              CNI_ARGS: cniArgs(p),
+              CNI_PATH: bench.h.config.pluginBinDirs.join(':'),
+            };
             const add = await postCni(socket, { CNI_COMMAND: 'ADD', ...env }, stdin);
             if (add.status !== 200) throw new Error(`soak ADD ${p.name} failed (${add.status}): ${add.body}`);
             const del = await postCni(socket, { CNI_COMMAND: 'DEL', ...env }, stdin);
@@ -91,7 +97,9 @@ async function runSoak(bench: CniBench, cycles: number): Promise<SoakResult> {
       if (done % 1000 === 0) {
         const sample = { cycles: done, mb: await bench.agentRssMb(), helpersMb: bench.helpersRssMb() };
         if (!rss.some((x) => x.cycles === done)) rss.push(sample);
-        console.log(`  soak: ${done} cycles, ${((performance.now() - started) / 1000).toFixed(0)} s, agent RSS ${sample.mb.toFixed(1)} MB, its helpers ${sample.helpersMb.toFixed(1)} MB, load ${load()}`);
+        console.log(
+          `  soak: ${done} cycles, ${((performance.now() - started) / 1000).toFixed(0)} s, agent RSS ${sample.mb.toFixed(1)} MB, its helpers ${sample.helpersMb.toFixed(1)} MB, load ${load()}`,
+        );
       }
     }
   } finally {

@@ -27,7 +27,7 @@ export function pickSubnet(second: number, pods: number, taken: Array<[number, n
   const prefix = 32 - hostBits;
   const blocks = 2 ** (16 - hostBits);
   for (let attempt = 0; attempt < 200; attempt++) {
-    const first = ((10 * 256 + second) << 16 >>> 0) + Math.floor(Math.random() * blocks) * 2 ** hostBits;
+    const first = (((10 * 256 + second) << 16) >>> 0) + Math.floor(Math.random() * blocks) * 2 ** hostBits;
     const last = first + 2 ** hostBits - 1;
     if (taken.some(([a, b]) => a <= last && first <= b)) continue;
     taken.push([first, last]);

@@ -24,7 +24,10 @@ export function chartValuesSchema(): Record<string, unknown> {
           pullPolicy: { type: 'string', enum: ['Always', 'IfNotPresent', 'Never'] },
         },
       },
-      config: { ...configKeysJsonSchema(), description: "The agent's config file (the ConfigMap's config.yaml): the keys of `kubenet daemon --help`." },
+      config: {
+        ...configKeysJsonSchema(),
+        description: "The agent's config file (the ConfigMap's config.yaml): the keys of `kubenet daemon --help`.",
+      },
       resources: { type: 'object', description: "The agent container's resources." },
       tolerations: { type: 'array', items: { type: 'object' } },
       nodeSelector: { type: 'object', additionalProperties: { type: 'string' } },

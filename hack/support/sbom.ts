@@ -76,7 +76,13 @@ const APP_DIR = 'opt/kubenet';
 
 // ---- purl (github.com/package-url/purl-spec): each segment percent-encoded ----
 const enc = (s: string) => encodeURIComponent(s);
-export function purl(type: string, namespace: string | undefined, name: string, version?: string, qualifiers: Record<string, string> = {}): string {
+export function purl(
+  type: string,
+  namespace: string | undefined,
+  name: string,
+  version?: string,
+  qualifiers: Record<string, string> = {},
+): string {
   const ns = namespace ? `${namespace.split('/').map(enc).join('/')}/` : '';
   const v = version ? `@${enc(version)}` : '';
   const q = Object.keys(qualifiers)
@@ -85,7 +91,11 @@ export function purl(type: string, namespace: string | undefined, name: string, 
     .join('&');
   return `pkg:${type}/${ns}${enc(name)}${v}${q ? `?${q}` : ''}`;
 }
-const purlRef = (locator: string): SpdxExternalRef => ({ referenceCategory: 'PACKAGE-MANAGER', referenceType: 'purl', referenceLocator: locator });
+const purlRef = (locator: string): SpdxExternalRef => ({
+  referenceCategory: 'PACKAGE-MANAGER',
+  referenceType: 'purl',
+  referenceLocator: locator,
+});
 
 // ---- npm ----
 export interface NpmPackage {
@@ -105,7 +115,11 @@ export function npmPackages(appDir: string): NpmPackage[] {
       if (e.name.startsWith('.') || !e.isDirectory()) continue;
       const dirs = e.name.startsWith('@') ? readdirSync(join(appDir, nm, e.name)).map((s) => `${nm}/${e.name}/${s}`) : [`${nm}/${e.name}`];
       for (const d of dirs) {
-        const pj = JSON.parse(readFileSync(join(appDir, d, 'package.json'), 'utf8')) as { name?: string; version?: string; license?: unknown };
+        const pj = JSON.parse(readFileSync(join(appDir, d, 'package.json'), 'utf8')) as {
+          name?: string;
+          version?: string;
+          license?: unknown;
+        };
         if (!pj.name || !pj.version) throw new Error(`${d}/package.json: no name or version`);
         out.push({ name: pj.name, version: pj.version, path: d, ...(typeof pj.license === 'string' ? { license: pj.license } : {}) });
         walk(`${d}/node_modules`);
@@ -288,7 +302,10 @@ function spdxId(taken: Set<string>, ...parts: string[]): string {
   return id;
 }
 
-const byKey = <T>(key: (x: T) => string) => (a: T, b: T) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0);
+const byKey =
+  <T>(key: (x: T) => string) =>
+  (a: T, b: T) =>
+    key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0;
 
 export function buildSbom(x: SbomInputs): SpdxDocument {
   const ids = new Set<string>(['SPDXRef-DOCUMENT']);
@@ -315,7 +332,9 @@ export function buildSbom(x: SbomInputs): SpdxDocument {
   const contains = (id: string, from = rootId) => rels.push({ spdxElementId: from, relationshipType: 'CONTAINS', relatedSpdxElement: id });
 
   // npm: one package per name@version, wherever in node_modules it is.
-  const lock = x.lockfile ? (JSON.parse(readFileSync(x.lockfile, 'utf8')) as { packages?: Record<string, LockEntry> }).packages ?? {} : {};
+  const lock = x.lockfile
+    ? ((JSON.parse(readFileSync(x.lockfile, 'utf8')) as { packages?: Record<string, LockEntry> }).packages ?? {})
+    : {};
   const npm = new Map<string, { p: NpmPackage; paths: string[]; lock?: LockEntry }>();
   for (const p of npmPackages(appDir).sort(byKey((q) => q.path))) {
     const key = `${p.name}@${p.version}`;
@@ -359,7 +378,11 @@ export function buildSbom(x: SbomInputs): SpdxDocument {
     checksums: sriChecksums(x.nodeIntegrity),
     externalRefs: [
       purlRef(purl('generic', undefined, 'node', nodeVersion)),
-      { referenceCategory: 'SECURITY', referenceType: 'cpe23Type', referenceLocator: `cpe:2.3:a:nodejs:node.js:${nodeVersion}:*:*:*:*:*:*:*` },
+      {
+        referenceCategory: 'SECURITY',
+        referenceType: 'cpe23Type',
+        referenceLocator: `cpe:2.3:a:nodejs:node.js:${nodeVersion}:*:*:*:*:*:*:*`,
+      },
     ],
     primaryPackagePurpose: 'APPLICATION',
     comment: `/usr/local/bin/node: the npm registry's ${x.nodePackage} (the official linux-x64 build), stripped`,
@@ -401,7 +424,11 @@ export function buildSbom(x: SbomInputs): SpdxDocument {
       downloadLocation: real && path !== 'stdlib' ? goProxyZip(path, version) : NOASSERTION,
       ...base,
       licenseDeclared: NOASSERTION,
-      externalRefs: [purlRef(purl('golang', path.split('/').slice(0, -1).join('/') || undefined, path.split('/').pop() ?? path, real ? version : undefined))],
+      externalRefs: [
+        purlRef(
+          purl('golang', path.split('/').slice(0, -1).join('/') || undefined, path.split('/').pop() ?? path, real ? version : undefined),
+        ),
+      ],
       primaryPackagePurpose: 'LIBRARY',
       ...(sum ? { comment: `go.sum ${sum}` } : {}),
       ...extra,
@@ -413,7 +440,12 @@ export function buildSbom(x: SbomInputs): SpdxDocument {
     const sub = main && b.info.path.startsWith(`${main.path}/`) ? b.info.path.slice(main.path.length + 1) : '';
     const real = main && main.version !== '(devel)' ? main.version : undefined;
     const binId = spdxId(ids, 'golang-binary', b.file);
-    const mainPurl = purl('golang', (main?.path ?? b.info.path).split('/').slice(0, -1).join('/') || undefined, (main?.path ?? b.info.path).split('/').pop() ?? '', real);
+    const mainPurl = purl(
+      'golang',
+      (main?.path ?? b.info.path).split('/').slice(0, -1).join('/') || undefined,
+      (main?.path ?? b.info.path).split('/').pop() ?? '',
+      real,
+    );
     packages.push({
       SPDXID: binId,
       name: b.info.path,
@@ -423,7 +455,10 @@ export function buildSbom(x: SbomInputs): SpdxDocument {
       packageFileName: b.file,
       ...base,
       licenseDeclared: NOASSERTION,
-      checksums: (['SHA1', 'SHA256'] as const).map((a) => ({ algorithm: a, checksumValue: createHash(a.toLowerCase()).update(b.data).digest('hex') })),
+      checksums: (['SHA1', 'SHA256'] as const).map((a) => ({
+        algorithm: a,
+        checksumValue: createHash(a.toLowerCase()).update(b.data).digest('hex'),
+      })),
       externalRefs: [purlRef(sub ? `${mainPurl}#${sub.split('/').map(enc).join('/')}` : mainPurl)],
       primaryPackagePurpose: 'APPLICATION',
       comment: `the Go binary ${b.file} (${b.info.goVersion}); it CONTAINS the modules its build information names`,

@@ -52,7 +52,10 @@ export async function defaultRouteDevice(procRoute = '/proc/net/route'): Promise
  * The capacity from config, each direction unset in config taken from the uplink's link speed (a
  * link's speed is the same both ways).
  */
-export async function resolveCapacity(config: { egress?: number; ingress?: number; uplink?: string }, io: { linkSpeed?: typeof linkSpeed; defaultRouteDevice?: typeof defaultRouteDevice } = {}): Promise<NodeCapacity> {
+export async function resolveCapacity(
+  config: { egress?: number; ingress?: number; uplink?: string },
+  io: { linkSpeed?: typeof linkSpeed; defaultRouteDevice?: typeof defaultRouteDevice } = {},
+): Promise<NodeCapacity> {
   const out: NodeCapacity = { source: { egress: 'unknown', ingress: 'unknown' } };
   if (config.egress !== undefined) {
     out.egress = config.egress;

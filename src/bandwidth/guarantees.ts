@@ -22,7 +22,10 @@ import { parseQuantity } from './quantity.js';
 type Direction = 'ingress' | 'egress';
 
 /** The node's extended resources, one per direction: their one definition. */
-export const BANDWIDTH_RESOURCES = { ingress: 'kubenet.io/ingress-bandwidth', egress: 'kubenet.io/egress-bandwidth' } as const satisfies Record<Direction, string>;
+export const BANDWIDTH_RESOURCES = {
+  ingress: 'kubenet.io/ingress-bandwidth',
+  egress: 'kubenet.io/egress-bandwidth',
+} as const satisfies Record<Direction, string>;
 /** bits/s per unit of those resources (1 Mbit/s). */
 export const RESOURCE_UNIT_BITS = 1_000_000;
 /** The annotation that overrides the band the QoS class gives. */
@@ -49,7 +52,8 @@ export interface Guarantees {
 
 function units(v: unknown, where: string): bigint {
   const q = typeof v === 'string' ? parseQuantity(v) : typeof v === 'number' && Number.isSafeInteger(v) ? BigInt(v) : undefined;
-  if (q === undefined || q < 0n) throw new ConfigError(`${where}: invalid quantity ${JSON.stringify(v)} (expected a whole number of Mbit/s, e.g. "200")`);
+  if (q === undefined || q < 0n)
+    throw new ConfigError(`${where}: invalid quantity ${JSON.stringify(v)} (expected a whole number of Mbit/s, e.g. "200")`);
   return q;
 }
 
@@ -80,12 +84,19 @@ export function guaranteesFromSpec(spec: ResourceSpec | undefined): Guarantees {
 }
 
 /** The band from the priority annotation, or the QoS class's; an invalid annotation is a problem and the QoS class's band applies. */
-export function priorityOf(annotations: Record<string, string> | undefined, qosClass: string | undefined): { priority: number; problem?: string } {
+export function priorityOf(
+  annotations: Record<string, string> | undefined,
+  qosClass: string | undefined,
+): { priority: number; problem?: string } {
   const fromQos = (qosClass !== undefined ? QOS_BANDS[qosClass] : undefined) ?? DEFAULT_BAND;
   const v = annotations?.[PRIORITY_ANNOTATION];
   if (v === undefined) return { priority: fromQos };
   const i = (PRIORITY_BANDS as readonly string[]).indexOf(v);
-  if (i < 0) return { priority: fromQos, problem: `annotation ${PRIORITY_ANNOTATION} ${JSON.stringify(v)} is not one of ${PRIORITY_BANDS.join(', ')}; the pod's QoS class (${qosClass ?? 'unknown'}) gives band ${PRIORITY_BANDS[fromQos]}` };
+  if (i < 0)
+    return {
+      priority: fromQos,
+      problem: `annotation ${PRIORITY_ANNOTATION} ${JSON.stringify(v)} is not one of ${PRIORITY_BANDS.join(', ')}; the pod's QoS class (${qosClass ?? 'unknown'}) gives band ${PRIORITY_BANDS[fromQos]}`,
+    };
   return { priority: i };
 }
 
@@ -100,7 +111,11 @@ export interface RaisedCeiling {
  * `limits` with the pod's guarantees and band: a ceiling below its direction's guarantee is raised
  * to it and reported. Bursts of a raised ceiling are dropped (sized for the new rate).
  */
-export function withGuarantees(limits: BandwidthLimits, g: Guarantees, priority: number | undefined): { limits: BandwidthLimits; raised: RaisedCeiling[] } {
+export function withGuarantees(
+  limits: BandwidthLimits,
+  g: Guarantees,
+  priority: number | undefined,
+): { limits: BandwidthLimits; raised: RaisedCeiling[] } {
   const out: BandwidthLimits = { ...limits };
   delete out.ingressGuarantee;
   delete out.egressGuarantee;

@@ -64,7 +64,8 @@ export const MAX_BANDWIDTH = 10_000_000_000_000;
 export const MAX_BURST_BITS = 4294967295 * 8;
 
 /** The accepted form of a bandwidth quantity, in the words of every error about one. */
-export const BANDWIDTH_FORM = 'want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"';
+export const BANDWIDTH_FORM =
+  'want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"';
 
 /**
  * A bandwidth quantity in bits/s, validated against kubelet's bounds. Errors name `what` (the
@@ -101,12 +102,19 @@ export function bandwidthFromAnnotations(annotations?: Record<string, string>): 
 
 /** True when the limits neither cap nor guarantee either direction. */
 export function isUnshaped(limits: BandwidthLimits): boolean {
-  return limits.ingress === undefined && limits.egress === undefined && limits.ingressGuarantee === undefined && limits.egressGuarantee === undefined;
+  return (
+    limits.ingress === undefined &&
+    limits.egress === undefined &&
+    limits.ingressGuarantee === undefined &&
+    limits.egressGuarantee === undefined
+  );
 }
 
 /** True when the limits cap or guarantee this direction. */
 export function shapesDirection(limits: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
-  return dir === 'ingress' ? limits.ingress !== undefined || limits.ingressGuarantee !== undefined : limits.egress !== undefined || limits.egressGuarantee !== undefined;
+  return dir === 'ingress'
+    ? limits.ingress !== undefined || limits.ingressGuarantee !== undefined
+    : limits.egress !== undefined || limits.egressGuarantee !== undefined;
 }
 
 /**
@@ -115,14 +123,23 @@ export function shapesDirection(limits: BandwidthLimits, dir: 'ingress' | 'egres
  * bits up to MAX_BURST_BITS. Throws a ConfigError naming `what`, the key and the value.
  */
 export function checkLimits(limits: BandwidthLimits, what: string): BandwidthLimits {
-  if (typeof limits !== 'object' || limits === null || Array.isArray(limits)) throw new ConfigError(`${what}: bandwidth limits must be an object`);
+  if (typeof limits !== 'object' || limits === null || Array.isArray(limits))
+    throw new ConfigError(`${what}: bandwidth limits must be an object`);
   for (const [k, v] of Object.entries(limits)) {
     if (v === undefined) continue;
-    const isRate = k === 'ingress' || k === 'egress' || k === 'ingressGuarantee' || k === 'egressGuarantee' || k === 'ingressTotal' || k === 'egressTotal';
-    if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst' && k !== 'priority') throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
+    const isRate =
+      k === 'ingress' ||
+      k === 'egress' ||
+      k === 'ingressGuarantee' ||
+      k === 'egressGuarantee' ||
+      k === 'ingressTotal' ||
+      k === 'egressTotal';
+    if (!isRate && k !== 'ingressBurst' && k !== 'egressBurst' && k !== 'priority')
+      throw new ConfigError(`${what}: unknown bandwidth key ${JSON.stringify(k)}`);
     if (typeof v !== 'number' || !Number.isFinite(v)) throw new ConfigError(`${what}: ${k} must be a number, got ${JSON.stringify(v)}`);
     if (k === 'priority') {
-      if (!Number.isInteger(v) || v < 0 || v > MAX_PRIORITY) throw new ConfigError(`${what}: priority must be an integer 0..${MAX_PRIORITY}, got ${v}`);
+      if (!Number.isInteger(v) || v < 0 || v > MAX_PRIORITY)
+        throw new ConfigError(`${what}: priority must be an integer 0..${MAX_PRIORITY}, got ${v}`);
       continue;
     }
     if (isRate && (v < MIN_BANDWIDTH || v > MAX_BANDWIDTH)) {
@@ -172,14 +189,16 @@ export function limitsFromRuntimeConfig(bw: unknown): BandwidthLimits | undefine
   if (!isObj(bw)) throw new ConfigError(`${where} must be an object, got ${describe(bw)}`);
   const known = ['ingressRate', 'ingressBurst', 'egressRate', 'egressBurst'];
   for (const k of Object.keys(bw)) {
-    if (!known.some((c) => c === k || c[0]!.toUpperCase() + c.slice(1) === k)) throw new ConfigError(`${where} has an unknown key ${JSON.stringify(k)}`);
+    if (!known.some((c) => c === k || c[0]!.toUpperCase() + c.slice(1) === k))
+      throw new ConfigError(`${where} has an unknown key ${JSON.stringify(k)}`);
   }
   const pick = (camel: string): number | undefined => {
     const pascal = camel[0]!.toUpperCase() + camel.slice(1);
     if (bw[camel] !== undefined && bw[pascal] !== undefined) throw new ConfigError(`${where} gives both ${camel} and ${pascal}`);
     const v = bw[camel] ?? bw[pascal];
     if (v === undefined || v === null) return undefined;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) throw new ConfigError(`${where}.${camel} must be a non-negative integer, got ${describe(v)}`);
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0)
+      throw new ConfigError(`${where}.${camel} must be a non-negative integer, got ${describe(v)}`);
     return v;
   };
   const out: BandwidthLimits = {};
@@ -190,7 +209,8 @@ export function limitsFromRuntimeConfig(bw: unknown): BandwidthLimits | undefine
     const r = pick(rate);
     const b = pick(burst);
     if (!r) continue; // 0 or absent: no limit that way
-    if (r < MIN_BANDWIDTH || r > MAX_BANDWIDTH) throw new ConfigError(`${where}.${rate} ${r} is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
+    if (r < MIN_BANDWIDTH || r > MAX_BANDWIDTH)
+      throw new ConfigError(`${where}.${rate} ${r} is outside ${MIN_BANDWIDTH}..${MAX_BANDWIDTH} bits/s`);
     out[dir] = r;
     if (!b || b === UNSET_BURST) continue;
     if (b > MAX_BURST_BITS) throw new ConfigError(`${where}.${burst} ${b} is above ${MAX_BURST_BITS} bits`);
@@ -219,7 +239,9 @@ export function describeLimits(limits: BandwidthLimits): string {
     const ceil = limits[d];
     const g = limits[d === 'ingress' ? 'ingressGuarantee' : 'egressGuarantee'];
     if (ceil === undefined && g === undefined) continue;
-    parts.push(`${d} ${ceil === undefined ? 'no ceiling' : formatBandwidth(ceil)}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`);
+    parts.push(
+      `${d} ${ceil === undefined ? 'no ceiling' : formatBandwidth(ceil)}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`,
+    );
   }
   return parts.length > 0 ? parts.join(', ') : 'none';
 }

@@ -20,7 +20,16 @@
  * Pure: no I/O; the agent feeds it the annotations of the pod and of its namespace.
  */
 import { PRIORITY_BANDS } from './guarantees.js';
-import { bandwidthFromAnnotations, EGRESS_ANNOTATION, formatBandwidth, INGRESS_ANNOTATION, parseBandwidth, type BandwidthLimits, type LimitSource, type LimitSources } from './limits.js';
+import {
+  bandwidthFromAnnotations,
+  EGRESS_ANNOTATION,
+  formatBandwidth,
+  INGRESS_ANNOTATION,
+  parseBandwidth,
+  type BandwidthLimits,
+  type LimitSource,
+  type LimitSources,
+} from './limits.js';
 
 type Direction = 'ingress' | 'egress';
 const DIRECTIONS: readonly Direction[] = ['ingress', 'egress'];
@@ -33,7 +42,11 @@ export const NAMESPACE_ANNOTATIONS = {
 } as const satisfies Record<'default' | 'max' | 'total', Record<Direction, string>>;
 
 /** Every namespace policy annotation (what a namespace watch keeps and compares). */
-export const NAMESPACE_POLICY_ANNOTATIONS: readonly string[] = DIRECTIONS.flatMap((d) => [NAMESPACE_ANNOTATIONS.default[d], NAMESPACE_ANNOTATIONS.max[d], NAMESPACE_ANNOTATIONS.total[d]]);
+export const NAMESPACE_POLICY_ANNOTATIONS: readonly string[] = DIRECTIONS.flatMap((d) => [
+  NAMESPACE_ANNOTATIONS.default[d],
+  NAMESPACE_ANNOTATIONS.max[d],
+  NAMESPACE_ANNOTATIONS.total[d],
+]);
 
 /** The parsed policy of one namespace (bits/s), with what was refused. */
 export interface NamespacePolicy {
@@ -106,7 +119,11 @@ export function hasPolicy(p: NamespacePolicy): boolean {
  * The limits a pod gets from its own (the annotations', or a runtime's runtimeConfig.bandwidth) and
  * its namespace's policy annotations. See the module doc.
  */
-export function applyNamespacePolicy(own: BandwidthLimits, namespaceAnnotations: Record<string, string> | undefined, namespace = ''): ResolvedLimits {
+export function applyNamespacePolicy(
+  own: BandwidthLimits,
+  namespaceAnnotations: Record<string, string> | undefined,
+  namespace = '',
+): ResolvedLimits {
   const policy = parseNamespacePolicy(namespaceAnnotations, namespace);
   const problems = [...policy.problems];
   const sources: LimitSources = {};
@@ -153,7 +170,18 @@ export function applyNamespacePolicy(own: BandwidthLimits, namespaceAnnotations:
   for (const k of ['ingressGuarantee', 'egressGuarantee', 'priority'] as const) if (own[k] !== undefined) limits[k] = own[k];
   // Key order as the pod's own limits have it (ingress, egress, then bursts): records compare equal.
   const ordered: BandwidthLimits = {};
-  for (const k of ['ingress', 'egress', 'ingressBurst', 'egressBurst', 'ingressGuarantee', 'egressGuarantee', 'priority', 'ingressTotal', 'egressTotal'] as const) if (limits[k] !== undefined) ordered[k] = limits[k];
+  for (const k of [
+    'ingress',
+    'egress',
+    'ingressBurst',
+    'egressBurst',
+    'ingressGuarantee',
+    'egressGuarantee',
+    'priority',
+    'ingressTotal',
+    'egressTotal',
+  ] as const)
+    if (limits[k] !== undefined) ordered[k] = limits[k];
   return { limits: ordered, sources, capped, problems, policy: true };
 }
 
@@ -161,7 +189,11 @@ export function applyNamespacePolicy(own: BandwidthLimits, namespaceAnnotations:
  * The resolver on annotations alone: the pod's `kubernetes.io/*-bandwidth` and its namespace's
  * policy. @throws ConfigError for an invalid value of the pod's own annotations (as before)
  */
-export function resolveLimits(podAnnotations: Record<string, string> | undefined, namespaceAnnotations: Record<string, string> | undefined, namespace = ''): ResolvedLimits {
+export function resolveLimits(
+  podAnnotations: Record<string, string> | undefined,
+  namespaceAnnotations: Record<string, string> | undefined,
+  namespace = '',
+): ResolvedLimits {
   return applyNamespacePolicy(bandwidthFromAnnotations(podAnnotations), namespaceAnnotations, namespace);
 }
 
@@ -181,8 +213,15 @@ export function describeSourcedLimits(limits: BandwidthLimits, sources: LimitSou
     const g = limits[d === 'ingress' ? 'ingressGuarantee' : 'egressGuarantee'];
     if (v === undefined && g === undefined) continue;
     const s = sources?.[d];
-    const from = v !== undefined && s === 'namespace-default' ? ' (namespace default)' : v !== undefined && s === 'namespace-ceiling' ? ' (namespace ceiling)' : '';
-    parts.push(`${d} ${v === undefined ? 'no ceiling' : formatBandwidth(v)}${from}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`);
+    const from =
+      v !== undefined && s === 'namespace-default'
+        ? ' (namespace default)'
+        : v !== undefined && s === 'namespace-ceiling'
+          ? ' (namespace ceiling)'
+          : '';
+    parts.push(
+      `${d} ${v === undefined ? 'no ceiling' : formatBandwidth(v)}${from}${g === undefined ? '' : ` (guaranteed ${formatBandwidth(g)})`}`,
+    );
   }
   if (parts.length === 0) return 'none';
   const guaranteed = limits.ingressGuarantee !== undefined || limits.egressGuarantee !== undefined;
@@ -208,7 +247,11 @@ export interface CappedAsk {
  * above its ceiling, or left without a limit where there is one, gets the ceiling. Defaults do not
  * apply: the operator said what they want, the ceiling is the namespace's bound on it.
  */
-export function capToCeilings(asked: { ingress?: number | undefined; egress?: number | undefined }, namespaceAnnotations: Record<string, string> | undefined, namespace = ''): { rates: { ingress?: number; egress?: number }; capped: CappedAsk[] } {
+export function capToCeilings(
+  asked: { ingress?: number | undefined; egress?: number | undefined },
+  namespaceAnnotations: Record<string, string> | undefined,
+  namespace = '',
+): { rates: { ingress?: number; egress?: number }; capped: CappedAsk[] } {
   const max = parseNamespacePolicy(namespaceAnnotations, namespace).max;
   const rates: { ingress?: number; egress?: number } = {};
   const capped: CappedAsk[] = [];

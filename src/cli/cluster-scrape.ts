@@ -57,7 +57,8 @@ export async function listAgents(api: KubeApi, o: { namespace: string; selector:
 
 /** The container port named `metrics`, else DEFAULT_METRICS_PORT. */
 export function metricsPort(p: V1Pod): number {
-  for (const c of p.spec?.containers ?? []) for (const port of c.ports ?? []) if (port.name === 'metrics' && Number.isInteger(port.containerPort)) return port.containerPort;
+  for (const c of p.spec?.containers ?? [])
+    for (const port of c.ports ?? []) if (port.name === 'metrics' && Number.isInteger(port.containerPort)) return port.containerPort;
   return DEFAULT_METRICS_PORT;
 }
 

@@ -13,7 +13,6 @@ import { rateText } from './rate-text.js';
 export type Direction = 'ingress' | 'egress';
 export const DIRECTIONS: readonly Direction[] = ['ingress', 'egress'];
 
-
 export interface DirectionSnapshot {
   limit?: number;
   source?: string;
@@ -81,7 +80,16 @@ export function snapshotOf(families: Map<string, MetricFamily>, receivedAtMs: nu
   const readAt = samplesOf(families, 'kubenet_pod_counters_read_timestamp_seconds')[0]?.value;
   return {
     ...(info
-      ? { info: { node: info.node ?? '', version: info.version ?? '', podCIDR: info.pod_cidr || undefined, bridge: info.bridge ?? '', ipam: info.ipam ?? '', routes: info.routes ?? '' } }
+      ? {
+          info: {
+            node: info.node ?? '',
+            version: info.version ?? '',
+            podCIDR: info.pod_cidr || undefined,
+            bridge: info.bridge ?? '',
+            ipam: info.ipam ?? '',
+            routes: info.routes ?? '',
+          },
+        }
       : {}),
     pods,
     ...(readAt !== undefined && Number.isFinite(readAt) ? { countersReadAtS: readAt } : {}),
@@ -91,7 +99,10 @@ export function snapshotOf(families: Map<string, MetricFamily>, receivedAtMs: nu
 
 /** The seconds between two scrapes' counters: between the agent's reads when it says, else between the answers; undefined when no time passed (the same read served twice). */
 export function windowOf(first: NodeSnapshot, second: NodeSnapshot): number | undefined {
-  const w = first.countersReadAtS !== undefined && second.countersReadAtS !== undefined ? second.countersReadAtS - first.countersReadAtS : (second.receivedAtMs - first.receivedAtMs) / 1000;
+  const w =
+    first.countersReadAtS !== undefined && second.countersReadAtS !== undefined
+      ? second.countersReadAtS - first.countersReadAtS
+      : (second.receivedAtMs - first.receivedAtMs) / 1000;
   return w > 0 ? w : undefined;
 }
 
@@ -174,7 +185,8 @@ export function limitCell(limit: number | undefined, source: string | undefined)
 }
 
 /** "100%", "9.5%", "0%"; "-" when unknown. */
-export const useCell = (use: number | undefined): string => (use === undefined ? '-' : use === 0 ? '0%' : `${use >= 10 ? Math.round(use) : use.toFixed(1)}%`);
+export const useCell = (use: number | undefined): string =>
+  use === undefined ? '-' : use === 0 ? '0%' : `${use >= 10 ? Math.round(use) : use.toFixed(1)}%`;
 
 /** Cells in columns: the first `left` columns padded right, the others left; two spaces between. */
 export function table(head: readonly string[], rows: string[][], left: number): string[] {
@@ -200,7 +212,18 @@ export function renderClusterTop(rows: PodRow[], s: TopSummary): string[] {
   const pods = new Set(rows.map((r) => `${r.node}\0${r.namespace}/${r.pod}`)).size;
   const shaped = new Set(rows.filter((r) => r.direction !== undefined).map((r) => `${r.node}\0${r.namespace}/${r.pod}`)).size;
   const guaranteed = rows.some((r) => r.guarantee !== undefined);
-  const head = ['NODE', 'NAMESPACE', 'POD', 'DIRECTION', 'RATE', 'LIMIT', 'USE', 'DROPS/s', 'OVERLIMITS/s', ...(guaranteed ? ['GUARANTEE'] : [])];
+  const head = [
+    'NODE',
+    'NAMESPACE',
+    'POD',
+    'DIRECTION',
+    'RATE',
+    'LIMIT',
+    'USE',
+    'DROPS/s',
+    'OVERLIMITS/s',
+    ...(guaranteed ? ['GUARANTEE'] : []),
+  ];
   const cells = rows.map((r) => [
     r.node,
     r.namespace,
@@ -235,7 +258,10 @@ export function renderNodeStatus(node: string, agentPod: string, second: NodeSna
   const dirCells = (rs: PodRow[], d: Direction) => {
     const r = rs.find((x) => x.direction === d);
     if (!r) return ['-', '-', '-'];
-    const limit = r.guarantee !== undefined ? `${formatBandwidth(r.guarantee)}..${r.limit === undefined ? '' : limitCell(r.limit, r.source)}` : limitCell(r.limit, r.source);
+    const limit =
+      r.guarantee !== undefined
+        ? `${formatBandwidth(r.guarantee)}..${r.limit === undefined ? '' : limitCell(r.limit, r.source)}`
+        : limitCell(r.limit, r.source);
     return [limit, rateText(r.rate), rateText(r.dropsPerS)];
   };
   const cells = keys.map((k) => {

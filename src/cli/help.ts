@@ -11,7 +11,8 @@ export { wrap };
 const COMMANDS: Record<string, { usage: string; about: string; options?: Array<[string, string]> }> = {
   daemon: {
     usage: 'kubenet daemon [--config FILE] [flags]',
-    about: 'The node agent: sets pods up and shapes them for the container runtime through its CNI binary. Every config key below is a key of the YAML file given with --config and a flag; a flag wins over the file, the file over the default.',
+    about:
+      'The node agent: sets pods up and shapes them for the container runtime through its CNI binary. Every config key below is a key of the YAML file given with --config and a flag; a flag wins over the file, the file over the default.',
   },
   status: {
     usage: 'kubenet status [--config FILE] [--socket PATH] [--json] [--window SECONDS]',
@@ -23,7 +24,8 @@ const COMMANDS: Record<string, { usage: string; about: string; options?: Array<[
   },
   shape: {
     usage: 'kubenet shape NAMESPACE/NAME [--ingress Q] [--egress Q] [--clear] [--config FILE] [--socket PATH]',
-    about: "Changes a running pod's limits: the given directions, the others stay. In a cluster the pod's annotations stay the source of truth: such a change lasts until they change.",
+    about:
+      "Changes a running pod's limits: the given directions, the others stay. In a cluster the pod's annotations stay the source of truth: such a change lasts until they change.",
     options: [
       ['--ingress Q', 'limit of traffic to the pod, a Kubernetes quantity such as 10M'],
       ['--egress Q', 'limit of traffic from the pod'],
@@ -47,7 +49,12 @@ const COMMANDS: Record<string, { usage: string; about: string; options?: Array<[
 
 /** All commands' usage lines. */
 export function usage(): string {
-  return ['usage:', ...Object.values(COMMANDS).map((c) => `  ${c.usage}`), '', 'kubenet help COMMAND (or kubenet COMMAND --help) says more.'].join('\n');
+  return [
+    'usage:',
+    ...Object.values(COMMANDS).map((c) => `  ${c.usage}`),
+    '',
+    'kubenet help COMMAND (or kubenet COMMAND --help) says more.',
+  ].join('\n');
 }
 
 /** One command's help; undefined for an unknown command. */

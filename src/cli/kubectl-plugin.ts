@@ -11,7 +11,16 @@ import { ConfigError } from '../errors.js';
 import { KubeApi } from '../daemon/kube/watch.js';
 import { kubectlCredentials, type KubeClientConfig } from '../daemon/kube/kubeconfig.js';
 import { DEFAULT_AGENT_NAMESPACE, DEFAULT_AGENT_SELECTOR, listAgents, mapBounded, scrapeAgent, type AgentPod } from './cluster-scrape.js';
-import { renderClusterTop, renderNodeStatus, rowsOf, snapshotOf, sortRows, windowOf, type NodeSnapshot, type PodRow } from './cluster-view.js';
+import {
+  renderClusterTop,
+  renderNodeStatus,
+  rowsOf,
+  snapshotOf,
+  sortRows,
+  windowOf,
+  type NodeSnapshot,
+  type PodRow,
+} from './cluster-view.js';
 import { wrap } from './wrap.js';
 
 export const HELP = [
@@ -26,7 +35,7 @@ export const HELP = [
   ),
   '',
   ...wrap(
-    'top: every pod and direction (ingress: to the pod, egress: from it): RATE (bits/s of the L2 frames that passed its shaping), LIMIT, USE (% of the limit), DROPS/s, OVERLIMITS/s (times it hit its limit and waited), GUARANTEE where a pod has one; the most throttled first (overlimits/s, then drops/s, then use). status NODE: the node\'s pod CIDR, bridge, agent version, and its pods with their addresses, limits and rates.',
+    "top: every pod and direction (ingress: to the pod, egress: from it): RATE (bits/s of the L2 frames that passed its shaping), LIMIT, USE (% of the limit), DROPS/s, OVERLIMITS/s (times it hit its limit and waited), GUARANTEE where a pod has one; the most throttled first (overlimits/s, then drops/s, then use). status NODE: the node's pod CIDR, bridge, agent version, and its pods with their addresses, limits and rates.",
     100,
     '',
   ),
@@ -72,7 +81,8 @@ const OPTIONS = {
 function positive(v: string | undefined, flag: string, fallback: number, integer = false): number {
   if (v === undefined) return fallback;
   const n = Number(v);
-  if (v.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n))) throw new UsageError(`${flag} wants a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(v)}`);
+  if (v.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n)))
+    throw new UsageError(`${flag} wants a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(v)}`);
   return n;
 }
 
@@ -101,19 +111,27 @@ async function dispatch(argv: string[], io: PluginIo): Promise<number> {
   }
   if (cmd !== 'top' && cmd !== 'status') throw new UsageError(`unknown command ${JSON.stringify(cmd)}`);
   if (cmd === 'top' && args.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(args[0])}`);
-  if (cmd === 'status' && args.length !== 1) throw new UsageError(args.length === 0 ? 'status wants a NODE' : `unexpected argument ${JSON.stringify(args[1])}`);
-  if (cmd === 'status' && (v.node !== undefined || v.namespace !== undefined)) throw new UsageError('--node and --namespace are options of top; status takes the NODE as its argument');
+  if (cmd === 'status' && args.length !== 1)
+    throw new UsageError(args.length === 0 ? 'status wants a NODE' : `unexpected argument ${JSON.stringify(args[1])}`);
+  if (cmd === 'status' && (v.node !== undefined || v.namespace !== undefined))
+    throw new UsageError('--node and --namespace are options of top; status takes the NODE as its argument');
   const intervalS = positive(v.interval, '--interval', 2);
   const parallel = positive(v.parallel, '--parallel', 16, true);
   const kc =
     io.kubeConfig ??
-    kubectlCredentials({ ...(v.kubeconfig !== undefined ? { kubeconfig: v.kubeconfig } : {}), ...(v.context !== undefined ? { context: v.context } : {}), ...(io.env ? { env: io.env } : {}) });
+    kubectlCredentials({
+      ...(v.kubeconfig !== undefined ? { kubeconfig: v.kubeconfig } : {}),
+      ...(v.context !== undefined ? { context: v.context } : {}),
+      ...(io.env ? { env: io.env } : {}),
+    });
   const api = new KubeApi(kc);
   const where = { namespace: v['agent-namespace'] ?? DEFAULT_AGENT_NAMESPACE, selector: v.selector ?? DEFAULT_AGENT_SELECTOR };
   const node = cmd === 'status' ? args[0] : v.node;
   const agents = await listAgents(api, { ...where, ...(node !== undefined ? { node } : {}) });
   if (agents.length === 0) {
-    io.err(`kubectl kubenet: no kubenet agent pod${node !== undefined ? ` on node ${node}` : ''} (namespace ${where.namespace}, selector ${where.selector})\n`);
+    io.err(
+      `kubectl kubenet: no kubenet agent pod${node !== undefined ? ` on node ${node}` : ''} (namespace ${where.namespace}, selector ${where.selector})\n`,
+    );
     return 1;
   }
   if (cmd === 'top' && node === undefined) await nodesWithoutAgent(api, agents, io);
@@ -125,7 +143,12 @@ async function dispatch(argv: string[], io: PluginIo): Promise<number> {
   if (v.namespace !== undefined) rows = rows.filter((r) => r.namespace === v.namespace);
   sortRows(rows);
   if (v.json) {
-    const nodes = read.map((r) => ({ node: r.agent.node, agent: `${r.agent.namespace}/${r.agent.name}`, ...(r.second.info ? { version: r.second.info.version } : {}), windowS: windowOf(r.first, r.second) ?? null }));
+    const nodes = read.map((r) => ({
+      node: r.agent.node,
+      agent: `${r.agent.namespace}/${r.agent.name}`,
+      ...(r.second.info ? { version: r.second.info.version } : {}),
+      windowS: windowOf(r.first, r.second) ?? null,
+    }));
     const unreachable = failed.map((f) => ({ node: f.agent.node, agent: `${f.agent.namespace}/${f.agent.name}`, error: f.error }));
     io.out(`${JSON.stringify({ intervalS, nodes, unreachable, pods: rows }, null, 2)}\n`);
   } else {
@@ -144,7 +167,12 @@ interface Read {
 const SAME_READ_RETRIES = 2;
 
 /** Each agent scraped, then again `intervalS` later (again when it served the same read); those that failed either time, with why. */
-async function scrapeTwice(api: KubeApi, agents: AgentPod[], intervalS: number, parallel: number): Promise<{ read: Read[]; failed: Array<{ agent: AgentPod; error: string }> }> {
+async function scrapeTwice(
+  api: KubeApi,
+  agents: AgentPod[],
+  intervalS: number,
+  parallel: number,
+): Promise<{ read: Read[]; failed: Array<{ agent: AgentPod; error: string }> }> {
   const failed: Array<{ agent: AgentPod; error: string }> = [];
   const scrape = async (agent: AgentPod): Promise<NodeSnapshot | undefined> => {
     try {
@@ -180,7 +208,9 @@ async function scrapeTwice(api: KubeApi, agents: AgentPod[], intervalS: number, 
 async function nodesWithoutAgent(api: KubeApi, agents: AgentPod[], io: PluginIo): Promise<void> {
   let names: string[];
   try {
-    names = (await api.getJson<{ items: Array<{ metadata?: { name?: string } }> }>('/api/v1/nodes')).items.map((n) => n.metadata?.name ?? '');
+    names = (await api.getJson<{ items: Array<{ metadata?: { name?: string } }> }>('/api/v1/nodes')).items.map(
+      (n) => n.metadata?.name ?? '',
+    );
   } catch {
     return; // not allowed to list Nodes: the agents are all we know of
   }
@@ -193,7 +223,9 @@ function status(r: Read | undefined, intervalS: number, json: boolean, io: Plugi
   const rows: PodRow[] = rowsOf(r.agent.node, r.first, r.second);
   const agent = `${r.agent.namespace}/${r.agent.name}`;
   if (json) {
-    io.out(`${JSON.stringify({ node: r.agent.node, agent, info: r.second.info ?? null, windowS: windowOf(r.first, r.second) ?? null, pods: rows }, null, 2)}\n`);
+    io.out(
+      `${JSON.stringify({ node: r.agent.node, agent, info: r.second.info ?? null, windowS: windowOf(r.first, r.second) ?? null, pods: rows }, null, 2)}\n`,
+    );
   } else {
     io.out(`${renderNodeStatus(r.agent.node, agent, r.second, rows, intervalS).join('\n')}\n`);
   }

@@ -45,7 +45,8 @@ function flagOptions() {
     batch: { type: 'boolean', short: 'b' },
     iterations: { type: 'string', short: 'n' },
   };
-  for (const spec of Object.values(CONFIG_KEYS)) options[spec.flag.replace(/^--/, '')] = { type: 'string', ...(spec.type === 'string[]' ? { multiple: true } : {}) };
+  for (const spec of Object.values(CONFIG_KEYS))
+    options[spec.flag.replace(/^--/, '')] = { type: 'string', ...(spec.type === 'string[]' ? { multiple: true } : {}) };
   return options;
 }
 
@@ -55,7 +56,12 @@ function flagsToConfig(values: Record<string, unknown>): Partial<AgentConfig> {
     const v = values[spec.flag.replace(/^--/, '')];
     if (v === undefined) continue;
     // A list flag may repeat and/or hold commas: --plugin-bin-dirs /opt/cni/bin,/usr/lib/cni
-    out[key] = spec.type === 'integer' ? Number(v) : spec.type === 'string[]' ? (v as string[]).flatMap((x) => x.split(',')).filter((x) => x !== '') : v;
+    out[key] =
+      spec.type === 'integer'
+        ? Number(v)
+        : spec.type === 'string[]'
+          ? (v as string[]).flatMap((x) => x.split(',')).filter((x) => x !== '')
+          : v;
   }
   return out as Partial<AgentConfig>;
 }
@@ -77,11 +83,19 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   const { values, positionals } = parseArgs({ args: rest, options: flagOptions(), strict: true, allowPositionals: true });
-  const own: Record<string, string[]> = { status: ['json', 'window'], shape: ['ingress', 'egress', 'clear'], top: ['delay', 'batch', 'iterations'] };
+  const own: Record<string, string[]> = {
+    status: ['json', 'window'],
+    shape: ['ingress', 'egress', 'clear'],
+    top: ['delay', 'batch', 'iterations'],
+  };
   for (const flag of Object.values(own).flat()) {
-    if (values[flag] !== undefined && !own[cmd]?.includes(flag)) throw new Error(`--${flag} is an option of \`kubenet ${Object.keys(own).find((c) => own[c]?.includes(flag))}\`, not of \`kubenet ${cmd}\`\n${USAGE}`);
+    if (values[flag] !== undefined && !own[cmd]?.includes(flag))
+      throw new Error(
+        `--${flag} is an option of \`kubenet ${Object.keys(own).find((c) => own[c]?.includes(flag))}\`, not of \`kubenet ${cmd}\`\n${USAGE}`,
+      );
   }
-  if (positionals.length > (cmd === 'shape' ? 1 : 0)) throw new Error(`unexpected argument ${JSON.stringify(positionals[cmd === 'shape' ? 1 : 0])}\n${USAGE}`);
+  if (positionals.length > (cmd === 'shape' ? 1 : 0))
+    throw new Error(`unexpected argument ${JSON.stringify(positionals[cmd === 'shape' ? 1 : 0])}\n${USAGE}`);
   const config = await loadConfig({ ...(typeof values.config === 'string' ? { file: values.config } : {}), flags: flagsToConfig(values) });
   switch (cmd) {
     case 'daemon':
@@ -126,10 +140,18 @@ async function daemon(config: AgentConfig): Promise<number> {
     capacity = (await import('../daemon/cluster/node-capacity.js')).configuredCapacity(config);
   } else {
     // In a cluster: the Node's spec.podCIDRs, and pod annotations when the runtime passes no bandwidth.
-    const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([import('../daemon/pod-cidr/node-watch.js'), import('../daemon/cluster/pod-lookup.js')]);
+    const [{ NodeWatchPodCidrSource }, { ClusterPodLookup }] = await Promise.all([
+      import('../daemon/pod-cidr/node-watch.js'),
+      import('../daemon/cluster/pod-lookup.js'),
+    ]);
     // One ApiHealth for every client of the agent: while the API server is away they try about once a second together, not each on its own.
     const health = new (await import('../daemon/kube/api-health.js')).ApiHealth({ logger: log });
-    let kube: KubeClientOptions = { nodeName: config.nodeName, logger: log, health, ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}) };
+    let kube: KubeClientOptions = {
+      nodeName: config.nodeName,
+      logger: log,
+      health,
+      ...(config.kubeconfig ? { kubeconfig: config.kubeconfig } : {}),
+    };
     if (!config.kubeconfig) {
       // In a pod: the API servers' own addresses first, the Service address last (src/daemon/kube/api-endpoints.ts).
       const { ApiEndpoints, ApiEndpointsWatch } = await import('../daemon/kube/api-endpoints.js');
@@ -145,13 +167,20 @@ async function daemon(config: AgentConfig): Promise<number> {
     pods = new ClusterPodLookup(kube);
     namespaces = new (await import('../daemon/cluster/namespace-lookup.js')).ClusterNamespaceLookup(kube);
     events = new KubeEventRecorder(kube);
-    if (config.metricsAuth === 'kubernetes') metricsAuth = (await import('../daemon/http/metrics-auth.js')).KubeMetricsAuth.fromClient(kube);
+    if (config.metricsAuth === 'kubernetes')
+      metricsAuth = (await import('../daemon/http/metrics-auth.js')).KubeMetricsAuth.fromClient(kube);
     if (config.routes === 'direct') {
       const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/cluster/routes.js');
       // unshapedCIDRs unset: the cluster's pod CIDRs (from the routes' Node watch) and Service ranges, live.
-      const r = config.unshapedCIDRs === undefined ? new (await import('../daemon/cluster/cluster-ranges.js')).ClusterRanges(kube) : undefined;
+      const r =
+        config.unshapedCIDRs === undefined ? new (await import('../daemon/cluster/cluster-ranges.js')).ClusterRanges(kube) : undefined;
       ranges = r;
-      routes = new NodeRoutes({ ...kube, events, kernel: netlinkRouteKernel(config.bridgeName), ...(r ? { onPodCidrs: (c: string[]) => r.setPodCidrs(c) } : {}) });
+      routes = new NodeRoutes({
+        ...kube,
+        events,
+        kernel: netlinkRouteKernel(config.bridgeName),
+        ...(r ? { onPodCidrs: (c: string[]) => r.setPodCidrs(c) } : {}),
+      });
     }
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
@@ -194,7 +223,9 @@ function printBandwidth(b: BandwidthReport): void {
       continue;
     }
     const free = b.free[d] ?? 0;
-    console.log(`  ${d.padEnd(7)} ${formatBandwidth(b.committed[d])} guaranteed, ${free >= 0 ? `${formatBandwidth(free)} free` : `over by ${formatBandwidth(-free)}`} of ${formatBandwidth(cap)}`);
+    console.log(
+      `  ${d.padEnd(7)} ${formatBandwidth(b.committed[d])} guaranteed, ${free >= 0 ? `${formatBandwidth(free)} free` : `over by ${formatBandwidth(-free)}`} of ${formatBandwidth(cap)}`,
+    );
   }
 }
 
@@ -242,31 +273,46 @@ async function status(socket: string, json: boolean, windowS: number | undefined
   // Limits hold for everything else; an older agent does not say.
   if (s.unshapedCIDRs) console.log(`unshaped: ${s.unshapedCIDRs.join(', ') || '(none: limits hold for all traffic)'}`);
   if (s.bandwidth) printBandwidth(s.bandwidth);
-  const ports = (p: StatusReport['pods'][number]) => (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
+  const ports = (p: StatusReport['pods'][number]) =>
+    (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
   const seconds = s.pods.find((p) => p.rate)?.rate?.seconds;
   // A limit from the pod's namespace says so ("10M ns-default", "20M ns-ceiling"); the column widens for it.
   // A guarantee stands before its ceiling ("60M..100M"); the band (PRIO) only on a node that gives them.
-  const limits = s.pods.map((p) => [directionText(p.limits, 'ingress', p.limitSources?.ingress), directionText(p.limits, 'egress', p.limitSources?.egress)] as const);
+  const limits = s.pods.map(
+    (p) =>
+      [directionText(p.limits, 'ingress', p.limitSources?.ingress), directionText(p.limits, 'egress', p.limitSources?.egress)] as const,
+  );
   const lw = Math.max(9, ...limits.flat().map((c) => c.length));
   const banded = s.pods.some((p) => p.limits.priority !== undefined);
   if (s.pods.length > 0) {
-    console.log(`  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(lw)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(lw)} ${'OUT RATE'.padEnd(9)} ${banded ? 'PRIO   ' : ''}HOST PORTS`);
+    console.log(
+      `  ${'POD'.padEnd(32)} ${'IP'.padEnd(28)} ${'INGRESS'.padEnd(lw)} ${'IN RATE'.padEnd(9)} ${'EGRESS'.padEnd(lw)} ${'OUT RATE'.padEnd(9)} ${banded ? 'PRIO   ' : ''}HOST PORTS`,
+    );
   }
   s.pods.forEach((p, i) => {
     const [ingress, egress] = limits[i] ?? ['-', '-'];
-    const cells = [ingress.padEnd(lw), rateText(p.rate?.ingress).padEnd(9), egress.padEnd(lw), rateText(p.rate?.egress).padEnd(9), ...(banded ? [bandText(p.limits.priority).padEnd(6)] : [])];
+    const cells = [
+      ingress.padEnd(lw),
+      rateText(p.rate?.ingress).padEnd(9),
+      egress.padEnd(lw),
+      rateText(p.rate?.egress).padEnd(9),
+      ...(banded ? [bandText(p.limits.priority).padEnd(6)] : []),
+    ];
     console.log(`  ${`${p.namespace}/${p.name}`.padEnd(32)} ${p.ips.join(',').padEnd(28)} ${cells.join(' ')} ${ports(p)}`);
   });
-  if (seconds !== undefined) console.log(`(INGRESS/EGRESS: limits to/from the pod; IN/OUT RATE: measured over the last ${seconds} s, bits/s on the wire)`);
+  if (seconds !== undefined)
+    console.log(`(INGRESS/EGRESS: limits to/from the pod; IN/OUT RATE: measured over the last ${seconds} s, bits/s on the wire)`);
   if (s.pods.some((p) => p.limits.ingressGuarantee !== undefined || p.limits.egressGuarantee !== undefined)) {
     console.log("(60M..100M: guaranteed 60M, may borrow up to 100M; 60M..: up to the node's capacity)");
   }
   if (s.pods.some((p) => p.limitSources?.ingress?.startsWith('namespace') || p.limitSources?.egress?.startsWith('namespace'))) {
-    console.log('(ns-default / ns-ceiling: the limit is the default or the ceiling of the pod\'s namespace, not its own)');
+    console.log("(ns-default / ns-ceiling: the limit is the default or the ceiling of the pod's namespace, not its own)");
   }
   if (s.routes) {
     const problems = Object.entries(s.routes.problems);
-    console.log(`routes:   ${s.routes.routes.length} to other nodes' pods (proto 98)${problems.length > 0 ? `, ${problems.length} node(s) without` : ''}`);
+    console.log(
+      `routes:   ${s.routes.routes.length} to other nodes' pods (proto 98)${problems.length > 0 ? `, ${problems.length} node(s) without` : ''}`,
+    );
     for (const r of s.routes.routes) console.log(`  ${r.dst.padEnd(28)} via ${r.via.padEnd(28)} ${r.node}`);
     for (const [node, why] of problems) console.log(`  no route to ${node}: ${why}`);
   }

@@ -48,7 +48,8 @@ function parseValue(s: string, line: number, what: string): number {
   if (lower === 'nan') return NaN;
   if (lower === '+inf' || lower === 'inf') return Infinity;
   if (lower === '-inf') return -Infinity;
-  if (!/^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(s) && !/^[-+]?0[xX][0-9a-fA-F]+$/.test(s)) throw new ExpositionError(`${what} ${JSON.stringify(s)} is not a number`, line);
+  if (!/^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(s) && !/^[-+]?0[xX][0-9a-fA-F]+$/.test(s))
+    throw new ExpositionError(`${what} ${JSON.stringify(s)} is not a number`, line);
   return Number(s);
 }
 
@@ -168,8 +169,12 @@ function parseSample(line: string, n: number): Sample {
       throw new ExpositionError(`expected , or } after the value of label ${label}`, n);
     }
   }
-  const rest = line.slice(i).trim().split(/[ \t]+/);
-  if (rest.length < 1 || rest[0] === '' || rest.length > 2) throw new ExpositionError(`expected a value (and a timestamp) after ${name}`, n);
+  const rest = line
+    .slice(i)
+    .trim()
+    .split(/[ \t]+/);
+  if (rest.length < 1 || rest[0] === '' || rest.length > 2)
+    throw new ExpositionError(`expected a value (and a timestamp) after ${name}`, n);
   const sample: Sample = { name, labels, value: parseValue(rest[0] ?? '', n, 'value') };
   if (rest[1] !== undefined) {
     if (!/^-?\d+$/.test(rest[1])) throw new ExpositionError(`timestamp ${JSON.stringify(rest[1])} is not an integer`, n);

@@ -22,7 +22,8 @@ export { rateText };
  */
 export function limitText(v: number | undefined, source?: LimitSource, guarantee?: number): string {
   if (v === undefined && guarantee === undefined) return '-';
-  const core = guarantee === undefined ? formatBandwidth(v ?? 0) : `${formatBandwidth(guarantee)}..${v === undefined ? '' : formatBandwidth(v)}`;
+  const core =
+    guarantee === undefined ? formatBandwidth(v ?? 0) : `${formatBandwidth(guarantee)}..${v === undefined ? '' : formatBandwidth(v)}`;
   const tag = v === undefined ? '' : sourceTag(source);
   return tag ? `${core} ${tag}` : core;
 }
@@ -40,9 +41,18 @@ export function bandText(priority: number | undefined): string {
 const COLUMNS = ['POD', 'IN RATE', 'IN LIMIT', 'IN DROP/s', 'OUT RATE', 'OUT LIMIT', 'OUT DROP/s'] as const;
 
 /** One frame: a header line, the column heads, a line per ready pod (busiest first), cut to `width` x `height`. */
-export function renderTop(s: StatusReport, opts: { width?: number; height?: number; now?: Date; intervalS: number; hint?: boolean }): string[] {
+export function renderTop(
+  s: StatusReport,
+  opts: { width?: number; height?: number; now?: Date; intervalS: number; hint?: boolean },
+): string[] {
   const pods = s.pods.filter((p) => p.phase === 'ready');
-  const shaped = pods.filter((p) => p.limits.ingress !== undefined || p.limits.egress !== undefined || p.limits.ingressGuarantee !== undefined || p.limits.egressGuarantee !== undefined).length;
+  const shaped = pods.filter(
+    (p) =>
+      p.limits.ingress !== undefined ||
+      p.limits.egress !== undefined ||
+      p.limits.ingressGuarantee !== undefined ||
+      p.limits.egressGuarantee !== undefined,
+  ).length;
   const total = (p: (typeof pods)[number]) => (p.rate?.ingress ?? 0) + (p.rate?.egress ?? 0);
   pods.sort((a, b) => total(b) - total(a) || `${a.namespace}/${a.name}`.localeCompare(`${b.namespace}/${b.name}`));
   const time = (opts.now ?? new Date()).toTimeString().slice(0, 8);
@@ -64,7 +74,13 @@ export function renderTop(s: StatusReport, opts: { width?: number; height?: numb
   widths[0] = Math.min(widths[0] ?? 3, 40);
   const line = (cells: readonly string[]) =>
     cells
-      .map((c, i) => (i === 0 ? (c.length > (widths[0] ?? 0) ? `${c.slice(0, (widths[0] ?? 1) - 1)}…` : c.padEnd(widths[0] ?? 0)) : c.padStart(widths[i] ?? 0)))
+      .map((c, i) =>
+        i === 0
+          ? c.length > (widths[0] ?? 0)
+            ? `${c.slice(0, (widths[0] ?? 1) - 1)}…`
+            : c.padEnd(widths[0] ?? 0)
+          : c.padStart(widths[i] ?? 0),
+      )
       .join('  ');
   let lines = [head, '', line(columns), ...rows.map(line)];
   if (opts.width) lines = lines.map((l) => (l.length > (opts.width ?? 0) ? l.slice(0, opts.width) : l));
@@ -119,7 +135,11 @@ export async function top(o: TopOptions): Promise<number> {
     for (let frame = 1; !quit; frame++) {
       const s = await fetchStatus(o.socket, o.intervalS);
       if (quit) break;
-      const lines = renderTop(s, { intervalS: o.intervalS, hint: interactive, ...(interactive ? { width: out.columns, height: out.rows } : {}) });
+      const lines = renderTop(s, {
+        intervalS: o.intervalS,
+        hint: interactive,
+        ...(interactive ? { width: out.columns, height: out.rows } : {}),
+      });
       out.write(interactive ? HOME_CLEAR + lines.join('\n') : `${lines.join('\n')}\n\n`);
       if (o.iterations !== undefined && frame >= o.iterations) break;
       await new Promise<void>((resolve) => {

@@ -72,7 +72,10 @@ export class ResultCache {
       if (typeof v[k] !== 'string') throw new CacheError(path, `${k} must be a string`);
     }
     if (v.result !== undefined && !isObj(v.result)) throw new CacheError(path, 'result must be an object');
-    if (v.cniArgs !== undefined && !(Array.isArray(v.cniArgs) && v.cniArgs.every((p) => Array.isArray(p) && p.length === 2 && p.every((s) => typeof s === 'string')))) {
+    if (
+      v.cniArgs !== undefined &&
+      !(Array.isArray(v.cniArgs) && v.cniArgs.every((p) => Array.isArray(p) && p.length === 2 && p.every((s) => typeof s === 'string')))
+    ) {
       throw new CacheError(path, 'cniArgs must be a list of [key, value] strings');
     }
     if (v.capabilityArgs !== undefined && !isObj(v.capabilityArgs)) throw new CacheError(path, 'capabilityArgs must be an object');

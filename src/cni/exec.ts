@@ -122,7 +122,12 @@ let warnedNoSpawner = false;
  * @throws CniPluginError when the plugin cannot be started, exits non-zero or by a signal,
  *   prints a CNI error object, prints something that is not JSON, or runs past the timeout.
  */
-export async function execPlugin(pluginPath: string, stdin: string | Uint8Array, req: ExecRequest, opts: ExecOptions = {}): Promise<unknown> {
+export async function execPlugin(
+  pluginPath: string,
+  stdin: string | Uint8Array,
+  req: ExecRequest,
+  opts: ExecOptions = {},
+): Promise<unknown> {
   const plugin = opts.plugin ?? basename(pluginPath);
   const command = req.command;
   const timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
@@ -140,11 +145,14 @@ export async function execPlugin(pluginPath: string, stdin: string | Uint8Array,
   if (via === 'spawner' && !spawner.available()) {
     if (!warnedNoSpawner) {
       warnedNoSpawner = true;
-      process.emitWarning(`plugin spawner ${spawner.binaryPath} is not built (npm run build:native): CNI plugins are exec'd through child_process, which forks the agent`);
+      process.emitWarning(
+        `plugin spawner ${spawner.binaryPath} is not built (npm run build:native): CNI plugins are exec'd through child_process, which forks the agent`,
+      );
     }
     via = 'execa';
   }
-  const r = via === 'spawner' ? await runSpawner(spawner, pluginPath, env, stdin, timeoutMs) : await runExeca(pluginPath, env, stdin, timeoutMs);
+  const r =
+    via === 'spawner' ? await runSpawner(spawner, pluginPath, env, stdin, timeoutMs) : await runExeca(pluginPath, env, stdin, timeoutMs);
   const { stdout, stderr } = r;
 
   if (r.timedOut) {
@@ -186,7 +194,13 @@ export async function execPlugin(pluginPath: string, stdin: string | Uint8Array,
   return parsed;
 }
 
-async function runSpawner(spawner: ReturnType<typeof sharedSpawner>, pluginPath: string, env: Record<string, string>, stdin: string | Uint8Array, timeoutMs: number): Promise<RunOutcome> {
+async function runSpawner(
+  spawner: ReturnType<typeof sharedSpawner>,
+  pluginPath: string,
+  env: Record<string, string>,
+  stdin: string | Uint8Array,
+  timeoutMs: number,
+): Promise<RunOutcome> {
   const o = await spawner.run(pluginPath, env, stdin, timeoutMs);
   return {
     exitCode: o.exitCode,
@@ -201,7 +215,12 @@ async function runSpawner(spawner: ReturnType<typeof sharedSpawner>, pluginPath:
 }
 
 /** The old path: child_process through execa (forks the agent). */
-async function runExeca(pluginPath: string, env: Record<string, string>, stdin: string | Uint8Array, timeoutMs: number): Promise<RunOutcome> {
+async function runExeca(
+  pluginPath: string,
+  env: Record<string, string>,
+  stdin: string | Uint8Array,
+  timeoutMs: number,
+): Promise<RunOutcome> {
   const subprocess = execa(pluginPath, [], { input: stdin, env, extendEnv: false, reject: false, detached: true });
   let timedOut = false;
   const timer = setTimeout(() => {

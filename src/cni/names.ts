@@ -23,7 +23,9 @@ export function checkContainerId(id: unknown, what = 'container ID'): string {
     throw new ConfigError(`${what} is ${id.length} characters long: at most ${MAX_CONTAINER_ID} (${JSON.stringify(id.slice(0, 24))}…)`);
   }
   if (!isValidContainerId(id)) {
-    throw new ConfigError(`${what} ${JSON.stringify(id)} is not a valid container ID (letters and digits, joined by single ".", "_" or "-")`);
+    throw new ConfigError(
+      `${what} ${JSON.stringify(id)} is not a valid container ID (letters and digits, joined by single ".", "_" or "-")`,
+    );
   }
   return id;
 }
@@ -44,12 +46,14 @@ const LIBCNI_NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.-]*$/;
 
 /** libcni's ValidateContainerID (the CNI runtime side; requests to the agent use checkContainerId). */
 export function validateContainerId(id: string): void {
-  if (typeof id !== 'string' || !LIBCNI_NAME_RE.test(id)) throw new ConfigError(`invalid container ID ${JSON.stringify(id)}: must match ${LIBCNI_NAME_RE.source}`);
+  if (typeof id !== 'string' || !LIBCNI_NAME_RE.test(id))
+    throw new ConfigError(`invalid container ID ${JSON.stringify(id)}: must match ${LIBCNI_NAME_RE.source}`);
 }
 
 /** libcni's ValidateNetworkName. */
 export function validateNetworkName(name: string): void {
-  if (typeof name !== 'string' || !LIBCNI_NAME_RE.test(name)) throw new ConfigError(`invalid network name ${JSON.stringify(name)}: must match ${LIBCNI_NAME_RE.source}`);
+  if (typeof name !== 'string' || !LIBCNI_NAME_RE.test(name))
+    throw new ConfigError(`invalid network name ${JSON.stringify(name)}: must match ${LIBCNI_NAME_RE.source}`);
 }
 
 /** libcni's ValidateInterfaceName: the kernel's rule (src/net/ifname.ts). */

@@ -28,7 +28,10 @@ function isObj(v: unknown): v is Record<string, unknown> {
 
 function checkVersion(v: unknown, what: string): string {
   if (!isSupportedVersion(v)) {
-    throw new UnsupportedVersionError(String(v), `${what}: unsupported cniVersion ${JSON.stringify(v)} (supported: ${CNI_VERSIONS.join(', ')})`);
+    throw new UnsupportedVersionError(
+      String(v),
+      `${what}: unsupported cniVersion ${JSON.stringify(v)} (supported: ${CNI_VERSIONS.join(', ')})`,
+    );
   }
   return v;
 }
@@ -57,7 +60,8 @@ export function listNetwork(list: NetConfList, bytes?: string): Network {
   const cniVersion = checkVersion(list.cniVersion, what);
   if (!Array.isArray(list.plugins) || list.plugins.length === 0) throw new ConfigError(`${what}: "plugins" must be a non-empty list`);
   list.plugins.forEach((p, i) => checkPlugin(p, `${what} plugin ${i}`));
-  if (list.disableCheck !== undefined && typeof list.disableCheck !== 'boolean') throw new ConfigError(`${what}: "disableCheck" must be a boolean`);
+  if (list.disableCheck !== undefined && typeof list.disableCheck !== 'boolean')
+    throw new ConfigError(`${what}: "disableCheck" must be a boolean`);
   return {
     name: list.name,
     cniVersion,
@@ -81,7 +85,10 @@ const frozenNetworks = new WeakMap<object, Network>();
 export function networkOf(conf: NetConf | NetConfList): Network {
   const cached = isObj(conf) ? frozenNetworks.get(conf) : undefined;
   if (cached) return cached;
-  const net = isObj(conf) && Array.isArray((conf as { plugins?: unknown }).plugins) ? listNetwork(conf as unknown as NetConfList) : singleNetwork(conf as NetConf);
+  const net =
+    isObj(conf) && Array.isArray((conf as { plugins?: unknown }).plugins)
+      ? listNetwork(conf as unknown as NetConfList)
+      : singleNetwork(conf as NetConf);
   if (isDeepFrozen(conf)) frozenNetworks.set(conf, net);
   return net;
 }

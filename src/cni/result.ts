@@ -138,7 +138,8 @@ function parseIp(v: unknown, where: string, nInterfaces: number): CniIpConfig {
   const ip: CniIpConfig = { address: cidr(v, 'address', where) };
   set(ip, 'gateway', optIp(v, 'gateway', where));
   const idx = optInt(v, 'interface', where);
-  if (idx !== undefined && (idx < 0 || idx >= nInterfaces)) fail(`${where}.interface ${idx} is not an index into interfaces (${nInterfaces})`);
+  if (idx !== undefined && (idx < 0 || idx >= nInterfaces))
+    fail(`${where}.interface ${idx} is not an index into interfaces (${nInterfaces})`);
   set(ip, 'interface', idx);
   const version = v.version;
   if (version !== undefined && version !== null) {
@@ -264,7 +265,10 @@ export function convertResult(result: CniResult, toVersion: string): WireResult 
     if (versionAtLeast(toVersion, '1.0.0')) {
       out.ips = result.ips.map(ipConfig);
     } else {
-      (out as Result040).ips = result.ips.map((ip) => ({ version: cidrFamily(ip.address) === 6 ? ('6' as const) : ('4' as const), ...ipConfig(ip) }));
+      (out as Result040).ips = result.ips.map((ip) => ({
+        version: cidrFamily(ip.address) === 6 ? ('6' as const) : ('4' as const),
+        ...ipConfig(ip),
+      }));
     }
   }
   if (routes.length > 0) out.routes = routes;

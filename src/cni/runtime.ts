@@ -24,7 +24,17 @@ import { InvalidResultError, NoCachedResultError, UnsupportedVersionError } from
 import { DEFAULT_TIMEOUT_MS, execPlugin, findPlugin } from './exec.js';
 import { cachedNetwork, checkRuntimeConf, listNetwork, networkOf, singleNetwork, type Network } from './netconf.js';
 import { convertResult, parseResult, versionAtLeast } from './result.js';
-import { CNI_VERSIONS, type CacheEntry, type CniCommand, type CniResult, type NetConf, type NetConfList, type PluginConf, type PluginVersionInfo, type RuntimeConf } from './types.js';
+import {
+  CNI_VERSIONS,
+  type CacheEntry,
+  type CniCommand,
+  type CniResult,
+  type NetConf,
+  type NetConfList,
+  type PluginConf,
+  type PluginVersionInfo,
+  type RuntimeConf,
+} from './types.js';
 
 export { deepFreeze } from './netconf.js';
 
@@ -75,7 +85,8 @@ export class CniRuntime {
   private readonly log: Logger;
 
   constructor(opts: CniRuntimeOptions) {
-    if (!Array.isArray(opts.binDirs) || opts.binDirs.length === 0) throw new ConfigError('CniRuntime: binDirs must name at least one directory');
+    if (!Array.isArray(opts.binDirs) || opts.binDirs.length === 0)
+      throw new ConfigError('CniRuntime: binDirs must name at least one directory');
     if (opts.cacheDir !== undefined && opts.cacheDir === '') throw new ConfigError('CniRuntime: cacheDir must not be empty');
     if (opts.timeoutMs !== undefined && !(Number.isFinite(opts.timeoutMs) && opts.timeoutMs > 0)) {
       throw new ConfigError(`CniRuntime: timeoutMs must be a positive number, got ${opts.timeoutMs}`);
@@ -235,7 +246,10 @@ export class CniRuntime {
 
   private requireCheck(net: Network): void {
     if (!versionAtLeast(net.cniVersion, '0.4.0')) {
-      throw new UnsupportedVersionError(net.cniVersion, `network ${net.name}: cniVersion ${net.cniVersion} does not support CHECK (0.4.0+)`);
+      throw new UnsupportedVersionError(
+        net.cniVersion,
+        `network ${net.name}: cniVersion ${net.cniVersion} does not support CHECK (0.4.0+)`,
+      );
     }
   }
 
@@ -244,7 +258,10 @@ export class CniRuntime {
     this.requireCheck(net);
     if (net.disableCheck) return;
     const cached = await this.getCachedResult(net.name, rt);
-    if (!cached) throw new NoCachedResultError(`network ${net.name}: no cached result for container ${rt.containerId} ${rt.ifName}; CHECK needs the result of ADD`);
+    if (!cached)
+      throw new NoCachedResultError(
+        `network ${net.name}: no cached result for container ${rt.containerId} ${rt.ifName}; CHECK needs the result of ADD`,
+      );
     await this.runCheck(net, rt, cached);
   }
 
@@ -316,11 +333,27 @@ export class CniRuntime {
     const path = findPlugin(type, this.binDirs);
     const started = performance.now();
     const req = rt
-      ? { command, containerId: rt.containerId, netns: rt.netns, ifName: rt.ifName, path: this.binDirs, ...(rt.args ? { args: rt.args } : {}) }
+      ? {
+          command,
+          containerId: rt.containerId,
+          netns: rt.netns,
+          ifName: rt.ifName,
+          path: this.binDirs,
+          ...(rt.args ? { args: rt.args } : {}),
+        }
       : { command, path: this.binDirs };
     try {
       const out = await execPlugin(path, stdin, req, { timeoutMs: this.timeoutMs, plugin: type });
-      this.log.debug({ plugin: type, command, containerId: rt?.containerId, ifName: rt?.ifName, ms: Math.round((performance.now() - started) * 100) / 100 }, 'CNI plugin ran');
+      this.log.debug(
+        {
+          plugin: type,
+          command,
+          containerId: rt?.containerId,
+          ifName: rt?.ifName,
+          ms: Math.round((performance.now() - started) * 100) / 100,
+        },
+        'CNI plugin ran',
+      );
       return out;
     } catch (err) {
       this.log.debug({ err, plugin: type, command, containerId: rt?.containerId, ifName: rt?.ifName }, 'CNI plugin failed');

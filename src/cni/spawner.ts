@@ -145,7 +145,9 @@ export class PluginSpawner {
   async close(): Promise<void> {
     const child = this.child;
     if (!child) return;
-    const exited = new Promise<void>((ok) => (child.exitCode !== null || child.signalCode !== null ? ok() : child.once('exit', () => ok())));
+    const exited = new Promise<void>((ok) =>
+      child.exitCode !== null || child.signalCode !== null ? ok() : child.once('exit', () => ok()),
+    );
     child.ref(); // else an otherwise idle process would exit before the wait is over
     child.stdin?.end();
     await exited;

@@ -17,7 +17,15 @@ import { availableParallelism } from 'node:os';
 import { ConfigError } from '../errors.js';
 import { join } from 'node:path';
 import type { Logger } from '../log.js';
-import { IPAM_SHIM_TYPE, isUnshaped, PodNetwork, REQUIRED_PLUGINS, type LimitSources, type PodRecord, type PodTraffic } from '../pod/index.js';
+import {
+  IPAM_SHIM_TYPE,
+  isUnshaped,
+  PodNetwork,
+  REQUIRED_PLUGINS,
+  type LimitSources,
+  type PodRecord,
+  type PodTraffic,
+} from '../pod/index.js';
 import { findPlugin } from '../cni/exec.js';
 import { attemptTimeoutSec, DhcpDaemon } from './host/dhcp-daemon.js';
 import { CniHandler, codeOf } from './cni/handler.js';
@@ -144,7 +152,14 @@ export class Agent {
       ifbName: config.ifbName,
       ifbShards: shardsFor(config.ifbShards, availableParallelism()),
       ...(unshaped ? { unshapedCIDRs: unshaped } : {}),
-      ...(opts.capacity ? { capacity: { ...(opts.capacity.egress !== undefined ? { egress: opts.capacity.egress } : {}), ...(opts.capacity.ingress !== undefined ? { ingress: opts.capacity.ingress } : {}) } } : {}),
+      ...(opts.capacity
+        ? {
+            capacity: {
+              ...(opts.capacity.egress !== undefined ? { egress: opts.capacity.egress } : {}),
+              ...(opts.capacity.ingress !== undefined ? { ingress: opts.capacity.ingress } : {}),
+            },
+          }
+        : {}),
       // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
       legacyShaperStateDir: join(config.stateDir, 'shaper'),
       // The runtime calling us runs loopback for lo itself.
@@ -154,7 +169,14 @@ export class Agent {
       logger: log,
       ...(config.mtu !== undefined ? { mtu: config.mtu } : {}),
       ...(config.ipam === 'dhcp' && config.uplink !== undefined
-        ? { ipam: { mode: 'dhcp' as const, uplink: config.uplink, daemonSocket: dhcpSocketPath(config), timeoutMs: config.dhcpTimeout * 1000 } }
+        ? {
+            ipam: {
+              mode: 'dhcp' as const,
+              uplink: config.uplink,
+              daemonSocket: dhcpSocketPath(config),
+              timeoutMs: config.dhcpTimeout * 1000,
+            },
+          }
         : {}),
     });
     if (config.ipam === 'dhcp') {
@@ -189,7 +211,9 @@ export class Agent {
           log,
           nodeName: config.nodeName,
           ...(opts.metricsAuth ? { auth: opts.metricsAuth } : {}),
-          ...(config.metricsTLSCertFile !== undefined && config.metricsTLSKeyFile !== undefined ? { tls: { certFile: config.metricsTLSCertFile, keyFile: config.metricsTLSKeyFile } } : {}),
+          ...(config.metricsTLSCertFile !== undefined && config.metricsTLSKeyFile !== undefined
+            ? { tls: { certFile: config.metricsTLSCertFile, keyFile: config.metricsTLSKeyFile } }
+            : {}),
         },
       );
     }
@@ -275,7 +299,10 @@ export class Agent {
           return;
         }
         if (this.stopped) return;
-        this.log.warn({ pods: failed.length, retryInMs: this.readoptDelayMs }, 'some DHCP leases could not be acquired again; trying again');
+        this.log.warn(
+          { pods: failed.length, retryInMs: this.readoptDelayMs },
+          'some DHCP leases could not be acquired again; trying again',
+        );
         this.readoptTimer = setTimeout(() => this.readoptLeases(), this.readoptDelayMs);
         this.readoptDelayMs = Math.min(this.readoptDelayMs * 2, READOPT_RETRY_MAX_MS);
       },
@@ -405,7 +432,10 @@ export function ipamShimOf(config: AgentConfig, log: Logger): { binDir?: string;
   if (config.ipam !== 'host-local') return {};
   const binDir = ipamShimDir();
   if (!existsSync(join(binDir, IPAM_SHIM_TYPE))) {
-    log.warn({ shim: join(binDir, IPAM_SHIM_TYPE) }, 'the IPAM shim is not built: the bridge plugin runs host-local itself (~1 ms more per pod ADD)');
+    log.warn(
+      { shim: join(binDir, IPAM_SHIM_TYPE) },
+      'the IPAM shim is not built: the bridge plugin runs host-local itself (~1 ms more per pod ADD)',
+    );
     return {};
   }
   if (process.env.KUBENET_IPAM_PREFETCH === 'off') return { binDir };
@@ -422,6 +452,7 @@ function dedupResync(): { dedupResyncMs?: number } {
   const v = process.env.KUBENET_DEDUP_RESYNC_MS;
   if (v === undefined || v === '') return {};
   const ms = Number(v);
-  if (!Number.isInteger(ms) || ms < 100) throw new ConfigError(`KUBENET_DEDUP_RESYNC_MS must be an integer number of milliseconds >= 100, not ${JSON.stringify(v)}`);
+  if (!Number.isInteger(ms) || ms < 100)
+    throw new ConfigError(`KUBENET_DEDUP_RESYNC_MS must be an integer number of milliseconds >= 100, not ${JSON.stringify(v)}`);
   return { dedupResyncMs: ms };
 }

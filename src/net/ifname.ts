@@ -21,7 +21,9 @@ export function isValidIfName(name: unknown): name is string {
 /** Throws a ConfigError naming `what` and the value unless it is a valid interface name. */
 export function checkIfName(name: unknown, what: string): string {
   if (!isValidIfName(name)) {
-    throw new ConfigError(`${what} ${JSON.stringify(name)} is not a valid interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")`);
+    throw new ConfigError(
+      `${what} ${JSON.stringify(name)} is not a valid interface name (1-15 bytes, no "/", ":" or whitespace, not "." or "..")`,
+    );
   }
   return name;
 }

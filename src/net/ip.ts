@@ -82,7 +82,9 @@ export function parseCidr(text: string): Subnet {
  */
 export function parsePodCidrs(value: unknown): Subnet[] {
   if (typeof value !== 'string' || value.trim() === '') {
-    throw new ConfigError(`pod CIDR must be a non-empty string such as "10.244.1.0/24" or "10.244.1.0/24,fd00:10:244:1::/64", got ${JSON.stringify(value)}`);
+    throw new ConfigError(
+      `pod CIDR must be a non-empty string such as "10.244.1.0/24" or "10.244.1.0/24,fd00:10:244:1::/64", got ${JSON.stringify(value)}`,
+    );
   }
   const subnets = value.split(',').map((part) => parseCidr(part.trim()));
   if (subnets.length > 2) throw new ConfigError(`pod CIDR ${JSON.stringify(value)}: at most one IPv4 and one IPv6 CIDR`);

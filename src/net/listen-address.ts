@@ -20,7 +20,9 @@ export function parseListenAddress(text: string): ListenAddress {
   const v6 = m[1];
   const host = v6 ?? (m[2] === '' ? undefined : m[2]);
   if (host !== undefined && isIP(host) !== (v6 !== undefined ? 6 : 4)) {
-    throw new ConfigError(`${JSON.stringify(host)} is not ${v6 !== undefined ? 'an IPv6' : 'an IPv4'} address${v6 === undefined && isIP(host) === 6 ? ' (put an IPv6 host in brackets: [::1]:10266)' : ''}`);
+    throw new ConfigError(
+      `${JSON.stringify(host)} is not ${v6 !== undefined ? 'an IPv6' : 'an IPv4'} address${v6 === undefined && isIP(host) === 6 ? ' (put an IPv6 host in brackets: [::1]:10266)' : ''}`,
+    );
   }
   return { host, port };
 }

@@ -7,7 +7,6 @@ import { getSystemErrorName } from 'node:util';
 import { NetlinkError } from '../errors.js';
 import { nl } from './libnl.js';
 
-
 /** netlink/errno.h */
 export const NLE = {
   FAILURE: 1,
@@ -153,7 +152,6 @@ export function sysError(op: string, errno: number, what: string): NetlinkError 
   }
   return new NetlinkError(op, errno, `${what}: ${name}`);
 }
-
 
 /** Whether `err` says the link (or device) is not there: a NetlinkError with ENODEV. */
 export function isNoDevice(err: unknown): boolean {

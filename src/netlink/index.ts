@@ -36,7 +36,14 @@ export {
   type LinkInfo,
   type LinkStats,
 } from './link.js';
-export { linkDelete, linkDeletionCounts, linkDeletionsInFlight, linkDeletionsSettled, type LinkDeleteOptions, type LinkDeletion } from './link-delete.js';
+export {
+  linkDelete,
+  linkDeletionCounts,
+  linkDeletionsInFlight,
+  linkDeletionsSettled,
+  type LinkDeleteOptions,
+  type LinkDeletion,
+} from './link-delete.js';
 export { linkBasics, linkIndexByName, linkIndexExists, linkTxQLen, netnsLinkIndex, type LinkBasics } from './ioctl.js';
 export { addrDel, addrList, addrListAll, type AddrInfo } from './addr.js';
 export { isNetnsFd, netnsAddrList, netnsLinkByName, netnsLinkDelete } from './netns.js';

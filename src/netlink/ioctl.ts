@@ -5,7 +5,22 @@
  * txqueuelen), in this process's own network namespace or, through a socket opened there, in
  * another one.
  */
-import { AF_INET, IFF_PROMISC, IFF_UP, IFNAMSIZ, IFREQ_SIZE, lastErrno, libcNs, SIOCGIFFLAGS, SIOCGIFINDEX, SIOCGIFMTU, SIOCGIFNAME, SIOCGIFTXQLEN, SOCK_CLOEXEC, SOCK_DGRAM } from './libnl.js';
+import {
+  AF_INET,
+  IFF_PROMISC,
+  IFF_UP,
+  IFNAMSIZ,
+  IFREQ_SIZE,
+  lastErrno,
+  libcNs,
+  SIOCGIFFLAGS,
+  SIOCGIFINDEX,
+  SIOCGIFMTU,
+  SIOCGIFNAME,
+  SIOCGIFTXQLEN,
+  SOCK_CLOEXEC,
+  SOCK_DGRAM,
+} from './libnl.js';
 import { E, sysError } from './errno.js';
 import { checkIfname } from './parse.js';
 import { inNetns } from './socket.js';

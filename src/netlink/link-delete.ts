@@ -168,10 +168,12 @@ function linkMessage(op: string, type: number, ifindex: number, group?: number):
 
 /** One request sent and its ACK awaited on a pool thread, in a slot; resolves with libnl's code (0 or -NLE_*), or koffi's own failure. */
 function send(op: string, sk: Ptr, msg: Ptr): Promise<{ rc: number; callErr?: unknown }> {
-  return slots.run(() => offLoop(op, nl.nl_send_sync, sk, msg)).then(
-    (rc) => ({ rc }),
-    (callErr: unknown) => ({ rc: -1, callErr }),
-  );
+  return slots
+    .run(() => offLoop(op, nl.nl_send_sync, sk, msg))
+    .then(
+      (rc) => ({ rc }),
+      (callErr: unknown) => ({ rc: -1, callErr }),
+    );
 }
 
 /** ENODEV and "object not found" mean the link is already gone: success for a delete. */
@@ -181,7 +183,10 @@ function absent(rc: number): boolean {
 
 /** The error of an answered request, undefined for success or an absent link. */
 function failure(op: string, answer: { rc: number; callErr?: unknown }): NetlinkError | undefined {
-  if (answer.callErr) return answer.callErr instanceof NetlinkError ? answer.callErr : new NetlinkError(op, E.EIO, `koffi async call failed: ${String(answer.callErr)}`);
+  if (answer.callErr)
+    return answer.callErr instanceof NetlinkError
+      ? answer.callErr
+      : new NetlinkError(op, E.EIO, `koffi async call failed: ${String(answer.callErr)}`);
   return answer.rc < 0 && !absent(answer.rc) ? nlError(op, answer.rc) : undefined;
 }
 

@@ -7,7 +7,19 @@
  * counters), as do the primitives it and the tc class reads use (getLink, linkIndex). Setters send
  * nothing when the link is already in the wanted state, but for linkSetMac (see there).
  */
-import { AF_LLC, AF_UNSPEC, IFF_LOOPBACK, IFF_POINTOPOINT, IFF_PROMISC, IFF_UP, nl, route, RTNL_LINK, type Out, type Ptr } from './libnl.js';
+import {
+  AF_LLC,
+  AF_UNSPEC,
+  IFF_LOOPBACK,
+  IFF_POINTOPOINT,
+  IFF_PROMISC,
+  IFF_UP,
+  nl,
+  route,
+  RTNL_LINK,
+  type Out,
+  type Ptr,
+} from './libnl.js';
 import { ConfigError, NetlinkError } from '../errors.js';
 import { E, NLE, nlError } from './errno.js';
 import { checkIfname, checkUint } from './parse.js';
@@ -89,7 +101,9 @@ function macOf(link: Ptr): string {
 export async function getLinkOn(l: Lease, nameOrIndex: string | number): Promise<Ptr> {
   const out: Out = [null];
   const rc =
-    typeof nameOrIndex === 'number' ? await l.call(route.rtnl_link_get_kernel, l.sk, nameOrIndex, null, out) : await l.call(route.rtnl_link_get_kernel, l.sk, 0, nameOrIndex, out);
+    typeof nameOrIndex === 'number'
+      ? await l.call(route.rtnl_link_get_kernel, l.sk, nameOrIndex, null, out)
+      : await l.call(route.rtnl_link_get_kernel, l.sk, 0, nameOrIndex, out);
   l.check(rc, E.ENODEV);
   if (!out[0]) throw new NetlinkError(l.op, E.ENODEV, 'Object not found');
   return out[0];
@@ -118,7 +132,10 @@ export async function linkIndexOn(l: Lease, name: string): Promise<number> {
 /** rtnl_link_get_kernel by name or ifindex on the event loop (for the synchronous counters); the caller owns the result. Absence → ENODEV. */
 export function getLink(sk: Ptr, op: string, nameOrIndex: string | number): Ptr {
   const out: Out = [null];
-  const rc = typeof nameOrIndex === 'number' ? route.rtnl_link_get_kernel(sk, nameOrIndex, null, out) : route.rtnl_link_get_kernel(sk, 0, nameOrIndex, out);
+  const rc =
+    typeof nameOrIndex === 'number'
+      ? route.rtnl_link_get_kernel(sk, nameOrIndex, null, out)
+      : route.rtnl_link_get_kernel(sk, 0, nameOrIndex, out);
   check(sk, op, rc as number, E.ENODEV);
   if (!out[0]) throw new NetlinkError(op, E.ENODEV, 'Object not found');
   return out[0];
@@ -227,14 +244,24 @@ export function linkStats(dev: string | number): LinkStats {
 export async function linkSetMtu(name: string, mtu: number): Promise<void> {
   const op = `linkSetMtu ${name} ${mtu}`;
   checkUint(op, 'MTU', mtu, 0xffffffff);
-  await changeLink(op, name, (cur) => cur.mtu === mtu, (c) => route.rtnl_link_set_mtu(c, mtu));
+  await changeLink(
+    op,
+    name,
+    (cur) => cur.mtu === mtu,
+    (c) => route.rtnl_link_set_mtu(c, mtu),
+  );
 }
 
 /** `ip link set NAME txqueuelen QLEN`. */
 export async function linkSetTxQLen(name: string, qlen: number): Promise<void> {
   const op = `linkSetTxQLen ${name} ${qlen}`;
   checkUint(op, 'txqueuelen', qlen, 0xffffffff);
-  await changeLink(op, name, (cur) => cur.txQLen === qlen, (c) => route.rtnl_link_set_txqlen(c, qlen));
+  await changeLink(
+    op,
+    name,
+    (cur) => cur.txQLen === qlen,
+    (c) => route.rtnl_link_set_txqlen(c, qlen),
+  );
 }
 
 /**
@@ -244,13 +271,19 @@ export async function linkSetTxQLen(name: string, qlen: number): Promise<void> {
  */
 export async function linkSetMac(name: string, mac: string): Promise<void> {
   const op = `linkSetMac ${name} ${mac}`;
-  if (typeof mac !== 'string' || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/i.test(mac)) throw new ConfigError(`${op}: invalid MAC address ${JSON.stringify(mac)}`);
+  if (typeof mac !== 'string' || !/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/i.test(mac))
+    throw new ConfigError(`${op}: invalid MAC address ${JSON.stringify(mac)}`);
   const out: Out = [null];
   const rc = nl.nl_addr_parse(mac, AF_LLC, out) as number;
   if (rc < 0 || !out[0]) throw nlError(op, rc < 0 ? rc : -NLE.PARSE_ERR);
   const addr = out[0];
   try {
-    await changeLink(op, name, () => false, (c) => route.rtnl_link_set_addr(c, addr));
+    await changeLink(
+      op,
+      name,
+      () => false,
+      (c) => route.rtnl_link_set_addr(c, addr),
+    );
   } finally {
     nl.nl_addr_put(addr);
   }
@@ -258,12 +291,22 @@ export async function linkSetMac(name: string, mac: string): Promise<void> {
 
 /** `ip link set NAME promisc on`. */
 export async function setPromiscOn(name: string): Promise<void> {
-  await changeLink(`setPromiscOn ${name}`, name, (cur) => cur.promisc, (c) => route.rtnl_link_set_flags(c, IFF_PROMISC));
+  await changeLink(
+    `setPromiscOn ${name}`,
+    name,
+    (cur) => cur.promisc,
+    (c) => route.rtnl_link_set_flags(c, IFF_PROMISC),
+  );
 }
 
 /** `ip link set NAME promisc off`. */
 export async function setPromiscOff(name: string): Promise<void> {
-  await changeLink(`setPromiscOff ${name}`, name, (cur) => !cur.promisc, (c) => route.rtnl_link_unset_flags(c, IFF_PROMISC));
+  await changeLink(
+    `setPromiscOff ${name}`,
+    name,
+    (cur) => !cur.promisc,
+    (c) => route.rtnl_link_unset_flags(c, IFF_PROMISC),
+  );
 }
 
 /**

@@ -78,7 +78,8 @@ export interface Bound {
  */
 export function offLoop(op: string, fn: Bound, ...args: unknown[]): Promise<number> {
   return new Promise((resolve, reject) => {
-    const done = (err: unknown, rc: number) => (err ? reject(new NetlinkError(op, E.EIO, `koffi async call failed: ${String(err)}`)) : resolve(rc));
+    const done = (err: unknown, rc: number) =>
+      err ? reject(new NetlinkError(op, E.EIO, `koffi async call failed: ${String(err)}`)) : resolve(rc);
     (fn.async as (...a: unknown[]) => void)(...args, done);
   });
 }

@@ -40,7 +40,8 @@ function addrText(a: Ptr, family: 4 | 6): string {
 
 function checkProto(op: string, protocol: number): void {
   // 0-4 are the kernel's own (unspec, redirect, kernel, boot, static): never ours to manage.
-  if (!Number.isInteger(protocol) || protocol < 5 || protocol > 255) throw new ConfigError(`${op}: routing protocol must be 5..255, got ${JSON.stringify(protocol)}`);
+  if (!Number.isInteger(protocol) || protocol < 5 || protocol > 255)
+    throw new ConfigError(`${op}: routing protocol must be 5..255, got ${JSON.stringify(protocol)}`);
 }
 
 /** nl_addr_parse of a canonical text; the caller puts the result. */
@@ -70,7 +71,8 @@ function buildRoute(op: string, dst: string, protocol: number, nexthop?: { gatew
       nl.nl_addr_put(dstAddr);
     }
     if (nexthop) {
-      if (familyOf(nexthop.gateway) !== d.family) throw new ConfigError(`${op}: gateway ${JSON.stringify(nexthop.gateway)} is not an IPv${d.family} address`);
+      if (familyOf(nexthop.gateway) !== d.family)
+        throw new ConfigError(`${op}: gateway ${JSON.stringify(nexthop.gateway)} is not an IPv${d.family} address`);
       const nh = rt.rtnl_route_nh_alloc() as Ptr;
       if (!nh) throw new NetlinkError(op, E.ENOMEM, 'rtnl_route_nh_alloc failed');
       const gwAddr = parseNlAddr(op, nexthop.gateway, d.family);

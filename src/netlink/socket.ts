@@ -102,7 +102,6 @@ export function dumpCache(sk: Ptr, op: string, fill: (out: Out) => number): Ptr 
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Requests off the event loop.
 

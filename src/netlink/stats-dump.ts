@@ -156,7 +156,8 @@ export class StatsSocket {
       let done = false;
       for (let i = 0; i < n && !done; i++) {
         const len = l.view.readUInt32LE(i * MMSG + 56);
-        if (l.view.readInt32LE(i * MMSG + 48) & MSG_TRUNC) throw new NetlinkError(op, E.EMSGSIZE, `a datagram of more than ${l.slot} bytes`);
+        if (l.view.readInt32LE(i * MMSG + 48) & MSG_TRUNC)
+          throw new NetlinkError(op, E.EMSGSIZE, `a datagram of more than ${l.slot} bytes`);
         try {
           done = forEachMessage(this.data, i * l.slot, len, each);
         } catch (err) {
@@ -169,7 +170,13 @@ export class StatsSocket {
   }
 
   /** Sends one dump request (`body` writes its family header) and hands each answer to `each` until NLMSG_DONE. */
-  private async dumpAll(op: string, type: number, bodyLen: number, body: (b: Buffer, at: number) => void, each: (m: NlMessage) => void): Promise<void> {
+  private async dumpAll(
+    op: string,
+    type: number,
+    bodyLen: number,
+    body: (b: Buffer, at: number) => void,
+    each: (m: NlMessage) => void,
+  ): Promise<void> {
     const seq = nextSeq++ >>> 0;
     const len = writeRequest(this.reqView, 0, type, NLM_F.DUMP, seq, bodyLen);
     body(this.reqView, 16);
@@ -195,11 +202,17 @@ export class StatsSocket {
     const op = `${this.label}: link stats dump`;
     return this.exclusive(async () => {
       const out = new Map<number, LinkStats>();
-      await this.dumpAll(op, RTM.GETSTATS, IF_STATS_MSG_SIZE, (b, at) => b.writeUInt32LE(IFLA_STATS_FILTER_LINK_64, at + 8), (m) => {
-        if (m.type !== RTM.NEWSTATS) return;
-        const s = parseLinkStats(this.data, m);
-        if (s) out.set(s.ifindex, s.stats);
-      });
+      await this.dumpAll(
+        op,
+        RTM.GETSTATS,
+        IF_STATS_MSG_SIZE,
+        (b, at) => b.writeUInt32LE(IFLA_STATS_FILTER_LINK_64, at + 8),
+        (m) => {
+          if (m.type !== RTM.NEWSTATS) return;
+          const s = parseLinkStats(this.data, m);
+          if (s) out.set(s.ifindex, s.stats);
+        },
+      );
       return out;
     });
   }
@@ -209,9 +222,15 @@ export class StatsSocket {
     const op = `${this.label}: class dump of ${ifindex}`;
     return this.exclusive(async () => {
       const out: TcClassStats[] = [];
-      await this.dumpAll(op, RTM.GETTCLASS, TCMSG_SIZE, (b, at) => b.writeInt32LE(ifindex, at + 4), (m) => {
-        if (m.type === RTM.NEWTCLASS) out.push(parseTcClass(this.data, m));
-      });
+      await this.dumpAll(
+        op,
+        RTM.GETTCLASS,
+        TCMSG_SIZE,
+        (b, at) => b.writeInt32LE(ifindex, at + 4),
+        (m) => {
+          if (m.type === RTM.NEWTCLASS) out.push(parseTcClass(this.data, m));
+        },
+      );
       return out;
     });
   }
@@ -238,7 +257,7 @@ export class StatsSocket {
         });
         await this.send(op, len);
         let answered = 0;
-        const index = (seq: number | undefined) => (seq === undefined ? -1 : ((seq - seq0) >>> 0) < batch.length ? (seq - seq0) >>> 0 : -1);
+        const index = (seq: number | undefined) => (seq === undefined ? -1 : (seq - seq0) >>> 0 < batch.length ? (seq - seq0) >>> 0 : -1);
         await this.receive(op, this.get, (m) => {
           if (m.type === RTM.NEWTCLASS) {
             const i = index(m.seq);
@@ -251,7 +270,11 @@ export class StatsSocket {
             const errno = messageErrno(this.data, m);
             if (i >= 0 && errno > 0 && out[from + i] === undefined) {
               const r = batch[i];
-              out[from + i] = new NetlinkError(`${op} ${r?.ifindex} ${(r?.handle ?? 0).toString(16)}`, errno, errno === E.ENODEV ? 'no such device' : 'no such class');
+              out[from + i] = new NetlinkError(
+                `${op} ${r?.ifindex} ${(r?.handle ?? 0).toString(16)}`,
+                errno,
+                errno === E.ENODEV ? 'no such device' : 'no such class',
+              );
               answered++;
             }
           }

@@ -66,8 +66,13 @@ export function forEachMessage(buf: Buffer, at: number, len: number, each: (m: N
   let off = at;
   while (off + NLMSG_HDRLEN <= end) {
     const mlen = buf.readUInt32LE(off);
-    if (mlen < NLMSG_HDRLEN || off + mlen > end) throw new NetlinkParseError(`netlink message of ${mlen} bytes at ${off - at} of a ${len}-byte datagram`);
-    if (each({ type: buf.readUInt16LE(off + 4), flags: buf.readUInt16LE(off + 6), seq: buf.readUInt32LE(off + 8), at: off, len: mlen }) === true) return true;
+    if (mlen < NLMSG_HDRLEN || off + mlen > end)
+      throw new NetlinkParseError(`netlink message of ${mlen} bytes at ${off - at} of a ${len}-byte datagram`);
+    if (
+      each({ type: buf.readUInt16LE(off + 4), flags: buf.readUInt16LE(off + 6), seq: buf.readUInt32LE(off + 8), at: off, len: mlen }) ===
+      true
+    )
+      return true;
     off += align4(mlen);
   }
   return false;
@@ -109,7 +114,17 @@ export function tcIfindex(buf: Buffer, m: NlMessage): number {
 export function parseTcClass(buf: Buffer, m: NlMessage): TcClassStats {
   const t = m.at + NLMSG_HDRLEN;
   if (m.len < NLMSG_HDRLEN + TCMSG_SIZE) throw new NetlinkParseError(`tc message of ${m.len} bytes`);
-  const cls: TcClassStats = { handle: buf.readUInt32LE(t + 8), parent: buf.readUInt32LE(t + 12), kind: '', bytes: 0, packets: 0, drops: 0, overlimits: 0, backlog: 0, qlen: 0 };
+  const cls: TcClassStats = {
+    handle: buf.readUInt32LE(t + 8),
+    parent: buf.readUInt32LE(t + 12),
+    kind: '',
+    bytes: 0,
+    packets: 0,
+    drops: 0,
+    overlimits: 0,
+    backlog: 0,
+    qlen: 0,
+  };
   let options: [number, number] | undefined;
   let pkt64: number | undefined;
   forEachAttr(buf, t + TCMSG_SIZE, m.at + m.len, (type, at, len) => {
@@ -159,7 +174,14 @@ export function parseLinkStats(buf: Buffer, m: NlMessage): { ifindex: number; st
   forEachAttr(buf, s + IF_STATS_MSG_SIZE, m.at + m.len, (type, at, len) => {
     // struct rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes, rx_errors, tx_errors, rx_dropped, tx_dropped, ...
     if (type === IFLA_STATS_LINK_64 && len >= 64) {
-      stats = { rxPackets: u64(buf, at), txPackets: u64(buf, at + 8), rxBytes: u64(buf, at + 16), txBytes: u64(buf, at + 24), rxDropped: u64(buf, at + 48), txDropped: u64(buf, at + 56) };
+      stats = {
+        rxPackets: u64(buf, at),
+        txPackets: u64(buf, at + 8),
+        rxBytes: u64(buf, at + 16),
+        txBytes: u64(buf, at + 24),
+        rxDropped: u64(buf, at + 48),
+        txDropped: u64(buf, at + 56),
+      };
     }
   });
   return stats ? { ifindex: buf.readInt32LE(s + 4), stats } : undefined;

@@ -9,7 +9,16 @@ import { ConfigError, KubenetError, NotReadyError } from '../errors.js';
 import { silentLogger, type Logger } from '../log.js';
 import { moduleLogger } from '../util/module-logger.js';
 import { checkIfName } from '../net/ifname.js';
-import { bandwidthFromAnnotations, HAIRPIN_MODES, NETWORK_NAME, POD_IFNAME, PodNetwork, REQUIRED_PLUGINS, sameLimits, type PodRecord } from '../pod/index.js';
+import {
+  bandwidthFromAnnotations,
+  HAIRPIN_MODES,
+  NETWORK_NAME,
+  POD_IFNAME,
+  PodNetwork,
+  REQUIRED_PLUGINS,
+  sameLimits,
+  type PodRecord,
+} from '../pod/index.js';
 import { familyOf, parsePodCidrs } from '../net/ip.js';
 import type { HairpinMode, Host, KubenetOptions, NetworkPlugin, PodNetworkStatus } from './types.js';
 
@@ -36,7 +45,8 @@ export class KubenetPlugin implements NetworkPlugin {
       throw new ConfigError(`mtu must be an integer between 68 and 65535, got ${opts.mtu}`);
     }
     checkIfName(this.bridgeName, 'bridge name');
-    if (!Array.isArray(this.cniBinDirs) || this.cniBinDirs.length === 0) throw new ConfigError('cniBinDirs must name at least one directory');
+    if (!Array.isArray(this.cniBinDirs) || this.cniBinDirs.length === 0)
+      throw new ConfigError('cniBinDirs must name at least one directory');
     this.network = new PodNetwork({
       bridgeName: this.bridgeName,
       pluginBinDirs: this.cniBinDirs,
@@ -107,7 +117,8 @@ export class KubenetPlugin implements NetworkPlugin {
    */
   async setUpPod(namespace: string, name: string, id: string): Promise<void> {
     const host = this.requireHost();
-    if (!this.initialized || this.network.phase !== 'ready') throw new NotReadyError(`kubenet: cannot set up pod ${namespace}/${name}: no pod CIDR yet`);
+    if (!this.initialized || this.network.phase !== 'ready')
+      throw new NotReadyError(`kubenet: cannot set up pod ${namespace}/${name}: no pod CIDR yet`);
     const limits = bandwidthFromAnnotations(host.getPodByName(namespace, name)?.annotations);
     const netns = host.getNetNS(id);
     const existing = this.network.get(id);

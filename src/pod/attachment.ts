@@ -18,7 +18,8 @@ export const PLACEHOLDER_PORT: PortMapping = { hostPort: 1, containerPort: 1, pr
 
 export function checkAttachment(a: { containerId: string; ifName: string }): void {
   checkContainerId(a.containerId, 'container ID');
-  if (a.ifName !== POD_IFNAME) throw new ConfigError(`interface name ${JSON.stringify(a.ifName)}: kubenet attaches pods as ${POD_IFNAME} only`);
+  if (a.ifName !== POD_IFNAME)
+    throw new ConfigError(`interface name ${JSON.stringify(a.ifName)}: kubenet attaches pods as ${POD_IFNAME} only`);
 }
 
 /** What differs between a ready attachment and a repeated ADD of it ([] when nothing does). */
@@ -36,7 +37,11 @@ export function differences(r: PodRecord, req: AttachRequest, netnsId: NetnsId):
  * neither changes; `rates`: whether the kernel must follow. A repeated ADD still compares with what
  * the ADD asked for (addLimits).
  */
-export function reshapedRecord(r: PodRecord, limits: BandwidthLimits, sources: LimitSources | undefined): { record: PodRecord; rates: boolean } | undefined {
+export function reshapedRecord(
+  r: PodRecord,
+  limits: BandwidthLimits,
+  sources: LimitSources | undefined,
+): { record: PodRecord; rates: boolean } | undefined {
   const rates = !sameLimits(r.limits, limits);
   if (!rates && sameSources(r.limitSources, sources)) return undefined;
   const { limitSources: _was, ...rest } = r;
@@ -74,7 +79,6 @@ export function safeParseResult(result: unknown, log: Logger): CniResult | undef
     return undefined;
   }
 }
-
 
 export function podName(p: { namespace: string; name: string; containerId?: string }): string {
   if (p.namespace || p.name) return `${p.namespace}/${p.name}`;

@@ -7,7 +7,17 @@ export { HAIRPIN_MODES, IPAM_SHIM_TYPE, NETWORK_NAME, POD_IFNAME, type HairpinMo
 export { DhcpLeaseError, socketAnswers } from './addresses/dhcp-leases.js';
 export { NetnsError, podNetnsId } from './netns.js';
 export { PodNetwork } from './network.js';
-export { PLUGIN_TYPES, REQUIRED_PLUGINS, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions, type PodTraffic } from './requests.js';
+export {
+  PLUGIN_TYPES,
+  REQUIRED_PLUGINS,
+  type AttachRequest,
+  type Attachment,
+  type CheckRequest,
+  type DetachRequest,
+  type IpamSettings,
+  type PodNetworkOptions,
+  type PodTraffic,
+} from './requests.js';
 export type { DirectionCounters, ShapingCounters } from '../shaper/counters.js';
 export type { LinkStats } from '../netlink/index.js';
 export type { PodPhase, PodRecord, PortMapping } from './records/record.js';

@@ -51,7 +51,17 @@ import { releaseUnknown, teardown } from './lifecycle/del.js';
 import { ensureBridgeNetfilter } from './node/host-setup.js';
 import { podNetnsId } from './netns.js';
 import { PodStore, recordKey, type PodRecord } from './records/record.js';
-import { DEDUP_RESYNC_MS, PLUGIN_TYPES, type AttachRequest, type Attachment, type CheckRequest, type DetachRequest, type IpamSettings, type PodNetworkOptions, type PodTraffic } from './requests.js';
+import {
+  DEDUP_RESYNC_MS,
+  PLUGIN_TYPES,
+  type AttachRequest,
+  type Attachment,
+  type CheckRequest,
+  type DetachRequest,
+  type IpamSettings,
+  type PodNetworkOptions,
+  type PodTraffic,
+} from './requests.js';
 import { checkAttached, podTraffic } from './lifecycle/inspect.js';
 import { reconcile, sweep } from './lifecycle/sweep.js';
 import { releaseOldUplink } from './node/uplink.js';
@@ -91,8 +101,10 @@ export class PodNetwork {
       ...(opts.cniTimeoutMs !== undefined ? { timeoutMs: opts.cniTimeoutMs } : {}),
     });
     this.shaper = new Shaper({
-      logger: this.log, ...(opts.capacity !== undefined ? { capacity: opts.capacity } : {}),
-      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}), shards: opts.ifbShards ?? 1,
+      logger: this.log,
+      ...(opts.capacity !== undefined ? { capacity: opts.capacity } : {}),
+      ...(opts.ifbName !== undefined ? { ifbName: opts.ifbName } : {}),
+      shards: opts.ifbShards ?? 1,
       ...(opts.unshapedCIDRs !== undefined ? { unshaped: { subnets: parseUnshaped(opts.unshapedCIDRs), bridge: opts.bridgeName } } : {}),
     });
     const { bridgeName, stateDir, ipamDataDir, pluginBinDirs } = opts;
@@ -252,7 +264,9 @@ export class PodNetwork {
     const ready = this.requireReady(`set up pod ${podName(req)}`);
     const netnsId = podNetnsId(req.netns);
     const key = recordKey(req.containerId, req.ifName);
-    return this.locks.run(key, () => this.locks.run(`netns:${netnsId.dev}:${netnsId.ino}`, () => setUp(this.core, req, netnsId, ready.conf)));
+    return this.locks.run(key, () =>
+      this.locks.run(`netns:${netnsId.dev}:${netnsId.ino}`, () => setUp(this.core, req, netnsId, ready.conf)),
+    );
   }
 
   /**
@@ -266,7 +280,9 @@ export class PodNetwork {
     const running = this.pending.get(recordKey(containerId, ifName))?.ipamAsked();
     if (running) return running;
     return Promise.reject(
-      new UnknownPodError(`kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`),
+      new UnknownPodError(
+        `kubenet-ipam: no pod ADD of container ${containerId} ${ifName} is running in this agent; it answers only the bridge plugin the agent runs`,
+      ),
     );
   }
 
@@ -275,7 +291,8 @@ export class PodNetwork {
     checkLimits(limits, `container ${containerId}`);
     return this.locks.run(recordKey(containerId, ifName), async () => {
       const record = this.store.get(containerId, ifName);
-      if (!record || record.phase !== 'ready') throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
+      if (!record || record.phase !== 'ready')
+        throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
       const next = reshapedRecord(record, limits, limitSources);
       if (!next) return record;
       if (next.rates) await applyShaping(this.core, next.record);

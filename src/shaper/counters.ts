@@ -89,7 +89,13 @@ export function directionCounters(pod: TcClassStats | undefined, leaves: Array<T
 /** A direction's counters since `base` (classes taken over from an earlier pod); never below zero. */
 export function sinceBase(d: DirectionCounters, base: CounterBase): DirectionCounters {
   const since = (now: number, then: number) => Math.max(0, now - then);
-  return { ...d, bytes: since(d.bytes, base.bytes), packets: since(d.packets, base.packets), drops: since(d.drops, base.drops), overlimits: since(d.overlimits, base.overlimits) };
+  return {
+    ...d,
+    bytes: since(d.bytes, base.bytes),
+    packets: since(d.packets, base.packets),
+    drops: since(d.drops, base.drops),
+    overlimits: since(d.overlimits, base.overlimits),
+  };
 }
 
 /** Whether a link's transmit counters (and with `rx`, its receive counters too) are the same in both. */
@@ -119,7 +125,8 @@ interface Read {
 }
 
 /** Whether `r` was read under what the pod has now. */
-const readUnder = (r: Read | undefined, where: number, limit: number | undefined, burst: number | undefined): r is Read => r !== undefined && r.where === where && r.limit === limit && r.burst === burst;
+const readUnder = (r: Read | undefined, where: number, limit: number | undefined, burst: number | undefined): r is Read =>
+  r !== undefined && r.where === where && r.limit === limit && r.burst === burst;
 
 /** When more pods than this share of the ifb's are to be asked by handle, one dump is cheaper. */
 const IFB_DUMP_SHARE = 1 / 3;
@@ -143,13 +150,23 @@ export class CounterReader {
    * a pod's veth by index when known, else its name is resolved), and every link's counters. A
    * device that is gone gives no figures for its direction. Reads run one at a time.
    */
-  read(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined, ingressIfb?: string): Promise<CounterSnapshot> {
+  read(
+    states: ShapingState[],
+    ifbOf: (s: ShapingState) => string,
+    ifindex?: (podId: string) => number | undefined,
+    ingressIfb?: string,
+  ): Promise<CounterSnapshot> {
     const run = this.tail.then(() => this.readNow(states, ifbOf, ifindex, ingressIfb));
     this.tail = run.catch(() => undefined);
     return run;
   }
 
-  private async readNow(states: ShapingState[], ifbOf: (s: ShapingState) => string, ifindex?: (podId: string) => number | undefined, ingressIfb?: string): Promise<CounterSnapshot> {
+  private async readNow(
+    states: ShapingState[],
+    ifbOf: (s: ShapingState) => string,
+    ifindex?: (podId: string) => number | undefined,
+    ingressIfb?: string,
+  ): Promise<CounterSnapshot> {
     this.sock ??= nl.StatsSocket.open();
     try {
       return await this.readWith(this.sock, states, ifbOf, ifindex, ingressIfb);
@@ -173,9 +190,26 @@ export class CounterReader {
     // no pod claims any more dropped at the end: nothing is allocated for idle pods.
     const gen = ++this.generation;
     const reads = this.reads;
-    const gets: Array<{ dir: 'ingress' | 'egress'; id: string; where: number; limit: number | undefined; burst: number | undefined; link?: LinkStats; at: number }> = [];
+    const gets: Array<{
+      dir: 'ingress' | 'egress';
+      id: string;
+      where: number;
+      limit: number | undefined;
+      burst: number | undefined;
+      link?: LinkStats;
+      at: number;
+    }> = [];
     const refs: nl.ClassRef[] = [];
-    const ask = (dir: 'ingress' | 'egress', id: string, where: number, limit: number | undefined, burst: number | undefined, dev: number, classId: number, link?: LinkStats) => {
+    const ask = (
+      dir: 'ingress' | 'egress',
+      id: string,
+      where: number,
+      limit: number | undefined,
+      burst: number | undefined,
+      dev: number,
+      classId: number,
+      link?: LinkStats,
+    ) => {
       gets.push({ dir, id, where, limit, burst, at: refs.length, ...(link ? { link } : {}) });
       for (const handle of classHandles(dir, classId)) refs.push({ ifindex: dev, handle });
     };
@@ -191,7 +225,8 @@ export class CounterReader {
       if (inTree && !inIfb) continue;
       const where = inTree ? -inTree : dev;
       const last = reads.ingress.get(s.id);
-      if (readUnder(last, where, s.limits.ingress, s.limits.ingressBurst) && !last.counters?.backlog && sameLink(last.link, link, false)) last.seen = gen;
+      if (readUnder(last, where, s.limits.ingress, s.limits.ingressBurst) && !last.counters?.backlog && sameLink(last.link, link, false))
+        last.seen = gen;
       else ask('ingress', s.id, where, s.limits.ingress, s.limits.ingressBurst, inTree ? (inIfb ?? 0) : dev, inTree, link);
     }
 
@@ -211,14 +246,21 @@ export class CounterReader {
       const ifbStats = ifb ? links.get(ifb) : undefined;
       if (!ifb || !ifbStats) continue; // gone
       const last = this.ifbSeen.get(ifbName);
-      const still = last?.ifindex === ifb && sameLink(last.stats, ifbStats, true) && !egress.some((s) => reads.egress.get(s.id)?.counters?.backlog);
+      const still =
+        last?.ifindex === ifb && sameLink(last.stats, ifbStats, true) && !egress.some((s) => reads.egress.get(s.id)?.counters?.backlog);
       const unknown = still ? egress.filter((s) => !known(s)).length : egress.length;
       if (unknown > 0 && (!still || unknown > egress.length * IFB_DUMP_SHARE)) {
         const all = byHandle(await sock.classDump(ifb));
         work.ifbDumps++;
         for (const s of egress) {
           const [pod, int, bulk] = classHandles('egress', s.classId);
-          reads.egress.set(s.id, { where: s.classId, limit: s.limits.egress, burst: s.limits.egressBurst, counters: directionCounters(all.get(pod), [all.get(int), all.get(bulk)]), seen: gen });
+          reads.egress.set(s.id, {
+            where: s.classId,
+            limit: s.limits.egress,
+            burst: s.limits.egressBurst,
+            counters: directionCounters(all.get(pod), [all.get(int), all.get(bulk)]),
+            seen: gen,
+          });
         }
       } else {
         for (const s of egress) {
@@ -238,7 +280,14 @@ export class CounterReader {
       for (const g of gets) {
         const [pod, int, bulk] = [answers[g.at], answers[g.at + 1], answers[g.at + 2]];
         if (pod instanceof NetlinkError && pod.errno === nl.E.ENODEV) continue; // the device went meanwhile
-        reads[g.dir].set(g.id, { where: g.where, limit: g.limit, burst: g.burst, counters: directionCounters(cls(pod), [cls(int), cls(bulk)]), ...(g.link ? { link: g.link } : {}), seen: gen });
+        reads[g.dir].set(g.id, {
+          where: g.where,
+          limit: g.limit,
+          burst: g.burst,
+          counters: directionCounters(cls(pod), [cls(int), cls(bulk)]),
+          ...(g.link ? { link: g.link } : {}),
+          seen: gen,
+        });
       }
     }
     for (const m of [reads.ingress, reads.egress]) for (const [id, r] of m) if (r.seen !== gen) m.delete(id);

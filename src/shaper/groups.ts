@@ -90,7 +90,11 @@ export function groupLinesWith(rec: ShapingState, records: Iterable<ShapingState
  * without it): re-sized for the pods still under them, or deleted (after their pods' classes) when
  * none is. `empty`: no pod of the namespace hangs under any of its classes any more.
  */
-export function groupLinesAfter(was: ShapingState, records: Iterable<ShapingState>, sides: GroupSides): { lines: string[]; empty: boolean } {
+export function groupLinesAfter(
+  was: ShapingState,
+  records: Iterable<ShapingState>,
+  sides: GroupSides,
+): { lines: string[]; empty: boolean } {
   const rest = [...records].filter((r) => r.group === was.group);
   const lines = (['egress', 'ingress'] as const).flatMap((dir) => {
     const gid = parentOf(was, dir);

@@ -216,12 +216,24 @@ export function treePodLayout(ask: TreeAsk, t: TreeParams): PodLayout {
   const band = ask.band ?? DEFAULT_TREE_BAND;
   const p = rateParams(ceil, ask.burst);
   const quantum = treeQuantum(t.capacity);
-  const iRate = Math.max(MIN_TREE_RATE, Math.round(g * INTERACTIVE_SHARE), Math.min(INTERACTIVE_FLOOR, Math.round(ceil * INTERACTIVE_SHARE)));
+  const iRate = Math.max(
+    MIN_TREE_RATE,
+    Math.round(g * INTERACTIVE_SHARE),
+    Math.min(INTERACTIVE_FLOOR, Math.round(ceil * INTERACTIVE_SHARE)),
+  );
   const bRate = Math.max(MIN_TREE_RATE, g - Math.round(g * INTERACTIVE_SHARE));
   const podRate = Math.max(g, iRate + bRate);
   return {
     pod: { rate: podRate, ceil, burst: burstBytes(podRate), cburst: p.burst, quantum, prio: 0 },
-    interactive: { rate: iRate, ceil, burst: burstBytes(iRate), cburst: p.burst, quantum, prio: 2 * band, queue: interactiveQueueBytes(ceil) },
+    interactive: {
+      rate: iRate,
+      ceil,
+      burst: burstBytes(iRate),
+      cburst: p.burst,
+      quantum,
+      prio: 2 * band,
+      queue: interactiveQueueBytes(ceil),
+    },
     bulk: { rate: bRate, ceil, burst: burstBytes(bRate), cburst: p.burst, quantum, prio: 2 * band + 1, leaf: leafParams(p) },
   };
 }

@@ -45,7 +45,16 @@
 import { ConfigError } from '../errors.js';
 import { ipFamily, lastByte } from '../net/ip.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
-import { groupClass, podLayout, SMALL_PACKET_BYTES, treeClasses, treePodLayout, type HtbClass, type PodLayout, type TreeParams } from './sizing.js';
+import {
+  groupClass,
+  podLayout,
+  SMALL_PACKET_BYTES,
+  treeClasses,
+  treePodLayout,
+  type HtbClass,
+  type PodLayout,
+  type TreeParams,
+} from './sizing.js';
 
 export const DEFAULT_IFB = 'kubenet-ifb0';
 
@@ -144,7 +153,15 @@ export const isGroupClass = (c: number): boolean => c > GROUP_CLASS_BASE && c <=
 /** The veth-side redirect filter: first (and only) node of the root hash table of its u32 instance. */
 const REDIRECT_HANDLE = '800::800';
 /** The veth root (traffic TO the pod): htb 2:, pod class 2:1, interactive 2:2 (leaf 22:), bulk 2:3 (leaf 23:). */
-export const VETH = { root: '2:', pod: '2:1', interactive: '2:2', bulk: '2:3', interactiveLeaf: '22:', bulkLeaf: '23:', bulkMinor: 3 } as const;
+export const VETH = {
+  root: '2:',
+  pod: '2:1',
+  interactive: '2:2',
+  bulk: '2:3',
+  interactiveLeaf: '22:',
+  bulkLeaf: '23:',
+  bulkMinor: 3,
+} as const;
 export const STATE_VERSION = 1;
 
 export interface FilterRef {
@@ -202,7 +219,6 @@ function tbfArgs(l: PodLayout): string {
   return `tbf rate ${l.bulk.leaf.rate}bit burst ${l.bulk.leaf.burst}b limit ${l.bulk.leaf.limit}b`;
 }
 
-
 /** tc's htb class parameters. */
 function htbArgs(c: HtbClass): string {
   return `htb rate ${c.rate}bit ceil ${c.ceil}bit burst ${c.burst}b cburst ${c.cburst}b quantum ${c.quantum} prio ${c.prio}`;
@@ -221,19 +237,27 @@ export function ifbClassIds(classId: number): { pod: number; interactive: number
 export function ifbLinkLines(ifbs: readonly string[], links: ReadonlyMap<string, { txQLen: number }>): string[] {
   return ifbs.flatMap((ifb) => {
     const link = links.get(ifb);
-    return [...(link ? [] : [`link add name ${ifb} type ifb`]), ...(link?.txQLen ? [] : [`link set dev ${ifb} txqueuelen 1000`]), `link set dev ${ifb} up`];
+    return [
+      ...(link ? [] : [`link add name ${ifb} type ifb`]),
+      ...(link?.txQLen ? [] : [`link set dev ${ifb} txqueuelen 1000`]),
+      `link set dev ${ifb} up`,
+    ];
   });
 }
 
 /** The ifb's shared structure: the htb root, the node's tree when there is one, the u32 hash tables and the links into them. */
 export function structureLines(ifb: string, tree?: TreeParams, dir: Direction = 'egress'): string[] {
-  const lines = [`qdisc replace dev ${ifb} root handle 1: htb default ${tree ? hex(DEFAULT_CLASS) : 0} direct_qlen 1000`, ...(tree ? treeLines(ifb, tree) : [])];
+  const lines = [
+    `qdisc replace dev ${ifb} root handle 1: htb default ${tree ? hex(DEFAULT_CLASS) : 0} direct_qlen 1000`,
+    ...(tree ? treeLines(ifb, tree) : []),
+  ];
   const hash = (f: Family) => `hashkey mask 0x000000ff at ${f.hashAt}`;
   const families = familiesOf(dir);
   for (const f of families) {
     const t = f.interactive;
     lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} handle ${t.table}: protocol ${f.proto} u32 divisor 256`);
-    for (const sel of f.selectors) lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} protocol ${f.proto} u32 ${sel} ${hash(f)} link ${t.table}:`);
+    for (const sel of f.selectors)
+      lines.push(`filter add dev ${ifb} parent 1: prio ${t.prio} protocol ${f.proto} u32 ${sel} ${hash(f)} link ${t.table}:`);
   }
   for (const f of families) {
     const t = f.bulk;
@@ -244,7 +268,12 @@ export function structureLines(ifb: string, tree?: TreeParams, dir: Direction = 
 }
 
 /** Per pod address: a node in the family's interactive table and one in its bulk table. */
-export function filtersFor(ifb: string, ips: string[], classId: number, dir: Direction = 'egress'): Array<FilterRef & { ip: string; line: string }> {
+export function filtersFor(
+  ifb: string,
+  ips: string[],
+  classId: number,
+  dir: Direction = 'egress',
+): Array<FilterRef & { ip: string; line: string }> {
   const [v4, v6] = familiesOf(dir);
   const slots = { 4: 0, 6: 0 };
   const ids = ifbClassIds(classId);
@@ -309,25 +338,41 @@ export function filterDelLine(ifb: string, f: FilterRef): string {
  * guarantee and band). Undefined when there is nothing to shape that way.
  */
 export function egressLayout(limits: BandwidthLimits, tree?: TreeParams): PodLayout | undefined {
-  if (tree) return treePodLayout({ ceil: limits.egress, burst: limits.egressBurst, guarantee: limits.egressGuarantee, band: limits.priority }, tree);
+  if (tree)
+    return treePodLayout(
+      { ceil: limits.egress, burst: limits.egressBurst, guarantee: limits.egressGuarantee, band: limits.priority },
+      tree,
+    );
   return limits.egress === undefined ? undefined : podLayout(limits.egress, limits.egressBurst);
 }
 
 /** A pod's classes and queues in the ingress tree. */
 export function ingressTreeLayout(limits: BandwidthLimits, tree: TreeParams): PodLayout {
-  return treePodLayout({ ceil: limits.ingress, burst: limits.ingressBurst, guarantee: limits.ingressGuarantee, band: limits.priority }, tree);
+  return treePodLayout(
+    { ceil: limits.ingress, burst: limits.ingressBurst, guarantee: limits.ingressGuarantee, band: limits.priority },
+    tree,
+  );
 }
 
 /** The node class and its default class, as replace lines (the tree only). */
 export function treeLines(ifb: string, tree: TreeParams): string[] {
   const c = treeClasses(tree);
-  return [`class replace dev ${ifb} parent 1: classid 1:${hex(NODE_CLASS)} ${htbArgs(c.node)}`, `class replace dev ${ifb} parent 1:${hex(NODE_CLASS)} classid 1:${hex(DEFAULT_CLASS)} ${htbArgs(c.fallback)}`];
+  return [
+    `class replace dev ${ifb} parent 1: classid 1:${hex(NODE_CLASS)} ${htbArgs(c.node)}`,
+    `class replace dev ${ifb} parent 1:${hex(NODE_CLASS)} classid 1:${hex(DEFAULT_CLASS)} ${htbArgs(c.fallback)}`,
+  ];
 }
 
 /** The ifb side of a pod (class, leaves, their qdiscs, filters), as replace lines. */
 export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams, dir: Direction = 'egress'): string[] {
   const classId = dir === 'egress' ? rec.classId : (rec.ingressClassId ?? 0);
-  const l = !classId ? undefined : dir === 'egress' ? egressLayout(rec.limits, tree) : tree ? ingressTreeLayout(rec.limits, tree) : undefined;
+  const l = !classId
+    ? undefined
+    : dir === 'egress'
+      ? egressLayout(rec.limits, tree)
+      : tree
+        ? ingressTreeLayout(rec.limits, tree)
+        : undefined;
   if (!l) return [];
   const ids = ifbClassIds(classId);
   const [pod, int, bulk] = [ids.pod, ids.interactive, ids.bulk].map(hex) as [string, string, string];
@@ -347,16 +392,29 @@ export function ifbLines(ifb: string, rec: ShapingState, tree?: TreeParams, dir:
  * tbf in place, keeping what it queued: right while the bucket only grows between versions (1 ms
  * to 3 ms of the rate in issue 32); a shrinking one must be made anew (tc-plan.ts planEnsure).
  */
-export function bulkLeafLines(ifb: string, rec: ShapingState, tree?: TreeParams, ingressTree?: { ifb: string; tree: TreeParams }): string[] {
+export function bulkLeafLines(
+  ifb: string,
+  rec: ShapingState,
+  tree?: TreeParams,
+  ingressTree?: { ifb: string; tree: TreeParams },
+): string[] {
   const { ingress, ingressBurst } = rec.limits;
   const e = rec.egressInstalled && rec.classId ? egressLayout(rec.limits, tree) : undefined;
   const inId = rec.ingressClassId;
   return [
     ...(rec.ingressInstalled && inId && ingressTree
-      ? [`qdisc replace dev ${ingressTree.ifb} parent 1:${hex(ifbClassIds(inId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + inId)}: ${tbfArgs(ingressTreeLayout(rec.limits, ingressTree.tree))}`]
+      ? [
+          `qdisc replace dev ${ingressTree.ifb} parent 1:${hex(ifbClassIds(inId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + inId)}: ${tbfArgs(ingressTreeLayout(rec.limits, ingressTree.tree))}`,
+        ]
       : []),
-    ...(rec.ingressInstalled && !inId && ingress !== undefined ? [`qdisc replace dev ${rec.hostVeth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(podLayout(ingress, ingressBurst))}`] : []),
-    ...(e ? [`qdisc replace dev ${ifb} parent 1:${hex(ifbClassIds(rec.classId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(e)}`] : []),
+    ...(rec.ingressInstalled && !inId && ingress !== undefined
+      ? [`qdisc replace dev ${rec.hostVeth} parent ${VETH.bulk} handle ${VETH.bulkLeaf} ${tbfArgs(podLayout(ingress, ingressBurst))}`]
+      : []),
+    ...(e
+      ? [
+          `qdisc replace dev ${ifb} parent 1:${hex(ifbClassIds(rec.classId).bulk)} handle ${hex(BULK_LEAF_MAJOR_BASE + rec.classId)}: ${tbfArgs(e)}`,
+        ]
+      : []),
   ];
 }
 
@@ -384,7 +442,8 @@ export function vethLines(veth: string, l: PodLayout): string[] {
     `filter del dev ${veth} parent ${VETH.root}`,
   ];
   [V4, V6].forEach((f, i) => {
-    for (const sel of f.selectors) lines.push(`filter add dev ${veth} parent ${VETH.root} prio ${i + 1} protocol ${f.proto} u32 ${sel} flowid ${VETH.interactive}`);
+    for (const sel of f.selectors)
+      lines.push(`filter add dev ${veth} parent ${VETH.root} prio ${i + 1} protocol ${f.proto} u32 ${sel} flowid ${VETH.interactive}`);
   });
   lines.push(`filter add dev ${veth} parent ${VETH.root} prio 3 protocol arp u32 match u32 0 0 flowid ${VETH.interactive}`);
   return lines;

@@ -122,7 +122,8 @@ export class EgressShards {
 
   /** @throws ConfigError for a count outside 1..MAX_SHARDS or a last shard's name over 15 bytes. */
   constructor(ifbName: string, count: number) {
-    if (!Number.isInteger(count) || count < 1 || count > MAX_SHARDS) throw new ConfigError(`shards must be an integer 1..${MAX_SHARDS}, got ${count}`);
+    if (!Number.isInteger(count) || count < 1 || count > MAX_SHARDS)
+      throw new ConfigError(`shards must be an integer 1..${MAX_SHARDS}, got ${count}`);
     this.ifbs = Array.from({ length: count }, (_, k) => shardIfb(ifbName, k));
     checkIfName(this.ifbs[count - 1], `ifbName with ${count} shards (the last shard's ifb)`);
     this.ids = this.ifbs.map((ifb) => new ClassIds(ifb));
@@ -177,7 +178,13 @@ export interface EnsurePlan {
  * without a veth (hostVeth '') gets its ifb side only; the next plan, with the veth, then adds only
  * the veth's lines when the ifb side is what it needs.
  */
-export function planEnsure(ifb: string, prev: ShapingState | undefined, next: ShapingState, prevVethExists: boolean, trees: Trees = {}): EnsurePlan {
+export function planEnsure(
+  ifb: string,
+  prev: ShapingState | undefined,
+  next: ShapingState,
+  prevVethExists: boolean,
+  trees: Trees = {},
+): EnsurePlan {
   const tree = trees.egress;
   const inTree = trees.ingress;
   const veth = next.hostVeth;
@@ -199,11 +206,22 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
   const prevInTree = !!prev?.ingressClassId && prev.ingressInstalled;
   const nextInTree = inTree !== undefined && !!next.ingressClassId && next.ingressInstalled;
   const vethIngress = (l: BandwidthLimits) => (l.ingress === undefined ? undefined : podLayout(l.ingress, l.ingressBurst));
-  if (sameVeth && prev.ingressInstalled && !prevInTree && !nextInTree && leafShrinks(vethIngress(prev.limits), vethIngress(limits))) pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
-  if (prevInTree && nextInTree && prev.ingressClassId === next.ingressClassId && leafShrinks(ingressTreeLayout(prev.limits, inTree.tree), ingressTreeLayout(limits, inTree.tree))) {
+  if (sameVeth && prev.ingressInstalled && !prevInTree && !nextInTree && leafShrinks(vethIngress(prev.limits), vethIngress(limits)))
+    pre.push(`qdisc del dev ${veth} parent ${VETH.bulk}`);
+  if (
+    prevInTree &&
+    nextInTree &&
+    prev.ingressClassId === next.ingressClassId &&
+    leafShrinks(ingressTreeLayout(prev.limits, inTree.tree), ingressTreeLayout(limits, inTree.tree))
+  ) {
     pre.push(`qdisc del dev ${inTree.ifb} parent 1:${hex(ifbClassIds(next.ingressClassId ?? 0).bulk)}`);
   }
-  if (prev?.egressInstalled && next.egressInstalled && prev.classId === next.classId && leafShrinks(egressLayout(prev.limits, tree), egressLayout(limits, tree))) {
+  if (
+    prev?.egressInstalled &&
+    next.egressInstalled &&
+    prev.classId === next.classId &&
+    leafShrinks(egressLayout(prev.limits, tree), egressLayout(limits, tree))
+  ) {
     pre.push(`qdisc del dev ${ifb} parent 1:${hex(ifbClassIds(next.classId).bulk)}`);
   }
   // TO the pod: into the ingress tree, or htb with two leaves on the host veth ('': no veth yet,
@@ -226,19 +244,23 @@ export function planEnsure(ifb: string, prev: ShapingState | undefined, next: Sh
     next.ingressFilters = filtersFor(inTree.ifb, next.ips, next.ingressClassId ?? 0, 'ingress').map(refOf);
     const keep = new Set(next.ingressFilters.map((f) => `${f.prio}/${f.handle}`));
     const reparent = prevInTree && prev.ingressClassId === next.ingressClassId && (prev.ingressParent ?? 0) !== (next.ingressParent ?? 0);
-    for (const f of prevInTree ? (prev.ingressFilters ?? []) : []) if (reparent || !keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(inTree.ifb, f));
+    for (const f of prevInTree ? (prev.ingressFilters ?? []) : [])
+      if (reparent || !keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(inTree.ifb, f));
     if (reparent) pre.push(...classDelLines(inTree.ifb, next.ingressClassId ?? 0));
     lines.push(...ifbLines(inTree.ifb, next, inTree.tree, 'ingress'));
   } else if (prevInTree && inTree) {
     for (const f of prev.ingressFilters ?? []) pre.push(filterDelLine(inTree.ifb, f));
-    pre.push(...(prev.ingressParent ? classDelLines(inTree.ifb, prev.ingressClassId ?? 0) : idleLines(inTree.ifb, prev.ingressClassId ?? 0)));
+    pre.push(
+      ...(prev.ingressParent ? classDelLines(inTree.ifb, prev.ingressClassId ?? 0) : idleLines(inTree.ifb, prev.ingressClassId ?? 0)),
+    );
   }
   // FROM the pod: redirect to the shared ifb, class + filters there.
   if (next.egressInstalled) {
     next.filters = filtersFor(ifb, next.ips, next.classId).map(refOf);
     const keep = new Set(next.filters.map((f) => `${f.prio}/${f.handle}`));
     // A new parent (its namespace's class came or went): htb cannot move a class, so it is made anew.
-    const reparent = prev?.egressInstalled === true && prev.classId === next.classId && (prev.egressParent ?? 0) !== (next.egressParent ?? 0);
+    const reparent =
+      prev?.egressInstalled === true && prev.classId === next.classId && (prev.egressParent ?? 0) !== (next.egressParent ?? 0);
     for (const f of prev?.filters ?? []) if (reparent || !keep.has(`${f.prio}/${f.handle}`)) pre.push(filterDelLine(ifb, f));
     if (reparent) pre.push(...classDelLines(ifb, next.classId));
     // The ifb side made moments ago for this very veth-less state (hostVeth ''): only the veth's part is left.
@@ -278,7 +300,9 @@ export function orphanLines(ifb: string, listing: IfbListing, owners: ShapingSta
     if (!ownedFilters.has(`${f.prio}/${f.handle}`)) lines.push(filterDelLine(ifb, f));
   }
   // Leaves before their parents, namespace classes last: htb refuses to delete a class that has children.
-  const orphans = [...listing.classes].filter((c) => !ownedClasses.has(c) && !TREE_CLASSES.has(c)).sort((a, b) => Number(isGroupClass(a)) - Number(isGroupClass(b)) || b - a);
+  const orphans = [...listing.classes]
+    .filter((c) => !ownedClasses.has(c) && !TREE_CLASSES.has(c))
+    .sort((a, b) => Number(isGroupClass(a)) - Number(isGroupClass(b)) || b - a);
   for (const c of orphans) lines.push(`class del dev ${ifb} classid 1:${hex(c)}`);
   return lines;
 }

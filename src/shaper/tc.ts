@@ -148,13 +148,14 @@ export class Shaper {
     this.ifbName = opts.ifbName ?? DEFAULT_IFB;
     checkIfName(this.ifbName, 'ifbName');
     const inIfb = ingressIfb(this.ifbName);
-    if (capIn !== undefined) checkIfName(inIfb, 'ifbName with an ingress capacity (its ingress tree\'s ifb, <ifbName>.in)');
+    if (capIn !== undefined) checkIfName(inIfb, "ifbName with an ingress capacity (its ingress tree's ifb, <ifbName>.in)");
     this.ingressTree = capIn === undefined ? undefined : { ifb: inIfb, tree: { capacity: capIn } };
     this.inIds = new ClassIds(inIfb);
     // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
     this.shards = new EgressShards(this.ifbName, this.tree ? 1 : (opts.shards ?? 1));
     this.log = moduleLogger(opts.logger ?? silentLogger(), 'shaper');
-    if (this.tree && (opts.shards ?? 1) > 1) this.log.info({ shards: opts.shards, capacity: this.tree.capacity }, 'egress capacity set: one egress tree instead of shards');
+    if (this.tree && (opts.shards ?? 1) > 1)
+      this.log.info({ shards: opts.shards, capacity: this.tree.capacity }, 'egress capacity set: one egress tree instead of shards');
   }
 
   /** Whether a pod with these limits has anything installed: a ceiling or guarantee, or (with the node's tree) any pod at all. */
@@ -202,14 +203,23 @@ export class Shaper {
     if (this.records.size === 0) this.adopt(known);
     const links = new Map((await nl.linkList()).map((l) => [l.name, l]));
     await batch('ip', ifbLinkLines(this.allIfbs, links));
-    for (const [k, ifb] of this.ifbs.entries()) await this.initIfb(ifb, 'egress', [...this.records.values()].filter((r) => (r.shard ?? 0) === k), this.shards.classIds(k));
+    for (const [k, ifb] of this.ifbs.entries())
+      await this.initIfb(
+        ifb,
+        'egress',
+        [...this.records.values()].filter((r) => (r.shard ?? 0) === k),
+        this.shards.classIds(k),
+      );
     if (this.ingressTree) await this.initIfb(this.ingressTree.ifb, 'ingress', [...this.records.values()], this.inIds);
     await this.removeExtraShards();
     // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
     const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.ingressTree));
     if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
-    this.log.info({ ifb: this.ifbName, ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length }, 'shaper ready');
+    this.log.info(
+      { ifb: this.ifbName, ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length },
+      'shaper ready',
+    );
   }
 
   /**
@@ -223,7 +233,10 @@ export class Shaper {
     );
     // An ifb without the interactive tables is an earlier version's layout: rebuilt like a broken one.
     // So is one of the other layout (flat or tree: the root's default class tells, and cannot change).
-    const healthy = listing.htbRoot && TABLES.every((t) => listing.tables.has(t) && listing.links.has(t)) && (listing.defaultClass !== 0) === (tree !== undefined);
+    const healthy =
+      listing.htbRoot &&
+      TABLES.every((t) => listing.tables.has(t) && listing.links.has(t)) &&
+      (listing.defaultClass !== 0) === (tree !== undefined);
     // This ifb's view of each pod: its class id and filters here.
     const mine = dir === 'egress' ? states.filter((r) => r.egressInstalled) : states.filter((r) => r.ingressInstalled && r.ingressClassId);
     const here = (r: ShapingState): ShapingState => {
@@ -240,10 +253,12 @@ export class Shaper {
       await this.tc(lines);
       // Every class went with the old root: put back the ifb side of the pods we know.
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
-      const veth = (r: ShapingState) => (!linkExists(r.hostVeth) ? [] : dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1));
+      const veth = (r: ShapingState) =>
+        !linkExists(r.hostVeth) ? [] : dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1);
       const restore = [...(tree ? groupLines(ifb, dir, tree, mine) : []), ...mine.flatMap((r) => [...podLines(r), ...veth(r)])];
       const res = await this.tc(restore, { force: true });
-      if (res.failed.length > 0) this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
+      if (res.failed.length > 0)
+        this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
       this.log.info({ ifb, rebuilt: true, restored: restore.length }, 'ifb structure created');
     } else {
       await this.removeOrphans(ifb, listing, mine.map(here));
@@ -263,15 +278,25 @@ export class Shaper {
   private async removeExtraShards(): Promise<void> {
     const inIfb = ingressIfb(this.ifbName);
     const extra = (await nl.linkList())
-      .filter((l) => l.type === 'ifb' && ((shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length || (l.name === inIfb && !this.ingressTree)))
+      .filter(
+        (l) => l.type === 'ifb' && ((shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length || (l.name === inIfb && !this.ingressTree)),
+      )
       .map((l) => l.name);
     if (extra.length === 0) return;
-    const res = await batch('ip', extra.map((n) => `link del dev ${n}`), { force: true });
-    this.log.info({ removed: extra.length - res.failed.length, ifbs: extra }, 'removed egress shards beyond the configured count, or an ingress tree no capacity asks for');
+    const res = await batch(
+      'ip',
+      extra.map((n) => `link del dev ${n}`),
+      { force: true },
+    );
+    this.log.info(
+      { removed: extra.length - res.failed.length, ifbs: extra },
+      'removed egress shards beyond the configured count, or an ingress tree no capacity asks for',
+    );
   }
 
   /** Per-operation tc lines: through the session, or one exec. */
-  private tc = (lines: string[], opts: BatchOptions = {}): Promise<BatchResult> => (this.session ? this.session.run(lines, opts) : batch('tc', lines, opts));
+  private tc = (lines: string[], opts: BatchOptions = {}): Promise<BatchResult> =>
+    this.session ? this.session.run(lines, opts) : batch('tc', lines, opts);
 
   private async removeOrphans(ifb: string, listing: IfbListing, owners: ShapingState[]): Promise<void> {
     const lines = orphanLines(ifb, listing, owners);
@@ -322,7 +347,8 @@ export class Shaper {
     checkLimits(pod.limits, `pod ${pod.id}`);
     const perFamily = { 4: 0, 6: 0 };
     for (const ip of pod.ips) perFamily[ipFamily(ip)]++;
-    if (perFamily[4] > 2 || perFamily[6] > 2) throw new ConfigError(`pod ${pod.id}: the shaper classifies at most two addresses per family`);
+    if (perFamily[4] > 2 || perFamily[6] > 2)
+      throw new ConfigError(`pod ${pod.id}: the shaper classifies at most two addresses per family`);
     if (!this.wants(pod.limits)) {
       await this.remove(pod.id);
       return undefined;
@@ -363,7 +389,10 @@ export class Shaper {
       ...(egress && prev?.classId && prev.egressBase ? { egressBase: prev.egressBase } : {}),
     };
     // Under its namespace's class the way the namespace has a total (in a tree).
-    const inGroup = { egress: !!this.tree && rec.egressInstalled && limits.egressTotal !== undefined, ingress: !!this.ingressTree && rec.ingressInstalled && limits.ingressTotal !== undefined };
+    const inGroup = {
+      egress: !!this.tree && rec.egressInstalled && limits.egressTotal !== undefined,
+      ingress: !!this.ingressTree && rec.ingressInstalled && limits.ingressTotal !== undefined,
+    };
     if (pod.group !== undefined && (inGroup.egress || inGroup.ingress)) {
       const gid = this.groupIds.idOf(pod.group);
       rec.group = pod.group;
@@ -441,12 +470,17 @@ export class Shaper {
   async remove(podId: string, opts: { vethDeleted?: boolean } = {}): Promise<void> {
     await this.init();
     const grouped = this.records.get(podId)?.group !== undefined;
-    return this.mutex.run(podId, () => (grouped ? this.mutex.run(GROUPS_KEY, () => this.doRemove(podId, opts)) : this.doRemove(podId, opts)));
+    return this.mutex.run(podId, () =>
+      grouped ? this.mutex.run(GROUPS_KEY, () => this.doRemove(podId, opts)) : this.doRemove(podId, opts),
+    );
   }
 
   /** Where the namespace classes live, per direction with a tree. */
   private sidesOf(rec: ShapingState): GroupSides {
-    return { ...(this.tree ? { egress: { ifb: this.ifbOf(rec), tree: this.tree } } : {}), ...(this.ingressTree ? { ingress: this.ingressTree } : {}) };
+    return {
+      ...(this.tree ? { egress: { ifb: this.ifbOf(rec), tree: this.tree } } : {}),
+      ...(this.ingressTree ? { ingress: this.ingressTree } : {}),
+    };
   }
 
   /** The namespace classes `was` hung under, after it changed or went: re-sized, or deleted with their last pod. */
@@ -455,7 +489,8 @@ export class Shaper {
     if (empty && was.group !== undefined) this.groupIds.forget(was.group);
     if (lines.length === 0) return;
     const res = await this.tc(lines, { force: true });
-    if (res.failed.length > 0) log.warn({ failed: res.failed.map((n) => lines[n - 1]), stderr: res.stderr }, 'a namespace class could not be changed or deleted');
+    if (res.failed.length > 0)
+      log.warn({ failed: res.failed.map((n) => lines[n - 1]), stderr: res.stderr }, 'a namespace class could not be changed or deleted');
   }
 
   private async doRemove(podId: string, opts: { vethDeleted?: boolean }): Promise<void> {
@@ -492,10 +527,15 @@ export class Shaper {
     }
     if (rec.ingressClassId && this.ingressTree) {
       for (const f of rec.ingressFilters ?? []) lines.push(filterDelLine(this.ingressTree.ifb, f));
-      lines.push(...(rec.ingressParent ? classDelLines(this.ingressTree.ifb, rec.ingressClassId) : idleLines(this.ingressTree.ifb, rec.ingressClassId)));
+      lines.push(
+        ...(rec.ingressParent
+          ? classDelLines(this.ingressTree.ifb, rec.ingressClassId)
+          : idleLines(this.ingressTree.ifb, rec.ingressClassId)),
+      );
     }
     const r = await this.tc(lines, { force: true });
-    if (r.failed.length > 0) log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
+    if (r.failed.length > 0)
+      log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
   }
 
   /**
@@ -548,7 +588,11 @@ export class Shaper {
       for (const id of [...this.records.keys()]) await this.remove(id).catch((err: unknown) => errors.push(err));
     }
     const present = this.allIfbs.filter(linkExists);
-    if (present.length > 0) await batch('ip', present.map((ifb) => `link del dev ${ifb}`)).catch((err: unknown) => errors.push(err));
+    if (present.length > 0)
+      await batch(
+        'ip',
+        present.map((ifb) => `link del dev ${ifb}`),
+      ).catch((err: unknown) => errors.push(err));
     this.records.clear();
     this.shards.clear();
     this.inIds.clear();

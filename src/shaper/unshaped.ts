@@ -90,7 +90,10 @@ export function mergeCidrs(subnets: Subnet[]): Subnet[] {
  * force) and made again from the list (pure).
  */
 export function unshapedIfbLines(ifb: string, subnets: Subnet[]): string[] {
-  const lines = [`filter del dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[4]} protocol ip`, `filter del dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[6]} protocol ipv6`];
+  const lines = [
+    `filter del dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[4]} protocol ip`,
+    `filter del dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[6]} protocol ipv6`,
+  ];
   for (const s of subnets) {
     const [proto, match] = s.family === 4 ? ['ip', 'ip dst'] : ['ipv6', 'ip6 dst'];
     lines.push(`filter add dev ${ifb} parent 1: prio ${UNSHAPED_PRIO[s.family]} protocol ${proto} u32 match ${match} ${s.cidr} flowid 1:`);
@@ -129,7 +132,13 @@ export function unshapedRestoreText(rules: string[][]): string {
 async function xtRestore(tool: Tool, input: string): Promise<void> {
   const args = ['-w', '5', '--noflush'];
   const r = await execa(`${tool}-restore`, args, { input, reject: false });
-  if (r.exitCode !== 0) throw new ToolError(`${tool}-restore`, args, r.exitCode, r.exitCode === undefined ? `cannot run ${tool}-restore: ${String(r.message)}` : r.stderr);
+  if (r.exitCode !== 0)
+    throw new ToolError(
+      `${tool}-restore`,
+      args,
+      r.exitCode,
+      r.exitCode === undefined ? `cannot run ${tool}-restore: ${String(r.message)}` : r.stderr,
+    );
 }
 
 /**
@@ -174,13 +183,22 @@ export async function syncUnshapedRules(bridge: string, subnets: Subnet[], log: 
       await xt(tool, ['-A', 'POSTROUTING', ...jump]);
       changed = true;
     }
-    if (changed) log.info({ family, bridge, cidrs: subnets.filter((s) => s.family === family).map((s) => s.cidr) }, 'unshaped-destination rules in place');
+    if (changed)
+      log.info(
+        { family, bridge, cidrs: subnets.filter((s) => s.family === family).map((s) => s.cidr) },
+        'unshaped-destination rules in place',
+      );
   }
   return changed;
 }
 
 /** Both parts made as configured, the ifb part on every egress shard (the shaper's init; `tc` runs lines through its session). */
-export async function ensureUnshaped(tc: (lines: string[], o: BatchOptions) => Promise<BatchResult>, ifbs: readonly string[], u: Unshaped, log: Logger): Promise<void> {
+export async function ensureUnshaped(
+  tc: (lines: string[], o: BatchOptions) => Promise<BatchResult>,
+  ifbs: readonly string[],
+  u: Unshaped,
+  log: Logger,
+): Promise<void> {
   // Each ifb's two deletes (its first two lines) fail when there was nothing to delete; a failed add throws.
   const lines: string[] = [];
   const optional = new Set<number>();

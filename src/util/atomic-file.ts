@@ -8,7 +8,22 @@
  * the hot path. Not fsync'ed: a file survives process crashes, not power loss (after which the
  * kernel state it describes is gone too).
  */
-import { closeSync, constants, copyFileSync, chmodSync, existsSync, fstatSync, linkSync, mkdirSync, openSync, readdirSync, renameSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  constants,
+  copyFileSync,
+  chmodSync,
+  existsSync,
+  fstatSync,
+  linkSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  renameSync,
+  unlinkSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { fsError } from './fs-error.js';
 
@@ -27,7 +42,11 @@ export function isTempFile(name: string): boolean {
  * Atomically replaces `path` with `data` (mode applies to a new file). Creates the directory when
  * missing. Fails with an FsError naming `opts.what` (default "the file") and `path`.
  */
-export function writeFileAtomic(path: string, data: string | Uint8Array, opts: { mode?: number; dirMode?: number; what?: string } = {}): void {
+export function writeFileAtomic(
+  path: string,
+  data: string | Uint8Array,
+  opts: { mode?: number; dirMode?: number; what?: string } = {},
+): void {
   const tmp = tempPathFor(path);
   try {
     try {

@@ -1,8 +1,23 @@
 import test from 'ava';
 import { ConfigError } from '../../src/errors.js';
-import { bandwidthFromAnnotations, EGRESS_ANNOTATION, INGRESS_ANNOTATION, limitsFromRuntimeConfig, parseBandwidth } from '../../src/bandwidth/limits.js';
+import {
+  bandwidthFromAnnotations,
+  EGRESS_ANNOTATION,
+  INGRESS_ANNOTATION,
+  limitsFromRuntimeConfig,
+  parseBandwidth,
+} from '../../src/bandwidth/limits.js';
 import { parseQuantity } from '../../src/bandwidth/quantity.js';
-import { burstBytes, FRAME, htbQuantum, interactiveQueueBytes, leafParams, podLayout, queueLimitBytes, rateParams } from '../../src/shaper/sizing.js';
+import {
+  burstBytes,
+  FRAME,
+  htbQuantum,
+  interactiveQueueBytes,
+  leafParams,
+  podLayout,
+  queueLimitBytes,
+  rateParams,
+} from '../../src/shaper/sizing.js';
 import { parseIfbListing } from '../../src/shaper/tc.js';
 
 const valid: Array<[string, number]> = [
@@ -35,7 +50,24 @@ for (const [text, bits] of valid) {
 test('parseQuantity keeps the sign and rejects junk', (t) => {
   t.is(parseQuantity('-5M'), -5_000_000n);
   t.is(parseQuantity('1Ei'), 2n ** 60n);
-  for (const bad of ['', ' ', '10 Mbit', '1e3M', 'abc', 'M', '1MB', '1mi', '1.2.3', '5 M', '10M ', '1e', '0x10', 'Infinity', 'NaN', '1_000']) {
+  for (const bad of [
+    '',
+    ' ',
+    '10 Mbit',
+    '1e3M',
+    'abc',
+    'M',
+    '1MB',
+    '1mi',
+    '1.2.3',
+    '5 M',
+    '10M ',
+    '1e',
+    '0x10',
+    'Infinity',
+    'NaN',
+    '1_000',
+  ]) {
     t.is(parseQuantity(bad), undefined, bad);
   }
 });
@@ -59,7 +91,9 @@ test('invalid annotations name the annotation, the value and the accepted form',
     t.true(err?.message.includes(EGRESS_ANNOTATION), err?.message);
     t.true(err?.message.includes(JSON.stringify(bad)), err?.message);
   }
-  const err = t.throws(() => bandwidthFromAnnotations({ [INGRESS_ANNOTATION]: 'abc', [EGRESS_ANNOTATION]: '1M' }), { instanceOf: ConfigError });
+  const err = t.throws(() => bandwidthFromAnnotations({ [INGRESS_ANNOTATION]: 'abc', [EGRESS_ANNOTATION]: '1M' }), {
+    instanceOf: ConfigError,
+  });
   t.true(err?.message.includes(INGRESS_ANNOTATION));
   // What an operator reads (issue 34): the annotation, the value and the accepted form, in one line.
   t.is(
@@ -119,7 +153,6 @@ test('sizing: a pod class at the limit, interactive leaf first with 10% assured,
   t.is(l.bulk.leaf.limit, 31_250 + 10_000);
 });
 
-
 test('ifb listing parser finds structure, classes and pod filters', (t) => {
   const text = `qdisc htb 1: root refcnt 2 r2q 10 default 0 direct_packets_stat 0 direct_qlen 1000
 qdisc tbf 1003: parent 1:3 rate 1Gbit burst 6054b lat 0us
@@ -164,7 +197,10 @@ filter protocol ip pref 10 u32 chain 0 fh 802::800 order 2048 key ht 802 bkt 0 l
   const l = parseIfbListing(text);
   t.deepEqual([...l.tables].sort(), ['10', '12', '13']);
   t.deepEqual([...l.links].sort(), ['10', '12', '13']);
-  t.deepEqual([...l.classes].sort((x, y) => x - y), [1, 0x801, 0x1001]);
+  t.deepEqual(
+    [...l.classes].sort((x, y) => x - y),
+    [1, 0x801, 0x1001],
+  );
   t.deepEqual(
     l.podFilters.map((f) => f.handle),
     ['12:a:1', '13:a:1', '10:a:1'],
@@ -172,10 +208,17 @@ filter protocol ip pref 10 u32 chain 0 fh 802::800 order 2048 key ht 802 bkt 0 l
 });
 
 test('runtimeConfig.bandwidth: camelCase and PascalCase, 0 and the uint32-max burst mean none, bounds named', (t) => {
-  t.deepEqual(limitsFromRuntimeConfig({ ingressRate: 20e6, egressRate: 10e6, egressBurst: 80000 }), { ingress: 20e6, egress: 10e6, egressBurst: 80000 });
+  t.deepEqual(limitsFromRuntimeConfig({ ingressRate: 20e6, egressRate: 10e6, egressBurst: 80000 }), {
+    ingress: 20e6,
+    egress: 10e6,
+    egressBurst: 80000,
+  });
   t.deepEqual(limitsFromRuntimeConfig({ IngressRate: 20e6, IngressBurst: 4294967295 }), { ingress: 20e6 });
   t.is(limitsFromRuntimeConfig({ ingressRate: 0, egressRate: 0 }), undefined);
   t.is(limitsFromRuntimeConfig(undefined), undefined);
-  t.throws(() => limitsFromRuntimeConfig({ ingressRate: 999 }), { instanceOf: ConfigError, message: /runtimeConfig\.bandwidth\.ingressRate 999 is outside/ });
+  t.throws(() => limitsFromRuntimeConfig({ ingressRate: 999 }), {
+    instanceOf: ConfigError,
+    message: /runtimeConfig\.bandwidth\.ingressRate 999 is outside/,
+  });
   t.throws(() => limitsFromRuntimeConfig([]), { instanceOf: ConfigError, message: /must be an object/ });
 });

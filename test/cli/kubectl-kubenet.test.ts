@@ -14,7 +14,15 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { AgentMetrics, type AgentInfo } from '../../src/daemon/http/metrics.js';
 import type { BandwidthLimits, LimitSources, PodTraffic } from '../../src/pod/index.js';
-import { renderClusterTop, renderNodeStatus, rowsOf, snapshotOf, sortRows, type NodeSnapshot, type PodRow } from '../../src/cli/cluster-view.js';
+import {
+  renderClusterTop,
+  renderNodeStatus,
+  rowsOf,
+  snapshotOf,
+  sortRows,
+  type NodeSnapshot,
+  type PodRow,
+} from '../../src/cli/cluster-view.js';
 import { parseExposition } from '../../src/cli/prom-text.js';
 import { HELP, run } from '../../src/cli/kubectl-plugin.js';
 import { listAgents, mapBounded } from '../../src/cli/cluster-scrape.js';
@@ -37,46 +45,108 @@ interface AgentPodSpec {
 
 /** One scrape of an agent, as its own metrics code writes it: the pods, their counters, read at `readAtS`. */
 async function agentText(info: AgentInfo, pods: AgentPodSpec[], readAtS: number): Promise<string> {
-  const records = pods.map((p) => ({ ...podRecord(p.name, p.limits ?? {}, { namespace: p.namespace, ...(p.sources ? { limitSources: p.sources } : {}) }), ips: p.ips }));
+  const records = pods.map((p) => ({
+    ...podRecord(p.name, p.limits ?? {}, { namespace: p.namespace, ...(p.sources ? { limitSources: p.sources } : {}) }),
+    ips: p.ips,
+  }));
   const traffic: PodTraffic[] = pods.map((p, i) => {
     const record = records[i] ?? records[0];
     if (!record) throw new Error('no record');
-    const dir = (c: Counters | undefined, limit: number | undefined) => (c ? { limit: limit ?? 1e9, bytes: c.bytes, packets: 0, drops: c.drops ?? 0, overlimits: c.overlimits ?? 0, backlog: 0 } : undefined);
+    const dir = (c: Counters | undefined, limit: number | undefined) =>
+      c ? { limit: limit ?? 1e9, bytes: c.bytes, packets: 0, drops: c.drops ?? 0, overlimits: c.overlimits ?? 0, backlog: 0 } : undefined;
     const ingress = dir(p.ingress, p.limits?.ingress);
     const egress = dir(p.egress, p.limits?.egress);
-    return { record, ...(ingress || egress ? { shaping: { id: record.containerId, hostVeth: 'v', ...(ingress ? { ingress } : {}), ...(egress ? { egress } : {}) } } : {}) };
+    return {
+      record,
+      ...(ingress || egress
+        ? { shaping: { id: record.containerId, hostVeth: 'v', ...(ingress ? { ingress } : {}), ...(egress ? { egress } : {}) } }
+        : {}),
+    };
   });
   return (await new AgentMetrics(() => info).text(records, 0, traffic, readAtS * 1000)).body;
 }
 
-const info = (nodeName: string, podCIDR: string): AgentInfo => ({ node: nodeName, version: '0.2.0', podCIDR, bridge: 'cbr0', ipam: 'host-local', routes: 'direct' });
+const info = (nodeName: string, podCIDR: string): AgentInfo => ({
+  node: nodeName,
+  version: '0.2.0',
+  podCIDR,
+  bridge: 'cbr0',
+  ipam: 'host-local',
+  routes: 'direct',
+});
 
 /** node-a's two scrapes, 2 s apart by the agent's clock. */
 const NODE_A = (n: 1 | 2): AgentPodSpec[] => [
-  { namespace: 'default', name: 'web', ips: ['10.244.1.5'], limits: { egress: 10 * M }, egress: n === 1 ? { bytes: 0 } : { bytes: 2_500_000, drops: 4, overlimits: 40 } },
+  {
+    namespace: 'default',
+    name: 'web',
+    ips: ['10.244.1.5'],
+    limits: { egress: 10 * M },
+    egress: n === 1 ? { bytes: 0 } : { bytes: 2_500_000, drops: 4, overlimits: 40 },
+  },
   { namespace: 'default', name: 'idle', ips: ['10.244.1.6'], limits: { ingress: 5 * M }, ingress: { bytes: 1000 } },
   { namespace: 'kube-system', name: 'dns', ips: ['10.244.1.7', 'fd00::7'] },
 ];
 const NODE_B = (n: 1 | 2): AgentPodSpec[] => [
-  { namespace: 'team', name: 'batch', ips: ['10.244.2.5'], limits: { egress: 100 * M, egressGuarantee: 60 * M }, egress: n === 1 ? { bytes: 0 } : { bytes: 12_500_000, drops: 10 } },
+  {
+    namespace: 'team',
+    name: 'batch',
+    ips: ['10.244.2.5'],
+    limits: { egress: 100 * M, egressGuarantee: 60 * M },
+    egress: n === 1 ? { bytes: 0 } : { bytes: 12_500_000, drops: 10 },
+  },
   // The counter went down: the pod was re-shaped between the scrapes; its new value is the increase.
-  { namespace: 'team', name: 'api', ips: ['10.244.2.6'], limits: { ingress: 20 * M }, sources: { ingress: 'namespace-default' }, ingress: { bytes: n === 1 ? 1_000_000 : 500_000 } },
+  {
+    namespace: 'team',
+    name: 'api',
+    ips: ['10.244.2.6'],
+    limits: { ingress: 20 * M },
+    sources: { ingress: 'namespace-default' },
+    ingress: { bytes: n === 1 ? 1_000_000 : 500_000 },
+  },
 ];
 
 async function snapshots(i: AgentInfo, pods: (n: 1 | 2) => AgentPodSpec[]): Promise<[NodeSnapshot, NodeSnapshot]> {
-  return [snapshotOf(parseExposition(await agentText(i, pods(1), 1000)), 0), snapshotOf(parseExposition(await agentText(i, pods(2), 1002)), 99_000)];
+  return [
+    snapshotOf(parseExposition(await agentText(i, pods(1), 1000)), 0),
+    snapshotOf(parseExposition(await agentText(i, pods(2), 1002)), 99_000),
+  ];
 }
 
-test('rows: rates between the agent\'s reads (not between the answers), use of the limit, drops/s, overlimits/s, a reset counter, a guarantee, an unshaped pod', async (t) => {
+test("rows: rates between the agent's reads (not between the answers), use of the limit, drops/s, overlimits/s, a reset counter, a guarantee, an unshaped pod", async (t) => {
   const [a1, a2] = await snapshots(info('node-a', '10.244.1.0/24'), NODE_A);
   const rows = rowsOf('node-a', a1, a2);
-  t.deepEqual(rows.find((r) => r.pod === 'web'), { node: 'node-a', namespace: 'default', pod: 'web', ips: ['10.244.1.5'], direction: 'egress', rate: 10 * M, limit: 10 * M, source: 'pod', use: 100, dropsPerS: 2, overlimitsPerS: 20 });
-  t.deepEqual(rows.find((r) => r.pod === 'dns'), { node: 'node-a', namespace: 'kube-system', pod: 'dns', ips: ['10.244.1.7', 'fd00::7'], direction: undefined });
+  t.deepEqual(
+    rows.find((r) => r.pod === 'web'),
+    {
+      node: 'node-a',
+      namespace: 'default',
+      pod: 'web',
+      ips: ['10.244.1.5'],
+      direction: 'egress',
+      rate: 10 * M,
+      limit: 10 * M,
+      source: 'pod',
+      use: 100,
+      dropsPerS: 2,
+      overlimitsPerS: 20,
+    },
+  );
+  t.deepEqual(
+    rows.find((r) => r.pod === 'dns'),
+    { node: 'node-a', namespace: 'kube-system', pod: 'dns', ips: ['10.244.1.7', 'fd00::7'], direction: undefined },
+  );
   t.is(rows.find((r) => r.pod === 'idle')?.rate, 0);
   const [b1, b2] = await snapshots(info('node-b', '10.244.2.0/24'), NODE_B);
   const b = rowsOf('node-b', b1, b2);
-  t.like(b.find((r) => r.pod === 'batch'), { rate: 50 * M, limit: 100 * M, use: 50, guarantee: 60 * M, dropsPerS: 5, overlimitsPerS: 0 });
-  t.like(b.find((r) => r.pod === 'api'), { rate: 2 * M, use: 10, source: 'namespace-default' });
+  t.like(
+    b.find((r) => r.pod === 'batch'),
+    { rate: 50 * M, limit: 100 * M, use: 50, guarantee: 60 * M, dropsPerS: 5, overlimitsPerS: 0 },
+  );
+  t.like(
+    b.find((r) => r.pod === 'api'),
+    { rate: 2 * M, use: 10, source: 'namespace-default' },
+  );
   // Without the agent's read time (an older agent): the time between the answers.
   const strip = (s: NodeSnapshot, at: number): NodeSnapshot => ({ pods: s.pods, receivedAtMs: at });
   t.is(rowsOf('node-a', strip(a1, 0), strip(a2, 4000)).find((r) => r.pod === 'web')?.rate, 5 * M);
@@ -108,7 +178,11 @@ test('order: overlimits/s, then drops/s, then use %, highest first; then node, n
 test('the top table: a summary, the columns, a row per pod and direction; GUARANTEE only when a pod has one', async (t) => {
   const [a1, a2] = await snapshots(info('node-a', '10.244.1.0/24'), NODE_A);
   const [b1, b2] = await snapshots(info('node-b', '10.244.2.0/24'), NODE_B);
-  const lines = renderClusterTop(sortRows([...rowsOf('node-a', a1, a2), ...rowsOf('node-b', b1, b2)]), { nodes: 2, unreachable: 1, intervalS: 2 });
+  const lines = renderClusterTop(sortRows([...rowsOf('node-a', a1, a2), ...rowsOf('node-b', b1, b2)]), {
+    nodes: 2,
+    unreachable: 1,
+    intervalS: 2,
+  });
   t.deepEqual(lines, [
     '2 node(s) (1 unreachable), 5 pod(s) (4 shaped), rates over 2 s',
     '',
@@ -119,7 +193,10 @@ test('the top table: a summary, the columns, a row per pod and direction; GUARAN
     'node-a  default      idle   ingress        0              5M    0%        0             0          -',
     'node-a  kube-system  dns    -              -               -     -        -             -          -',
   ]);
-  t.notRegex(renderClusterTop(sortRows(rowsOf('node-a', a1, a2)), { nodes: 1, unreachable: 0, intervalS: 2 }).join('\n'), /GUARANTEE|unreachable/);
+  t.notRegex(
+    renderClusterTop(sortRows(rowsOf('node-a', a1, a2)), { nodes: 1, unreachable: 0, intervalS: 2 }).join('\n'),
+    /GUARANTEE|unreachable/,
+  );
   t.deepEqual(renderClusterTop([], { nodes: 1, unreachable: 0, intervalS: 2 }).slice(2), ['(no pods)']);
 });
 
@@ -144,12 +221,26 @@ test('the status view: the node as its agent describes it, each pod with its add
 
 // ---- the whole command against the fake API server ----
 
-function agentPod(name: string, nodeName: string, o: { port?: number; namespace?: string; labels?: Record<string, string> } = {}): FakeObject {
+function agentPod(
+  name: string,
+  nodeName: string,
+  o: { port?: number; namespace?: string; labels?: Record<string, string> } = {},
+): FakeObject {
   return {
     apiVersion: 'v1',
     kind: 'Pod',
     metadata: { namespace: o.namespace ?? 'kube-system', name, labels: o.labels ?? { 'app.kubernetes.io/name': 'kubenet' } },
-    spec: { nodeName, hostNetwork: true, containers: [{ name: 'kubenet', image: 'kubenet-ts:0.2.0', ...(o.port !== undefined ? { ports: [{ name: 'metrics', containerPort: o.port, protocol: 'TCP' }] } : {}) }] },
+    spec: {
+      nodeName,
+      hostNetwork: true,
+      containers: [
+        {
+          name: 'kubenet',
+          image: 'kubenet-ts:0.2.0',
+          ...(o.port !== undefined ? { ports: [{ name: 'metrics', containerPort: o.port, protocol: 'TCP' }] } : {}),
+        },
+      ],
+    },
     status: { phase: 'Running' },
   };
 }
@@ -178,8 +269,10 @@ async function cluster(t: ExecutionContext): Promise<Cluster> {
     const n = (scrapes.get(req.pod) ?? 0) + 1;
     scrapes.set(req.pod, n);
     const which = (n === 1 ? 1 : 2) as 1 | 2;
-    if (req.pod === 'kubenet-a') return { status: 200, body: await agentText(info('node-a', '10.244.1.0/24'), NODE_A(which), 1000 + 2 * (n - 1)) };
-    if (req.pod === 'kubenet-b') return { status: 200, body: await agentText(info('node-b', '10.244.2.0/24'), NODE_B(which), 1000 + 2 * (n - 1)) };
+    if (req.pod === 'kubenet-a')
+      return { status: 200, body: await agentText(info('node-a', '10.244.1.0/24'), NODE_A(which), 1000 + 2 * (n - 1)) };
+    if (req.pod === 'kubenet-b')
+      return { status: 200, body: await agentText(info('node-b', '10.244.2.0/24'), NODE_B(which), 1000 + 2 * (n - 1)) };
     return undefined; // kubenet-c: nothing listens (the API server answers 503)
   };
   return { api, proxied };
@@ -192,7 +285,7 @@ async function kubenet(c: Cluster, args: string[]): Promise<{ code: number; out:
   return { code, out, err };
 }
 
-test('top: every reachable node\'s pods, throttled first, through the pod proxy at the port named metrics; the unreachable agent and the node without one on stderr; exit 0', async (t) => {
+test("top: every reachable node's pods, throttled first, through the pod proxy at the port named metrics; the unreachable agent and the node without one on stderr; exit 0", async (t) => {
   const c = await cluster(t);
   const r = await kubenet(c, ['top', '--interval', '0.05']);
   t.is(r.code, 0, r.err);
@@ -200,9 +293,19 @@ test('top: every reachable node\'s pods, throttled first, through the pod proxy 
   t.is(lines[0], '2 node(s) (1 unreachable), 5 pod(s) (4 shaped), rates over 0.05 s');
   t.deepEqual(
     lines.slice(3).map((l) => l.split(/ +/).slice(0, 4).join(' ')),
-    ['node-a default web egress', 'node-b team batch egress', 'node-b team api ingress', 'node-a default idle ingress', 'node-a kube-system dns -'],
+    [
+      'node-a default web egress',
+      'node-b team batch egress',
+      'node-b team api ingress',
+      'node-a default idle ingress',
+      'node-a kube-system dns -',
+    ],
   );
-  t.regex(lines[3] ?? '', /^node-a +default +web +egress +10\.0M +10M +100% +2\.0 +20 +-$/, 'rates over the agent\'s 2 s between reads, not the 0.05 s between scrapes');
+  t.regex(
+    lines[3] ?? '',
+    /^node-a +default +web +egress +10\.0M +10M +100% +2\.0 +20 +-$/,
+    "rates over the agent's 2 s between reads, not the 0.05 s between scrapes",
+  );
   t.deepEqual(r.err.trimEnd().split('\n'), [
     'node-d: no kubenet agent pod on this node',
     'node-c: kubenet agent kube-system/kubenet-c unreachable: 503: error trying to reach service: dial tcp 10.0.0.1:10266: connect: connection refused',
@@ -217,18 +320,32 @@ test('top: every reachable node\'s pods, throttled first, through the pod proxy 
   t.is(list?.query.get('labelSelector'), 'app.kubernetes.io/name=kubenet');
 });
 
-test('top --node and --namespace: one node\'s agent only; one namespace\'s pods only', async (t) => {
+test("top --node and --namespace: one node's agent only; one namespace's pods only", async (t) => {
   const c = await cluster(t);
   const b = await kubenet(c, ['top', '--node', 'node-b', '--interval', '0.05']);
   t.is(b.code, 0, b.err);
   t.is(b.err, '', 'the other nodes are not looked at');
-  t.deepEqual(b.out.trimEnd().split('\n').slice(3).map((l) => l.split(/ +/)[2]), ['batch', 'api']);
+  t.deepEqual(
+    b.out
+      .trimEnd()
+      .split('\n')
+      .slice(3)
+      .map((l) => l.split(/ +/)[2]),
+    ['batch', 'api'],
+  );
   t.deepEqual([...new Set(c.proxied.map((p) => p.pod))], ['kubenet-b']);
   t.is(c.api.requests.find((q) => q.path === '/api/v1/namespaces/kube-system/pods')?.query.get('fieldSelector'), 'spec.nodeName=node-b');
 
   const ns = await kubenet(c, ['top', '-n', 'default', '--interval', '0.05']);
   t.is(ns.code, 0);
-  t.deepEqual(ns.out.trimEnd().split('\n').slice(3).map((l) => l.split(/ +/).slice(0, 3).join(' ')), ['node-a default web', 'node-a default idle']);
+  t.deepEqual(
+    ns.out
+      .trimEnd()
+      .split('\n')
+      .slice(3)
+      .map((l) => l.split(/ +/).slice(0, 3).join(' ')),
+    ['node-a default web', 'node-a default idle'],
+  );
   t.regex(ns.out, /^2 node\(s\) \(1 unreachable\), 2 pod\(s\) \(2 shaped\)/);
 });
 
@@ -259,8 +376,20 @@ test('top --json: the nodes read, those unreachable, the rows in order', async (
     { node: 'node-a', agent: 'kube-system/kubenet-a', version: '0.2.0', windowS: 2 },
     { node: 'node-b', agent: 'kube-system/kubenet-b', version: '0.2.0', windowS: 2 },
   ]);
-  t.deepEqual(j.unreachable.map((u) => u.node), ['node-c']);
-  t.deepEqual(j.pods.map((p) => `${p.node} ${p.namespace}/${p.pod} ${p.direction ?? '-'}`), ['node-a default/web egress', 'node-b team/batch egress', 'node-b team/api ingress', 'node-a default/idle ingress', 'node-a kube-system/dns -']);
+  t.deepEqual(
+    j.unreachable.map((u) => u.node),
+    ['node-c'],
+  );
+  t.deepEqual(
+    j.pods.map((p) => `${p.node} ${p.namespace}/${p.pod} ${p.direction ?? '-'}`),
+    [
+      'node-a default/web egress',
+      'node-b team/batch egress',
+      'node-b team/api ingress',
+      'node-a default/idle ingress',
+      'node-a kube-system/dns -',
+    ],
+  );
   t.like(j.pods[1], { rate: 50 * M, limit: 100 * M, use: 50, guarantee: 60 * M, ips: ['10.244.2.5'] });
 });
 
@@ -290,7 +419,11 @@ test('status NODE: the node, its agent, pod CIDR, bridge and pods; --json; an un
   t.true(lines.includes('pods:     3 (2 shaped)'));
   t.regex(a.out, /\n {2}kube-system\/dns +10\.244\.1\.7,fd00::7 +- +- +- +- +- +-\n/);
   t.regex(a.out, /\n {2}default\/web +10\.244\.1\.5 +- +- +- +10M +10\.0M +2\.0\n/);
-  const j = JSON.parse((await kubenet(c, ['status', 'node-a', '--json', '--interval', '0.05'])).out) as { node: string; info: { podCIDR: string }; pods: PodRow[] };
+  const j = JSON.parse((await kubenet(c, ['status', 'node-a', '--json', '--interval', '0.05'])).out) as {
+    node: string;
+    info: { podCIDR: string };
+    pods: PodRow[];
+  };
   t.is(j.info.podCIDR, '10.244.1.0/24');
   t.is(j.pods.length, 3);
   const down = await kubenet(c, ['status', 'node-c', '--interval', '0.05']);
@@ -328,9 +461,15 @@ test('the bin: a kubeconfig file (--kubeconfig, --context), the table on stdout,
   t.teardown(() => rm(dir, { recursive: true, force: true }));
   const kubeconfig = join(dir, 'config');
   const doc = {
-    clusters: [{ name: 'fake', cluster: { server: c.api.url, 'insecure-skip-tls-verify': true } }, { name: 'gone', cluster: { server: 'http://127.0.0.1:1', 'insecure-skip-tls-verify': true } }],
+    clusters: [
+      { name: 'fake', cluster: { server: c.api.url, 'insecure-skip-tls-verify': true } },
+      { name: 'gone', cluster: { server: 'http://127.0.0.1:1', 'insecure-skip-tls-verify': true } },
+    ],
     users: [{ name: 'me', user: { token: 'tok' } }],
-    contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'me' } }, { name: 'gone', context: { cluster: 'gone', user: 'me' } }],
+    contexts: [
+      { name: 'fake', context: { cluster: 'fake', user: 'me' } },
+      { name: 'gone', context: { cluster: 'gone', user: 'me' } },
+    ],
     'current-context': 'gone',
   };
   await writeFile(kubeconfig, yaml.dump(doc));
@@ -341,14 +480,14 @@ test('the bin: a kubeconfig file (--kubeconfig, --context), the table on stdout,
   t.regex(r.stderr, /node-c: kubenet agent kube-system\/kubenet-c unreachable/);
   t.is(c.api.requests.find((q) => q.path.endsWith('/proxy/metrics'))?.authorization, 'Bearer tok');
   const gone = await kubectlKubenet(kubeconfig, ['top', '--interval', '0.05']);
-  t.is(gone.exitCode, 1, 'the current context\'s API server refuses');
+  t.is(gone.exitCode, 1, "the current context's API server refuses");
   t.regex(gone.stderr, /^kubectl kubenet: .*ECONNREFUSED/);
   const help = await kubectlKubenet(kubeconfig, ['--help']);
   t.is(help.exitCode, 0);
   t.regex(help.stdout, /kubectl kubenet top/);
 });
 
-test('scrapes run in parallel, at most --parallel at a time, and keep the agents\' order', async (t) => {
+test("scrapes run in parallel, at most --parallel at a time, and keep the agents' order", async (t) => {
   t.deepEqual(await mapBounded([5, 1, 3], 2, async (x, i) => `${i}:${x}`), ['0:5', '1:1', '2:3']);
   t.deepEqual(await mapBounded([], 4, async (x) => x), []);
   const c = await cluster(t);
@@ -368,7 +507,10 @@ test('scrapes run in parallel, at most --parallel at a time, and keep the agents
   const serial = await kubenet(c, ['top', '--parallel', '1', '--interval', '0.01', '--json']);
   t.is(serial.code, 0, serial.err);
   t.is(most, 1);
-  t.deepEqual((JSON.parse(serial.out) as TopJson).nodes.map((n) => n.node), ['node-a', 'node-b', 'node-c', 'node-e', 'node-f', 'node-g']);
+  t.deepEqual(
+    (JSON.parse(serial.out) as TopJson).nodes.map((n) => n.node),
+    ['node-a', 'node-b', 'node-c', 'node-e', 'node-f', 'node-g'],
+  );
   most = 0;
   t.is((await kubenet(c, ['top', '--parallel', '4', '--interval', '0.01'])).code, 0);
   t.is(most, 4, 'six agents, four at a time');
@@ -380,14 +522,28 @@ test('one agent per node: of several (a rollout), the running one not being dele
   old.metadata.deletionTimestamp = '2026-01-01T00:00:00Z';
   c.api.setPod(old);
   c.api.setPod({ ...agentPod('kubenet-pending', 'node-a'), status: { phase: 'Pending' } });
-  const agents = await listAgents(new KubeApi(fakeKubeConfig(c.api)), { namespace: 'kube-system', selector: 'app.kubernetes.io/name=kubenet' });
-  t.deepEqual(agents.map((a) => `${a.node} ${a.name}:${a.port}`), ['node-a kubenet-a:10266', 'node-b kubenet-b:9100', 'node-c kubenet-c:10266']);
+  const agents = await listAgents(new KubeApi(fakeKubeConfig(c.api)), {
+    namespace: 'kube-system',
+    selector: 'app.kubernetes.io/name=kubenet',
+  });
+  t.deepEqual(
+    agents.map((a) => `${a.node} ${a.name}:${a.port}`),
+    ['node-a kubenet-a:10266', 'node-b kubenet-b:9100', 'node-c kubenet-c:10266'],
+  );
   c.api.deletePod('kube-system', 'kubenet-a');
-  const next = await listAgents(new KubeApi(fakeKubeConfig(c.api)), { namespace: 'kube-system', selector: 'app.kubernetes.io/name=kubenet', node: 'node-a' });
-  t.deepEqual(next.map((a) => a.name), ['kubenet-old'], 'running but being deleted, before one not running');
+  const next = await listAgents(new KubeApi(fakeKubeConfig(c.api)), {
+    namespace: 'kube-system',
+    selector: 'app.kubernetes.io/name=kubenet',
+    node: 'node-a',
+  });
+  t.deepEqual(
+    next.map((a) => a.name),
+    ['kubenet-old'],
+    'running but being deleted, before one not running',
+  );
 });
 
-test('the plugin loads nothing of the node\'s side: no netlink (koffi, libnl), no CNI, no pod core; only js-yaml of the packages', async (t) => {
+test("the plugin loads nothing of the node's side: no netlink (koffi, libnl), no CNI, no pod core; only js-yaml of the packages", async (t) => {
   const root = fileURLToPath(new URL('../../src/', import.meta.url));
   const seen = new Set<string>();
   const packages = new Set<string>();
@@ -405,6 +561,9 @@ test('the plugin loads nothing of the node\'s side: no netlink (koffi, libnl), n
   await visit(join(root, 'cli/kubectl-kubenet.ts'));
   const modules = [...seen].map((f) => f.slice(root.length)).sort();
   t.true(modules.includes('cli/prom-text.ts') && modules.includes('daemon/kube/watch.ts'), modules.join(' '));
-  t.deepEqual(modules.filter((m) => /^(netlink|shaper|pod|cni|plugin)\/|^daemon\/(config|agent|http-api|protocol)/.test(m)), []);
+  t.deepEqual(
+    modules.filter((m) => /^(netlink|shaper|pod|cni|plugin)\/|^daemon\/(config|agent|http-api|protocol)/.test(m)),
+    [],
+  );
   t.deepEqual([...packages], ['js-yaml']);
 });

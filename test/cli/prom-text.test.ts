@@ -26,7 +26,12 @@ test('HELP (escaped), TYPE, comments, samples with and without labels, in order'
   t.is(f.get('kubenet_pods')?.type, 'gauge');
   t.deepEqual(f.get('kubenet_pods')?.samples, [{ name: 'kubenet_pods', labels: {}, value: 3 }]);
   t.deepEqual(samplesOf(f, 'kubenet_pod_shaped_bytes_total', { direction: 'egress' }), [
-    { name: 'kubenet_pod_shaped_bytes_total', labels: { namespace: 'default', pod: 'a', direction: 'egress' }, value: 2500, timestampMs: 1700000000123 },
+    {
+      name: 'kubenet_pod_shaped_bytes_total',
+      labels: { namespace: 'default', pod: 'a', direction: 'egress' },
+      value: 2500,
+      timestampMs: 1700000000123,
+    },
   ]);
   t.is(f.get('untyped_thing')?.type, 'untyped');
   t.is(samplesOf(f, 'untyped_thing')[0]?.value, -7);
@@ -64,7 +69,10 @@ test('histogram and summary samples belong to their family; a _count without a h
   );
   t.deepEqual([...f.keys()], ['lat', 'q', 'other_count']);
   t.is(f.get('lat')?.samples.length, 4);
-  t.deepEqual(samplesOf(f, 'lat_bucket').map((s) => s.labels.le), ['0.1', '+Inf']);
+  t.deepEqual(
+    samplesOf(f, 'lat_bucket').map((s) => s.labels.le),
+    ['0.1', '+Inf'],
+  );
   t.is(samplesOf(f, 'lat_count')[0]?.value, 3);
   t.is(samplesOf(f, 'q_count')[0]?.value, 4);
   t.is(samplesOf(f, 'other_count')[0]?.value, 5);

@@ -124,7 +124,13 @@ test('execPlugin passes exactly the CNI variables and PATH, config on stdin, and
 test('cniArgsString joins k=v with ;', (t) => {
   t.is(cniArgsString(undefined), '');
   t.is(cniArgsString([['A', '1']]), 'A=1');
-  t.is(cniArgsString([['A', '1'], ['B', 'x=y']]), 'A=1;B=x=y');
+  t.is(
+    cniArgsString([
+      ['A', '1'],
+      ['B', 'x=y'],
+    ]),
+    'A=1;B=x=y',
+  );
 });
 
 for (const v of CNI_VERSIONS) {
@@ -143,7 +149,11 @@ test('empty stdout is undefined (DEL, CHECK)', async (t) => {
 
 test('a CNI error object with a non-zero exit is a CniPluginError with code, msg, details and stderr', async (t) => {
   const dir = await freshDir();
-  const path = await writeScript(dir, 'bridge', printing({ cniVersion: '1.0.0', code: 7, msg: 'invalid network config', details: 'bridge: no "bridge" key' }, 1, 'some log line'));
+  const path = await writeScript(
+    dir,
+    'bridge',
+    printing({ cniVersion: '1.0.0', code: 7, msg: 'invalid network config', details: 'bridge: no "bridge" key' }, 1, 'some log line'),
+  );
   const err = await t.throwsAsync(execPlugin(path, '{}', req(dir)), { instanceOf: CniPluginError });
   t.is(err.plugin, 'bridge');
   t.is(err.command, 'ADD');
@@ -255,15 +265,32 @@ test('the plugin gets exactly the seven variables: its whole initial environment
     delete process.env.KCN_LEAK_CHECK_2;
   });
   await execPlugin(path, '{}', { command: 'CHECK', containerId: 'c', netns: '/n', ifName: 'eth1', args: [['A', 'b']], path: [dir] });
-  const lines = (await readFile(out, 'utf8')).split('\n').filter((l) => l !== '').sort();
-  t.deepEqual(lines, ['CNI_ARGS=A=b', 'CNI_COMMAND=CHECK', 'CNI_CONTAINERID=c', 'CNI_IFNAME=eth1', 'CNI_NETNS=/n', `CNI_PATH=${dir}`, `PATH=${process.env.PATH ?? ''}`]);
+  const lines = (await readFile(out, 'utf8'))
+    .split('\n')
+    .filter((l) => l !== '')
+    .sort();
+  t.deepEqual(lines, [
+    'CNI_ARGS=A=b',
+    'CNI_COMMAND=CHECK',
+    'CNI_CONTAINERID=c',
+    'CNI_IFNAME=eth1',
+    'CNI_NETNS=/n',
+    `CNI_PATH=${dir}`,
+    `PATH=${process.env.PATH ?? ''}`,
+  ]);
 });
 
 test('32 concurrent execs each get their own stdin and environment and return their own output', async (t) => {
   const dir = await freshDir();
-  const path = await writeScript(dir, 'echoer', `printf '{"id":"%s","conf":' "$CNI_CONTAINERID"\ncat\nprintf '}'\necho "log $CNI_CONTAINERID" >&2`);
+  const path = await writeScript(
+    dir,
+    'echoer',
+    `printf '{"id":"%s","conf":' "$CNI_CONTAINERID"\ncat\nprintf '}'\necho "log $CNI_CONTAINERID" >&2`,
+  );
   const results = await Promise.all(
-    Array.from({ length: 32 }, (_, i) => execPlugin(path, JSON.stringify({ cniVersion: '1.0.0', n: i }), { ...req(dir), containerId: `ctr-${i}` })),
+    Array.from({ length: 32 }, (_, i) =>
+      execPlugin(path, JSON.stringify({ cniVersion: '1.0.0', n: i }), { ...req(dir), containerId: `ctr-${i}` }),
+    ),
   );
   results.forEach((r, i) => t.deepEqual(r, { id: `ctr-${i}`, conf: { cniVersion: '1.0.0', n: i } }));
 });
@@ -326,7 +353,10 @@ test.serial('no descriptor is left open in the agent after 200 execs (successes,
 async function slowChain(dir: string) {
   const delegate = await writeScript(dir, 'delegate', `echo $$ > ${shQuote(join(dir, 'delegate.pid'))}\nexec sleep 60`);
   const plugin = await writeScript(dir, 'slow', `echo $$ > ${shQuote(join(dir, 'plugin.pid'))}\n${shQuote(delegate)} &\nwait`);
-  return { plugin, pids: async () => [Number(await waitForFile(join(dir, 'plugin.pid'))), Number(await waitForFile(join(dir, 'delegate.pid')))] };
+  return {
+    plugin,
+    pids: async () => [Number(await waitForFile(join(dir, 'plugin.pid'))), Number(await waitForFile(join(dir, 'delegate.pid')))],
+  };
 }
 
 test('plugins and their delegates die with the agent when it is SIGKILLed mid-exec', async (t) => {
@@ -338,13 +368,17 @@ import { sharedSpawner } from './src/cni/spawner.ts';
 execPlugin(process.env.PLUGIN, '{}', { command: 'ADD', containerId: 'c', netns: '/n', ifName: 'eth0', path: [] }, { timeoutMs: 60_000 }).catch(() => undefined);
 console.log('spawner ' + sharedSpawner().pid);
 `;
-  const agent = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: ROOT, env: { ...process.env, PLUGIN: chain.plugin }, stdio: ['ignore', 'pipe', 'inherit'] });
+  const agent = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+    cwd: ROOT,
+    env: { ...process.env, PLUGIN: chain.plugin },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   t.teardown(() => void agent.kill('SIGKILL'));
   let out = '';
   agent.stdout.on('data', (b: Buffer) => (out += b.toString()));
   const [pluginPid, delegatePid] = await chain.pids();
   // The agent prints the spawner's pid as it starts the plugin; the line may arrive after the pid files.
-  const spawnerPid = Number((await until('the spawner pid on the agent\'s stdout', () => /spawner (\d+)/.exec(out)))[1]);
+  const spawnerPid = Number((await until("the spawner pid on the agent's stdout", () => /spawner (\d+)/.exec(out)))[1]);
   const everyone = [pluginPid ?? 0, delegatePid ?? 0, spawnerPid];
   t.teardown(() => everyone.forEach((p) => void tryKill(p)));
   t.true(spawnerPid > 0, out);
@@ -360,23 +394,26 @@ console.log('spawner ' + sharedSpawner().pid);
 });
 
 // Serial: it kills the shared spawner, which would fail the concurrent tests' runs too.
-test.serial('when the spawner itself dies, the run in flight fails with a CniPluginError and the next exec starts a new spawner', async (t) => {
-  const dir = await freshDir();
-  const chain = await slowChain(dir);
-  const running = execPlugin(chain.plugin, '{}', req(dir), { timeoutMs: 30_000 });
-  const [pluginPid, delegatePid] = await chain.pids();
-  t.teardown(() => [pluginPid, delegatePid].forEach((p) => void tryKill(p ?? 0)));
-  const first = sharedSpawner().pid ?? 0;
-  process.kill(first, 'SIGKILL');
-  const err = await t.throwsAsync(running, { instanceOf: CniPluginError });
-  t.regex(err.message, /plugin spawner .* exited \(SIGKILL\)/);
-  // The plugin had PR_SET_PDEATHSIG towards the spawner (its delegate, started by it, had not).
-  const st = await settledState(pluginPid ?? 0);
-  t.true(st === 'gone' || st === 'Z', `plugin is ${st}`);
-  const ok = await writeScript(dir, 'ok', printing({ cniVersion: '1.0.0' }));
-  t.deepEqual(await execPlugin(ok, '{}', req(dir)), { cniVersion: '1.0.0' });
-  t.not(sharedSpawner().pid, first);
-});
+test.serial(
+  'when the spawner itself dies, the run in flight fails with a CniPluginError and the next exec starts a new spawner',
+  async (t) => {
+    const dir = await freshDir();
+    const chain = await slowChain(dir);
+    const running = execPlugin(chain.plugin, '{}', req(dir), { timeoutMs: 30_000 });
+    const [pluginPid, delegatePid] = await chain.pids();
+    t.teardown(() => [pluginPid, delegatePid].forEach((p) => void tryKill(p ?? 0)));
+    const first = sharedSpawner().pid ?? 0;
+    process.kill(first, 'SIGKILL');
+    const err = await t.throwsAsync(running, { instanceOf: CniPluginError });
+    t.regex(err.message, /plugin spawner .* exited \(SIGKILL\)/);
+    // The plugin had PR_SET_PDEATHSIG towards the spawner (its delegate, started by it, had not).
+    const st = await settledState(pluginPid ?? 0);
+    t.true(st === 'gone' || st === 'Z', `plugin is ${st}`);
+    const ok = await writeScript(dir, 'ok', printing({ cniVersion: '1.0.0' }));
+    t.deepEqual(await execPlugin(ok, '{}', req(dir)), { cniVersion: '1.0.0' });
+    t.not(sharedSpawner().pid, first);
+  },
+);
 
 function tryKill(pid: number): void {
   try {

@@ -32,14 +32,23 @@ test('conversion to 0.3.x/0.4.0 adds ips[].version, 1.0.0 drops it, and only 1.1
   }
   const v1 = convertResult(dual, '1.0.0') as Result100;
   t.false(v1.ips?.some((ip) => 'version' in ip));
-  t.deepEqual(convertResult(r, '1.0.0'), { ...WIRE['1.1.0'], cniVersion: '1.0.0', interfaces: [{ name: 'eth0', mac: '0a:58:0a:63:01:05', sandbox: '/var/run/netns/x' }], routes: [{ dst: '0.0.0.0/0', gw: '10.99.1.1' }] });
+  t.deepEqual(convertResult(r, '1.0.0'), {
+    ...WIRE['1.1.0'],
+    cniVersion: '1.0.0',
+    interfaces: [{ name: 'eth0', mac: '0a:58:0a:63:01:05', sandbox: '/var/run/netns/x' }],
+    routes: [{ dst: '0.0.0.0/0', gw: '10.99.1.1' }],
+  });
 });
 
 test('conversion to 0.2.0 keeps the first address of each family and files routes under their family', (t) => {
   const r: CniResult = {
     cniVersion: '1.0.0',
     interfaces: [{ name: 'eth0' }],
-    ips: [{ address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 0 }, { address: '10.99.2.5/24' }, { address: 'fd00:99::5/64', gateway: 'fd00:99::1' }],
+    ips: [
+      { address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 0 },
+      { address: '10.99.2.5/24' },
+      { address: 'fd00:99::5/64', gateway: 'fd00:99::1' },
+    ],
     routes: [{ dst: '0.0.0.0/0' }, { dst: '::/0', gw: 'fd00:99::1' }, { dst: '10.0.0.0/8', gw: '10.99.1.1' }],
     dns: { nameservers: ['10.99.1.1'] },
   };
@@ -50,7 +59,10 @@ test('conversion to 0.2.0 keeps the first address of each family and files route
     dns: { nameservers: ['10.99.1.1'] },
   });
   // loopback's result has no address: still convertible.
-  t.deepEqual(convertResult({ cniVersion: '1.0.0', interfaces: [{ name: 'lo' }], ips: [], routes: [], dns: {} }, '0.2.0'), { cniVersion: '0.2.0', dns: {} });
+  t.deepEqual(convertResult({ cniVersion: '1.0.0', interfaces: [{ name: 'lo' }], ips: [], routes: [], dns: {} }, '0.2.0'), {
+    cniVersion: '0.2.0',
+    dns: {},
+  });
 });
 
 test('every version converts to every other and back to the same addresses', (t) => {

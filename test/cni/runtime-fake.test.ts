@@ -50,7 +50,11 @@ const rt: RuntimeConf = {
     ['IgnoreUnknown', '1'],
     ['K8S_POD_NAME', 'web-0'],
   ],
-  capabilityArgs: { portMappings: [{ hostPort: 8080, containerPort: 80, protocol: 'tcp' }], bandwidth: { ingressRate: 1000 }, ipRanges: [] },
+  capabilityArgs: {
+    portMappings: [{ hostPort: 8080, containerPort: 80, protocol: 'tcp' }],
+    bandwidth: { ingressRate: 1000 },
+    ipRanges: [],
+  },
 };
 
 function list(cniVersion = '1.0.0', extra: Partial<NetConfList> = {}): NetConfList {
@@ -244,7 +248,10 @@ test('invalid input fails before any plugin runs', async (t) => {
   await t.throwsAsync(s.runtime.addNetworkList({ ...list('1.0.0'), name: 'bad/name' }, rt), { instanceOf: ConfigError });
   await t.throwsAsync(s.runtime.addNetworkList(list('2.0.0'), rt), { instanceOf: UnsupportedVersionError });
   await t.throwsAsync(s.runtime.addNetworkList({ ...list('1.0.0'), plugins: [] }, rt), { instanceOf: ConfigError });
-  await t.throwsAsync(s.runtime.addNetwork({ cniVersion: '1.0.0', name: 'x', type: 'missing' }, rt), { instanceOf: PluginNotFoundError, message: new RegExp(s.bin) });
+  await t.throwsAsync(s.runtime.addNetwork({ cniVersion: '1.0.0', name: 'x', type: 'missing' }, rt), {
+    instanceOf: PluginNotFoundError,
+    message: new RegExp(s.bin),
+  });
   t.is((await calls(s.rec)).length, 0);
 });
 
@@ -260,7 +267,9 @@ test('a plugin failing ADD is a CniPluginError and nothing is cached', async (t)
 test('an ADD result that is not a valid result is a CniPluginError', async (t) => {
   const s = await setup();
   await writeScript(s.bin, 'bogus', recording(s.rec, 'bogus', { cniVersion: '1.0.0', ips: [{ address: 'nope' }] }));
-  const err = await t.throwsAsync(s.runtime.addNetwork({ cniVersion: '1.0.0', name: 'b', type: 'bogus' }, rt), { instanceOf: CniPluginError });
+  const err = await t.throwsAsync(s.runtime.addNetwork({ cniVersion: '1.0.0', name: 'b', type: 'bogus' }, rt), {
+    instanceOf: CniPluginError,
+  });
   t.regex(err.message, /ips\[0\]\.address/);
 });
 

@@ -70,8 +70,23 @@ async function env(t: ExecutionContext): Promise<Env> {
 }
 
 function bridgeConf(e: Env, name: string): BridgeNetConf {
-  const ipam: HostLocalIpamConf = { type: 'host-local', ranges: [[{ subnet: e.subnet }]], routes: [{ dst: '0.0.0.0/0' }], dataDir: e.ipamDir };
-  return { cniVersion: '1.0.0', name, type: 'bridge', bridge: e.bridge, isGateway: false, ipMasq: false, hairpinMode: true, mtu: 1400, ipam };
+  const ipam: HostLocalIpamConf = {
+    type: 'host-local',
+    ranges: [[{ subnet: e.subnet }]],
+    routes: [{ dst: '0.0.0.0/0' }],
+    dataDir: e.ipamDir,
+  };
+  return {
+    cniVersion: '1.0.0',
+    name,
+    type: 'bridge',
+    bridge: e.bridge,
+    isGateway: false,
+    ipMasq: false,
+    hairpinMode: true,
+    mtu: 1400,
+    ipam,
+  };
 }
 
 function chain(e: Env, name: string): NetConfList {
@@ -84,7 +99,16 @@ function chain(e: Env, name: string): NetConfList {
 }
 
 function rtFor(e: Env, id: string, ifName = 'eth0'): RuntimeConf {
-  return { containerId: id, netns: e.netns.path, ifName, args: [['IgnoreUnknown', '1'], ['K8S_POD_NAMESPACE', 'kcn'], ['K8S_POD_NAME', id]] };
+  return {
+    containerId: id,
+    netns: e.netns.path,
+    ifName,
+    args: [
+      ['IgnoreUnknown', '1'],
+      ['K8S_POD_NAMESPACE', 'kcn'],
+      ['K8S_POD_NAME', id],
+    ],
+  };
 }
 
 /** True when a.b.c.d lies in the /24 `subnet`. */
@@ -143,7 +167,13 @@ kTest('bridge + host-local (+ tuning chained): ADD, CHECK, DEL, DEL again; addre
   const hostVeth = r.interfaces.find((i) => !i.sandbox && i.name !== e.bridge)?.name ?? '';
   t.true(r.interfaces.some((i) => i.name === e.bridge));
   t.true(await linkExists(hostVeth), `host veth ${hostVeth}`);
-  const addrs = await ipJson<Array<{ addr_info: Array<{ local: string; prefixlen: number }> }>>(['-n', e.netns.name, 'addr', 'show', 'eth0']);
+  const addrs = await ipJson<Array<{ addr_info: Array<{ local: string; prefixlen: number }> }>>([
+    '-n',
+    e.netns.name,
+    'addr',
+    'show',
+    'eth0',
+  ]);
   t.true(addrs[0]?.addr_info.some((a) => `${a.local}/${a.prefixlen}` === addr));
   const redirects = await sh('ip', ['netns', 'exec', e.netns.name, 'cat', '/proc/sys/net/ipv4/conf/eth0/accept_redirects']);
   t.is(redirects.stdout.trim(), '0', 'tuning ran with the bridge result as prevResult');

@@ -22,7 +22,18 @@ test('parseCniRequest accepts what the binary sends', (t) => {
 });
 
 test('parseCniRequest refuses anything else with a ConfigError', (t) => {
-  for (const bad of [null, [], 'x', { env: {} }, { stdin: '' }, { env: [], stdin: '' }, { env: {}, stdin: 1 }, { env: { CNI_COMMAND: 1 }, stdin: '' }, { env: { PATH: '/bin' }, stdin: '' }, { env: {}, stdin: '', extra: 1 }]) {
+  for (const bad of [
+    null,
+    [],
+    'x',
+    { env: {} },
+    { stdin: '' },
+    { env: [], stdin: '' },
+    { env: {}, stdin: 1 },
+    { env: { CNI_COMMAND: 1 }, stdin: '' },
+    { env: { PATH: '/bin' }, stdin: '' },
+    { env: {}, stdin: '', extra: 1 },
+  ]) {
     t.throws(() => parseCniRequest(bad), { instanceOf: ConfigError }, JSON.stringify(bad));
   }
 });
@@ -35,7 +46,7 @@ test('cniErrorBody omits details when there are none', (t) => {
 test('the constants match the C source of the binary', (t) => {
   const c = readFileSync(fileURLToPath(new URL('../../native/kubenet-cni.c', import.meta.url)), 'utf8');
   t.true(c.includes(`"POST %s HTTP/1.1\\r\\n"`));
-  t.true(c.includes(`ipam_mode ? "${IPAM_API_PATH}" : "${CNI_API_PATH}"`), 'the CNI call, or the IPAM shim\'s');
+  t.true(c.includes(`ipam_mode ? "${IPAM_API_PATH}" : "${CNI_API_PATH}"`), "the CNI call, or the IPAM shim's");
   t.true(c.includes(`#define IPAM_NAME "${IPAM_SHIM_TYPE}"`));
   t.true(c.includes(`#define DEFAULT_SOCKET "${DEFAULT_SOCKET_PATH}"`));
   t.true(c.includes(`getenv("${SOCKET_ENV}")`));

@@ -43,7 +43,14 @@ interface StatusJson {
   podCIDR: string;
   bridge: string;
   ready: boolean;
-  pods: Array<{ namespace: string; name: string; id: string; ips: string[]; limits: { ingress?: number; egress?: number }; portMappings?: unknown[] }>;
+  pods: Array<{
+    namespace: string;
+    name: string;
+    id: string;
+    ips: string[];
+    limits: { ingress?: number; egress?: number };
+    portMappings?: unknown[];
+  }>;
 }
 
 async function status(h: AgentHarness): Promise<StatusJson> {
@@ -55,7 +62,12 @@ function podIp(result: CniResultJson): string {
   return result.ips[0]?.address.split('/')[0] ?? '';
 }
 
-async function addOk(t: { is: (a: unknown, b: unknown, m?: string) => void }, h: AgentHarness, pod: TestPod, runtimeConfig?: object): Promise<CniResultJson> {
+async function addOk(
+  t: { is: (a: unknown, b: unknown, m?: string) => void },
+  h: AgentHarness,
+  pod: TestPod,
+  runtimeConfig?: object,
+): Promise<CniResultJson> {
   const r = await h.libcni('add', pod, runtimeConfig ? { runtimeConfig } : {});
   t.is(r.exitCode, 0, `libcni ADD ${pod.name}: ${r.stderr}`);
   return JSON.parse(r.stdout) as CniResultJson;
@@ -119,9 +131,15 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   t.regex(ra.ips[0]?.address ?? '', /^10\.93\.1\.\d+\/24$/);
   t.is(ra.ips[0]?.gateway, '10.93.1.1');
   t.not(podIp(ra), podIp(rb));
-  t.true(ra.interfaces.some((i) => i.name === 'eth0' && i.sandbox === a.netnsPath), 'result names the pod interface and its netns');
+  t.true(
+    ra.interfaces.some((i) => i.name === 'eth0' && i.sandbox === a.netnsPath),
+    'result names the pod interface and its netns',
+  );
   const addrs = await ipJson<Array<{ addr_info: Array<{ local: string }> }>>(['-n', a.netns, 'addr', 'show', 'dev', 'eth0']);
-  t.true(addrs[0]?.addr_info.some((x) => x.local === podIp(ra)), 'the address is on eth0 in the pod');
+  t.true(
+    addrs[0]?.addr_info.some((x) => x.local === podIp(ra)),
+    'the address is on eth0 in the pod',
+  );
   const ping = await execa('ip', ['netns', 'exec', a.netns, 'ping', '-c', '1', '-W', '2', podIp(rb)], { reject: false });
   t.is(ping.exitCode, 0, `pod a reaches pod b: ${ping.stdout}`);
 
@@ -131,7 +149,10 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   t.is(st.bridge, h.bridge);
   t.deepEqual(
     st.pods.map((p) => [p.namespace, p.name, p.ips]).sort(),
-    [['default', 'a', [podIp(ra)]], ['default', 'b', [podIp(rb)]]],
+    [
+      ['default', 'a', [podIp(ra)]],
+      ['default', 'b', [podIp(rb)]],
+    ],
     'status shows the pods named by K8S_POD_NAMESPACE / K8S_POD_NAME',
   );
   const metrics = (await h.get('/metrics')).body;
@@ -167,39 +188,45 @@ serialTest('writes the conflist and installs the binary; libcni ADD, CHECK, DEL,
   t.regex((await h.get('/metrics')).body, /^kubenet_cni_del_seconds_count 4$/m);
 });
 
-serialTest('libcni in one runtime process, as containerd calls it (libcni-driver batch, the burst bench\'s runtime): concurrent ADDs and DELs, one failure kept to its pod', async (t) => {
-  const h = await harness(t, '10.93.24.0/24');
-  await h.startAgent();
-  const pods = [];
-  for (const name of ['p0', 'p1', 'p2', 'p3', 'p4']) pods.push(await h.addPod(name));
-  // A pod whose netns path does not exist: its ADD fails, the others do not notice.
-  const lost = { ...(await h.addPod('lost')), netnsPath: '/var/run/netns/kubenet-no-such-netns' };
-  const added = await h.libcniBatch('add', [...pods, lost], 3);
-  t.is(added.exitCode, 1, 'one request failed: exit 1');
-  t.regex(added.stderr, /1 of 6 requests failed/);
-  t.is(added.answers.length, 6, 'one answer per request');
-  t.regex(added.answers[5]?.error ?? '', /kubenet-no-such-netns/);
-  const ips = pods.map((_, i) => added.answers[i]?.result?.ips?.[0]?.address.split('/')[0] ?? '');
-  for (const [i, ip] of ips.entries()) t.regex(ip, /^10\.93\.24\.\d+$/, `pod ${i}: ${added.answers[i]?.error ?? ''}`);
-  t.is(new Set(ips).size, pods.length, 'distinct addresses');
-  t.true((added.wallMs ?? 0) > 0 && added.answers.every((a) => a.endMs >= a.startMs && a.endMs <= (added.wallMs ?? 0) + 0.001), 'times within the batch');
-  // At most 3 in flight at once: at any call's start, fewer than 3 others had started and not ended.
-  for (const a of added.answers) t.true(added.answers.filter((b) => b !== a && b.startMs <= a.startMs && b.endMs > a.startMs).length < 3);
-  t.deepEqual((await status(h)).pods.map((p) => p.ips[0]).sort(), [...ips].sort());
+serialTest(
+  "libcni in one runtime process, as containerd calls it (libcni-driver batch, the burst bench's runtime): concurrent ADDs and DELs, one failure kept to its pod",
+  async (t) => {
+    const h = await harness(t, '10.93.24.0/24');
+    await h.startAgent();
+    const pods = [];
+    for (const name of ['p0', 'p1', 'p2', 'p3', 'p4']) pods.push(await h.addPod(name));
+    // A pod whose netns path does not exist: its ADD fails, the others do not notice.
+    const lost = { ...(await h.addPod('lost')), netnsPath: '/var/run/netns/kubenet-no-such-netns' };
+    const added = await h.libcniBatch('add', [...pods, lost], 3);
+    t.is(added.exitCode, 1, 'one request failed: exit 1');
+    t.regex(added.stderr, /1 of 6 requests failed/);
+    t.is(added.answers.length, 6, 'one answer per request');
+    t.regex(added.answers[5]?.error ?? '', /kubenet-no-such-netns/);
+    const ips = pods.map((_, i) => added.answers[i]?.result?.ips?.[0]?.address.split('/')[0] ?? '');
+    for (const [i, ip] of ips.entries()) t.regex(ip, /^10\.93\.24\.\d+$/, `pod ${i}: ${added.answers[i]?.error ?? ''}`);
+    t.is(new Set(ips).size, pods.length, 'distinct addresses');
+    t.true(
+      (added.wallMs ?? 0) > 0 && added.answers.every((a) => a.endMs >= a.startMs && a.endMs <= (added.wallMs ?? 0) + 0.001),
+      'times within the batch',
+    );
+    // At most 3 in flight at once: at any call's start, fewer than 3 others had started and not ended.
+    for (const a of added.answers) t.true(added.answers.filter((b) => b !== a && b.startMs <= a.startMs && b.endMs > a.startMs).length < 3);
+    t.deepEqual((await status(h)).pods.map((p) => p.ips[0]).sort(), [...ips].sort());
 
-  const before = linkDeletionCounts();
-  const deleted = await h.libcniBatch('del', [...pods, lost], 3);
-  t.is(deleted.exitCode, 0, deleted.stderr);
-  t.true(deleted.answers.every((a) => !a.error));
-  const after = linkDeletionCounts();
-  // Whether DELs in flight together shared a request depends on their timing: shown, not asserted
-  // (test/netlink/index.test.ts asserts the batching itself).
-  t.log(`veths deleted: ${after.links - before.links} in ${after.requests - before.requests} kernel request(s)`);
-  t.is(after.links - before.links, pods.length, 'one veth deletion per attached pod');
-  await assertNothingLeft(t, h);
-});
+    const before = linkDeletionCounts();
+    const deleted = await h.libcniBatch('del', [...pods, lost], 3);
+    t.is(deleted.exitCode, 0, deleted.stderr);
+    t.true(deleted.answers.every((a) => !a.error));
+    const after = linkDeletionCounts();
+    // Whether DELs in flight together shared a request depends on their timing: shown, not asserted
+    // (test/netlink/index.test.ts asserts the batching itself).
+    t.log(`veths deleted: ${after.links - before.links} in ${after.requests - before.requests} kernel request(s)`);
+    t.is(after.links - before.links, pods.length, 'one veth deletion per attached pod');
+    await assertNothingLeft(t, h);
+  },
+);
 
-serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-max burst is enforced both ways', async (t) => {
+serialTest("runtimeConfig bandwidth in containerd's PascalCase with a uint32-max burst is enforced both ways", async (t) => {
   const h = await harness(t, '10.93.2.0/24');
   await h.startAgent();
   const shaped = await h.addPod('shaped');
@@ -209,13 +236,29 @@ serialTest('runtimeConfig bandwidth in containerd\'s PascalCase with a uint32-ma
   const rp = await addOk(t, h, peer);
 
   const st = await status(h);
-  t.deepEqual(st.pods.find((p) => p.name === 'shaped')?.limits, { ingress: 20 * MBIT, egress: 10 * MBIT }, 'the uint32-max burst counts as none given');
+  t.deepEqual(
+    st.pods.find((p) => p.name === 'shaped')?.limits,
+    { ingress: 20 * MBIT, egress: 10 * MBIT },
+    'the uint32-max burst counts as none given',
+  );
   t.regex((await h.get('/metrics')).body, /^kubenet_shaped_pods 1$/m);
   // The bridge plugin makes veths with txqueuelen 0, from which htb would take a 2-packet direct queue.
   const hostVeth = (st.pods.find((p) => p.name === 'shaped') as { hostVeth?: string } | undefined)?.hostVeth ?? '';
-  t.regex((await execa('tc', ['qdisc', 'show', 'dev', hostVeth, 'root'])).stdout, /^qdisc htb 2: root .*direct_qlen 1000\b/m, `htb's direct queue on ${hostVeth}`);
+  t.regex(
+    (await execa('tc', ['qdisc', 'show', 'dev', hostVeth, 'root'])).stdout,
+    /^qdisc htb 2: root .*direct_qlen 1000\b/m,
+    `htb's direct queue on ${hostVeth}`,
+  );
 
-  const topo = (p: TestPod, r: CniResultJson, index: number): TopoPod => ({ index, netns: p.netns, netnsPath: p.netnsPath, hostVeth: '', ip4: podIp(r), ip6: '', id: p.id });
+  const topo = (p: TestPod, r: CniResultJson, index: number): TopoPod => ({
+    index,
+    netns: p.netns,
+    netnsPath: p.netnsPath,
+    hostVeth: '',
+    ip4: podIp(r),
+    ip6: '',
+    id: p.id,
+  });
   const s = topo(shaped, rs, 0);
   const p = topo(peer, rp, 1);
   for (const [what, server, client, limit] of [
@@ -277,7 +320,11 @@ serialTest('no pod CIDR yet: not ready, nothing installed, ADD is "try again lat
   await t.throwsAsync(stat(join(h.config.cniConfDir, '10-kubenet.conflist')), { code: 'ENOENT' });
 
   const pod = await h.addPod('early');
-  const early = await postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(pod) }, conf(h));
+  const early = await postCni(
+    h.config.socket,
+    { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(pod) },
+    conf(h),
+  );
   t.is(early.status, 500);
   t.is((JSON.parse(early.body) as { code: number }).code, 11, 'CNI code 11: try again later');
   t.deepEqual(await h.reservedIps(), []);
@@ -293,7 +340,13 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   const api = await FakeApiServer.start();
   t.teardown(() => api.stop());
   const h = await harness(t, '10.93.8.0/24');
-  const kube = { nodeName: 'test-node', logger: createLogger({ level: h.config.logLevel }), kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 };
+  const kube = {
+    nodeName: 'test-node',
+    logger: createLogger({ level: h.config.logLevel }),
+    kubeConfig: fakeKubeConfig(api),
+    retryMinMs: 20,
+    retryMaxMs: 200,
+  };
   api.setNode(node('test-node'));
   await h.startAgent(new NodeWatchPodCidrSource(kube), new ClusterPodLookup(kube));
   t.is((await h.get('/healthz')).status, 503, 'no pod CIDR on the Node yet');
@@ -308,7 +361,10 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   api.setPod(podObject('default', 'web', 'test-node', { 'kubernetes.io/ingress-bandwidth': '7M', 'kubernetes.io/egress-bandwidth': '3M' }));
   const r = await addOk(t, h, web);
   t.regex(r.ips[0]?.address ?? '', /^10\.93\.8\./);
-  t.deepEqual((await status(h)).pods.map((p) => p.limits), [{ ingress: 7 * MBIT, egress: 3 * MBIT }]);
+  t.deepEqual(
+    (await status(h)).pods.map((p) => p.limits),
+    [{ ingress: 7 * MBIT, egress: 3 * MBIT }],
+  );
   t.regex(await ifbClasses(h), /rate 3Mbit/, 'egress class from the annotation');
 
   // An invalid annotation refuses the pod (code 7) with a msg naming it, its value and the accepted form, and leaks nothing.
@@ -317,7 +373,8 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   const refused = await h.libcni('add', bad);
   t.not(refused.exitCode, 0);
   t.regex(refused.stderr, /^libcni-driver: CNI error code 7$/m);
-  const msg = 'annotation kubernetes.io/egress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"';
+  const msg =
+    'annotation kubernetes.io/egress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"';
   t.true(refused.stderr.includes(`failed (add): ${msg}\n`), refused.stderr);
   t.is((await h.reservedIps()).length, 1, 'the refused pod holds no address');
 
@@ -326,46 +383,59 @@ serialTest('in a cluster: the pod CIDR from the Node watch, limits from the pod 
   await assertNothingLeft(t, h);
 });
 
-serialTest('in a cluster: no ADD waits on the API server for a pod already delivered on its watch (0 pod GETs); a pod not in the watch yet is fetched once', async (t) => {
-  const api = await FakeApiServer.start();
-  t.teardown(() => api.stop());
-  const h = await harness(t, '10.93.12.0/24');
-  const kube = { nodeName: 'test-node', logger: createLogger({ level: h.config.logLevel }), kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 };
-  api.setNode(node('test-node', { podCIDRs: ['10.93.12.0/24'] }));
-  await h.startAgent(new NodeWatchPodCidrSource(kube), new ClusterPodLookup(kube));
-  const deadline = Date.now() + 10_000;
-  while ((await h.get('/healthz')).status !== 200 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-  t.is((await h.get('/healthz')).status, 200);
+serialTest(
+  'in a cluster: no ADD waits on the API server for a pod already delivered on its watch (0 pod GETs); a pod not in the watch yet is fetched once',
+  async (t) => {
+    const api = await FakeApiServer.start();
+    t.teardown(() => api.stop());
+    const h = await harness(t, '10.93.12.0/24');
+    const kube = {
+      nodeName: 'test-node',
+      logger: createLogger({ level: h.config.logLevel }),
+      kubeConfig: fakeKubeConfig(api),
+      retryMinMs: 20,
+      retryMaxMs: 200,
+    };
+    api.setNode(node('test-node', { podCIDRs: ['10.93.12.0/24'] }));
+    await h.startAgent(new NodeWatchPodCidrSource(kube), new ClusterPodLookup(kube));
+    const deadline = Date.now() + 10_000;
+    while ((await h.get('/healthz')).status !== 200 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    t.is((await h.get('/healthz')).status, 200);
 
-  const podGets = () => api.requests.filter((r) => /^\/api\/v1\/namespaces\/[^/]+\/pods\/[^/]+$/.test(r.path)).map((r) => r.path);
-  const pods: TestPod[] = [];
-  for (let i = 1; i <= 6; i++) {
-    const p = await h.addPod(`w${i}`);
-    api.setPod(podObject('default', p.name, 'test-node', { 'kubernetes.io/ingress-bandwidth': `${i}M` }));
-    pods.push(p);
-  }
-  await api.waitDelivered('pods', pods.map((p) => `default/${p.name}`));
-  // Sequential and concurrent ADDs, no runtimeConfig: every limit comes from the watch cache.
-  for (const p of pods.slice(0, 3)) await addOk(t, h, p);
-  await Promise.all(pods.slice(3).map((p) => addOk(t, h, p)));
-  t.deepEqual(podGets(), [], 'no pod GET for pods the watch had delivered');
-  const limits = new Map((await status(h)).pods.map((p) => [p.name, p.limits]));
-  for (const [i, p] of pods.entries()) t.deepEqual(limits.get(p.name), { ingress: (i + 1) * MBIT }, `${p.name}: limits from its annotation`);
+    const podGets = () => api.requests.filter((r) => /^\/api\/v1\/namespaces\/[^/]+\/pods\/[^/]+$/.test(r.path)).map((r) => r.path);
+    const pods: TestPod[] = [];
+    for (let i = 1; i <= 6; i++) {
+      const p = await h.addPod(`w${i}`);
+      api.setPod(podObject('default', p.name, 'test-node', { 'kubernetes.io/ingress-bandwidth': `${i}M` }));
+      pods.push(p);
+    }
+    await api.waitDelivered(
+      'pods',
+      pods.map((p) => `default/${p.name}`),
+    );
+    // Sequential and concurrent ADDs, no runtimeConfig: every limit comes from the watch cache.
+    for (const p of pods.slice(0, 3)) await addOk(t, h, p);
+    await Promise.all(pods.slice(3).map((p) => addOk(t, h, p)));
+    t.deepEqual(podGets(), [], 'no pod GET for pods the watch had delivered');
+    const limits = new Map((await status(h)).pods.map((p) => [p.name, p.limits]));
+    for (const [i, p] of pods.entries())
+      t.deepEqual(limits.get(p.name), { ingress: (i + 1) * MBIT }, `${p.name}: limits from its annotation`);
 
-  // Contrast: with the watch held back, a new pod is known only to a GET, and exactly one is made.
-  api.failWith = (r) => (r.watch ? 503 : undefined);
-  api.closeWatches();
-  const late = await h.addPod('late');
-  api.setPod(podObject('default', late.name, 'test-node', { 'kubernetes.io/egress-bandwidth': '2M' }));
-  t.false(api.delivered('pods', 'default/late'));
-  await addOk(t, h, late);
-  t.deepEqual(podGets(), ['/api/v1/namespaces/default/pods/late']);
-  t.deepEqual((await status(h)).pods.find((p) => p.name === 'late')?.limits, { egress: 2 * MBIT });
-  api.failWith = undefined;
+    // Contrast: with the watch held back, a new pod is known only to a GET, and exactly one is made.
+    api.failWith = (r) => (r.watch ? 503 : undefined);
+    api.closeWatches();
+    const late = await h.addPod('late');
+    api.setPod(podObject('default', late.name, 'test-node', { 'kubernetes.io/egress-bandwidth': '2M' }));
+    t.false(api.delivered('pods', 'default/late'));
+    await addOk(t, h, late);
+    t.deepEqual(podGets(), ['/api/v1/namespaces/default/pods/late']);
+    t.deepEqual((await status(h)).pods.find((p) => p.name === 'late')?.limits, { egress: 2 * MBIT });
+    api.failWith = undefined;
 
-  for (const p of [...pods, late]) t.is((await h.libcni('del', p)).exitCode, 0);
-  await assertNothingLeft(t, h);
-});
+    for (const p of [...pods, late]) t.is((await h.libcni('del', p)).exitCode, 0);
+    await assertNothingLeft(t, h);
+  },
+);
 
 /** iptables -t nat, never failing (cleanup). */
 const natIpt = (args: string[]) => execa('iptables', ['-w', '5', '-t', 'nat', ...args], { reject: false });
@@ -387,52 +457,77 @@ async function portmapChainsCleanup(t: import('ava').ExecutionContext): Promise<
   });
 }
 
-serialTest('host ports: runtimeConfig.portMappings through the reference portmap plugin, reachable from a pod, removed on DEL', async (t) => {
-  // Registered first, so it runs after the harness has DEL'd the pods (teardowns run in reverse).
-  await portmapChainsCleanup(t);
-  const h = await harness(t, '10.93.9.0/24');
-  await h.startAgent();
-  const web = await h.addPod('web');
-  const client = await h.addPod('client');
-  const hostPort = 30000 + Math.floor(Math.random() * 2000);
-  const rw = await addOk(t, h, web, { portMappings: [{ hostPort, containerPort: 8080, protocol: 'tcp' }] });
-  await addOk(t, h, client);
-  t.deepEqual((await status(h)).pods.find((p) => p.name === 'web')?.portMappings, [{ hostPort, containerPort: 8080, protocol: 'tcp' }]);
-  const natRules = async () => (await execa('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.split('\n').filter((l) => l.includes(`--dport ${hostPort}`));
-  t.true((await natRules()).some((l) => l.includes(`--to-destination ${podIp(rw)}:8080`)), 'a DNAT rule for the host port');
-  const check = await h.libcni('check', web);
-  t.is(check.exitCode, 0, `CHECK passes with the portmap plugin chained: ${check.stderr}`);
+serialTest(
+  'host ports: runtimeConfig.portMappings through the reference portmap plugin, reachable from a pod, removed on DEL',
+  async (t) => {
+    // Registered first, so it runs after the harness has DEL'd the pods (teardowns run in reverse).
+    await portmapChainsCleanup(t);
+    const h = await harness(t, '10.93.9.0/24');
+    await h.startAgent();
+    const web = await h.addPod('web');
+    const client = await h.addPod('client');
+    const hostPort = 30000 + Math.floor(Math.random() * 2000);
+    const rw = await addOk(t, h, web, { portMappings: [{ hostPort, containerPort: 8080, protocol: 'tcp' }] });
+    await addOk(t, h, client);
+    t.deepEqual((await status(h)).pods.find((p) => p.name === 'web')?.portMappings, [{ hostPort, containerPort: 8080, protocol: 'tcp' }]);
+    const natRules = async () =>
+      (await execa('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.split('\n').filter((l) => l.includes(`--dport ${hostPort}`));
+    t.true(
+      (await natRules()).some((l) => l.includes(`--to-destination ${podIp(rw)}:8080`)),
+      'a DNAT rule for the host port',
+    );
+    const check = await h.libcni('check', web);
+    t.is(check.exitCode, 0, `CHECK passes with the portmap plugin chained: ${check.stderr}`);
 
-  // A server in the pod on 8080; a client pod connects to the node (the bridge gateway) on hostPort.
-  const server = execa('ip', ['netns', 'exec', web.netns, process.execPath, '-e', "require('net').createServer((s) => s.end('hello from web')).listen(8080, () => console.log('up'))"]);
-  t.teardown(() => {
-    server.kill('SIGKILL');
-    return server.catch(() => undefined);
-  });
-  await new Promise<void>((resolve) => server.stdout?.once('data', () => resolve()));
-  const gw = rw.ips[0]?.gateway ?? '';
-  const got = await execa('ip', ['netns', 'exec', client.netns, process.execPath, '-e', `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`], { timeout: 10_000, reject: false });
-  t.is(got.stdout, 'hello from web', `host port ${gw}:${hostPort} reaches the pod: ${got.stderr}`);
+    // A server in the pod on 8080; a client pod connects to the node (the bridge gateway) on hostPort.
+    const server = execa('ip', [
+      'netns',
+      'exec',
+      web.netns,
+      process.execPath,
+      '-e',
+      "require('net').createServer((s) => s.end('hello from web')).listen(8080, () => console.log('up'))",
+    ]);
+    t.teardown(() => {
+      server.kill('SIGKILL');
+      return server.catch(() => undefined);
+    });
+    await new Promise<void>((resolve) => server.stdout?.once('data', () => resolve()));
+    const gw = rw.ips[0]?.gateway ?? '';
+    const got = await execa(
+      'ip',
+      [
+        'netns',
+        'exec',
+        client.netns,
+        process.execPath,
+        '-e',
+        `require('net').connect(${hostPort}, '${gw}').on('data', (d) => process.stdout.write(d))`,
+      ],
+      { timeout: 10_000, reject: false },
+    );
+    t.is(got.stdout, 'hello from web', `host port ${gw}:${hostPort} reaches the pod: ${got.stderr}`);
 
-  // The pod's record is lost (and the agent restarts): the startup sweep finds its host-port rules
-  // (they forward into this node's pod CIDR), its address and its veth, belonging to no attachment,
-  // and removes them; the client pod, recorded, keeps everything. DEL of the lost pod then succeeds.
-  const records = (await h.podStateFiles()).filter((f) => f.startsWith(web.id));
-  t.is(records.length, 1, `one record for the pod: ${records.join(', ')}`);
-  for (const f of records) await rm(join(h.config.stateDir, 'pods', f));
-  await h.stopAgent();
-  await h.startAgent();
-  t.deepEqual(await natRules(), [], 'no rule for the host port after the sweep');
-  t.is((await bridgePorts(h)).length, 1, "only the client's veth is left on the bridge");
-  t.is((await h.reservedIps()).length, 1, "only the client's address is reserved");
-  t.is((await h.libcni('del', web)).exitCode, 0);
-  t.is((await h.libcni('del', client)).exitCode, 0);
-  await assertNothingLeft(t, h);
+    // The pod's record is lost (and the agent restarts): the startup sweep finds its host-port rules
+    // (they forward into this node's pod CIDR), its address and its veth, belonging to no attachment,
+    // and removes them; the client pod, recorded, keeps everything. DEL of the lost pod then succeeds.
+    const records = (await h.podStateFiles()).filter((f) => f.startsWith(web.id));
+    t.is(records.length, 1, `one record for the pod: ${records.join(', ')}`);
+    for (const f of records) await rm(join(h.config.stateDir, 'pods', f));
+    await h.stopAgent();
+    await h.startAgent();
+    t.deepEqual(await natRules(), [], 'no rule for the host port after the sweep');
+    t.is((await bridgePorts(h)).length, 1, "only the client's veth is left on the bridge");
+    t.is((await h.reservedIps()).length, 1, "only the client's address is reserved");
+    t.is((await h.libcni('del', web)).exitCode, 0);
+    t.is((await h.libcni('del', client)).exitCode, 0);
+    await assertNothingLeft(t, h);
 
-  const bad = await h.execCni('ADD', web, conf(h, { runtimeConfig: { portMappings: [{ hostPort: 0, containerPort: 80 }] } }));
-  t.is((JSON.parse(bad.stdout) as { code: number }).code, 7);
-  t.regex(bad.stdout, /hostPort/);
-});
+    const bad = await h.execCni('ADD', web, conf(h, { runtimeConfig: { portMappings: [{ hostPort: 0, containerPort: 80 }] } }));
+    t.is((JSON.parse(bad.stdout) as { code: number }).code, 7);
+    t.regex(bad.stdout, /hostPort/);
+  },
+);
 
 serialTest('bad input is a CNI error object with the right code, and leaks nothing; STATUS and GC (spec 1.1.0)', async (t) => {
   const h = await harness(t, '10.93.5.0/24');
@@ -470,9 +565,16 @@ serialTest('bad input is a CNI error object with the right code, and leaks nothi
   await addOk(t, h, keep);
   await addOk(t, h, drop);
   t.is((await h.reservedIps()).length, 2);
-  const gc = await h.execCni('GC', undefined, conf(h, { cniVersion: '1.1.0', 'cni.dev/valid-attachments': [{ containerID: keep.id, ifname: 'eth0' }] }));
+  const gc = await h.execCni(
+    'GC',
+    undefined,
+    conf(h, { cniVersion: '1.1.0', 'cni.dev/valid-attachments': [{ containerID: keep.id, ifname: 'eth0' }] }),
+  );
   t.is(gc.exitCode, 0, gc.stdout);
-  t.deepEqual((await status(h)).pods.map((p) => p.name), ['p']);
+  t.deepEqual(
+    (await status(h)).pods.map((p) => p.name),
+    ['p'],
+  );
   t.is((await h.reservedIps()).length, 1);
   t.is((await h.libcni('del', keep)).exitCode, 0);
   t.is((await h.libcni('del', drop)).exitCode, 0, 'DEL of an already collected container succeeds');
@@ -483,7 +585,11 @@ serialTest('stop() lets a CNI call in flight finish before the agent exits', asy
   const h = await harness(t, '10.93.6.0/24');
   const agent = await h.startAgent();
   const pod = await h.addPod('inflight');
-  const add = postCni(h.config.socket, { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(pod) }, conf(h));
+  const add = postCni(
+    h.config.socket,
+    { CNI_COMMAND: 'ADD', CNI_CONTAINERID: pod.id, CNI_NETNS: pod.netnsPath, CNI_IFNAME: 'eth0', CNI_ARGS: cniArgs(pod) },
+    conf(h),
+  );
   const deadline = Date.now() + 5000;
   while (agent.callsInFlight() === 0 && Date.now() < deadline) await new Promise((r) => setImmediate(r));
   t.is(agent.callsInFlight(), 1, 'the ADD is in flight');
@@ -539,8 +645,14 @@ function conf(h: AgentHarness, extra: Record<string, unknown> = {}): string {
 }
 
 /** The pod records on disk (the agent's only pod state). */
-async function records(h: AgentHarness): Promise<Array<{ containerId: string; network: { type?: string; socket?: string; ipam?: { type: string } } }>> {
-  return Promise.all((await h.podStateFiles()).filter((f) => f.endsWith('.json')).map(async (f) => JSON.parse(await readFile(join(h.config.stateDir, 'pods', f), 'utf8'))));
+async function records(
+  h: AgentHarness,
+): Promise<Array<{ containerId: string; network: { type?: string; socket?: string; ipam?: { type: string } } }>> {
+  return Promise.all(
+    (await h.podStateFiles())
+      .filter((f) => f.endsWith('.json'))
+      .map(async (f) => JSON.parse(await readFile(join(h.config.stateDir, 'pods', f), 'utf8'))),
+  );
 }
 
 /** A debug logger whose entries the test can read. */
@@ -550,38 +662,50 @@ function capturingLogger(): { logger: Logger; lines: Array<Record<string, unknow
   return { logger, lines };
 }
 
-serialTest('host-local\'s allocation runs in the agent beside the bridge plugin (the IPAM shim fetches its result): host-local\'s reservations, no host-local exec on ADD or DEL; a full range fails the ADD with host-local\'s error and leaves nothing', async (t) => {
-  // A /30: host-local has exactly one address for pods (.2; .1 is the gateway).
-  const h = await harness(t, '10.93.20.0/30');
-  const { logger, lines } = capturingLogger();
-  await h.startAgent(undefined, undefined, logger);
-  t.is((await stat(`${h.config.socket}.ipam`)).mode & 0o777, 0o600, 'the IPAM socket is 0600');
-  const a = await h.addPod('ipam-a');
-  const ra = await addOk(t, h, a);
-  t.is(podIp(ra), '10.93.20.2');
-  t.deepEqual(await h.reservedIps(), ['10.93.20.2'], "host-local's reservation, where the bridge's own IPAM would make it");
-  const [rec] = await records(h);
-  t.is(rec?.network.ipam?.type, 'kubenet-ipam', "the bridge's IPAM is the shim");
-  t.is(rec?.network.socket, `${h.config.socket}.ipam`);
-  t.is(await readFile(join(h.config.ipamDataDir, 'kubenet', '10.93.20.2'), 'utf8'), `${a.id}\r\neth0`, "host-local's own file, byte for byte");
-  const ran = (plugin: string, id: string, command = 'ADD') => lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === plugin && l.command === command && l.containerId === id);
-  t.is(ran('host-local', a.id).length, 0, 'no host-local exec: the agent allocated the address itself');
-  t.is(ran('bridge', a.id).length, 1);
+serialTest(
+  "host-local's allocation runs in the agent beside the bridge plugin (the IPAM shim fetches its result): host-local's reservations, no host-local exec on ADD or DEL; a full range fails the ADD with host-local's error and leaves nothing",
+  async (t) => {
+    // A /30: host-local has exactly one address for pods (.2; .1 is the gateway).
+    const h = await harness(t, '10.93.20.0/30');
+    const { logger, lines } = capturingLogger();
+    await h.startAgent(undefined, undefined, logger);
+    t.is((await stat(`${h.config.socket}.ipam`)).mode & 0o777, 0o600, 'the IPAM socket is 0600');
+    const a = await h.addPod('ipam-a');
+    const ra = await addOk(t, h, a);
+    t.is(podIp(ra), '10.93.20.2');
+    t.deepEqual(await h.reservedIps(), ['10.93.20.2'], "host-local's reservation, where the bridge's own IPAM would make it");
+    const [rec] = await records(h);
+    t.is(rec?.network.ipam?.type, 'kubenet-ipam', "the bridge's IPAM is the shim");
+    t.is(rec?.network.socket, `${h.config.socket}.ipam`);
+    t.is(
+      await readFile(join(h.config.ipamDataDir, 'kubenet', '10.93.20.2'), 'utf8'),
+      `${a.id}\r\neth0`,
+      "host-local's own file, byte for byte",
+    );
+    const ran = (plugin: string, id: string, command = 'ADD') =>
+      lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === plugin && l.command === command && l.containerId === id);
+    t.is(ran('host-local', a.id).length, 0, 'no host-local exec: the agent allocated the address itself');
+    t.is(ran('bridge', a.id).length, 1);
 
-  // The range is full: host-local's own error is the ADD's, and nothing of the pod stays.
-  const b = await h.addPod('ipam-b');
-  const rb = await h.libcni('add', b);
-  t.not(rb.exitCode, 0);
-  t.regex(rb.stdout + rb.stderr, /no IP addresses available in range set: 10\.93\.20\.1-10\.93\.20\.2/);
-  t.deepEqual(await h.reservedIps(), ['10.93.20.2']);
-  t.is((await records(h)).length, 1, 'no record of the failed pod');
-  t.is((await bridgePorts(h)).length, 1, 'no veth of the failed pod');
-  t.is((await h.libcni('del', b)).exitCode, 0);
-  t.is((await h.libcni('del', a)).exitCode, 0);
-  t.deepEqual(await h.reservedIps(), [], 'released by the DEL');
-  t.is(ran('host-local', a.id, 'DEL').length + ran('bridge', a.id, 'DEL').length, 0, 'in-process: neither bridge nor host-local exec\'d for the DEL');
-  await assertNothingLeft(t, h);
-});
+    // The range is full: host-local's own error is the ADD's, and nothing of the pod stays.
+    const b = await h.addPod('ipam-b');
+    const rb = await h.libcni('add', b);
+    t.not(rb.exitCode, 0);
+    t.regex(rb.stdout + rb.stderr, /no IP addresses available in range set: 10\.93\.20\.1-10\.93\.20\.2/);
+    t.deepEqual(await h.reservedIps(), ['10.93.20.2']);
+    t.is((await records(h)).length, 1, 'no record of the failed pod');
+    t.is((await bridgePorts(h)).length, 1, 'no veth of the failed pod');
+    t.is((await h.libcni('del', b)).exitCode, 0);
+    t.is((await h.libcni('del', a)).exitCode, 0);
+    t.deepEqual(await h.reservedIps(), [], 'released by the DEL');
+    t.is(
+      ran('host-local', a.id, 'DEL').length + ran('bridge', a.id, 'DEL').length,
+      0,
+      "in-process: neither bridge nor host-local exec'd for the DEL",
+    );
+    await assertNothingLeft(t, h);
+  },
+);
 
 serialTest('an ADD whose bridge plugin fails before it asks for its address releases the address reserved beside the exec', async (t) => {
   // A bridge plugin that fails after a while without asking its IPAM: the agent's allocation,
@@ -589,7 +713,11 @@ serialTest('an ADD whose bridge plugin fails before it asks for its address rele
   const fakes = await mkdtemp(join(tmpdir(), 'kag-fakebridge-'));
   t.teardown(() => rm(fakes, { recursive: true, force: true }));
   const fake = join(fakes, 'bridge');
-  await writeFile(fake, '#!/bin/sh\ncat >/dev/null\nsleep 0.3\necho \'{"cniVersion":"1.0.0","code":11,"msg":"test: the bridge plugin fails before its IPAM call"}\'\nexit 1\n', { mode: 0o755 });
+  await writeFile(
+    fake,
+    '#!/bin/sh\ncat >/dev/null\nsleep 0.3\necho \'{"cniVersion":"1.0.0","code":11,"msg":"test: the bridge plugin fails before its IPAM call"}\'\nexit 1\n',
+    { mode: 0o755 },
+  );
   const h = await new AgentHarness().setup('10.93.21.0/24', { pluginBinDirs: [fakes, ...CNI_BIN_DIRS] });
   t.teardown(() => h.cleanup.run());
   const { logger, lines } = capturingLogger();
@@ -601,7 +729,11 @@ serialTest('an ADD whose bridge plugin fails before it asks for its address rele
   const notBridge = await h.libcni('add', a);
   t.not(notBridge.exitCode, 0);
   t.regex(notBridge.stdout + notBridge.stderr, /is not a bridge/);
-  await t.throwsAsync(readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'), { code: 'ENOENT' }, 'nothing allocated');
+  await t.throwsAsync(
+    readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'),
+    { code: 'ENOENT' },
+    'nothing allocated',
+  );
   t.deepEqual(await h.podStateFiles(), []);
   await execa('ip', ['link', 'del', h.bridge]);
   // The next ADD makes the bridge again; its plugin fails after the allocation.
@@ -610,7 +742,11 @@ serialTest('an ADD whose bridge plugin fails before it asks for its address rele
   t.regex(r.stdout + r.stderr, /fails before its IPAM call/);
   const hostLocal = lines.filter((l) => l.msg === 'CNI plugin ran' && l.plugin === 'host-local' && l.containerId === a.id);
   t.is(hostLocal.length, 0, 'no host-local exec');
-  t.is(await readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'), '10.93.21.2', 'the agent did reserve an address for it');
+  t.is(
+    await readFile(join(h.config.ipamDataDir, 'kubenet', 'last_reserved_ip.0'), 'utf8'),
+    '10.93.21.2',
+    'the agent did reserve an address for it',
+  );
   t.deepEqual(await h.reservedIps(), [], 'and the undo released it');
   t.deepEqual(await h.podStateFiles(), []);
   // The same pod with the real bridge plugin.
@@ -659,7 +795,10 @@ serialTest('pods set up with and without the host-local prefetch are deleted by 
   await withEnv('off', async () => {
     await h.startAgent();
     await addOk(t, h, off);
-    t.deepEqual((await records(h)).map((r) => r.network.ipam?.type), ['host-local']);
+    t.deepEqual(
+      (await records(h)).map((r) => r.network.ipam?.type),
+      ['host-local'],
+    );
     await h.stopAgent();
   });
   await withEnv(undefined, async () => {
@@ -676,38 +815,51 @@ serialTest('pods set up with and without the host-local prefetch are deleted by 
   await assertNothingLeft(t, h);
 });
 
-serialTest('a configuration in which the agent would run its own forwarding binary as a plugin is refused at startup, naming it', async (t) => {
-  const h = await harness(t, '10.93.11.0/24');
-  // An operator's plugin dir whose "bridge" is kubenet's own forwarder (a copy, then a symlink).
-  const dir = join(h.root, 'bad-plugins');
-  await execa('mkdir', ['-p', dir]);
-  await execa('cp', [join(process.cwd(), 'native/build/kubenet-cni'), join(dir, 'bridge')]);
-  h.config.pluginBinDirs = [dir, ...h.config.pluginBinDirs];
-  const err = await t.throwsAsync(h.startAgent());
-  t.regex(err?.message ?? '', /plugin "bridge" found at .*bad-plugins\/bridge is kubenet's own CNI forwarding binary: the agent would call itself/);
-  t.false(await linkExists(h.bridge), 'nothing was set up');
-  await rm(join(dir, 'bridge'));
-  await execa('ln', ['-s', join(h.config.cniBinDir, 'kubenet'), join(dir, 'bridge')]);
-  await execa('mkdir', ['-p', h.config.cniBinDir]);
-  await execa('cp', [join(process.cwd(), 'native/build/kubenet-cni'), join(h.config.cniBinDir, 'kubenet')]);
-  const err2 = await t.throwsAsync(h.startAgent());
-  t.regex(err2?.message ?? '', /is kubenet's own CNI forwarding binary/);
-  h.agent = undefined;
-});
+serialTest(
+  'a configuration in which the agent would run its own forwarding binary as a plugin is refused at startup, naming it',
+  async (t) => {
+    const h = await harness(t, '10.93.11.0/24');
+    // An operator's plugin dir whose "bridge" is kubenet's own forwarder (a copy, then a symlink).
+    const dir = join(h.root, 'bad-plugins');
+    await execa('mkdir', ['-p', dir]);
+    await execa('cp', [join(process.cwd(), 'native/build/kubenet-cni'), join(dir, 'bridge')]);
+    h.config.pluginBinDirs = [dir, ...h.config.pluginBinDirs];
+    const err = await t.throwsAsync(h.startAgent());
+    t.regex(
+      err?.message ?? '',
+      /plugin "bridge" found at .*bad-plugins\/bridge is kubenet's own CNI forwarding binary: the agent would call itself/,
+    );
+    t.false(await linkExists(h.bridge), 'nothing was set up');
+    await rm(join(dir, 'bridge'));
+    await execa('ln', ['-s', join(h.config.cniBinDir, 'kubenet'), join(dir, 'bridge')]);
+    await execa('mkdir', ['-p', h.config.cniBinDir]);
+    await execa('cp', [join(process.cwd(), 'native/build/kubenet-cni'), join(h.config.cniBinDir, 'kubenet')]);
+    const err2 = await t.throwsAsync(h.startAgent());
+    t.regex(err2?.message ?? '', /is kubenet's own CNI forwarding binary/);
+    h.agent = undefined;
+  },
+);
 
-serialTest('a repeated ADD after a live re-shape is still the same ADD: it returns the recorded result, and the new limits stay', async (t) => {
-  const h = await harness(t, '10.93.12.0/24');
-  await h.startAgent();
-  const pod = await h.addPod('reshaped');
-  const rc = { bandwidth: { ingressRate: 8 * MBIT, egressRate: 4 * MBIT } };
-  const first = await addOk(t, h, pod, rc);
-  const shaped = await agentPost(h.config.socket, `/v1/pods/default/${pod.name}/limits`, { ingress: '20M', egress: '10M' });
-  t.is(shaped.status, 200, shaped.body);
-  const again = await addOk(t, h, pod, rc);
-  t.deepEqual(again.ips, first.ips, 'the recorded result');
-  t.deepEqual((await status(h)).pods.find((p) => p.name === pod.name)?.limits, { ingress: 20 * MBIT, egress: 10 * MBIT }, 'the re-shaped limits stay in force');
-  const other = await h.libcni('add', pod, { runtimeConfig: { bandwidth: { ingressRate: 1 * MBIT } } });
-  t.not(other.exitCode, 0, 'an ADD with other limits than the ADD asked for is still a conflict');
-  t.is((await h.libcni('del', pod)).exitCode, 0);
-  await assertNothingLeft(t, h);
-});
+serialTest(
+  'a repeated ADD after a live re-shape is still the same ADD: it returns the recorded result, and the new limits stay',
+  async (t) => {
+    const h = await harness(t, '10.93.12.0/24');
+    await h.startAgent();
+    const pod = await h.addPod('reshaped');
+    const rc = { bandwidth: { ingressRate: 8 * MBIT, egressRate: 4 * MBIT } };
+    const first = await addOk(t, h, pod, rc);
+    const shaped = await agentPost(h.config.socket, `/v1/pods/default/${pod.name}/limits`, { ingress: '20M', egress: '10M' });
+    t.is(shaped.status, 200, shaped.body);
+    const again = await addOk(t, h, pod, rc);
+    t.deepEqual(again.ips, first.ips, 'the recorded result');
+    t.deepEqual(
+      (await status(h)).pods.find((p) => p.name === pod.name)?.limits,
+      { ingress: 20 * MBIT, egress: 10 * MBIT },
+      'the re-shaped limits stay in force',
+    );
+    const other = await h.libcni('add', pod, { runtimeConfig: { bandwidth: { ingressRate: 1 * MBIT } } });
+    t.not(other.exitCode, 0, 'an ADD with other limits than the ADD asked for is still a conflict');
+    t.is((await h.libcni('del', pod)).exitCode, 0);
+    await assertNothingLeft(t, h);
+  },
+);

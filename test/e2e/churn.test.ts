@@ -60,7 +60,13 @@ async function churnAndCheck(
   cidr: string,
   opts: { cycles: number; kills: number },
 ): Promise<void> {
-  const layout: NodeLayout = { bridgeName: settings.bridgeName, ifbName: settings.ifbName, ipamDataDir: settings.ipamDataDir, stateDir: settings.stateDir, runtimeCacheDir: libcni.cacheDir };
+  const layout: NodeLayout = {
+    bridgeName: settings.bridgeName,
+    ifbName: settings.ifbName,
+    ipamDataDir: settings.ipamDataDir,
+    stateDir: settings.stateDir,
+    runtimeCacheDir: libcni.cacheDir,
+  };
   const churn = new Churn(
     { sb, agent, libcni, podCidr: cidr, stateDir: settings.stateDir },
     { cycles: opts.cycles, kills: opts.kills, concurrency: 8, netnsPrefix: `kch${uniq(5)}`, log: (m) => t.log(m) },
@@ -99,9 +105,13 @@ async function churnAndCheck(
   t.true(r.kills.length >= opts.kills, `${r.kills.length} SIGKILLs`);
   if (opts.kills > 0) t.true(r.killsMidAdd >= 1, 'at least one SIGKILL landed while an ADD was in flight');
   t.deepEqual(r.duplicates, [], 'never one address on two pods that are up');
-  t.deepEqual(r.badAddresses, [], 'every address in the pod CIDR and on its pod\'s eth0');
-  t.deepEqual(r.unexpected, [], 'no failure but those the agent\'s death explains');
-  t.deepEqual(r.kills.map((k) => k.pluginsAlive), r.kills.map(() => 0), 'no plugin of a killed agent still running after the kill');
+  t.deepEqual(r.badAddresses, [], "every address in the pod CIDR and on its pod's eth0");
+  t.deepEqual(r.unexpected, [], "no failure but those the agent's death explains");
+  t.deepEqual(
+    r.kills.map((k) => k.pluginsAlive),
+    r.kills.map(() => 0),
+    'no plugin of a killed agent still running after the kill',
+  );
   t.deepEqual(r.outlivedPlugins, [], 'no interface made by a plugin of a killed agent');
   t.deepEqual(afterChurn, NO_LEFTOVERS, 'nothing of any pod left right after the churn');
   t.deepEqual(final, NO_LEFTOVERS, 'nothing of any pod left after the final restart');
@@ -126,7 +136,7 @@ serialTest('churn with SIGKILLs, the agent configured by flags with private dirs
   });
 });
 
-serialTest('churn with SIGKILLs, the literal defaults (manifest config, libcni\'s default cache dir): 80 cycles, 5 kills', async (t) => {
+serialTest("churn with SIGKILLs, the literal defaults (manifest config, libcni's default cache dir): 80 cycles, 5 kills", async (t) => {
   // Takes 25-50 s on this 2-core machine (up to ~75 s while other suites load it), after waiting for
   // the traffic lock (a measurement of another suite may hold it for a minute).
   t.timeout(300_000);

@@ -36,18 +36,30 @@ kernelTest('kubenet daemon --pod-cidr: health, status, SIGTERM exits 0 and remov
   const daemon: ResultPromise = execa(
     process.execPath,
     [
-      '--import=tsx', MAIN, 'daemon',
-      '--pod-cidr', '10.93.7.0/24',
+      '--import=tsx',
+      MAIN,
+      'daemon',
+      '--pod-cidr',
+      '10.93.7.0/24',
       ...flags,
-      '--cni-bin-dir', join(dir, 'bin'),
-      '--cni-conf-dir', join(dir, 'conf'),
-      '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
-      '--bridge-name', bridge,
-      '--ifb-name', `kci${tag}`,
-      '--non-masquerade-cidr', '0.0.0.0/0',
-      '--ipam-data-dir', join(dir, 'ipam'),
-      '--cni-cache-dir', join(dir, 'cache'),
-      '--state-dir', join(dir, 'state'),
+      '--cni-bin-dir',
+      join(dir, 'bin'),
+      '--cni-conf-dir',
+      join(dir, 'conf'),
+      '--plugin-bin-dirs',
+      CNI_BIN_DIRS.join(','),
+      '--bridge-name',
+      bridge,
+      '--ifb-name',
+      `kci${tag}`,
+      '--non-masquerade-cidr',
+      '0.0.0.0/0',
+      '--ipam-data-dir',
+      join(dir, 'ipam'),
+      '--cni-cache-dir',
+      join(dir, 'cache'),
+      '--state-dir',
+      join(dir, 'state'),
     ],
     { cwd: ROOT, reject: false },
   );
@@ -70,8 +82,17 @@ kernelTest('kubenet daemon --pod-cidr: health, status, SIGTERM exits 0 and remov
   t.regex(status.stdout, new RegExp(`bridge: +${bridge}`));
   t.regex(status.stdout, /pods: +0/);
   t.regex(status.stdout, /unshaped: \(none: limits hold for all traffic\)/, 'a static pod CIDR (routes none): nothing unshaped by default');
-  t.regex(status.stdout, /^guarantees: off: no capacity: guarantees come from the pods' requests of the Node's resources, in cluster mode$/m, 'the static mode gives none, and says so');
-  const { bandwidth, ...json } = JSON.parse((await kubenet(['status', '--json', ...flags])).stdout) as { podCIDR: string; ready: boolean; pods: unknown[]; bandwidth?: { capacity: object; committed: object } };
+  t.regex(
+    status.stdout,
+    /^guarantees: off: no capacity: guarantees come from the pods' requests of the Node's resources, in cluster mode$/m,
+    'the static mode gives none, and says so',
+  );
+  const { bandwidth, ...json } = JSON.parse((await kubenet(['status', '--json', ...flags])).stdout) as {
+    podCIDR: string;
+    ready: boolean;
+    pods: unknown[];
+    bandwidth?: { capacity: object; committed: object };
+  };
   t.deepEqual(json, { podCIDR: '10.93.7.0/24', bridge, ready: true, unshapedCIDRs: [], pods: [] });
   t.like(bandwidth, { capacity: {}, committed: { ingress: 0, egress: 0 } });
   t.is((await stat(join(dir, 'conf', '10-kubenet.conflist'))).isFile(), true);

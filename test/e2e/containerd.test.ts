@@ -32,7 +32,6 @@ import { withTrafficLock } from '../kit/traffic-lock.js';
 import { iperf, retryLog, type IperfEndpoint } from '../kit/topo.js';
 import { podLeaves } from '../kit/node-leaks.js';
 
-
 const iperfMissing = (await execa('iperf3', ['--version'], { reject: false }).catch(() => ({ exitCode: 1 }))).exitCode !== 0;
 const blocker =
   kernelTestBlocker() ??
@@ -104,7 +103,9 @@ async function nodeState(sb: NodeSandbox, agent: AgentSettings, uplink: string):
     for (const f of await listDir(sb.hostPath(join(agent.ipamDataDir, net)))) if (/^[\d.]+$|:/.test(f)) reservations.push(`${net}/${f}`);
   }
   const cacheDirs = [...new Set(['/var/lib/cni', agent.cniCacheDir])];
-  const cniResults = (await Promise.all(cacheDirs.map(async (d) => (await listDir(sb.hostPath(join(d, 'results')))).map((f) => `${d}/results/${f}`)))).flat();
+  const cniResults = (
+    await Promise.all(cacheDirs.map(async (d) => (await listDir(sb.hostPath(join(d, 'results')))).map((f) => `${d}/results/${f}`)))
+  ).flat();
   // Without -s, tc prints one counter: htb's direct_packets_stat (unclassified frames, e.g. ARP).
   const tc = async (args: string[]) =>
     (await sb.exec('tc', args, { reject: false })).stdout
@@ -118,10 +119,15 @@ async function nodeState(sb: NodeSandbox, agent: AgentSettings, uplink: string):
   const ifbFilters: string[] = [];
   for (const ifb of ifbs) {
     ifbLeaves.push(...podLeaves(await tc(['qdisc', 'show', 'dev', ifb])).map((l) => `${ifb}: ${l}`));
-    ifbFilters.push(...(await tc(['filter', 'show', 'dev', ifb, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)).map((l) => `${ifb}: ${l}`));
+    ifbFilters.push(
+      ...(await tc(['filter', 'show', 'dev', ifb, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)).map((l) => `${ifb}: ${l}`),
+    );
   }
   return {
-    veths: links.map((l) => l.ifname).filter((n) => n !== uplink).sort(),
+    veths: links
+      .map((l) => l.ifname)
+      .filter((n) => n !== uplink)
+      .sort(),
     reservations: reservations.sort(),
     cniResults: cniResults.sort(),
     podRecords: await listDir(sb.hostPath(join(agent.stateDir, 'pods'))),
@@ -208,7 +214,12 @@ test.before(async (t) => {
       annotations: { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' },
       portMappings: [],
     };
-    const web: TestPodSpec = { name: `web-${tag}`, uid: randomUUID(), annotations: {}, portMappings: [{ protocol: 'TCP', containerPort: 8080, hostPort, hostIp: '' }] };
+    const web: TestPodSpec = {
+      name: `web-${tag}`,
+      uid: randomUUID(),
+      annotations: {},
+      portMappings: [{ protocol: 'TCP', containerPort: 8080, hostPort, hostIp: '' }],
+    };
 
     // The node, and the agent: the manifest's config, no directory flag; --kubeconfig reaches the fake API server.
     const sb = await NodeSandbox.create({ tmpfsDirs: [...NODE_TMPFS_DIRS, ...CONTAINERD_TMPFS_DIRS] });
@@ -216,10 +227,13 @@ test.before(async (t) => {
     const { agent, api, configText, settings: cfg } = await startManifestAgent(sb, cleanup, { nodeName, podCidr });
     for (const p of [shaped, web]) api.setPod(podObject('default', p.name, nodeName, p.annotations));
     const settings: AgentSettings = cfg;
-    t.log(`node netns ${sb.netns}, uplink ${sb.uplink.nodeIp}, pod CIDR ${podCidr}, host port ${hostPort}, manifest config:\n${configText.trimEnd()}`);
+    t.log(
+      `node netns ${sb.netns}, uplink ${sb.uplink.nodeIp}, pod CIDR ${podCidr}, host port ${hostPort}, manifest config:\n${configText.trimEnd()}`,
+    );
     // containerd runs `loopback` itself from its bin_dir: the agent installs it there next to its own binary.
     const bins = await listDir(sb.hostPath('/opt/cni/bin'));
-    if (bins.join() !== 'kubenet,loopback') throw new Error(`the agent installed ${bins.join(', ')} into /opt/cni/bin, expected kubenet and loopback`);
+    if (bins.join() !== 'kubenet,loopback')
+      throw new Error(`the agent installed ${bins.join(', ')} into /opt/cni/bin, expected kubenet and loopback`);
 
     const ctd = await Containerd.start(sb);
     cleanup.add(() => ctd.destroy());
@@ -228,7 +242,8 @@ test.before(async (t) => {
     if (version.runtimeApiVersion !== 'v1') throw new Error(`containerd speaks CRI ${version.runtimeApiVersion}, not v1`);
     await ctd.waitNetworkReady();
     const confs = await listDir(sb.hostPath('/etc/cni/net.d'));
-    if (confs.join() !== '10-kubenet.conflist') throw new Error(`containerd's conf dir holds ${confs.join(', ')}, expected only the agent's 10-kubenet.conflist`);
+    if (confs.join() !== '10-kubenet.conflist')
+      throw new Error(`containerd's conf dir holds ${confs.join(', ')}, expected only the agent's 10-kubenet.conflist`);
     const baseline = await nodeState(sb, settings, sb.uplink.nodeIf);
     world = { t0, cleanup, sb, cfg, settings, agent, ctd, podCidr, hostPort, shaped, web, baseline, pods: new Map() };
     t.log(`node, agent and containerd ready after ${elapsed()}`);
@@ -248,65 +263,90 @@ test.after.always(async () => {
   await world?.cleanup.run();
 });
 
-serialTest('RunPodSandbox as kubelet: pod IPs from the pod CIDR in PodSandboxStatus, distinct; the agent got the limits and the host port', async (t) => {
-  const { ctd, sb, cfg, podCidr, shaped, web, hostPort, pods } = w();
-  for (const p of [shaped, web]) {
-    const id = await ctd.cri.runPodSandbox(sandboxConfig(p, ctd.podCgroupParent(p.uid)));
-    pods.set(p, { id, ip: '', pid: 0, netnsPath: '' });
-  }
-  t.log(`pods running after ${elapsed()}`);
-  const subnet = parseCidr(podCidr);
-  for (const [p, run] of pods) {
-    const st = await ctd.cri.podSandboxStatus(run.id, true);
-    const info = containerdSandboxInfo(st);
-    run.ip = st.status.network?.ip ?? '';
-    run.pid = info.pid;
-    run.netnsPath = `/proc/${info.pid}/ns/net`;
-    t.is(st.status.state, 'SANDBOX_READY', `${p.name} ready`);
-    t.true(cidrContains(subnet, run.ip), `${p.name}: IP ${run.ip} in the pod CIDR ${podCidr}`);
-    t.deepEqual(st.status.annotations['kubernetes.io/egress-bandwidth'], p.annotations['kubernetes.io/egress-bandwidth'], 'annotations kept');
-    t.true(info.pid > 0, `${p.name}: sandbox pid from the verbose status`);
-    t.log(`${p.name}: sandbox ${run.id.slice(0, 12)}, IP ${run.ip}, pid ${info.pid}, CNI_NETNS ${info.netnsPath}`);
-  }
-  t.not(pods.get(shaped)?.ip, pods.get(web)?.ip, 'distinct pod IPs');
+serialTest(
+  'RunPodSandbox as kubelet: pod IPs from the pod CIDR in PodSandboxStatus, distinct; the agent got the limits and the host port',
+  async (t) => {
+    const { ctd, sb, cfg, podCidr, shaped, web, hostPort, pods } = w();
+    for (const p of [shaped, web]) {
+      const id = await ctd.cri.runPodSandbox(sandboxConfig(p, ctd.podCgroupParent(p.uid)));
+      pods.set(p, { id, ip: '', pid: 0, netnsPath: '' });
+    }
+    t.log(`pods running after ${elapsed()}`);
+    const subnet = parseCidr(podCidr);
+    for (const [p, run] of pods) {
+      const st = await ctd.cri.podSandboxStatus(run.id, true);
+      const info = containerdSandboxInfo(st);
+      run.ip = st.status.network?.ip ?? '';
+      run.pid = info.pid;
+      run.netnsPath = `/proc/${info.pid}/ns/net`;
+      t.is(st.status.state, 'SANDBOX_READY', `${p.name} ready`);
+      t.true(cidrContains(subnet, run.ip), `${p.name}: IP ${run.ip} in the pod CIDR ${podCidr}`);
+      t.deepEqual(
+        st.status.annotations['kubernetes.io/egress-bandwidth'],
+        p.annotations['kubernetes.io/egress-bandwidth'],
+        'annotations kept',
+      );
+      t.true(info.pid > 0, `${p.name}: sandbox pid from the verbose status`);
+      t.log(`${p.name}: sandbox ${run.id.slice(0, 12)}, IP ${run.ip}, pid ${info.pid}, CNI_NETNS ${info.netnsPath}`);
+    }
+    t.not(pods.get(shaped)?.ip, pods.get(web)?.ip, 'distinct pod IPs');
 
-  // What containerd passed on (runtimeConfig.bandwidth and .portMappings) reached the agent.
-  const status = JSON.parse((await agentGet(sb.hostPath(cfg.socket), '/v1/status')).body) as {
-    pods: Array<{ name: string; ips: string[]; limits: { ingress?: number; egress?: number }; portMappings?: Array<{ hostPort: number }> }>;
-  };
-  t.deepEqual(status.pods.find((p) => p.name === shaped.name)?.limits, { ingress: INGRESS, egress: EGRESS }, 'agent status: the shaped pod limits');
-  t.deepEqual(status.pods.find((p) => p.name === web.name)?.portMappings?.map((m) => m.hostPort), [hostPort], 'agent status: the web pod host port');
-});
+    // What containerd passed on (runtimeConfig.bandwidth and .portMappings) reached the agent.
+    const status = JSON.parse((await agentGet(sb.hostPath(cfg.socket), '/v1/status')).body) as {
+      pods: Array<{
+        name: string;
+        ips: string[];
+        limits: { ingress?: number; egress?: number };
+        portMappings?: Array<{ hostPort: number }>;
+      }>;
+    };
+    t.deepEqual(
+      status.pods.find((p) => p.name === shaped.name)?.limits,
+      { ingress: INGRESS, egress: EGRESS },
+      'agent status: the shaped pod limits',
+    );
+    t.deepEqual(
+      status.pods.find((p) => p.name === web.name)?.portMappings?.map((m) => m.hostPort),
+      [hostPort],
+      'agent status: the web pod host port',
+    );
+  },
+);
 
-serialTest('bandwidth annotations are enforced both ways with a host outside the cluster within ±10 %, no 1 s interval above 1.25 × the limit; the node (the bridge\'s gateway, in the node\'s pod CIDR) is not shaped', async (t) => {
-  const { sb, cfg, podCidr, shaped, pods } = w();
-  const pod = pods.get(shaped);
-  if (!pod?.ip) throw new Error('the shaped pod is not running');
-  // The manifest's config: routes direct, so the cluster's own ranges (every Node's pod CIDRs, here
-  // this node's, and the ServiceCIDRs the fake API server lists: none) are unshaped. The limits hold
-  // with the LAN host on the node's uplink (outside them), routed to the pod CIDR.
-  const bridgeAddrs = JSON.parse((await sb.exec('ip', ['-j', '-4', 'addr', 'show', 'dev', cfg.bridgeName])).stdout) as Array<{ addr_info: Array<{ local: string }> }>;
-  const gateway = bridgeAddrs[0]?.addr_info[0]?.local ?? '';
-  t.true(cidrContains(parseCidr(podCidr), gateway), `bridge ${cfg.bridgeName} has the gateway ${gateway}`);
-  const nodeEp: IperfEndpoint = { netns: sb.netns, ip4: gateway };
-  const lanEp: IperfEndpoint = { netns: sb.lanNetns, ip4: sb.uplink.lanIp };
-  const podEp: IperfEndpoint = { netns: '', netnsPath: pod.netnsPath, ip4: pod.ip };
-  await execa('ip', ['-n', sb.lanNetns, 'route', 'replace', podCidr, 'via', sb.uplink.nodeIp]);
-  await withTrafficLock(
-    async () => {
-      const ingress = await iperf(podEp, lanEp, { onRetry: retryLog(t), seconds: 5 });
-      logRate(t, 'ingress 20M (LAN host → pod)', ingress.bps, ingress.intervals, INGRESS);
-      const egress = await iperf(lanEp, podEp, { onRetry: retryLog(t), seconds: 5 });
-      logRate(t, 'egress 10M (pod → LAN host, masqueraded)', egress.bps, egress.intervals, EGRESS);
-      const fromNode = await iperf(podEp, nodeEp, { onRetry: retryLog(t), seconds: 3 });
-      logUnshaped(t, 'node → pod (the gateway, in the pod CIDR)', fromNode.bps, fromNode.intervals, INGRESS);
-      const toNode = await iperf(nodeEp, podEp, { onRetry: retryLog(t), seconds: 3 });
-      logUnshaped(t, 'pod → node (the gateway, in the pod CIDR)', toNode.bps, toNode.intervals, EGRESS);
-    },
-    { onWait: () => t.log('waiting for the traffic lock') },
-  );
-  t.log(`measured after ${elapsed()}`);
-});
+serialTest(
+  "bandwidth annotations are enforced both ways with a host outside the cluster within ±10 %, no 1 s interval above 1.25 × the limit; the node (the bridge's gateway, in the node's pod CIDR) is not shaped",
+  async (t) => {
+    const { sb, cfg, podCidr, shaped, pods } = w();
+    const pod = pods.get(shaped);
+    if (!pod?.ip) throw new Error('the shaped pod is not running');
+    // The manifest's config: routes direct, so the cluster's own ranges (every Node's pod CIDRs, here
+    // this node's, and the ServiceCIDRs the fake API server lists: none) are unshaped. The limits hold
+    // with the LAN host on the node's uplink (outside them), routed to the pod CIDR.
+    const bridgeAddrs = JSON.parse((await sb.exec('ip', ['-j', '-4', 'addr', 'show', 'dev', cfg.bridgeName])).stdout) as Array<{
+      addr_info: Array<{ local: string }>;
+    }>;
+    const gateway = bridgeAddrs[0]?.addr_info[0]?.local ?? '';
+    t.true(cidrContains(parseCidr(podCidr), gateway), `bridge ${cfg.bridgeName} has the gateway ${gateway}`);
+    const nodeEp: IperfEndpoint = { netns: sb.netns, ip4: gateway };
+    const lanEp: IperfEndpoint = { netns: sb.lanNetns, ip4: sb.uplink.lanIp };
+    const podEp: IperfEndpoint = { netns: '', netnsPath: pod.netnsPath, ip4: pod.ip };
+    await execa('ip', ['-n', sb.lanNetns, 'route', 'replace', podCidr, 'via', sb.uplink.nodeIp]);
+    await withTrafficLock(
+      async () => {
+        const ingress = await iperf(podEp, lanEp, { onRetry: retryLog(t), seconds: 5 });
+        logRate(t, 'ingress 20M (LAN host → pod)', ingress.bps, ingress.intervals, INGRESS);
+        const egress = await iperf(lanEp, podEp, { onRetry: retryLog(t), seconds: 5 });
+        logRate(t, 'egress 10M (pod → LAN host, masqueraded)', egress.bps, egress.intervals, EGRESS);
+        const fromNode = await iperf(podEp, nodeEp, { onRetry: retryLog(t), seconds: 3 });
+        logUnshaped(t, 'node → pod (the gateway, in the pod CIDR)', fromNode.bps, fromNode.intervals, INGRESS);
+        const toNode = await iperf(nodeEp, podEp, { onRetry: retryLog(t), seconds: 3 });
+        logUnshaped(t, 'pod → node (the gateway, in the pod CIDR)', toNode.bps, toNode.intervals, EGRESS);
+      },
+      { onWait: () => t.log('waiting for the traffic lock') },
+    );
+    t.log(`measured after ${elapsed()}`);
+  },
+);
 
 /** The web pod's host port from the lan netns (outside the node): connects to <uplink IP>:<hostPort>. */
 async function checkHostPort(t: ExecutionContext): Promise<void> {
@@ -397,12 +437,26 @@ serialTest('Stop + Remove leave no veth, IP reservation, CNI cache entry, agent 
     ifbFilters: after.ifbFilters,
     shapingQdiscs: after.qdiscs.filter((l) => !/^qdisc noqueue /.test(l)),
     podNatRules: newRules.filter(
-      (r) => /CNI-DN-|CNI-SN-/.test(r) || podIps.some((ip) => r.includes(ip)) || r.includes(String(hostPort)) || [...pods.values()].some((p) => r.includes(p.id)),
+      (r) =>
+        /CNI-DN-|CNI-SN-/.test(r) ||
+        podIps.some((ip) => r.includes(ip)) ||
+        r.includes(String(hostPort)) ||
+        [...pods.values()].some((p) => r.includes(p.id)),
     ),
   };
-  const nothing = { veths: [], reservations: [], cniCacheEntries: [], agentPodRecords: [], ifbLeaves: [], ifbFilters: [], shapingQdiscs: [], podNatRules: [] };
+  const nothing = {
+    veths: [],
+    reservations: [],
+    cniCacheEntries: [],
+    agentPodRecords: [],
+    ifbLeaves: [],
+    ifbFilters: [],
+    shapingQdiscs: [],
+    podNatRules: [],
+  };
   t.deepEqual(left, nothing, 'nothing of any pod is left on the node');
   const shared = newRules.filter((r) => !left.podNatRules.includes(r));
-  if (shared.length > 0) t.log(`nat rules added since before the pods, shared by all pods (portmap never removes these):\n${shared.join('\n')}`);
+  if (shared.length > 0)
+    t.log(`nat rules added since before the pods, shared by all pods (portmap never removes these):\n${shared.join('\n')}`);
   t.log(`total ${elapsed()}`);
 });

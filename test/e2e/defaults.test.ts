@@ -99,14 +99,29 @@ test.before(async (t) => {
   const plain = await world.newPod('plain');
   const shaped = await world.newPod('shaped');
   // containerd 1.6 passes the bandwidth annotations PascalCase, with burst 4294967295 for "none given".
-  shaped.runtimeConfig = { bandwidth: { IngressRate: 20_000_000, IngressBurst: 4294967295, EgressRate: 10_000_000, EgressBurst: 4294967295 } };
+  shaped.runtimeConfig = {
+    bandwidth: { IngressRate: 20_000_000, IngressBurst: 4294967295, EgressRate: 10_000_000, EgressBurst: 4294967295 },
+  };
   const web = await world.newPod('web');
   web.runtimeConfig = { portMappings: [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }] };
   for (const p of [plain, shaped, web]) {
     // As kubelet would have it: the pod exists in the API (the shaped one with its annotations).
-    node.api.setPod(podObject(p.namespace, p.name, nodeName, p === shaped ? { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' } : {}));
+    node.api.setPod(
+      podObject(
+        p.namespace,
+        p.name,
+        nodeName,
+        p === shaped ? { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' } : {},
+      ),
+    );
   }
-  const layout: NodeLayout = { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: LIBCNI_DEFAULT_CACHE_DIR };
+  const layout: NodeLayout = {
+    bridgeName: s.bridgeName,
+    ifbName: s.ifbName,
+    ipamDataDir: s.ipamDataDir,
+    stateDir: s.stateDir,
+    runtimeCacheDir: LIBCNI_DEFAULT_CACHE_DIR,
+  };
   defaults = { node, podCidr, hostPort, layout, plain, shaped, web, cacheEntries: new Map() };
 });
 
@@ -120,78 +135,177 @@ test.after.always(async () => {
   await world?.destroy();
 });
 
-serialTest('the manifest config, no directory flag: the agent installs kubenet + loopback in /opt/cni/bin and the conflist in /etc/cni/net.d; its own files are under /var/lib/kubenet and /run/kubenet only', async (t) => {
-  const { node } = shared();
-  const s = node.settings;
-  t.deepEqual(
-    { bridge: s.bridgeName, ifb: s.ifbName, cniBinDir: s.cniBinDir, cniConfDir: s.cniConfDir, pluginBinDirs: s.pluginBinDirs, stateDir: s.stateDir, ipam: s.ipamDataDir, cache: s.cniCacheDir, socket: s.socket },
-    { bridge: 'cbr0', ifb: 'kubenet-ifb0', cniBinDir: '/opt/cni/bin', cniConfDir: '/etc/cni/net.d', pluginBinDirs: ['/usr/lib/cni'], stateDir: '/var/lib/kubenet', ipam: '/var/lib/cni/networks', cache: '/var/lib/cni', socket: '/run/kubenet/kubenet.sock' },
-    'the manifest config holds the literal defaults',
-  );
-  t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], '/opt/cni/bin: the forwarder as kubenet, and loopback for the runtime');
-  t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/kubenet')), await readFile(FORWARDER), '/opt/cni/bin/kubenet is the forwarding binary');
-  t.deepEqual(await readFile(w().sb.hostPath('/opt/cni/bin/loopback')), await readFile(refPlugin('loopback')), '/opt/cni/bin/loopback is the reference plugin');
-  t.deepEqual(await tree('/etc/cni/net.d'), ['10-kubenet.conflist']);
-  const conflist = JSON.parse(await readFile(w().sb.hostPath('/etc/cni/net.d/10-kubenet.conflist'), 'utf8')) as { name: string; plugins: Array<{ type: string; socket: string; capabilities: object }> };
-  t.like(conflist, { name: 'kubenet', plugins: [{ type: 'kubenet', socket: '/run/kubenet/kubenet.sock', capabilities: { bandwidth: true, portMappings: true } }] });
-  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], '/run/kubenet: the sockets (CNI API, IPAM shim)');
-  t.deepEqual(await tree('/var/lib/cni'), [], 'nothing in /var/lib/cni before a pod');
-  const state = await tree('/var/lib/kubenet');
-  t.true(state.every((f) => /^(pods|shaper)(\/|$)/.test(f)), `/var/lib/kubenet holds pods/ and shaper/ only: ${state.join(' ')}`);
-  t.deepEqual(await podLeftovers(w().sb, shared().layout), NO_LEFTOVERS, 'no pod state yet');
-});
+serialTest(
+  'the manifest config, no directory flag: the agent installs kubenet + loopback in /opt/cni/bin and the conflist in /etc/cni/net.d; its own files are under /var/lib/kubenet and /run/kubenet only',
+  async (t) => {
+    const { node } = shared();
+    const s = node.settings;
+    t.deepEqual(
+      {
+        bridge: s.bridgeName,
+        ifb: s.ifbName,
+        cniBinDir: s.cniBinDir,
+        cniConfDir: s.cniConfDir,
+        pluginBinDirs: s.pluginBinDirs,
+        stateDir: s.stateDir,
+        ipam: s.ipamDataDir,
+        cache: s.cniCacheDir,
+        socket: s.socket,
+      },
+      {
+        bridge: 'cbr0',
+        ifb: 'kubenet-ifb0',
+        cniBinDir: '/opt/cni/bin',
+        cniConfDir: '/etc/cni/net.d',
+        pluginBinDirs: ['/usr/lib/cni'],
+        stateDir: '/var/lib/kubenet',
+        ipam: '/var/lib/cni/networks',
+        cache: '/var/lib/cni',
+        socket: '/run/kubenet/kubenet.sock',
+      },
+      'the manifest config holds the literal defaults',
+    );
+    t.deepEqual(
+      await tree('/opt/cni/bin'),
+      ['kubenet', 'loopback'],
+      '/opt/cni/bin: the forwarder as kubenet, and loopback for the runtime',
+    );
+    t.deepEqual(
+      await readFile(w().sb.hostPath('/opt/cni/bin/kubenet')),
+      await readFile(FORWARDER),
+      '/opt/cni/bin/kubenet is the forwarding binary',
+    );
+    t.deepEqual(
+      await readFile(w().sb.hostPath('/opt/cni/bin/loopback')),
+      await readFile(refPlugin('loopback')),
+      '/opt/cni/bin/loopback is the reference plugin',
+    );
+    t.deepEqual(await tree('/etc/cni/net.d'), ['10-kubenet.conflist']);
+    const conflist = JSON.parse(await readFile(w().sb.hostPath('/etc/cni/net.d/10-kubenet.conflist'), 'utf8')) as {
+      name: string;
+      plugins: Array<{ type: string; socket: string; capabilities: object }>;
+    };
+    t.like(conflist, {
+      name: 'kubenet',
+      plugins: [{ type: 'kubenet', socket: '/run/kubenet/kubenet.sock', capabilities: { bandwidth: true, portMappings: true } }],
+    });
+    t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], '/run/kubenet: the sockets (CNI API, IPAM shim)');
+    t.deepEqual(await tree('/var/lib/cni'), [], 'nothing in /var/lib/cni before a pod');
+    const state = await tree('/var/lib/kubenet');
+    t.true(
+      state.every((f) => /^(pods|shaper)(\/|$)/.test(f)),
+      `/var/lib/kubenet holds pods/ and shaper/ only: ${state.join(' ')}`,
+    );
+    t.deepEqual(await podLeftovers(w().sb, shared().layout), NO_LEFTOVERS, 'no pod state yet');
+  },
+);
 
-serialTest('ADD through libcni with its default cache dir: IPs from the pod CIDR; libcni writes its own kubenet-<id>-eth0; limits and the host port applied; CHECK passes', async (t) => {
-  const { sb, libcni } = w();
-  const { podCidr, shaped, web, hostPort, node, cacheEntries } = shared();
-  for (const p of pods()) {
-    t.false(existsSync(runtimeCacheFile(p)), `${p.name}: no cache entry before ADD`);
-    const r = await libcni.call('add', p);
-    t.is(r.exitCode, 0, `ADD ${p.name}: ${r.stderr}`);
-    p.ip = resultIp(r.stdout);
-    t.true(inCidr4(p.ip, podCidr), `${p.name}: IP ${p.ip} in the pod CIDR ${podCidr}`);
-    const addr = (await execa('ip', ['-n', p.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout;
-    t.true(addr.includes(` ${p.ip}/24 `), `${p.name}: eth0 in its netns holds ${p.ip}`);
-    // libcni's own entry, written by libcni after our ADD returned: its config is the conflist, its result ours.
-    const entry = JSON.parse(await readFile(runtimeCacheFile(p), 'utf8')) as { kind: string; containerId: string; ifName: string; networkName: string; config: string; result: { ips: Array<{ address: string }> } };
-    t.like(entry, { kind: 'cniCacheV1', containerId: p.id, ifName: 'eth0', networkName: 'kubenet' });
-    t.like(JSON.parse(Buffer.from(entry.config, 'base64').toString('utf8')), { name: 'kubenet', plugins: [{ type: 'kubenet' }] }, `${p.name}: the cached config is the conflist libcni ran`);
-    t.is(entry.result.ips[0]?.address.split('/')[0], p.ip, `${p.name}: the cached result is the one ADD returned`);
-    cacheEntries.set(p, await cacheEntryStamp(p));
-  }
-  t.is(new Set(pods().map((p) => p.ip)).size, 3, 'three distinct IPs');
+serialTest(
+  'ADD through libcni with its default cache dir: IPs from the pod CIDR; libcni writes its own kubenet-<id>-eth0; limits and the host port applied; CHECK passes',
+  async (t) => {
+    const { sb, libcni } = w();
+    const { podCidr, shaped, web, hostPort, node, cacheEntries } = shared();
+    for (const p of pods()) {
+      t.false(existsSync(runtimeCacheFile(p)), `${p.name}: no cache entry before ADD`);
+      const r = await libcni.call('add', p);
+      t.is(r.exitCode, 0, `ADD ${p.name}: ${r.stderr}`);
+      p.ip = resultIp(r.stdout);
+      t.true(inCidr4(p.ip, podCidr), `${p.name}: IP ${p.ip} in the pod CIDR ${podCidr}`);
+      const addr = (await execa('ip', ['-n', p.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'])).stdout;
+      t.true(addr.includes(` ${p.ip}/24 `), `${p.name}: eth0 in its netns holds ${p.ip}`);
+      // libcni's own entry, written by libcni after our ADD returned: its config is the conflist, its result ours.
+      const entry = JSON.parse(await readFile(runtimeCacheFile(p), 'utf8')) as {
+        kind: string;
+        containerId: string;
+        ifName: string;
+        networkName: string;
+        config: string;
+        result: { ips: Array<{ address: string }> };
+      };
+      t.like(entry, { kind: 'cniCacheV1', containerId: p.id, ifName: 'eth0', networkName: 'kubenet' });
+      t.like(
+        JSON.parse(Buffer.from(entry.config, 'base64').toString('utf8')),
+        { name: 'kubenet', plugins: [{ type: 'kubenet' }] },
+        `${p.name}: the cached config is the conflist libcni ran`,
+      );
+      t.is(entry.result.ips[0]?.address.split('/')[0], p.ip, `${p.name}: the cached result is the one ADD returned`);
+      cacheEntries.set(p, await cacheEntryStamp(p));
+    }
+    t.is(new Set(pods().map((p) => p.ip)).size, 3, 'three distinct IPs');
 
-  // Everything the pods made, and where: the runtime's cache and host-local's reservations under
-  // /var/lib/cni, the agent's records under /var/lib/kubenet.
-  const cniTree = await tree('/var/lib/cni');
-  const allowed = new Set(['networks/', 'networks/kubenet/', 'networks/kubenet/lock', 'results/', ...pods().flatMap((p) => [`networks/kubenet/${p.ip}`, `results/kubenet-${p.id}-eth0`])]);
-  t.deepEqual(cniTree.filter((f) => !allowed.has(f) && !/^networks\/kubenet\/last_reserved_ip\.\d$/.test(f)), [], `/var/lib/cni holds host-local's reservations and libcni's entries only: ${cniTree.join(' ')}`);
-  const records = (await tree('/var/lib/kubenet/pods')).sort();
-  t.deepEqual(records, pods().map((p) => `${p.id}@eth0.json`).sort(), 'one agent record per pod, under /var/lib/kubenet/pods');
-  t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], 'nothing else in /opt/cni/bin');
-  t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], 'nothing else in /run/kubenet');
+    // Everything the pods made, and where: the runtime's cache and host-local's reservations under
+    // /var/lib/cni, the agent's records under /var/lib/kubenet.
+    const cniTree = await tree('/var/lib/cni');
+    const allowed = new Set([
+      'networks/',
+      'networks/kubenet/',
+      'networks/kubenet/lock',
+      'results/',
+      ...pods().flatMap((p) => [`networks/kubenet/${p.ip}`, `results/kubenet-${p.id}-eth0`]),
+    ]);
+    t.deepEqual(
+      cniTree.filter((f) => !allowed.has(f) && !/^networks\/kubenet\/last_reserved_ip\.\d$/.test(f)),
+      [],
+      `/var/lib/cni holds host-local's reservations and libcni's entries only: ${cniTree.join(' ')}`,
+    );
+    const records = (await tree('/var/lib/kubenet/pods')).sort();
+    t.deepEqual(
+      records,
+      pods()
+        .map((p) => `${p.id}@eth0.json`)
+        .sort(),
+      'one agent record per pod, under /var/lib/kubenet/pods',
+    );
+    t.deepEqual(await tree('/opt/cni/bin'), ['kubenet', 'loopback'], 'nothing else in /opt/cni/bin');
+    t.deepEqual(await tree('/run/kubenet'), ['kubenet.sock', 'kubenet.sock.ipam'], 'nothing else in /run/kubenet');
 
-  // The shaped pod, in the node's trees (the sandbox's uplink reports a link speed: the node has a
-  // capacity): its veth's root redirects to the ingress tree's ifb, where its class has the ingress
-  // ceiling; its class on the egress ifb has the egress ceiling.
-  const status = JSON.parse((await agentGet(sb.hostPath(node.settings.socket), '/v1/status')).body) as { pods: Array<{ id: string; hostVeth: string; limits: object; portMappings?: Array<{ hostPort: number }> }> };
-  const shapedStatus = status.pods.find((p) => p.id === shaped.id);
-  t.deepEqual(shapedStatus?.limits, { ingress: 20e6, egress: 10e6 }, 'the agent took the PascalCase rates (burst 4294967295: none given)');
-  const veth = shapedStatus?.hostVeth ?? 'none';
-  t.regex((await sb.exec('tc', ['qdisc', 'show', 'dev', veth])).stdout, /qdisc htb 2: root/, 'a root qdisc on the pod veth');
-  t.regex((await sb.exec('tc', ['filter', 'show', 'dev', veth, 'parent', '2:'])).stdout, /Redirect to device kubenet-ifb0\.in/, 'traffic to the pod goes to the ingress tree');
-  t.regex((await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout, /class htb 1:\S+ parent 1:fffe .*ceil 20Mbit/, 'ingress ceiling 20Mbit in the ingress tree');
-  t.regex((await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).stdout, /class htb 1:\S+ parent 1:fffe .*ceil 10Mbit/, 'egress ceiling 10Mbit on kubenet-ifb0');
-  t.deepEqual(status.pods.find((p) => p.id === web.id)?.portMappings?.map((m) => m.hostPort), [hostPort], 'the agent took the host port');
-  t.true((await sb.exec('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.includes(`--to-destination ${web.ip}:8080`), `a DNAT rule for host port ${hostPort}`);
+    // The shaped pod, in the node's trees (the sandbox's uplink reports a link speed: the node has a
+    // capacity): its veth's root redirects to the ingress tree's ifb, where its class has the ingress
+    // ceiling; its class on the egress ifb has the egress ceiling.
+    const status = JSON.parse((await agentGet(sb.hostPath(node.settings.socket), '/v1/status')).body) as {
+      pods: Array<{ id: string; hostVeth: string; limits: object; portMappings?: Array<{ hostPort: number }> }>;
+    };
+    const shapedStatus = status.pods.find((p) => p.id === shaped.id);
+    t.deepEqual(
+      shapedStatus?.limits,
+      { ingress: 20e6, egress: 10e6 },
+      'the agent took the PascalCase rates (burst 4294967295: none given)',
+    );
+    const veth = shapedStatus?.hostVeth ?? 'none';
+    t.regex((await sb.exec('tc', ['qdisc', 'show', 'dev', veth])).stdout, /qdisc htb 2: root/, 'a root qdisc on the pod veth');
+    t.regex(
+      (await sb.exec('tc', ['filter', 'show', 'dev', veth, 'parent', '2:'])).stdout,
+      /Redirect to device kubenet-ifb0\.in/,
+      'traffic to the pod goes to the ingress tree',
+    );
+    t.regex(
+      (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout,
+      /class htb 1:\S+ parent 1:fffe .*ceil 20Mbit/,
+      'ingress ceiling 20Mbit in the ingress tree',
+    );
+    t.regex(
+      (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).stdout,
+      /class htb 1:\S+ parent 1:fffe .*ceil 10Mbit/,
+      'egress ceiling 10Mbit on kubenet-ifb0',
+    );
+    t.deepEqual(
+      status.pods.find((p) => p.id === web.id)?.portMappings?.map((m) => m.hostPort),
+      [hostPort],
+      'the agent took the host port',
+    );
+    t.true(
+      (await sb.exec('iptables', ['-w', '5', '-t', 'nat', '-S'])).stdout.includes(`--to-destination ${web.ip}:8080`),
+      `a DNAT rule for host port ${hostPort}`,
+    );
 
-  for (const p of pods()) {
-    const r = await libcni.call('check', p);
-    t.is(r.exitCode, 0, `CHECK ${p.name}: ${r.stderr}`);
-  }
-});
+    for (const p of pods()) {
+      const r = await libcni.call('check', p);
+      t.is(r.exitCode, 0, `CHECK ${p.name}: ${r.stderr}`);
+    }
+  },
+);
 
-serialTest('an agent restart (SIGTERM, start) leaves libcni\'s entries untouched; CHECK still passes', async (t) => {
+serialTest("an agent restart (SIGTERM, start) leaves libcni's entries untouched; CHECK still passes", async (t) => {
   const { libcni } = w();
   const { node, cacheEntries } = shared();
   t.is(await node.agent.stop(), 0, 'the agent exits 0 on SIGTERM');
@@ -218,10 +332,20 @@ serialTest('DEL, then DEL again with an empty CNI_NETNS (as containerd on Stop a
     t.is(second.exitCode, 0, `second DEL ${p.name} (empty CNI_NETNS): ${second.stderr}`);
   }
   const left = await podLeftovers(sb, layout);
-  t.deepEqual(left, NO_LEFTOVERS, 'no veth, reservation, libcni entry, agent record, shaper state, tc class/filter, veth qdisc or host-port rule');
+  t.deepEqual(
+    left,
+    NO_LEFTOVERS,
+    'no veth, reservation, libcni entry, agent record, shaper state, tc class/filter, veth qdisc or host-port rule',
+  );
   t.deepEqual((await sb.exec('ip', ['-o', 'link', 'show', 'master', 'cbr0'])).stdout, '', 'no port on cbr0');
   t.deepEqual(await tree('/var/lib/kubenet/pods'), [], 'no record under /var/lib/kubenet/pods');
-  t.deepEqual((await tree('/var/lib/cni')).filter((f) => !/^(networks\/|networks\/kubenet\/|networks\/kubenet\/lock|networks\/kubenet\/last_reserved_ip\.\d|results\/)$/.test(f)), [], 'only empty dirs and host-local\'s lock/last-reserved files in /var/lib/cni');
+  t.deepEqual(
+    (await tree('/var/lib/cni')).filter(
+      (f) => !/^(networks\/|networks\/kubenet\/|networks\/kubenet\/lock|networks\/kubenet\/last_reserved_ip\.\d|results\/)$/.test(f),
+    ),
+    [],
+    "only empty dirs and host-local's lock/last-reserved files in /var/lib/cni",
+  );
   const status = JSON.parse((await agentGet(sb.hostPath(shared().node.settings.socket), '/v1/status')).body) as { pods: unknown[] };
   t.deepEqual(status.pods, [], 'the agent knows no pod');
 });

@@ -69,7 +69,10 @@ async function free(dir: string): Promise<void> {
  * failed (add): <msg>`), which containerd wraps once more and kubelet shows in the pod's Events.
  */
 function libcniError(r: LibcniCall): string {
-  return /^libcni-driver: add network list "kubenet": plugin type="kubenet" failed \(add\): (.*)$/m.exec(r.stderr)?.[1] ?? `(no libcni error in: ${r.stderr})`;
+  return (
+    /^libcni-driver: add network list "kubenet": plugin type="kubenet" failed \(add\): (.*)$/m.exec(r.stderr)?.[1] ??
+    `(no libcni error in: ${r.stderr})`
+  );
 }
 
 function lay(): NodeLayout {
@@ -112,7 +115,18 @@ test.before(async (t) => {
   await tinyTmpfs(IPAM, 'kfe-ipam');
   const bridgeName = `kfe${sb.tag}b`;
   const ifbName = `kfe${sb.tag}i`;
-  agentArgs = ['--pod-cidr', `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','), '--bridge-name', bridgeName, '--ifb-name', ifbName, '--log-level', 'info'];
+  agentArgs = [
+    '--pod-cidr',
+    `10.${randomInt(100, 200)}.${randomInt(256)}.0/24`,
+    '--plugin-bin-dirs',
+    CNI_BIN_DIRS.join(','),
+    '--bridge-name',
+    bridgeName,
+    '--ifb-name',
+    ifbName,
+    '--log-level',
+    'info',
+  ];
   await world.startAgent(agentArgs);
   layout = { bridgeName, ifbName, ipamDataDir: IPAM, stateDir: STATE, runtimeCacheDir: world.libcni.cacheDir };
 });
@@ -125,88 +139,113 @@ test.after.always(async () => {
   await world?.destroy();
 });
 
-serialTest('ENOSPC on the state dir: the ADD fails with CNI code 5 naming the pod record, the directory, its mount and free space; nothing is left; DEL works on the full disk; freed, the ADD succeeds', async (t) => {
-  t.timeout(120_000);
-  const a = await w().newPod('a');
-  const b = await w().newPod('b');
-  await fill(STATE);
-  const msg = await refusedMsg(t, a);
-  const space = `free space or inodes on the filesystem holding ${STATE}/pods \\(tmpfs at ${STATE}: 0 B of 64 KiB free, \\d+ inodes free\\)`;
-  t.regex(msg, new RegExp(`^cannot write the pod record ${STATE}/pods/${a.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`));
-  t.is(await leftovers(), '', 'nothing of the refused pod: no veth, reservation, record, cache entry');
+serialTest(
+  'ENOSPC on the state dir: the ADD fails with CNI code 5 naming the pod record, the directory, its mount and free space; nothing is left; DEL works on the full disk; freed, the ADD succeeds',
+  async (t) => {
+    t.timeout(120_000);
+    const a = await w().newPod('a');
+    const b = await w().newPod('b');
+    await fill(STATE);
+    const msg = await refusedMsg(t, a);
+    const space = `free space or inodes on the filesystem holding ${STATE}/pods \\(tmpfs at ${STATE}: 0 B of 64 KiB free, \\d+ inodes free\\)`;
+    t.regex(
+      msg,
+      new RegExp(`^cannot write the pod record ${STATE}/pods/${a.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`),
+    );
+    t.is(await leftovers(), '', 'nothing of the refused pod: no veth, reservation, record, cache entry');
 
-  await free(STATE);
-  await addOk(t, a, 'ADD once space is freed');
-  // The agent's usual write goes through a spare file made after a record write: a full disk fails it the same way.
-  const spares = w().sb.hostPath(`${STATE}/.pods-spare`);
-  for (let i = 0; i < 100 && (await readdir(spares).catch(() => [])).length === 0; i++) await new Promise((r) => setTimeout(r, 20));
-  t.true((await readdir(spares)).length > 0, 'spare record files are ready');
-  await fill(STATE);
-  t.regex(await refusedMsg(t, b), new RegExp(`^cannot write the pod record ${STATE}/pods/${b.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`));
-  t.deepEqual(await readdir(w().sb.hostPath(`${STATE}/pods`)), [`${a.id}@eth0.json`], 'only the attached pod has a record');
+    await free(STATE);
+    await addOk(t, a, 'ADD once space is freed');
+    // The agent's usual write goes through a spare file made after a record write: a full disk fails it the same way.
+    const spares = w().sb.hostPath(`${STATE}/.pods-spare`);
+    for (let i = 0; i < 100 && (await readdir(spares).catch(() => [])).length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+    t.true((await readdir(spares)).length > 0, 'spare record files are ready');
+    await fill(STATE);
+    t.regex(
+      await refusedMsg(t, b),
+      new RegExp(`^cannot write the pod record ${STATE}/pods/${b.id}@eth0\\.json: no space left on device \\(ENOSPC\\): ${space}$`),
+    );
+    t.deepEqual(await readdir(w().sb.hostPath(`${STATE}/pods`)), [`${a.id}@eth0.json`], 'only the attached pod has a record');
 
-  await delOk(t, a, 'DEL on the full disk');
-  t.is(await leftovers(), '', 'nothing left after the DEL on the full disk');
-  await free(STATE);
-  await addOk(t, b, 'ADD once space is freed again');
-  await delOk(t, b, 'DEL');
-  t.deepEqual(await podLeftovers(w().sb, lay()), NO_LEFTOVERS);
-});
+    await delOk(t, a, 'DEL on the full disk');
+    t.is(await leftovers(), '', 'nothing left after the DEL on the full disk');
+    await free(STATE);
+    await addOk(t, b, 'ADD once space is freed again');
+    await delOk(t, b, 'DEL');
+    t.deepEqual(await podLeftovers(w().sb, lay()), NO_LEFTOVERS);
+  },
+);
 
-serialTest("ENOSPC in host-local's store: the IPAM (the bridge plugin's, answered by the agent) fails naming the reservation file; the ADD is undone whole; freed, the ADD succeeds", async (t) => {
-  t.timeout(120_000);
-  const c = await w().newPod('c');
-  // The network's directory and lock exist as after any allocation: only a reservation needs space.
-  await addOk(t, c, 'ADD before the store fills');
-  await delOk(t, c, 'DEL');
-  await fill(IPAM);
-  const msg = await refusedMsg(t, c);
-  t.regex(
-    msg,
-    new RegExp(
-      `^CNI plugin bridge ADD failed \\(CNI code ${CNI_IO}\\): cannot write the address reservation ${IPAM}/kubenet/[\\d.]+: no space left on device \\(ENOSPC\\): free space or inodes on the filesystem holding ${IPAM}/kubenet \\(tmpfs at ${esc(IPAM)}: 0 B of 64 KiB free, \\d+ inodes free\\)$`,
-    ),
-  );
-  t.is(await leftovers(), '', 'the failed ADD is undone: no veth, reservation, record');
-  await free(IPAM);
-  await addOk(t, c, 'ADD once space is freed');
-  await delOk(t, c, 'DEL');
-  t.is(await leftovers(), '');
-});
+serialTest(
+  "ENOSPC in host-local's store: the IPAM (the bridge plugin's, answered by the agent) fails naming the reservation file; the ADD is undone whole; freed, the ADD succeeds",
+  async (t) => {
+    t.timeout(120_000);
+    const c = await w().newPod('c');
+    // The network's directory and lock exist as after any allocation: only a reservation needs space.
+    await addOk(t, c, 'ADD before the store fills');
+    await delOk(t, c, 'DEL');
+    await fill(IPAM);
+    const msg = await refusedMsg(t, c);
+    t.regex(
+      msg,
+      new RegExp(
+        `^CNI plugin bridge ADD failed \\(CNI code ${CNI_IO}\\): cannot write the address reservation ${IPAM}/kubenet/[\\d.]+: no space left on device \\(ENOSPC\\): free space or inodes on the filesystem holding ${IPAM}/kubenet \\(tmpfs at ${esc(IPAM)}: 0 B of 64 KiB free, \\d+ inodes free\\)$`,
+      ),
+    );
+    t.is(await leftovers(), '', 'the failed ADD is undone: no veth, reservation, record');
+    await free(IPAM);
+    await addOk(t, c, 'ADD once space is freed');
+    await delOk(t, c, 'DEL');
+    t.is(await leftovers(), '');
+  },
+);
 
-serialTest('EROFS on the state dir: the ADD fails naming the directory and the read-only mount; remounted read-write, the ADD succeeds', async (t) => {
-  t.timeout(120_000);
-  const d = await w().newPod('d');
-  await w().sb.exec('mount', ['-o', 'remount,ro', STATE]);
-  const msg = await refusedMsg(t, d).finally(() => w().sb.exec('mount', ['-o', 'remount,rw', STATE]).catch(() => undefined));
-  t.is(msg, `cannot write the pod record ${STATE}/pods/${d.id}@eth0.json: read-only file system (EROFS): ${STATE}/pods must be writable, but the filesystem holding it (tmpfs at ${STATE}) is read-only: mount it read-write`);
-  t.is(await leftovers(), '', 'nothing of the refused pod');
-  await addOk(t, d, 'ADD once remounted read-write');
-  await delOk(t, d, 'DEL');
-  t.is(await leftovers(), '');
-});
+serialTest(
+  'EROFS on the state dir: the ADD fails naming the directory and the read-only mount; remounted read-write, the ADD succeeds',
+  async (t) => {
+    t.timeout(120_000);
+    const d = await w().newPod('d');
+    await w().sb.exec('mount', ['-o', 'remount,ro', STATE]);
+    const msg = await refusedMsg(t, d).finally(() =>
+      w()
+        .sb.exec('mount', ['-o', 'remount,rw', STATE])
+        .catch(() => undefined),
+    );
+    t.is(
+      msg,
+      `cannot write the pod record ${STATE}/pods/${d.id}@eth0.json: read-only file system (EROFS): ${STATE}/pods must be writable, but the filesystem holding it (tmpfs at ${STATE}) is read-only: mount it read-write`,
+    );
+    t.is(await leftovers(), '', 'nothing of the refused pod');
+    await addOk(t, d, 'ADD once remounted read-write');
+    await delOk(t, d, 'DEL');
+    t.is(await leftovers(), '');
+  },
+);
 
-serialTest('EACCES: the agent as root without CAP_DAC_OVERRIDE, the state dir owned by 65534: the ADD names the uid, the capability, the owner and mode; given back to root, the ADD succeeds', async (t) => {
-  t.timeout(120_000);
-  // A fresh state dir owned by 65534, and the agent as a DaemonSet dropping capabilities runs it.
-  await w().agent.stop(10_000);
-  await w().sb.exec('umount', [STATE]);
-  await tinyTmpfs(STATE, 'kfe-state', ',uid=65534,gid=65534');
-  const drop = '-dac_override,-dac_read_search';
-  await w().startAgent(agentArgs, { wrapper: ['setpriv', `--inh-caps=${drop}`, `--bounding-set=${drop}`, '--'] });
-  const pid = w().agent.pid ?? 0;
-  const capEff = /^CapEff:\s*([0-9a-f]+)$/m.exec(await w().inNode('cat', [`/proc/${pid}/status`]))?.[1] ?? '';
-  t.is(BigInt(`0x${capEff || '0'}`) & 2n, 0n, `the agent (pid ${pid}) runs without CAP_DAC_OVERRIDE: CapEff ${capEff}`);
+serialTest(
+  'EACCES: the agent as root without CAP_DAC_OVERRIDE, the state dir owned by 65534: the ADD names the uid, the capability, the owner and mode; given back to root, the ADD succeeds',
+  async (t) => {
+    t.timeout(120_000);
+    // A fresh state dir owned by 65534, and the agent as a DaemonSet dropping capabilities runs it.
+    await w().agent.stop(10_000);
+    await w().sb.exec('umount', [STATE]);
+    await tinyTmpfs(STATE, 'kfe-state', ',uid=65534,gid=65534');
+    const drop = '-dac_override,-dac_read_search';
+    await w().startAgent(agentArgs, { wrapper: ['setpriv', `--inh-caps=${drop}`, `--bounding-set=${drop}`, '--'] });
+    const pid = w().agent.pid ?? 0;
+    const capEff = /^CapEff:\s*([0-9a-f]+)$/m.exec(await w().inNode('cat', [`/proc/${pid}/status`]))?.[1] ?? '';
+    t.is(BigInt(`0x${capEff || '0'}`) & 2n, 0n, `the agent (pid ${pid}) runs without CAP_DAC_OVERRIDE: CapEff ${capEff}`);
 
-  const e = await w().newPod('e');
-  const msg = await refusedMsg(t, e);
-  t.is(
-    msg,
-    `cannot write the pod record ${STATE}/pods/${e.id}@eth0.json: permission denied (EACCES): the agent (uid 0, without CAP_DAC_OVERRIDE) may not write in ${STATE} (owner 65534:65534, mode 0755): check the owner and mode of ${STATE} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
-  );
-  t.is(await leftovers(), '', 'nothing of the refused pod');
-  await w().sb.exec('chown', ['0:0', STATE]);
-  await addOk(t, e, 'ADD once the directory is root\'s');
-  await delOk(t, e, 'DEL');
-  t.is(await leftovers(), '');
-});
+    const e = await w().newPod('e');
+    const msg = await refusedMsg(t, e);
+    t.is(
+      msg,
+      `cannot write the pod record ${STATE}/pods/${e.id}@eth0.json: permission denied (EACCES): the agent (uid 0, without CAP_DAC_OVERRIDE) may not write in ${STATE} (owner 65534:65534, mode 0755): check the owner and mode of ${STATE} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
+    );
+    t.is(await leftovers(), '', 'nothing of the refused pod');
+    await w().sb.exec('chown', ['0:0', STATE]);
+    await addOk(t, e, "ADD once the directory is root's");
+    await delOk(t, e, 'DEL');
+    t.is(await leftovers(), '');
+  },
+);

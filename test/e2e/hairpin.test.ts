@@ -20,9 +20,7 @@ import { CNI_BIN_DIRS } from '../kit/kernel.js';
 import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
 import type { TestPod } from '../kit/test-pod.js';
 
-const blocker =
-  sandboxTestBlocker() ??
-  (existsSync('/usr/sbin/ebtables') ? undefined : 'needs ebtables (hack/bootstrap.sh installs it)');
+const blocker = sandboxTestBlocker() ?? (existsSync('/usr/sbin/ebtables') ? undefined : 'needs ebtables (hack/bootstrap.sh installs it)');
 const test = anyTest as TestFn;
 const serialTest = blocker ? test.serial.skip : test.serial;
 if (blocker) console.warn(`hairpin e2e tests skipped: ${blocker}`);
@@ -67,17 +65,28 @@ async function outputJumps(): Promise<number> {
 }
 
 function expectedRules(mac: string, cidrs: string): string[] {
-  return cidrs.split(',').flatMap((cidr) =>
-    cidr.includes(':')
-      ? [`-p IPv6 -s ${mac} -o veth+ --ip6-src ${cidr.replace(/::\/64$/, '::1')} -j ACCEPT`, `-p IPv6 -s ${mac} -o veth+ --ip6-src ${cidr} -j DROP`]
-      : [`-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr.replace(/\.0\/24$/, '.1')} -j ACCEPT`, `-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr} -j DROP`],
-  );
+  return cidrs
+    .split(',')
+    .flatMap((cidr) =>
+      cidr.includes(':')
+        ? [
+            `-p IPv6 -s ${mac} -o veth+ --ip6-src ${cidr.replace(/::\/64$/, '::1')} -j ACCEPT`,
+            `-p IPv6 -s ${mac} -o veth+ --ip6-src ${cidr} -j DROP`,
+          ]
+        : [
+            `-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr.replace(/\.0\/24$/, '.1')} -j ACCEPT`,
+            `-p IPv4 -s ${mac} -o veth+ --ip-src ${cidr} -j DROP`,
+          ],
+    );
 }
 
 /** A TCP server in the pod on :8080 answering "hairpin-ok from <name>". */
 async function serve(p: TestPod): Promise<void> {
   const code = `require('net').createServer((s) => s.end('hairpin-ok from ${p.name}')).listen(8080, '0.0.0.0', () => console.log('listening'))`;
-  const srv = execa('ip', ['netns', 'exec', p.netns, process.execPath, '-e', code], { reject: false, stdin: 'ignore' }) as unknown as ResultPromise;
+  const srv = execa('ip', ['netns', 'exec', p.netns, process.execPath, '-e', code], {
+    reject: false,
+    stdin: 'ignore',
+  }) as unknown as ResultPromise;
   servers.push(srv);
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('server did not start')), 10_000);
@@ -130,47 +139,61 @@ test.after.always(async () => {
   await world?.destroy();
 });
 
-serialTest('promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup rules for the bridge MAC and pod CIDR; no DUP! between pods', async (t) => {
-  await startAgent(CIDR_A, 'promiscuous-bridge', 1000);
-  const a = await addPod(t, 'a');
-  const b = await addPod(t, 'b');
-  t.regex(await w().inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'the bridge is promiscuous');
-  const mac = await bridgeMac();
-  t.deepEqual(await dedupChain(), expectedRules(mac, CIDR_A), 'KUBE-DEDUP: the gateway accepted, the rest of the pod CIDR dropped, from the bridge MAC to pod veths');
-  t.is(await outputJumps(), 1, 'one jump from OUTPUT');
+serialTest(
+  'promiscuous-bridge: a pod reaches itself through a DNATed VIP; dedup rules for the bridge MAC and pod CIDR; no DUP! between pods',
+  async (t) => {
+    await startAgent(CIDR_A, 'promiscuous-bridge', 1000);
+    const a = await addPod(t, 'a');
+    const b = await addPod(t, 'b');
+    t.regex(await w().inNode('ip', ['-o', 'link', 'show', 'dev', BRIDGE]), /PROMISC/, 'the bridge is promiscuous');
+    const mac = await bridgeMac();
+    t.deepEqual(
+      await dedupChain(),
+      expectedRules(mac, CIDR_A),
+      'KUBE-DEDUP: the gateway accepted, the rest of the pod CIDR dropped, from the bridge MAC to pod veths',
+    );
+    t.is(await outputJumps(), 1, 'one jump from OUTPUT');
 
-  const vethA = (await w().inNode('ip', ['-o', 'link', 'show', 'master', BRIDGE])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean);
-  for (const v of vethA) t.regex(await w().inNode('ip', ['-d', '-o', 'link', 'show', 'dev', v]), /hairpin on/, `hairpin on ${v} too`);
+    const vethA = (await w().inNode('ip', ['-o', 'link', 'show', 'master', BRIDGE]))
+      .split('\n')
+      .map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '')
+      .filter(Boolean);
+    for (const v of vethA) t.regex(await w().inNode('ip', ['-d', '-o', 'link', 'show', 'dev', v]), /hairpin on/, `hairpin on ${v} too`);
 
-  await serve(a);
-  await service(a);
-  t.is(await hairpin(a), 'hairpin-ok from a', 'pod a reaches itself through the VIP');
-  // Why the veths get hairpin in this mode too (logged, kernel-dependent): without it, the bridged DNAT is dropped.
-  const ports = (await w().inNode('bridge', ['-o', 'link', 'show', 'master', BRIDGE])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean);
-  for (const v of ports) await w().inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'off']);
-  t.log(`promiscuous bridge, veth hairpin off: the VIP gives ${await hairpin(a)}`);
-  for (const v of ports) await w().inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'on']);
-  t.is(await hairpin(b), 'hairpin-ok from a', 'pod b reaches the service too');
+    await serve(a);
+    await service(a);
+    t.is(await hairpin(a), 'hairpin-ok from a', 'pod a reaches itself through the VIP');
+    // Why the veths get hairpin in this mode too (logged, kernel-dependent): without it, the bridged DNAT is dropped.
+    const ports = (await w().inNode('bridge', ['-o', 'link', 'show', 'master', BRIDGE]))
+      .split('\n')
+      .map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '')
+      .filter(Boolean);
+    for (const v of ports) await w().inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'off']);
+    t.log(`promiscuous bridge, veth hairpin off: the VIP gives ${await hairpin(a)}`);
+    for (const v of ports) await w().inNode('ip', ['link', 'set', 'dev', v, 'type', 'bridge_slave', 'hairpin', 'on']);
+    t.is(await hairpin(b), 'hairpin-ok from a', 'pod b reaches the service too');
 
-  const withRules = await pingDups(a, b);
-  t.is(withRules.exitCode, 0, withRules.out);
-  t.is(withRules.dups, 0, `no duplicate replies: ${withRules.out}`);
+    const withRules = await pingDups(a, b);
+    t.is(withRules.exitCode, 0, withRules.out);
+    t.is(withRules.dups, 0, `no duplicate replies: ${withRules.out}`);
 
-  // Without the rules (flushed by hand), the host's copies reach the pods too.
-  await w().sb.exec('ebtables', ['-t', 'filter', '-F', 'KUBE-DEDUP']);
-  const without = await pingDups(a, b);
-  t.log(`ping a -> b with the dedup rules: ${withRules.dups} DUP!; with KUBE-DEDUP flushed: ${without.dups} DUP! (${without.out})`);
-  // The periodic check (every 1 s here) puts them back; an ADD no longer looks at them.
-  const flushed = performance.now();
-  const want = expectedRules(await bridgeMac(), CIDR_A);
-  while (JSON.stringify(await dedupChain()) !== JSON.stringify(want) && performance.now() - flushed < 5000) await new Promise((r) => setTimeout(r, 50));
-  t.deepEqual(await dedupChain(), want, 'the periodic check restored the rules');
-  t.log(`KUBE-DEDUP restored ${Math.round(performance.now() - flushed)} ms after the flush (check period 1 s)`);
-  const c = await addPod(t, 'c');
-  const again = await pingDups(c, b);
-  t.is(again.dups, 0, `no duplicate replies once restored: ${again.out}`);
-  t.is(await hairpin(a), 'hairpin-ok from a', 'hairpin still works');
-});
+    // Without the rules (flushed by hand), the host's copies reach the pods too.
+    await w().sb.exec('ebtables', ['-t', 'filter', '-F', 'KUBE-DEDUP']);
+    const without = await pingDups(a, b);
+    t.log(`ping a -> b with the dedup rules: ${withRules.dups} DUP!; with KUBE-DEDUP flushed: ${without.dups} DUP! (${without.out})`);
+    // The periodic check (every 1 s here) puts them back; an ADD no longer looks at them.
+    const flushed = performance.now();
+    const want = expectedRules(await bridgeMac(), CIDR_A);
+    while (JSON.stringify(await dedupChain()) !== JSON.stringify(want) && performance.now() - flushed < 5000)
+      await new Promise((r) => setTimeout(r, 50));
+    t.deepEqual(await dedupChain(), want, 'the periodic check restored the rules');
+    t.log(`KUBE-DEDUP restored ${Math.round(performance.now() - flushed)} ms after the flush (check period 1 s)`);
+    const c = await addPod(t, 'c');
+    const again = await pingDups(c, b);
+    t.is(again.dups, 0, `no duplicate replies once restored: ${again.out}`);
+    t.is(await hairpin(a), 'hairpin-ok from a', 'hairpin still works');
+  },
+);
 
 serialTest('promiscuous-bridge: the rules follow a new pod CIDR (both families), idempotently', async (t) => {
   // The pods of the old CIDR go first (their gateway leaves the bridge with it).

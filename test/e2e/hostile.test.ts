@@ -35,7 +35,14 @@ const GATEWAY = '10.244.77.1';
 
 /** The agent's directories, under the sandbox's tmpDir. */
 function agentDirs(root: string) {
-  return { cniBin: join(root, 'cni-bin'), cniConf: join(root, 'cni-conf'), socket: join(root, 'kubenet.sock'), state: join(root, 'state'), ipam: join(root, 'ipam'), cache: join(root, 'cni-cache') };
+  return {
+    cniBin: join(root, 'cni-bin'),
+    cniConf: join(root, 'cni-conf'),
+    socket: join(root, 'kubenet.sock'),
+    state: join(root, 'state'),
+    ipam: join(root, 'ipam'),
+    cache: join(root, 'cni-cache'),
+  };
 }
 
 /** What the cases share besides the world: the agent's directories, the pods that must survive every case, the node as every case must leave it. */
@@ -69,7 +76,11 @@ function conf(extra: Record<string, unknown> = {}): string {
 }
 
 /** The installed CNI binary exec'd inside the node, as a runtime on the node would. */
-async function cni(command: string, env: Record<string, string>, stdin: string): Promise<{ exitCode: number; out: { code?: number; msg?: string } & Record<string, unknown> }> {
+async function cni(
+  command: string,
+  env: Record<string, string>,
+  stdin: string,
+): Promise<{ exitCode: number; out: { code?: number; msg?: string } & Record<string, unknown> }> {
   const r = await w().sb.exec(join(shared().dirs.cniBin, 'kubenet'), [], {
     input: stdin,
     reject: false,
@@ -94,11 +105,23 @@ function podEnv(p: PodIdentity, netns: string, over: Record<string, string> = {}
 async function nodeSnapshot(): Promise<string> {
   const d = shared().dirs;
   const ls = async (p: string) => (await readdir(p).catch(() => [] as string[])).filter((f) => !f.startsWith('.')).sort();
-  const ports = (await w().inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0'])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean).sort();
+  const ports = (await w().inNode('ip', ['-o', 'link', 'show', 'master', 'cbr0']))
+    .split('\n')
+    .map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '')
+    .filter(Boolean)
+    .sort();
   const nat = (await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).split('\n').sort();
   const classes = (await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).split('\n').sort();
-  const links = (await w().inNode('ip', ['-o', 'link', 'show'])).split('\n').map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '').filter(Boolean).sort();
-  return JSON.stringify({ ports, links, reservations: await ls(join(d.ipam, 'kubenet')), records: await ls(join(d.state, 'pods')), nat, classes }, null, 1);
+  const links = (await w().inNode('ip', ['-o', 'link', 'show']))
+    .split('\n')
+    .map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '')
+    .filter(Boolean)
+    .sort();
+  return JSON.stringify(
+    { ports, links, reservations: await ls(join(d.ipam, 'kubenet')), records: await ls(join(d.state, 'pods')), nat, classes },
+    null,
+    1,
+  );
 }
 
 /** The node's own uplink: eth0 with its address, the default route through it. */
@@ -110,20 +133,28 @@ async function assertNodeIntact(t: ExecutionContext, what: string): Promise<void
 
 /** Every pod that was up: its address, its gateway reachable, its limits and its host port in place. */
 async function assertPodsIntact(t: ExecutionContext, what: string): Promise<void> {
-  const status = JSON.parse((await agentGet(shared().dirs.socket, '/v1/status')).body) as { pods: Array<{ id: string; ips: string[]; limits: Record<string, number> }> };
+  const status = JSON.parse((await agentGet(shared().dirs.socket, '/v1/status')).body) as {
+    pods: Array<{ id: string; ips: string[]; limits: Record<string, number> }>;
+  };
   for (const p of shared().pods) {
     const addr = (await execa('ip', ['-n', p.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'], { reject: false })).stdout;
     t.true(p.ip !== undefined && addr.includes(`${p.ip}/`), `${what}: pod ${p.name} keeps ${p.ip}`);
     const ping = await execa('ip', ['netns', 'exec', p.netns, 'ping', '-c', '1', '-W', '2', GATEWAY], { reject: false });
     t.is(ping.exitCode, 0, `${what}: pod ${p.name} reaches its gateway`);
-    t.truthy(status.pods.find((s) => s.id === p.id && s.ips.includes(p.ip ?? '')), `${what}: the agent still lists pod ${p.name}`);
+    t.truthy(
+      status.pods.find((s) => s.id === p.id && s.ips.includes(p.ip ?? '')),
+      `${what}: the agent still lists pod ${p.name}`,
+    );
   }
   const shaped = shared().pods[0];
   const limits = status.pods.find((s) => s.id === shaped?.id)?.limits;
   t.deepEqual(limits, { ingress: 10e6, egress: 5e6 }, `${what}: pod ${shaped?.name} keeps its limits`);
   t.regex(await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0']), /rate 5Mbit/, `${what}: its egress class is installed`);
   const web = shared().pods[1];
-  t.true((await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${web?.ip}:8080`), `${what}: pod ${web?.name}'s host port rule stays`);
+  t.true(
+    (await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${web?.ip}:8080`),
+    `${what}: pod ${web?.name}'s host port rule stays`,
+  );
 }
 
 async function agentAlive(t: ExecutionContext, what: string): Promise<void> {
@@ -132,7 +163,13 @@ async function agentAlive(t: ExecutionContext, what: string): Promise<void> {
 }
 
 /** One case: its answer must carry `code` and match `msg`; then nothing else may have changed. */
-async function refused(t: ExecutionContext, name: string, code: number, msg: RegExp, send: () => Promise<{ code?: number; msg?: string }>): Promise<void> {
+async function refused(
+  t: ExecutionContext,
+  name: string,
+  code: number,
+  msg: RegExp,
+  send: () => Promise<{ code?: number; msg?: string }>,
+): Promise<void> {
   const before = shared().baseline;
   const got = await send();
   rows.push([name, String(got.code ?? 'none'), (got.msg ?? '').slice(0, 110)]);
@@ -155,11 +192,32 @@ test.before(async (t) => {
   const sb = world.sb;
   // The node's uplink is its eth0, with an address and the default route, like a real node's NIC.
   const u = sb.uplink;
-  await sb.exec('sh', ['-c', `ip link set ${u.nodeIf} down && ip link set ${u.nodeIf} name eth0 && ip link set eth0 up && ip route replace default via ${u.lanIp} dev eth0`]);
+  await sb.exec('sh', [
+    '-c',
+    `ip link set ${u.nodeIf} down && ip link set ${u.nodeIf} name eth0 && ip link set eth0 up && ip route replace default via ${u.lanIp} dev eth0`,
+  ]);
   const dirs = agentDirs(sb.tmpDir);
   const args = [
-    '--pod-cidr', POD_CIDR, '--socket', dirs.socket, '--cni-bin-dir', dirs.cniBin, '--cni-conf-dir', dirs.cniConf, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','),
-    '--ipam-data-dir', dirs.ipam, '--cni-cache-dir', dirs.cache, '--state-dir', dirs.state, '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
+    '--pod-cidr',
+    POD_CIDR,
+    '--socket',
+    dirs.socket,
+    '--cni-bin-dir',
+    dirs.cniBin,
+    '--cni-conf-dir',
+    dirs.cniConf,
+    '--plugin-bin-dirs',
+    CNI_BIN_DIRS.join(','),
+    '--ipam-data-dir',
+    dirs.ipam,
+    '--cni-cache-dir',
+    dirs.cache,
+    '--state-dir',
+    dirs.state,
+    '--non-masquerade-cidr',
+    '10.0.0.0/8',
+    '--log-level',
+    'info',
   ];
   const agent = await world.startAgent(args, { socket: dirs.socket });
   hostile = { dirs, pods: [], baseline: '' };
@@ -176,7 +234,9 @@ test.before(async (t) => {
     hostile.pods.push(p);
   }
   hostile.baseline = await nodeSnapshot();
-  t.log(`node netns ${sb.netns} (its uplink eth0 ${u.nodeIp}), agent pid ${agent.pid}, pods ${hostile.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`);
+  t.log(
+    `node netns ${sb.netns} (its uplink eth0 ${u.nodeIp}), agent pid ${agent.pid}, pods ${hostile.pods.map((p) => `${p.name}=${p.ip}`).join(' ')}`,
+  );
 });
 
 test.after.always(async (t) => {
@@ -195,11 +255,35 @@ serialTest("the node's own network namespace is never a pod's (ADD, DEL, CHECK; 
     ['ADD CNI_NETNS=/proc/<agent>/ns/net', agentNs],
     ['ADD CNI_NETNS=/run/netns/../../proc/<agent>/ns/net', `/run/netns/../..${agentNs}`],
   ] as const) {
-    await refused(t, name, 4, /network namespace ".*" is the node's own network namespace/, async () => (await cni('ADD', podEnv(victim, netns), conf())).out);
+    await refused(
+      t,
+      name,
+      4,
+      /network namespace ".*" is the node's own network namespace/,
+      async () => (await cni('ADD', podEnv(victim, netns), conf())).out,
+    );
   }
-  await refused(t, 'DEL CNI_NETNS=/proc/<agent>/ns/net', 4, /is the node's own network namespace/, async () => (await cni('DEL', podEnv(victim, agentNs), conf())).out);
-  await refused(t, 'DEL of a live pod with the node netns', 4, /is the node's own network namespace/, async () => (await cni('DEL', podEnv(shared().pods[0] ?? victim, agentNs), conf())).out);
-  await refused(t, 'CHECK CNI_NETNS=/proc/self/ns/net', 4, /is the node's own network namespace/, async () => (await cni('CHECK', podEnv(shared().pods[0] ?? victim, '/proc/self/ns/net'), conf())).out);
+  await refused(
+    t,
+    'DEL CNI_NETNS=/proc/<agent>/ns/net',
+    4,
+    /is the node's own network namespace/,
+    async () => (await cni('DEL', podEnv(victim, agentNs), conf())).out,
+  );
+  await refused(
+    t,
+    'DEL of a live pod with the node netns',
+    4,
+    /is the node's own network namespace/,
+    async () => (await cni('DEL', podEnv(shared().pods[0] ?? victim, agentNs), conf())).out,
+  );
+  await refused(
+    t,
+    'CHECK CNI_NETNS=/proc/self/ns/net',
+    4,
+    /is the node's own network namespace/,
+    async () => (await cni('CHECK', podEnv(shared().pods[0] ?? victim, '/proc/self/ns/net'), conf())).out,
+  );
 });
 
 serialTest('a netns path that is not a network namespace is refused without opening anything but nsfs', async (t) => {
@@ -219,23 +303,49 @@ serialTest('a netns path that is not a network namespace is refused without open
   }
 });
 
-serialTest('a retried ADD never harms the pod it names; an ADD into another pod\'s netns is refused', async (t) => {
+serialTest("a retried ADD never harms the pod it names; an ADD into another pod's netns is refused", async (t) => {
   const [shaped, web] = shared().pods;
   if (!shaped || !web) return t.fail('no pods');
   // The same ADD again (runtimes retry): the recorded result, nothing changed.
-  const again = await w().call('add', shaped, { runtimeConfig: { bandwidth: { IngressRate: 10e6, IngressBurst: 4294967295, EgressRate: 5e6, EgressBurst: 4294967295 } } });
+  const again = await w().call('add', shaped, {
+    runtimeConfig: { bandwidth: { IngressRate: 10e6, IngressBurst: 4294967295, EgressRate: 5e6, EgressBurst: 4294967295 } },
+  });
   t.is(again.exitCode, 0, again.stderr);
   t.true(again.stdout.includes(`${shaped.ip}/24`), 'the same result again');
   rows.push(['ADD repeated, same parameters', '0', `the recorded result (${shaped.ip})`]);
   await assertPodsIntact(t, 'repeated ADD');
   t.is(await nodeSnapshot(), shared().baseline);
-  await refused(t, 'ADD repeated, other limits', 100, /already attached with other bandwidth limits/, async () => (await cni('ADD', podEnv(shaped, shaped.netnsPath), conf({ runtimeConfig: { bandwidth: { ingressRate: 1e6 } } }))).out);
-  await refused(t, 'ADD repeated, other netns', 100, /already attached with other network namespace/, async () => (await cni('ADD', podEnv(shaped, web.netnsPath), conf())).out);
-  await refused(t, "ADD of a new ID into another pod's netns", 4, /already holds pod default\/web/, async () => (await cni('ADD', podEnv(podIdentity('squatter', 'd'.repeat(64)), web.netnsPath), conf())).out);
+  await refused(
+    t,
+    'ADD repeated, other limits',
+    100,
+    /already attached with other bandwidth limits/,
+    async () => (await cni('ADD', podEnv(shaped, shaped.netnsPath), conf({ runtimeConfig: { bandwidth: { ingressRate: 1e6 } } }))).out,
+  );
+  await refused(
+    t,
+    'ADD repeated, other netns',
+    100,
+    /already attached with other network namespace/,
+    async () => (await cni('ADD', podEnv(shaped, web.netnsPath), conf())).out,
+  );
+  await refused(
+    t,
+    "ADD of a new ID into another pod's netns",
+    4,
+    /already holds pod default\/web/,
+    async () => (await cni('ADD', podEnv(podIdentity('squatter', 'd'.repeat(64)), web.netnsPath), conf())).out,
+  );
   // A netns whose eth0 kubenet did not make.
   const other = await w().newPod('foreign');
   await execa('ip', ['-n', other.netns, 'link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'peer0']);
-  await refused(t, 'ADD into a netns with a foreign eth0', 4, /already has an interface eth0 that kubenet did not make/, async () => (await cni('ADD', podEnv(other, other.netnsPath), conf())).out);
+  await refused(
+    t,
+    'ADD into a netns with a foreign eth0',
+    4,
+    /already has an interface eth0 that kubenet did not make/,
+    async () => (await cni('ADD', podEnv(other, other.netnsPath), conf())).out,
+  );
   t.regex((await execa('ip', ['-n', other.netns, 'link', 'show', 'eth0'])).stdout, /eth0@peer0/, 'the foreign eth0 is untouched');
 });
 
@@ -270,15 +380,69 @@ serialTest('GC: a malformed valid-attachments list is refused whole; a valid one
 serialTest('container IDs, interface names, CNI_ARGS and commands are checked first', async (t) => {
   const pod = await w().newPod('checked');
   const long = 'x'.repeat(300);
-  await refused(t, 'ADD with a 300-character container ID', 4, /CNI_CONTAINERID is 300 characters long: at most 76/, async () => (await cni('ADD', podEnv(podIdentity('long', long), pod.netnsPath), conf())).out);
-  await refused(t, 'DEL with a 300-character container ID', 4, /at most 76/, async () => (await cni('DEL', podEnv(podIdentity('long', long), ''), conf())).out);
-  await refused(t, 'DEL of ID ../../victim', 4, /CNI_CONTAINERID "\.\.\/\.\.\/victim" is not a valid container ID/, async () => (await cni('DEL', podEnv(podIdentity('x', '../../victim'), ''), conf())).out);
-  await refused(t, 'ADD CNI_IFNAME=net1', 4, /eth0 only/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_IFNAME: 'net1' }), conf())).out);
-  await refused(t, 'ADD CNI_IFNAME=../../x', 4, /not a valid interface name/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_IFNAME: '../../x' }), conf())).out);
-  await refused(t, 'ADD K8S_POD_NAMESPACE=../kube-system', 4, /K8S_POD_NAMESPACE "\.\.\/kube-system"/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_ARGS: 'K8S_POD_NAMESPACE=../kube-system;K8S_POD_NAME=x' }), conf())).out);
-  await refused(t, 'ADD CNI_ARGS without =', 4, /is not KEY=VALUE/, async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_ARGS: 'garbage' }), conf())).out);
-  await refused(t, 'CNI_COMMAND=REBOOT', 4, /CNI_COMMAND "REBOOT" is not one of/, async () => (await cni('REBOOT', podEnv(pod, pod.netnsPath), conf())).out);
-  await refused(t, 'CHECK of a container never added', 3, /is not attached to kubenet/, async () => (await cni('CHECK', podEnv(pod, pod.netnsPath), conf())).out);
+  await refused(
+    t,
+    'ADD with a 300-character container ID',
+    4,
+    /CNI_CONTAINERID is 300 characters long: at most 76/,
+    async () => (await cni('ADD', podEnv(podIdentity('long', long), pod.netnsPath), conf())).out,
+  );
+  await refused(
+    t,
+    'DEL with a 300-character container ID',
+    4,
+    /at most 76/,
+    async () => (await cni('DEL', podEnv(podIdentity('long', long), ''), conf())).out,
+  );
+  await refused(
+    t,
+    'DEL of ID ../../victim',
+    4,
+    /CNI_CONTAINERID "\.\.\/\.\.\/victim" is not a valid container ID/,
+    async () => (await cni('DEL', podEnv(podIdentity('x', '../../victim'), ''), conf())).out,
+  );
+  await refused(
+    t,
+    'ADD CNI_IFNAME=net1',
+    4,
+    /eth0 only/,
+    async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_IFNAME: 'net1' }), conf())).out,
+  );
+  await refused(
+    t,
+    'ADD CNI_IFNAME=../../x',
+    4,
+    /not a valid interface name/,
+    async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_IFNAME: '../../x' }), conf())).out,
+  );
+  await refused(
+    t,
+    'ADD K8S_POD_NAMESPACE=../kube-system',
+    4,
+    /K8S_POD_NAMESPACE "\.\.\/kube-system"/,
+    async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_ARGS: 'K8S_POD_NAMESPACE=../kube-system;K8S_POD_NAME=x' }), conf())).out,
+  );
+  await refused(
+    t,
+    'ADD CNI_ARGS without =',
+    4,
+    /is not KEY=VALUE/,
+    async () => (await cni('ADD', podEnv(pod, pod.netnsPath, { CNI_ARGS: 'garbage' }), conf())).out,
+  );
+  await refused(
+    t,
+    'CNI_COMMAND=REBOOT',
+    4,
+    /CNI_COMMAND "REBOOT" is not one of/,
+    async () => (await cni('REBOOT', podEnv(pod, pod.netnsPath), conf())).out,
+  );
+  await refused(
+    t,
+    'CHECK of a container never added',
+    3,
+    /is not attached to kubenet/,
+    async () => (await cni('CHECK', podEnv(pod, pod.netnsPath), conf())).out,
+  );
   // Nothing was ever made for these: DEL of them succeeds and leaks nothing.
   t.is((await cni('DEL', podEnv(pod, pod.netnsPath), conf())).exitCode, 0);
 });
@@ -291,9 +455,27 @@ serialTest('the network config is checked completely before the pod is set up', 
   await refused(t, 'ADD empty stdin', 6, /stdin is empty/, add(''));
   await refused(t, 'ADD another network name', 7, /network name "other" is not "kubenet"/, add(conf({ name: 'other' })));
   await refused(t, 'ADD another plugin type', 7, /plugin type "bridge" is not "kubenet"/, add(conf({ type: 'bridge' })));
-  await refused(t, 'ADD ingressRate 1e15', 7, /ingressRate 1000000000000000 is outside 1000\.\.10000000000000/, add(conf({ runtimeConfig: { bandwidth: { ingressRate: 1e15 } } })));
-  await refused(t, 'ADD egressRate -1', 7, /egressRate must be a non-negative integer, got -1/, add(conf({ runtimeConfig: { bandwidth: { egressRate: -1 } } })));
-  await refused(t, 'ADD hostPort 0', 7, /hostPort must be a port 1\.\.65535, got 0/, add(conf({ runtimeConfig: { portMappings: [{ hostPort: 0, containerPort: 80 }] } })));
+  await refused(
+    t,
+    'ADD ingressRate 1e15',
+    7,
+    /ingressRate 1000000000000000 is outside 1000\.\.10000000000000/,
+    add(conf({ runtimeConfig: { bandwidth: { ingressRate: 1e15 } } })),
+  );
+  await refused(
+    t,
+    'ADD egressRate -1',
+    7,
+    /egressRate must be a non-negative integer, got -1/,
+    add(conf({ runtimeConfig: { bandwidth: { egressRate: -1 } } })),
+  );
+  await refused(
+    t,
+    'ADD hostPort 0',
+    7,
+    /hostPort must be a port 1\.\.65535, got 0/,
+    add(conf({ runtimeConfig: { portMappings: [{ hostPort: 0, containerPort: 80 }] } })),
+  );
   await refused(t, 'ADD stdin nested 100000 deep', 6, /nested 100000 levels deep/, add(`${'['.repeat(100000)}${']'.repeat(100000)}`));
 });
 
@@ -334,30 +516,39 @@ function raw(head: string, body: (write: (b: Buffer | string) => boolean) => Pro
 
 serialTest('unbounded requests are refused early: huge bodies (declared or streamed) and deep JSON', async (t) => {
   const rss0 = await agentRssKb();
-  const declared = await raw('POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: 268435456\r\n\r\n', async (write) => {
-    // As much as the agent takes of the 256 MB it was promised, until it answers and hangs up.
-    const chunk = Buffer.alloc(1 << 20, 0x20);
-    for (let i = 0; i < 256; i++) {
-      if (!write(chunk)) await new Promise((r) => setTimeout(r, 5));
-      await new Promise((r) => setTimeout(r, 1));
-    }
-  });
+  const declared = await raw(
+    'POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: 268435456\r\n\r\n',
+    async (write) => {
+      // As much as the agent takes of the 256 MB it was promised, until it answers and hangs up.
+      const chunk = Buffer.alloc(1 << 20, 0x20);
+      for (let i = 0; i < 256; i++) {
+        if (!write(chunk)) await new Promise((r) => setTimeout(r, 5));
+        await new Promise((r) => setTimeout(r, 1));
+      }
+    },
+  );
   const dcode = jsonIn(declared.body);
   rows.push(['POST 256 MB body (Content-Length)', String(dcode.code), `HTTP ${declared.status}: ${dcode.msg ?? ''}`]);
   t.is(declared.status, 413);
   t.is(dcode.code, 6);
-  const streamed = await raw('POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n', async (write) => {
-    const chunk = Buffer.alloc(1 << 16, 0x20);
-    const framed = Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]);
-    write(Buffer.concat([...Array.from({ length: 64 }, () => framed), Buffer.from('0\r\n\r\n')]));
-  });
+  const streamed = await raw(
+    'POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n',
+    async (write) => {
+      const chunk = Buffer.alloc(1 << 16, 0x20);
+      const framed = Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]);
+      write(Buffer.concat([...Array.from({ length: 64 }, () => framed), Buffer.from('0\r\n\r\n')]));
+    },
+  );
   const scode = jsonIn(streamed.body);
   rows.push(['POST 4 MB chunked body', String(scode.code), `HTTP ${streamed.status}: ${scode.msg ?? ''}`]);
   t.is(streamed.status, 413);
   const deep = `${'['.repeat(100000)}${']'.repeat(100000)}`;
-  const deepAnswer = await raw(`POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: ${deep.length}\r\nConnection: close\r\n\r\n`, async (write) => {
-    write(deep);
-  });
+  const deepAnswer = await raw(
+    `POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: ${deep.length}\r\nConnection: close\r\n\r\n`,
+    async (write) => {
+      write(deep);
+    },
+  );
   const deepErr = jsonIn(deepAnswer.body);
   rows.push(['POST body nested 100000 deep', String(deepErr.code), deepErr.msg ?? '']);
   t.is(deepErr.code, 6);
@@ -375,7 +566,11 @@ serialTest('a stalled client does not hold shutdown: SIGTERM ends the agent with
   const stalled = Array.from({ length: 5 }, () => {
     const s = connect(shared().dirs.socket);
     s.on('error', () => undefined);
-    s.on('connect', () => s.write('POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"env":{"CNI_COMMAND":"ADD"'));
+    s.on('connect', () =>
+      s.write(
+        'POST /v1/cni HTTP/1.1\r\nHost: kubenet\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"env":{"CNI_COMMAND":"ADD"',
+      ),
+    );
     return s;
   });
   t.teardown(() => stalled.forEach((s) => s.destroy()));
@@ -392,72 +587,105 @@ serialTest('a stalled client does not hold shutdown: SIGTERM ends the agent with
   t.is(await nodeSnapshot(), shared().baseline, 'the restart changed nothing');
 });
 
-serialTest('SIGKILL of the agent while portmap sets up a host port: nothing of it survives, its address goes to the next pod clean', async (t) => {
-  // A portmap that announces itself, then takes 2 s before doing the real work.
-  const slow = join(w().sb.tmpDir, 'slow-plugins');
-  const marker = join(w().sb.tmpDir, 'portmap-started');
-  await mkdir(slow, { recursive: true });
-  await execa('sh', ['-c', `printf '#!/bin/sh\\ntouch ${marker}\\nsleep 2\\nexec ${refPlugin('portmap')}\\n' > ${slow}/portmap && chmod 755 ${slow}/portmap`]);
-  const agent = w().agent;
-  await agent.stop(5000);
-  const slowAgent = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-slow.log'), shared().dirs.socket);
-  await slowAgent.start();
-  const victim = await w().newPod('killed');
-  const hostPort = 32500 + Math.floor(Math.random() * 200);
-  const add = w().call('add', victim, { runtimeConfig: { portMappings: [{ HostPort: hostPort, ContainerPort: 80, Protocol: 'tcp', HostIP: '' }] } });
-  const deadline = Date.now() + 20_000;
-  while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-  t.true(existsSync(marker), 'portmap was running');
-  await slowAgent.kill();
-  const r = await add;
-  t.not(r.exitCode, 0, 'the runtime saw the ADD fail');
-  await new Promise((res) => setTimeout(res, 2500)); // past the moment the orphaned portmap would have acted
-  const natNow = await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S']);
-  t.false(natNow.includes(`--dport ${hostPort}`), 'no rule for the host port: portmap died with the agent');
-  t.false((await execa('pgrep', ['-f', `${slow}/portmap`], { reject: false })).stdout.trim() !== '', 'no portmap left running');
-  // The next agent undoes the unfinished ADD (its record said what it would make).
-  await agent.start();
-  t.is(await nodeSnapshot(), shared().baseline, 'the restart removed everything of the interrupted ADD');
-  // The address is free again; a new pod gets it with no stale host port pointing at it.
-  const next = await w().newPod('next');
-  const r2 = await w().call('add', next);
-  t.is(r2.exitCode, 0, r2.stderr);
-  const ip = (JSON.parse(r2.stdout) as { ips: Array<{ address: string }> }).ips[0]?.address.split('/')[0] ?? '';
-  t.false((await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${ip}:`), `no host port forwards to the new pod ${ip}`);
-  rows.push(['SIGKILL during portmap, then restart', '-', `no rule for :${hostPort}; next pod ${ip} clean`]);
-  t.is((await w().call('del', next)).exitCode, 0);
-  t.is((await w().call('del', victim)).exitCode, 0, 'DEL of the interrupted pod succeeds');
-  t.is(await nodeSnapshot(), shared().baseline);
-});
+serialTest(
+  'SIGKILL of the agent while portmap sets up a host port: nothing of it survives, its address goes to the next pod clean',
+  async (t) => {
+    // A portmap that announces itself, then takes 2 s before doing the real work.
+    const slow = join(w().sb.tmpDir, 'slow-plugins');
+    const marker = join(w().sb.tmpDir, 'portmap-started');
+    await mkdir(slow, { recursive: true });
+    await execa('sh', [
+      '-c',
+      `printf '#!/bin/sh\\ntouch ${marker}\\nsleep 2\\nexec ${refPlugin('portmap')}\\n' > ${slow}/portmap && chmod 755 ${slow}/portmap`,
+    ]);
+    const agent = w().agent;
+    await agent.stop(5000);
+    const slowAgent = new AgentProcess(
+      w().sb,
+      agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)),
+      {},
+      join(w().sb.tmpDir, 'agent-slow.log'),
+      shared().dirs.socket,
+    );
+    await slowAgent.start();
+    const victim = await w().newPod('killed');
+    const hostPort = 32500 + Math.floor(Math.random() * 200);
+    const add = w().call('add', victim, {
+      runtimeConfig: { portMappings: [{ HostPort: hostPort, ContainerPort: 80, Protocol: 'tcp', HostIP: '' }] },
+    });
+    const deadline = Date.now() + 20_000;
+    while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    t.true(existsSync(marker), 'portmap was running');
+    await slowAgent.kill();
+    const r = await add;
+    t.not(r.exitCode, 0, 'the runtime saw the ADD fail');
+    await new Promise((res) => setTimeout(res, 2500)); // past the moment the orphaned portmap would have acted
+    const natNow = await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S']);
+    t.false(natNow.includes(`--dport ${hostPort}`), 'no rule for the host port: portmap died with the agent');
+    t.false((await execa('pgrep', ['-f', `${slow}/portmap`], { reject: false })).stdout.trim() !== '', 'no portmap left running');
+    // The next agent undoes the unfinished ADD (its record said what it would make).
+    await agent.start();
+    t.is(await nodeSnapshot(), shared().baseline, 'the restart removed everything of the interrupted ADD');
+    // The address is free again; a new pod gets it with no stale host port pointing at it.
+    const next = await w().newPod('next');
+    const r2 = await w().call('add', next);
+    t.is(r2.exitCode, 0, r2.stderr);
+    const ip = (JSON.parse(r2.stdout) as { ips: Array<{ address: string }> }).ips[0]?.address.split('/')[0] ?? '';
+    t.false(
+      (await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${ip}:`),
+      `no host port forwards to the new pod ${ip}`,
+    );
+    rows.push(['SIGKILL during portmap, then restart', '-', `no rule for :${hostPort}; next pod ${ip} clean`]);
+    t.is((await w().call('del', next)).exitCode, 0);
+    t.is((await w().call('del', victim)).exitCode, 0, 'DEL of the interrupted pod succeeds');
+    t.is(await nodeSnapshot(), shared().baseline);
+  },
+);
 
-serialTest("SIGKILL of the agent while the bridge plugin is between making the pod's veth and joining it to the bridge: the next agent removes the interface, and the retried ADD works", async (t) => {
-  // A bridge plugin that makes the pod's veth (eth0 inside, the host end not on the bridge), announces
-  // itself, then stalls: what the reference plugin leaves when it is killed between those steps.
-  const slow = join(w().sb.tmpDir, 'stalled-bridge');
-  const marker = join(w().sb.tmpDir, 'bridge-started');
-  await mkdir(slow, { recursive: true });
-  const hostEnd = `khv${w().tag}`;
-  await execa('sh', ['-c', `printf '#!/bin/sh\\nip link add ${hostEnd} type veth peer name eth0 netns "$CNI_NETNS"\\ntouch ${marker}\\nsleep 30\\n' > ${slow}/bridge && chmod 755 ${slow}/bridge`]);
-  const agent = w().agent;
-  await agent.stop(5000);
-  const stalled = new AgentProcess(w().sb, agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)), {}, join(w().sb.tmpDir, 'agent-stalled.log'), shared().dirs.socket);
-  await stalled.start();
-  const pod = await w().newPod('cut');
-  const add = w().call('add', pod);
-  const deadline = Date.now() + 20_000;
-  while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-  t.true(existsSync(marker), 'the stalled bridge plugin made the veth');
-  t.regex((await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'])).stdout, /eth0@/, 'eth0 is in the pod');
-  await stalled.kill();
-  t.not((await add).exitCode, 0, 'the runtime saw the ADD fail');
-  await agent.start();
-  t.is((await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'], { reject: false })).exitCode, 1, 'the next agent removed the interface the cut ADD made');
-  t.is((await execa('ip', ['link', 'show', hostEnd], { reject: false })).exitCode, 1, 'and its host end with it');
-  // As containerd does after a failed ADD: DEL, then ADD again with the same container ID.
-  t.is((await w().call('del', pod)).exitCode, 0);
-  const retry = await w().call('add', pod);
-  t.is(retry.exitCode, 0, `the retried ADD works: ${retry.stderr}`);
-  rows.push(['SIGKILL between veth and bridge, then retry', '0', 'the interface removed at restart; the same-ID ADD succeeds']);
-  t.is((await w().call('del', pod)).exitCode, 0);
-  t.is(await nodeSnapshot(), shared().baseline);
-});
+serialTest(
+  "SIGKILL of the agent while the bridge plugin is between making the pod's veth and joining it to the bridge: the next agent removes the interface, and the retried ADD works",
+  async (t) => {
+    // A bridge plugin that makes the pod's veth (eth0 inside, the host end not on the bridge), announces
+    // itself, then stalls: what the reference plugin leaves when it is killed between those steps.
+    const slow = join(w().sb.tmpDir, 'stalled-bridge');
+    const marker = join(w().sb.tmpDir, 'bridge-started');
+    await mkdir(slow, { recursive: true });
+    const hostEnd = `khv${w().tag}`;
+    await execa('sh', [
+      '-c',
+      `printf '#!/bin/sh\\nip link add ${hostEnd} type veth peer name eth0 netns "$CNI_NETNS"\\ntouch ${marker}\\nsleep 30\\n' > ${slow}/bridge && chmod 755 ${slow}/bridge`,
+    ]);
+    const agent = w().agent;
+    await agent.stop(5000);
+    const stalled = new AgentProcess(
+      w().sb,
+      agent.args.map((a) => (a === CNI_BIN_DIRS.join(',') ? [slow, ...CNI_BIN_DIRS].join(',') : a)),
+      {},
+      join(w().sb.tmpDir, 'agent-stalled.log'),
+      shared().dirs.socket,
+    );
+    await stalled.start();
+    const pod = await w().newPod('cut');
+    const add = w().call('add', pod);
+    const deadline = Date.now() + 20_000;
+    while (!existsSync(marker) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    t.true(existsSync(marker), 'the stalled bridge plugin made the veth');
+    t.regex((await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'])).stdout, /eth0@/, 'eth0 is in the pod');
+    await stalled.kill();
+    t.not((await add).exitCode, 0, 'the runtime saw the ADD fail');
+    await agent.start();
+    t.is(
+      (await execa('ip', ['-n', pod.netns, 'link', 'show', 'eth0'], { reject: false })).exitCode,
+      1,
+      'the next agent removed the interface the cut ADD made',
+    );
+    t.is((await execa('ip', ['link', 'show', hostEnd], { reject: false })).exitCode, 1, 'and its host end with it');
+    // As containerd does after a failed ADD: DEL, then ADD again with the same container ID.
+    t.is((await w().call('del', pod)).exitCode, 0);
+    const retry = await w().call('add', pod);
+    t.is(retry.exitCode, 0, `the retried ADD works: ${retry.stderr}`);
+    rows.push(['SIGKILL between veth and bridge, then retry', '0', 'the interface removed at restart; the same-ID ADD succeeds']);
+    t.is((await w().call('del', pod)).exitCode, 0);
+    t.is(await nodeSnapshot(), shared().baseline);
+  },
+);

@@ -53,7 +53,7 @@ const sbomBlocker = !existsSync(AGENT_IMAGE_TAR)
   ? `needs ${AGENT_IMAGE_TAR} (bash hack/build-image.sh; npm test builds it)`
   : (await execa(GO, ['version'], { reject: false })).exitCode === 0
     ? undefined
-    : 'needs go (go version -m reads the image\'s Go binaries)';
+    : "needs go (go version -m reads the image's Go binaries)";
 if (sbomBlocker) console.warn(`image SBOM test skipped: ${sbomBlocker}`);
 
 const SOCKET = '/run/kubenet/kubenet.sock';
@@ -128,7 +128,9 @@ async function runAgentPod(x: Omit<World, 'agent' | 'pods' | 'layout'>, image: s
     await until('the agent in its container to answer /healthz 200', () => healthy(x.sb), 60_000, 200);
   } catch (err) {
     const st = await x.ctd.cri.containerStatus(containerId).catch(() => undefined);
-    throw new Error(`${String(err)}; container ${st?.state ?? '?'} (exit ${st?.exitCode ?? '?'} ${st?.reason ?? ''}); log:\n${await agentLog(a)}`);
+    throw new Error(
+      `${String(err)}; container ${st?.state ?? '?'} (exit ${st?.exitCode ?? '?'} ${st?.reason ?? ''}); log:\n${await agentLog(a)}`,
+    );
   }
   return a;
 }
@@ -181,17 +183,30 @@ test.before(async (t) => {
     const ctd = await Containerd.start(sb, { netnsUnderStateDir: false });
     cleanup.add(() => ctd.destroy());
     await ctd.importImage(AGENT_IMAGE_TAR);
-    const cfg = (await import('js-yaml')).default.load(ds.configMaps.get('kubenet-config')?.['config.yaml'] ?? '') as { bridgeName: string; ifbName: string; ipamDataDir: string; stateDir: string };
+    const cfg = (await import('js-yaml')).default.load(ds.configMaps.get('kubenet-config')?.['config.yaml'] ?? '') as {
+      bridgeName: string;
+      ifbName: string;
+      ipamDataDir: string;
+      stateDir: string;
+    };
     const base = { cleanup, sb, ctd, api, ds, nodeName, podCidr, caCert: pki.caCert };
     const agent = await runAgentPod(base, ds.container.image);
     world = {
       ...base,
       agent,
       pods: new Map(),
-      layout: { bridgeName: cfg.bridgeName, ifbName: cfg.ifbName, ipamDataDir: cfg.ipamDataDir, stateDir: cfg.stateDir, runtimeCacheDir: '/var/lib/cni' },
+      layout: {
+        bridgeName: cfg.bridgeName,
+        ifbName: cfg.ifbName,
+        ipamDataDir: cfg.ipamDataDir,
+        stateDir: cfg.stateDir,
+        runtimeCacheDir: '/var/lib/cni',
+      },
     };
     await ctd.waitNetworkReady();
-    t.log(`node netns ${sb.netns}, pod CIDR ${podCidr}; containerd ${(await ctd.cri.version()).runtimeVersion}; agent healthy in its container after ${Date.now() - t0} ms`);
+    t.log(
+      `node netns ${sb.netns}, pod CIDR ${podCidr}; containerd ${(await ctd.cri.version()).runtimeVersion}; agent healthy in its container after ${Date.now() - t0} ms`,
+    );
   } catch (err) {
     await cleanup.run().catch((e: unknown) => t.log(`cleanup after the failed setup: ${String(e)}`));
     throw err;
@@ -208,96 +223,154 @@ test.after.always(async () => {
   await world?.cleanup.run();
 });
 
-serialTest('the image the manifest names runs the agent as the DaemonSet says: it installs kubenet + loopback into the host dir and writes the conflist', async (t) => {
-  const { ctd, sb, ds, agent } = w();
-  const version = (JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
-  t.is(ds.container.image, `kubenet-ts:${version}`, 'the manifest names the image hack/build-image.sh builds');
-  const images = (await ctd.ctr(['images', 'ls', '-q'])).stdout.split('\n');
-  t.true(images.includes(`docker.io/library/kubenet-ts:${version}`), `the imported archive holds docker.io/library/kubenet-ts:${version}: ${images.join(' ')}`);
-  const st = await ctd.cri.containerStatus(agent.containerId);
-  t.is(st.state, 'CONTAINER_RUNNING');
-  t.is(st.image?.image.replace(/^docker\.io\/library\//, ''), ds.container.image);
-  t.deepEqual((await readdir(sb.hostPath('/opt/cni/bin'))).sort(), ['kubenet', 'loopback'], '/opt/cni/bin: the forwarder and loopback, from the image');
-  t.deepEqual(await readFile(sb.hostPath('/opt/cni/bin/kubenet')), await readFile(FORWARDER), 'the installed kubenet is the image\'s forwarder');
-  t.deepEqual(await readFile(sb.hostPath('/opt/cni/bin/loopback')), await readFile(refPlugin('loopback')), 'loopback is the pinned reference plugin');
-  t.deepEqual(await readdir(sb.hostPath('/etc/cni/net.d')), ['10-kubenet.conflist']);
-  const log = await agentLog(agent, 200);
-  t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
-  t.regex(log, /"backend":"nft".*"msg":"iptables backend of this node"/, 'the agent chose the node\'s iptables backend (a node with no rules yet: nft)');
-  t.regex((await sb.exec('iptables', ['-t', 'nat', '-S'])).stdout, /--comment "kubenet-ts: SNAT for outbound traffic from cluster".* -j MASQUERADE/, 'its masquerade rule is in the tables the node\'s own iptables (nft) shows');
-});
+serialTest(
+  'the image the manifest names runs the agent as the DaemonSet says: it installs kubenet + loopback into the host dir and writes the conflist',
+  async (t) => {
+    const { ctd, sb, ds, agent } = w();
+    const version = (JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+    t.is(ds.container.image, `kubenet-ts:${version}`, 'the manifest names the image hack/build-image.sh builds');
+    const images = (await ctd.ctr(['images', 'ls', '-q'])).stdout.split('\n');
+    t.true(
+      images.includes(`docker.io/library/kubenet-ts:${version}`),
+      `the imported archive holds docker.io/library/kubenet-ts:${version}: ${images.join(' ')}`,
+    );
+    const st = await ctd.cri.containerStatus(agent.containerId);
+    t.is(st.state, 'CONTAINER_RUNNING');
+    t.is(st.image?.image.replace(/^docker\.io\/library\//, ''), ds.container.image);
+    t.deepEqual(
+      (await readdir(sb.hostPath('/opt/cni/bin'))).sort(),
+      ['kubenet', 'loopback'],
+      '/opt/cni/bin: the forwarder and loopback, from the image',
+    );
+    t.deepEqual(
+      await readFile(sb.hostPath('/opt/cni/bin/kubenet')),
+      await readFile(FORWARDER),
+      "the installed kubenet is the image's forwarder",
+    );
+    t.deepEqual(
+      await readFile(sb.hostPath('/opt/cni/bin/loopback')),
+      await readFile(refPlugin('loopback')),
+      'loopback is the pinned reference plugin',
+    );
+    t.deepEqual(await readdir(sb.hostPath('/etc/cni/net.d')), ['10-kubenet.conflist']);
+    const log = await agentLog(agent, 200);
+    t.notRegex(log, /"level":(50|60)/, 'no error in the agent log');
+    t.regex(
+      log,
+      /"backend":"nft".*"msg":"iptables backend of this node"/,
+      "the agent chose the node's iptables backend (a node with no rules yet: nft)",
+    );
+    t.regex(
+      (await sb.exec('iptables', ['-t', 'nat', '-S'])).stdout,
+      /--comment "kubenet-ts: SNAT for outbound traffic from cluster".* -j MASQUERADE/,
+      "its masquerade rule is in the tables the node's own iptables (nft) shows",
+    );
+  },
+);
 
-serialTest('pods through the same containerd get addresses from the pod CIDR and their limits in the kernel; they reach each other and the node', async (t) => {
-  const { sb, podCidr, pods } = w();
-  await runPod('shaped', { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' });
-  await runPod('plain', {});
-  const subnet = parseCidr(podCidr);
-  for (const [name, p] of pods) t.true(cidrContains(subnet, p.ip), `${name}: ${p.ip} in ${podCidr}`);
-  t.not(pods.get('shaped')?.ip, pods.get('plain')?.ip);
-  const status = JSON.parse((await agentGet(sb.hostPath(SOCKET), '/v1/status')).body) as { pods: Array<{ name: string; hostVeth?: string; limits: { ingress?: number; egress?: number } }> };
-  const shaped = status.pods.find((p) => p.name === 'shaped');
-  t.deepEqual(shaped?.limits, { ingress: 20e6, egress: 10e6 });
-  t.deepEqual(status.pods.find((p) => p.name === 'plain')?.limits, {});
-  // Ingress, in the node's trees (the manifest's agent reads the sandbox uplink's link speed): the
-  // pod's veth redirects to the ingress tree's ifb, where its class's ceil is the limit.
-  t.regex((await sb.exec('tc', ['filter', 'show', 'dev', shaped?.hostVeth ?? '', 'parent', '2:'])).stdout, /Redirect to device kubenet-ifb0\.in/, `${shaped?.hostVeth} redirects to the ingress tree`);
-  const inClasses = (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout;
-  t.regex(inClasses, /^class htb 1:\S+ parent 1:fffe .*\bceil 20Mbit/m, `a class with the ingress limit in the ingress tree: ${inClasses}`);
-  const ping = (from: string, to: string) => execa('nsenter', [`--net=/proc/${from}/ns/net`, '--', 'ping', '-c', '2', '-W', '2', to], { reject: false });
-  const plainInfo = containerdSandboxInfo(await w().ctd.cri.podSandboxStatus(pods.get('plain')?.id ?? '', true));
-  t.is((await ping(String(plainInfo.pid), pods.get('shaped')?.ip ?? '')).exitCode, 0, 'plain pings shaped');
-  t.is((await sb.exec('ping', ['-c', '2', '-W', '2', pods.get('plain')?.ip ?? ''], { reject: false })).exitCode, 0, 'the node pings plain');
-});
+serialTest(
+  'pods through the same containerd get addresses from the pod CIDR and their limits in the kernel; they reach each other and the node',
+  async (t) => {
+    const { sb, podCidr, pods } = w();
+    await runPod('shaped', { 'kubernetes.io/ingress-bandwidth': '20M', 'kubernetes.io/egress-bandwidth': '10M' });
+    await runPod('plain', {});
+    const subnet = parseCidr(podCidr);
+    for (const [name, p] of pods) t.true(cidrContains(subnet, p.ip), `${name}: ${p.ip} in ${podCidr}`);
+    t.not(pods.get('shaped')?.ip, pods.get('plain')?.ip);
+    const status = JSON.parse((await agentGet(sb.hostPath(SOCKET), '/v1/status')).body) as {
+      pods: Array<{ name: string; hostVeth?: string; limits: { ingress?: number; egress?: number } }>;
+    };
+    const shaped = status.pods.find((p) => p.name === 'shaped');
+    t.deepEqual(shaped?.limits, { ingress: 20e6, egress: 10e6 });
+    t.deepEqual(status.pods.find((p) => p.name === 'plain')?.limits, {});
+    // Ingress, in the node's trees (the manifest's agent reads the sandbox uplink's link speed): the
+    // pod's veth redirects to the ingress tree's ifb, where its class's ceil is the limit.
+    t.regex(
+      (await sb.exec('tc', ['filter', 'show', 'dev', shaped?.hostVeth ?? '', 'parent', '2:'])).stdout,
+      /Redirect to device kubenet-ifb0\.in/,
+      `${shaped?.hostVeth} redirects to the ingress tree`,
+    );
+    const inClasses = (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout;
+    t.regex(
+      inClasses,
+      /^class htb 1:\S+ parent 1:fffe .*\bceil 20Mbit/m,
+      `a class with the ingress limit in the ingress tree: ${inClasses}`,
+    );
+    const ping = (from: string, to: string) =>
+      execa('nsenter', [`--net=/proc/${from}/ns/net`, '--', 'ping', '-c', '2', '-W', '2', to], { reject: false });
+    const plainInfo = containerdSandboxInfo(await w().ctd.cri.podSandboxStatus(pods.get('plain')?.id ?? '', true));
+    t.is((await ping(String(plainInfo.pid), pods.get('shaped')?.ip ?? '')).exitCode, 0, 'plain pings shaped');
+    t.is(
+      (await sb.exec('ping', ['-c', '2', '-W', '2', pods.get('plain')?.ip ?? ''], { reject: false })).exitCode,
+      0,
+      'the node pings plain',
+    );
+  },
+);
 
-serialTest('a rolling update to a new image tag: running pods keep their network (pinged throughout), the new agent knows them, and sets up the next pod', async (t) => {
-  const x = w();
-  const { ctd, sb, pods } = x;
-  const newImage = `kubenet-ts:upgrade-${uniq(4)}`;
-  await ctd.ctr(['images', 'tag', `docker.io/library/${x.ds.container.image}`, `docker.io/library/${newImage}`]);
-  const target = pods.get('shaped')?.ip ?? '';
-  const before = JSON.parse((await sb.exec('ip', ['-j', 'link', 'show', 'master', x.layout.bridgeName])).stdout) as Array<{ ifindex: number }>;
-  const pinger = pingThroughout((cmd, args) => sb.exec(cmd, args, { reject: false }), target, 30);
-  const started = Date.now();
-  await new Promise((r) => setTimeout(r, 500));
-  await removeAgentPod(ctd, x.agent, 30);
-  const gone = Date.now();
-  x.agent = await runAgentPod(x, newImage);
-  const back = Date.now();
-  await new Promise((r) => setTimeout(r, 500));
-  const ping = await pinger.stop();
-  t.log(`old agent pod removed after ${gone - started} ms, new agent healthy ${back - gone} ms later; ping every 50 ms: ${ping.sent} sent, ${ping.lost} lost`);
-  checkPingLoss(t, ping);
-  const after = JSON.parse((await sb.exec('ip', ['-j', 'link', 'show', 'master', x.layout.bridgeName])).stdout) as Array<{ ifindex: number }>;
-  t.deepEqual(after.map((l) => l.ifindex).sort(), before.map((l) => l.ifindex).sort(), 'the pods\' veths are the same links');
-  const status = JSON.parse((await agentGet(sb.hostPath(SOCKET), '/v1/status')).body) as { pods: Array<{ name: string; limits: object }> };
-  t.deepEqual(status.pods.map((p) => p.name).sort(), ['plain', 'shaped'], 'the new agent knows both pods');
-  t.deepEqual(status.pods.find((p) => p.name === 'shaped')?.limits, { ingress: 20e6, egress: 10e6 });
-  t.is((await ctd.cri.containerStatus(x.agent.containerId)).state, 'CONTAINER_RUNNING', `the agent runs from ${newImage}`);
-  await runPod('after', {});
-  t.true(cidrContains(parseCidr(x.podCidr), pods.get('after')?.ip ?? ''), 'a pod set up by the new agent');
-});
+serialTest(
+  'a rolling update to a new image tag: running pods keep their network (pinged throughout), the new agent knows them, and sets up the next pod',
+  async (t) => {
+    const x = w();
+    const { ctd, sb, pods } = x;
+    const newImage = `kubenet-ts:upgrade-${uniq(4)}`;
+    await ctd.ctr(['images', 'tag', `docker.io/library/${x.ds.container.image}`, `docker.io/library/${newImage}`]);
+    const target = pods.get('shaped')?.ip ?? '';
+    const before = JSON.parse((await sb.exec('ip', ['-j', 'link', 'show', 'master', x.layout.bridgeName])).stdout) as Array<{
+      ifindex: number;
+    }>;
+    const pinger = pingThroughout((cmd, args) => sb.exec(cmd, args, { reject: false }), target, 30);
+    const started = Date.now();
+    await new Promise((r) => setTimeout(r, 500));
+    await removeAgentPod(ctd, x.agent, 30);
+    const gone = Date.now();
+    x.agent = await runAgentPod(x, newImage);
+    const back = Date.now();
+    await new Promise((r) => setTimeout(r, 500));
+    const ping = await pinger.stop();
+    t.log(
+      `old agent pod removed after ${gone - started} ms, new agent healthy ${back - gone} ms later; ping every 50 ms: ${ping.sent} sent, ${ping.lost} lost`,
+    );
+    checkPingLoss(t, ping);
+    const after = JSON.parse((await sb.exec('ip', ['-j', 'link', 'show', 'master', x.layout.bridgeName])).stdout) as Array<{
+      ifindex: number;
+    }>;
+    t.deepEqual(after.map((l) => l.ifindex).sort(), before.map((l) => l.ifindex).sort(), "the pods' veths are the same links");
+    const status = JSON.parse((await agentGet(sb.hostPath(SOCKET), '/v1/status')).body) as {
+      pods: Array<{ name: string; limits: object }>;
+    };
+    t.deepEqual(status.pods.map((p) => p.name).sort(), ['plain', 'shaped'], 'the new agent knows both pods');
+    t.deepEqual(status.pods.find((p) => p.name === 'shaped')?.limits, { ingress: 20e6, egress: 10e6 });
+    t.is((await ctd.cri.containerStatus(x.agent.containerId)).state, 'CONTAINER_RUNNING', `the agent runs from ${newImage}`);
+    await runPod('after', {});
+    t.true(cidrContains(parseCidr(x.podCidr), pods.get('after')?.ip ?? ''), 'a pod set up by the new agent');
+  },
+);
 
-serialTest('removing every pod, then the agent, leaves nothing: no veth, reservation, cache entry, record, tc object, rule or container', async (t) => {
-  const { ctd, sb, pods, layout } = w();
-  for (const p of pods.values()) {
-    await ctd.cri.stopPodSandbox(p.id);
-    await ctd.cri.removePodSandbox(p.id);
-  }
-  pods.clear();
-  t.is(describeLeftovers(await podLeftovers(sb, layout)), describeLeftovers(NO_LEFTOVERS));
-  await removeAgentPod(ctd, w().agent, 30);
-  t.deepEqual(await ctd.cri.listContainers(), [], 'no container left');
-  t.deepEqual(await ctd.cri.listPodSandbox(), [], 'no pod sandbox left');
-  t.false(await healthy(sb), 'the agent is gone');
-  const agents = sb.processes().filter((pid) => {
-    try {
-      return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('/usr/local/bin/kubenet');
-    } catch {
-      return false;
+serialTest(
+  'removing every pod, then the agent, leaves nothing: no veth, reservation, cache entry, record, tc object, rule or container',
+  async (t) => {
+    const { ctd, sb, pods, layout } = w();
+    for (const p of pods.values()) {
+      await ctd.cri.stopPodSandbox(p.id);
+      await ctd.cri.removePodSandbox(p.id);
     }
-  });
-  t.deepEqual(agents, [], 'no agent process left');
-});
+    pods.clear();
+    t.is(describeLeftovers(await podLeftovers(sb, layout)), describeLeftovers(NO_LEFTOVERS));
+    await removeAgentPod(ctd, w().agent, 30);
+    t.deepEqual(await ctd.cri.listContainers(), [], 'no container left');
+    t.deepEqual(await ctd.cri.listPodSandbox(), [], 'no pod sandbox left');
+    t.false(await healthy(sb), 'the agent is gone');
+    const agents = sb.processes().filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('/usr/local/bin/kubenet');
+      } catch {
+        return false;
+      }
+    });
+    t.deepEqual(agents, [], 'no agent process left');
+  },
+);
 
 // ---- The SBOM beside the archive ----
 const SBOM = sbomPath(AGENT_IMAGE_TAR);
@@ -331,8 +404,19 @@ function parsePurl(p: string): { type: string; name: string; version?: string; q
   const m = /^pkg:([a-z]+)\/([^@?#]+)(?:@([^?#]+))?(?:\?([^#]*))?(?:#(.*))?$/.exec(p);
   if (!m) throw new Error(`not a purl: ${p}`);
   const dec = (s: string) => s.split('/').map(decodeURIComponent).join('/');
-  const qualifiers = Object.fromEntries((m[4] ?? '').split('&').filter(Boolean).map((kv) => kv.split('=').map(decodeURIComponent) as [string, string]));
-  return { type: m[1] ?? '', name: dec(m[2] ?? ''), ...(m[3] ? { version: decodeURIComponent(m[3]) } : {}), qualifiers, ...(m[5] ? { subpath: dec(m[5]) } : {}) };
+  const qualifiers = Object.fromEntries(
+    (m[4] ?? '')
+      .split('&')
+      .filter(Boolean)
+      .map((kv) => kv.split('=').map(decodeURIComponent) as [string, string]),
+  );
+  return {
+    type: m[1] ?? '',
+    name: dec(m[2] ?? ''),
+    ...(m[3] ? { version: decodeURIComponent(m[3]) } : {}),
+    qualifiers,
+    ...(m[5] ? { subpath: dec(m[5]) } : {}),
+  };
 }
 const purlOf = (p: SpdxPackage) => parsePurl(p.externalRefs.find((r) => r.referenceType === 'purl')?.referenceLocator ?? '');
 
@@ -355,121 +439,202 @@ async function goVersionM(dir: string): Promise<Map<string, { go: string; module
   return out;
 }
 
-(sbomBlocker ? test.skip : test)('the SBOM beside the archive is SPDX 2.3 and names the versions really inside the image: node, every node_modules package, every Go module of each Go binary, every Debian package', async (t) => {
-  const raw = await readFile(SBOM, 'utf8').catch(() => undefined);
-  if (raw === undefined) return t.fail(`no SBOM ${SBOM} beside ${AGENT_IMAGE_TAR} (bash hack/build-image.sh writes it)`);
-  const doc = JSON.parse(raw) as SpdxDocument;
-  const { rootfs, digest, dir } = await unpackImage(AGENT_IMAGE_TAR);
-  t.teardown(() => rm(dir, { recursive: true, force: true }));
+(sbomBlocker ? test.skip : test)(
+  'the SBOM beside the archive is SPDX 2.3 and names the versions really inside the image: node, every node_modules package, every Go module of each Go binary, every Debian package',
+  async (t) => {
+    const raw = await readFile(SBOM, 'utf8').catch(() => undefined);
+    if (raw === undefined) return t.fail(`no SBOM ${SBOM} beside ${AGENT_IMAGE_TAR} (bash hack/build-image.sh writes it)`);
+    const doc = JSON.parse(raw) as SpdxDocument;
+    const { rootfs, digest, dir } = await unpackImage(AGENT_IMAGE_TAR);
+    t.teardown(() => rm(dir, { recursive: true, force: true }));
 
-  // SPDX 2.3 in shape.
-  t.is(doc.spdxVersion, 'SPDX-2.3');
-  t.is(doc.dataLicense, 'CC0-1.0');
-  t.is(doc.SPDXID, 'SPDXRef-DOCUMENT');
-  t.regex(doc.name, /\S/);
-  t.notThrows(() => new URL(doc.documentNamespace), 'documentNamespace is a URI');
-  t.false(doc.documentNamespace.includes('#'), 'documentNamespace has no #');
-  t.true(doc.documentNamespace.endsWith(digest.replace(':', '-')), `the namespace names this archive's manifest ${digest}: ${doc.documentNamespace}`);
-  t.regex(doc.creationInfo.created, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
-  t.true(doc.creationInfo.creators.length > 0 && doc.creationInfo.creators.every((c) => /^(Tool|Organization|Person): \S/.test(c)), `creators: ${doc.creationInfo.creators.join(', ')}`);
-  const ids = [doc.SPDXID, ...doc.packages.map((p) => p.SPDXID)];
-  t.deepEqual(ids.filter((id, i) => ids.indexOf(id) !== i), [], 'unique SPDXIDs');
-  t.deepEqual(ids.filter((id) => !/^SPDXRef-[A-Za-z0-9.-]+$/.test(id)), [], 'SPDXIDs of the form SPDXRef-[A-Za-z0-9.-]+');
-  const known = new Set(ids);
-  t.deepEqual(doc.relationships.filter((r) => !known.has(r.spdxElementId) || !known.has(r.relatedSpdxElement)), [], 'every relationship names elements of the document');
-  for (const p of doc.packages) {
-    const bad = [
-      !p.name && 'name',
-      !p.versionInfo && 'versionInfo',
-      !/^(NOASSERTION|NONE|https?:\/\/\S+)$/.test(p.downloadLocation) && `downloadLocation ${p.downloadLocation}`,
-      !/^(NOASSERTION|(Person|Organization): \S.*)$/.test(p.supplier) && `supplier ${p.supplier}`,
-      p.externalRefs.filter((r) => r.referenceCategory === 'PACKAGE-MANAGER' && r.referenceType === 'purl').length !== 1 && 'one purl',
-      (p.checksums ?? []).some((c) => !/^[0-9a-f]+$/.test(c.checksumValue) || c.checksumValue.length !== { SHA1: 40, SHA256: 64, SHA512: 128 }[c.algorithm]) && 'checksums',
-    ].filter(Boolean);
-    t.deepEqual(bad, [], `${p.SPDXID}: ${bad.join(', ')}`);
-  }
-  // The described package is kubenet-ts at the version the image's package.json says; everything else is in it.
-  const app = JSON.parse(await readFile(join(rootfs, 'opt/kubenet/package.json'), 'utf8')) as { name: string; version: string };
-  const described = doc.relationships.filter((r) => r.relationshipType === 'DESCRIBES');
-  t.is(described.length, 1);
-  const root = doc.packages.find((p) => p.SPDXID === described[0]?.relatedSpdxElement);
-  t.deepEqual([root?.name, root?.versionInfo, root && purlOf(root).type], [app.name, app.version, 'npm']);
-  const contained = new Map<string, string[]>();
-  for (const r of doc.relationships.filter((x) => x.relationshipType === 'CONTAINS')) contained.set(r.spdxElementId, [...(contained.get(r.spdxElementId) ?? []), r.relatedSpdxElement]);
-  const reach = new Set<string>([root?.SPDXID ?? '']);
-  for (const id of reach) for (const c of contained.get(id) ?? []) reach.add(c);
-  t.deepEqual(doc.packages.map((p) => p.SPDXID).filter((id) => !reach.has(id)), [], `every package is in ${app.name} (CONTAINS)`);
-  const ofType = (type: string) => doc.packages.filter((p) => p !== root && purlOf(p).type === type);
-  for (const p of doc.packages) {
-    const u = purlOf(p);
-    // A Go binary is its main package: the main module's purl with the package's subpath.
-    t.is(u.subpath ? `${u.name}/${u.subpath}` : u.name.split('/').pop(), u.subpath ? p.name : p.name.split('/').pop(), `${p.SPDXID}: the purl's name`);
-  }
+    // SPDX 2.3 in shape.
+    t.is(doc.spdxVersion, 'SPDX-2.3');
+    t.is(doc.dataLicense, 'CC0-1.0');
+    t.is(doc.SPDXID, 'SPDXRef-DOCUMENT');
+    t.regex(doc.name, /\S/);
+    t.notThrows(() => new URL(doc.documentNamespace), 'documentNamespace is a URI');
+    t.false(doc.documentNamespace.includes('#'), 'documentNamespace has no #');
+    t.true(
+      doc.documentNamespace.endsWith(digest.replace(':', '-')),
+      `the namespace names this archive's manifest ${digest}: ${doc.documentNamespace}`,
+    );
+    t.regex(doc.creationInfo.created, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+    t.true(
+      doc.creationInfo.creators.length > 0 && doc.creationInfo.creators.every((c) => /^(Tool|Organization|Person): \S/.test(c)),
+      `creators: ${doc.creationInfo.creators.join(', ')}`,
+    );
+    const ids = [doc.SPDXID, ...doc.packages.map((p) => p.SPDXID)];
+    t.deepEqual(
+      ids.filter((id, i) => ids.indexOf(id) !== i),
+      [],
+      'unique SPDXIDs',
+    );
+    t.deepEqual(
+      ids.filter((id) => !/^SPDXRef-[A-Za-z0-9.-]+$/.test(id)),
+      [],
+      'SPDXIDs of the form SPDXRef-[A-Za-z0-9.-]+',
+    );
+    const known = new Set(ids);
+    t.deepEqual(
+      doc.relationships.filter((r) => !known.has(r.spdxElementId) || !known.has(r.relatedSpdxElement)),
+      [],
+      'every relationship names elements of the document',
+    );
+    for (const p of doc.packages) {
+      const bad = [
+        !p.name && 'name',
+        !p.versionInfo && 'versionInfo',
+        !/^(NOASSERTION|NONE|https?:\/\/\S+)$/.test(p.downloadLocation) && `downloadLocation ${p.downloadLocation}`,
+        !/^(NOASSERTION|(Person|Organization): \S.*)$/.test(p.supplier) && `supplier ${p.supplier}`,
+        p.externalRefs.filter((r) => r.referenceCategory === 'PACKAGE-MANAGER' && r.referenceType === 'purl').length !== 1 && 'one purl',
+        (p.checksums ?? []).some(
+          (c) => !/^[0-9a-f]+$/.test(c.checksumValue) || c.checksumValue.length !== { SHA1: 40, SHA256: 64, SHA512: 128 }[c.algorithm],
+        ) && 'checksums',
+      ].filter(Boolean);
+      t.deepEqual(bad, [], `${p.SPDXID}: ${bad.join(', ')}`);
+    }
+    // The described package is kubenet-ts at the version the image's package.json says; everything else is in it.
+    const app = JSON.parse(await readFile(join(rootfs, 'opt/kubenet/package.json'), 'utf8')) as { name: string; version: string };
+    const described = doc.relationships.filter((r) => r.relationshipType === 'DESCRIBES');
+    t.is(described.length, 1);
+    const root = doc.packages.find((p) => p.SPDXID === described[0]?.relatedSpdxElement);
+    t.deepEqual([root?.name, root?.versionInfo, root && purlOf(root).type], [app.name, app.version, 'npm']);
+    const contained = new Map<string, string[]>();
+    for (const r of doc.relationships.filter((x) => x.relationshipType === 'CONTAINS'))
+      contained.set(r.spdxElementId, [...(contained.get(r.spdxElementId) ?? []), r.relatedSpdxElement]);
+    const reach = new Set<string>([root?.SPDXID ?? '']);
+    for (const id of reach) for (const c of contained.get(id) ?? []) reach.add(c);
+    t.deepEqual(
+      doc.packages.map((p) => p.SPDXID).filter((id) => !reach.has(id)),
+      [],
+      `every package is in ${app.name} (CONTAINS)`,
+    );
+    const ofType = (type: string) => doc.packages.filter((p) => p !== root && purlOf(p).type === type);
+    for (const p of doc.packages) {
+      const u = purlOf(p);
+      // A Go binary is its main package: the main module's purl with the package's subpath.
+      t.is(
+        u.subpath ? `${u.name}/${u.subpath}` : u.name.split('/').pop(),
+        u.subpath ? p.name : p.name.split('/').pop(),
+        `${p.SPDXID}: the purl's name`,
+      );
+    }
 
-  // Node.js: the image's node, run by the image's own loader against the image's libraries.
-  const nodeV = (await execa(join(rootfs, 'usr/lib64/ld-linux-x86-64.so.2'), ['--library-path', join(rootfs, 'usr/lib/x86_64-linux-gnu'), join(rootfs, 'usr/local/bin/node'), '--version'])).stdout.trim();
-  const node = ofType('generic').filter((p) => p.name === 'node');
-  t.deepEqual(node.map((p) => `v${p.versionInfo}`), [nodeV], `node ${nodeV}`);
-  t.is(node[0] && purlOf(node[0]).version, nodeV.slice(1));
+    // Node.js: the image's node, run by the image's own loader against the image's libraries.
+    const nodeV = (
+      await execa(join(rootfs, 'usr/lib64/ld-linux-x86-64.so.2'), [
+        '--library-path',
+        join(rootfs, 'usr/lib/x86_64-linux-gnu'),
+        join(rootfs, 'usr/local/bin/node'),
+        '--version',
+      ])
+    ).stdout.trim();
+    const node = ofType('generic').filter((p) => p.name === 'node');
+    t.deepEqual(
+      node.map((p) => `v${p.versionInfo}`),
+      [nodeV],
+      `node ${nodeV}`,
+    );
+    t.is(node[0] && purlOf(node[0]).version, nodeV.slice(1));
 
-  // npm: every package.json directly under a node_modules (or node_modules/@scope) in the image.
-  const appFiles = await regularFiles(join(rootfs, 'opt/kubenet'));
-  const inImage = new Set<string>();
-  for (const f of appFiles.filter((x) => /\/node_modules\/(@[^/]+\/)?[^/@][^/]*\/package\.json$/.test(x))) {
-    const pj = JSON.parse(await readFile(join(rootfs, 'opt/kubenet', f), 'utf8')) as { name: string; version: string };
-    inImage.add(`${pj.name}@${pj.version}`);
-  }
-  const npm = ofType('npm');
-  t.deepEqual(npm.map((p) => `${p.name}@${p.versionInfo}`).sort(), [...inImage].sort(), 'the SBOM\'s npm packages are the image\'s node_modules');
-  t.deepEqual(npm.filter((p) => `${purlOf(p).name}@${purlOf(p).version}` !== `${p.name}@${p.versionInfo}`).map((p) => p.SPDXID), [], 'each npm purl names its package');
-  t.true(inImage.size > 10, `${inImage.size} npm packages`);
+    // npm: every package.json directly under a node_modules (or node_modules/@scope) in the image.
+    const appFiles = await regularFiles(join(rootfs, 'opt/kubenet'));
+    const inImage = new Set<string>();
+    for (const f of appFiles.filter((x) => /\/node_modules\/(@[^/]+\/)?[^/@][^/]*\/package\.json$/.test(x))) {
+      const pj = JSON.parse(await readFile(join(rootfs, 'opt/kubenet', f), 'utf8')) as { name: string; version: string };
+      inImage.add(`${pj.name}@${pj.version}`);
+    }
+    const npm = ofType('npm');
+    t.deepEqual(
+      npm.map((p) => `${p.name}@${p.versionInfo}`).sort(),
+      [...inImage].sort(),
+      "the SBOM's npm packages are the image's node_modules",
+    );
+    t.deepEqual(
+      npm.filter((p) => `${purlOf(p).name}@${purlOf(p).version}` !== `${p.name}@${p.versionInfo}`).map((p) => p.SPDXID),
+      [],
+      'each npm purl names its package',
+    );
+    t.true(inImage.size > 10, `${inImage.size} npm packages`);
 
-  // Go: `go version -m` on the whole image finds the Go binaries; each one's package CONTAINS exactly its modules and stdlib.
-  const gov = await goVersionM(rootfs);
-  const bins = ofType('golang').filter((p) => p.packageFileName);
-  t.deepEqual(bins.map((p) => p.packageFileName).sort(), [...gov.keys()].sort(), 'one package per Go binary in the image');
-  t.true(gov.size >= 5, `Go binaries: ${[...gov.keys()].join(' ')}`);
-  const byId = new Map(doc.packages.map((p) => [p.SPDXID, p]));
-  for (const b of bins) {
-    const want = gov.get(b.packageFileName ?? '');
-    const data = await readFile(join(rootfs, b.packageFileName ?? ''));
-    t.is(b.checksums?.find((c) => c.algorithm === 'SHA256')?.checksumValue, createHash('sha256').update(data).digest('hex'), `${b.packageFileName}: its SHA256`);
-    const mods = (contained.get(b.SPDXID) ?? []).map((id) => byId.get(id)).filter((p): p is SpdxPackage => p !== undefined);
-    t.true(mods.every((p) => purlOf(p).type === 'golang'), `${b.packageFileName}: golang packages only`);
-    t.deepEqual(mods.map((p) => `${p.name}@${p.versionInfo}`).sort(), [...(want?.modules ?? []), `stdlib@${want?.go}`].sort(), `${b.packageFileName}: the modules go version -m reports`);
-    t.is<string | undefined, string | undefined>(b.versionInfo, want?.modules[0]?.split('@')[1], `${b.packageFileName}: its main module's version`);
-  }
+    // Go: `go version -m` on the whole image finds the Go binaries; each one's package CONTAINS exactly its modules and stdlib.
+    const gov = await goVersionM(rootfs);
+    const bins = ofType('golang').filter((p) => p.packageFileName);
+    t.deepEqual(bins.map((p) => p.packageFileName).sort(), [...gov.keys()].sort(), 'one package per Go binary in the image');
+    t.true(gov.size >= 5, `Go binaries: ${[...gov.keys()].join(' ')}`);
+    const byId = new Map(doc.packages.map((p) => [p.SPDXID, p]));
+    for (const b of bins) {
+      const want = gov.get(b.packageFileName ?? '');
+      const data = await readFile(join(rootfs, b.packageFileName ?? ''));
+      t.is(
+        b.checksums?.find((c) => c.algorithm === 'SHA256')?.checksumValue,
+        createHash('sha256').update(data).digest('hex'),
+        `${b.packageFileName}: its SHA256`,
+      );
+      const mods = (contained.get(b.SPDXID) ?? []).map((id) => byId.get(id)).filter((p): p is SpdxPackage => p !== undefined);
+      t.true(
+        mods.every((p) => purlOf(p).type === 'golang'),
+        `${b.packageFileName}: golang packages only`,
+      );
+      t.deepEqual(
+        mods.map((p) => `${p.name}@${p.versionInfo}`).sort(),
+        [...(want?.modules ?? []), `stdlib@${want?.go}`].sort(),
+        `${b.packageFileName}: the modules go version -m reports`,
+      );
+      t.is<string | undefined, string | undefined>(
+        b.versionInfo,
+        want?.modules[0]?.split('@')[1],
+        `${b.packageFileName}: its main module's version`,
+      );
+    }
 
-  // Debian: every file of the image that is not ours (app, node, the CNI plugins, passwd/group, the
-  // records themselves) is, by its md5, a file of a package recorded in status.d; those packages are
-  // the SBOM's, at the recorded versions.
-  const statusDir = join(rootfs, 'var/lib/dpkg/status.d');
-  const records = new Map<string, { version: string; arch: string; md5s: Set<string> }>();
-  for (const name of (await readdir(statusDir)).filter((n) => !n.includes('.'))) {
-    const f = controlFields(await readFile(join(statusDir, name), 'utf8'));
-    const sums = await readFile(join(statusDir, `${name}.md5sums`), 'utf8').catch(() => '');
-    const md5s = new Set([...sums.split('\n'), ...(f.get('Conffiles') ?? '').split('\n')].map((l) => /\b([0-9a-f]{32})\b/.exec(l)?.[1]).filter((x): x is string => x !== undefined));
-    records.set(f.get('Package') ?? name, { version: f.get('Version') ?? '', arch: f.get('Architecture') ?? '', md5s });
-  }
-  const ours = /^\/(opt\/kubenet\/|usr\/local\/bin\/|usr\/lib\/cni\/|var\/lib\/dpkg\/status\.d\/|etc\/(passwd|group)$)/;
-  const debianFiles = (await regularFiles(rootfs)).filter((f) => !ours.test(f));
-  const owners = new Set<string>();
-  const orphans: string[] = [];
-  for (const f of debianFiles) {
-    const md5 = createHash('md5').update(await readFile(join(rootfs, f))).digest('hex');
-    const own = [...records].filter(([, r]) => r.md5s.has(md5)).map(([n]) => n);
-    if (own.length === 0) orphans.push(f);
-    for (const n of own) owners.add(n ?? '');
-  }
-  t.deepEqual(orphans, [], 'every Debian file of the image is a file of a recorded package (by md5)');
-  t.deepEqual([...owners].sort(), [...records.keys()].sort(), 'every recorded package has a file in the image');
-  t.true(debianFiles.length > 50 && records.size > 10, `${debianFiles.length} Debian files of ${records.size} packages`);
-  const deb = ofType('deb');
-  t.deepEqual(deb.map((p) => `${p.name}=${p.versionInfo}`).sort(), [...records].map(([n, r]) => `${n}=${r.version}`).sort(), 'the SBOM\'s Debian packages at the recorded versions');
-  t.deepEqual(
-    deb.map((p) => purlOf(p)).map((u) => `${u.name}=${u.version}:${u.qualifiers.arch}`).sort(),
-    [...records].map(([n, r]) => `debian/${n}=${r.version}:${r.arch}`).sort(),
-    'pkg:deb/debian/NAME@VERSION?arch=ARCH',
-  );
-  t.log(`SBOM: ${npm.length} npm, ${deb.length} deb, ${ofType('golang').length - bins.length} Go modules in ${bins.length} binaries, node ${nodeV}`);
-});
+    // Debian: every file of the image that is not ours (app, node, the CNI plugins, passwd/group, the
+    // records themselves) is, by its md5, a file of a package recorded in status.d; those packages are
+    // the SBOM's, at the recorded versions.
+    const statusDir = join(rootfs, 'var/lib/dpkg/status.d');
+    const records = new Map<string, { version: string; arch: string; md5s: Set<string> }>();
+    for (const name of (await readdir(statusDir)).filter((n) => !n.includes('.'))) {
+      const f = controlFields(await readFile(join(statusDir, name), 'utf8'));
+      const sums = await readFile(join(statusDir, `${name}.md5sums`), 'utf8').catch(() => '');
+      const md5s = new Set(
+        [...sums.split('\n'), ...(f.get('Conffiles') ?? '').split('\n')]
+          .map((l) => /\b([0-9a-f]{32})\b/.exec(l)?.[1])
+          .filter((x): x is string => x !== undefined),
+      );
+      records.set(f.get('Package') ?? name, { version: f.get('Version') ?? '', arch: f.get('Architecture') ?? '', md5s });
+    }
+    const ours = /^\/(opt\/kubenet\/|usr\/local\/bin\/|usr\/lib\/cni\/|var\/lib\/dpkg\/status\.d\/|etc\/(passwd|group)$)/;
+    const debianFiles = (await regularFiles(rootfs)).filter((f) => !ours.test(f));
+    const owners = new Set<string>();
+    const orphans: string[] = [];
+    for (const f of debianFiles) {
+      const md5 = createHash('md5')
+        .update(await readFile(join(rootfs, f)))
+        .digest('hex');
+      const own = [...records].filter(([, r]) => r.md5s.has(md5)).map(([n]) => n);
+      if (own.length === 0) orphans.push(f);
+      for (const n of own) owners.add(n ?? '');
+    }
+    t.deepEqual(orphans, [], 'every Debian file of the image is a file of a recorded package (by md5)');
+    t.deepEqual([...owners].sort(), [...records.keys()].sort(), 'every recorded package has a file in the image');
+    t.true(debianFiles.length > 50 && records.size > 10, `${debianFiles.length} Debian files of ${records.size} packages`);
+    const deb = ofType('deb');
+    t.deepEqual(
+      deb.map((p) => `${p.name}=${p.versionInfo}`).sort(),
+      [...records].map(([n, r]) => `${n}=${r.version}`).sort(),
+      "the SBOM's Debian packages at the recorded versions",
+    );
+    t.deepEqual(
+      deb
+        .map((p) => purlOf(p))
+        .map((u) => `${u.name}=${u.version}:${u.qualifiers.arch}`)
+        .sort(),
+      [...records].map(([n, r]) => `debian/${n}=${r.version}:${r.arch}`).sort(),
+      'pkg:deb/debian/NAME@VERSION?arch=ARCH',
+    );
+    t.log(
+      `SBOM: ${npm.length} npm, ${deb.length} deb, ${ofType('golang').length - bins.length} Go modules in ${bins.length} binaries, node ${nodeV}`,
+    );
+  },
+);

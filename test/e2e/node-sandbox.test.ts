@@ -28,7 +28,10 @@ serialTest('tmpfs dirs, node /sys, mount propagation one way, uplink, relay; des
 
   // Every default dir is a fresh, empty tmpfs inside; what is written there stays inside.
   const fs = await sb.exec('sh', ['-c', 'for d in "$@"; do stat -f -c %T "$d"; ls -A "$d" | wc -l; done', 'x', ...NODE_TMPFS_DIRS]);
-  t.deepEqual(fs.stdout.split('\n'), NODE_TMPFS_DIRS.flatMap(() => ['tmpfs', '0']));
+  t.deepEqual(
+    fs.stdout.split('\n'),
+    NODE_TMPFS_DIRS.flatMap(() => ['tmpfs', '0']),
+  );
   await sb.exec('sh', ['-c', 'echo inside > /var/lib/kubenet/kcr-probe']);
   t.is(readFileSync(sb.hostPath('/var/lib/kubenet/kcr-probe'), 'utf8'), 'inside\n', 'hostPath reads the file inside');
   t.false(existsSync('/var/lib/kubenet/kcr-probe'), 'the host does not see it');
@@ -74,7 +77,8 @@ serialTest('tmpfs dirs, node /sys, mount propagation one way, uplink, relay; des
 
   await sb.destroy();
   await stubborn;
-  for (const pid of [...inside, holder]) t.false(existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z '), `process ${pid} gone`);
+  for (const pid of [...inside, holder])
+    t.false(existsSync(`/proc/${pid}`) && !readFileSync(`/proc/${pid}/stat`, 'utf8').includes(') Z '), `process ${pid} gone`);
   t.false(await netnsExists(sb.netns), 'node netns deleted');
   t.false(await netnsExists(sb.lanNetns), 'lan netns deleted');
   await t.throwsAsync(stat(tmpDir), { code: 'ENOENT' });
@@ -94,5 +98,9 @@ serialTest('a failed setup removes what it made', async (t) => {
     [],
     'no kcr netns left',
   );
-  t.deepEqual((await readdir('/tmp')).filter((f) => f.startsWith('kcr-sandbox-') && !tmpBefore.has(f)), [], 'no temp dir left');
+  t.deepEqual(
+    (await readdir('/tmp')).filter((f) => f.startsWith('kcr-sandbox-') && !tmpBefore.has(f)),
+    [],
+    'no temp dir left',
+  );
 });

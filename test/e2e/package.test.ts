@@ -54,15 +54,22 @@ test('docs/library.md names every export the package has (its "exports exactly" 
   const paragraph = /^The package exports exactly:[\s\S]*?(?=\n\n)/m.exec(page)?.[0] ?? '';
   t.not(paragraph, '', 'docs/library.md keeps its "The package exports exactly:" paragraph');
   const named = new Set([...paragraph.matchAll(/`([A-Za-z]+)/g)].map((m) => m[1]));
-  t.deepEqual(DOCUMENTED_EXPORTS.filter((e) => !named.has(e)), [], 'every runtime export is named in docs/library.md');
+  t.deepEqual(
+    DOCUMENTED_EXPORTS.filter((e) => !named.has(e)),
+    [],
+    'every runtime export is named in docs/library.md',
+  );
 });
 
-serialTest('npm pack, installed in a fresh project: the documented exports, typed, used as docs/library.md shows, and the kubenet bin', async (t) => {
-  t.timeout(600_000);
-  // CPU-heavy (npm pack, npm install, tsc): never beside another suite's traffic measurement, whose
-  // flows it starved of CPU in a full run (a 20M flow dipped to 8.8 Mbit/s while this installed).
-  await withTrafficLock(() => packedPackage(t));
-});
+serialTest(
+  'npm pack, installed in a fresh project: the documented exports, typed, used as docs/library.md shows, and the kubenet bin',
+  async (t) => {
+    t.timeout(600_000);
+    // CPU-heavy (npm pack, npm install, tsc): never beside another suite's traffic measurement, whose
+    // flows it starved of CPU in a full run (a 20M flow dipped to 8.8 Mbit/s while this installed).
+    await withTrafficLock(() => packedPackage(t));
+  },
+);
 
 async function packedPackage(t: ExecutionContext): Promise<void> {
   const started = Date.now();
@@ -78,11 +85,24 @@ async function packedPackage(t: ExecutionContext): Promise<void> {
   const project = join(tmp, 'user-project');
   await mkdir(project);
   await writeFile(join(project, 'package.json'), JSON.stringify({ name: 'user-project', private: true, type: 'module' }));
-  await npm(['install', join(tmp, packed), `typescript@${pkg.devDependencies.typescript}`, `@types/node@${pkg.devDependencies['@types/node']}`, '--prefer-offline'], project);
+  await npm(
+    [
+      'install',
+      join(tmp, packed),
+      `typescript@${pkg.devDependencies.typescript}`,
+      `@types/node@${pkg.devDependencies['@types/node']}`,
+      '--prefer-offline',
+    ],
+    project,
+  );
 
   step('installed from the tarball');
   // The exports, at run time.
-  const keys = await execa('node', ['--input-type=module', '-e', "const m = await import('kubenet-ts'); console.log(JSON.stringify(Object.keys(m).sort()))"], { cwd: project });
+  const keys = await execa(
+    'node',
+    ['--input-type=module', '-e', "const m = await import('kubenet-ts'); console.log(JSON.stringify(Object.keys(m).sort()))"],
+    { cwd: project },
+  );
   t.deepEqual(JSON.parse(keys.stdout), DOCUMENTED_EXPORTS, 'the entry exports the documented API and nothing else');
 
   // docs/library.md's example, in strict TypeScript against the package's own declarations.
@@ -129,7 +149,10 @@ console.log(JSON.stringify(status));
   await writeFile(join(project, 'main.ts'), program);
   await writeFile(
     join(project, 'tsconfig.json'),
-    JSON.stringify({ compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, outDir: 'out', types: ['node'] }, include: ['main.ts'] }),
+    JSON.stringify({
+      compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, outDir: 'out', types: ['node'] },
+      include: ['main.ts'],
+    }),
   );
   const tsc = await execa('npx', ['tsc', '-p', '.'], { cwd: project, reject: false });
   step('typechecked');
@@ -155,10 +178,33 @@ console.log(JSON.stringify(status));
   const cniConf = join(tmp, 'cni-conf');
   const socket = join(tmp, 'kubenet.sock');
   const daemonArgs = [
-    'daemon', '--pod-cidr', '10.231.8.0/24', '--socket', socket, '--cni-bin-dir', cniBin, '--cni-conf-dir', cniConf,
-    '--plugin-bin-dirs', CNI_BIN_DIRS.join(','), '--bridge-name', bridge, '--ifb-name', ifb, '--ipam-data-dir', dirs.ipam,
-    '--cni-cache-dir', dirs.cache, '--state-dir', join(tmp, 'agent-state'), '--non-masquerade-cidr', '0.0.0.0/0', '--log-level', 'warn',
-    '--metrics-address', '127.0.0.1:0',
+    'daemon',
+    '--pod-cidr',
+    '10.231.8.0/24',
+    '--socket',
+    socket,
+    '--cni-bin-dir',
+    cniBin,
+    '--cni-conf-dir',
+    cniConf,
+    '--plugin-bin-dirs',
+    CNI_BIN_DIRS.join(','),
+    '--bridge-name',
+    bridge,
+    '--ifb-name',
+    ifb,
+    '--ipam-data-dir',
+    dirs.ipam,
+    '--cni-cache-dir',
+    dirs.cache,
+    '--state-dir',
+    join(tmp, 'agent-state'),
+    '--non-masquerade-cidr',
+    '0.0.0.0/0',
+    '--log-level',
+    'warn',
+    '--metrics-address',
+    '127.0.0.1:0',
   ];
   const daemon: ResultPromise = execa(bin, daemonArgs, { cwd: project, reject: false });
   cleanup.add(async () => {
@@ -172,13 +218,35 @@ console.log(JSON.stringify(status));
   }
   t.true(healthy, 'kubenet health answers once the agent is up');
   step('agent healthy');
-  t.is((await readFile(join(cniBin, 'kubenet'))).equals(await readFile(join(project, 'node_modules/kubenet-ts/native/build/kubenet-cni'))), true, 'the agent installed the forwarder the package built');
+  t.is(
+    (await readFile(join(cniBin, 'kubenet'))).equals(await readFile(join(project, 'node_modules/kubenet-ts/native/build/kubenet-cni'))),
+    true,
+    'the agent installed the forwarder the package built',
+  );
 
   const podNs = `kpk-${tag}-p`;
   const { path: podPath } = await addNetns(podNs);
   cleanup.add(() => delNetns(podNs));
   const libcni = (cmd: string) =>
-    execa(LIBCNI_DRIVER, [cmd, '--conf-dir', cniConf, '--bin-dir', [cniBin, ...CNI_BIN_DIRS].join(':'), '--cache-dir', join(tmp, 'libcni-cache'), '--netns', podPath, '--container-id', 'd'.repeat(64), '--args', 'K8S_POD_NAMESPACE=default;K8S_POD_NAME=p'], { reject: false });
+    execa(
+      LIBCNI_DRIVER,
+      [
+        cmd,
+        '--conf-dir',
+        cniConf,
+        '--bin-dir',
+        [cniBin, ...CNI_BIN_DIRS].join(':'),
+        '--cache-dir',
+        join(tmp, 'libcni-cache'),
+        '--netns',
+        podPath,
+        '--container-id',
+        'd'.repeat(64),
+        '--args',
+        'K8S_POD_NAMESPACE=default;K8S_POD_NAME=p',
+      ],
+      { reject: false },
+    );
   const add = await libcni('add');
   t.is(add.exitCode, 0, add.stderr);
   t.regex(add.stdout, /10\.231\.8\.\d+\/24/);

@@ -125,7 +125,10 @@ itest('dual-stack pod CIDR gives each pod an address and default route per famil
   const status = await plugin.getPodNetworkStatus(p.namespace, p.name, p.id);
   t.is(status.ips.length, 2);
   t.true(cidrContains(parseCidr(v4), status.ip), 'primary IP is the IPv4 one');
-  t.true(status.ips.some((ip) => ip.startsWith(v6prefix)), status.ips.join(','));
+  t.true(
+    status.ips.some((ip) => ip.startsWith(v6prefix)),
+    status.ips.join(','),
+  );
   const v6routes = await ipJson<IpRoute[]>(['-6', '-n', p.netns, 'route', 'show', 'default']);
   t.is(v6routes.length, 1);
   // hairpin-veth mode: the pod's bridge port has hairpin on.
@@ -275,7 +278,11 @@ itest('a restarted plugin tears down a pod it did not set up, through its record
   const logger = pino({ level: 'debug' }, { write: (l: string) => void lines.push(l) });
   const second = h.newPlugin({ logger });
   await second.init(h.host, 'none', '0.0.0.0/0');
-  t.deepEqual(second.listPods().map((r) => [r.containerId, r.phase]), [[p.id, 'ready']], 'the new process knows the pod from its record');
+  t.deepEqual(
+    second.listPods().map((r) => [r.containerId, r.phase]),
+    [[p.id, 'ready']],
+    'the new process knows the pod from its record',
+  );
   // No pod CIDR yet in the new process: the recorded config alone drives DEL.
   await second.tearDownPod(p.namespace, p.name, p.id);
   t.true(
@@ -287,26 +294,32 @@ itest('a restarted plugin tears down a pod it did not set up, through its record
   t.false(await linkExists('eth0', p.netns));
 });
 
-itest('an empty reservation file (host-local killed between creating and writing it) is freed by the next start; a live pod\'s reservation stays', async (t) => {
-  const h = await harness(t);
-  const { plugin: first, cidr } = await ready(h);
-  const p = await h.addPod('live');
-  await first.setUpPod(p.namespace, p.name, p.id);
-  const [liveIp] = await h.reservedIps();
-  // What a SIGKILLed host-local leaves: the address's file, created, never written.
-  const orphan = cidr.replace(/0\/24$/, '77');
-  await writeFile(join(h.ipamDir, 'kubenet', orphan), '');
-  const lines: string[] = [];
-  const second = h.newPlugin({ logger: pino({ level: 'info' }, { write: (l: string) => void lines.push(l) }) });
-  await second.init(h.host, 'none', '0.0.0.0/0');
-  await second.event('pod-cidr-change', { 'pod-cidr': cidr });
-  t.deepEqual(await h.reservedIps(), [liveIp], 'the empty reservation is gone, the live pod\'s kept');
-  t.true(lines.some((l) => l.includes(`"addresses":["${orphan}"]`)), 'the start says which address it freed');
-  await second.tearDownPod(p.namespace, p.name, p.id);
-  t.deepEqual(await h.reservedIps(), []);
-});
+itest(
+  "an empty reservation file (host-local killed between creating and writing it) is freed by the next start; a live pod's reservation stays",
+  async (t) => {
+    const h = await harness(t);
+    const { plugin: first, cidr } = await ready(h);
+    const p = await h.addPod('live');
+    await first.setUpPod(p.namespace, p.name, p.id);
+    const [liveIp] = await h.reservedIps();
+    // What a SIGKILLed host-local leaves: the address's file, created, never written.
+    const orphan = cidr.replace(/0\/24$/, '77');
+    await writeFile(join(h.ipamDir, 'kubenet', orphan), '');
+    const lines: string[] = [];
+    const second = h.newPlugin({ logger: pino({ level: 'info' }, { write: (l: string) => void lines.push(l) }) });
+    await second.init(h.host, 'none', '0.0.0.0/0');
+    await second.event('pod-cidr-change', { 'pod-cidr': cidr });
+    t.deepEqual(await h.reservedIps(), [liveIp], "the empty reservation is gone, the live pod's kept");
+    t.true(
+      lines.some((l) => l.includes(`"addresses":["${orphan}"]`)),
+      'the start says which address it freed',
+    );
+    await second.tearDownPod(p.namespace, p.name, p.id);
+    t.deepEqual(await h.reservedIps(), []);
+  },
+);
 
-itest('teardown deletes only a veth on the bridge that is provably the pod\'s; a record naming another link leaves it alone', async (t) => {
+itest("teardown deletes only a veth on the bridge that is provably the pod's; a record naming another link leaves it alone", async (t) => {
   const h = await harness(t);
   const { plugin } = await ready(h);
   const [a, b] = await Promise.all([h.addPod('fast'), h.addPod('guarded')]);
@@ -330,7 +343,10 @@ itest('teardown deletes only a veth on the bridge that is provably the pod\'s; a
   await plugin.tearDownPod(a.namespace, a.name, a.id);
   await plugin.tearDownPod(b.namespace, b.name, b.id);
   t.true(await linkExists(stranger), 'a veth that is not on the bridge is never deleted');
-  for (const [pod, veth] of [[a, vethA], [b, vethB]] as const) {
+  for (const [pod, veth] of [
+    [a, vethA],
+    [b, vethB],
+  ] as const) {
     t.false(await linkExists(veth), `${pod.name}: host veth ${veth} gone (pod b's found through its netns)`);
     t.false(await linkExists('eth0', pod.netns), `${pod.name}: eth0 gone`);
   }
@@ -363,7 +379,7 @@ serialTest('init ensures exactly one masquerade rule and sets the bridge sysctl 
 
 // The bridge plugin pins the MAC itself when it is the gateway (host-local mode); kubenet pins it when
 // it makes the bridge, which is what keeps it in dhcp mode (no gateway): test/e2e/dhcp.test.ts's CHECK.
-itest("the bridge exists once the pod CIDR is known and keeps its MAC when ports with lower MACs join (CHECK compares it)", async (t) => {
+itest('the bridge exists once the pod CIDR is known and keeps its MAC when ports with lower MACs join (CHECK compares it)', async (t) => {
   const h = await harness(t);
   const { plugin } = await ready(h);
   const mac = async () => (await ipJson<Array<{ address: string }>>(['link', 'show', h.bridge]))[0]?.address ?? '';
@@ -378,6 +394,10 @@ itest("the bridge exists once the pod CIDR is known and keeps its MAC when ports
   await sh('ip', ['link', 'set', low, 'master', h.bridge, 'up']);
   t.is(await mac(), before, 'the bridge keeps its MAC');
   const recorded = plugin.network.get(p.id)?.result as { interfaces?: Array<{ name: string; mac?: string }> } | undefined;
-  t.is(recorded?.interfaces?.find((i) => i.name === h.bridge)?.mac, before, 'the result recorded at ADD names the MAC the bridge still has');
+  t.is(
+    recorded?.interfaces?.find((i) => i.name === h.bridge)?.mac,
+    before,
+    'the result recorded at ADD names the MAC the bridge still has',
+  );
   await plugin.tearDownPod(p.namespace, p.name, p.id);
 });

@@ -98,7 +98,8 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
     // The Node gets its pod CIDR: the retried DEL of D goes through.
     api.setNode(nodeObject(nodeName, { podCIDR: cidr, podCIDRs: [cidr] }));
     const until = Date.now() + 20_000;
-    while (Date.now() < until && (await agentGet(sb.hostPath(s.socket), HEALTH_PATH)).status !== 200) await new Promise((r) => setTimeout(r, 100));
+    while (Date.now() < until && (await agentGet(sb.hostPath(s.socket), HEALTH_PATH)).status !== 200)
+      await new Promise((r) => setTimeout(r, 100));
     const retryD = await world.call('del', d);
     t.is(retryD.exitCode, 0, `D: the retried DEL succeeds once the pod CIDR is known: ${retryD.stderr}`);
     for (const p of [c, d]) {
@@ -106,6 +107,16 @@ serialTest('DEL while the restarted agent has no pod CIDR yet: only an unrecorde
       t.is((await world.call('del', p, { netns: '' })).exitCode, 0, `${p.name}: the Remove DEL`);
     }
     await execa('ip', ['netns', 'del', b.netns]);
-    t.deepEqual(await podLeftovers(sb, { bridgeName: s.bridgeName, ifbName: s.ifbName, ipamDataDir: s.ipamDataDir, stateDir: s.stateDir, runtimeCacheDir: world.libcni.cacheDir }), NO_LEFTOVERS, 'nothing of any pod is left');
+    t.deepEqual(
+      await podLeftovers(sb, {
+        bridgeName: s.bridgeName,
+        ifbName: s.ifbName,
+        ipamDataDir: s.ipamDataDir,
+        stateDir: s.stateDir,
+        runtimeCacheDir: world.libcni.cacheDir,
+      }),
+      NO_LEFTOVERS,
+      'nothing of any pod is left',
+    );
   });
 });

@@ -38,7 +38,16 @@ function w(): SandboxWorld {
 }
 
 async function startAgent(unshaped: string): Promise<void> {
-  await w().startAgent(['--pod-cidr', POD_CIDR, '--unshaped-cidrs', unshaped, '--plugin-bin-dirs', CNI_BIN_DIRS.join(','), '--log-level', 'info']);
+  await w().startAgent([
+    '--pod-cidr',
+    POD_CIDR,
+    '--unshaped-cidrs',
+    unshaped,
+    '--plugin-bin-dirs',
+    CNI_BIN_DIRS.join(','),
+    '--log-level',
+    'info',
+  ]);
 }
 
 /** The node's unshaped rules: the chain per family (undefined: no chain) and the POSTROUTING jumps. */
@@ -47,7 +56,11 @@ async function nodeRules(): Promise<{ v4?: string[]; v6?: string[]; jumps: strin
     const r = await w().sb.exec(tool, ['-t', 'mangle', '-S', 'KUBENET-UNSHAPED'], { reject: false });
     return r.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.startsWith('-A ')) : undefined;
   };
-  const jumps = async (tool: string) => (await w().inNode(tool, ['-t', 'mangle', '-S', 'POSTROUTING'])).split('\n').filter((l) => l.includes('KUBENET-UNSHAPED')).map((l) => `${tool} ${l}`);
+  const jumps = async (tool: string) =>
+    (await w().inNode(tool, ['-t', 'mangle', '-S', 'POSTROUTING']))
+      .split('\n')
+      .filter((l) => l.includes('KUBENET-UNSHAPED'))
+      .map((l) => `${tool} ${l}`);
   const v4 = await chain('iptables');
   const v6 = await chain('ip6tables');
   return { ...(v4 ? { v4 } : {}), ...(v6 ? { v6 } : {}), jumps: [...(await jumps('iptables')), ...(await jumps('ip6tables'))] };
@@ -68,7 +81,10 @@ async function ifbFilters(): Promise<string[]> {
 /** The pod's own tc objects on its host veth (what its ADD made). */
 async function vethObjects(hostVeth: string): Promise<number> {
   const lines = await Promise.all(['qdisc', 'class', 'filter'].map((o) => w().inNode('tc', [o, 'show', 'dev', hostVeth])));
-  return lines.join('\n').split('\n').filter((l) => l.trim() !== '').length;
+  return lines
+    .join('\n')
+    .split('\n')
+    .filter((l) => l.trim() !== '').length;
 }
 
 test.before(async () => {
@@ -83,45 +99,62 @@ test.after.always(async () => {
   await world?.destroy();
 });
 
-serialTest('unshapedCIDRs: exactly its rules on the node; the gateway (in 10/8) at line rate, the LAN host at the limit, both ways', async (t) => {
-  const rules = await nodeRules();
-  t.deepEqual(rules.v4, [`-A KUBENET-UNSHAPED -s 10.0.0.0/8 ${SET_CLASS}`]);
-  t.deepEqual(rules.v6, [`-A KUBENET-UNSHAPED -s fd00:10::/32 ${SET_CLASS}`]);
-  t.is(rules.jumps.length, 2, `one jump per family: ${rules.jumps.join(' | ')}`);
-  t.true(rules.jumps.every((j) => j.includes('-o cbr0')), 'for packets leaving through the bridge');
-  t.deepEqual(await ifbFilters(), ['prio 4 match 0a000000/ff000000 at 16', 'prio 5 match fd000010/ffffffff at 24'], 'the ifb: one filter per CIDR, destination matched, to the htb root');
+serialTest(
+  'unshapedCIDRs: exactly its rules on the node; the gateway (in 10/8) at line rate, the LAN host at the limit, both ways',
+  async (t) => {
+    const rules = await nodeRules();
+    t.deepEqual(rules.v4, [`-A KUBENET-UNSHAPED -s 10.0.0.0/8 ${SET_CLASS}`]);
+    t.deepEqual(rules.v6, [`-A KUBENET-UNSHAPED -s fd00:10::/32 ${SET_CLASS}`]);
+    t.is(rules.jumps.length, 2, `one jump per family: ${rules.jumps.join(' | ')}`);
+    t.true(
+      rules.jumps.every((j) => j.includes('-o cbr0')),
+      'for packets leaving through the bridge',
+    );
+    t.deepEqual(
+      await ifbFilters(),
+      ['prio 4 match 0a000000/ff000000 at 16', 'prio 5 match fd000010/ffffffff at 24'],
+      'the ifb: one filter per CIDR, destination matched, to the htb root',
+    );
 
-  pod = await w().newPod('shaped');
-  pod.runtimeConfig = BANDWIDTH;
-  const r = await w().call('add', pod);
-  t.is(r.exitCode, 0, r.stderr);
-  const p = pod;
-  const podEp: IperfEndpoint = { netns: p.netns, ip4: p.ip ?? '' };
-  const gateway: IperfEndpoint = { netns: w().sb.netns, ip4: GATEWAY };
-  const lan: IperfEndpoint = { netns: w().sb.lanNetns, ip4: w().sb.uplink.lanIp };
-  shapedMean(t, 'LAN host → pod (ingress 10M)', await iperf(podEp, lan, { onRetry: retryLog(t), seconds: 5 }));
-  shapedMean(t, 'pod → LAN host (egress 10M, masqueraded)', await iperf(lan, podEp, { onRetry: retryLog(t), seconds: 5 }));
-  const fromGw = await iperf(podEp, gateway, { onRetry: retryLog(t), seconds: 3 });
-  logUnshaped(t, 'gateway → pod', fromGw.bps, fromGw.intervals, LIMIT);
-  const toGw = await iperf(gateway, podEp, { onRetry: retryLog(t), seconds: 3 });
-  logUnshaped(t, 'pod → gateway', toGw.bps, toGw.intervals, LIMIT);
-});
+    pod = await w().newPod('shaped');
+    pod.runtimeConfig = BANDWIDTH;
+    const r = await w().call('add', pod);
+    t.is(r.exitCode, 0, r.stderr);
+    const p = pod;
+    const podEp: IperfEndpoint = { netns: p.netns, ip4: p.ip ?? '' };
+    const gateway: IperfEndpoint = { netns: w().sb.netns, ip4: GATEWAY };
+    const lan: IperfEndpoint = { netns: w().sb.lanNetns, ip4: w().sb.uplink.lanIp };
+    shapedMean(t, 'LAN host → pod (ingress 10M)', await iperf(podEp, lan, { onRetry: retryLog(t), seconds: 5 }));
+    shapedMean(t, 'pod → LAN host (egress 10M, masqueraded)', await iperf(lan, podEp, { onRetry: retryLog(t), seconds: 5 }));
+    const fromGw = await iperf(podEp, gateway, { onRetry: retryLog(t), seconds: 3 });
+    logUnshaped(t, 'gateway → pod', fromGw.bps, fromGw.intervals, LIMIT);
+    const toGw = await iperf(gateway, podEp, { onRetry: retryLog(t), seconds: 3 });
+    logUnshaped(t, 'pod → gateway', toGw.bps, toGw.intervals, LIMIT);
+  },
+);
 
-serialTest('restarted with another list: exactly its rules (the other family\'s chain gone); the pod\'s own tc objects the same', async (t) => {
-  const p = pod;
-  if (!p?.ip) throw new Error('the first test set no pod up');
-  const hostVeth = await podHostVeth(p);
-  const before = await vethObjects(hostVeth);
-  await startAgent('192.168.0.0/16');
-  const rules = await nodeRules();
-  t.deepEqual(rules.v4, [`-A KUBENET-UNSHAPED -s 192.168.0.0/16 ${SET_CLASS}`]);
-  t.is(rules.v6, undefined, 'no IPv6 CIDR: no ip6tables chain');
-  t.deepEqual(rules.jumps.map((j) => j.split(' ')[0]), ['iptables'], 'one jump, IPv4 only');
-  t.deepEqual(await ifbFilters(), ['prio 4 match c0a80000/ffff0000 at 16']);
-  t.is(await vethObjects(hostVeth), before, `the pod's veth holds the same ${before} tc objects with any list`);
-});
+serialTest(
+  "restarted with another list: exactly its rules (the other family's chain gone); the pod's own tc objects the same",
+  async (t) => {
+    const p = pod;
+    if (!p?.ip) throw new Error('the first test set no pod up');
+    const hostVeth = await podHostVeth(p);
+    const before = await vethObjects(hostVeth);
+    await startAgent('192.168.0.0/16');
+    const rules = await nodeRules();
+    t.deepEqual(rules.v4, [`-A KUBENET-UNSHAPED -s 192.168.0.0/16 ${SET_CLASS}`]);
+    t.is(rules.v6, undefined, 'no IPv6 CIDR: no ip6tables chain');
+    t.deepEqual(
+      rules.jumps.map((j) => j.split(' ')[0]),
+      ['iptables'],
+      'one jump, IPv4 only',
+    );
+    t.deepEqual(await ifbFilters(), ['prio 4 match c0a80000/ffff0000 at 16']);
+    t.is(await vethObjects(hostVeth), before, `the pod's veth holds the same ${before} tc objects with any list`);
+  },
+);
 
-serialTest('restarted with an empty list: no unshaped rule anywhere, and the gateway\'s traffic is shaped like any other', async (t) => {
+serialTest("restarted with an empty list: no unshaped rule anywhere, and the gateway's traffic is shaped like any other", async (t) => {
   const p = pod;
   if (!p?.ip) throw new Error('the first test set no pod up');
   await startAgent('');
@@ -140,15 +173,18 @@ serialTest('restarted with an empty list: no unshaped rule anywhere, and the gat
  * 17.4 Mbit/s, both seconds together at the limit) would fail a check this suite is not about.
  */
 function shapedMean(t: ExecutionContext, what: string, r: IperfResult): void {
-  t.log(`${what}: ${(r.bps / 1e6).toFixed(2)} Mbit/s of ${LIMIT / 1e6}, 1 s intervals ${r.intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`);
+  t.log(
+    `${what}: ${(r.bps / 1e6).toFixed(2)} Mbit/s of ${LIMIT / 1e6}, 1 s intervals ${r.intervals.map((i) => (i / 1e6).toFixed(2)).join(' ')}`,
+  );
   t.true(Math.abs(r.bps / LIMIT - 1) <= 0.1, `${what}: ${r.bps} within ±10 % of ${LIMIT}`);
 }
 
 /** The pod's host veth, from the agent's status. */
 async function podHostVeth(p: TestPod): Promise<string> {
-  const status = JSON.parse((await agentGet(w().sb.hostPath(DEFAULT_SOCKET_PATH), '/v1/status')).body) as { pods: Array<{ name: string; hostVeth?: string }> };
+  const status = JSON.parse((await agentGet(w().sb.hostPath(DEFAULT_SOCKET_PATH), '/v1/status')).body) as {
+    pods: Array<{ name: string; hostVeth?: string }>;
+  };
   const veth = status.pods.find((x) => x.name === p.name)?.hostVeth;
   if (!veth) throw new Error(`no host veth for ${p.name} in the agent's status`);
   return veth;
 }
-

@@ -78,7 +78,12 @@ export class AgentHarness {
     return this;
   }
 
-  async startAgent(source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''), pods?: PodLookup, logger?: Logger, opts: AgentOptions = {}): Promise<Agent> {
+  async startAgent(
+    source: PodCidrSource = new StaticCidr(this.config.podCIDR ?? ''),
+    pods?: PodLookup,
+    logger?: Logger,
+    opts: AgentOptions = {},
+  ): Promise<Agent> {
     const agent = new Agent(this.config, source, logger ?? createLogger({ level: this.config.logLevel }), pods, opts);
     this.agent = agent;
     await agent.start();
@@ -116,7 +121,14 @@ export class AgentHarness {
     const runtimeConfig = opts.runtimeConfig ?? pod.runtimeConfig;
     const args = libcniCallArgs(
       { ...this.libcniDirs(), cache: opts.cacheDir ?? this.libcniCache },
-      { cmd, netns: opts.netns ?? pod.netnsPath, containerId: pod.id, ifName: pod.ifName, args: cniArgs(pod), ...(runtimeConfig ? { runtimeConfig } : {}) },
+      {
+        cmd,
+        netns: opts.netns ?? pod.netnsPath,
+        containerId: pod.id,
+        ifName: pod.ifName,
+        args: cniArgs(pod),
+        ...(runtimeConfig ? { runtimeConfig } : {}),
+      },
     );
     const r = await execa(LIBCNI_DRIVER, args, { reject: false });
     return { exitCode: r.exitCode ?? -1, stdout: r.stdout, stderr: r.stderr };
@@ -127,7 +139,14 @@ export class AgentHarness {
    * in-process, `concurrency` calls at a time, as containerd makes them); its answers by pod index.
    */
   libcniBatch(cmd: 'add' | 'del', pods: TestPod[], concurrency: number): Promise<BatchRun> {
-    const requests = pods.map((p) => ({ cmd, netns: p.netnsPath, containerId: p.id, ifName: p.ifName, args: cniArgs(p), ...(p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {}) }));
+    const requests = pods.map((p) => ({
+      cmd,
+      netns: p.netnsPath,
+      containerId: p.id,
+      ifName: p.ifName,
+      args: cniArgs(p),
+      ...(p.runtimeConfig ? { runtimeConfig: p.runtimeConfig } : {}),
+    }));
     return libcniBatch(this.libcniDirs(), requests, concurrency);
   }
 
@@ -211,7 +230,25 @@ export interface LibcniDirs {
 
 /** The arguments of one `libcni-driver` call of `q` on `dirs` (test/libcni/driver.go). */
 export function libcniCallArgs(dirs: LibcniDirs, q: Omit<BatchRequest, 'cmd'> & { cmd: 'add' | 'del' | 'check' }): string[] {
-  const args = [q.cmd, '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--netns', q.netns, '--container-id', q.containerId, '--ifname', q.ifName, '--args', q.args, '--timeout', '60s'];
+  const args = [
+    q.cmd,
+    '--conf-dir',
+    dirs.conf,
+    '--bin-dir',
+    dirs.bin,
+    '--cache-dir',
+    dirs.cache,
+    '--netns',
+    q.netns,
+    '--container-id',
+    q.containerId,
+    '--ifname',
+    q.ifName,
+    '--args',
+    q.args,
+    '--timeout',
+    '60s',
+  ];
   if (q.runtimeConfig) args.push('--runtime-config', JSON.stringify(q.runtimeConfig));
   return args;
 }
@@ -222,10 +259,30 @@ export type DriverRunner = (file: string, args: string[], input: string) => Prom
 const runHere: DriverRunner = (file, args, input) => execa(file, args, { input, reject: false });
 
 /** The requests through one libcni-driver process, `concurrency` at a time, on `dirs`. */
-export async function libcniBatch(dirs: LibcniDirs, requests: BatchRequest[], concurrency: number, run: DriverRunner = runHere): Promise<BatchRun> {
-  const args = ['batch', '--conf-dir', dirs.conf, '--bin-dir', dirs.bin, '--cache-dir', dirs.cache, '--concurrency', String(concurrency), '--timeout', '60s'];
+export async function libcniBatch(
+  dirs: LibcniDirs,
+  requests: BatchRequest[],
+  concurrency: number,
+  run: DriverRunner = runHere,
+): Promise<BatchRun> {
+  const args = [
+    'batch',
+    '--conf-dir',
+    dirs.conf,
+    '--bin-dir',
+    dirs.bin,
+    '--cache-dir',
+    dirs.cache,
+    '--concurrency',
+    String(concurrency),
+    '--timeout',
+    '60s',
+  ];
   const r = await run(LIBCNI_DRIVER, args, requests.map((q) => JSON.stringify(q)).join('\n'));
-  const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Partial<BatchAnswer> & { wallMs?: number });
+  const lines = r.stdout
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Partial<BatchAnswer> & { wallMs?: number });
   const answers: BatchAnswer[] = [];
   for (const l of lines) if (l.i !== undefined) answers[l.i] = l as BatchAnswer;
   return { exitCode: r.exitCode ?? -1, stderr: r.stderr, answers, wallMs: lines.find((l) => l.wallMs !== undefined)?.wallMs };
@@ -234,7 +291,12 @@ export async function libcniBatch(dirs: LibcniDirs, requests: BatchRequest[], co
 /** One forwarded CNI call straight to an agent socket, as the CNI binary sends it. */
 export function postCni(socketPath: string, env: Record<string, string>, stdin: string): Promise<{ status: number; body: string }> {
   const body = JSON.stringify({ env, stdin });
-  const headers = { host: CNI_API_HOST, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), connection: 'close' };
+  const headers = {
+    host: CNI_API_HOST,
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(body),
+    connection: 'close',
+  };
   return new Promise((resolve, reject) => {
     const req = request({ socketPath, path: CNI_API_PATH, method: 'POST', headers }, (res) => {
       const chunks: Buffer[] = [];

@@ -50,14 +50,21 @@ export class AgentProcess {
   async start(opts: { ready?: boolean } = {}): Promise<void> {
     const ready = opts.ready ?? true;
     const [cmd, ...pre] = [...this.wrapper, process.execPath];
-    this.proc = this.sandbox.spawn(cmd ?? process.execPath, [...pre, '--import', 'tsx', AGENT_MAIN, 'daemon', ...this.args], { cwd: ROOT, env: this.env, logFile: this.logFile });
+    this.proc = this.sandbox.spawn(cmd ?? process.execPath, [...pre, '--import', 'tsx', AGENT_MAIN, 'daemon', ...this.args], {
+      cwd: ROOT,
+      env: this.env,
+      logFile: this.logFile,
+    });
     const proc = this.proc;
     let exited = false;
     void proc.then(() => (exited = true));
     const deadline = Date.now() + 60_000;
     let last = '';
     while (Date.now() < deadline && !exited) {
-      const r = await agentGet(this.sandbox.hostPath(this.socket), HEALTH_PATH, 2_000).catch((err: Error) => ({ status: 0, body: err.message }));
+      const r = await agentGet(this.sandbox.hostPath(this.socket), HEALTH_PATH, 2_000).catch((err: Error) => ({
+        status: 0,
+        body: err.message,
+      }));
       if (r.status === 200 || (!ready && r.status !== 0)) return;
       last = `${r.status} ${r.body}`;
       await new Promise((res) => setTimeout(res, 200));
@@ -95,7 +102,10 @@ export class AgentProcess {
 }
 
 /** The directory and device settings of the manifest's config (the keys the tests look at). */
-export type ManifestSettings = Pick<AgentConfig, 'socket' | 'cniBinDir' | 'cniConfDir' | 'pluginBinDirs' | 'bridgeName' | 'ifbName' | 'ipamDataDir' | 'cniCacheDir' | 'stateDir'>;
+export type ManifestSettings = Pick<
+  AgentConfig,
+  'socket' | 'cniBinDir' | 'cniConfDir' | 'pluginBinDirs' | 'bridgeName' | 'ifbName' | 'ipamDataDir' | 'cniCacheDir' | 'stateDir'
+>;
 
 export interface ManifestAgent {
   agent: AgentProcess;
@@ -112,7 +122,11 @@ export interface ManifestAgent {
  * `nodeName` has `podCidr`, env NODE_NAME; no directory flag. Returns once /healthz says ready.
  * The API server's stop goes on `cleanup`; the agent dies with the sandbox.
  */
-export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts: { nodeName: string; podCidr: string; logFile?: string }): Promise<ManifestAgent> {
+export async function startManifestAgent(
+  sb: NodeSandbox,
+  cleanup: Cleanup,
+  opts: { nodeName: string; podCidr: string; logFile?: string },
+): Promise<ManifestAgent> {
   const api = await FakeApiServer.start();
   cleanup.add(() => api.stop());
   api.setNode(nodeObject(opts.nodeName, { podCIDR: opts.podCidr, podCIDRs: [opts.podCidr] }));
@@ -123,7 +137,13 @@ export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts
   const configFile = join(sb.tmpDir, 'config.yaml');
   await writeFile(configFile, configText);
   const settings = yaml.load(configText) as ManifestSettings;
-  const agent = new AgentProcess(sb, ['--config', configFile, '--kubeconfig', kubeconfig], { NODE_NAME: opts.nodeName }, opts.logFile ?? join(sb.tmpDir, 'agent.log'), settings.socket);
+  const agent = new AgentProcess(
+    sb,
+    ['--config', configFile, '--kubeconfig', kubeconfig],
+    { NODE_NAME: opts.nodeName },
+    opts.logFile ?? join(sb.tmpDir, 'agent.log'),
+    settings.socket,
+  );
   await agent.start();
   return { agent, api, nodeName: opts.nodeName, configText, settings };
 }
@@ -133,7 +153,10 @@ export async function startManifestAgent(sb: NodeSandbox, cleanup: Cleanup, opts
  * own bridge and ifb names, the reference plugins hack/build-upstream.sh built: with a static `podCidr` (no API
  * server), or in cluster mode with `kubeconfig` (then NODE_NAME is `nodeName`).
  */
-export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig?: string; nodeName?: string; logFile?: string; extraArgs?: string[] }): { agent: AgentProcess; settings: ManifestSettings } {
+export function flagsAgent(
+  sb: NodeSandbox,
+  opts: { podCidr?: string; kubeconfig?: string; nodeName?: string; logFile?: string; extraArgs?: string[] },
+): { agent: AgentProcess; settings: ManifestSettings } {
   const root = sb.tmpDir;
   const settings: ManifestSettings = {
     socket: join(root, 'kubenet.sock'),
@@ -147,11 +170,30 @@ export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig
     stateDir: join(root, 'state'),
   };
   const args = [
-    ...(opts.podCidr ? ['--pod-cidr', opts.podCidr] : []), ...(opts.kubeconfig ? ['--kubeconfig', opts.kubeconfig] : []),
-    '--socket', settings.socket, '--cni-bin-dir', settings.cniBinDir, '--cni-conf-dir', settings.cniConfDir,
-    '--plugin-bin-dirs', settings.pluginBinDirs.join(','), '--bridge-name', settings.bridgeName, '--ifb-name', settings.ifbName,
-    '--ipam-data-dir', settings.ipamDataDir, '--cni-cache-dir', settings.cniCacheDir, '--state-dir', settings.stateDir,
-    '--non-masquerade-cidr', '10.0.0.0/8', '--log-level', 'info',
+    ...(opts.podCidr ? ['--pod-cidr', opts.podCidr] : []),
+    ...(opts.kubeconfig ? ['--kubeconfig', opts.kubeconfig] : []),
+    '--socket',
+    settings.socket,
+    '--cni-bin-dir',
+    settings.cniBinDir,
+    '--cni-conf-dir',
+    settings.cniConfDir,
+    '--plugin-bin-dirs',
+    settings.pluginBinDirs.join(','),
+    '--bridge-name',
+    settings.bridgeName,
+    '--ifb-name',
+    settings.ifbName,
+    '--ipam-data-dir',
+    settings.ipamDataDir,
+    '--cni-cache-dir',
+    settings.cniCacheDir,
+    '--state-dir',
+    settings.stateDir,
+    '--non-masquerade-cidr',
+    '10.0.0.0/8',
+    '--log-level',
+    'info',
     ...(opts.extraArgs ?? []),
   ];
   const env: Record<string, string> = opts.nodeName ? { NODE_NAME: opts.nodeName } : {};
@@ -159,7 +201,10 @@ export function flagsAgent(sb: NodeSandbox, opts: { podCidr?: string; kubeconfig
 }
 
 /** flagsAgent with a static pod CIDR, started (ready). */
-export async function startFlagsAgent(sb: NodeSandbox, opts: { podCidr: string; logFile?: string }): Promise<{ agent: AgentProcess; settings: ManifestSettings }> {
+export async function startFlagsAgent(
+  sb: NodeSandbox,
+  opts: { podCidr: string; logFile?: string },
+): Promise<{ agent: AgentProcess; settings: ManifestSettings }> {
   const started = flagsAgent(sb, opts);
   await started.agent.start();
   return started;

@@ -17,7 +17,12 @@ export class BenchArgs {
     readonly usage: string,
   ) {}
 
-  static parse(usage: string, values: readonly string[], switches: readonly string[] = [], argv: string[] = process.argv.slice(2)): BenchArgs {
+  static parse(
+    usage: string,
+    values: readonly string[],
+    switches: readonly string[] = [],
+    argv: string[] = process.argv.slice(2),
+  ): BenchArgs {
     const options: Record<string, { type: 'string' | 'boolean' }> = {};
     for (const v of values) options[v] = { type: 'string' };
     for (const s of switches) options[s] = { type: 'boolean' };
@@ -53,7 +58,8 @@ export class BenchArgs {
     const raw = this.str(name);
     if (raw === undefined) return dflt;
     const v = Number(raw);
-    if (raw.trim() === '' || !Number.isInteger(v) || v < min || v > max) throw new BenchArgError(`--${name}: want an integer in ${min}..${max}, got ${JSON.stringify(raw)}`);
+    if (raw.trim() === '' || !Number.isInteger(v) || v < min || v > max)
+      throw new BenchArgError(`--${name}: want an integer in ${min}..${max}, got ${JSON.stringify(raw)}`);
     return v;
   }
 
@@ -61,7 +67,8 @@ export class BenchArgs {
   oneOf<T extends string>(name: string, dflt: T, allowed: readonly T[]): T {
     const raw = this.str(name);
     if (raw === undefined) return dflt;
-    if (!(allowed as readonly string[]).includes(raw)) throw new BenchArgError(`--${name}: want one of ${allowed.join(', ')}, got ${JSON.stringify(raw)}`);
+    if (!(allowed as readonly string[]).includes(raw))
+      throw new BenchArgError(`--${name}: want one of ${allowed.join(', ')}, got ${JSON.stringify(raw)}`);
     return raw as T;
   }
 
@@ -74,7 +81,8 @@ export class BenchArgs {
   nums(name: string, dflt: string): number[] {
     return this.list(name, dflt).map((x) => {
       const v = Number(x);
-      if (x.trim() === '' || !Number.isFinite(v)) throw new BenchArgError(`--${name}: want numbers separated by commas, got ${JSON.stringify(this.str(name) ?? dflt)}`);
+      if (x.trim() === '' || !Number.isFinite(v))
+        throw new BenchArgError(`--${name}: want numbers separated by commas, got ${JSON.stringify(this.str(name) ?? dflt)}`);
       return v;
     });
   }

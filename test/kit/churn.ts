@@ -33,7 +33,15 @@ import type { AgentProcess } from './agent-process.js';
 import { delNetns } from './kernel.js';
 import { podLeftovers, type NodeLayout, type PodLeftovers } from './node-leaks.js';
 import type { NodeSandbox } from './node-sandbox.js';
-import { agentDiedMidCall, CNI_TRY_AGAIN_LATER, cniErrorCode, inCidr4, resultIp, type LibcniCall, type SandboxLibcni } from './sandbox-libcni.js';
+import {
+  agentDiedMidCall,
+  CNI_TRY_AGAIN_LATER,
+  cniErrorCode,
+  inCidr4,
+  resultIp,
+  type LibcniCall,
+  type SandboxLibcni,
+} from './sandbox-libcni.js';
 import type { TestPod } from './test-pod.js';
 
 export interface ChurnNode {
@@ -137,16 +145,21 @@ function trimMsg(r: LibcniCall): string {
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** The pod's runtimeConfig as containerd 1.6 passes it (PascalCase), varied by cycle number. */
-export function podRuntimeConfig(n: number): { shaped: boolean; hostPort: number | undefined; runtimeConfig: Record<string, unknown> | undefined } {
+export function podRuntimeConfig(n: number): {
+  shaped: boolean;
+  hostPort: number | undefined;
+  runtimeConfig: Record<string, unknown> | undefined;
+} {
   const shaped = n % 3 === 0;
   const hostPort = n % 5 === 0 ? 20000 + (n % 20000) : undefined;
   const rc: Record<string, unknown> = {};
   if (shaped) {
     const rate = (1 + (n % 50)) * 1_000_000;
     // Half of the shaped pods with "no burst given" (4294967295), half with explicit bursts (bits).
-    rc.bandwidth = n % 2 === 0
-      ? { IngressRate: rate, IngressBurst: UNSET_BURST, EgressRate: rate / 2, EgressBurst: UNSET_BURST }
-      : { IngressRate: rate, IngressBurst: 800_000, EgressRate: rate / 2, EgressBurst: 400_000 };
+    rc.bandwidth =
+      n % 2 === 0
+        ? { IngressRate: rate, IngressBurst: UNSET_BURST, EgressRate: rate / 2, EgressBurst: UNSET_BURST }
+        : { IngressRate: rate, IngressBurst: 800_000, EgressRate: rate / 2, EgressBurst: 400_000 };
   }
   if (hostPort !== undefined) rc.portMappings = [{ HostPort: hostPort, ContainerPort: 8080, Protocol: 'tcp', HostIP: '' }];
   return { shaped, hostPort, runtimeConfig: Object.keys(rc).length > 0 ? rc : undefined };
@@ -232,7 +245,15 @@ export class Churn {
     const netns = `${this.opts.netnsPrefix}-${n}-${attempt}`;
     await execa('ip', ['netns', 'add', netns]);
     this.netnsLive.add(netns);
-    return { namespace: 'churn', name: `pod-${n}`, uid: randomUUID(), id: randomBytes(32).toString('hex'), netns, netnsPath: `/var/run/netns/${netns}`, ifName: 'eth0' };
+    return {
+      namespace: 'churn',
+      name: `pod-${n}`,
+      uid: randomUUID(),
+      id: randomBytes(32).toString('hex'),
+      netns,
+      netnsPath: `/var/run/netns/${netns}`,
+      ifName: 'eth0',
+    };
   }
 
   private async removeNetns(pod: TestPod): Promise<void> {
@@ -307,15 +328,18 @@ export class Churn {
       }
       await sleep(randomInt(20, 200));
     }
-    if (ip === undefined || !inCidr4(ip, this.node.podCidr)) this.report.badAddresses.push(`${pod.name}: ADD returned ${ip ?? 'no IP'}, not in ${this.node.podCidr}`);
+    if (ip === undefined || !inCidr4(ip, this.node.podCidr))
+      this.report.badAddresses.push(`${pod.name}: ADD returned ${ip ?? 'no IP'}, not in ${this.node.podCidr}`);
     if (ip !== undefined) {
       const holder = this.up.get(ip);
-      if (holder !== undefined) this.report.duplicates.push(`${ip}: handed to ${pod.id.slice(0, 12)} (${pod.name}) while ${holder.slice(0, 12)} is up with it`);
+      if (holder !== undefined)
+        this.report.duplicates.push(`${ip}: handed to ${pod.id.slice(0, 12)} (${pod.name}) while ${holder.slice(0, 12)} is up with it`);
       this.up.set(ip, pod.id);
       this.report.maxPodsUp = Math.max(this.report.maxPodsUp, this.up.size);
       if (this.opts.verifyEth0 ?? true) {
         const addr = (await execa('ip', ['-n', pod.netns, '-o', '-4', 'addr', 'show', 'dev', 'eth0'], { reject: false })).stdout;
-        if (!addr.includes(` ${ip}/`)) this.report.badAddresses.push(`${pod.name}: ${ip} not on eth0 in ${pod.netns}: ${addr.trim() || '(no eth0)'}`);
+        if (!addr.includes(` ${ip}/`))
+          this.report.badAddresses.push(`${pod.name}: ${ip} not on eth0 in ${pod.netns}: ${addr.trim() || '(no eth0)'}`);
       }
     }
 
@@ -421,7 +445,14 @@ export class Churn {
         await sleep(randomInt(0, 300));
       }
       if (this.stopping) return;
-      const report: KillReport = { atMs: performance.now() - t0, aimedAtAdd, addingRecords: 0, pluginsAlive: 0, callsCut: { add: 0, del: 0, check: 0 }, restartMs: 0 };
+      const report: KillReport = {
+        atMs: performance.now() - t0,
+        aimedAtAdd,
+        addingRecords: 0,
+        pluginsAlive: 0,
+        callsCut: { add: 0, del: 0, check: 0 },
+        restartMs: 0,
+      };
       this.cut = report.callsCut;
       await this.node.agent.kill();
       report.pluginsAlive = this.runningPlugins();

@@ -23,7 +23,10 @@ export const WIRE: Record<string, Result020 | Result040 | Result100> = {
   },
   '0.3.1': {
     cniVersion: '0.3.1',
-    interfaces: [{ name: 'cbr0', mac: '0a:58:0a:63:01:01' }, { name: 'eth0', sandbox: '/var/run/netns/x' }],
+    interfaces: [
+      { name: 'cbr0', mac: '0a:58:0a:63:01:01' },
+      { name: 'eth0', sandbox: '/var/run/netns/x' },
+    ],
     ips: [
       { version: '4', address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 1 },
       { version: '6', address: 'fd00:99::5/64', interface: 1 },
@@ -39,14 +42,19 @@ export const WIRE: Record<string, Result020 | Result040 | Result100> = {
   },
   '1.0.0': {
     cniVersion: '1.0.0',
-    interfaces: [{ name: 'cbr0', mac: '0a:58:0a:63:01:01' }, { name: 'eth0', mac: '0a:58:0a:63:01:05', sandbox: '/var/run/netns/x' }],
+    interfaces: [
+      { name: 'cbr0', mac: '0a:58:0a:63:01:01' },
+      { name: 'eth0', mac: '0a:58:0a:63:01:05', sandbox: '/var/run/netns/x' },
+    ],
     ips: [{ address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 1 }],
     routes: [{ dst: '0.0.0.0/0' }],
     dns: {},
   },
   '1.1.0': {
     cniVersion: '1.1.0',
-    interfaces: [{ name: 'eth0', mac: '0a:58:0a:63:01:05', mtu: 1400, sandbox: '/var/run/netns/x', socketPath: '/run/x.sock', pciID: '0000:00:1f.0' }],
+    interfaces: [
+      { name: 'eth0', mac: '0a:58:0a:63:01:05', mtu: 1400, sandbox: '/var/run/netns/x', socketPath: '/run/x.sock', pciID: '0000:00:1f.0' },
+    ],
     ips: [{ address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 0 }],
     routes: [{ dst: '0.0.0.0/0', gw: '10.99.1.1', mtu: 1400, advmss: 1360, priority: 10, table: 100, scope: 0 }],
     dns: {},
@@ -78,7 +86,10 @@ export const PARSED: Record<string, CniResult> = {
   },
   '0.3.1': {
     cniVersion: '0.3.1',
-    interfaces: [{ name: 'cbr0', mac: '0a:58:0a:63:01:01' }, { name: 'eth0', sandbox: '/var/run/netns/x' }],
+    interfaces: [
+      { name: 'cbr0', mac: '0a:58:0a:63:01:01' },
+      { name: 'eth0', sandbox: '/var/run/netns/x' },
+    ],
     ips: [
       { address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 1 },
       { address: 'fd00:99::5/64', interface: 1 },
@@ -95,14 +106,19 @@ export const PARSED: Record<string, CniResult> = {
   },
   '1.0.0': {
     cniVersion: '1.0.0',
-    interfaces: [{ name: 'cbr0', mac: '0a:58:0a:63:01:01' }, { name: 'eth0', mac: '0a:58:0a:63:01:05', sandbox: '/var/run/netns/x' }],
+    interfaces: [
+      { name: 'cbr0', mac: '0a:58:0a:63:01:01' },
+      { name: 'eth0', mac: '0a:58:0a:63:01:05', sandbox: '/var/run/netns/x' },
+    ],
     ips: [{ address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 1 }],
     routes: [{ dst: '0.0.0.0/0' }],
     dns: {},
   },
   '1.1.0': {
     cniVersion: '1.1.0',
-    interfaces: [{ name: 'eth0', mac: '0a:58:0a:63:01:05', mtu: 1400, sandbox: '/var/run/netns/x', socketPath: '/run/x.sock', pciID: '0000:00:1f.0' }],
+    interfaces: [
+      { name: 'eth0', mac: '0a:58:0a:63:01:05', mtu: 1400, sandbox: '/var/run/netns/x', socketPath: '/run/x.sock', pciID: '0000:00:1f.0' },
+    ],
     ips: [{ address: '10.99.1.5/24', gateway: '10.99.1.1', interface: 0 }],
     routes: [{ dst: '0.0.0.0/0', gw: '10.99.1.1', mtu: 1400, advmss: 1360, priority: 10, table: 100, scope: 0 }],
     dns: {},

@@ -108,7 +108,8 @@ export class Containerd {
   /** Starts containerd in the sandbox and imports the sandbox image; ready for RunPodSandbox once the CNI config exists. */
   static async start(sandbox: NodeSandbox, opts: ContainerdOptions = {}): Promise<Containerd> {
     for (const d of ['/run/containerd', '/var/lib/containerd', ...(opts.netnsUnderStateDir === false ? ['/run/netns'] : [])]) {
-      if (!sandbox.tmpfsDirs.includes(d)) throw new Error(`the node sandbox needs a tmpfs over ${d} for containerd (CONTAINERD_TMPFS_DIRS)`);
+      if (!sandbox.tmpfsDirs.includes(d))
+        throw new Error(`the node sandbox needs a tmpfs over ${d} for containerd (CONTAINERD_TMPFS_DIRS)`);
     }
     const c = new Containerd(sandbox, opts);
     c.cleanup.add(() => c.removeCgroups());
@@ -185,7 +186,10 @@ export class Containerd {
 
   /** Runs `ctr --address <socket> -n k8s.io ARGS` inside the sandbox. */
   ctr(args: string[]) {
-    return this.sandbox.exec(join(CONTAINERD_DIR, 'ctr'), ['--address', this.socket, '--namespace', 'k8s.io', ...args], { cwd: '/', env: CONTAINERD_ENV });
+    return this.sandbox.exec(join(CONTAINERD_DIR, 'ctr'), ['--address', this.socket, '--namespace', 'k8s.io', ...args], {
+      cwd: '/',
+      env: CONTAINERD_ENV,
+    });
   }
 
   get running(): boolean {
@@ -252,7 +256,11 @@ export class Containerd {
 
   private async startProcess(): Promise<void> {
     if (this.proc) return;
-    this.proc = this.sandbox.spawn(join(CONTAINERD_DIR, 'containerd'), ['--config', this.configPath], { cwd: '/', logFile: this.logFile, env: CONTAINERD_ENV });
+    this.proc = this.sandbox.spawn(join(CONTAINERD_DIR, 'containerd'), ['--config', this.configPath], {
+      cwd: '/',
+      logFile: this.logFile,
+      env: CONTAINERD_ENV,
+    });
     const proc = this.proc;
     const exited = proc.then((r) => r);
     try {
@@ -271,7 +279,9 @@ export class Containerd {
 
   private async snapshotterLoaded(name: Snapshotter): Promise<boolean> {
     const r = await this.ctr(['plugins', 'ls']);
-    return r.stdout.split('\n').some((l) => /\bio\.containerd\.snapshotter\.v1\s/.test(l) && l.split(/\s+/)[1] === name && /\bok\s*$/.test(l));
+    return r.stdout
+      .split('\n')
+      .some((l) => /\bio\.containerd\.snapshotter\.v1\s/.test(l) && l.split(/\s+/)[1] === name && /\bok\s*$/.test(l));
   }
 
   /**
@@ -301,7 +311,12 @@ export class Containerd {
     const ours = (pid: number) => {
       try {
         const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
-        return /(^|\/)containerd-shim[^\0]*/.test(cmd.split('\0')[0] ?? '') || cmd.includes(this.state) || cmd.includes(this.socket) || cmd.startsWith('/pause');
+        return (
+          /(^|\/)containerd-shim[^\0]*/.test(cmd.split('\0')[0] ?? '') ||
+          cmd.includes(this.state) ||
+          cmd.includes(this.socket) ||
+          cmd.startsWith('/pause')
+        );
       } catch {
         return false;
       }

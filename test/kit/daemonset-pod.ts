@@ -64,9 +64,17 @@ export async function manifestDaemonSet(): Promise<DaemonSetSpec> {
   const ds = docs.find((d) => d.kind === 'DaemonSet');
   const pod = ds?.spec?.template?.spec;
   const container = pod?.containers?.[0];
-  if (!ds?.metadata?.name || !pod || !container || pod.containers?.length !== 1) throw new Error(`${MANIFEST}: no DaemonSet with exactly one container`);
+  if (!ds?.metadata?.name || !pod || !container || pod.containers?.length !== 1)
+    throw new Error(`${MANIFEST}: no DaemonSet with exactly one container`);
   const configMaps = new Map(docs.filter((d) => d.kind === 'ConfigMap').map((d) => [d.metadata?.name ?? '', d.data ?? {}]));
-  return { name: ds.metadata.name, namespace: ds.metadata.namespace ?? 'default', hostNetwork: pod.hostNetwork === true, container, volumes: pod.volumes ?? [], configMaps };
+  return {
+    name: ds.metadata.name,
+    namespace: ds.metadata.namespace ?? 'default',
+    hostNetwork: pod.hostNetwork === true,
+    container,
+    volumes: pod.volumes ?? [],
+    configMaps,
+  };
 }
 
 export interface KubeletPodOptions {
@@ -89,7 +97,11 @@ export interface KubeletPod {
   logFile: string;
 }
 
-const PROPAGATION = { None: 'PROPAGATION_PRIVATE', HostToContainer: 'PROPAGATION_HOST_TO_CONTAINER', Bidirectional: 'PROPAGATION_BIDIRECTIONAL' } as const;
+const PROPAGATION = {
+  None: 'PROPAGATION_PRIVATE',
+  HostToContainer: 'PROPAGATION_HOST_TO_CONTAINER',
+  Bidirectional: 'PROPAGATION_BIDIRECTIONAL',
+} as const;
 
 /**
  * Prepares the node as kubelet would for `ds` (hostPath types, ConfigMap files, the service account
@@ -119,7 +131,12 @@ export async function kubeletPod(sb: NodeSandbox, ds: DaemonSetSpec, o: KubeletP
     } else {
       throw new Error(`volume ${v.name}: only hostPath and configMap volumes are known here`);
     }
-    mounts.push({ containerPath: m.mountPath, hostPath, readonly: m.readOnly === true, propagation: PROPAGATION[m.mountPropagation ?? 'None'] });
+    mounts.push({
+      containerPath: m.mountPath,
+      hostPath,
+      readonly: m.readOnly === true,
+      propagation: PROPAGATION[m.mountPropagation ?? 'None'],
+    });
   }
   // The projected service account token volume kubelet adds to every pod.
   const sa = join(o.podDir, 'volumes', 'kube-api-access');
@@ -134,12 +151,19 @@ export async function kubeletPod(sb: NodeSandbox, ds: DaemonSetSpec, o: KubeletP
     if (e.valueFrom?.fieldRef?.fieldPath === 'spec.nodeName') return { key: e.name, value: o.nodeName };
     throw new Error(`env ${e.name}: only value and fieldRef spec.nodeName are known here`);
   });
-  envs.push({ key: 'KUBERNETES_SERVICE_HOST', value: o.apiServer.host }, { key: 'KUBERNETES_SERVICE_PORT', value: String(o.apiServer.port) });
+  envs.push(
+    { key: 'KUBERNETES_SERVICE_HOST', value: o.apiServer.host },
+    { key: 'KUBERNETES_SERVICE_PORT', value: String(o.apiServer.port) },
+  );
 
   const logDirectory = join(o.podDir, 'logs');
   await mkdir(join(logDirectory, c.name), { recursive: true });
   const privileged = c.securityContext?.privileged === true;
-  const namespaceOptions = { network: ds.hostNetwork ? ('NODE' as const) : ('POD' as const), pid: 'CONTAINER' as const, ipc: 'POD' as const };
+  const namespaceOptions = {
+    network: ds.hostNetwork ? ('NODE' as const) : ('POD' as const),
+    pid: 'CONTAINER' as const,
+    ipc: 'POD' as const,
+  };
   const labels = { 'io.kubernetes.pod.name': o.podName, 'io.kubernetes.pod.namespace': ds.namespace, 'io.kubernetes.pod.uid': o.uid };
   const sandbox: PodSandboxConfig = {
     metadata: { name: o.podName, uid: o.uid, namespace: ds.namespace, attempt: 0 },

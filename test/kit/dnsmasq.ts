@@ -59,14 +59,26 @@ export class Dnsmasq {
   async start(): Promise<void> {
     const o = this.o;
     const args = [
-      'netns', 'exec', o.netns, 'dnsmasq',
-      '--keep-in-foreground', '--conf-file=/dev/null', '--port=0', '--user=root', '--pid-file',
-      `--interface=${o.iface}`, '--bind-interfaces', '--except-interface=lo',
+      'netns',
+      'exec',
+      o.netns,
+      'dnsmasq',
+      '--keep-in-foreground',
+      '--conf-file=/dev/null',
+      '--port=0',
+      '--user=root',
+      '--pid-file',
+      `--interface=${o.iface}`,
+      '--bind-interfaces',
+      '--except-interface=lo',
       `--dhcp-range=${o.rangeStart},${o.rangeEnd},${o.netmask},${o.leaseSec}`,
       `--dhcp-option=option:router,${o.router}`,
       ...(o.t1Sec ? [`--dhcp-option=option:T1,${o.t1Sec}`] : []),
       ...(o.t2Sec ? [`--dhcp-option=option:T2,${o.t2Sec}`] : []),
-      '--dhcp-authoritative', `--dhcp-leasefile=${this.leaseFile}`, `--log-facility=${this.logFile}`, '--log-dhcp',
+      '--dhcp-authoritative',
+      `--dhcp-leasefile=${this.leaseFile}`,
+      `--log-facility=${this.logFile}`,
+      '--log-dhcp',
     ];
     this.proc = execa('ip', args, { reject: false, stdin: 'ignore' }) as unknown as ResultPromise;
     const deadline = Date.now() + 10_000;
@@ -111,7 +123,14 @@ export class Dnsmasq {
     for (;;) {
       const hit = (await this.events()).slice(skip).find(pred);
       if (hit) return hit;
-      if (Date.now() > deadline) throw new Error(`no such DHCP event within ${timeoutMs} ms; log:\n${(await this.log()).split('\n').filter((l) => /DHCP[A-Z]+\(/.test(l)).slice(-20).join('\n')}`);
+      if (Date.now() > deadline)
+        throw new Error(
+          `no such DHCP event within ${timeoutMs} ms; log:\n${(await this.log())
+            .split('\n')
+            .filter((l) => /DHCP[A-Z]+\(/.test(l))
+            .slice(-20)
+            .join('\n')}`,
+        );
       await new Promise((r) => setTimeout(r, 100));
     }
   }

@@ -120,7 +120,12 @@ export class FakeApiServer {
   private rv = 1;
   /** Watches from a resourceVersion below this get 410 Gone. */
   private compactedRv = 0;
-  private readonly objects: Record<Kind, Map<string, FakeObject>> = { nodes: new Map(), pods: new Map(), namespaces: new Map(), servicecidrs: new Map() };
+  private readonly objects: Record<Kind, Map<string, FakeObject>> = {
+    nodes: new Map(),
+    pods: new Map(),
+    namespaces: new Map(),
+    servicecidrs: new Map(),
+  };
   private readonly history: Change[] = [];
   private readonly watches = new Set<WatchStream>();
   private readonly sockets = new Set<Socket>();
@@ -162,7 +167,10 @@ export class FakeApiServer {
   async start(): Promise<void> {
     const tls = this.tls;
     const server = tls
-      ? createTlsServer({ key: tls.key, cert: tls.cert, ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}) }, (req, res) => this.handle(req, res))
+      ? createTlsServer(
+          { key: tls.key, cert: tls.cert, ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}) },
+          (req, res) => this.handle(req, res),
+        )
       : createServer((req, res) => this.handle(req, res));
     server.on(tls ? 'secureConnection' : 'connection', (s: Socket) => {
       this.sockets.add(s);
@@ -199,7 +207,13 @@ export class FakeApiServer {
    * the current resourceVersion (as kube-apiserver sends about once a minute).
    */
   bookmark(): void {
-    for (const w of this.watches) if (w.bookmarks) writeEvent(w.res, 'BOOKMARK', { kind: KIND_OF[w.kind], apiVersion: w.kind === 'servicecidrs' ? 'networking.k8s.io/v1' : 'v1', metadata: { resourceVersion: String(this.rv) } });
+    for (const w of this.watches)
+      if (w.bookmarks)
+        writeEvent(w.res, 'BOOKMARK', {
+          kind: KIND_OF[w.kind],
+          apiVersion: w.kind === 'servicecidrs' ? 'networking.k8s.io/v1' : 'v1',
+          metadata: { resourceVersion: String(this.rv) },
+        });
   }
 
   /** Writes that no watch sees (another kind, or objects outside every selector): the resourceVersion moves on. */
@@ -226,7 +240,10 @@ export class FakeApiServer {
   }
 
   setPod(pod: FakeObject): void {
-    this.put('pods', `${pod.metadata.namespace ?? 'default'}/${pod.metadata.name}`, { ...pod, metadata: { namespace: 'default', ...pod.metadata } });
+    this.put('pods', `${pod.metadata.namespace ?? 'default'}/${pod.metadata.name}`, {
+      ...pod,
+      metadata: { namespace: 'default', ...pod.metadata },
+    });
   }
 
   deletePod(namespace: string, name: string): void {
@@ -283,7 +300,9 @@ export class FakeApiServer {
 
   /** Events about one pod, optionally of one reason. */
   eventsFor(namespace: string, name: string, reason?: string): RecordedEvent[] {
-    return this.events.filter((e) => e.involvedObject.namespace === namespace && e.involvedObject.name === name && (reason === undefined || e.reason === reason));
+    return this.events.filter(
+      (e) => e.involvedObject.namespace === namespace && e.involvedObject.name === name && (reason === undefined || e.reason === reason),
+    );
   }
 
   /**
@@ -299,7 +318,10 @@ export class FakeApiServer {
   async waitDelivered(kind: Kind, keys: string[], timeoutMs = 10_000): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     while (!keys.every((k) => this.delivered(kind, k))) {
-      if (Date.now() > deadline) throw new Error(`fake API server: ${kind} ${keys.filter((k) => !this.delivered(kind, k)).join(', ')} not delivered to a watch within ${timeoutMs} ms`);
+      if (Date.now() > deadline)
+        throw new Error(
+          `fake API server: ${kind} ${keys.filter((k) => !this.delivered(kind, k)).join(', ')} not delivered to a watch within ${timeoutMs} ms`,
+        );
       await new Promise((r) => setTimeout(r, 2));
     }
   }
@@ -352,7 +374,14 @@ export class FakeApiServer {
     const watch = ['true', '1'].includes(url.searchParams.get('watch') ?? '');
     const peer = this.tls?.ca ? (req.socket as TLSSocket) : undefined;
     const cn = peer?.authorized ? peer.getPeerCertificate().subject?.CN : undefined;
-    const rec: RecordedRequest = { method: req.method ?? '', path: url.pathname, query: url.searchParams, watch, authorization: req.headers.authorization, clientCert: cn };
+    const rec: RecordedRequest = {
+      method: req.method ?? '',
+      path: url.pathname,
+      query: url.searchParams,
+      watch,
+      authorization: req.headers.authorization,
+      clientCert: cn,
+    };
     this.requests.push(rec);
     if (this.tls?.requireClientCert && !cn) return sendStatus(res, 401, 'Unauthorized', 'a client certificate is required');
     if (this.stall) return; // never answered; cut by the client or by stop()
@@ -370,7 +399,8 @@ export class FakeApiServer {
     if (nsPods) return this.collection('pods', url, watch, res, [['metadata.namespace', decodeURIComponent(nsPods[1] ?? '')]]);
     const proxy = /^\/api\/v1\/namespaces\/([^/]+)\/pods\/([^/]+)\/proxy(\/.*)?$/.exec(url.pathname);
     if (proxy) return void this.proxyTo(decodeURIComponent(proxy[1] ?? ''), decodeURIComponent(proxy[2] ?? ''), proxy[3] ?? '/', res);
-    if (url.pathname === '/apis/networking.k8s.io/v1/servicecidrs' && this.serveServiceCidrs) return this.collection('servicecidrs', url, watch, res);
+    if (url.pathname === '/apis/networking.k8s.io/v1/servicecidrs' && this.serveServiceCidrs)
+      return this.collection('servicecidrs', url, watch, res);
     const n = /^\/api\/v1\/namespaces\/([^/]+)$/.exec(url.pathname);
     if (n) {
       const name = decodeURIComponent(n[1] ?? '');
@@ -400,18 +430,28 @@ export class FakeApiServer {
         return sendStatus(res, 400, 'BadRequest', 'the body is not JSON');
       }
       const bad =
-        ev.kind !== 'Event' ? 'kind must be Event'
-        : !ev.metadata?.name ? 'metadata.name is required'
-        : ev.metadata.namespace !== namespace ? 'metadata.namespace does not match the request'
-        : ev.involvedObject?.namespace !== namespace ? 'involvedObject.namespace does not match the event namespace'
-        : !ev.reason || !ev.message ? 'reason and message are required'
-        : ev.type !== 'Normal' && ev.type !== 'Warning' ? 'type must be Normal or Warning'
-        : undefined;
+        ev.kind !== 'Event'
+          ? 'kind must be Event'
+          : !ev.metadata?.name
+            ? 'metadata.name is required'
+            : ev.metadata.namespace !== namespace
+              ? 'metadata.namespace does not match the request'
+              : ev.involvedObject?.namespace !== namespace
+                ? 'involvedObject.namespace does not match the event namespace'
+                : !ev.reason || !ev.message
+                  ? 'reason and message are required'
+                  : ev.type !== 'Normal' && ev.type !== 'Warning'
+                    ? 'type must be Normal or Warning'
+                    : undefined;
       if (bad) return sendStatus(res, 422, 'Invalid', `Event "${ev.metadata?.name}" is invalid: ${bad}`);
       if (this.events.some((e) => e.metadata.namespace === namespace && e.metadata.name === ev.metadata.name)) {
         return sendStatus(res, 409, 'AlreadyExists', `events "${ev.metadata.name}" already exists`);
       }
-      const stored = { ...ev, metadata: { ...ev.metadata, resourceVersion: String(++this.rv), uid: `event-${this.rv}` }, receivedAt: Date.now() };
+      const stored = {
+        ...ev,
+        metadata: { ...ev.metadata, resourceVersion: String(++this.rv), uid: `event-${this.rv}` },
+        receivedAt: Date.now(),
+      };
       this.events.push(stored);
       const { receivedAt: _t, ...answer } = stored;
       sendJson(res, 201, answer);
@@ -431,7 +471,8 @@ export class FakeApiServer {
         return sendStatus(res, 400, 'BadRequest', 'the body is not JSON');
       }
       this.patches.push({ node: name, contentType, patch });
-      if (contentType !== 'application/merge-patch+json') return sendStatus(res, 415, 'UnsupportedMediaType', `the fake takes merge patches only, not ${contentType}`);
+      if (contentType !== 'application/merge-patch+json')
+        return sendStatus(res, 415, 'UnsupportedMediaType', `the fake takes merge patches only, not ${contentType}`);
       const node = this.objects.nodes.get(name);
       if (!node) return sendStatus(res, 404, 'NotFound', `nodes "${name}" not found`);
       // The status subresource ignores everything but status.
@@ -451,7 +492,13 @@ export class FakeApiServer {
     const port = m?.[2] !== undefined ? Number(m[2]) : undefined;
     // A hook that throws: nothing answered, as when the pod's port is closed.
     const answer = await Promise.resolve(this.proxy?.({ namespace, pod: name, port, path })).catch(() => undefined);
-    if (!answer) return sendStatus(res, 503, 'ServiceUnavailable', `error trying to reach service: dial tcp 10.0.0.1:${port ?? 80}: connect: connection refused`);
+    if (!answer)
+      return sendStatus(
+        res,
+        503,
+        'ServiceUnavailable',
+        `error trying to reach service: dial tcp 10.0.0.1:${port ?? 80}: connect: connection refused`,
+      );
     res.writeHead(answer.status, { 'content-type': answer.contentType ?? 'text/plain; version=0.0.4; charset=utf-8' });
     res.end(answer.body);
   }
@@ -470,8 +517,14 @@ export class FakeApiServer {
     const selector = [...scope, ...fields, ...labels];
     const current = [...this.objects[kind].values()].filter((o) => matches(selector, o));
     if (!watch) {
-      const listKind = kind === 'nodes' ? 'NodeList' : kind === 'pods' ? 'PodList' : kind === 'namespaces' ? 'NamespaceList' : 'ServiceCIDRList';
-      return sendJson(res, 200, { apiVersion: kind === 'servicecidrs' ? 'networking.k8s.io/v1' : 'v1', kind: listKind, metadata: { resourceVersion: String(this.rv) }, items: current });
+      const listKind =
+        kind === 'nodes' ? 'NodeList' : kind === 'pods' ? 'PodList' : kind === 'namespaces' ? 'NamespaceList' : 'ServiceCIDRList';
+      return sendJson(res, 200, {
+        apiVersion: kind === 'servicecidrs' ? 'networking.k8s.io/v1' : 'v1',
+        kind: listKind,
+        metadata: { resourceVersion: String(this.rv) },
+        items: current,
+      });
     }
     const from = url.searchParams.get('resourceVersion') ?? '';
     const fromRv = from === '' || from === '0' ? undefined : Number(from);
@@ -496,7 +549,8 @@ export class FakeApiServer {
 /** RFC 7386: objects merge key by key, null removes a key, anything else replaces. */
 function mergePatch(target: unknown, patch: unknown): unknown {
   if (patch === null || typeof patch !== 'object' || Array.isArray(patch)) return patch;
-  const out: Record<string, unknown> = target !== null && typeof target === 'object' && !Array.isArray(target) ? { ...(target as Record<string, unknown>) } : {};
+  const out: Record<string, unknown> =
+    target !== null && typeof target === 'object' && !Array.isArray(target) ? { ...(target as Record<string, unknown>) } : {};
   for (const [k, v] of Object.entries(patch)) {
     if (v === null) delete out[k];
     else out[k] = mergePatch(out[k], v);
@@ -541,10 +595,24 @@ function matches(selector: Selector, obj: FakeObject): boolean {
 }
 
 function goneStatus(fromRv: number, compactedRv: number) {
-  return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason: 'Expired', code: 410, message: `too old resource version: ${fromRv} (${compactedRv})` };
+  return {
+    kind: 'Status',
+    apiVersion: 'v1',
+    metadata: {},
+    status: 'Failure',
+    reason: 'Expired',
+    code: 410,
+    message: `too old resource version: ${fromRv} (${compactedRv})`,
+  };
 }
 
-const REASONS: Record<number, string> = { 401: 'Unauthorized', 403: 'Forbidden', 404: 'NotFound', 429: 'TooManyRequests', 503: 'ServiceUnavailable' };
+const REASONS: Record<number, string> = {
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'NotFound',
+  429: 'TooManyRequests',
+  503: 'ServiceUnavailable',
+};
 
 function sendJson(res: ServerResponse, status: number, body: unknown): void {
   res.writeHead(status, { 'content-type': 'application/json' });
@@ -585,5 +653,10 @@ export function namespace(name: string, annotations: Record<string, string> = {}
 }
 
 export function pod(namespace: string, name: string, nodeName: string, annotations: Record<string, string> = {}): FakeObject {
-  return { apiVersion: 'v1', kind: 'Pod', metadata: { namespace, name, annotations, uid: `uid-${namespace}-${name}` }, spec: { nodeName, containers: [{ name: 'c', image: 'pause' }] } };
+  return {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: { namespace, name, annotations, uid: `uid-${namespace}-${name}` },
+    spec: { nodeName, containers: [{ name: 'c', image: 'pause' }] },
+  };
 }

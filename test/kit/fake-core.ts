@@ -8,7 +8,11 @@ import type { EventRecorder, EventType, ObjectRef } from '../../src/daemon/kube/
 import type { AttachRequest, BandwidthLimits, LimitSources, PodNetwork, PodRecord } from '../../src/pod/index.js';
 
 /** A ready pod record of `name` (container `<name>-id` unless given) in `namespace` (default 'default'). */
-export function podRecord(name: string, limits: BandwidthLimits, o: { namespace?: string; id?: string; limitSources?: LimitSources } = {}): PodRecord {
+export function podRecord(
+  name: string,
+  limits: BandwidthLimits,
+  o: { namespace?: string; id?: string; limitSources?: LimitSources } = {},
+): PodRecord {
   return {
     version: 2,
     containerId: o.id ?? `${name}-id`,
@@ -52,7 +56,10 @@ export function fakeNetwork(records: PodRecord[], o: { sources?: boolean } = {})
     },
     attach: async (req: AttachRequest) => {
       attaches.push(req);
-      const r = podRecord(req.name, req.limits, { namespace: req.namespace, ...(req.limitSources ? { limitSources: req.limitSources } : {}) });
+      const r = podRecord(req.name, req.limits, {
+        namespace: req.namespace,
+        ...(req.limitSources ? { limitSources: req.limitSources } : {}),
+      });
       records.push(r);
       return { record: r, result: { cniVersion: '1.0.0', interfaces: [], ips: [], routes: [], dns: {} }, repeated: false };
     },
@@ -63,7 +70,11 @@ export function fakeNetwork(records: PodRecord[], o: { sources?: boolean } = {})
 /** An Event recorder keeping every Event; `of(reason)`: "pod: message" of those with that reason. */
 export function fakeEvents() {
   const got: Array<{ pod: ObjectRef; type: EventType; reason: string; message: string }> = [];
-  const rec: EventRecorder = { record: (pod, type, reason, message) => void got.push({ pod, type, reason, message }), flush: async () => undefined, stop: async () => undefined };
+  const rec: EventRecorder = {
+    record: (pod, type, reason, message) => void got.push({ pod, type, reason, message }),
+    flush: async () => undefined,
+    stop: async () => undefined,
+  };
   const of = (reason: string) => got.filter((e) => e.reason === reason).map((e) => `${(e.pod as { name: string }).name}: ${e.message}`);
   return { rec, got, of };
 }

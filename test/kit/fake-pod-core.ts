@@ -29,9 +29,21 @@ export const BRIDGE_INDEX = 10;
 export const POD_CIDR: Subnet[] = [];
 
 /** The host-local network the fake node runs (as the agent's conf, reduced to what the core reads). */
-export const HOST_LOCAL_NET: NetConf = { cniVersion: '1.0.0', name: 'kubenet', type: 'bridge', bridge: BRIDGE, ipam: { type: 'host-local', ranges: [[{ subnet: '10.0.0.0/24' }]] } } as NetConf;
+export const HOST_LOCAL_NET: NetConf = {
+  cniVersion: '1.0.0',
+  name: 'kubenet',
+  type: 'bridge',
+  bridge: BRIDGE,
+  ipam: { type: 'host-local', ranges: [[{ subnet: '10.0.0.0/24' }]] },
+} as NetConf;
 /** A dhcp network (what `AddressModes.of` tells apart by its IPAM). */
-export const DHCP_NET: NetConf = { cniVersion: '1.0.0', name: 'kubenet', type: 'bridge', bridge: BRIDGE, ipam: { type: 'dhcp', daemonSocketPath: '/run/kubenet/dhcp.sock' } } as NetConf;
+export const DHCP_NET: NetConf = {
+  cniVersion: '1.0.0',
+  name: 'kubenet',
+  type: 'bridge',
+  bridge: BRIDGE,
+  ipam: { type: 'dhcp', daemonSocketPath: '/run/kubenet/dhcp.sock' },
+} as NetConf;
 
 /** An injected failure: the call `failAt` names throws this. */
 export class InjectedError extends Error {
@@ -110,7 +122,12 @@ export function fakeKernel(j: Journal) {
  * returns an address; with `prefetch`, it allocates beside the exec as the agent's host-local does.
  * `beforeAdd` runs at the plugin's start (a test reads the store there).
  */
-export function fakeMode(j: Journal, tag: string, plug: (rt: RuntimeConf) => string, o: { prefetch?: boolean; beforeAdd?: (rt: RuntimeConf) => void; askIpam?: (rt: RuntimeConf) => void } = {}) {
+export function fakeMode(
+  j: Journal,
+  tag: string,
+  plug: (rt: RuntimeConf) => string,
+  o: { prefetch?: boolean; beforeAdd?: (rt: RuntimeConf) => void; askIpam?: (rt: RuntimeConf) => void } = {},
+) {
   let last = 4;
   const result = (rt: RuntimeConf, hostVeth: string, ip: string): CniResult => ({
     cniVersion: '1.0.0',
@@ -166,7 +183,17 @@ export function fakeShaper(j: Journal) {
     shapesEgress: (l: { egress?: number }) => l.egress !== undefined,
     ensure: async (pod: { id: string; hostVeth: string; ips: string[]; limits: ShapingState['limits'] }) => {
       call(j, 'shaper.ensure', `${pod.id} ${pod.hostVeth || '(ifb side)'}`);
-      const st: ShapingState = { version: 3, id: pod.id, hostVeth: pod.hostVeth, ips: [...pod.ips], limits: pod.limits, classId: 1, ingressInstalled: pod.limits.ingress !== undefined, egressInstalled: pod.limits.egress !== undefined, filters: [] };
+      const st: ShapingState = {
+        version: 3,
+        id: pod.id,
+        hostVeth: pod.hostVeth,
+        ips: [...pod.ips],
+        limits: pod.limits,
+        classId: 1,
+        ingressInstalled: pod.limits.ingress !== undefined,
+        egressInstalled: pod.limits.egress !== undefined,
+        filters: [],
+      };
       states.set(pod.id, st);
       return { ...st };
     },
@@ -186,7 +213,9 @@ export function fakeShaper(j: Journal) {
 }
 
 /** A node with `current` in force (host-local unless 'dhcp'), both modes faked, and the real store in a temporary directory. */
-export function fakePodCore(o: { current?: 'hl' | 'dhcp'; prefetch?: boolean; manageLoopback?: boolean; beforeAdd?: (rt: RuntimeConf) => void } = {}) {
+export function fakePodCore(
+  o: { current?: 'hl' | 'dhcp'; prefetch?: boolean; manageLoopback?: boolean; beforeAdd?: (rt: RuntimeConf) => void } = {},
+) {
   const j: Journal = { calls: [], failAt: new Set() };
   const dir = mkdtempSync(join(tmpdir(), 'kfc-'));
   const log = pino({ level: 'silent' });
@@ -248,7 +277,16 @@ export function fakePodCore(o: { current?: 'hl' | 'dhcp'; prefetch?: boolean; ma
 
 /** A pod's ADD request (netns `/run/netns/<name>`). */
 export function attachRequest(name: string, o: Partial<AttachRequest> = {}): AttachRequest {
-  return { containerId: `${name}-id`, ifName: 'eth0', namespace: 'default', name, netns: `/run/netns/${name}`, limits: {}, portMappings: [], ...o };
+  return {
+    containerId: `${name}-id`,
+    ifName: 'eth0',
+    namespace: 'default',
+    name,
+    netns: `/run/netns/${name}`,
+    limits: {},
+    portMappings: [],
+    ...o,
+  };
 }
 
 /** A distinct netns identity per pod name. */

@@ -58,7 +58,9 @@ async function run(scenario: string, path: string): Promise<void> {
       new PodStore(path, pino({ level: 'silent' })).load();
       return;
     case 'remove':
-      new SpareFileWriter(dirname(path), join(dirname(dirname(path)), '.spare'), { mode: 0o600, what: 'the pod record' }).remove(basename(path));
+      new SpareFileWriter(dirname(path), join(dirname(dirname(path)), '.spare'), { mode: 0o600, what: 'the pod record' }).remove(
+        basename(path),
+      );
       return;
     case 'spare-full': {
       const store = new PodStore(join(path, 'pods'), pino({ level: 'silent' }));

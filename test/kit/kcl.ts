@@ -40,7 +40,11 @@ export interface PromVector {
 }
 
 export interface PodList {
-  items: Array<{ metadata: { name: string; annotations?: Record<string, string> }; spec?: { nodeName?: string }; status: { podIP?: string; podIPs?: Array<{ ip: string }>; phase?: string } }>;
+  items: Array<{
+    metadata: { name: string; annotations?: Record<string, string> };
+    spec?: { nodeName?: string };
+    status: { podIP?: string; podIPs?: Array<{ ip: string }>; phase?: string };
+  }>;
 }
 
 export class LocalCluster {
@@ -55,7 +59,9 @@ export class LocalCluster {
    */
   async up(args: string[] = [], onWait?: () => void) {
     // A run under `flock cluster.lock ...` (docs/testing.md, "The kernel, and the locks") already holds it: taking it again would wait on ourselves.
-    this.release ??= heldByAncestor(CLUSTER_LOCK) ? () => Promise.resolve() : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(onWait ? { onWait } : {}) });
+    this.release ??= heldByAncestor(CLUSTER_LOCK)
+      ? () => Promise.resolve()
+      : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(onWait ? { onWait } : {}) });
     return withTrafficLock(() => execa('bash', [CLUSTER_SH, 'up', ...args], { env: this.env, reject: false, all: true }));
   }
 
@@ -100,19 +106,29 @@ export class LocalCluster {
   }
 
   kubectl(args: string[], opts: { input?: string; reject?: boolean } = {}) {
-    return execa(KUBECTL, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], { reject: opts.reject ?? true, ...(opts.input !== undefined ? { input: opts.input } : {}) });
+    return execa(KUBECTL, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], {
+      reject: opts.reject ?? true,
+      ...(opts.input !== undefined ? { input: opts.input } : {}),
+    });
   }
 
   /** The pinned Helm against this cluster (its cache and config under the cluster's dir). */
   helm(args: string[], opts: { reject?: boolean } = {}) {
-    const env = { HELM_CACHE_HOME: join(this.dir, 'helm/cache'), HELM_CONFIG_HOME: join(this.dir, 'helm/config'), HELM_DATA_HOME: join(this.dir, 'helm/data') };
+    const env = {
+      HELM_CACHE_HOME: join(this.dir, 'helm/cache'),
+      HELM_CONFIG_HOME: join(this.dir, 'helm/config'),
+      HELM_DATA_HOME: join(this.dir, 'helm/data'),
+    };
     return execa(HELM, ['--kubeconfig', join(this.dir, 'kubeconfig'), ...args], { reject: opts.reject ?? true, env, all: true });
   }
 
   /** A PromQL query to the Prometheus of manifests/monitoring/prometheus.yaml, through the API server's service proxy. */
   async promQuery<T = PromVector>(query: string, time?: number): Promise<T> {
     const q = new URLSearchParams({ query, ...(time !== undefined ? { time: (time / 1000).toFixed(3) } : {}) });
-    const r = JSON.parse((await this.kubectl(['get', '--raw', `/api/v1/namespaces/kubenet-monitoring/services/prometheus:9090/proxy/api/v1/query?${q}`])).stdout) as { status: string; data: T; error?: string };
+    const r = JSON.parse(
+      (await this.kubectl(['get', '--raw', `/api/v1/namespaces/kubenet-monitoring/services/prometheus:9090/proxy/api/v1/query?${q}`]))
+        .stdout,
+    ) as { status: string; data: T; error?: string };
     if (r.status !== 'success') throw new Error(`PromQL ${query}: ${r.error ?? r.status}`);
     return r.data;
   }
@@ -142,7 +158,11 @@ export function kclNodeHolder(dir: string, node = 1): string {
  * (its KCL_DIR): for a LocalCluster, and for the benches that bring up a cluster of their own.
  */
 export function inKclNode(dir: string, node: number, cmd: string, args: string[], reject = true, opts: InNodeOptions = {}) {
-  return execa('nsenter', ['-t', kclNodeHolder(dir, node), '-m', '-n', cmd, ...args], { reject, ...(opts.env ? { env: opts.env } : {}), ...(opts.input !== undefined ? { input: opts.input } : {}) });
+  return execa('nsenter', ['-t', kclNodeHolder(dir, node), '-m', '-n', cmd, ...args], {
+    reject,
+    ...(opts.env ? { env: opts.env } : {}),
+    ...(opts.input !== undefined ? { input: opts.input } : {}),
+  });
 }
 
 /** A host on the cluster's LAN (netns kcl-lan, the nodes' gateway address), outside the cluster range: an iperf3 endpoint. */
@@ -166,7 +186,11 @@ export async function lanRoutes(routes: Array<{ cidr: string; node: number }>): 
 export function pausePidOf(ip: string): string | undefined {
   return readdirSync('/proc').find((p) => {
     try {
-      return /^\d+$/.test(p) && readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' && readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(` ${ip}\n`);
+      return (
+        /^\d+$/.test(p) &&
+        readFileSync(`/proc/${p}/cmdline`, 'utf8') === '/pause\0' &&
+        readFileSync(`/proc/${p}/net/fib_trie`, 'utf8').includes(` ${ip}\n`)
+      );
     } catch {
       return false;
     }
@@ -179,6 +203,10 @@ export function pausePod(name: string, annotations: Record<string, string> = {},
     apiVersion: 'v1',
     kind: 'Pod',
     metadata: { name, namespace: 'default', annotations },
-    spec: { ...(nodeName ? { nodeName } : {}), containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }], terminationGracePeriodSeconds: 1 },
+    spec: {
+      ...(nodeName ? { nodeName } : {}),
+      containers: [{ name: 'pause', image: 'kubenet-ts.local/sandbox:1', imagePullPolicy: 'Never' }],
+      terminationGracePeriodSeconds: 1,
+    },
   };
 }

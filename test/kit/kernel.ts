@@ -40,7 +40,11 @@ export async function vethStorm(cleanup: Cleanup, pairs: number): Promise<{ run(
   const ns = `knb-${uniq(8)}`;
   cleanup.add(() => sh('ip', ['netns', 'del', ns], { reject: false }));
   await sh('ip', ['netns', 'add', ns]);
-  const links = Array.from({ length: pairs }, (_, i) => [`link add a${i} group ${group} type veth peer name b${i}`, `link set a${i} up`, `link set b${i} up`]).flat();
+  const links = Array.from({ length: pairs }, (_, i) => [
+    `link add a${i} group ${group} type veth peer name b${i}`,
+    `link set a${i} up`,
+    `link set b${i} up`,
+  ]).flat();
   await execa('ip', ['-n', ns, '-batch', '-'], { input: links.join('\n') + '\n' });
   const qdiscs = Array.from({ length: pairs }, (_, i) => [`qdisc add dev a${i} root handle 1: htb`, `qdisc add dev a${i} ingress`]).flat();
   await execa('tc', ['-n', ns, '-batch', '-'], { input: qdiscs.join('\n') + '\n' });
@@ -75,7 +79,9 @@ export async function delIfbs(ifb: string): Promise<void> {
 /** The ifb `ifb`, its egress shards and its ingress tree's ifb (`ifb.in`) that exist now (in this process's netns, or `netns`). */
 export async function ifbShardNames(ifb: string, netns?: string): Promise<string[]> {
   const r = await sh('ip', [...(netns ? ['-n', netns] : []), '-o', 'link', 'show', 'type', 'ifb'], { reject: false });
-  return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)].map((m) => m[1] ?? '').filter((n) => n === ifb || n === `${ifb}.in` || /^\d+$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
+  return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)]
+    .map((m) => m[1] ?? '')
+    .filter((n) => n === ifb || n === `${ifb}.in` || /^\d+$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
 }
 
 export async function linkExists(name: string, netns?: string): Promise<boolean> {

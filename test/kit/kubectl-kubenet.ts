@@ -21,7 +21,10 @@ export interface PluginRun {
 
 /** Runs `kubectl-kubenet ARGS --kubeconfig KUBECONFIG` (the bin from the sources). */
 export async function kubectlKubenet(kubeconfig: string, args: string[], timeoutMs = 60_000): Promise<PluginRun> {
-  const r = await execa(process.execPath, [`--import=${TSX}`, KUBECTL_KUBENET, ...args, '--kubeconfig', kubeconfig], { reject: false, timeout: timeoutMs });
+  const r = await execa(process.execPath, [`--import=${TSX}`, KUBECTL_KUBENET, ...args, '--kubeconfig', kubeconfig], {
+    reject: false,
+    timeout: timeoutMs,
+  });
   return { exitCode: r.exitCode ?? -1, stdout: String(r.stdout), stderr: String(r.stderr) };
 }
 

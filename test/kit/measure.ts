@@ -8,7 +8,9 @@ const MBIT = 1e6;
 
 /** Logs a measured rate and asserts it: mean within ±10 % of `limit`, no 1 s interval above 1.25 ×. */
 export function logRate(t: ExecutionContext, what: string, bps: number, intervals: number[], limit: number): void {
-  t.log(`${what}: ${(bps / MBIT).toFixed(2)} Mbit/s of ${limit / MBIT} (${((bps / limit) * 100).toFixed(1)} %), 1 s intervals ${intervals.map((i) => (i / MBIT).toFixed(2)).join(' ')}`);
+  t.log(
+    `${what}: ${(bps / MBIT).toFixed(2)} Mbit/s of ${limit / MBIT} (${((bps / limit) * 100).toFixed(1)} %), 1 s intervals ${intervals.map((i) => (i / MBIT).toFixed(2)).join(' ')}`,
+  );
   t.true(bps >= 0.9 * limit && bps <= 1.1 * limit, `${what}: ${bps} within ±10 % of ${limit}`);
   t.true(Math.max(...intervals) <= 1.25 * limit, `${what}: no 1 s interval above 1.25 × ${limit}: ${intervals.join(' ')}`);
 }
@@ -18,7 +20,9 @@ export function logRate(t: ExecutionContext, what: string, bps: number, interval
  * pod's limit `limit`: at least 5 ×.
  */
 export function logUnshaped(t: ExecutionContext, what: string, bps: number, intervals: number[], limit: number): void {
-  t.log(`${what}: ${(bps / MBIT).toFixed(1)} Mbit/s, not shaped (the pod's limit ${limit / MBIT}M), 1 s intervals ${intervals.map((i) => (i / MBIT).toFixed(0)).join(' ')}`);
+  t.log(
+    `${what}: ${(bps / MBIT).toFixed(1)} Mbit/s, not shaped (the pod's limit ${limit / MBIT}M), 1 s intervals ${intervals.map((i) => (i / MBIT).toFixed(0)).join(' ')}`,
+  );
   t.true(bps >= 5 * limit, `${what}: ${bps} at least 5 × ${limit}`);
 }
 

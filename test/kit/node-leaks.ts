@@ -61,7 +61,10 @@ async function lines(sb: NodeSandbox, cmd: string, args: string[]): Promise<stri
 /** The node's veths (not the uplink). */
 export async function nodeVeths(sb: NodeSandbox): Promise<string[]> {
   const links = JSON.parse((await sb.exec('ip', ['-j', 'link', 'show', 'type', 'veth'])).stdout || '[]') as Array<{ ifname: string }>;
-  return links.map((l) => l.ifname).filter((n) => n !== sb.uplink.nodeIf && n !== sb.uplink.lanIf).sort();
+  return links
+    .map((l) => l.ifname)
+    .filter((n) => n !== sb.uplink.nodeIf && n !== sb.uplink.lanIf)
+    .sort();
 }
 
 /** Per-pod nat rules: portmap's per-container chains and their entries, DNAT rules with a destination. */
@@ -81,7 +84,11 @@ export async function podLeftovers(sb: NodeSandbox, n: NodeLayout): Promise<PodL
   const ifbFilters: string[] = [];
   for (const ifb of ifbs) {
     ifbLeaves.push(...podLeaves(await lines(sb, 'tc', ['qdisc', 'show', 'dev', ifb])).map((l) => `${ifb}: ${l}`));
-    ifbFilters.push(...(await lines(sb, 'tc', ['filter', 'show', 'dev', ifb, 'parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)).map((l) => `${ifb}: ${l}`));
+    ifbFilters.push(
+      ...(await lines(sb, 'tc', ['filter', 'show', 'dev', ifb, 'parent', '1:']))
+        .filter((l) => /flowid 1:[0-9a-f]+/.test(l))
+        .map((l) => `${ifb}: ${l}`),
+    );
   }
   return {
     veths,
@@ -100,7 +107,9 @@ export async function podLeftovers(sb: NodeSandbox, n: NodeLayout): Promise<PodL
 export function describeLeftovers(l: PodLeftovers): string {
   return Object.entries(l)
     .filter(([, v]) => (v as string[]).length > 0)
-    .map(([k, v]) => `${k} (${(v as string[]).length}): ${(v as string[]).slice(0, 10).join(', ')}${(v as string[]).length > 10 ? ', …' : ''}`)
+    .map(
+      ([k, v]) => `${k} (${(v as string[]).length}): ${(v as string[]).slice(0, 10).join(', ')}${(v as string[]).length > 10 ? ', …' : ''}`,
+    )
     .join('\n');
 }
 

@@ -140,7 +140,13 @@ export class NodeSandbox {
     this.lanNetnsPath = `/var/run/netns/${this.lanNetns}`;
     // A random /24 of the benchmarking range 198.18.0.0/15: only ever on these two namespaces.
     const net = `198.${18 + randomInt(2)}.${randomInt(256)}`;
-    this.uplink = { nodeIf: `${this.prefix}${this.tag}u`, nodeIp: `${net}.1`, lanIf: `${this.prefix}${this.tag}l`, lanIp: `${net}.2`, prefixLen: 24 };
+    this.uplink = {
+      nodeIf: `${this.prefix}${this.tag}u`,
+      nodeIp: `${net}.1`,
+      lanIf: `${this.prefix}${this.tag}l`,
+      lanIp: `${net}.2`,
+      prefixLen: 24,
+    };
   }
 
   /** Builds the sandbox; on any failure what was made is removed and the error rethrown. */
@@ -167,17 +173,42 @@ export class NodeSandbox {
     const u = this.uplink;
     await execa('ip', ['-n', this.netns, 'link', 'add', u.nodeIf, 'type', 'veth', 'peer', 'name', u.lanIf, 'netns', this.lanNetns]);
     await execa('ip', ['-n', this.netns, '-batch', '-'], {
-      input: [`link set lo up`, `addr add ${u.nodeIp}/${u.prefixLen} dev ${u.nodeIf}`, `link set ${u.nodeIf} up`, `route add default via ${u.lanIp}`].join('\n') + '\n',
+      input:
+        [
+          `link set lo up`,
+          `addr add ${u.nodeIp}/${u.prefixLen} dev ${u.nodeIf}`,
+          `link set ${u.nodeIf} up`,
+          `route add default via ${u.lanIp}`,
+        ].join('\n') + '\n',
     });
     await execa('ip', ['-n', this.lanNetns, '-batch', '-'], {
       input: [`link set lo up`, `addr add ${u.lanIp}/${u.prefixLen} dev ${u.lanIf}`, `link set ${u.lanIf} up`].join('\n') + '\n',
     });
 
     this.cleanup.add(() => this.killAll());
-    const holder = execa('unshare', ['--mount', '--propagation', 'slave', '--', 'nsenter', `--net=${this.netnsPath}`, '--', 'sh', '-c', HOLDER_SCRIPT, 'holder', tmpDir, realpathSync(REF_PLUGINS_DIR), ...this.tmpfsDirs], {
-      reject: false,
-      stdin: 'ignore',
-    });
+    const holder = execa(
+      'unshare',
+      [
+        '--mount',
+        '--propagation',
+        'slave',
+        '--',
+        'nsenter',
+        `--net=${this.netnsPath}`,
+        '--',
+        'sh',
+        '-c',
+        HOLDER_SCRIPT,
+        'holder',
+        tmpDir,
+        realpathSync(REF_PLUGINS_DIR),
+        ...this.tmpfsDirs,
+      ],
+      {
+        reject: false,
+        stdin: 'ignore',
+      },
+    );
     this.children.add(holder);
     this.holderPid = holder.pid ?? 0;
     const ready = await new Promise<boolean>((resolve) => {
@@ -212,8 +243,15 @@ export class NodeSandbox {
    */
   spawn(cmd: string, args: string[], opts: SandboxSpawnOptions = {}): ResultPromise {
     const [file, argv] = this.nsenter(cmd, args, opts.cwd);
-    const io: ExecaOptions = opts.logFile ? { stdout: { file: opts.logFile, append: true }, stderr: { file: opts.logFile, append: true } } : {};
-    const child = execa(file, argv, { reject: false, stdin: 'ignore', ...io, ...(opts.env ? { env: opts.env } : {}) }) as unknown as ResultPromise;
+    const io: ExecaOptions = opts.logFile
+      ? { stdout: { file: opts.logFile, append: true }, stderr: { file: opts.logFile, append: true } }
+      : {};
+    const child = execa(file, argv, {
+      reject: false,
+      stdin: 'ignore',
+      ...io,
+      ...(opts.env ? { env: opts.env } : {}),
+    }) as unknown as ResultPromise;
     this.children.add(child);
     void child.finally(() => this.children.delete(child));
     return child;

@@ -32,23 +32,59 @@ async function ca(dir: string, name: string): Promise<{ cert: string; key: strin
   return { cert, key };
 }
 
-async function issue(dir: string, name: string, subj: string, ext: string, signer: { cert: string; key: string }): Promise<{ cert: string; key: string }> {
+async function issue(
+  dir: string,
+  name: string,
+  subj: string,
+  ext: string,
+  signer: { cert: string; key: string },
+): Promise<{ cert: string; key: string }> {
   const key = join(dir, `${name}.key`);
   const csr = join(dir, `${name}.csr`);
   const cert = join(dir, `${name}.crt`);
   const extFile = join(dir, `${name}.ext`);
   await writeFile(extFile, `${ext}\n`);
   await openssl(['req', ...EC, '-keyout', key, '-out', csr, '-subj', subj]);
-  await openssl(['x509', '-req', '-in', csr, '-CA', signer.cert, '-CAkey', signer.key, '-CAcreateserial', '-out', cert, '-days', '1', '-extfile', extFile]);
+  await openssl([
+    'x509',
+    '-req',
+    '-in',
+    csr,
+    '-CA',
+    signer.cert,
+    '-CAkey',
+    signer.key,
+    '-CAcreateserial',
+    '-out',
+    cert,
+    '-days',
+    '1',
+    '-extfile',
+    extFile,
+  ]);
   return { cert, key };
 }
 
 export async function makePki(dir: string, node = 'node-a'): Promise<Pki> {
   const root = await ca(dir, 'kfx-test-ca');
   const other = await ca(dir, 'kfx-other-ca');
-  const server = await issue(dir, 'server', '/CN=kfx-apiserver', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth', root);
+  const server = await issue(
+    dir,
+    'server',
+    '/CN=kfx-apiserver',
+    'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth',
+    root,
+  );
   const client = await issue(dir, 'client', `/O=system:nodes/CN=system:node:${node}`, 'extendedKeyUsage=clientAuth', root);
-  return { dir, caCert: root.cert, serverCert: server.cert, serverKey: server.key, clientCert: client.cert, clientKey: client.key, otherCaCert: other.cert };
+  return {
+    dir,
+    caCert: root.cert,
+    serverCert: server.cert,
+    serverKey: server.key,
+    clientCert: client.cert,
+    clientKey: client.key,
+    otherCaCert: other.cert,
+  };
 }
 
 export async function base64Of(path: string): Promise<string> {

@@ -26,7 +26,9 @@ let portSeq = 0;
 export async function startProbeServer(pod: TopoPod): Promise<ProbeServer> {
   for (let attempt = 1; ; attempt++) {
     const port = 40000 + ((process.pid * 13 + portSeq++) % 20000);
-    const proc: ResultPromise = execa('ip', ['netns', 'exec', pod.netns, process.execPath, WORKER, 'server', pod.ip4, String(port)], { reject: false });
+    const proc: ResultPromise = execa('ip', ['netns', 'exec', pod.netns, process.execPath, WORKER, 'server', pod.ip4, String(port)], {
+      reject: false,
+    });
     const up = await new Promise<boolean>((resolve) => {
       const timer = setTimeout(() => resolve(false), 5000);
       proc.stdout?.on('data', (d: Buffer) => {
@@ -57,13 +59,33 @@ export interface ProbeResult {
 }
 
 /** Runs the probe client in `from` against `server` for `durationMs`; resolves when every try ended. */
-export async function runProbes(from: TopoPod, server: ProbeServer, opts: { intervalMs?: number; durationMs: number; timeoutMs?: number }): Promise<ProbeResult> {
+export async function runProbes(
+  from: TopoPod,
+  server: ProbeServer,
+  opts: { intervalMs?: number; durationMs: number; timeoutMs?: number },
+): Promise<ProbeResult> {
   const interval = opts.intervalMs ?? 200;
   const timeout = opts.timeoutMs ?? 2000;
-  const r = await execa('ip', ['netns', 'exec', from.netns, process.execPath, WORKER, 'client', server.host, String(server.port), String(interval), String(opts.durationMs), String(timeout)], {
-    reject: false,
-    timeout: opts.durationMs + timeout + 10_000,
-  });
+  const r = await execa(
+    'ip',
+    [
+      'netns',
+      'exec',
+      from.netns,
+      process.execPath,
+      WORKER,
+      'client',
+      server.host,
+      String(server.port),
+      String(interval),
+      String(opts.durationMs),
+      String(timeout),
+    ],
+    {
+      reject: false,
+      timeout: opts.durationMs + timeout + 10_000,
+    },
+  );
   const line = r.stdout.trim().split('\n').pop() ?? '';
   try {
     return JSON.parse(line) as ProbeResult;

@@ -55,14 +55,21 @@ export class SandboxLibcni {
     const timeoutMs = this.opts.timeoutMs ?? 90_000;
     const args = [
       cmd,
-      '--conf-dir', this.opts.confDir,
-      '--bin-dir', this.opts.binDirs.join(':'),
+      '--conf-dir',
+      this.opts.confDir,
+      '--bin-dir',
+      this.opts.binDirs.join(':'),
       ...(this.opts.cacheDir === undefined ? ['--default-cache-dir'] : ['--cache-dir', this.opts.cacheDir]),
-      '--netns', opts.netns ?? pod.netnsPath,
-      '--container-id', pod.id,
-      '--ifname', pod.ifName,
-      '--args', cniArgs(pod),
-      '--timeout', `${Math.ceil(timeoutMs / 1000)}s`,
+      '--netns',
+      opts.netns ?? pod.netnsPath,
+      '--container-id',
+      pod.id,
+      '--ifname',
+      pod.ifName,
+      '--args',
+      cniArgs(pod),
+      '--timeout',
+      `${Math.ceil(timeoutMs / 1000)}s`,
     ];
     const runtimeConfig = opts.runtimeConfig ?? pod.runtimeConfig;
     if (runtimeConfig) args.push('--runtime-config', JSON.stringify(runtimeConfig));
@@ -133,7 +140,11 @@ export class SandboxWorld {
   }
 
   /** Runs `body` on a fresh world; when it fails, logs the tail of the agent's log; destroys the world either way. */
-  static async run(t: { log: (msg: string) => void }, opts: SandboxWorldOptions, body: (world: SandboxWorld) => Promise<void>): Promise<void> {
+  static async run(
+    t: { log: (msg: string) => void },
+    opts: SandboxWorldOptions,
+    body: (world: SandboxWorld) => Promise<void>,
+  ): Promise<void> {
     const world = await SandboxWorld.create(opts);
     try {
       await body(world);
@@ -168,9 +179,19 @@ export class SandboxWorld {
    * returns once it is ready. `socket` where it serves (default the agent's), `logFile` default
    * <tmpDir>/agent.log, `wrapper` a command it runs under (AgentProcess).
    */
-  async startAgent(args: string[], opts: { env?: Record<string, string>; socket?: string; logFile?: string; wrapper?: string[] } = {}): Promise<AgentProcess> {
+  async startAgent(
+    args: string[],
+    opts: { env?: Record<string, string>; socket?: string; logFile?: string; wrapper?: string[] } = {},
+  ): Promise<AgentProcess> {
     await this.current?.stop(5000);
-    const agent = new AgentProcess(this.sb, args, opts.env ?? {}, opts.logFile ?? join(this.sb.tmpDir, 'agent.log'), opts.socket ?? DEFAULT_SOCKET_PATH, opts.wrapper);
+    const agent = new AgentProcess(
+      this.sb,
+      args,
+      opts.env ?? {},
+      opts.logFile ?? join(this.sb.tmpDir, 'agent.log'),
+      opts.socket ?? DEFAULT_SOCKET_PATH,
+      opts.wrapper,
+    );
     this.current = agent;
     await agent.start();
     return agent;
@@ -206,14 +227,18 @@ export function resultIp(stdout: string): string | undefined {
 export function inCidr4(ip: string | undefined, cidr: string): boolean {
   const toInt = (a: string) => {
     const parts = a.split('.').map(Number);
-    return parts.length === 4 && parts.every((p) => Number.isInteger(p) && p >= 0 && p <= 255) ? parts.reduce((n, p) => n * 256 + p, 0) : NaN;
+    return parts.length === 4 && parts.every((p) => Number.isInteger(p) && p >= 0 && p <= 255)
+      ? parts.reduce((n, p) => n * 256 + p, 0)
+      : NaN;
   };
   const [net = '', bits = ''] = cidr.split('/');
   const len = Number(bits);
   const size = 2 ** (32 - len);
   const a = toInt(ip ?? '');
   const n = toInt(net);
-  return Number.isInteger(len) && len >= 0 && len <= 32 && !Number.isNaN(a) && !Number.isNaN(n) && Math.floor(a / size) === Math.floor(n / size);
+  return (
+    Number.isInteger(len) && len >= 0 && len <= 32 && !Number.isNaN(a) && !Number.isNaN(n) && Math.floor(a / size) === Math.floor(n / size)
+  );
 }
 
 /** The CNI error code of a failed call (the driver's last stderr line), or undefined. */

@@ -13,7 +13,12 @@ export interface ShaperEnv {
   ifb: string;
 }
 
-export async function shaperEnv(t: ExecutionContext, pods = 3, shards = 1, capacity?: { egress?: number; ingress?: number }): Promise<ShaperEnv> {
+export async function shaperEnv(
+  t: ExecutionContext,
+  pods = 3,
+  shards = 1,
+  capacity?: { egress?: number; ingress?: number },
+): Promise<ShaperEnv> {
   const ifb = `kif${uniq(8)}`;
   const topo = await makeTopology(pods);
   const shaper = new Shaper({ ifbName: ifb, shards, ...(capacity ? { capacity } : {}) });

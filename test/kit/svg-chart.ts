@@ -67,7 +67,9 @@ export function lineChart(series: Series[], o: ChartOptions): string {
       .join(' ');
     out.push(`<path d="${d}" fill="none" stroke="${color}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ''}/>`);
     const ly = top + 8 + i * 18;
-    out.push(`<line x1="${W - right + 12}" x2="${W - right + 36}" y1="${ly}" y2="${ly}" stroke="${color}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ''}/>`);
+    out.push(
+      `<line x1="${W - right + 12}" x2="${W - right + 36}" y1="${ly}" y2="${ly}" stroke="${color}" stroke-width="2"${s.dashed ? ' stroke-dasharray="6 4"' : ''}/>`,
+    );
     out.push(`<text x="${W - right + 42}" y="${ly + 4}">${esc(s.label)}</text>`);
   });
   out.push('</svg>');

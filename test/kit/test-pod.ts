@@ -41,5 +41,13 @@ export async function addTestPod(cleanup: Cleanup, prefix: string, tag: string, 
   const netns = `${prefix}-${tag}-${name}`;
   const { path } = await addNetns(netns);
   cleanup.add(() => delNetns(netns));
-  return { namespace: 'default', name, uid: `uid-${tag}-${name}`, id: `${tag}-${name}-`.padEnd(64, '0'), netns, netnsPath: path, ifName: 'eth0' };
+  return {
+    namespace: 'default',
+    name,
+    uid: `uid-${tag}-${name}`,
+    id: `${tag}-${name}-`.padEnd(64, '0'),
+    netns,
+    netnsPath: path,
+    ifName: 'eth0',
+  };
 }

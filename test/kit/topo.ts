@@ -80,7 +80,10 @@ export async function makeTopology(n: number, opts: { withNetns?: boolean; addre
       await Promise.all(
         pods.map((p) =>
           execa('ip', ['netns', 'exec', p.netns, 'ip', '-batch', '-'], {
-            input: [`addr add ${p.ip4}/16 dev eth0`, `addr add ${p.ip6}/64 dev eth0 nodad`, `link set dev eth0 up`, `link set dev lo up`].join('\n') + '\n',
+            input:
+              [`addr add ${p.ip4}/16 dev eth0`, `addr add ${p.ip6}/64 dev eth0 nodad`, `link set dev eth0 up`, `link set dev lo up`].join(
+                '\n',
+              ) + '\n',
           }),
         ),
       );
@@ -245,8 +248,17 @@ async function iperfOnce(server: IperfEndpoint, client: IperfEndpoint, opts: Ipe
  * ping from a pod to another pod (ours) every `intervalS` (default 0.2 s; below 0.2 needs root);
  * average and max RTT in ms, loss in % (a reply later than 2 s counts as lost).
  */
-export async function pingRtt(from: TopoPod, to: TopoPod, count: number, intervalS = 0.2): Promise<{ avg: number; max: number; loss: number; sent: number; received: number }> {
-  const r = await execa('ip', ['netns', 'exec', from.netns, 'ping', '-q', '-i', String(intervalS), '-c', String(count), '-W', '2', to.ip4], { reject: false });
+export async function pingRtt(
+  from: TopoPod,
+  to: TopoPod,
+  count: number,
+  intervalS = 0.2,
+): Promise<{ avg: number; max: number; loss: number; sent: number; received: number }> {
+  const r = await execa(
+    'ip',
+    ['netns', 'exec', from.netns, 'ping', '-q', '-i', String(intervalS), '-c', String(count), '-W', '2', to.ip4],
+    { reject: false },
+  );
   const m = /= [\d.]+\/([\d.]+)\/([\d.]+)\//.exec(r.stdout);
   const loss = /(\d+(?:\.\d+)?)% packet loss/.exec(r.stdout);
   const counts = /(\d+) packets transmitted, (\d+) received/.exec(r.stdout);

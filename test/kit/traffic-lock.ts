@@ -109,7 +109,10 @@ export async function withTrafficLock<T>(fn: () => Promise<T>, opts: { waitMs?: 
     // taking CLUSTER_LOCK now an inversion of the lock order: a suite holding the cluster and
     // waiting for traffic would wait on us while we wait on it. Then only the traffic lock counts.
     const inverted = heldByAncestor(TRAFFIC_LOCK);
-    const quiet = heldHere(CLUSTER_LOCK) || inverted ? undefined : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(opts.onWait ? { onWait: opts.onWait } : {}) });
+    const quiet =
+      heldHere(CLUSTER_LOCK) || inverted
+        ? undefined
+        : await holdLock(CLUSTER_LOCK, { waitMs: 45 * 60_000, ...(opts.onWait ? { onWait: opts.onWait } : {}) });
     try {
       return await locked(heldByAncestor() ? INNER_LOCK : TRAFFIC_LOCK, fn, opts);
     } finally {
@@ -135,10 +138,14 @@ async function locked<T>(file: string, fn: () => Promise<T>, opts: { waitMs?: nu
  * stdin, so it goes when this process dies.
  */
 export async function holdLock(file: string, opts: { waitMs?: number; onWait?: () => void } = {}): Promise<() => Promise<void>> {
-  const holder = execa('flock', ['--exclusive', '--timeout', String(Math.ceil((opts.waitMs ?? 600_000) / 1000)), file, 'sh', '-c', 'echo locked; exec cat >/dev/null'], {
-    reject: false,
-    stdin: 'pipe',
-  });
+  const holder = execa(
+    'flock',
+    ['--exclusive', '--timeout', String(Math.ceil((opts.waitMs ?? 600_000) / 1000)), file, 'sh', '-c', 'echo locked; exec cat >/dev/null'],
+    {
+      reject: false,
+      stdin: 'pipe',
+    },
+  );
   const release = async () => {
     holder.stdin?.end();
     const done = await Promise.race([holder.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 2000))]);

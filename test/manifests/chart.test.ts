@@ -52,7 +52,11 @@ const configOf = async (docs: Doc[]) => {
 hTest('the default values render manifests/kubenet.yaml exactly; values.schema.json is the config-key table', async (t) => {
   const r = await execa('bash', [join(ROOT, 'hack/render-manifest.sh'), '--stdout']);
   t.is(`${r.stdout}\n`, await readFile(join(ROOT, 'manifests/kubenet.yaml'), 'utf8'), 'run bash hack/render-manifest.sh');
-  t.deepEqual(JSON.parse(await readFile(join(CHART, 'values.schema.json'), 'utf8')), chartValuesSchema(), 'run bash hack/render-manifest.sh');
+  t.deepEqual(
+    JSON.parse(await readFile(join(CHART, 'values.schema.json'), 'utf8')),
+    chartValuesSchema(),
+    'run bash hack/render-manifest.sh',
+  );
   const chart = yaml.load(await readFile(join(CHART, 'Chart.yaml'), 'utf8')) as { version: string; appVersion: string };
   const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { version: string };
   t.is(chart.appVersion, pkg.version, "the chart's appVersion is the package's (the image tag)");
@@ -65,17 +69,20 @@ hTest('helm lint: no warning, no error', async (t) => {
   t.notRegex(r.stdout, /\[(WARNING|ERROR)\]/);
 });
 
-hTest('metricsAuth kubernetes: exactly one more object, the auth-delegator binding; the probe speaks HTTPS; the config loads', async (t) => {
-  const plain = await render();
-  const auth = await render('config.metricsAuth=kubernetes');
-  const key = (d: Doc) => `${d.kind}/${d.metadata.namespace ?? ''}/${d.metadata.name}`;
-  const added = auth.filter((d) => !plain.some((p) => key(p) === key(d)));
-  t.deepEqual(added.map(key), ['ClusterRoleBinding//kubenet-auth-delegator']);
-  t.is(added[0]?.roleRef?.name, 'system:auth-delegator');
-  t.is(container(auth).livenessProbe.httpGet.scheme, 'HTTPS');
-  t.is(container(plain).livenessProbe.httpGet.scheme, 'HTTP');
-  t.is((await configOf(auth)).metricsAuth, 'kubernetes');
-});
+hTest(
+  'metricsAuth kubernetes: exactly one more object, the auth-delegator binding; the probe speaks HTTPS; the config loads',
+  async (t) => {
+    const plain = await render();
+    const auth = await render('config.metricsAuth=kubernetes');
+    const key = (d: Doc) => `${d.kind}/${d.metadata.namespace ?? ''}/${d.metadata.name}`;
+    const added = auth.filter((d) => !plain.some((p) => key(p) === key(d)));
+    t.deepEqual(added.map(key), ['ClusterRoleBinding//kubenet-auth-delegator']);
+    t.is(added[0]?.roleRef?.name, 'system:auth-delegator');
+    t.is(container(auth).livenessProbe.httpGet.scheme, 'HTTPS');
+    t.is(container(plain).livenessProbe.httpGet.scheme, 'HTTP');
+    t.is((await configOf(auth)).metricsAuth, 'kubernetes');
+  },
+);
 
 hTest('the metrics address moves the declared port, and "off" takes the port and the liveness probe away', async (t) => {
   const moved = await render('config.metricsAddress=127.0.0.1:9999');
@@ -88,7 +95,12 @@ hTest('the metrics address moves the declared port, and "off" takes the port and
 });
 
 hTest('a TLS Secret is mounted and named in the config; image, tag and resources follow the values', async (t) => {
-  const docs = await render('metricsTLSSecret=kubenet-metrics-tls', 'image.repository=registry.example/kubenet-ts', 'image.tag=9.9.9', 'resources.limits.memory=1Gi');
+  const docs = await render(
+    'metricsTLSSecret=kubenet-metrics-tls',
+    'image.repository=registry.example/kubenet-ts',
+    'image.tag=9.9.9',
+    'resources.limits.memory=1Gi',
+  );
   const c = container(docs);
   const ds = docs.find((d) => d.kind === 'DaemonSet')?.spec.template.spec;
   t.is(c.image, 'registry.example/kubenet-ts:9.9.9');

@@ -127,7 +127,8 @@ test('every document parses and the expected kinds are present', (t) => {
   for (const d of docs) {
     // The one exception: the Role that reads the `kubernetes` EndpointSlice, which lives in `default`.
     const inDefault = d.metadata?.name === 'kubenet-api-endpoints' && ['Role', 'RoleBinding'].includes(d.kind ?? '');
-    if (['ServiceAccount', 'ConfigMap', 'DaemonSet', 'Role', 'RoleBinding'].includes(d.kind ?? '')) t.is(d.metadata?.namespace, inDefault ? 'default' : 'kube-system', `${d.kind} ${d.metadata?.name}`);
+    if (['ServiceAccount', 'ConfigMap', 'DaemonSet', 'Role', 'RoleBinding'].includes(d.kind ?? ''))
+      t.is(d.metadata?.namespace, inDefault ? 'default' : 'kube-system', `${d.kind} ${d.metadata?.name}`);
   }
 });
 
@@ -156,11 +157,28 @@ test('RBAC: exactly get/list/watch on nodes, pods and namespaces, create on even
   // reads the `kubernetes` EndpointSlice (the API servers' own addresses, issue 34); it updates or
   // deletes nothing.
   const eps = ['get', 'list', 'watch'].map((v) => `${v} endpointslices.discovery.k8s.io/kubernetes`);
-  const want = ['get nodes', 'list nodes', 'watch nodes', 'get pods', 'list pods', 'watch pods', 'get namespaces', 'list namespaces', 'watch namespaces', 'create events', 'list servicecidrs.networking.k8s.io', 'watch servicecidrs.networking.k8s.io', 'patch nodes/status', ...eps];
+  const want = [
+    'get nodes',
+    'list nodes',
+    'watch nodes',
+    'get pods',
+    'list pods',
+    'watch pods',
+    'get namespaces',
+    'list namespaces',
+    'watch namespaces',
+    'create events',
+    'list servicecidrs.networking.k8s.io',
+    'watch servicecidrs.networking.k8s.io',
+    'patch nodes/status',
+    ...eps,
+  ];
   t.deepEqual([...granted].sort(), [...want].sort());
 
   const sa = only(docs, 'ServiceAccount', 'kubenet');
-  const binding = only<Obj & { roleRef: { kind: string; name: string }; subjects: Array<{ kind: string; name: string; namespace?: string }> }>(docs, 'ClusterRoleBinding');
+  const binding = only<
+    Obj & { roleRef: { kind: string; name: string }; subjects: Array<{ kind: string; name: string; namespace?: string }> }
+  >(docs, 'ClusterRoleBinding');
   t.is(binding.roleRef.kind, 'ClusterRole');
   t.is(binding.roleRef.name, only(docs, 'ClusterRole').metadata?.name ?? '(unnamed)');
   t.deepEqual(binding.subjects, [{ kind: 'ServiceAccount', name: 'kubenet', namespace: 'kube-system' }]);
@@ -176,7 +194,10 @@ test("the ConfigMap's config.yaml passes loadConfig and sets no podCIDR", (t) =>
 });
 
 test('the agent runs the plugins of its own image, never from the host dir it installs its binary into', (t) => {
-  t.false(config.pluginBinDirs.includes(config.cniBinDir), `pluginBinDirs ${config.pluginBinDirs.join(',')} holds cniBinDir ${config.cniBinDir}`);
+  t.false(
+    config.pluginBinDirs.includes(config.cniBinDir),
+    `pluginBinDirs ${config.pluginBinDirs.join(',')} holds cniBinDir ${config.cniBinDir}`,
+  );
   for (const dir of config.pluginBinDirs) {
     const m = mountFor(dir);
     t.true(m === undefined || m.volume.hostPath === undefined, `plugin dir ${dir} is the image's own, not a host path`);
@@ -215,7 +236,7 @@ test('the image is the one hack/build-image.sh builds: kubenet-ts:<package versi
   const version = (JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
   t.is(agent.image, `kubenet-ts:${version}`);
   const built = (await execa('bash', [fileURLToPath(new URL('../../hack/build-image.sh', import.meta.url)), '--print-name'])).stdout.trim();
-  t.is(built, `docker.io/library/${agent.image}`, 'the build names its output as containerd resolves the manifest\'s image');
+  t.is(built, `docker.io/library/${agent.image}`, "the build names its output as containerd resolves the manifest's image");
 });
 
 function mountFor(path: string): { mount: VolumeMount; volume: Volume } | undefined {

@@ -23,7 +23,8 @@ const pTest = promBlocker ? test.skip : test;
 if (promBlocker) console.warn(`promtool checks skipped: ${promBlocker}`);
 
 const load = async (f: string) => yaml.load(await readFile(join(MON, f), 'utf8')) as any;
-const daemonSet = async () => (yaml.loadAll(await readFile(join(ROOT, 'manifests/kubenet.yaml'), 'utf8')) as any[]).find((d) => d?.kind === 'DaemonSet');
+const daemonSet = async () =>
+  (yaml.loadAll(await readFile(join(ROOT, 'manifests/kubenet.yaml'), 'utf8')) as any[]).find((d) => d?.kind === 'DaemonSet');
 const dashboard = async () => JSON.parse(await readFile(join(MON, 'grafana-dashboard.json'), 'utf8')) as Dashboard;
 
 test('the scrape config and the PodMonitor select the DaemonSet pods and their metrics port, labelled by node', async (t) => {
@@ -37,9 +38,16 @@ test('the scrape config and the PodMonitor select the DaemonSet pods and their m
   t.deepEqual(sd.namespaces.names, [ds.metadata.namespace]);
   const [k, v] = (sd.selectors[0].label as string).split('=');
   t.is(labels[k ?? ''], v, 'the label selector matches the pod template');
-  t.true(job.relabel_configs.some((r: any) => r.action === 'keep' && r.regex === 'metrics' && r.source_labels[0] === '__meta_kubernetes_pod_container_port_name'));
+  t.true(
+    job.relabel_configs.some(
+      (r: any) => r.action === 'keep' && r.regex === 'metrics' && r.source_labels[0] === '__meta_kubernetes_pod_container_port_name',
+    ),
+  );
   t.true(job.relabel_configs.some((r: any) => r.target_label === 'node' && r.source_labels[0] === '__meta_kubernetes_pod_node_name'));
-  t.false(job.relabel_configs.some((r: any) => ['pod', 'namespace'].includes(r.target_label)), "no target label would clash with the metrics' own pod and namespace");
+  t.false(
+    job.relabel_configs.some((r: any) => ['pod', 'namespace'].includes(r.target_label)),
+    "no target label would clash with the metrics' own pod and namespace",
+  );
   const pm = await load('podmonitor.yaml');
   t.is(pm.kind, 'PodMonitor');
   for (const [key, value] of Object.entries(pm.spec.selector.matchLabels as Record<string, string>)) t.is(labels[key], value);
@@ -67,7 +75,9 @@ test("prometheus.yaml embeds scrape-config.yaml's job as it is, and may discover
 test('the dashboard asks only for families the agent exposes, with the variables it defines, panels apart', async (t) => {
   const d = await dashboard();
   const exposed = new Set(
-    [...(await new AgentMetrics().text([], 0, [])).body.matchAll(/^# TYPE (\S+) (\S+)/gm)].flatMap((m) => (m[2] === 'histogram' ? [`${m[1]}_bucket`, `${m[1]}_sum`, `${m[1]}_count`] : [m[1] ?? ''])),
+    [...(await new AgentMetrics().text([], 0, [])).body.matchAll(/^# TYPE (\S+) (\S+)/gm)].flatMap((m) =>
+      m[2] === 'histogram' ? [`${m[1]}_bucket`, `${m[1]}_sum`, `${m[1]}_count`] : [m[1] ?? ''],
+    ),
   );
   const queries = dashboardQueries(d);
   t.true(queries.length >= 15, `${queries.length} queries`);
@@ -75,14 +85,27 @@ test('the dashboard asks only for families the agent exposes, with the variables
     const names = [...q.expr.matchAll(/\b(kubenet_[a-z_]+)\b/g)].map((m) => m[1] ?? '');
     t.true(names.length > 0 || q.expr.includes('up{'), q.expr);
     for (const n of names) t.true(exposed.has(n), `${q.title}: ${n} is not a family the agent exposes`);
-    for (const v of q.expr.matchAll(/\$(\w+)/g)) t.true(['node', 'namespace', '__rate_interval'].includes(v[1] ?? ''), `${q.title}: $${v[1]}`);
+    for (const v of q.expr.matchAll(/\$(\w+)/g))
+      t.true(['node', 'namespace', '__rate_interval'].includes(v[1] ?? ''), `${q.title}: $${v[1]}`);
   }
   const vars = d.templating.list.map((v) => v.name);
   t.deepEqual(vars, ['datasource', 'node', 'namespace']);
   const ids = d.panels.map((p) => p.id);
   t.is(new Set(ids).size, ids.length, 'panel ids unique');
-  for (const family of ['kubenet_pod_shaped_bytes_total', 'kubenet_pod_bandwidth_limit_bits_per_second', 'kubenet_pod_shaped_drops_total', 'kubenet_pod_shaped_overlimits_total', 'kubenet_node_bandwidth_committed_bits_per_second', 'kubenet_cni_add_seconds_bucket', 'kubenet_cni_del_seconds_bucket', 'kubenet_cni_errors_total']) {
-    t.true(queries.some((q) => q.expr.includes(family)), `the dashboard shows ${family}`);
+  for (const family of [
+    'kubenet_pod_shaped_bytes_total',
+    'kubenet_pod_bandwidth_limit_bits_per_second',
+    'kubenet_pod_shaped_drops_total',
+    'kubenet_pod_shaped_overlimits_total',
+    'kubenet_node_bandwidth_committed_bits_per_second',
+    'kubenet_cni_add_seconds_bucket',
+    'kubenet_cni_del_seconds_bucket',
+    'kubenet_cni_errors_total',
+  ]) {
+    t.true(
+      queries.some((q) => q.expr.includes(family)),
+      `the dashboard shows ${family}`,
+    );
   }
 });
 

@@ -31,7 +31,9 @@ const CC_FLAGS = ['-O2', '-Wall', '-Wextra', '-Werror'];
 /** Extra compiler flags for a checking run, e.g. "-fsanitize=address,undefined -g". */
 const EXTRA_CFLAGS = (process.env.KUBENET_CNI_TEST_CFLAGS ?? '').split(/\s+/).filter(Boolean);
 /** Passed to every run: sanitizer builds must not fail on the binary's deliberate exit-time leaks. */
-const SANITIZER_ENV: Record<string, string> = EXTRA_CFLAGS.length ? { ASAN_OPTIONS: 'detect_leaks=0:abort_on_error=1', UBSAN_OPTIONS: 'halt_on_error=1' } : {};
+const SANITIZER_ENV: Record<string, string> = EXTRA_CFLAGS.length
+  ? { ASAN_OPTIONS: 'detect_leaks=0:abort_on_error=1', UBSAN_OPTIONS: 'halt_on_error=1' }
+  : {};
 
 /** Why the binary cannot be built here, or undefined when it can. */
 function ccBlocker(): string | undefined {
@@ -82,7 +84,9 @@ interface Seen {
 }
 
 /** A fake agent: an HTTP server on a unix socket that records each request. */
-async function fakeAgent(answer: (req: Seen, res: ServerResponse) => void): Promise<{ path: string; seen: Seen[]; close: () => Promise<void> }> {
+async function fakeAgent(
+  answer: (req: Seen, res: ServerResponse) => void,
+): Promise<{ path: string; seen: Seen[]; close: () => Promise<void> }> {
   const path = sockPath();
   const seen: Seen[] = [];
   const server = createHttpServer((req, res) => {
@@ -154,7 +158,14 @@ interface Run {
 
 /** Runs the binary (or `path`, e.g. the IPAM shim) with exactly `env` (nothing inherited) and `stdin`. */
 async function runCni(env: Record<string, string>, stdin: string | Buffer, path = bin): Promise<Run> {
-  const r = await execa(path, [], { env: { ...env, ...SANITIZER_ENV }, extendEnv: false, input: stdin, reject: false, stripFinalNewline: false, timeout: 60_000 });
+  const r = await execa(path, [], {
+    env: { ...env, ...SANITIZER_ENV },
+    extendEnv: false,
+    input: stdin,
+    reject: false,
+    stripFinalNewline: false,
+    timeout: 60_000,
+  });
   return { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -194,7 +205,10 @@ test('npm run build:native (hack/build-native.sh) uses the same compiler command
   t.regex(pkg.scripts['test'] ?? '', /npm run build:native/, 'npm test builds the binary the agent installs');
   const script = readFileSync(join(ROOT, 'hack/build-native.sh'), 'utf8');
   t.true(script.includes(`cc ${CC_FLAGS.join(' ')} -o "$tmp" native/kubenet-cni.c`), script);
-  t.true(script.includes(`cc -O2 -static ${CC_FLAGS.slice(1).join(' ')} -o "$tmp" native/kubenet-cni.c`), 'statically linked when it can be');
+  t.true(
+    script.includes(`cc -O2 -static ${CC_FLAGS.slice(1).join(' ')} -o "$tmp" native/kubenet-cni.c`),
+    'statically linked when it can be',
+  );
   t.true(script.includes('ipam=native/build/ipam/kubenet-ipam'), 'the IPAM shim is the same binary under its own name');
 });
 
@@ -479,14 +493,24 @@ ccTest('an unreachable agent yields code 11 naming the socket', async (t) => {
   const r1 = await runCni(cniEnv(), conf({ cniVersion: '0.3.1', socket: absent }));
   t.is(r1.exitCode, 1);
   const e1 = parseError(t, r1.stdout);
-  t.deepEqual(e1, { cniVersion: '0.3.1', code: CNI_ERR_TRY_AGAIN_LATER, msg: `kubenet agent unreachable at ${absent}`, details: 'No such file or directory' });
+  t.deepEqual(e1, {
+    cniVersion: '0.3.1',
+    code: CNI_ERR_TRY_AGAIN_LATER,
+    msg: `kubenet agent unreachable at ${absent}`,
+    details: 'No such file or directory',
+  });
   // a path that is not a listening socket: connection refused
   const notSock = join(dir, 'plain-file.sock');
   await writeFile(notSock, '');
   const r2 = await runCni(cniEnv({ KUBENET_SOCKET: notSock }), '{}');
   const e2 = parseError(t, r2.stdout);
   t.is(r2.exitCode, 1);
-  t.deepEqual(e2, { cniVersion: '1.1.0', code: CNI_ERR_TRY_AGAIN_LATER, msg: `kubenet agent unreachable at ${notSock}`, details: 'Connection refused' });
+  t.deepEqual(e2, {
+    cniVersion: '1.1.0',
+    code: CNI_ERR_TRY_AGAIN_LATER,
+    msg: `kubenet agent unreachable at ${notSock}`,
+    details: 'Connection refused',
+  });
   // the config's cniVersion is used when it is a non-empty string (the last one wins)
   for (const [text, want] of [
     ['{"cniVersion":""}', '1.1.0'],
@@ -508,7 +532,8 @@ ccTest('an unreachable agent yields code 11 naming the socket', async (t) => {
 // the default path is neither seen nor touched: first nothing is there, then a fake agent's socket
 // is bind-mounted onto /run/kubenet/kubenet.sock.
 const rootCcTest = blocker || process.getuid?.() !== 0 ? test.skip : test;
-if (!blocker && process.getuid?.() !== 0) console.warn('kubenet-cni tests skipped: the default-socket test needs root (a private mount namespace)');
+if (!blocker && process.getuid?.() !== 0)
+  console.warn('kubenet-cni tests skipped: the default-socket test needs root (a private mount namespace)');
 
 async function runCniPrivateRun(env: Record<string, string>, stdin: string, bindSocket?: string): Promise<Run> {
   const script = [
@@ -547,10 +572,18 @@ rootCcTest('the default socket is /run/kubenet/kubenet.sock', async (t) => {
 ccTest('an agent that closes early or answers garbage yields code 11', async (t) => {
   const cases: Array<[string, (sock: Socket) => void, RegExp]> = [
     ['closes without answering', (s) => afterRequest(s, () => s.end()), /closed without a response/],
-    ['closes mid-body', (s) => afterRequest(s, () => s.end('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"short":')), /closed before the response was complete/],
+    [
+      'closes mid-body',
+      (s) => afterRequest(s, () => s.end('HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"short":')),
+      /closed before the response was complete/,
+    ],
     ['closes mid-head', (s) => afterRequest(s, () => s.end('HTTP/1.1 200 OK\r\nContent-Le')), /closed before the response was complete/],
     ['garbage', (s) => afterRequest(s, () => s.end('HELLO there\r\n\r\n')), /malformed HTTP status line/],
-    ['bad chunking', (s) => afterRequest(s, () => s.end('HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n')), /malformed chunk size/],
+    [
+      'bad chunking',
+      (s) => afterRequest(s, () => s.end('HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n')),
+      /malformed chunk size/,
+    ],
     ['drops the connection before reading', (s) => s.destroy(), /closed without a response|Connection reset|Broken pipe/],
   ];
   for (const [name, onConn, details] of cases) {
@@ -615,7 +648,8 @@ ccSerialTest('forwarding overhead (numbers only, no assertion on time)', async (
     await timeRuns(10, '/bin/true', cniEnv(), stdin);
     const cni = (await timeRuns(runs, bin, cniEnv(), stdin)).sort((a, b) => a - b);
     const base = (await timeRuns(runs, '/bin/true', cniEnv(), stdin)).sort((a, b) => a - b);
-    const line = (name: string, s: number[]) => `${name.padEnd(14)} p50 ${pct(s, 50).toFixed(2)} ms  p90 ${pct(s, 90).toFixed(2)} ms  p99 ${pct(s, 99).toFixed(2)} ms`;
+    const line = (name: string, s: number[]) =>
+      `${name.padEnd(14)} p50 ${pct(s, 50).toFixed(2)} ms  p90 ${pct(s, 90).toFixed(2)} ms  p99 ${pct(s, 99).toFixed(2)} ms`;
     t.log(`${runs} sequential runs each, spawned from node, fake agent in the same process`);
     t.log(line('kubenet-cni', cni));
     t.log(line('/bin/true', base));
@@ -634,7 +668,10 @@ async function fakeHostLocal(): Promise<string> {
   const d = join(dir, `hl-${++sockSeq}`);
   await mkdir(d);
   const script = join(d, 'host-local');
-  await writeFile(script, '#!/bin/sh\nprintf \'{"ran":"%s","cmd":"%s","id":"%s","stdin":%s}\' "$0" "$CNI_COMMAND" "$CNI_CONTAINERID" "$(cat)"\n');
+  await writeFile(
+    script,
+    '#!/bin/sh\nprintf \'{"ran":"%s","cmd":"%s","id":"%s","stdin":%s}\' "$0" "$CNI_COMMAND" "$CNI_CONTAINERID" "$(cat)"\n',
+  );
   await chmod(script, 0o755);
   return d;
 }
@@ -643,7 +680,13 @@ ccTest('kubenet-ipam: ADD is POSTed to /v1/ipam on the socket of the bridge conf
   const result = { cniVersion: '1.0.0', ips: [{ address: '10.244.1.7/24', gateway: '10.244.1.1' }] };
   const agent = await fakeAgent(ok(result));
   try {
-    const stdin = JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'bridge', socket: agent.path, ipam: { type: 'kubenet-ipam', dataDir: '/x' } });
+    const stdin = JSON.stringify({
+      cniVersion: '1.0.0',
+      name: 'kubenet',
+      type: 'bridge',
+      socket: agent.path,
+      ipam: { type: 'kubenet-ipam', dataDir: '/x' },
+    });
     const r = await runCni(cniEnv(), stdin, ipamBin);
     t.is(r.exitCode, 0, r.stdout + r.stderr);
     t.deepEqual(JSON.parse(r.stdout), result);
@@ -655,27 +698,36 @@ ccTest('kubenet-ipam: ADD is POSTed to /v1/ipam on the socket of the bridge conf
   }
 });
 
-ccTest('kubenet-ipam: every other command is host-local itself, first in CNI_PATH, with the stdin unread; none there is an error', async (t) => {
-  const agent = await fakeAgent(ok({}));
-  const hl = await fakeHostLocal();
-  try {
-    const stdin = JSON.stringify({ cniVersion: '1.1.0', name: 'kubenet', type: 'bridge', socket: agent.path, ipam: { type: 'kubenet-ipam' } });
-    const empty = join(dir, 'empty-dir');
-    await mkdir(empty, { recursive: true });
-    for (const cmd of ['DEL', 'CHECK', 'GC', 'STATUS', 'VERSION']) {
-      const r = await runCni(cniEnv({ CNI_COMMAND: cmd, CNI_PATH: `${empty}:${hl}:/nonexistent` }), stdin, ipamBin);
-      t.is(r.exitCode, 0, `${cmd}: ${r.stdout}${r.stderr}`);
-      t.deepEqual(JSON.parse(r.stdout), { ran: join(hl, 'host-local'), cmd, id: 'c0ffee', stdin: JSON.parse(stdin) }, cmd);
+ccTest(
+  'kubenet-ipam: every other command is host-local itself, first in CNI_PATH, with the stdin unread; none there is an error',
+  async (t) => {
+    const agent = await fakeAgent(ok({}));
+    const hl = await fakeHostLocal();
+    try {
+      const stdin = JSON.stringify({
+        cniVersion: '1.1.0',
+        name: 'kubenet',
+        type: 'bridge',
+        socket: agent.path,
+        ipam: { type: 'kubenet-ipam' },
+      });
+      const empty = join(dir, 'empty-dir');
+      await mkdir(empty, { recursive: true });
+      for (const cmd of ['DEL', 'CHECK', 'GC', 'STATUS', 'VERSION']) {
+        const r = await runCni(cniEnv({ CNI_COMMAND: cmd, CNI_PATH: `${empty}:${hl}:/nonexistent` }), stdin, ipamBin);
+        t.is(r.exitCode, 0, `${cmd}: ${r.stdout}${r.stderr}`);
+        t.deepEqual(JSON.parse(r.stdout), { ran: join(hl, 'host-local'), cmd, id: 'c0ffee', stdin: JSON.parse(stdin) }, cmd);
+      }
+      t.is(agent.seen.length, 0, 'the agent is asked only for ADD');
+      const r = await runCni(cniEnv({ CNI_COMMAND: 'DEL', CNI_PATH: `${empty}:/nonexistent` }), stdin, ipamBin);
+      t.is(r.exitCode, 1);
+      const err = parseError(t, r.stdout);
+      t.is(err.code, 999);
+      t.is(err.msg, 'kubenet-ipam: cannot run host-local');
+      t.regex(err.details ?? '', /CNI_PATH=.*empty-dir:\/nonexistent: No such file or directory/);
+    } finally {
+      await agent.close();
+      await rm(hl, { recursive: true, force: true });
     }
-    t.is(agent.seen.length, 0, 'the agent is asked only for ADD');
-    const r = await runCni(cniEnv({ CNI_COMMAND: 'DEL', CNI_PATH: `${empty}:/nonexistent` }), stdin, ipamBin);
-    t.is(r.exitCode, 1);
-    const err = parseError(t, r.stdout);
-    t.is(err.code, 999);
-    t.is(err.msg, 'kubenet-ipam: cannot run host-local');
-    t.regex(err.details ?? '', /CNI_PATH=.*empty-dir:\/nonexistent: No such file or directory/);
-  } finally {
-    await agent.close();
-    await rm(hl, { recursive: true, force: true });
-  }
-});
+  },
+);

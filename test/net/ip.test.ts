@@ -11,7 +11,17 @@ test('parseCidr clears host bits and normalizes both families', (t) => {
 });
 
 test('parseCidr refuses malformed input with a ConfigError naming it', (t) => {
-  for (const bad of ['10.0.0.0', '10.0.0.0/', '10.0.0.256/24', '10.0.0.0/33', 'fd00::/129', 'x/8', ' /24', '10.0.0.0/24/1', '10.0.0.0/-1']) {
+  for (const bad of [
+    '10.0.0.0',
+    '10.0.0.0/',
+    '10.0.0.256/24',
+    '10.0.0.0/33',
+    'fd00::/129',
+    'x/8',
+    ' /24',
+    '10.0.0.0/24/1',
+    '10.0.0.0/-1',
+  ]) {
     const err = t.throws(() => parseCidr(bad), { instanceOf: ConfigError }, bad);
     t.true(err?.message.includes(JSON.stringify(bad.trim())) || err?.message.includes(bad), err?.message);
   }

@@ -235,11 +235,12 @@ kTest('linkList equals ip -j link (whole list when stable)', async (t) => {
   const links = await makeLinks(t);
   const { before, result } = await stableSnapshot(t, () => linkList());
   const byIndex = (a: { index: number }, b: { index: number }) => a.index - b.index;
-  t.deepEqual(
-    result.map(withoutFlags).sort(byIndex),
-    before.map((l) => expectedLink(l, before)).sort(byIndex),
-  );
-  for (const n of Object.values(links)) t.true(result.some((l) => l.name === n), n);
+  t.deepEqual(result.map(withoutFlags).sort(byIndex), before.map((l) => expectedLink(l, before)).sort(byIndex));
+  for (const n of Object.values(links))
+    t.true(
+      result.some((l) => l.name === n),
+      n,
+    );
   t.true(new Set(result.map((l) => l.index)).size === result.length, 'no duplicates');
 });
 
@@ -304,7 +305,8 @@ kTest('link changes report kernel refusals and absence by errno', async (t) => {
 
 kTest('linkByIndex finds the same link as linkByName; a missing index is ENODEV', async (t) => {
   const links = await makeLinks(t);
-  for (const name of ['lo', links.bridge, links.veth]) t.deepEqual(withoutFlags(await linkByIndex((await linkByName(name)).index)), withoutFlags(await linkByName(name)), name);
+  for (const name of ['lo', links.bridge, links.veth])
+    t.deepEqual(withoutFlags(await linkByIndex((await linkByName(name)).index)), withoutFlags(await linkByName(name)), name);
   const gone = (await linkByName(links.peer)).index;
   await sh('ip', ['link', 'del', links.veth]);
   await netlinkErrno(t, () => linkByIndex(gone), ENODEV, 'deleted veth peer by index');
@@ -312,56 +314,71 @@ kTest('linkByIndex finds the same link as linkByName; a missing index is ENODEV'
   await t.throwsAsync(linkByIndex(-3), { instanceOf: ConfigError });
 });
 
-kTest('a veth whose peer is in another netns: peerIndex is the index there and peerElsewhere is set, from both sides, as ip -d shows', async (t) => {
-  const links = await makeLinks(t);
-  t.false((await linkByName(links.veth)).peerElsewhere, 'both ends in one namespace');
-  const ns = await makeNetns(t);
-  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
-  const host = await linkByName(links.veth);
-  const inPod = await netnsLinkByName(ns.path, links.peer);
-  t.truthy(inPod);
-  t.true(host.peerElsewhere && (inPod?.peerElsewhere ?? false));
-  t.is(host.peerIndex, inPod?.index ?? -1, 'the host end names the pod end by its index in the pod netns');
-  t.is(inPod?.peerIndex, host.index, 'and the other way round');
-  const ip = (await ipLinks()).find((l) => l.ifname === links.veth);
-  t.deepEqual(withoutFlags(host), withoutFlags(expectedLink(ip as IpLink, await ipLinks())));
-});
+kTest(
+  'a veth whose peer is in another netns: peerIndex is the index there and peerElsewhere is set, from both sides, as ip -d shows',
+  async (t) => {
+    const links = await makeLinks(t);
+    t.false((await linkByName(links.veth)).peerElsewhere, 'both ends in one namespace');
+    const ns = await makeNetns(t);
+    await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+    const host = await linkByName(links.veth);
+    const inPod = await netnsLinkByName(ns.path, links.peer);
+    t.truthy(inPod);
+    t.true(host.peerElsewhere && (inPod?.peerElsewhere ?? false));
+    t.is(host.peerIndex, inPod?.index ?? -1, 'the host end names the pod end by its index in the pod netns');
+    t.is(inPod?.peerIndex, host.index, 'and the other way round');
+    const ip = (await ipLinks()).find((l) => l.ifname === links.veth);
+    t.deepEqual(withoutFlags(host), withoutFlags(expectedLink(ip as IpLink, await ipLinks())));
+  },
+);
 
-kTest('linkDelete: the veth pair is gone (both ends, peer in a netns) when it resolves; the request then finishes without error', async (t) => {
-  const links = await makeLinks(t);
-  const ns = await makeNetns(t);
-  await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
-  await sh('ip', ['-n', ns.name, 'addr', 'add', '10.250.0.2/24', 'dev', links.peer]);
-  await sh('ip', ['link', 'set', links.veth, 'up']);
-  const index = (await linkByName(links.veth)).index;
-  t.true(linkIndexExists(index));
-  const started = performance.now();
-  const { goneMs, finished } = await linkDelete(index);
-  t.false(linkIndexExists(index), 'no link by that index once linkDelete resolved');
-  let answered = false;
-  void finished.then(() => (answered = true));
-  t.true(answered || linkDeletionsInFlight() >= 1, 'counted in flight until the kernel answers');
-  const host = await ipLinks();
-  t.false(host.some((l) => l.ifname === links.veth || l.ifindex === index), 'host end gone');
-  t.true(host.some((l) => l.ifname === links.bridge), 'the bridge stays');
-  t.false((await ipLinks(ns.name)).some((l) => l.ifname === links.peer), 'peer gone from the pod netns');
-  await t.notThrowsAsync(finished, 'the kernel finished the delete without error');
-  await linkDeletionsSettled();
-  t.is(linkDeletionsInFlight(), 0);
-  t.log(`gone after ${goneMs.toFixed(2)} ms; the kernel answered after ${(performance.now() - started).toFixed(2)} ms or less`);
-  // Deleting what is already gone succeeds at once (idempotent, as the contract says).
-  const again = await linkDelete(index);
-  await t.notThrowsAsync(again.finished);
-  await t.throwsAsync(linkDelete(0), { instanceOf: ConfigError });
-  // A delete the kernel refuses rejects with its errno and leaves the link: loopback cannot be
-  // deleted (EOPNOTSUPP), so this is the one refusal that is safe to ask for in the host namespace.
-  const lo = (await linkByName('lo')).index;
-  const refused = await t.throwsAsync(linkDelete(lo), { instanceOf: NetlinkError });
-  t.is(refused?.errno, 95, refused?.message);
-  t.is((await linkByName('lo')).index, lo, 'lo is still there');
-  t.true(linkIndexExists(lo));
-  t.false(linkIndexExists(0x7ffffff0), 'an index no link has');
-});
+kTest(
+  'linkDelete: the veth pair is gone (both ends, peer in a netns) when it resolves; the request then finishes without error',
+  async (t) => {
+    const links = await makeLinks(t);
+    const ns = await makeNetns(t);
+    await sh('ip', ['link', 'set', links.peer, 'netns', ns.name]);
+    await sh('ip', ['-n', ns.name, 'addr', 'add', '10.250.0.2/24', 'dev', links.peer]);
+    await sh('ip', ['link', 'set', links.veth, 'up']);
+    const index = (await linkByName(links.veth)).index;
+    t.true(linkIndexExists(index));
+    const started = performance.now();
+    const { goneMs, finished } = await linkDelete(index);
+    t.false(linkIndexExists(index), 'no link by that index once linkDelete resolved');
+    let answered = false;
+    void finished.then(() => (answered = true));
+    t.true(answered || linkDeletionsInFlight() >= 1, 'counted in flight until the kernel answers');
+    const host = await ipLinks();
+    t.false(
+      host.some((l) => l.ifname === links.veth || l.ifindex === index),
+      'host end gone',
+    );
+    t.true(
+      host.some((l) => l.ifname === links.bridge),
+      'the bridge stays',
+    );
+    t.false(
+      (await ipLinks(ns.name)).some((l) => l.ifname === links.peer),
+      'peer gone from the pod netns',
+    );
+    await t.notThrowsAsync(finished, 'the kernel finished the delete without error');
+    await linkDeletionsSettled();
+    t.is(linkDeletionsInFlight(), 0);
+    t.log(`gone after ${goneMs.toFixed(2)} ms; the kernel answered after ${(performance.now() - started).toFixed(2)} ms or less`);
+    // Deleting what is already gone succeeds at once (idempotent, as the contract says).
+    const again = await linkDelete(index);
+    await t.notThrowsAsync(again.finished);
+    await t.throwsAsync(linkDelete(0), { instanceOf: ConfigError });
+    // A delete the kernel refuses rejects with its errno and leaves the link: loopback cannot be
+    // deleted (EOPNOTSUPP), so this is the one refusal that is safe to ask for in the host namespace.
+    const lo = (await linkByName('lo')).index;
+    const refused = await t.throwsAsync(linkDelete(lo), { instanceOf: NetlinkError });
+    t.is(refused?.errno, 95, refused?.message);
+    t.is((await linkByName('lo')).index, lo, 'lo is still there');
+    t.true(linkIndexExists(lo));
+    t.false(linkIndexExists(0x7ffffff0), 'an index no link has');
+  },
+);
 
 kTest('linkDelete: many at once (more than its worker budget) all end gone and finished', async (t) => {
   const pairs = Array.from({ length: 8 }, () => ({ veth: linkName('v'), peer: linkName('p') }));
@@ -375,45 +392,52 @@ kTest('linkDelete: many at once (more than its worker budget) all end gone and f
   for (const p of pairs) t.false(names.has(p.veth) || names.has(p.peer), `${p.veth} and ${p.peer} gone`);
 });
 
-kSerialTest('linkDelete veth: veths asked while one is being deleted go together in one group request; a bystander and its group stay', async (t) => {
-  const ns = await makeNetns(t);
-  const pairs = Array.from({ length: 9 }, () => ({ veth: linkName('v'), peer: linkName('p') }));
-  const bystander = { veth: linkName('v'), peer: linkName('p') };
-  t.teardown(async () => {
-    for (const p of [...pairs, bystander]) await sh('ip', ['link', 'del', p.veth], { reject: false });
-  });
-  for (const p of pairs) {
-    await sh('ip', ['link', 'add', p.veth, 'type', 'veth', 'peer', 'name', p.peer, 'netns', ns.name]);
-    await sh('ip', ['link', 'set', p.veth, 'up']);
-  }
-  await sh('ip', ['link', 'add', bystander.veth, 'type', 'veth', 'peer', 'name', bystander.peer]);
-  await sh('ip', ['link', 'set', bystander.veth, 'group', '7']);
-  const indexes = await Promise.all(pairs.map(async (p) => (await linkByName(p.veth)).index));
-  // One of the batch is already gone when its turn comes: a success, as for any delete.
-  const goneBefore = pairs.pop()!;
-  const goneIndex = indexes.pop()!;
-  await sh('ip', ['link', 'del', goneBefore.veth]);
-  indexes.splice(3, 0, goneIndex);
-  const before = linkDeletionCounts();
-  const dels = await Promise.all(indexes.map((i) => linkDelete(i, { veth: true })));
-  const after = linkDeletionCounts();
-  t.is(after.links - before.links, 9);
-  // The first went alone (nothing in flight); the eight asked meanwhile went in one request, the
-  // one already gone without any.
-  t.deepEqual(
-    dels.map((d) => d.together),
-    [1, 7, 7, 0, 7, 7, 7, 7, 7],
-  );
-  for (const i of indexes) t.false(linkIndexExists(i), `index ${i} gone once linkDelete resolved`);
-  await Promise.all(dels.map((d) => d.finished));
-  const host = await ipLinks();
-  const inNs = await ipLinks(ns.name);
-  for (const p of pairs) t.false(host.some((l) => l.ifname === p.veth) || inNs.some((l) => l.ifname === p.peer), `${p.veth} and its peer gone`);
-  const kept = (await ipJson<Array<{ ifname: string; group: string }>>(['-d', 'link', 'show', 'dev', bystander.veth]))[0];
-  t.is(kept?.group, '7', 'the bystander is still there, in its own group');
-  t.true((await ipLinks()).some((l) => l.ifname === bystander.peer), "the bystander's peer too");
-  await linkDeletionsSettled();
-});
+kSerialTest(
+  'linkDelete veth: veths asked while one is being deleted go together in one group request; a bystander and its group stay',
+  async (t) => {
+    const ns = await makeNetns(t);
+    const pairs = Array.from({ length: 9 }, () => ({ veth: linkName('v'), peer: linkName('p') }));
+    const bystander = { veth: linkName('v'), peer: linkName('p') };
+    t.teardown(async () => {
+      for (const p of [...pairs, bystander]) await sh('ip', ['link', 'del', p.veth], { reject: false });
+    });
+    for (const p of pairs) {
+      await sh('ip', ['link', 'add', p.veth, 'type', 'veth', 'peer', 'name', p.peer, 'netns', ns.name]);
+      await sh('ip', ['link', 'set', p.veth, 'up']);
+    }
+    await sh('ip', ['link', 'add', bystander.veth, 'type', 'veth', 'peer', 'name', bystander.peer]);
+    await sh('ip', ['link', 'set', bystander.veth, 'group', '7']);
+    const indexes = await Promise.all(pairs.map(async (p) => (await linkByName(p.veth)).index));
+    // One of the batch is already gone when its turn comes: a success, as for any delete.
+    const goneBefore = pairs.pop()!;
+    const goneIndex = indexes.pop()!;
+    await sh('ip', ['link', 'del', goneBefore.veth]);
+    indexes.splice(3, 0, goneIndex);
+    const before = linkDeletionCounts();
+    const dels = await Promise.all(indexes.map((i) => linkDelete(i, { veth: true })));
+    const after = linkDeletionCounts();
+    t.is(after.links - before.links, 9);
+    // The first went alone (nothing in flight); the eight asked meanwhile went in one request, the
+    // one already gone without any.
+    t.deepEqual(
+      dels.map((d) => d.together),
+      [1, 7, 7, 0, 7, 7, 7, 7, 7],
+    );
+    for (const i of indexes) t.false(linkIndexExists(i), `index ${i} gone once linkDelete resolved`);
+    await Promise.all(dels.map((d) => d.finished));
+    const host = await ipLinks();
+    const inNs = await ipLinks(ns.name);
+    for (const p of pairs)
+      t.false(host.some((l) => l.ifname === p.veth) || inNs.some((l) => l.ifname === p.peer), `${p.veth} and its peer gone`);
+    const kept = (await ipJson<Array<{ ifname: string; group: string }>>(['-d', 'link', 'show', 'dev', bystander.veth]))[0];
+    t.is(kept?.group, '7', 'the bystander is still there, in its own group');
+    t.true(
+      (await ipLinks()).some((l) => l.ifname === bystander.peer),
+      "the bystander's peer too",
+    );
+    await linkDeletionsSettled();
+  },
+);
 
 kTest('setPromiscOn / setPromiscOff toggle PROMISC as ip sees it, idempotently', async (t) => {
   const links = await makeLinks(t);
@@ -443,9 +467,18 @@ kTest('addrList equals ip -j addr, per family', async (t) => {
   const ours = await addrList(links.bridge);
   t.deepEqual(ours, expected);
   t.true(ours.some((a) => a.cidr === `198.18.${o}.1/24` && a.family === 4 && a.scope === 0));
-  t.true(ours.some((a) => a.cidr === `fd6b:6e6c:${o.toString(16)}::abcd/128`), 'IPv6 in canonical form');
-  t.deepEqual(await addrList(links.bridge, 4), expected.filter((a) => a.family === 4));
-  t.deepEqual(await addrList(links.bridge, 6), expected.filter((a) => a.family === 6));
+  t.true(
+    ours.some((a) => a.cidr === `fd6b:6e6c:${o.toString(16)}::abcd/128`),
+    'IPv6 in canonical form',
+  );
+  t.deepEqual(
+    await addrList(links.bridge, 4),
+    expected.filter((a) => a.family === 4),
+  );
+  t.deepEqual(
+    await addrList(links.bridge, 6),
+    expected.filter((a) => a.family === 6),
+  );
   t.deepEqual(await addrList('lo'), await ipAddrs('lo'));
   t.deepEqual(await addrList(links.peer), await ipAddrs(links.peer));
 });
@@ -460,11 +493,17 @@ kTest('addrDel removes one address and is idempotent (absent address, wrong pref
   await sh('ip', ['addr', 'add', v4b, 'dev', links.bridge]);
   await sh('ip', ['addr', 'add', v6, 'dev', links.bridge, 'nodad']);
   await addrDel(links.bridge, `198.18.${o}.1/16`); // same IP, other prefix: not this address
-  t.true((await ipAddrs(links.bridge)).some((a) => a.cidr === v4), 'wrong prefix deletes nothing');
+  t.true(
+    (await ipAddrs(links.bridge)).some((a) => a.cidr === v4),
+    'wrong prefix deletes nothing',
+  );
   await addrDel(links.bridge, v4);
   let now = await ipAddrs(links.bridge);
   t.false(now.some((a) => a.cidr === v4));
-  t.true(now.some((a) => a.cidr === v4b), 'the other address stays');
+  t.true(
+    now.some((a) => a.cidr === v4b),
+    'the other address stays',
+  );
   await addrDel(links.bridge, v4);
   await addrDel(links.bridge, v6);
   await addrDel(links.bridge, v6);
@@ -488,8 +527,13 @@ kTest('netnsAddrList reads a link inside another namespace and leaves the thread
   t.is(readlinkSync('/proc/thread-self/ns/net'), nsBefore, 'back in the host namespace');
   t.deepEqual(ours, await ipAddrs(links.peer, ns.name));
   t.is(ours.length, 2);
-  t.deepEqual(await netnsAddrList(ns.path, links.peer, 4), [{ family: 4, ip: `198.18.${o}.5`, prefixLen: 24, cidr: `198.18.${o}.5/24`, scope: 0 }]);
-  t.deepEqual((await netnsAddrList(ns.path, links.peer, 6)).map((a) => a.cidr), [`fd6b:6e6c:${o.toString(16)}::5/64`]);
+  t.deepEqual(await netnsAddrList(ns.path, links.peer, 4), [
+    { family: 4, ip: `198.18.${o}.5`, prefixLen: 24, cidr: `198.18.${o}.5/24`, scope: 0 },
+  ]);
+  t.deepEqual(
+    (await netnsAddrList(ns.path, links.peer, 6)).map((a) => a.cidr),
+    [`fd6b:6e6c:${o.toString(16)}::5/64`],
+  );
   t.deepEqual(await netnsAddrList(ns.path, 'lo'), await ipAddrs('lo', ns.name), 'lo is down: no addresses');
 
   // The link is gone from the host namespace, and host calls still use the host socket.
@@ -555,7 +599,14 @@ function parseTcClasses(text: string): TcTextClass[] {
       kind: head[1] ?? '',
       handle: head[2] ?? '',
       parent: head[3],
-      stats: { bytes: n(sent[1]), packets: n(sent[2]), drops: n(sent[3]), overlimits: n(sent[4]), backlog: n(backlog[1]), qlen: n(backlog[2]) },
+      stats: {
+        bytes: n(sent[1]),
+        packets: n(sent[2]),
+        drops: n(sent[3]),
+        overlimits: n(sent[4]),
+        backlog: n(backlog[1]),
+        qlen: n(backlog[2]),
+      },
     });
   }
   return out;
@@ -594,7 +645,18 @@ kTest('classList reads every class of a device with the kernel counters tc -s sh
   for (const c of theirs.filter((x) => x.kind === 'htb')) {
     const mine = ours.find((x) => x.handle === toHandle(c.handle));
     t.truthy(mine, c.handle);
-    t.like(mine, { bytes: c.stats.bytes, packets: c.stats.packets, drops: c.stats.drops, overlimits: c.stats.overlimits, backlog: c.stats.backlog, qlen: c.stats.qlen }, c.handle);
+    t.like(
+      mine,
+      {
+        bytes: c.stats.bytes,
+        packets: c.stats.packets,
+        drops: c.stats.drops,
+        overlimits: c.stats.overlimits,
+        backlog: c.stats.backlog,
+        qlen: c.stats.qlen,
+      },
+      c.handle,
+    );
     t.is(mine?.parent, c.parent === undefined ? 0xffffffff : toHandle(c.parent), `${c.handle} parent`);
   }
   const pod = ours.find((c) => c.handle === toHandle('2:1'));
@@ -614,7 +676,13 @@ kTest('classList reads every class of a device with the kernel counters tc -s sh
   await netlinkErrno(t, () => classGet(0x7ffffff0, toHandle('2:1')), ENODEV, 'classGet on a missing ifindex');
 
   const stats = linkStats(veth);
-  const ip = (await ipJson<Array<{ stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } } }>>(['-s', 'link', 'show', 'dev', veth]))[0];
+  const ip = (
+    await ipJson<
+      Array<{
+        stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } };
+      }>
+    >(['-s', 'link', 'show', 'dev', veth])
+  )[0];
   t.deepEqual(stats, {
     rxBytes: ip?.stats64.rx.bytes,
     txBytes: ip?.stats64.tx.bytes,

@@ -5,7 +5,10 @@
  */
 import { routeDel, routeList, routeReplace } from '../../src/netlink/route.js';
 
-type Op = { op: 'list'; protocol: number } | { op: 'replace'; dst: string; gateway: string; ifindex: number; protocol: number } | { op: 'del'; dst: string; protocol: number };
+type Op =
+  | { op: 'list'; protocol: number }
+  | { op: 'replace'; dst: string; gateway: string; ifindex: number; protocol: number }
+  | { op: 'del'; dst: string; protocol: number };
 const ops = JSON.parse(process.argv[2] ?? '[]') as Op[];
 for (const o of ops) {
   try {

@@ -71,7 +71,10 @@ kTest('requests wait on the kernel off the event loop: the loop turns meanwhile,
       const batch = await Promise.all([linkByName('lo'), linkByIndex(lo.index), ...Array.from({ length: 8 }, () => linkByName('lo'))]);
       answers.push(...batch);
       const all = await linkList();
-      t.true(all.some((l) => l.index === lo.index && l.name === 'lo'), 'lo in the dump');
+      t.true(
+        all.some((l) => l.index === lo.index && l.name === 'lo'),
+        'lo in the dump',
+      );
     } finally {
       pending--;
     }
@@ -81,7 +84,8 @@ kTest('requests wait on the kernel off the event loop: the loop turns meanwhile,
   const { turns, turnsWhileBusy } = ticker.stop();
   t.log(`${rounds} rounds of requests during the storm; the loop turned ${turns} times, ${turnsWhileBusy} of them while a request waited`);
   t.true(rounds > 0);
-  for (const a of answers) t.deepEqual({ name: a.name, index: a.index, loopback: a.loopback }, { name: 'lo', index: lo.index, loopback: true });
+  for (const a of answers)
+    t.deepEqual({ name: a.name, index: a.index, loopback: a.loopback }, { name: 'lo', index: lo.index, loopback: true });
   t.true(turnsWhileBusy > 0, 'the event loop turned while requests waited on the kernel');
   t.is(netlinkCallsInFlight(), 0, 'nothing left outstanding');
 });
@@ -118,7 +122,9 @@ agentTest("the agent answers /healthz while its own kernel requests wait, during
     await poller;
   }
   const { turnsWhileBusy } = ticker.stop();
-  t.log(`${health} /healthz answers, ${healthWhileBusy} while the agent's kernel requests were outstanding; ${turnsWhileBusy} loop turns meanwhile`);
+  t.log(
+    `${health} /healthz answers, ${healthWhileBusy} while the agent's kernel requests were outstanding; ${turnsWhileBusy} loop turns meanwhile`,
+  );
   t.deepEqual(failures, [], 'every /healthz answered 200');
   t.true(healthWhileBusy > 0, "/healthz answered while the agent's kernel requests were outstanding");
   t.true(turnsWhileBusy > 0);

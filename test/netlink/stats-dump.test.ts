@@ -70,15 +70,23 @@ async function setup(t: import('ava').ExecutionContext): Promise<{ a: string; b:
   await sh('ip', ['netns', 'add', b]);
   // No IPv6: a veth coming up sends router solicitations and MLD reports on its own, which would
   // move the counters between the dump and tc's listing.
-  for (const ns of [a, b]) await sh('ip', ['netns', 'exec', ns, 'sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1', 'net.ipv6.conf.default.disable_ipv6=1']);
+  for (const ns of [a, b])
+    await sh('ip', ['netns', 'exec', ns, 'sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1', 'net.ipv6.conf.default.disable_ipv6=1']);
   await sh('ip', ['-n', a, 'link', 'add', dev, 'type', 'veth', 'peer', 'name', peer, 'netns', b]);
   await sh('ip', ['-n', a, 'addr', 'add', '198.18.60.1/24', 'dev', dev]);
   await sh('ip', ['-n', b, 'addr', 'add', '198.18.60.2/24', 'dev', peer]);
   await sh('ip', ['-n', a, 'link', 'set', dev, 'up']);
   await sh('ip', ['-n', b, 'link', 'set', peer, 'up']);
-  const lines = [`qdisc add dev ${dev} root handle 1: htb default 10`, `class add dev ${dev} parent 1: classid 1:1 htb rate 100mbit ceil 100mbit`];
-  for (let i = 0; i < CLASSES - 1; i++) lines.push(`class add dev ${dev} parent 1:1 classid 1:${(0x10 + i).toString(16)} htb rate ${1000 + i}kbit ceil ${(i % 7) + 10}gbit`);
-  lines.push(`qdisc add dev ${dev} parent 1:10 handle 10: bfifo limit 30000`, `qdisc add dev ${dev} parent 1:11 handle 11: tbf rate 5mbit burst 20000b limit 100000b`);
+  const lines = [
+    `qdisc add dev ${dev} root handle 1: htb default 10`,
+    `class add dev ${dev} parent 1: classid 1:1 htb rate 100mbit ceil 100mbit`,
+  ];
+  for (let i = 0; i < CLASSES - 1; i++)
+    lines.push(`class add dev ${dev} parent 1:1 classid 1:${(0x10 + i).toString(16)} htb rate ${1000 + i}kbit ceil ${(i % 7) + 10}gbit`);
+  lines.push(
+    `qdisc add dev ${dev} parent 1:10 handle 10: bfifo limit 30000`,
+    `qdisc add dev ${dev} parent 1:11 handle 11: tbf rate 5mbit burst 20000b limit 100000b`,
+  );
   await execa('tc', ['-n', a, '-batch', '-'], { input: lines.join('\n') });
   await sh('ip', ['netns', 'exec', a, 'ping', '-q', '-c', '5', '-i', '0.02', '-s', '800', '-W', '2', '198.18.60.2']);
   return { a, b, dev, peer };
@@ -117,7 +125,12 @@ test('classes asked by handle, in one datagram: the same figures as the dump, EN
   const ifindex = await ifindexOf(a, dev);
   const dumped = new Map((await sock.classDump(ifindex)).map((c) => [c.handle, c]));
   const handles = [...dumped.keys()].filter((h) => h >>> 16 === 1);
-  const answers = await sock.classGet([...handles.map((handle) => ({ ifindex, handle })), { ifindex, handle: 0x10fff }, { ifindex: 0x7ffffff0, handle: 0x10001 }, { ifindex, handle: 0x90001 }]);
+  const answers = await sock.classGet([
+    ...handles.map((handle) => ({ ifindex, handle })),
+    { ifindex, handle: 0x10fff },
+    { ifindex: 0x7ffffff0, handle: 0x10001 },
+    { ifindex, handle: 0x90001 },
+  ]);
   t.is(answers.length, handles.length + 3);
   handles.forEach((h, i) => t.deepEqual(answers[i], dumped.get(h), `class ${h.toString(16)}`));
   const errno = (x: unknown) => (x instanceof NetlinkError ? x.errno : x);
@@ -129,7 +142,10 @@ test("every link's counters in one dump equal ip -s link", async (t) => {
   const { a, dev } = await setup(t);
   const sock = StatsSocket.open(`/var/run/netns/${a}`);
   t.teardown(() => sock.close());
-  type IpLink = { ifindex: number; stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } } };
+  type IpLink = {
+    ifindex: number;
+    stats64: { rx: { bytes: number; packets: number; dropped: number }; tx: { bytes: number; packets: number; dropped: number } };
+  };
   const ipLinks = async () => JSON.parse((await execa('ip', ['-n', a, '-s', '-j', 'link', 'show'])).stdout) as IpLink[];
   // Between two listings that agree (a stray IPv6 router solicitation moves them): at most 10 tries.
   let ip = await ipLinks();
@@ -144,7 +160,18 @@ test("every link's counters in one dump equal ip -s link", async (t) => {
   t.deepEqual([...links.keys()].sort(), ip.map((l) => l.ifindex).sort());
   for (const l of ip) {
     const s = l.stats64;
-    t.deepEqual(links.get(l.ifindex), { rxPackets: s.rx.packets, txPackets: s.tx.packets, rxBytes: s.rx.bytes, txBytes: s.tx.bytes, rxDropped: s.rx.dropped, txDropped: s.tx.dropped }, `link ${l.ifindex}`);
+    t.deepEqual(
+      links.get(l.ifindex),
+      {
+        rxPackets: s.rx.packets,
+        txPackets: s.tx.packets,
+        rxBytes: s.rx.bytes,
+        txBytes: s.tx.bytes,
+        rxDropped: s.rx.dropped,
+        txDropped: s.tx.dropped,
+      },
+      `link ${l.ifindex}`,
+    );
   }
   t.true((links.get(await ifindexOf(a, dev))?.txPackets ?? 0) >= 5, 'the pings');
 });
@@ -162,7 +189,10 @@ test('a device deleted while its classes are read: each answer is its figures or
   const answers = await reading;
   t.is(answers.length, refs.length);
   const gone = answers.filter((x) => x instanceof NetlinkError);
-  t.true(gone.every((x) => x instanceof NetlinkError && x.errno === 19), 'ENODEV only');
+  t.true(
+    gone.every((x) => x instanceof NetlinkError && x.errno === 19),
+    'ENODEV only',
+  );
   t.true(answers.every((x) => x instanceof NetlinkError || x.handle >>> 16 === 1));
   t.log(`${answers.length - gone.length} answered before the device went, ${gone.length} ENODEV`);
   t.true(Array.isArray(await dumping), 'the dump queued behind the gets ends too (empty once the device is gone)');

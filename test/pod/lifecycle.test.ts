@@ -26,7 +26,8 @@ async function withCore(o: Parameters<typeof fakePodCore>[0], fn: (w: World) => 
   }
 }
 
-const add = (w: World, name: string, o: Parameters<typeof attachRequest>[1] = {}) => setUp(w.core, attachRequest(name, o), netnsIdOf(name), w.core.requireReady('').conf);
+const add = (w: World, name: string, o: Parameters<typeof attachRequest>[1] = {}) =>
+  setUp(w.core, attachRequest(name, o), netnsIdOf(name), w.core.requireReady('').conf);
 const log = (w: World) => w.core.log;
 
 test('the record of the intent is written before the plugin runs, then completed with the result', async (t) => {
@@ -43,16 +44,25 @@ test('the record of the intent is written before the plugin runs, then completed
     t.regex(record.hostVeth ?? '', /^veth\d+$/);
     t.deepEqual(record.ips, ['10.0.0.5']);
     t.like(record.shaping, { id: 'web-id', hostVeth: record.hostVeth });
-    t.deepEqual(world.only('hl.', 'kernel.ensureBridge', 'shaper.'), ['hl.precheck default/web', 'kernel.ensureBridge', 'hl.add web-id', `shaper.ensure web-id ${record.hostVeth}`], 'precheck, bridge, plugin, shaping: in that order');
+    t.deepEqual(
+      world.only('hl.', 'kernel.ensureBridge', 'shaper.'),
+      ['hl.precheck default/web', 'kernel.ensureBridge', 'hl.add web-id', `shaper.ensure web-id ${record.hostVeth}`],
+      'precheck, bridge, plugin, shaping: in that order',
+    );
     t.is(world.core.pending.size, 0, 'nothing pending after the ADD');
   });
 });
 
-test('allocated beside the exec: the egress side is shaped before the plugin\'s veth exists, the veth\'s side once the plugin asked its IPAM, before the exec ends; shaped once each', async (t) => {
+test("allocated beside the exec: the egress side is shaped before the plugin's veth exists, the veth's side once the plugin asked its IPAM, before the exec ends; shaped once each", async (t) => {
   await withCore({ prefetch: true }, async (w) => {
     const { record } = await add(w, 'web', { limits: { egress: 10_000_000, ingress: 20_000_000 } });
     t.deepEqual(record.ips, ['10.0.0.5'], 'the address the mode allocated beside the exec');
-    t.deepEqual(w.only('hl.add', 'shim.', 'shaper.'), ['hl.add web-id', 'shaper.ensure web-id (ifb side)', 'shim.ipamAsked web-id', `shaper.ensure web-id ${record.hostVeth}`]);
+    t.deepEqual(w.only('hl.add', 'shim.', 'shaper.'), [
+      'hl.add web-id',
+      'shaper.ensure web-id (ifb side)',
+      'shim.ipamAsked web-id',
+      `shaper.ensure web-id ${record.hostVeth}`,
+    ]);
     t.like(record.shaping, { hostVeth: record.hostVeth });
     t.is(w.core.pending.size, 0);
   });
@@ -75,7 +85,13 @@ for (const { step, o, limits } of FAILING_STEPS) {
       t.true(err instanceof InjectedError && err.step === step, `the ADD's own failure is what the caller sees: ${String(err)}`);
       t.is(w.core.store.get('web-id', 'eth0'), undefined, 'the record went with the undo');
       t.is(w.core.pending.size, 0);
-      t.deepEqual(w.only('hl.releaseBeforeVeth', 'hl.del', 'kernel.deletePodVeth', 'shaper.remove'), ['hl.releaseBeforeVeth web-id', 'shaper.remove', 'kernel.deletePodVeth web-id', 'hl.del web-id'].map((c) => (c === 'shaper.remove' ? 'shaper.remove web-id' : c)), 'the teardown ran every step, the plugins\' DEL after the veth and the shaping');
+      t.deepEqual(
+        w.only('hl.releaseBeforeVeth', 'hl.del', 'kernel.deletePodVeth', 'shaper.remove'),
+        ['hl.releaseBeforeVeth web-id', 'shaper.remove', 'kernel.deletePodVeth web-id', 'hl.del web-id'].map((c) =>
+          c === 'shaper.remove' ? 'shaper.remove web-id' : c,
+        ),
+        "the teardown ran every step, the plugins' DEL after the veth and the shaping",
+      );
       t.is(w.kernel.veths.size, 0, 'no veth left');
       const i = w.j.calls.indexOf(`hl.del web-id`);
       t.true(i > w.j.calls.findIndex((c) => c.startsWith(step)), 'the undo came after the failure');
@@ -83,7 +99,7 @@ for (const { step, o, limits } of FAILING_STEPS) {
   });
 }
 
-test('a failure before the record (the mode\'s precheck, an interface already in the netns) changes nothing and undoes nothing', async (t) => {
+test("a failure before the record (the mode's precheck, an interface already in the netns) changes nothing and undoes nothing", async (t) => {
   await withCore({}, async (w) => {
     w.j.failAt.add('hl.precheck');
     await t.throwsAsync(add(w, 'web'), { instanceOf: InjectedError });
@@ -100,8 +116,8 @@ test('an undo that fails keeps the record (adding) for the DEL, which finishes i
     w.j.failAt.add('hl.add');
     w.j.failAt.add('hl.del');
     const err = await t.throwsAsync(add(w, 'web'));
-    t.true(err instanceof InjectedError && err.step === 'hl.add', 'the caller sees the ADD\'s failure, not the undo\'s');
-    t.is(w.core.store.get('web-id', 'eth0')?.phase, 'adding', 'the record stays for the runtime\'s DEL');
+    t.true(err instanceof InjectedError && err.step === 'hl.add', "the caller sees the ADD's failure, not the undo's");
+    t.is(w.core.store.get('web-id', 'eth0')?.phase, 'adding', "the record stays for the runtime's DEL");
     w.j.failAt.clear();
     const rec = w.core.store.get('web-id', 'eth0');
     if (!rec) return;
@@ -116,7 +132,11 @@ test('DEL: every step runs even after one fails, the record stays until all succ
     w.j.failAt.add('kernel.deletePodVeth');
     w.j.calls.length = 0;
     await t.throwsAsync(teardown(w.core, record, log(w)), { message: /teardown of pod default\/web/ });
-    t.deepEqual(w.only('hl.', 'kernel.deletePodVeth', 'shaper.remove'), ['hl.releaseBeforeVeth web-id', 'shaper.remove web-id', 'kernel.deletePodVeth web-id', 'hl.del web-id'], 'the plugins\' DEL ran despite the veth step');
+    t.deepEqual(
+      w.only('hl.', 'kernel.deletePodVeth', 'shaper.remove'),
+      ['hl.releaseBeforeVeth web-id', 'shaper.remove web-id', 'kernel.deletePodVeth web-id', 'hl.del web-id'],
+      "the plugins' DEL ran despite the veth step",
+    );
     t.is(w.core.store.get('web-id', 'eth0')?.phase, 'ready', 'the record stays for the retry');
     w.j.failAt.clear();
     await teardown(w.core, record, log(w));
@@ -151,7 +171,7 @@ test('an earlier ADD of the attachment that never finished is undone before the 
     const { record } = await add(w, 'web');
     t.is(record.phase, 'ready');
     const calls = w.only('hl.del', 'hl.add');
-    t.deepEqual(calls, ['hl.del web-id', 'hl.add web-id'], 'the old attempt\'s DEL first');
+    t.deepEqual(calls, ['hl.del web-id', 'hl.add web-id'], "the old attempt's DEL first");
   });
 });
 
@@ -162,7 +182,7 @@ test('a record is undone by the mode of its own network, whatever mode is in for
     // The ADD starts under host-local; while its plugin runs, the node turns to dhcp; the ADD fails after.
     world.j.failAt.add('shaper.ensure');
     await t.throwsAsync(add(world, 'web', { limits: { ingress: 1_000_000 } }), { instanceOf: InjectedError });
-    t.deepEqual(world.only('hl.del', 'dhcp.del'), ['hl.del web-id'], 'host-local\'s DEL for a host-local record');
+    t.deepEqual(world.only('hl.del', 'dhcp.del'), ['hl.del web-id'], "host-local's DEL for a host-local record");
   });
   await withCore({ current: 'dhcp' }, async (world) => {
     const { record } = await add(world, 'lan');
@@ -175,7 +195,7 @@ test('a record is undone by the mode of its own network, whatever mode is in for
   });
 });
 
-test('the pending ADDs: the shim\'s request answers with the allocation and wakes the ADD, before or after it waits; an ADD per key; end forgets it', async (t) => {
+test("the pending ADDs: the shim's request answers with the allocation and wakes the ADD, before or after it waits; an ADD per key; end forgets it", async (t) => {
   const pending = new PendingAdds();
   const a = pending.begin('c1@eth0');
   t.throws(() => pending.begin('c1@eth0'), { message: /already running/ });
@@ -224,7 +244,10 @@ test('the startup reconcile: an unfinished ADD is undone, a pod whose netns and 
     for (const [name, v] of w.kernel.veths) if (v.peer.startsWith(gone.netns)) w.kernel.veths.delete(name);
     w.j.calls.length = 0;
     await reconcile(w.core);
-    t.deepEqual(w.core.store.all().map((r) => r.name), ['kept']);
+    t.deepEqual(
+      w.core.store.all().map((r) => r.name),
+      ['kept'],
+    );
     t.deepEqual(w.only('hl.del').sort(), ['hl.del gone-id', 'hl.del half-id']);
   });
 });

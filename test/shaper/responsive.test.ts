@@ -58,7 +58,10 @@ interface Sample {
  * last attempt's are kept: an attempt that failed as a tool is discarded whole, with what ran
  * beside it.
  */
-async function underLoad(t: { log: (...a: unknown[]) => void }, dirs: Array<'egress' | 'ingress'>): Promise<{ flows: IperfResult[]; sample: Sample }> {
+async function underLoad(
+  t: { log: (...a: unknown[]) => void },
+  dirs: Array<'egress' | 'ingress'>,
+): Promise<{ flows: IperfResult[]; sample: Sample }> {
   const [a, b] = topo!.pods as [TopoPod, TopoPod];
   let sample: Promise<Sample> | undefined;
   let timer: NodeJS.Timeout | undefined;

@@ -22,7 +22,6 @@ async function tc(args: string[]): Promise<string> {
   return r.stdout;
 }
 
-
 /** A pod's class ids on the ifb (hex): its own, interactive leaf, bulk leaf. */
 function ifbIds(classId: number | undefined): string[] {
   return classId ? [classId, classId + 0x800, classId + 0x1000].map((c) => c.toString(16)) : [];
@@ -34,9 +33,15 @@ async function podObjects(env: ShaperEnv, p: TopoPod, classId: number | undefine
   const vethClasses = (await tc(['class', 'show', 'dev', p.hostVeth])).split('\n').filter((l) => l.startsWith('class htb'));
   const vethFilters = (await tc(['filter', 'show', 'dev', p.hostVeth, 'ingress'])).split('\n').filter((l) => l.includes('fh'));
   const ids = ifbIds(classId);
-  const ifbClasses = (await tc(['class', 'show', 'dev', env.ifb])).split('\n').filter((l) => ids.some((id) => l.startsWith(`class htb 1:${id} `)));
-  const ifbFilters = (await tc(['filter', 'show', 'dev', env.ifb, 'parent', '1:'])).split('\n').filter((l) => ids.some((id) => l.includes(`flowid 1:${id} `)));
-  const ifbLeaves = (await tc(['qdisc', 'show', 'dev', env.ifb])).split('\n').filter((l) => /^qdisc (tbf|bfifo) /.test(l) && ids.some((id) => l.includes(` parent 1:${id} `)));
+  const ifbClasses = (await tc(['class', 'show', 'dev', env.ifb]))
+    .split('\n')
+    .filter((l) => ids.some((id) => l.startsWith(`class htb 1:${id} `)));
+  const ifbFilters = (await tc(['filter', 'show', 'dev', env.ifb, 'parent', '1:']))
+    .split('\n')
+    .filter((l) => ids.some((id) => l.includes(`flowid 1:${id} `)));
+  const ifbLeaves = (await tc(['qdisc', 'show', 'dev', env.ifb]))
+    .split('\n')
+    .filter((l) => /^qdisc (tbf|bfifo) /.test(l) && ids.some((id) => l.includes(` parent 1:${id} `)));
   return { vethQdiscs, vethClasses, vethFilters, ifbClasses, ifbLeaves, ifbFilters };
 }
 
@@ -145,7 +150,29 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
   env.shaper.close();
   // Something (a crashed older process) left a class and a filter no state file claims.
   await execa('tc', ['class', 'add', 'dev', env.ifb, 'parent', '1:', 'classid', '1:7ff', 'htb', 'rate', '1mbit', 'quantum', '1514']);
-  await execa('tc', ['filter', 'add', 'dev', env.ifb, 'parent', '1:', 'prio', '10', 'handle', '10:fe:7ff', 'protocol', 'ip', 'u32', 'ht', '10:fe:', 'match', 'ip', 'src', '10.98.250.254/32', 'flowid', '1:7ff']);
+  await execa('tc', [
+    'filter',
+    'add',
+    'dev',
+    env.ifb,
+    'parent',
+    '1:',
+    'prio',
+    '10',
+    'handle',
+    '10:fe:7ff',
+    'protocol',
+    'ip',
+    'u32',
+    'ht',
+    '10:fe:',
+    'match',
+    'ip',
+    'src',
+    '10.98.250.254/32',
+    'flowid',
+    '1:7ff',
+  ]);
 
   // What the first process kept of its states (the agent keeps them in its pod records).
   const kept = env.shaper.states();
@@ -153,7 +180,10 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
   t.teardown(() => again.close());
   await again.init(kept);
   t.deepEqual(
-    again.list().map((p) => p.id).sort(),
+    again
+      .list()
+      .map((p) => p.id)
+      .sort(),
     [a, b, c].map((p) => p.id).sort(),
   );
   for (const p of [a, b, c]) t.is(again.classIdOf(p.id), before[p.id]);
@@ -162,44 +192,95 @@ kTest('restart: a new Shaper finds its own objects, no duplicates, gone pods rem
 
   // b is gone after the restart; a and c live with c's rates changed.
   await again.reconcile([podOf(a, { ingress: 8e6, egress: 4e6 }), podOf(c, { ingress: 8e6, egress: 2e6 })]);
-  t.deepEqual(again.list().map((p) => p.id).sort(), [a.id, c.id].sort());
+  t.deepEqual(
+    again
+      .list()
+      .map((p) => p.id)
+      .sort(),
+    [a.id, c.id].sort(),
+  );
   const classes = (await tc(['class', 'show', 'dev', env.ifb])).split('\n').filter((l) => l.startsWith('class htb'));
   t.is(classes.length, 9, "no duplicated classes: a's and c's, and b's idle");
   t.is(again.idleClasses(), 1);
   t.is((await allIfbPodFilters(env.ifb)).length, 8, 'no duplicated filters');
   t.regex(classes.join('\n'), /rate 2Mbit/);
   idleOnly(t, await podObjects(env, b, before[b.id]), 'b after the reconcile');
-  t.deepEqual(again.states().map((st) => st.id).sort(), [a.id, c.id].sort(), 'the states to keep: the two live pods');
+  t.deepEqual(
+    again
+      .states()
+      .map((st) => st.id)
+      .sort(),
+    [a.id, c.id].sort(),
+    'the states to keep: the two live pods',
+  );
 
   // A new pod after restart does not collide with recovered ids.
   await again.ensure(podOf(b, { egress: 3e6 }));
   t.is(again.classIdOf(b.id), before[b.id]);
 });
 
-kTest("restart: pods an earlier version shaped get today's bulk leaves (the 1 ms bucket of before issue 32 grows to 3 ms in place)", async (t) => {
-  const env = await shaperEnv(t, 2);
-  const [a] = env.topo.pods as [TopoPod];
-  await env.shaper.ensure(podOf(a, { ingress: 200e6, egress: 200e6 }));
-  const bulkLeaves = async () => [
-    ...(await tc(['qdisc', 'show', 'dev', a.hostVeth])).split('\n').filter((l) => /^qdisc tbf /.test(l)),
-    ...(await tc(['qdisc', 'show', 'dev', env.ifb])).split('\n').filter((l) => /^qdisc tbf /.test(l)),
-  ];
-  const today = await bulkLeaves();
-  t.is(today.length, 2, 'one bulk leaf each way');
-  // What the earlier version left: the same leaves with a 1 ms bucket.
-  const id = env.shaper.classIdOf(a.id) ?? 0;
-  env.shaper.close();
-  await execa('tc', ['qdisc', 'replace', 'dev', a.hostVeth, 'parent', '2:3', 'handle', '23:', 'tbf', 'rate', '200gbit', 'burst', '25000b', 'limit', '662500b']);
-  await execa('tc', ['qdisc', 'replace', 'dev', env.ifb, 'parent', `1:${(id + 0x1000).toString(16)}`, 'handle', `${(0x1000 + id).toString(16)}:`, 'tbf', 'rate', '200gbit', 'burst', '25000b', 'limit', '662500b']);
-  // (tc shows a burst at these leaf rates in coarse steps of its clock; the two must differ still.)
-  const old = await bulkLeaves();
-  t.is(old.length, 2);
-  t.true(old.every((l) => !today.includes(l)), `the old buckets in place: ${old.join(' | ')}`);
-  const again = new Shaper({ ifbName: env.ifb });
-  t.teardown(() => again.close());
-  await again.init(env.shaper.states());
-  t.deepEqual(await bulkLeaves(), today, "today's leaves, nothing else changed");
-});
+kTest(
+  "restart: pods an earlier version shaped get today's bulk leaves (the 1 ms bucket of before issue 32 grows to 3 ms in place)",
+  async (t) => {
+    const env = await shaperEnv(t, 2);
+    const [a] = env.topo.pods as [TopoPod];
+    await env.shaper.ensure(podOf(a, { ingress: 200e6, egress: 200e6 }));
+    const bulkLeaves = async () => [
+      ...(await tc(['qdisc', 'show', 'dev', a.hostVeth])).split('\n').filter((l) => /^qdisc tbf /.test(l)),
+      ...(await tc(['qdisc', 'show', 'dev', env.ifb])).split('\n').filter((l) => /^qdisc tbf /.test(l)),
+    ];
+    const today = await bulkLeaves();
+    t.is(today.length, 2, 'one bulk leaf each way');
+    // What the earlier version left: the same leaves with a 1 ms bucket.
+    const id = env.shaper.classIdOf(a.id) ?? 0;
+    env.shaper.close();
+    await execa('tc', [
+      'qdisc',
+      'replace',
+      'dev',
+      a.hostVeth,
+      'parent',
+      '2:3',
+      'handle',
+      '23:',
+      'tbf',
+      'rate',
+      '200gbit',
+      'burst',
+      '25000b',
+      'limit',
+      '662500b',
+    ]);
+    await execa('tc', [
+      'qdisc',
+      'replace',
+      'dev',
+      env.ifb,
+      'parent',
+      `1:${(id + 0x1000).toString(16)}`,
+      'handle',
+      `${(0x1000 + id).toString(16)}:`,
+      'tbf',
+      'rate',
+      '200gbit',
+      'burst',
+      '25000b',
+      'limit',
+      '662500b',
+    ]);
+    // (tc shows a burst at these leaf rates in coarse steps of its clock; the two must differ still.)
+    const old = await bulkLeaves();
+    t.is(old.length, 2);
+    t.true(
+      old.every((l) => !today.includes(l)),
+      `the old buckets in place: ${old.join(' | ')}`,
+    );
+    const again = new Shaper({ ifbName: env.ifb });
+    t.teardown(() => again.close());
+    await again.init(env.shaper.states());
+    t.deepEqual(await bulkLeaves(), today, "today's leaves, nothing else changed");
+  },
+);
 
 kTest('restart after the ifb was lost: structure rebuilt, known pods restored', async (t) => {
   const env = await shaperEnv(t, 2);
@@ -310,13 +391,25 @@ kTest('each direction is a pod class with an interactive (prio 0) and a bulk (pr
   await env.shaper.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
 
   // TO the pod: htb 2: on the veth, default -> bulk 2:3.
-  const vq = JSON.parse(await tc(['-j', 'qdisc', 'show', 'dev', a.hostVeth])) as Array<{ kind: string; handle: string; parent?: string; root?: boolean; options: Record<string, unknown> }>;
+  const vq = JSON.parse(await tc(['-j', 'qdisc', 'show', 'dev', a.hostVeth])) as Array<{
+    kind: string;
+    handle: string;
+    parent?: string;
+    root?: boolean;
+    options: Record<string, unknown>;
+  }>;
   const root = vq.find((q) => q.root);
   t.is(root?.kind, 'htb');
   t.is(root?.handle, '2:');
   t.is(root?.options.default, '0x3');
-  t.like(vq.find((q) => q.parent === '2:2'), { kind: 'bfifo', handle: '22:', options: { limit: interactiveQueueBytes(20e6) } });
-  t.like(vq.find((q) => q.parent === '2:3'), { kind: 'tbf', handle: '23:' });
+  t.like(
+    vq.find((q) => q.parent === '2:2'),
+    { kind: 'bfifo', handle: '22:', options: { limit: interactiveQueueBytes(20e6) } },
+  );
+  t.like(
+    vq.find((q) => q.parent === '2:3'),
+    { kind: 'tbf', handle: '23:' },
+  );
   const vc = await htbClasses(a.hostVeth);
   t.like(vc.get('2:1'), { parent: undefined, rate: '20Mbit', ceil: '20Mbit' });
   t.like(vc.get('2:2'), { parent: '2:1', prio: 0, rate: '2Mbit', ceil: '20Mbit' });
@@ -337,16 +430,27 @@ kTest('each direction is a pod class with an interactive (prio 0) and a bulk (pr
   t.like(ic.get('1:801'), { parent: '1:1', prio: 0, rate: '1Mbit', ceil: '10Mbit' });
   t.like(ic.get('1:1001'), { parent: '1:1', prio: 1, rate: '9Mbit', ceil: '10Mbit' });
   const iq = JSON.parse(await tc(['-j', 'qdisc', 'show', 'dev', env.ifb])) as Array<{ kind: string; handle: string; parent?: string }>;
-  t.like(iq.find((q) => q.parent === '1:801'), { kind: 'bfifo', handle: '2001:' });
-  t.like(iq.find((q) => q.parent === '1:1001'), { kind: 'tbf', handle: '1001:' });
+  t.like(
+    iq.find((q) => q.parent === '1:801'),
+    { kind: 'bfifo', handle: '2001:' },
+  );
+  t.like(
+    iq.find((q) => q.parent === '1:1001'),
+    { kind: 'tbf', handle: '1001:' },
+  );
   const f = await jsonFilters(['dev', env.ifb, 'parent', '1:']);
-  const nodes = (table: string) => f.filter((x) => x.options?.fh?.startsWith(`${table}:`) && x.options.flowid).map((x) => x.options?.flowid);
+  const nodes = (table: string) =>
+    f.filter((x) => x.options?.fh?.startsWith(`${table}:`) && x.options.flowid).map((x) => x.options?.flowid);
   t.deepEqual(nodes('12'), ['1:801'], 'IPv4 interactive table: the pod -> its interactive leaf');
   t.deepEqual(nodes('13'), ['1:801'], 'IPv6 interactive table');
   t.deepEqual(nodes('10'), ['1:1001'], 'IPv4 table: the pod -> its bulk leaf');
   t.deepEqual(nodes('11'), ['1:1001'], 'IPv6 table');
   const links = (table: string) => f.filter((x) => x.options?.link === `${table}:`).length;
-  t.deepEqual([links('12'), links('13'), links('10'), links('11')], [3, 3, 1, 1], 'shared links: three interactive selectors per family, one catch-all');
+  t.deepEqual(
+    [links('12'), links('13'), links('10'), links('11')],
+    [3, 3, 1, 1],
+    'shared links: three interactive selectors per family, one catch-all',
+  );
 });
 
 /** Sends `count` UDP datagrams of `size` payload bytes from port `sport` in `from` to `to`:`dport`. */
@@ -394,7 +498,23 @@ kTest('packets land in the leaf their kind asks for, both directions, IPv4 and I
     // Large ICMP (ping -s 1200) is interactive too.
     for (const v6 of [false, true]) {
       const before = await htbClasses(d.dev);
-      await execa('ip', ['netns', 'exec', d.from.netns, 'ping', ...(v6 ? ['-6'] : []), '-q', '-c', '3', '-i', '0.01', '-s', '1200', '-W', '2', v6 ? d.to.ip6 : d.to.ip4]);
+      await execa('ip', [
+        'netns',
+        'exec',
+        d.from.netns,
+        'ping',
+        ...(v6 ? ['-6'] : []),
+        '-q',
+        '-c',
+        '3',
+        '-i',
+        '0.01',
+        '-s',
+        '1200',
+        '-W',
+        '2',
+        v6 ? d.to.ip6 : d.to.ip4,
+      ]);
       const after = await htbClasses(d.dev);
       const delta = (id: string) => (after.get(id)?.packets ?? 0) - (before.get(id)?.packets ?? 0);
       t.true(delta(d.interactive) >= 3, `${d.name}, large ICMP${v6 ? 'v6' : ''}: interactive`);
@@ -409,7 +529,22 @@ kTest('an earlier layout (tbf root on the veth, ifb without the interactive tabl
   env.shaper.close();
   // What an earlier version left: a tbf 1: root on the veth, and an ifb with only tables 10:/11:.
   const ifb = env.ifb;
-  await execa('tc', ['qdisc', 'replace', 'dev', a.hostVeth, 'root', 'handle', '1:', 'tbf', 'rate', '5mbit', 'burst', '5kb', 'limit', '30kb']);
+  await execa('tc', [
+    'qdisc',
+    'replace',
+    'dev',
+    a.hostVeth,
+    'root',
+    'handle',
+    '1:',
+    'tbf',
+    'rate',
+    '5mbit',
+    'burst',
+    '5kb',
+    'limit',
+    '30kb',
+  ]);
   await execa('tc', ['qdisc', 'del', 'dev', ifb, 'root']);
   const old = [
     `qdisc replace dev ${ifb} root handle 1: htb default 0 direct_qlen 1000`,
@@ -424,7 +559,9 @@ kTest('an earlier layout (tbf root on the veth, ifb without the interactive tabl
   t.teardown(() => again.close());
   await again.init(env.shaper.states());
   await again.ensure(podOf(a, { ingress: 20e6, egress: 10e6 }));
-  const root = (JSON.parse(await tc(['-j', 'qdisc', 'show', 'dev', a.hostVeth])) as Array<{ kind: string; handle: string; root?: boolean }>).filter((q) => q.root);
+  const root = (
+    JSON.parse(await tc(['-j', 'qdisc', 'show', 'dev', a.hostVeth])) as Array<{ kind: string; handle: string; root?: boolean }>
+  ).filter((q) => q.root);
   t.deepEqual(
     root.map((q) => `${q.kind} ${q.handle}`),
     ['htb 2:'],
@@ -432,7 +569,10 @@ kTest('an earlier layout (tbf root on the veth, ifb without the interactive tabl
   );
   t.false((await tc(['qdisc', 'show', 'dev', a.hostVeth])).includes('tbf 1:'));
   const f = await jsonFilters(['dev', ifb, 'parent', '1:']);
-  const tables = f.filter((x) => /^1[0-3]:$/.test(x.options?.fh ?? '')).map((x) => x.options?.fh).sort();
+  const tables = f
+    .filter((x) => /^1[0-3]:$/.test(x.options?.fh ?? ''))
+    .map((x) => x.options?.fh)
+    .sort();
   t.deepEqual(tables, ['10:', '11:', '12:', '13:'], 'each table once');
   t.is(f.filter((x) => x.options?.link).length, 8, 'no duplicated links');
   t.is((await allIfbPodFilters(ifb)).length, 4);
@@ -469,11 +609,19 @@ kTest('shards: new pods go to the emptiest shard, each redirected to its own ifb
   for (const p of pods) await env.shaper.ensure(podOf(p, { ingress: 50e6, egress: 50e6 }));
   const where = pods.map((p) => env.shaper.ifbOfPod(p.id));
   t.deepEqual(where, [ifbs[0], ifbs[1], ifbs[2], ifbs[0]], 'one each, then the first of the emptiest');
-  t.deepEqual(pods.map((p) => env.shaper.classIdOf(p.id)), [1, 1, 1, 2], 'class ids are per shard');
+  t.deepEqual(
+    pods.map((p) => env.shaper.classIdOf(p.id)),
+    [1, 1, 1, 2],
+    'class ids are per shard',
+  );
   await execa('ip', ['netns', 'exec', peer.netns, 'ping', '-c', '1', '-W', '2', pods[0]!.ip4]);
   for (const [i, p] of pods.entries()) {
     const ifb = where[i]!;
-    t.regex(await tc(['filter', 'show', 'dev', p.hostVeth, 'ingress']), new RegExp(`Redirect to device ${ifb.replace('.', '\\.')}\\)`), `${p.id} redirected to ${ifb}`);
+    t.regex(
+      await tc(['filter', 'show', 'dev', p.hostVeth, 'ingress']),
+      new RegExp(`Redirect to device ${ifb.replace('.', '\\.')}\\)`),
+      `${p.id} redirected to ${ifb}`,
+    );
     const before = await Promise.all(ifbs.map(classPackets));
     await execa('ip', ['netns', 'exec', p.netns, 'ping', '-c', '1', '-W', '2', peer.ip4]);
     await udp(p, peer.ip4, 40001, 9, 1200, 5);
@@ -503,7 +651,10 @@ kTest('shards: a restart with fewer shards re-homes the pods of the shards that 
   const pods = env.topo.pods.slice(0, 3) as TopoPod[];
   const peer = env.topo.pods[3]!;
   for (const p of pods) await env.shaper.ensure(podOf(p, { egress: 20e6 }));
-  t.deepEqual(pods.map((p) => env.shaper.ifbOfPod(p.id)), [env.ifb, `${env.ifb}.1`, `${env.ifb}.2`]);
+  t.deepEqual(
+    pods.map((p) => env.shaper.ifbOfPod(p.id)),
+    [env.ifb, `${env.ifb}.1`, `${env.ifb}.2`],
+  );
   env.shaper.close();
   const fewer = new Shaper({ ifbName: env.ifb, shards: 2 });
   t.teardown(() => fewer.close());
@@ -514,7 +665,10 @@ kTest('shards: a restart with fewer shards re-homes the pods of the shards that 
   t.deepEqual(homes.slice(0, 2), [env.ifb, `${env.ifb}.1`], 'pods on remaining shards stay');
   t.true(homes[2] === env.ifb || homes[2] === `${env.ifb}.1`, `the third pod re-homed (${homes[2]})`);
   const third = pods[2]!;
-  t.regex(await tc(['filter', 'show', 'dev', third.hostVeth, 'ingress']), new RegExp(`Redirect to device ${homes[2]!.replace('.', '\\.')}\\)`));
+  t.regex(
+    await tc(['filter', 'show', 'dev', third.hostVeth, 'ingress']),
+    new RegExp(`Redirect to device ${homes[2]!.replace('.', '\\.')}\\)`),
+  );
   await execa('ip', ['netns', 'exec', peer.netns, 'ping', '-c', '1', '-W', '2', third.ip4]);
   const before = (await classPackets(homes[2]!)).get(`1:${(fewer.classIdOf(third.id)! + 0x1000).toString(16)}`) ?? 0;
   await udp(third, peer.ip4, 40001, 9, 1200, 5);
@@ -524,7 +678,11 @@ kTest('shards: a restart with fewer shards re-homes the pods of the shards that 
   const more = new Shaper({ ifbName: env.ifb, shards: 4 });
   t.teardown(() => more.close());
   await more.init(fewer.states());
-  t.deepEqual(pods.map((p) => more.ifbOfPod(p.id)), homes, 'nobody moves when shards are added');
+  t.deepEqual(
+    pods.map((p) => more.ifbOfPod(p.id)),
+    homes,
+    'nobody moves when shards are added',
+  );
   t.true(existsSync(`/sys/class/net/${env.ifb}.3`));
   await more.ensure(podOf(peer, { egress: 5e6 }));
   t.is(more.ifbOfPod(peer.id), `${env.ifb}.2`, 'a new pod goes to an empty shard');

@@ -4,13 +4,35 @@
  */
 import test from 'ava';
 import { podLayout } from '../../src/shaper/sizing.js';
-import { filtersFor, ifbLines, ifbLinkLines, MAX_CLASS, redirectLines, shardIfb, shardOf, structureLines, vethLines, type ShapingState } from '../../src/shaper/tc-layout.js';
+import {
+  filtersFor,
+  ifbLines,
+  ifbLinkLines,
+  MAX_CLASS,
+  redirectLines,
+  shardIfb,
+  shardOf,
+  structureLines,
+  vethLines,
+  type ShapingState,
+} from '../../src/shaper/tc-layout.js';
 import { ClassIds, EgressShards, planEnsure } from '../../src/shaper/tc-plan.js';
 
 const IFB = 'kifb';
 
 function state(over: Partial<ShapingState>): ShapingState {
-  return { version: 1, id: 'p', hostVeth: 'vethab', ips: ['10.244.0.5'], limits: {}, classId: 0, ingressInstalled: false, egressInstalled: false, filters: [], ...over };
+  return {
+    version: 1,
+    id: 'p',
+    hostVeth: 'vethab',
+    ips: ['10.244.0.5'],
+    limits: {},
+    classId: 0,
+    ingressInstalled: false,
+    egressInstalled: false,
+    filters: [],
+    ...over,
+  };
 }
 
 const VETH_10M = [
@@ -102,14 +124,33 @@ test('plan: a new pod shaped both ways (the htb root line may fail, as on a veth
 test('plan: a shrinking bucket remakes the bulk leaf; a growing one changes it in place', (t) => {
   const prev = state({ limits: { ingress: 200_000_000, egress: 200_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true });
   prev.filters = filtersFor(IFB, prev.ips, 3).map(({ prio, proto, handle }) => ({ prio, proto, handle }));
-  const down = planEnsure(IFB, prev, state({ limits: { ingress: 10_000_000, egress: 10_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }), true);
+  const down = planEnsure(
+    IFB,
+    prev,
+    state({ limits: { ingress: 10_000_000, egress: 10_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }),
+    true,
+  );
   t.deepEqual(down.pre, ['qdisc del dev vethab parent 2:3', 'qdisc del dev kifb parent 1:1003']);
-  const up = planEnsure(IFB, { ...prev, limits: { ingress: 10_000_000, egress: 10_000_000 } }, state({ limits: { ingress: 200_000_000, egress: 200_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }), true);
+  const up = planEnsure(
+    IFB,
+    { ...prev, limits: { ingress: 10_000_000, egress: 10_000_000 } },
+    state({ limits: { ingress: 200_000_000, egress: 200_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }),
+    true,
+  );
   t.deepEqual(up.pre, []);
 });
 
 test('plan: limits dropped remove their objects (the ifb classes go idle, their leaves go); a pod moved to a new veth clears the old one if it is still there', (t) => {
-  const prev = state({ limits: { ingress: 10_000_000, egress: 20_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true, filters: [{ prio: 8, proto: 'ip', handle: '12:5:3' }, { prio: 10, proto: 'ip', handle: '10:5:3' }] });
+  const prev = state({
+    limits: { ingress: 10_000_000, egress: 20_000_000 },
+    classId: 3,
+    ingressInstalled: true,
+    egressInstalled: true,
+    filters: [
+      { prio: 8, proto: 'ip', handle: '12:5:3' },
+      { prio: 10, proto: 'ip', handle: '10:5:3' },
+    ],
+  });
   const noEgress = planEnsure(IFB, prev, state({ limits: { ingress: 10_000_000 }, classId: 3, ingressInstalled: true }), true);
   t.deepEqual(noEgress.pre, [
     'qdisc del dev vethab ingress',
@@ -125,7 +166,10 @@ test('plan: limits dropped remove their objects (the ifb classes go idle, their 
   t.deepEqual(moved.pre.slice(0, 2), ['qdisc del dev vethab root', 'qdisc del dev vethab ingress']);
   t.false(moved.pre.includes('qdisc del dev vethcd ingress'), 'the new veth never had our ingress qdisc');
   const movedGone = planEnsure(IFB, prev, state({ hostVeth: 'vethcd', limits: { ingress: 10_000_000 }, ingressInstalled: true }), false);
-  t.false(movedGone.pre.some((l) => l.includes('vethab root')), 'an old veth that is gone took its qdiscs with it');
+  t.false(
+    movedGone.pre.some((l) => l.includes('vethab root')),
+    'an old veth that is gone took its qdiscs with it',
+  );
 });
 
 test('class ids: idle ones first, then the lowest unused; claims of kept ids; a clear error when all are taken', (t) => {
@@ -168,17 +212,42 @@ test("plan: a pod's ifb side first (no veth yet), then its veth's part alone", (
   const late = planEnsure(IFB, first, state({ limits, classId: 3, ingressInstalled: true, egressInstalled: true }), false);
   t.deepEqual(late.pre, []);
   t.deepEqual(late.lines, [...VETH_10M, ...redirectLines('vethab', IFB)], 'the veth root and the redirect only');
-  const other = planEnsure(IFB, first, state({ limits: { ...limits, egress: 30_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }), false);
-  t.true(other.lines.some((l) => l.startsWith('class replace dev kifb')), 'other limits than the ifb side was made with: made again');
+  const other = planEnsure(
+    IFB,
+    first,
+    state({ limits: { ...limits, egress: 30_000_000 }, classId: 3, ingressInstalled: true, egressInstalled: true }),
+    false,
+  );
+  t.true(
+    other.lines.some((l) => l.startsWith('class replace dev kifb')),
+    'other limits than the ifb side was made with: made again',
+  );
 });
 
 test('egress shards: names, what a name is, and the ip lines that make their ifbs', (t) => {
-  t.deepEqual([0, 1, 12].map((k) => shardIfb('kubenet-ifb0', k)), ['kubenet-ifb0', 'kubenet-ifb0.1', 'kubenet-ifb0.12']);
+  t.deepEqual(
+    [0, 1, 12].map((k) => shardIfb('kubenet-ifb0', k)),
+    ['kubenet-ifb0', 'kubenet-ifb0.1', 'kubenet-ifb0.12'],
+  );
   t.is(shardOf('kubenet-ifb0', 'kubenet-ifb0'), 0);
   t.is(shardOf('kubenet-ifb0', 'kubenet-ifb0.7'), 7);
-  for (const other of ['kubenet-ifb0.', 'kubenet-ifb0.01', 'kubenet-ifb0.x', 'kubenet-ifb1', 'kubenet-ifb0.1.2']) t.is(shardOf('kubenet-ifb0', other), undefined, other);
-  const lines = ifbLinkLines(['i', 'i.1', 'i.2'], new Map([['i', { txQLen: 1000 }], ['i.1', { txQLen: 0 }]]));
-  t.deepEqual(lines, ['link set dev i up', 'link set dev i.1 txqueuelen 1000', 'link set dev i.1 up', 'link add name i.2 type ifb', 'link set dev i.2 txqueuelen 1000', 'link set dev i.2 up']);
+  for (const other of ['kubenet-ifb0.', 'kubenet-ifb0.01', 'kubenet-ifb0.x', 'kubenet-ifb1', 'kubenet-ifb0.1.2'])
+    t.is(shardOf('kubenet-ifb0', other), undefined, other);
+  const lines = ifbLinkLines(
+    ['i', 'i.1', 'i.2'],
+    new Map([
+      ['i', { txQLen: 1000 }],
+      ['i.1', { txQLen: 0 }],
+    ]),
+  );
+  t.deepEqual(lines, [
+    'link set dev i up',
+    'link set dev i.1 txqueuelen 1000',
+    'link set dev i.1 up',
+    'link add name i.2 type ifb',
+    'link set dev i.2 txqueuelen 1000',
+    'link set dev i.2 up',
+  ]);
 });
 
 test('egress shards: a new pod goes to the shard with the fewest, the first of those', (t) => {
@@ -202,9 +271,22 @@ test("the node's tree: root default 1:fffd, node class at the capacity, pods und
     'class replace dev kifb parent 1: classid 1:fffe htb rate 100000000bit ceil 100000000bit burst 18750b cburst 18750b quantum 1514 prio 0',
     'class replace dev kifb parent 1:fffe classid 1:fffd htb rate 1000bit ceil 100000000bit burst 3028b cburst 18750b quantum 1514 prio 5',
   ]);
-  const rec: ShapingState = { version: 1, id: 'c', hostVeth: 'vethab', ips: ['10.1.0.5'], limits: { egressGuarantee: 60e6, priority: 2 }, classId: 3, ingressInstalled: false, egressInstalled: true, filters: [] };
+  const rec: ShapingState = {
+    version: 1,
+    id: 'c',
+    hostVeth: 'vethab',
+    ips: ['10.1.0.5'],
+    limits: { egressGuarantee: 60e6, priority: 2 },
+    classId: 3,
+    ingressInstalled: false,
+    egressInstalled: true,
+    filters: [],
+  };
   const lines = ifbLines('kifb', rec, tree);
-  t.is(lines[0], 'class replace dev kifb parent 1:fffe classid 1:3 htb rate 60000000bit ceil 100000000bit burst 11250b cburst 18750b quantum 1514 prio 0');
+  t.is(
+    lines[0],
+    'class replace dev kifb parent 1:fffe classid 1:3 htb rate 60000000bit ceil 100000000bit burst 11250b cburst 18750b quantum 1514 prio 0',
+  );
   t.regex(lines[1] ?? '', /classid 1:803 htb rate 6000000bit ceil 100000000bit .* prio 4$/);
   t.regex(lines[2] ?? '', /classid 1:1003 htb rate 54000000bit ceil 100000000bit .* prio 5$/);
   // Without a tree, a pod with no ceiling has no ifb side.

@@ -40,7 +40,12 @@ function podOf(p: TopoPod, limits: PodShaping['limits']): PodShaping {
   return { id: p.id, hostVeth: p.hostVeth, ips: [p.ip4, p.ip6], limits };
 }
 
-function assertShaped(t: { true: (v: boolean, m?: string) => void; log: (...a: unknown[]) => void }, r: IperfResult, limit: number, what: string) {
+function assertShaped(
+  t: { true: (v: boolean, m?: string) => void; log: (...a: unknown[]) => void },
+  r: IperfResult,
+  limit: number,
+  what: string,
+) {
   const mbit = (v: number) => (v / 1e6).toFixed(2);
   t.log(`${what}: ${mbit(r.bps)} Mbit/s of ${mbit(limit)}, intervals ${r.intervals.map(mbit).join(' ')}, retransmits ${r.retransmits}`);
   t.true(r.bps >= 0.9 * limit && r.bps <= 1.1 * limit, `${what}: ${mbit(r.bps)} not within ±10% of ${mbit(limit)}`);

@@ -34,7 +34,8 @@ async function chain(tool: string): Promise<string[] | null> {
 
 async function jumps(): Promise<number> {
   let n = 0;
-  for (const tool of ['iptables', 'ip6tables']) n += (await execa(tool, ['-t', 'mangle', '-S', 'POSTROUTING'])).stdout.split('\n').filter((l) => l.includes('KUBENET-UNSHAPED')).length;
+  for (const tool of ['iptables', 'ip6tables'])
+    n += (await execa(tool, ['-t', 'mangle', '-S', 'POSTROUTING'])).stdout.split('\n').filter((l) => l.includes('KUBENET-UNSHAPED')).length;
   return n;
 }
 
@@ -47,7 +48,9 @@ try {
     else if (step[0] === 'burst') await Promise.all(step.slice(1).map((set) => shaper.setUnshaped(u(set === '' ? [] : set.split(',')))));
     else await shaper.setUnshaped(u(step));
     const ms = +(performance.now() - t0).toFixed(1);
-    console.log(JSON.stringify({ filters: await filters(), v4: await chain('iptables'), v6: await chain('ip6tables'), jumps: await jumps(), ms }));
+    console.log(
+      JSON.stringify({ filters: await filters(), v4: await chain('iptables'), v6: await chain('ip6tables'), jumps: await jumps(), ms }),
+    );
   }
 } finally {
   await shaper.reset();

@@ -42,10 +42,16 @@ function u32Match(cidr: string): string {
 
 /** What the kernel should hold for a set. */
 function expected(cidrs: string[]): Seen {
-  const fam = (f: 4 | 6) => cidrs.filter((c) => parseCidr(c).family === f).map((c) => `-A KUBENET-UNSHAPED -s ${parseCidr(c).cidr} ${SET_CLASS}`);
+  const fam = (f: 4 | 6) =>
+    cidrs.filter((c) => parseCidr(c).family === f).map((c) => `-A KUBENET-UNSHAPED -s ${parseCidr(c).cidr} ${SET_CLASS}`);
   const v4 = fam(4);
   const v6 = fam(6);
-  return { filters: cidrs.map(u32Match).sort(), v4: v4.length ? v4 : null, v6: v6.length ? v6 : null, jumps: (v4.length ? 1 : 0) + (v6.length ? 1 : 0) };
+  return {
+    filters: cidrs.map(u32Match).sort(),
+    v4: v4.length ? v4 : null,
+    v6: v6.length ? v6 : null,
+    jumps: (v4.length ? 1 : 0) + (v6.length ? 1 : 0),
+  };
 }
 
 test('a live change of the unshaped set rewrites every unshaped filter of the ifb and the mangle chain, exactly', async (t) => {
@@ -60,14 +66,26 @@ test('a live change of the unshaped set rewrites every unshaped filter of the if
   // 128 Nodes whose /24s do not fold (every other one): the most a rewrite has to write here.
   const sparse = Array.from({ length: 128 }, (_, i) => `10.${200 + (i >> 7)}.${(i * 2) % 256}.0/24`);
   const steps = [first, cluster, moved, ['burst', '10.1.0.0/16', '10.2.0.0/16,fd00::/8'], sparse, moved, []];
-  const { stdout } = await execa('ip', ['netns', 'exec', ns, process.execPath, '--import', 'tsx', WORKER, JSON.stringify({ ifb: `kus${id}`, bridge: `kusbr${id.slice(0, 6)}`, steps })]);
-  const runs = stdout.trim().split('\n').map((l) => JSON.parse(l) as Seen & { ms: number });
+  const { stdout } = await execa('ip', [
+    'netns',
+    'exec',
+    ns,
+    process.execPath,
+    '--import',
+    'tsx',
+    WORKER,
+    JSON.stringify({ ifb: `kus${id}`, bridge: `kusbr${id.slice(0, 6)}`, steps }),
+  ]);
+  const runs = stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Seen & { ms: number });
   const seen = runs.map(({ ms: _ms, ...s }) => ({ ...s, filters: [...s.filters].sort() }));
   t.log(`ms per step (init, cluster, moved, burst of 2, 128 CIDRs, 2 CIDRs, none): ${runs.map((r) => r.ms).join(' ')}`);
   t.is(seen.length, steps.length);
   t.deepEqual(seen[0], expected(first), 'at init: the first set');
-  t.deepEqual(seen[1], expected(cluster), 'changed live: the cluster\'s ranges, both families, 10.0.0.0/8 gone');
-  t.deepEqual(seen[2], expected(moved), 'a Node\'s CIDR added, the IPv6 ranges gone: the chain of that family too');
+  t.deepEqual(seen[1], expected(cluster), "changed live: the cluster's ranges, both families, 10.0.0.0/8 gone");
+  t.deepEqual(seen[2], expected(moved), "a Node's CIDR added, the IPv6 ranges gone: the chain of that family too");
   t.deepEqual(seen[3], expected(['10.2.0.0/16', 'fd00::/8']), 'two changes at once: the last one holds');
   t.deepEqual(seen[4], expected(sparse), '128 CIDRs');
   t.deepEqual(seen[5], expected(moved), 'and back to 2');

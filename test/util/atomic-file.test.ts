@@ -38,7 +38,10 @@ test('writes, replaces and removes files; the target directory holds only the ta
   w.write('a.json', '{"v":2}');
   t.is(await readFile(join(dir, 'a.json'), 'utf8'), '{"v":2}');
   t.true(spareInos.has((await stat(join(dir, 'a.json'))).ino), 'the target is a former spare');
-  t.true((await inodes(spareDir)).some((s) => s.ino === replaced && s.nlink === 1), 'the replaced file is a spare, linked nowhere else');
+  t.true(
+    (await inodes(spareDir)).some((s) => s.ino === replaced && s.nlink === 1),
+    'the replaced file is a spare, linked nowhere else',
+  );
   t.is(w.spareCount, 4);
 
   // Content shorter than the spare's: padded with spaces, never a leftover byte of the longer one.

@@ -6,12 +6,16 @@ test('coalesced reads: one read serves everyone within its max age, a read in fl
   let reads = 0;
   let fail = false;
   let release: (() => void) | undefined;
-  const c = new Coalesced(async () => {
-    reads++;
-    await new Promise<void>((r) => (release = r));
-    if (fail) throw new Error('boom');
-    return reads;
-  }, 2000, () => now);
+  const c = new Coalesced(
+    async () => {
+      reads++;
+      await new Promise<void>((r) => (release = r));
+      if (fail) throw new Error('boom');
+      return reads;
+    },
+    2000,
+    () => now,
+  );
   const a = c.get();
   const b = c.get();
   release?.();
@@ -36,7 +40,11 @@ test('coalesced reads: one read serves everyone within its max age, a read in fl
 test('max age 0: every caller not joining a read in flight reads', async (t) => {
   let now = 0;
   let n = 0;
-  const c = new Coalesced(async () => ++n, 0, () => now);
+  const c = new Coalesced(
+    async () => ++n,
+    0,
+    () => now,
+  );
   t.is(await c.get(), 1);
   now = 1;
   t.is(await c.get(), 2);
@@ -46,11 +54,15 @@ test('a key: a result or a read in flight serves only callers with the same key'
   const now = 0;
   let n = 0;
   const pending: Array<() => void> = [];
-  const c = new Coalesced(async () => {
-    const mine = ++n;
-    await new Promise<void>((r) => pending.push(r));
-    return mine;
-  }, 2000, () => now);
+  const c = new Coalesced(
+    async () => {
+      const mine = ++n;
+      await new Promise<void>((r) => pending.push(r));
+      return mine;
+    },
+    2000,
+    () => now,
+  );
   const release = () => pending.splice(0).forEach((r) => r());
   const a = c.get(1);
   const a2 = c.get(1);

@@ -65,17 +65,32 @@ test('a system error becomes an FsError: what was done, on which file, the errno
   const notDir = t.throws(() => writeFileAtomic(under, '{}', { what: 'the pod record' }), { instanceOf: FsError }) as FsError;
   t.is(notDir.code, 'ENOTDIR');
   t.is(notDir.message, `cannot write the pod record ${under}: not a directory (ENOTDIR)`, 'the temporary file is not named');
-  const copy = t.throws(() => fsTry('install', 'the CNI forwarder', join(d, 'kubenet'), () => writeFileSync(join(d, 'nowhere', 'kubenet'), '')), { instanceOf: FsError });
-  t.regex(copy?.message ?? '', new RegExp(`^cannot install the CNI forwarder ${esc(join(d, 'kubenet'))}: no such file or directory \\(ENOENT\\) \\(open ${esc(join(d, 'nowhere', 'kubenet'))}\\)$`));
+  const copy = t.throws(
+    () => fsTry('install', 'the CNI forwarder', join(d, 'kubenet'), () => writeFileSync(join(d, 'nowhere', 'kubenet'), '')),
+    { instanceOf: FsError },
+  );
+  t.regex(
+    copy?.message ?? '',
+    new RegExp(
+      `^cannot install the CNI forwarder ${esc(join(d, 'kubenet'))}: no such file or directory \\(ENOENT\\) \\(open ${esc(join(d, 'nowhere', 'kubenet'))}\\)$`,
+    ),
+  );
 });
 
 test('ENOSPC (from /dev/full) names the filesystem holding the directory, its mount, space and inodes free', (t) => {
-  const err = t.throws(() => fsTry('write', 'the file', '/dev/full', () => writeFileSync('/dev/full', 'x')), { instanceOf: FsError }) as FsError;
+  const err = t.throws(() => fsTry('write', 'the file', '/dev/full', () => writeFileSync('/dev/full', 'x')), {
+    instanceOf: FsError,
+  }) as FsError;
   t.is(err.code, 'ENOSPC');
   t.is(err.errno, 28);
   const m = mountOf('/dev');
   t.truthy(m);
-  t.regex(err.message, new RegExp(`^cannot write the file /dev/full: no space left on device \\(ENOSPC\\): free space or inodes on the filesystem holding /dev \\(${esc(m?.fstype ?? '')} at ${esc(m?.point ?? '')}: [\\d.]+ (?:[KMGTP]i)?B of [\\d.]+ (?:[KMGTP]i)?B free, \\d+ inodes free\\)$`));
+  t.regex(
+    err.message,
+    new RegExp(
+      `^cannot write the file /dev/full: no space left on device \\(ENOSPC\\): free space or inodes on the filesystem holding /dev \\(${esc(m?.fstype ?? '')} at ${esc(m?.point ?? '')}: [\\d.]+ (?:[KMGTP]i)?B of [\\d.]+ (?:[KMGTP]i)?B free, \\d+ inodes free\\)$`,
+    ),
+  );
 });
 
 test('a bare errno of a libc call (koffi) becomes the same FsError', (t) => {
@@ -83,22 +98,32 @@ test('a bare errno of a libc call (koffi) becomes the same FsError', (t) => {
   const err = fsErrnoError(28, 'linkat', 'create', 'the address reservation', join(d, 'kubenet', '10.1.0.2'));
   t.is(err.code, 'ENOSPC');
   t.is(err.syscall, 'linkat');
-  t.regex(err.message, new RegExp(`^cannot create the address reservation ${esc(d)}/kubenet/10\\.1\\.0\\.2: no space left on device \\(ENOSPC\\): free space or inodes on the filesystem holding ${esc(d)} \\(`));
+  t.regex(
+    err.message,
+    new RegExp(
+      `^cannot create the address reservation ${esc(d)}/kubenet/10\\.1\\.0\\.2: no space left on device \\(ENOSPC\\): free space or inodes on the filesystem holding ${esc(d)} \\(`,
+    ),
+  );
   t.is(fsErrnoError(4095, 'flock', 'lock', "host-local's lock file", '/x').code, 'errno 4095');
 });
 
 /** The JSON lines of fs-fault.ts runs, in order, from a shell script run as given. */
 async function faults(cmd: string[], script: string): Promise<Outcome[]> {
-  const r = await execa(cmd[0] ?? 'sh', [...cmd.slice(1), 'sh', '-ec', script, 'faults', process.execPath, FAULT], { cwd: ROOT, reject: false });
+  const r = await execa(cmd[0] ?? 'sh', [...cmd.slice(1), 'sh', '-ec', script, 'faults', process.execPath, FAULT], {
+    cwd: ROOT,
+    reject: false,
+  });
   const lines = r.stdout.split('\n').filter((l) => l.startsWith('{'));
   if (r.exitCode !== 0 || lines.length === 0) throw new Error(`fault script failed (exit ${r.exitCode}): ${r.stderr}\n${r.stdout}`);
   return lines.map((l) => JSON.parse(l) as Outcome);
 }
 
-rootTest('the agent\'s writes on a full, then read-only tmpfs (private mount namespace): ENOSPC and EROFS name the file, the directory and the mount; EPERM an immutable directory', async (t) => {
-  const d = tmp(t);
-  // $1 = node, $2 = fs-fault.ts, $3 = the mount point. The mount is the child's mount namespace's: it goes with it.
-  const script = `
+rootTest(
+  "the agent's writes on a full, then read-only tmpfs (private mount namespace): ENOSPC and EROFS name the file, the directory and the mount; EPERM an immutable directory",
+  async (t) => {
+    const d = tmp(t);
+    // $1 = node, $2 = fs-fault.ts, $3 = the mount point. The mount is the child's mount namespace's: it goes with it.
+    const script = `
 node="$1"; fault="$2"; d="$3"
 run() { "$node" --import tsx "$fault" "$@"; }
 mount -t tmpfs -o size=64k,mode=0755 kfe-fserr "$d"
@@ -114,65 +139,105 @@ run write "$d/r/pods/y.json"
 run remove "$d/r/pods/x.json"
 chattr -i "$d/imm" 2>/dev/null || true
 `;
-  const [imm, spare, atomic, reserve, freed, ro, roRemove] = await faults(['unshare', '--mount', '--propagation', 'private', '--'], `${script}`.replace('d="$3"', `d=${JSON.stringify(d)}`));
-  t.log(spare?.message);
-  t.log(ro?.message);
-  t.log(imm?.message);
-  const space = (dir: string) => `free space or inodes on the filesystem holding ${esc(dir)} \\(tmpfs at ${esc(d)}: 0 B of 64 KiB free, \\d+ inodes free\\)`;
+    const [imm, spare, atomic, reserve, freed, ro, roRemove] = await faults(
+      ['unshare', '--mount', '--propagation', 'private', '--'],
+      `${script}`.replace('d="$3"', `d=${JSON.stringify(d)}`),
+    );
+    t.log(spare?.message);
+    t.log(ro?.message);
+    t.log(imm?.message);
+    const space = (dir: string) =>
+      `free space or inodes on the filesystem holding ${esc(dir)} \\(tmpfs at ${esc(d)}: 0 B of 64 KiB free, \\d+ inodes free\\)`;
 
-  t.is(spare?.name, 'FsError');
-  t.is(spare?.code, 'ENOSPC');
-  t.regex(spare?.message ?? '', new RegExp(`^cannot write the pod record ${esc(d)}/s/pods/second@eth0\\.json: no space left on device \\(ENOSPC\\): ${space(`${d}/s/pods`)}$`), 'through a spare file');
-  t.regex(atomic?.message ?? '', new RegExp(`^cannot write the pod record ${esc(d)}/r/pods/x\\.json: no space left on device \\(ENOSPC\\): ${space(`${d}/r/pods`)}$`), 'write-then-rename');
-  t.regex(reserve?.message ?? '', new RegExp(`^cannot write the address reservation ${esc(d)}/ipam/kubenet/10\\.1\\.0\\.2: no space left on device \\(ENOSPC\\): ${space(`${d}/ipam/kubenet`)}$`), "host-local's store");
-  t.deepEqual(freed, { ok: true }, 'with space again, the same write succeeds');
+    t.is(spare?.name, 'FsError');
+    t.is(spare?.code, 'ENOSPC');
+    t.regex(
+      spare?.message ?? '',
+      new RegExp(
+        `^cannot write the pod record ${esc(d)}/s/pods/second@eth0\\.json: no space left on device \\(ENOSPC\\): ${space(`${d}/s/pods`)}$`,
+      ),
+      'through a spare file',
+    );
+    t.regex(
+      atomic?.message ?? '',
+      new RegExp(`^cannot write the pod record ${esc(d)}/r/pods/x\\.json: no space left on device \\(ENOSPC\\): ${space(`${d}/r/pods`)}$`),
+      'write-then-rename',
+    );
+    t.regex(
+      reserve?.message ?? '',
+      new RegExp(
+        `^cannot write the address reservation ${esc(d)}/ipam/kubenet/10\\.1\\.0\\.2: no space left on device \\(ENOSPC\\): ${space(`${d}/ipam/kubenet`)}$`,
+      ),
+      "host-local's store",
+    );
+    t.deepEqual(freed, { ok: true }, 'with space again, the same write succeeds');
 
-  t.is(ro?.code, 'EROFS');
-  t.is(ro?.message, `cannot write the pod record ${d}/r/pods/y.json: read-only file system (EROFS): ${d}/r/pods must be writable, but the filesystem holding it (tmpfs at ${d}) is read-only: mount it read-write`);
-  t.is(roRemove?.code, 'EROFS');
-  t.regex(roRemove?.message ?? '', new RegExp(`^cannot remove the pod record ${esc(d)}/r/pods/x\\.json: read-only file system \\(EROFS\\): `));
+    t.is(ro?.code, 'EROFS');
+    t.is(
+      ro?.message,
+      `cannot write the pod record ${d}/r/pods/y.json: read-only file system (EROFS): ${d}/r/pods must be writable, but the filesystem holding it (tmpfs at ${d}) is read-only: mount it read-write`,
+    );
+    t.is(roRemove?.code, 'EROFS');
+    t.regex(
+      roRemove?.message ?? '',
+      new RegExp(`^cannot remove the pod record ${esc(d)}/r/pods/x\\.json: read-only file system \\(EROFS\\): `),
+    );
 
-  t.is(imm?.code, 'EPERM');
-  t.is(
-    imm?.message,
-    `cannot write the pod record ${d}/imm/pods/x.json: operation not permitted (EPERM): the agent (uid 0, with CAP_DAC_OVERRIDE) may not write in ${d}/imm (owner 0:0, mode 0755): check the immutable and append-only attributes (lsattr; chattr -i -a), the owner and mode of ${d}/imm and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
-  );
-});
+    t.is(imm?.code, 'EPERM');
+    t.is(
+      imm?.message,
+      `cannot write the pod record ${d}/imm/pods/x.json: operation not permitted (EPERM): the agent (uid 0, with CAP_DAC_OVERRIDE) may not write in ${d}/imm (owner 0:0, mode 0755): check the immutable and append-only attributes (lsattr; chattr -i -a), the owner and mode of ${d}/imm and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
+    );
+  },
+);
 
-rootTest('EACCES: as uid 65534 in a root-owned directory, and as root without CAP_DAC_OVERRIDE in a directory owned by 65534: the uid, the capability, the owner and mode; a directory it may not list', async (t) => {
-  // Root with CAP_DAC_OVERRIDE is never refused by owner and mode: the refusal is produced as a
-  // process without that power, as an agent run as non-root or with capabilities dropped is.
-  const d = tmp(t);
-  chmodSync(d, 0o755);
-  const rootOwned = join(d, 'root-owned');
-  const nobodyOwned = join(d, 'nobody-owned');
-  mkdirSync(rootOwned, { mode: 0o755 });
-  mkdirSync(nobodyOwned, { mode: 0o755 });
-  chownSync(nobodyOwned, 65534, 65534);
-  const script = 'node="$1"; fault="$2"; shift 2; "$node" --import tsx "$fault" "$@"';
-  const run = async (cmd: string[], file: string) => (await faults(cmd, `${script} write ${JSON.stringify(file)}`))[0];
+rootTest(
+  'EACCES: as uid 65534 in a root-owned directory, and as root without CAP_DAC_OVERRIDE in a directory owned by 65534: the uid, the capability, the owner and mode; a directory it may not list',
+  async (t) => {
+    // Root with CAP_DAC_OVERRIDE is never refused by owner and mode: the refusal is produced as a
+    // process without that power, as an agent run as non-root or with capabilities dropped is.
+    const d = tmp(t);
+    chmodSync(d, 0o755);
+    const rootOwned = join(d, 'root-owned');
+    const nobodyOwned = join(d, 'nobody-owned');
+    mkdirSync(rootOwned, { mode: 0o755 });
+    mkdirSync(nobodyOwned, { mode: 0o755 });
+    chownSync(nobodyOwned, 65534, 65534);
+    const script = 'node="$1"; fault="$2"; shift 2; "$node" --import tsx "$fault" "$@"';
+    const run = async (cmd: string[], file: string) => (await faults(cmd, `${script} write ${JSON.stringify(file)}`))[0];
 
-  const asNobody = await run(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--'], join(rootOwned, 'pods', 'x.json'));
-  t.log(asNobody?.message);
-  t.is(asNobody?.code, 'EACCES');
-  t.is(
-    asNobody?.message,
-    `cannot write the pod record ${rootOwned}/pods/x.json: permission denied (EACCES): the agent (uid 65534, without CAP_DAC_OVERRIDE) may not write in ${rootOwned} (owner 0:0, mode 0755): check the owner and mode of ${rootOwned} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
-  );
+    const asNobody = await run(
+      ['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--'],
+      join(rootOwned, 'pods', 'x.json'),
+    );
+    t.log(asNobody?.message);
+    t.is(asNobody?.code, 'EACCES');
+    t.is(
+      asNobody?.message,
+      `cannot write the pod record ${rootOwned}/pods/x.json: permission denied (EACCES): the agent (uid 65534, without CAP_DAC_OVERRIDE) may not write in ${rootOwned} (owner 0:0, mode 0755): check the owner and mode of ${rootOwned} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
+    );
 
-  // Reading: the directory listed is the one named.
-  const closed = join(rootOwned, 'pods');
-  mkdirSync(closed, { mode: 0o700 });
-  const unreadable = (await faults(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--'], `${script} load ${JSON.stringify(closed)}`))[0];
-  t.is(unreadable?.code, 'EACCES');
-  t.is(
-    unreadable?.message,
-    `cannot read the pod records in ${closed}: permission denied (EACCES): the agent (uid 65534, without CAP_DAC_OVERRIDE) may not read in ${closed} (owner 0:0, mode 0700): check the owner and mode of ${closed} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
-  );
+    // Reading: the directory listed is the one named.
+    const closed = join(rootOwned, 'pods');
+    mkdirSync(closed, { mode: 0o700 });
+    const unreadable = (
+      await faults(['setpriv', '--reuid', '65534', '--regid', '65534', '--clear-groups', '--'], `${script} load ${JSON.stringify(closed)}`)
+    )[0];
+    t.is(unreadable?.code, 'EACCES');
+    t.is(
+      unreadable?.message,
+      `cannot read the pod records in ${closed}: permission denied (EACCES): the agent (uid 65534, without CAP_DAC_OVERRIDE) may not read in ${closed} (owner 0:0, mode 0700): check the owner and mode of ${closed} and of its files, and any security policy confining the agent (SELinux, AppArmor)`,
+    );
 
-  const drop = '-dac_override,-dac_read_search';
-  const rootNoDac = await run(['setpriv', `--inh-caps=${drop}`, `--bounding-set=${drop}`, '--'], join(nobodyOwned, 'pods', 'x.json'));
-  t.log(rootNoDac?.message);
-  t.is(rootNoDac?.code, 'EACCES');
-  t.regex(rootNoDac?.message ?? '', new RegExp(`^cannot write the pod record ${esc(nobodyOwned)}/pods/x\\.json: permission denied \\(EACCES\\): the agent \\(uid 0, without CAP_DAC_OVERRIDE\\) may not write in ${esc(nobodyOwned)} \\(owner 65534:65534, mode 0755\\): `));
-});
+    const drop = '-dac_override,-dac_read_search';
+    const rootNoDac = await run(['setpriv', `--inh-caps=${drop}`, `--bounding-set=${drop}`, '--'], join(nobodyOwned, 'pods', 'x.json'));
+    t.log(rootNoDac?.message);
+    t.is(rootNoDac?.code, 'EACCES');
+    t.regex(
+      rootNoDac?.message ?? '',
+      new RegExp(
+        `^cannot write the pod record ${esc(nobodyOwned)}/pods/x\\.json: permission denied \\(EACCES\\): the agent \\(uid 0, without CAP_DAC_OVERRIDE\\) may not write in ${esc(nobodyOwned)} \\(owner 65534:65534, mode 0755\\): `,
+      ),
+    );
+  },
+);

@@ -12,7 +12,12 @@ function capture(): { lines: string[]; stream: Writable } {
   const lines: string[] = [];
   const stream = new Writable({
     write(chunk: Buffer, _enc, cb) {
-      lines.push(...chunk.toString().split('\n').filter((l) => l !== ''));
+      lines.push(
+        ...chunk
+          .toString()
+          .split('\n')
+          .filter((l) => l !== ''),
+      );
       cb();
     },
   });
@@ -31,7 +36,11 @@ test('a module of a module, and a per-pod child, write one module key: the inner
   t.is(lines.length, 4);
   for (const l of lines) {
     const keys = topLevelKeys(l);
-    t.deepEqual(keys.filter((k, i) => keys.indexOf(k) !== i), [], `each key once: ${l}`);
+    t.deepEqual(
+      keys.filter((k, i) => keys.indexOf(k) !== i),
+      [],
+      `each key once: ${l}`,
+    );
     t.is((JSON.parse(l) as { name: string }).name, 'kubenet');
   }
   const parsed = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
@@ -42,7 +51,7 @@ test('a module of a module, and a per-pod child, write one module key: the inner
   t.like(parsed[3], { module: 'dhcp', request: 7 });
 });
 
-test('topLevelKeys reads a line\'s keys at depth 1 only, strings with braces and escaped quotes included', (t) => {
+test("topLevelKeys reads a line's keys at depth 1 only, strings with braces and escaped quotes included", (t) => {
   t.deepEqual(topLevelKeys('{"a":1,"b":{"a":2,"c":[{"a":3}]},"d":"x\\"}{\\"a\\":","a":4}'), ['a', 'b', 'd', 'a']);
   t.deepEqual(topLevelKeys('{}'), []);
 });

@@ -34,7 +34,8 @@ export interface ServiceCidrObject extends KubernetesObject {
   spec?: { cidrs?: string[] };
 }
 
-export interface ClusterRangesOptions extends Pick<KubeClientOptions, 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs' | 'health'> {
+export interface ClusterRangesOptions
+  extends Pick<KubeClientOptions, 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs' | 'health'> {
   coalesceMs?: number;
   retryMs?: number;
 }
@@ -102,7 +103,10 @@ export class ClusterRanges {
       },
       stopOn: (err) => {
         if (err instanceof KubeApiError && err.status === 403 && this.servicesFrom === undefined) {
-          this.log.warn({ path: SERVICE_CIDRS_PATH }, 'not allowed to list ServiceCIDRs (the ClusterRole predates them: apply the manifest\'s RBAC): traffic from shaped pods to Services stays shaped until then');
+          this.log.warn(
+            { path: SERVICE_CIDRS_PATH },
+            "not allowed to list ServiceCIDRs (the ClusterRole predates them: apply the manifest's RBAC): traffic from shaped pods to Services stays shaped until then",
+          );
           this.servicesFrom = 'forbidden';
           this.changed();
         }
@@ -209,7 +213,9 @@ export class ClusterRanges {
         serviceCidrs: this.servicesFrom === 'api' ? services : `none (${this.servicesFrom})`,
         ms: +(performance.now() - t0).toFixed(1),
       },
-      before === undefined ? 'unshaped destinations: the cluster\'s pod CIDRs and Service ranges' : 'unshaped destinations changed with the cluster\'s ranges',
+      before === undefined
+        ? "unshaped destinations: the cluster's pod CIDRs and Service ranges"
+        : "unshaped destinations changed with the cluster's ranges",
     );
   }
 }

@@ -132,7 +132,11 @@ export class ClusterNamespaceLookup implements NamespaceLookup {
         // A ClusterRole of before the namespace policy (the image updated, not the RBAC): the node
         // keeps setting pods up as that version did, without the policy, and says why (not cached:
         // the next ADD asks again, so applying the manifest's RBAC is enough).
-        if (!this.forbiddenLogged) this.log.warn({ namespace, err }, 'the ClusterRole does not allow reading namespaces: pods are set up without namespace bandwidth policy (apply manifests/kubenet.yaml\'s RBAC)');
+        if (!this.forbiddenLogged)
+          this.log.warn(
+            { namespace, err },
+            "the ClusterRole does not allow reading namespaces: pods are set up without namespace bandwidth policy (apply manifests/kubenet.yaml's RBAC)",
+          );
         this.forbiddenLogged = true;
         return undefined;
       }

@@ -32,7 +32,9 @@ import { healthOf, KubeApi, KubeApiError, loadKubeConfig, sharedAborter, type Ku
 export type { NodeCapacity };
 
 /** The capacity the config gives (`egressCapacity`, `ingressCapacity`), else the link speed of `capacityDevice` (or the default route's device). */
-export function resolveNodeCapacity(config: Pick<AgentConfig, 'egressCapacity' | 'ingressCapacity' | 'capacityDevice'>): Promise<NodeCapacity> {
+export function resolveNodeCapacity(
+  config: Pick<AgentConfig, 'egressCapacity' | 'ingressCapacity' | 'capacityDevice'>,
+): Promise<NodeCapacity> {
   return resolveCapacity({
     ...(config.egressCapacity !== undefined ? { egress: config.egressCapacity } : {}),
     ...(config.ingressCapacity !== undefined ? { ingress: config.ingressCapacity } : {}),
@@ -74,8 +76,11 @@ export function capacityPatch(p: PublishedCapacity): { status: { capacity: Publi
 
 /** Whether the Node's status shows other values (compared as quantities: the API server writes 1000 as "1k"). */
 export function capacityDiffers(node: V1Node, p: PublishedCapacity): boolean {
-  const same = (have: string | undefined, want: string | null) => (want === null ? have === undefined : have !== undefined && parseQuantity(have) === BigInt(want));
-  return Object.entries(p).some(([name, want]) => !same(node.status?.capacity?.[name], want) || !same(node.status?.allocatable?.[name], want));
+  const same = (have: string | undefined, want: string | null) =>
+    want === null ? have === undefined : have !== undefined && parseQuantity(have) === BigInt(want);
+  return Object.entries(p).some(
+    ([name, want]) => !same(node.status?.capacity?.[name], want) || !same(node.status?.allocatable?.[name], want),
+  );
 }
 
 export class NodeCapacityPublisher {
@@ -153,7 +158,10 @@ export class NodeCapacityPublisher {
         // The API server is away: tried again when the agent's ApiHealth lets it (its watches wait the same way).
         this.health.failed(err);
         this.log.debug({ err }, 'publishing the node bandwidth capacity failed: the API server is away; retrying when it answers');
-        this.health.turn(this.aborter.signal).then(() => this.kick(), () => undefined);
+        this.health.turn(this.aborter.signal).then(
+          () => this.kick(),
+          () => undefined,
+        );
         return;
       }
       this.health.answered();
@@ -162,11 +170,16 @@ export class NodeCapacityPublisher {
         return; // the watch brings it
       }
       if (err instanceof KubeApiError && err.status === 403) {
-        if (!this.forbiddenLogged) this.log.warn({ err }, 'the ClusterRole does not allow patching nodes/status: the scheduler does not see this node\'s bandwidth capacity (apply manifests/kubenet.yaml\'s RBAC)');
+        if (!this.forbiddenLogged)
+          this.log.warn(
+            { err },
+            "the ClusterRole does not allow patching nodes/status: the scheduler does not see this node's bandwidth capacity (apply manifests/kubenet.yaml's RBAC)",
+          );
         this.forbiddenLogged = true;
       }
       const delay = this.backoff.next();
-      if (!(err instanceof KubeApiError && err.status === 403)) this.log.warn({ err, retryInMs: delay }, 'publishing the node bandwidth capacity failed; retrying');
+      if (!(err instanceof KubeApiError && err.status === 403))
+        this.log.warn({ err, retryInMs: delay }, 'publishing the node bandwidth capacity failed; retrying');
       this.timer = setTimeout(() => this.kick(), delay);
     }
   }

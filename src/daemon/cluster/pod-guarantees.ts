@@ -18,10 +18,23 @@
  */
 import type { V1Pod } from '@kubernetes/client-node';
 import { describeCapacity, type NodeCapacity } from '../../bandwidth/capacity.js';
-import { BANDWIDTH_RESOURCES, guaranteesFromSpec, priorityOf, PRIORITY_ANNOTATION, raisedMessage, withGuarantees, type Guarantees } from '../../bandwidth/guarantees.js';
+import {
+  BANDWIDTH_RESOURCES,
+  guaranteesFromSpec,
+  priorityOf,
+  PRIORITY_ANNOTATION,
+  raisedMessage,
+  withGuarantees,
+  type Guarantees,
+} from '../../bandwidth/guarantees.js';
 import { formatBandwidth, type BandwidthLimits } from '../../bandwidth/limits.js';
 import type { PodRecord } from '../../pod/index.js';
-import { REASON_CEILING_RAISED, REASON_GUARANTEE_REJECTED, REASON_GUARANTEE_UNAVAILABLE, REASON_PRIORITY_REJECTED } from '../kube/events.js';
+import {
+  REASON_CEILING_RAISED,
+  REASON_GUARANTEE_REJECTED,
+  REASON_GUARANTEE_UNAVAILABLE,
+  REASON_PRIORITY_REJECTED,
+} from '../kube/events.js';
 
 /** What a pod asks of the node, from its spec and status (the pod watch keeps it per pod). */
 export interface PodAsk {
@@ -53,12 +66,22 @@ export function podAsk(pod: Pick<V1Pod, 'spec' | 'status'>): PodAsk {
 
 /** Two asks are the same (absent: none known). */
 export function sameAsk(a: PodAsk | undefined, b: PodAsk | undefined): boolean {
-  return a?.guarantees.ingress === b?.guarantees.ingress && a?.guarantees.egress === b?.guarantees.egress && a?.problem === b?.problem && a?.qosClass === b?.qosClass;
+  return (
+    a?.guarantees.ingress === b?.guarantees.ingress &&
+    a?.guarantees.egress === b?.guarantees.egress &&
+    a?.problem === b?.problem &&
+    a?.qosClass === b?.qosClass
+  );
 }
 
 /** The pod asks something of the node beyond its ceilings: a guarantee, a band by annotation, or it asked wrongly. */
 export function asksOfNode(ask: PodAsk | undefined, annotations: Record<string, string> | undefined): boolean {
-  return ask?.guarantees.ingress !== undefined || ask?.guarantees.egress !== undefined || ask?.problem !== undefined || annotations?.[PRIORITY_ANNOTATION] !== undefined;
+  return (
+    ask?.guarantees.ingress !== undefined ||
+    ask?.guarantees.egress !== undefined ||
+    ask?.problem !== undefined ||
+    annotations?.[PRIORITY_ANNOTATION] !== undefined
+  );
 }
 
 /** Why a direction has no capacity, as the Warning and `kubenet status` say it. */
@@ -73,7 +96,12 @@ export function capacityOffReason(c: NodeCapacity | undefined, direction: 'ingre
  * `limits` with what the pod asks of the node: its guarantees where the node has a capacity that
  * way (a ceiling below one raised to it), its band when the node has any capacity; and the Warnings.
  */
-export function applyAsk(limits: BandwidthLimits, ask: PodAsk, annotations: Record<string, string> | undefined, capacity: NodeCapacity | undefined): { limits: BandwidthLimits; notes: AskNote[] } {
+export function applyAsk(
+  limits: BandwidthLimits,
+  ask: PodAsk,
+  annotations: Record<string, string> | undefined,
+  capacity: NodeCapacity | undefined,
+): { limits: BandwidthLimits; notes: AskNote[] } {
   const notes: AskNote[] = [];
   const band = priorityOf(annotations, ask.qosClass);
   if (band.problem !== undefined) notes.push({ reason: REASON_PRIORITY_REJECTED, message: band.problem });
@@ -83,7 +111,10 @@ export function applyAsk(limits: BandwidthLimits, ask: PodAsk, annotations: Reco
     const g = ask.guarantees[d];
     if (g === undefined) continue;
     if (capacity?.[d] === undefined) {
-      notes.push({ reason: REASON_GUARANTEE_UNAVAILABLE, message: `guarantees are off on this node: ${capacityOffReason(capacity, d)}; the pod's ${BANDWIDTH_RESOURCES[d]} request (${formatBandwidth(g)}) is not reserved` });
+      notes.push({
+        reason: REASON_GUARANTEE_UNAVAILABLE,
+        message: `guarantees are off on this node: ${capacityOffReason(capacity, d)}; the pod's ${BANDWIDTH_RESOURCES[d]} request (${formatBandwidth(g)}) is not reserved`,
+      });
       continue;
     }
     kept[d] = g;
@@ -132,7 +163,10 @@ export function bandwidthReport(c: NodeCapacity | undefined, records: PodRecord[
   for (const d of ['ingress', 'egress'] as const) {
     const v = c?.[d];
     if (v === undefined) {
-      out.off = { ...out.off, [d]: c ? capacityOffReason(c, d) : 'no capacity: guarantees come from the pods\' requests of the Node\'s resources, in cluster mode' };
+      out.off = {
+        ...out.off,
+        [d]: c ? capacityOffReason(c, d) : "no capacity: guarantees come from the pods' requests of the Node's resources, in cluster mode",
+      };
       continue;
     }
     out.capacity[d] = v;

@@ -76,7 +76,12 @@ export function nodeRouteSource(node: V1Node): NodeRouteSource | undefined {
 /** Equal as far as routes are concerned (a Node's heartbeat changes nothing here). */
 export function sameRouteSource(a: NodeRouteSource | undefined, b: NodeRouteSource | undefined): boolean {
   if (a === undefined || b === undefined) return a === b;
-  return a.name === b.name && a.podCIDRs.join(',') === b.podCIDRs.join(',') && a.internalIPs[4] === b.internalIPs[4] && a.internalIPs[6] === b.internalIPs[6];
+  return (
+    a.name === b.name &&
+    a.podCIDRs.join(',') === b.podCIDRs.join(',') &&
+    a.internalIPs[4] === b.internalIPs[4] &&
+    a.internalIPs[6] === b.internalIPs[6]
+  );
 }
 
 interface Connected {
@@ -156,7 +161,9 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
       const link = connected.find((c) => c.subnet.family === family && c.has(gateway));
       if (!link) {
         const subnets = connected.filter((c) => c.subnet.family === family).map((c) => c.subnet.cidr);
-        why.push(`its InternalIP ${gateway} is not on a subnet directly connected to this node (${subnets.join(', ') || `no IPv${family} subnet`}): pod CIDR ${dst} needs a router, not a direct route`);
+        why.push(
+          `its InternalIP ${gateway} is not on a subnet directly connected to this node (${subnets.join(', ') || `no IPv${family} subnet`}): pod CIDR ${dst} needs a router, not a direct route`,
+        );
         continue;
       }
       claimed.set(dst, n.name);

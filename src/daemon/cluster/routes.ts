@@ -56,7 +56,8 @@ export function netlinkRouteKernel(bridgeName: string): RouteKernel {
   };
 }
 
-export interface NodeRoutesOptions extends Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs' | 'health'> {
+export interface NodeRoutesOptions
+  extends Pick<KubeClientOptions, 'nodeName' | 'logger' | 'kubeconfig' | 'kubeConfig' | 'retryMinMs' | 'retryMaxMs' | 'health'> {
   events: EventRecorder;
   kernel: RouteKernel;
   resyncMs?: number;
@@ -204,7 +205,7 @@ export class NodeRoutes {
       current = full || !this.applied ? await this.o.kernel.list() : [...this.applied.values()];
       if (full) this.lastFull = t0;
     } catch (err) {
-      this.log.error({ err }, 'reading this node\'s addresses or routes failed; trying again');
+      this.log.error({ err }, "reading this node's addresses or routes failed; trying again");
       this.applied = undefined;
       this.counters.failed++;
       this.schedule(RETRY_MS);
@@ -228,20 +229,33 @@ export class NodeRoutes {
         await this.o.kernel.replace({ dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
         applied.set(w.dst, { family: w.family, dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
         this.counters.replaced++;
-        this.log.info({ node: w.node, dst: w.dst, via: w.gateway, ifindex: w.ifindex }, 'route to a Node\'s pod CIDR set');
+        this.log.info({ node: w.node, dst: w.dst, via: w.gateway, ifindex: w.ifindex }, "route to a Node's pod CIDR set");
       } catch (err) {
         failed++;
         this.log.warn({ err, node: w.node, dst: w.dst, via: w.gateway }, 'setting a route failed; trying again');
       }
     }
     this.report(plan.problems);
-    this.held = { routes: plan.routes.map((r) => ({ node: r.node, dst: r.dst, via: r.gateway })), problems: Object.fromEntries(plan.problems) };
+    this.held = {
+      routes: plan.routes.map((r) => ({ node: r.node, dst: r.dst, via: r.gateway })),
+      problems: Object.fromEntries(plan.problems),
+    };
     // After a failure the kernel is read again next time: what it holds is not known for sure.
     this.applied = failed > 0 ? undefined : applied;
     this.counters.reconciles++;
     this.counters.failed += failed;
     if (replace.length + remove.length > 0 || failed > 0) {
-      this.log.debug({ replaced: replace.length, removed: remove.length, failed, routes: plan.routes.length, full, ms: +(performance.now() - t0).toFixed(2) }, 'routes reconciled');
+      this.log.debug(
+        {
+          replaced: replace.length,
+          removed: remove.length,
+          failed,
+          routes: plan.routes.length,
+          full,
+          ms: +(performance.now() - t0).toFixed(2),
+        },
+        'routes reconciled',
+      );
     }
     if (failed > 0) this.schedule(RETRY_MS);
     else if (full) this.schedule(resync);
@@ -252,8 +266,13 @@ export class NodeRoutes {
     for (const [node, why] of problems) {
       if (this.reported.get(node) === why) continue;
       this.reported.set(node, why);
-      this.log.warn({ node, why }, 'no route to a Node\'s pod CIDR');
-      this.o.events.record({ kind: 'Node', name: node }, 'Warning', REASON_NO_ROUTE, `kubenet on ${this.o.nodeName}: no route to this node's pods: ${why}`);
+      this.log.warn({ node, why }, "no route to a Node's pod CIDR");
+      this.o.events.record(
+        { kind: 'Node', name: node },
+        'Warning',
+        REASON_NO_ROUTE,
+        `kubenet on ${this.o.nodeName}: no route to this node's pods: ${why}`,
+      );
     }
     for (const node of [...this.reported.keys()]) {
       if (!problems.has(node)) this.reported.delete(node);

@@ -7,7 +7,16 @@ import { existsSync } from 'node:fs';
 import { convertResult } from '../../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, FsError, NotReadyError, UnknownPodError } from '../../errors.js';
 import type { Logger } from '../../log.js';
-import { applyNamespacePolicy, bandwidthFromAnnotations, DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord, type ResolvedLimits } from '../../pod/index.js';
+import {
+  applyNamespacePolicy,
+  bandwidthFromAnnotations,
+  DhcpLeaseError,
+  NetnsError,
+  podNetnsId,
+  type PodNetwork,
+  type PodRecord,
+  type ResolvedLimits,
+} from '../../pod/index.js';
 import { CniRequestError, parseCniCall, parseIpamCall, type CniCall } from './request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,
@@ -155,7 +164,9 @@ export class CniHandler {
    * the API server: a failed lookup then costs the pod its guarantees until the watch brings it
    * (live-shaping.ts applies them), not its ADD.
    */
-  private async podOf(call: Extract<CniCall, { command: 'ADD' }>): Promise<{ annotations?: Record<string, string> | undefined; ask?: PodAsk | undefined }> {
+  private async podOf(
+    call: Extract<CniCall, { command: 'ADD' }>,
+  ): Promise<{ annotations?: Record<string, string> | undefined; ask?: PodAsk | undefined }> {
     if (!call.name || !this.pods) return {};
     if (!this.pods.pod) return call.limits ? {} : { annotations: await this.pods.annotations(call.namespace, call.name) };
     try {
@@ -163,7 +174,10 @@ export class CniHandler {
       return { annotations: p?.annotations, ask: p?.ask };
     } catch (err) {
       if (!call.limits) throw err;
-      this.log.warn({ err, pod: `${call.namespace}/${call.name}` }, 'pod lookup failed; setting it up with the runtime\'s limits, its guarantees once the watch has it');
+      this.log.warn(
+        { err, pod: `${call.namespace}/${call.name}` },
+        "pod lookup failed; setting it up with the runtime's limits, its guarantees once the watch has it",
+      );
       return {};
     }
   }

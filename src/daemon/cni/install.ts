@@ -54,7 +54,10 @@ export interface InstallConfig {
  */
 export function checkInstallConfig(c: InstallConfig): void {
   const src = forwarderBinaryPath();
-  if (!existsSync(src)) throw new ConfigError(`the CNI forwarder ${src} is missing: build it with "npm run build" (or reinstall the package with a C compiler present)`);
+  if (!existsSync(src))
+    throw new ConfigError(
+      `the CNI forwarder ${src} is missing: build it with "npm run build" (or reinstall the package with a C compiler present)`,
+    );
   const forwarder = readFileSync(src);
   const installed = join(c.cniBinDir, CNI_BINARY_NAME);
   for (const type of PLUGIN_TYPES) {

@@ -11,7 +11,16 @@ import { ConfigError } from '../../errors.js';
 import { isValidIfName } from '../../net/ifname.js';
 import { isIpAddress } from '../../net/ip.js';
 import { limitsFromRuntimeConfig, POD_IFNAME, type Attachment, type BandwidthLimits, type PortMapping } from '../../pod/index.js';
-import { CNI_COMMANDS, CNI_ERR_DECODE, CNI_ERR_INCOMPATIBLE_VERSION, CNI_ERR_INVALID_CONFIG, CNI_ERR_INVALID_ENV, SUPPORTED_CNI_VERSIONS, type CniCommand, type CniRequest } from '../protocol.js';
+import {
+  CNI_COMMANDS,
+  CNI_ERR_DECODE,
+  CNI_ERR_INCOMPATIBLE_VERSION,
+  CNI_ERR_INVALID_CONFIG,
+  CNI_ERR_INVALID_ENV,
+  SUPPORTED_CNI_VERSIONS,
+  type CniCommand,
+  type CniRequest,
+} from '../protocol.js';
 
 /** The network and plugin type of the conflist the agent writes: a call for anything else is not ours. */
 export const CONF_NETWORK_NAME = 'kubenet';
@@ -20,7 +29,6 @@ export const CONF_PLUGIN_TYPE = 'kubenet';
 export const MAX_JSON_DEPTH = 64;
 /** At most this many host ports per pod. */
 export const MAX_PORT_MAPPINGS = 256;
-
 
 /** A refused request: the CNI error code to answer with, and what was wrong. */
 export class CniRequestError extends ConfigError {
@@ -91,7 +99,8 @@ export function jsonDepth(text: string): number {
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (inString) {
-      if (c === 0x5c) i++; // backslash: skip the escaped character
+      if (c === 0x5c)
+        i++; // backslash: skip the escaped character
       else if (c === 0x22) inString = false;
       continue;
     }
@@ -107,7 +116,8 @@ export function jsonDepth(text: string): number {
 /** JSON.parse, refusing text nested deeper than MAX_JSON_DEPTH (code 6, like any undecodable input). */
 export function parseJsonBounded(text: string, what: string): unknown {
   const depth = jsonDepth(text);
-  if (depth > MAX_JSON_DEPTH) throw new CniRequestError(CNI_ERR_DECODE, `${what} is nested ${depth} levels deep: at most ${MAX_JSON_DEPTH}`);
+  if (depth > MAX_JSON_DEPTH)
+    throw new CniRequestError(CNI_ERR_DECODE, `${what} is nested ${depth} levels deep: at most ${MAX_JSON_DEPTH}`);
   try {
     return JSON.parse(text);
   } catch (err) {
@@ -119,7 +129,8 @@ export function parseJsonBounded(text: string, what: string): unknown {
 export function parseCniCall(req: CniRequest): CniCall {
   const command = req.env.CNI_COMMAND;
   if (command === undefined || command === '') throw env4('CNI_COMMAND is required');
-  if (!(CNI_COMMANDS as readonly string[]).includes(command)) throw env4(`CNI_COMMAND ${describe(command)} is not one of ${CNI_COMMANDS.join(', ')}`);
+  if (!(CNI_COMMANDS as readonly string[]).includes(command))
+    throw env4(`CNI_COMMAND ${describe(command)} is not one of ${CNI_COMMANDS.join(', ')}`);
   const conf = parseConf(req.stdin);
   const cniVersion = conf.cniVersion as string;
   switch (command as CniCommand) {
@@ -161,12 +172,16 @@ export interface IpamCall {
 
 export function parseIpamCall(req: CniRequest): IpamCall {
   const command = req.env.CNI_COMMAND;
-  if (command !== 'ADD') throw env4(`CNI_COMMAND ${describe(command)}: the agent answers only the IPAM shim's ADD (the shim runs host-local for the rest)`);
+  if (command !== 'ADD')
+    throw env4(`CNI_COMMAND ${describe(command)}: the agent answers only the IPAM shim's ADD (the shim runs host-local for the rest)`);
   const a = attachment(req, true);
   if (req.stdin.trim() === '') throw new CniRequestError(CNI_ERR_DECODE, 'the network config on stdin is empty');
   const v = parseJsonBounded(req.stdin, 'the network config on stdin');
   if (!isObj(v) || typeof v.cniVersion !== 'string' || !isSupportedVersion(v.cniVersion)) {
-    throw new CniRequestError(CNI_ERR_INCOMPATIBLE_VERSION, `the bridge config's cniVersion ${describe(isObj(v) ? v.cniVersion : v)} is not supported`);
+    throw new CniRequestError(
+      CNI_ERR_INCOMPATIBLE_VERSION,
+      `the bridge config's cniVersion ${describe(isObj(v) ? v.cniVersion : v)} is not supported`,
+    );
   }
   return { containerId: a.containerId, ifName: a.ifName, cniVersion: v.cniVersion };
 }
@@ -178,15 +193,22 @@ function parseConf(stdin: string): Record<string, unknown> {
   if (!isObj(v)) throw new CniRequestError(CNI_ERR_DECODE, `the network config on stdin must be a JSON object, got ${describe(v)}`);
   if (v.cniVersion === undefined) throw conf7('the network config has no "cniVersion"');
   if (typeof v.cniVersion !== 'string' || !isSupportedVersion(v.cniVersion)) {
-    throw new CniRequestError(CNI_ERR_INCOMPATIBLE_VERSION, `cniVersion ${describe(v.cniVersion)} is not supported (supported: ${SUPPORTED_CNI_VERSIONS.join(', ')})`);
+    throw new CniRequestError(
+      CNI_ERR_INCOMPATIBLE_VERSION,
+      `cniVersion ${describe(v.cniVersion)} is not supported (supported: ${SUPPORTED_CNI_VERSIONS.join(', ')})`,
+    );
   }
-  if (v.name !== CONF_NETWORK_NAME) throw conf7(`network name ${describe(v.name)} is not ${JSON.stringify(CONF_NETWORK_NAME)}: this agent serves only the network it wrote`);
+  if (v.name !== CONF_NETWORK_NAME)
+    throw conf7(
+      `network name ${describe(v.name)} is not ${JSON.stringify(CONF_NETWORK_NAME)}: this agent serves only the network it wrote`,
+    );
   if (v.type !== CONF_PLUGIN_TYPE) throw conf7(`plugin type ${describe(v.type)} is not ${JSON.stringify(CONF_PLUGIN_TYPE)}`);
   return v;
 }
 
 function requireVersion(v: string, min: string, what: string): void {
-  if (compareVersions(v, min) < 0) throw new CniRequestError(CNI_ERR_INCOMPATIBLE_VERSION, `${what} needs cniVersion ${min} or later, got ${JSON.stringify(v)}`);
+  if (compareVersions(v, min) < 0)
+    throw new CniRequestError(CNI_ERR_INCOMPATIBLE_VERSION, `${what} needs cniVersion ${min} or later, got ${JSON.stringify(v)}`);
 }
 
 /** CNI_CONTAINERID, CNI_IFNAME and CNI_NETNS (required for ADD and CHECK; may be empty on DEL). */
@@ -204,7 +226,8 @@ function attachment(req: CniRequest, needNetns: boolean): { containerId: string;
   if (ifName !== POD_IFNAME) throw env4(`CNI_IFNAME ${describe(ifName)}: kubenet attaches pods as ${POD_IFNAME} only`);
   const netns = req.env.CNI_NETNS ?? '';
   if (netns === '' && needNetns) throw env4('CNI_NETNS is required');
-  if (netns !== '' && (!netns.startsWith('/') || netns.includes('\0') || netns.length > 4096)) throw env4(`CNI_NETNS ${describe(netns)} is not an absolute path`);
+  if (netns !== '' && (!netns.startsWith('/') || netns.includes('\0') || netns.length > 4096))
+    throw env4(`CNI_NETNS ${describe(netns)} is not an absolute path`);
   return { containerId: id, ifName, netns };
 }
 
@@ -228,10 +251,12 @@ export function podIdentity(cniArgs: string, containerId: string): { namespace: 
   }
   const namespace = args.get('K8S_POD_NAMESPACE') ?? '';
   const name = args.get('K8S_POD_NAME') ?? '';
-  if (namespace !== '' && !isDnsLabel(namespace)) throw env4(`CNI_ARGS K8S_POD_NAMESPACE ${describe(namespace)} is not a Kubernetes namespace name`);
+  if (namespace !== '' && !isDnsLabel(namespace))
+    throw env4(`CNI_ARGS K8S_POD_NAMESPACE ${describe(namespace)} is not a Kubernetes namespace name`);
   if (name !== '' && !isDnsSubdomain(name)) throw env4(`CNI_ARGS K8S_POD_NAME ${describe(name)} is not a Kubernetes pod name`);
   const infra = args.get('K8S_POD_INFRA_CONTAINER_ID');
-  if (infra !== undefined && infra !== '' && infra !== containerId) throw env4(`CNI_ARGS K8S_POD_INFRA_CONTAINER_ID ${describe(infra)} is not CNI_CONTAINERID`);
+  if (infra !== undefined && infra !== '' && infra !== containerId)
+    throw env4(`CNI_ARGS K8S_POD_INFRA_CONTAINER_ID ${describe(infra)} is not CNI_CONTAINERID`);
   return { namespace, name };
 }
 
@@ -283,18 +308,27 @@ export function portMappingsOf(rc: Record<string, unknown>): PortMapping[] {
     const m = caseFolded(entry, ['hostPort', 'containerPort', 'protocol', 'hostIP'], where);
     const port = (key: string): number => {
       const v = m[key];
-      if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535) throw conf7(`${where}.${key} must be a port 1..65535, got ${describe(v)}`);
+      if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > 65535)
+        throw conf7(`${where}.${key} must be a port 1..65535, got ${describe(v)}`);
       return v;
     };
-    const protocol = typeof m.protocol === 'string' ? m.protocol.toLowerCase() : m.protocol === undefined || m.protocol === '' ? 'tcp' : m.protocol;
-    if (!(PROTOCOLS as readonly unknown[]).includes(protocol)) throw conf7(`${where}.protocol must be one of ${PROTOCOLS.join(', ')}, got ${describe(m.protocol)}`);
-    const out: PortMapping = { hostPort: port('hostPort'), containerPort: port('containerPort'), protocol: protocol as PortMapping['protocol'] };
+    const protocol =
+      typeof m.protocol === 'string' ? m.protocol.toLowerCase() : m.protocol === undefined || m.protocol === '' ? 'tcp' : m.protocol;
+    if (!(PROTOCOLS as readonly unknown[]).includes(protocol))
+      throw conf7(`${where}.protocol must be one of ${PROTOCOLS.join(', ')}, got ${describe(m.protocol)}`);
+    const out: PortMapping = {
+      hostPort: port('hostPort'),
+      containerPort: port('containerPort'),
+      protocol: protocol as PortMapping['protocol'],
+    };
     if (m.hostIP !== undefined && m.hostIP !== '') {
-      if (typeof m.hostIP !== 'string' || !isIpAddress(m.hostIP)) throw conf7(`${where}.hostIP must be an IP address, got ${describe(m.hostIP)}`);
+      if (typeof m.hostIP !== 'string' || !isIpAddress(m.hostIP))
+        throw conf7(`${where}.hostIP must be an IP address, got ${describe(m.hostIP)}`);
       out.hostIP = m.hostIP;
     }
     const key = `${out.hostIP ?? ''}/${out.hostPort}/${out.protocol}`;
-    if (seen.has(key)) throw conf7(`${where}: host port ${out.hostPort}/${out.protocol}${out.hostIP ? ` on ${out.hostIP}` : ''} is mapped twice`);
+    if (seen.has(key))
+      throw conf7(`${where}: host port ${out.hostPort}/${out.protocol}${out.hostIP ? ` on ${out.hostIP}` : ''} is mapped twice`);
     seen.add(key);
     return out;
   });
@@ -312,7 +346,8 @@ export function validAttachments(v: unknown): Attachment[] {
     const where = `GC: cni.dev/valid-attachments[${i}]`;
     if (!isObj(a)) throw conf7(`${where} must be an object {"containerID", "ifname"}, got ${describe(a)}`);
     for (const k of Object.keys(a)) {
-      if (k !== 'containerID' && k !== 'ifname') throw conf7(`${where} has an unknown key ${JSON.stringify(k)} (keys are "containerID" and "ifname")`);
+      if (k !== 'containerID' && k !== 'ifname')
+        throw conf7(`${where} has an unknown key ${JSON.stringify(k)} (keys are "containerID" and "ifname")`);
     }
     if (typeof a.containerID !== 'string') throw conf7(`${where}.containerID must be a string, got ${describe(a.containerID)}`);
     try {

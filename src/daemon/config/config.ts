@@ -15,7 +15,17 @@ import yaml from 'js-yaml';
 import { ConfigError } from '../../errors.js';
 import { isValidIfName } from '../../net/ifname.js';
 import { shardIfb, shardsFor } from '../../shaper/tc-layout.js';
-import { causeText, CONFIG_KEYS, DEFAULT_CONFIG, describe, DHCP_SOCKET_NAME, NODE_NAME_ENV, type AgentConfig, type ConfigKey, type ConfigKeySpec } from './keys.js';
+import {
+  causeText,
+  CONFIG_KEYS,
+  DEFAULT_CONFIG,
+  describe,
+  DHCP_SOCKET_NAME,
+  NODE_NAME_ENV,
+  type AgentConfig,
+  type ConfigKey,
+  type ConfigKeySpec,
+} from './keys.js';
 import { MAX_SOCKET_PATH_BYTES } from '../protocol.js';
 
 export * from './keys.js';
@@ -72,7 +82,12 @@ export async function loadConfig(opts: LoadConfigOptions): Promise<AgentConfig> 
 function checkShards(c: AgentConfig, source: string): void {
   const last = shardIfb(c.ifbName, shardsFor(c.ifbShards, availableParallelism()) - 1);
   if (!isValidIfName(last)) {
-    throw new AgentConfigError({ source, key: 'ifbName', expected: 'a name short enough for every egress shard', problem: `the last egress shard's ifb would be ${JSON.stringify(last)}, longer than 15 bytes: shorten ifbName or set fewer ifbShards` });
+    throw new AgentConfigError({
+      source,
+      key: 'ifbName',
+      expected: 'a name short enough for every egress shard',
+      problem: `the last egress shard's ifb would be ${JSON.stringify(last)}, longer than 15 bytes: shorten ifbName or set fewer ifbShards`,
+    });
   }
 }
 
@@ -80,20 +95,40 @@ function checkShards(c: AgentConfig, source: string): void {
 function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): void {
   if (c.ipam === 'dhcp') {
     if (c.uplink === undefined) {
-      throw new AgentConfigError({ source, key: 'uplink', expected: 'an interface name', problem: 'ipam "dhcp" needs an uplink: the host interface that connects the bridge to the LAN and its DHCP server' });
+      throw new AgentConfigError({
+        source,
+        key: 'uplink',
+        expected: 'an interface name',
+        problem: 'ipam "dhcp" needs an uplink: the host interface that connects the bridge to the LAN and its DHCP server',
+      });
     }
     if (c.uplink === c.bridgeName || c.uplink === c.ifbName || c.uplink.startsWith(`${c.ifbName}.`)) {
-      throw new AgentConfigError({ source, key: 'uplink', expected: 'an interface other than the bridge and the ifb', problem: `uplink ${c.uplink} is the agent's own ${c.uplink === c.bridgeName ? 'bridge' : 'ifb'}` });
+      throw new AgentConfigError({
+        source,
+        key: 'uplink',
+        expected: 'an interface other than the bridge and the ifb',
+        problem: `uplink ${c.uplink} is the agent's own ${c.uplink === c.bridgeName ? 'bridge' : 'ifb'}`,
+      });
     }
     const socket = dhcpSocketPath(c);
     if (Buffer.byteLength(socket) > MAX_SOCKET_PATH_BYTES) {
-      throw new AgentConfigError({ source, key: 'socket', expected: `a directory short enough for ${DHCP_SOCKET_NAME}`, problem: `the DHCP lease daemon's socket ${socket} would be longer than ${MAX_SOCKET_PATH_BYTES} bytes` });
+      throw new AgentConfigError({
+        source,
+        key: 'socket',
+        expected: `a directory short enough for ${DHCP_SOCKET_NAME}`,
+        problem: `the DHCP lease daemon's socket ${socket} would be longer than ${MAX_SOCKET_PATH_BYTES} bytes`,
+      });
     }
     return;
   }
   for (const key of ['uplink', 'dhcpTimeout'] as const) {
     if (set[key] !== undefined) {
-      throw new AgentConfigError({ source, key, expected: 'ipam "dhcp"', problem: `${key} applies only to ipam "dhcp" (ipam is "${c.ipam}")` });
+      throw new AgentConfigError({
+        source,
+        key,
+        expected: 'ipam "dhcp"',
+        problem: `${key} applies only to ipam "dhcp" (ipam is "${c.ipam}")`,
+      });
     }
   }
 }
@@ -112,10 +147,21 @@ export function unshapedCidrsOf(c: AgentConfig): string[] | undefined {
 function checkRoutes(c: AgentConfig, source: string): void {
   if (c.routes !== 'direct') return;
   if (c.podCIDR !== undefined) {
-    throw new AgentConfigError({ source, key: 'routes', expected: '"none" with a static podCIDR', problem: 'routes "direct" watches the Nodes of a cluster; with a static podCIDR there is no Kubernetes API to watch (unset podCIDR, or set routes: none)' });
+    throw new AgentConfigError({
+      source,
+      key: 'routes',
+      expected: '"none" with a static podCIDR',
+      problem:
+        'routes "direct" watches the Nodes of a cluster; with a static podCIDR there is no Kubernetes API to watch (unset podCIDR, or set routes: none)',
+    });
   }
   if (c.ipam !== 'host-local') {
-    throw new AgentConfigError({ source, key: 'routes', expected: '"none" with ipam "dhcp"', problem: `routes "direct" routes the Nodes' pod CIDRs; with ipam "${c.ipam}" pods take their addresses from the LAN, which needs no routes` });
+    throw new AgentConfigError({
+      source,
+      key: 'routes',
+      expected: '"none" with ipam "dhcp"',
+      problem: `routes "direct" routes the Nodes' pod CIDRs; with ipam "${c.ipam}" pods take their addresses from the LAN, which needs no routes`,
+    });
   }
 }
 
@@ -123,13 +169,29 @@ function checkRoutes(c: AgentConfig, source: string): void {
 function checkMetrics(c: AgentConfig, source: string): void {
   if ((c.metricsTLSCertFile === undefined) !== (c.metricsTLSKeyFile === undefined)) {
     const key = c.metricsTLSCertFile === undefined ? 'metricsTLSCertFile' : 'metricsTLSKeyFile';
-    throw new AgentConfigError({ source, key, expected: 'metricsTLSCertFile and metricsTLSKeyFile together', problem: `${key} is missing: the metrics port's certificate and its key are set together (or neither)` });
+    throw new AgentConfigError({
+      source,
+      key,
+      expected: 'metricsTLSCertFile and metricsTLSKeyFile together',
+      problem: `${key} is missing: the metrics port's certificate and its key are set together (or neither)`,
+    });
   }
   if (c.metricsAuth === 'kubernetes' && c.podCIDR !== undefined) {
-    throw new AgentConfigError({ source, key: 'metricsAuth', expected: '"none" with a static podCIDR', problem: 'metricsAuth "kubernetes" asks the API server who a caller is; with a static podCIDR the agent has no Kubernetes API (unset podCIDR, or set metricsAuth: none)' });
+    throw new AgentConfigError({
+      source,
+      key: 'metricsAuth',
+      expected: '"none" with a static podCIDR',
+      problem:
+        'metricsAuth "kubernetes" asks the API server who a caller is; with a static podCIDR the agent has no Kubernetes API (unset podCIDR, or set metricsAuth: none)',
+    });
   }
   if (c.metricsAddress === 'off' && (c.metricsAuth !== 'none' || c.metricsTLSCertFile !== undefined)) {
-    throw new AgentConfigError({ source, key: 'metricsAddress', expected: 'an address, with metricsAuth or metricsTLSCertFile set', problem: 'metricsAddress is "off": metricsAuth and the TLS files would secure a port that is not served' });
+    throw new AgentConfigError({
+      source,
+      key: 'metricsAddress',
+      expected: 'an address, with metricsAuth or metricsTLSCertFile set',
+      problem: 'metricsAddress is "off": metricsAuth and the TLS files would secure a port that is not served',
+    });
   }
 }
 
@@ -154,15 +216,25 @@ function checkDirectories(c: AgentConfig, source: string): void {
   const runtimeDirs: Array<[string, string]> = [
     ['cniConfDir', c.cniConfDir],
     ['cniBinDir', c.cniBinDir],
-    ['the runtimes\' CNI result cache', join(c.cniCacheDir, 'results')],
+    ["the runtimes' CNI result cache", join(c.cniCacheDir, 'results')],
   ];
   for (const [what, dir] of runtimeDirs) {
     if (within(c.stateDir, dir)) {
-      throw new AgentConfigError({ source, key: 'stateDir', expected: `a directory outside ${what}`, problem: `stateDir ${c.stateDir} lies in ${what} (${dir}), which container runtimes use` });
+      throw new AgentConfigError({
+        source,
+        key: 'stateDir',
+        expected: `a directory outside ${what}`,
+        problem: `stateDir ${c.stateDir} lies in ${what} (${dir}), which container runtimes use`,
+      });
     }
   }
   if (within(c.cniConfDir, c.cniBinDir) || within(c.cniBinDir, c.cniConfDir)) {
-    throw new AgentConfigError({ source, key: 'cniConfDir', expected: 'a directory apart from cniBinDir', problem: `cniConfDir ${c.cniConfDir} and cniBinDir ${c.cniBinDir} overlap` });
+    throw new AgentConfigError({
+      source,
+      key: 'cniConfDir',
+      expected: 'a directory apart from cniBinDir',
+      problem: `cniConfDir ${c.cniConfDir} and cniBinDir ${c.cniBinDir} overlap`,
+    });
   }
 }
 
@@ -172,21 +244,26 @@ export async function readConfigFile(file: string): Promise<Partial<AgentConfig>
   try {
     text = await readFile(file, 'utf8');
   } catch (err) {
-    throw new AgentConfigError({ source: file, expected: 'a readable file', problem: `cannot read config file: ${causeText(err)}` }, { cause: err });
+    throw new AgentConfigError(
+      { source: file, expected: 'a readable file', problem: `cannot read config file: ${causeText(err)}` },
+      { cause: err },
+    );
   }
   let doc: unknown;
   try {
     doc = yaml.load(text, { filename: file, schema: yaml.CORE_SCHEMA });
   } catch (err) {
     const reason =
-      err instanceof yaml.YAMLException
-        ? `${err.reason} at line ${err.mark.line + 1}, column ${err.mark.column + 1}`
-        : causeText(err);
+      err instanceof yaml.YAMLException ? `${err.reason} at line ${err.mark.line + 1}, column ${err.mark.column + 1}` : causeText(err);
     throw new AgentConfigError({ source: file, expected: 'valid YAML', problem: `invalid YAML: ${reason}` }, { cause: err });
   }
   if (doc === undefined || doc === null) return {}; // an empty file: all defaults
   if (typeof doc !== 'object' || Array.isArray(doc)) {
-    throw new AgentConfigError({ source: file, expected: 'a mapping of config keys', problem: `expected a mapping of config keys at the top level, got ${describe(doc)}` });
+    throw new AgentConfigError({
+      source: file,
+      expected: 'a mapping of config keys',
+      problem: `expected a mapping of config keys at the top level, got ${describe(doc)}`,
+    });
   }
   return validateValues(doc as Record<string, unknown>, file);
 }

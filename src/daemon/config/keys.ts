@@ -143,7 +143,8 @@ function capacityKey(direction: 'egress' | 'ingress', what: string): KeyDefiniti
     description: `The node's bandwidth ${what}, a quantity as in the pod annotations (e.g. "10G"): the rate of the shaping tree's node class, the capacity published on the Node as \`kubenet.io/${direction}-bandwidth\` (1 = 1 Mbit/s) and what guarantees are promised out of. Unset: in cluster mode the link speed of \`capacityDevice\`, and a device that reports none turns ${direction} guarantees off (\`kubenet status\` says so); with a static \`podCIDR\`, none.`,
     validate: (value, fail) => {
       // A number is bits/s (a loaded config given again as flags).
-      const s = typeof value === 'number' && Number.isSafeInteger(value) ? String(value) : str(value, fail, 'a bandwidth quantity such as "10G"');
+      const s =
+        typeof value === 'number' && Number.isSafeInteger(value) ? String(value) : str(value, fail, 'a bandwidth quantity such as "10G"');
       try {
         return parseBandwidth(s, `${direction}Capacity`);
       } catch (err) {
@@ -240,7 +241,8 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     type: 'string',
     value: 'kubenet-ifb0',
     flag: '--ifb-name',
-    description: 'The ifb device that shapes shaped pods\' egress (at most 15 bytes); with more than one egress shard (`ifbShards`), the others are `<ifbName>.1`, `<ifbName>.2`, ...; with an ingress capacity, `<ifbName>.in` holds the ingress tree. Created when the agent starts.',
+    description:
+      "The ifb device that shapes shaped pods' egress (at most 15 bytes); with more than one egress shard (`ifbShards`), the others are `<ifbName>.1`, `<ifbName>.2`, ...; with an ingress capacity, `<ifbName>.in` holds the ingress tree. Created when the agent starts.",
     validate: ifName,
   },
   ifbShards: {
@@ -257,7 +259,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
   mtu: {
     type: 'integer',
     flag: '--mtu',
-    description: 'MTU of the bridge and pod interfaces, 68..65535. Unset: the smallest MTU of the host\'s up, non-loopback links.',
+    description: "MTU of the bridge and pod interfaces, 68..65535. Unset: the smallest MTU of the host's up, non-loopback links.",
     validate: (value, fail) => {
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 68 || value > 65535) throw fail('an integer from 68 to 65535');
       return value;
@@ -275,7 +277,8 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     type: 'string',
     value: '10.0.0.0/8',
     flag: '--non-masquerade-cidr',
-    description: 'Traffic from pods to this CIDR keeps its source address; other off-node traffic is masqueraded. 0.0.0.0/0 disables masquerading.',
+    description:
+      'Traffic from pods to this CIDR keeps its source address; other off-node traffic is masqueraded. 0.0.0.0/0 disables masquerading.',
     validate: (value, fail) => {
       const expected = 'a CIDR such as "10.0.0.0/8"';
       return cidr(str(value, fail, expected), fail, expected);
@@ -295,7 +298,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     flag: '--unshaped-cidrs',
     defaultText: 'see description',
     description:
-      'CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod\'s limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the egress ifbs\' filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: with `routes: direct`, exactly the cluster\'s own ranges, followed live (every Node\'s pod CIDRs and the ServiceCIDRs\' `spec.cidrs`), else none; an empty list shapes everything.',
+      "CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod's limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the egress ifbs' filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: with `routes: direct`, exactly the cluster's own ranges, followed live (every Node's pod CIDRs and the ServiceCIDRs' `spec.cidrs`), else none; an empty list shapes everything.",
     validate: (value, fail) => {
       const expected = 'a list of CIDRs such as ["10.0.0.0/8", "fd00::/8"]';
       if (!Array.isArray(value)) throw fail(expected);
@@ -311,23 +314,25 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     value: 'host-local',
     flag: '--ipam',
     description:
-      'Where pod addresses come from: `host-local`, the node\'s pod CIDR (the bridge is the pods\' gateway, off-node traffic is masqueraded); or `dhcp`, the LAN\'s DHCP server through `uplink` (address, gateway and routes from each pod\'s lease; the bridge is no gateway, no masquerade rule; the agent runs the reference lease daemon).',
+      "Where pod addresses come from: `host-local`, the node's pod CIDR (the bridge is the pods' gateway, off-node traffic is masqueraded); or `dhcp`, the LAN's DHCP server through `uplink` (address, gateway and routes from each pod's lease; the bridge is no gateway, no masquerade rule; the agent runs the reference lease daemon).",
     validate: oneOf(IPAM_MODES),
   },
   uplink: {
     type: 'string',
     flag: '--uplink',
     description:
-      'With `ipam: dhcp` (required there, refused otherwise): the host interface the agent enslaves to the bridge, so pods share the LAN\'s L2 segment. It must carry no IP address of its own (the node\'s address belongs on another interface, or on the bridge).',
+      "With `ipam: dhcp` (required there, refused otherwise): the host interface the agent enslaves to the bridge, so pods share the LAN's L2 segment. It must carry no IP address of its own (the node's address belongs on another interface, or on the bridge).",
     validate: ifName,
   },
   dhcpTimeout: {
     type: 'integer',
     value: 30,
     flag: '--dhcp-timeout',
-    description: 'With `ipam: dhcp`: seconds, 2..600, a pod\'s ADD waits for its lease before it fails (no DHCP server answered) and is undone.',
+    description:
+      "With `ipam: dhcp`: seconds, 2..600, a pod's ADD waits for its lease before it fails (no DHCP server answered) and is undone.",
     validate: (value, fail) => {
-      if (typeof value !== 'number' || !Number.isInteger(value) || value < 2 || value > 600) throw fail('an integer number of seconds from 2 to 600');
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 2 || value > 600)
+        throw fail('an integer number of seconds from 2 to 600');
       return value;
     },
   },
@@ -350,7 +355,8 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     type: 'string',
     value: '/var/lib/kubenet',
     flag: '--state-dir',
-    description: "The agent's own state: a record per pod (written before any plugin runs, so a DEL after a crash undoes everything) and the shaper's state.",
+    description:
+      "The agent's own state: a record per pod (written before any plugin runs, so a DEL after a crash undoes everything) and the shaper's state.",
     validate: absPath(),
   },
   metricsMaxAge: {
@@ -360,7 +366,8 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     description:
       "Seconds, 0..60, a /metrics scrape may serve the pods' tc counters an earlier scrape read, instead of reading them again, while no pod was added, reshaped or removed since (each read at 500 shaped pods costs ~45-75 ms of the agent's CPU: docs/shaping.md); scrapes in a storm share one read. 0: every scrape reads them.",
     validate: (value, fail) => {
-      if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 60) throw fail('an integer number of seconds from 0 to 60');
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 60)
+        throw fail('an integer number of seconds from 0 to 60');
       return value;
     },
   },
@@ -394,7 +401,8 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
   metricsTLSCertFile: {
     type: 'string',
     flag: '--metrics-tls-cert-file',
-    description: 'PEM certificate (chain) the metrics port serves TLS with, with `metricsTLSKeyFile` (both or neither). Unset: plain HTTP, or with `metricsAuth: kubernetes` a self-signed certificate.',
+    description:
+      'PEM certificate (chain) the metrics port serves TLS with, with `metricsTLSKeyFile` (both or neither). Unset: plain HTTP, or with `metricsAuth: kubernetes` a self-signed certificate.',
     validate: absPath(),
   },
   metricsTLSKeyFile: {
@@ -408,7 +416,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
   capacityDevice: {
     type: 'string',
     flag: '--capacity-device',
-    defaultText: 'the IPv4 default route\'s device',
+    defaultText: "the IPv4 default route's device",
     description: 'The device whose link speed (/sys/class/net/DEV/speed) gives `egressCapacity` and `ingressCapacity` when they are unset.',
     validate: ifName,
   },
@@ -427,7 +435,10 @@ export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.fr
   Object.fromEntries(
     Object.entries(KEYS).map(([key, { defaultText, ...k }]) => [
       key,
-      Object.freeze({ ...k, default: defaultText ?? (k.value === undefined ? undefined : Array.isArray(k.value) ? k.value.join(',') : String(k.value)) }),
+      Object.freeze({
+        ...k,
+        default: defaultText ?? (k.value === undefined ? undefined : Array.isArray(k.value) ? k.value.join(',') : String(k.value)),
+      }),
     ]),
   ) as Record<ConfigKey, ConfigKeySpec>,
 );
@@ -435,7 +446,9 @@ export const CONFIG_KEYS: Readonly<Record<ConfigKey, ConfigKeySpec>> = Object.fr
 /** Defaults of every key that has a fixed one (CONFIG_KEYS' values). Frozen; loadConfig returns copies. */
 export const DEFAULT_CONFIG: Readonly<DefaultedConfig> = Object.freeze(
   Object.fromEntries(
-    Object.entries(KEYS).flatMap(([key, k]) => (k.value === undefined ? [] : [[key, Array.isArray(k.value) ? Object.freeze([...(k.value as string[])]) : k.value]])),
+    Object.entries(KEYS).flatMap(([key, k]) =>
+      k.value === undefined ? [] : [[key, Array.isArray(k.value) ? Object.freeze([...(k.value as string[])]) : k.value]],
+    ),
   ) as unknown as DefaultedConfig,
 );
 
@@ -457,7 +470,11 @@ export function configKeysMarkdown(): string {
 export function configKeysJsonSchema(): Record<string, unknown> {
   const properties = Object.fromEntries(
     (Object.entries(CONFIG_KEYS) as Array<[ConfigKey, ConfigKeySpec]>).map(([key, s]) => {
-      const type = s.values ? { type: 'string', enum: [...s.values] } : s.type === 'string[]' ? { type: 'array', items: { type: 'string' } } : { type: s.type };
+      const type = s.values
+        ? { type: 'string', enum: [...s.values] }
+        : s.type === 'string[]'
+          ? { type: 'array', items: { type: 'string' } }
+          : { type: s.type };
       return [key, { ...type, description: s.description, ...(s.value !== undefined ? { default: s.value } : {}) }];
     }),
   );

@@ -90,7 +90,9 @@ export class DhcpDaemon {
       await new Promise((r) => setTimeout(r, 50));
     }
     if (!exited) proc.kill('SIGKILL');
-    throw new KubenetError(`the DHCP lease daemon ${this.o.binary} did not answer on ${this.o.socket} within ${(this.o.readyTimeoutMs ?? 10_000) / 1000} s`);
+    throw new KubenetError(
+      `the DHCP lease daemon ${this.o.binary} did not answer on ${this.o.socket} within ${(this.o.readyTimeoutMs ?? 10_000) / 1000} s`,
+    );
   }
 
   private onExit(proc: ChildProcess, code: number | null, signal: NodeJS.Signals | null): void {
@@ -103,7 +105,10 @@ export class DhcpDaemon {
     if (ran >= STABLE_MS) this.delayMs = this.o.backoff?.initialMs ?? 1000;
     const delay = this.delayMs;
     this.delayMs = Math.min(this.delayMs * 2, this.o.backoff?.maxMs ?? 30_000);
-    this.log.warn({ code, signal, ranMs: ran, restartInMs: delay }, 'DHCP lease daemon exited; restarting it (its leases are acquired again)');
+    this.log.warn(
+      { code, signal, ranMs: ran, restartInMs: delay },
+      'DHCP lease daemon exited; restarting it (its leases are acquired again)',
+    );
     this.timer = setTimeout(() => void this.restart(), delay);
   }
 

@@ -100,14 +100,18 @@ export class KubeMetricsAuth implements MetricsAuthorizer {
     if (user === undefined) {
       try {
         this.sent.tokenReviews++;
-        const review = await this.api.postJson<{ status?: { authenticated?: boolean; user?: UserInfo; error?: string } }>('/apis/authentication.k8s.io/v1/tokenreviews', {
-          apiVersion: 'authentication.k8s.io/v1',
-          kind: 'TokenReview',
-          spec: { token },
-        });
+        const review = await this.api.postJson<{ status?: { authenticated?: boolean; user?: UserInfo; error?: string } }>(
+          '/apis/authentication.k8s.io/v1/tokenreviews',
+          {
+            apiVersion: 'authentication.k8s.io/v1',
+            kind: 'TokenReview',
+            spec: { token },
+          },
+        );
         user = review.status?.authenticated && review.status.user?.username ? review.status.user : null;
         this.users.set(tokenKey, user, user ? AUTHN_OK_MS : AUTHN_FAIL_MS, this.now());
-        if (!user) this.log.info({ path, error: review.status?.error }, 'metrics request refused: the API server did not authenticate its token');
+        if (!user)
+          this.log.info({ path, error: review.status?.error }, 'metrics request refused: the API server did not authenticate its token');
       } catch (err) {
         this.log.warn({ err, path }, 'metrics request refused: the TokenReview failed');
         return { status: 503, reason: 'the API server could not review the token; try again' };
@@ -118,25 +122,35 @@ export class KubeMetricsAuth implements MetricsAuthorizer {
     if (allowed === undefined) {
       try {
         this.sent.accessReviews++;
-        const review = await this.api.postJson<{ status?: { allowed?: boolean; reason?: string } }>('/apis/authorization.k8s.io/v1/subjectaccessreviews', {
-          apiVersion: 'authorization.k8s.io/v1',
-          kind: 'SubjectAccessReview',
-          spec: {
-            user: user.username,
-            ...(user.uid ? { uid: user.uid } : {}),
-            ...(user.groups ? { groups: user.groups } : {}),
-            ...(user.extra ? { extra: user.extra } : {}),
-            nonResourceAttributes: { path, verb: 'get' },
+        const review = await this.api.postJson<{ status?: { allowed?: boolean; reason?: string } }>(
+          '/apis/authorization.k8s.io/v1/subjectaccessreviews',
+          {
+            apiVersion: 'authorization.k8s.io/v1',
+            kind: 'SubjectAccessReview',
+            spec: {
+              user: user.username,
+              ...(user.uid ? { uid: user.uid } : {}),
+              ...(user.groups ? { groups: user.groups } : {}),
+              ...(user.extra ? { extra: user.extra } : {}),
+              nonResourceAttributes: { path, verb: 'get' },
+            },
           },
-        });
+        );
         allowed = review.status?.allowed === true;
         this.decisions.set(key, allowed, allowed ? AUTHZ_OK_MS : AUTHZ_DENY_MS, this.now());
-        if (!allowed) this.log.info({ user: user.username, path, reason: review.status?.reason }, 'metrics request refused: not authorized');
+        if (!allowed)
+          this.log.info({ user: user.username, path, reason: review.status?.reason }, 'metrics request refused: not authorized');
       } catch (err) {
         this.log.warn({ err, path, user: user.username }, 'metrics request refused: the SubjectAccessReview failed');
         return { status: 503, user: user.username, reason: 'the API server could not review the access; try again' };
       }
     }
-    return allowed ? { status: 200, user: user.username } : { status: 403, user: user.username, reason: `user "${user.username}" may not get ${path} (grant it with a ClusterRole rule: nonResourceURLs ["${path}"], verbs ["get"])` };
+    return allowed
+      ? { status: 200, user: user.username }
+      : {
+          status: 403,
+          user: user.username,
+          reason: `user "${user.username}" may not get ${path} (grant it with a ClusterRole rule: nonResourceURLs ["${path}"], verbs ["get"])`,
+        };
   }
 }

@@ -73,7 +73,9 @@ export class MetricsHttp {
       });
     };
     const serverOpts = { requestTimeout: 10_000, headersTimeout: 5_000, connectionsCheckingInterval: 1_000 };
-    const server = this.https ? createHttpsServer({ ...serverOpts, ...this.credentials() }, handler) : createHttpServer(serverOpts, handler);
+    const server = this.https
+      ? createHttpsServer({ ...serverOpts, ...this.credentials() }, handler)
+      : createHttpServer(serverOpts, handler);
     server.maxConnections = 64;
     // Every address: "::" takes IPv4 too (dual-stack socket); a node without IPv6 has only 0.0.0.0.
     const hosts = host !== undefined ? [host] : ['::', '0.0.0.0'];
@@ -90,14 +92,32 @@ export class MetricsHttp {
       } catch (err) {
         const code = (err as NodeJS.ErrnoException).code;
         if (i < hosts.length - 1 && (code === 'EAFNOSUPPORT' || code === 'EADDRNOTAVAIL')) continue;
-        const what = code === 'EADDRINUSE' ? 'the port is in use by another process (`ss -ltnp sport = :PORT` names it)' : code === 'EADDRNOTAVAIL' ? 'no interface of this node has that address' : code === 'EACCES' ? 'not permitted' : String(code ?? err);
-        throw new ConfigError(`metricsAddress ${this.opts.address}: cannot listen on ${formatListenAddress({ host: h, port })}: ${what.replace('PORT', String(port))}; set metricsAddress to a free port, or "off"`, { cause: err });
+        const what =
+          code === 'EADDRINUSE'
+            ? 'the port is in use by another process (`ss -ltnp sport = :PORT` names it)'
+            : code === 'EADDRNOTAVAIL'
+              ? 'no interface of this node has that address'
+              : code === 'EACCES'
+                ? 'not permitted'
+                : String(code ?? err);
+        throw new ConfigError(
+          `metricsAddress ${this.opts.address}: cannot listen on ${formatListenAddress({ host: h, port })}: ${what.replace('PORT', String(port))}; set metricsAddress to a free port, or "off"`,
+          { cause: err },
+        );
       }
     }
     const a = server.address();
     this.bound = a && typeof a === 'object' ? { host: a.address, port: a.port } : { host: hosts[0] ?? '', port };
     this.server = server;
-    log.info({ metricsAddress: this.opts.address, url: this.url(), auth: this.opts.auth ? 'kubernetes' : 'none', tls: this.https ? (this.opts.tls ? 'configured' : 'self-signed') : 'off' }, `serving ${METRICS_PATH} and ${HEALTH_PATH} over TCP`);
+    log.info(
+      {
+        metricsAddress: this.opts.address,
+        url: this.url(),
+        auth: this.opts.auth ? 'kubernetes' : 'none',
+        tls: this.https ? (this.opts.tls ? 'configured' : 'self-signed') : 'off',
+      },
+      `serving ${METRICS_PATH} and ${HEALTH_PATH} over TCP`,
+    );
   }
 
   private credentials(): { cert: string | Buffer; key: string | Buffer } {
@@ -120,12 +140,14 @@ export class MetricsHttp {
   private async route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     req.resume();
     const path = (req.url ?? '').split('?', 1)[0];
-    if (path !== METRICS_PATH && path !== HEALTH_PATH) return this.reply(res, req, 404, 'text/plain', 'not found: this port serves /metrics and /healthz only\n');
+    if (path !== METRICS_PATH && path !== HEALTH_PATH)
+      return this.reply(res, req, 404, 'text/plain', 'not found: this port serves /metrics and /healthz only\n');
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.setHeader('allow', 'GET, HEAD');
       return this.reply(res, req, 405, 'text/plain', `method ${req.method ?? ''} not allowed\n`);
     }
-    if (path === HEALTH_PATH) return this.reply(res, req, 200, 'application/json', JSON.stringify({ live: true, ready: this.handlers.ready() }));
+    if (path === HEALTH_PATH)
+      return this.reply(res, req, 200, 'application/json', JSON.stringify({ live: true, ready: this.handlers.ready() }));
     if (this.opts.auth) {
       const d = await this.opts.auth.authorize(req.headers.authorization, path);
       if (d.status !== 200) {
@@ -137,7 +159,13 @@ export class MetricsHttp {
     this.reply(res, req, 200, m.contentType, m.parts);
   }
 
-  private reply(res: ServerResponse, req: IncomingMessage, status: number, contentType: string, body: string | Array<string | Buffer>): void {
+  private reply(
+    res: ServerResponse,
+    req: IncomingMessage,
+    status: number,
+    contentType: string,
+    body: string | Array<string | Buffer>,
+  ): void {
     sendParts(res, status, contentType, body, req.method === 'HEAD');
   }
 

@@ -41,7 +41,12 @@ const LOOP_DELAY_BUCKETS = [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.0
 
 /** The per-pod families, in the order written: name, type, help; `limit` carries `source` too. */
 const POD_FAMILIES = [
-  ['limit', 'kubenet_pod_bandwidth_limit_bits_per_second', 'gauge', "The pod's bandwidth limit as the kernel enforces it (its htb class rate), by direction: ingress = to the pod, egress = from the pod"],
+  [
+    'limit',
+    'kubenet_pod_bandwidth_limit_bits_per_second',
+    'gauge',
+    "The pod's bandwidth limit as the kernel enforces it (its htb class rate), by direction: ingress = to the pod, egress = from the pod",
+  ],
   ['bytes', 'kubenet_pod_shaped_bytes_total', 'counter', "Bytes (L2 frames) that passed the pod's shaping, from the kernel's tc counters"],
   ['packets', 'kubenet_pod_shaped_packets_total', 'counter', "Packets that passed the pod's shaping"],
   ['drops', 'kubenet_pod_shaped_drops_total', 'counter', "Packets the pod's shaping queues dropped"],
@@ -64,11 +69,18 @@ interface Rendered {
 }
 
 const sameCounters = (a: DirectionCounters, b: DirectionCounters) =>
-  a.limit === b.limit && a.bytes === b.bytes && a.packets === b.packets && a.drops === b.drops && a.overlimits === b.overlimits && a.backlog === b.backlog;
+  a.limit === b.limit &&
+  a.bytes === b.bytes &&
+  a.packets === b.packets &&
+  a.drops === b.drops &&
+  a.overlimits === b.overlimits &&
+  a.backlog === b.backlog;
 
 function render(namespace: string, pod: string, direction: string, source: string, c: DirectionCounters): Rendered {
   const labels = `{namespace="${escapeLabel(namespace)}",pod="${escapeLabel(pod)}",direction="${direction}"`;
-  const lines = POD_FAMILIES.map(([field, name]) => `${name}${labels}${field === 'limit' ? `,source="${escapeLabel(source)}"` : ''}} ${c[field]}\n`);
+  const lines = POD_FAMILIES.map(
+    ([field, name]) => `${name}${labels}${field === 'limit' ? `,source="${escapeLabel(source)}"` : ''}} ${c[field]}\n`,
+  );
   return { namespace, pod, source, counters: { ...c }, lines };
 }
 
@@ -112,7 +124,8 @@ export class PodSeries {
         if (!c) continue;
         const source = rec.limitSources?.[direction] ?? 'pod';
         let r = was?.[direction];
-        if (!r || r.namespace !== rec.namespace || r.pod !== pod || r.source !== source || !sameCounters(r.counters, c)) r = render(rec.namespace, pod, direction, source, c);
+        if (!r || r.namespace !== rec.namespace || r.pod !== pod || r.source !== source || !sameCounters(r.counters, c))
+          r = render(rec.namespace, pod, direction, source, c);
         now[direction] = r;
         rows.push(r);
       }
@@ -192,7 +205,8 @@ export function infoSeries(info: AgentInfo | undefined, records: PodRecord[], co
     pods.set(key, p);
   }
   out += `# HELP ${POD_INFO_FAMILY} A pod attached to the bridge, shaped or not, with its addresses (comma-separated)\n# TYPE ${POD_INFO_FAMILY} gauge\n`;
-  for (const p of pods.values()) out += `${POD_INFO_FAMILY}{namespace="${escapeLabel(p.namespace)}",pod="${escapeLabel(p.pod)}",ips="${escapeLabel(p.ips.join(','))}"} 1\n`;
+  for (const p of pods.values())
+    out += `${POD_INFO_FAMILY}{namespace="${escapeLabel(p.namespace)}",pod="${escapeLabel(p.pod)}",ips="${escapeLabel(p.ips.join(','))}"} 1\n`;
   if (countersReadAtMs !== undefined) {
     out += `# HELP ${READ_AT_FAMILY} When the pods' tc counters this scrape serves were read (unix seconds): an earlier scrape's read may be served again (metricsMaxAge)\n# TYPE ${READ_AT_FAMILY} gauge\n${READ_AT_FAMILY} ${countersReadAtMs / 1000}\n`;
   }
@@ -204,19 +218,53 @@ export class AgentMetrics {
   /** `info`: the node as kubenet_info describes it, asked at each scrape (the pod CIDR comes later). */
   constructor(private readonly info?: () => AgentInfo) {}
 
-  readonly add = new Histogram({ name: 'kubenet_cni_add_seconds', help: 'CNI ADD latency', buckets: LATENCY_BUCKETS, registers: [this.registry] });
-  readonly del = new Histogram({ name: 'kubenet_cni_del_seconds', help: 'CNI DEL latency', buckets: LATENCY_BUCKETS, registers: [this.registry] });
-  readonly errors = new Counter({ name: 'kubenet_cni_errors_total', help: 'CNI calls that failed, by command and CNI error code', labelNames: ['command', 'code'], registers: [this.registry] });
+  readonly add = new Histogram({
+    name: 'kubenet_cni_add_seconds',
+    help: 'CNI ADD latency',
+    buckets: LATENCY_BUCKETS,
+    registers: [this.registry],
+  });
+  readonly del = new Histogram({
+    name: 'kubenet_cni_del_seconds',
+    help: 'CNI DEL latency',
+    buckets: LATENCY_BUCKETS,
+    registers: [this.registry],
+  });
+  readonly errors = new Counter({
+    name: 'kubenet_cni_errors_total',
+    help: 'CNI calls that failed, by command and CNI error code',
+    labelNames: ['command', 'code'],
+    registers: [this.registry],
+  });
   readonly inFlight = new Gauge({ name: 'kubenet_cni_calls_in_flight', help: 'CNI calls being handled', registers: [this.registry] });
   private readonly pods = new Gauge({ name: 'kubenet_pods', help: 'Pods attached to the bridge', registers: [this.registry] });
   private readonly shaped = new Gauge({ name: 'kubenet_shaped_pods', help: 'Pods with bandwidth limits', registers: [this.registry] });
   // DEL answers once a pod's veth is gone; the kernel frees the device on a worker thread after.
-  private readonly vethDeletions = new Gauge({ name: 'kubenet_veth_deletions_in_flight', help: 'Pod veths deleted but not yet freed by the kernel', registers: [this.registry] });
+  private readonly vethDeletions = new Gauge({
+    name: 'kubenet_veth_deletions_in_flight',
+    help: 'Pod veths deleted but not yet freed by the kernel',
+    registers: [this.registry],
+  });
   // Fed by loop-delay.ts: how late a timer due every 10 ms ran, runs a blocked loop missed included.
-  readonly loopDelay = new Histogram({ name: 'kubenet_event_loop_delay_seconds', help: "How late the agent's event loop ran a timer due every 10 ms", buckets: LOOP_DELAY_BUCKETS, registers: [this.registry] });
+  readonly loopDelay = new Histogram({
+    name: 'kubenet_event_loop_delay_seconds',
+    help: "How late the agent's event loop ran a timer due every 10 ms",
+    buckets: LOOP_DELAY_BUCKETS,
+    registers: [this.registry],
+  });
   private readonly perPod = new PodSeries();
-  private readonly capacity = new Gauge({ name: 'kubenet_node_bandwidth_capacity_bits_per_second', help: "The node's bandwidth capacity guarantees are given out of, by direction (ingress: to the pods, egress: from them)", labelNames: ['direction'], registers: [this.registry] });
-  private readonly committed = new Gauge({ name: 'kubenet_node_bandwidth_committed_bits_per_second', help: "The sum of the guarantees of the node's pods, by direction", labelNames: ['direction'], registers: [this.registry] });
+  private readonly capacity = new Gauge({
+    name: 'kubenet_node_bandwidth_capacity_bits_per_second',
+    help: "The node's bandwidth capacity guarantees are given out of, by direction (ingress: to the pods, egress: from them)",
+    labelNames: ['direction'],
+    registers: [this.registry],
+  });
+  private readonly committed = new Gauge({
+    name: 'kubenet_node_bandwidth_committed_bits_per_second',
+    help: "The sum of the guarantees of the node's pods, by direction",
+    labelNames: ['direction'],
+    registers: [this.registry],
+  });
 
   /** The node's capacity (undefined: unknown); a direction without one has no series. */
   setCapacity(c: Pick<NodeCapacity, 'egress' | 'ingress'> | undefined): void {
@@ -242,7 +290,12 @@ export class AgentMetrics {
   }
 
   /** The exposition: prom-client's metrics, then the per-pod series of the pods shaped now (in parts, as sent). */
-  async text(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[], countersReadAtMs?: number): Promise<{ contentType: string; body: string }> {
+  async text(
+    records: PodRecord[],
+    vethDeletionsInFlight: number,
+    traffic: PodTraffic[],
+    countersReadAtMs?: number,
+  ): Promise<{ contentType: string; body: string }> {
     const { contentType, parts } = await this.exposition(records, vethDeletionsInFlight, traffic, countersReadAtMs);
     return { contentType, body: parts.map((p) => p.toString()).join('') };
   }
@@ -252,9 +305,22 @@ export class AgentMetrics {
    * (reused while unchanged), the guarantee and band series, the info series. `countersReadAtMs`:
    * when `traffic` was read (Date.now()).
    */
-  async exposition(records: PodRecord[], vethDeletionsInFlight: number, traffic: PodTraffic[], countersReadAtMs?: number): Promise<{ contentType: string; parts: Array<string | Buffer> }> {
+  async exposition(
+    records: PodRecord[],
+    vethDeletionsInFlight: number,
+    traffic: PodTraffic[],
+    countersReadAtMs?: number,
+  ): Promise<{ contentType: string; parts: Array<string | Buffer> }> {
     this.update(records, vethDeletionsInFlight);
     const base = await this.registry.metrics();
-    return { contentType: this.registry.contentType, parts: [base.endsWith('\n') || base === '' ? base : `${base}\n`, this.perPod.body(traffic), guaranteeSeries(records), infoSeries(this.info?.(), records, countersReadAtMs)] };
+    return {
+      contentType: this.registry.contentType,
+      parts: [
+        base.endsWith('\n') || base === '' ? base : `${base}\n`,
+        this.perPod.body(traffic),
+        guaranteeSeries(records),
+        infoSeries(this.info?.(), records, countersReadAtMs),
+      ],
+    };
   }
 }

@@ -23,13 +23,23 @@ import type { Logger } from '../../log.js';
 import { fsError, fsTry } from '../../util/fs-error.js';
 import type { CniAnswer } from '../cni/handler.js';
 import { CniRequestError, parseJsonBounded } from '../cni/request.js';
-import { CNI_API_PATH, CNI_ERR_DECODE, cniErrorBody, HEALTH_PATH, IPAM_API_PATH, MAX_REQUEST_BYTES, parseCniRequest, type CniRequest } from '../protocol.js';
+import {
+  CNI_API_PATH,
+  CNI_ERR_DECODE,
+  cniErrorBody,
+  HEALTH_PATH,
+  IPAM_API_PATH,
+  MAX_REQUEST_BYTES,
+  parseCniRequest,
+  type CniRequest,
+} from '../protocol.js';
 
 export const STATUS_PATH = '/v1/status';
 export const METRICS_PATH = '/metrics';
 /** POST /v1/pods/<namespace>/<name>/limits */
 export const LIMITS_PATH = /^\/v1\/pods\/([^/]+)\/([^/]+)\/limits$/;
-export const limitsPath = (namespace: string, name: string) => `/v1/pods/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}/limits`;
+export const limitsPath = (namespace: string, name: string) =>
+  `/v1/pods/${encodeURIComponent(namespace)}/${encodeURIComponent(name)}/limits`;
 /** A limits request is a few dozen bytes. */
 const MAX_LIMITS_BODY = 4096;
 
@@ -74,14 +84,28 @@ function parseEnvelope(body: string): CniRequest | CniAnswer {
     return parseCniRequest(parseJsonBounded(body, 'the request body'));
   } catch (err) {
     const code = err instanceof CniRequestError ? err.code : CNI_ERR_DECODE;
-    return { status: 400, command: 'unknown', code, body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))) };
+    return {
+      status: 400,
+      command: 'unknown',
+      code,
+      body: JSON.stringify(cniErrorBody(code, err instanceof Error ? err.message : String(err))),
+    };
   }
 }
 
 /** An answer of known length, its body in parts written one after the other (`headOnly`: the headers alone, for HEAD). */
-export function sendParts(res: ServerResponse, status: number, contentType: string, body: string | Array<string | Buffer>, headOnly = false): void {
+export function sendParts(
+  res: ServerResponse,
+  status: number,
+  contentType: string,
+  body: string | Array<string | Buffer>,
+  headOnly = false,
+): void {
   const parts = typeof body === 'string' ? [body] : body;
-  res.writeHead(status, { 'content-type': contentType, 'content-length': parts.reduce((n, p) => n + (typeof p === 'string' ? Buffer.byteLength(p) : p.length), 0) });
+  res.writeHead(status, {
+    'content-type': contentType,
+    'content-length': parts.reduce((n, p) => n + (typeof p === 'string' ? Buffer.byteLength(p) : p.length), 0),
+  });
   if (headOnly) return void res.end();
   for (const p of parts.slice(0, -1)) res.write(p);
   res.end(parts[parts.length - 1]);
@@ -133,13 +157,16 @@ export class AgentApi {
     const { log } = this.opts;
     fsTry('create', "the agent's socket directory", dirname(socket), () => mkdirSync(dirname(socket), { recursive: true }));
     fsTry('remove', 'the old agent socket', socket, () => rmSync(socket, { force: true }));
-    const server = createServer({ requestTimeout: this.opts.requestTimeoutMs ?? 10_000, headersTimeout: 5_000, connectionsCheckingInterval: 500 }, (req, res) => {
-      route(req, res).catch((err: unknown) => {
-        log.error({ err }, 'request failed');
-        if (!res.headersSent) res.writeHead(500);
-        res.end();
-      });
-    });
+    const server = createServer(
+      { requestTimeout: this.opts.requestTimeoutMs ?? 10_000, headersTimeout: 5_000, connectionsCheckingInterval: 500 },
+      (req, res) => {
+        route(req, res).catch((err: unknown) => {
+          log.error({ err }, 'request failed');
+          if (!res.headersSent) res.writeHead(500);
+          res.end();
+        });
+      },
+    );
     server.maxConnections = 512;
     // The socket is born 0600: nobody else can connect between bind and chmod.
     const umask = process.umask(0o177);
@@ -257,7 +284,10 @@ export class AgentApi {
     this.handlers.answered(answer, (replied - arrived) / 1000);
     if (this.opts.log.isLevelEnabled('debug')) {
       const r = (x: number) => Math.round(x * 100) / 100;
-      this.opts.log.debug({ command: answer.command, bodyMs: r(started - arrived), handleMs: r(handled - started), replyMs: r(replied - handled) }, 'CNI call timing');
+      this.opts.log.debug(
+        { command: answer.command, bodyMs: r(started - arrived), handleMs: r(handled - started), replyMs: r(replied - handled) },
+        'CNI call timing',
+      );
     }
   }
 
@@ -337,7 +367,11 @@ export class AgentApi {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([new Promise<void>((r) => this.idle.push(r)), new Promise<void>((r) => (timer = setTimeout(r, grace)))]);
       clearTimeout(timer);
-      if (this.calls > 0) this.opts.log.warn({ calls: this.calls, graceMs: grace }, 'CNI calls still running at the end of the grace period: closing their connections');
+      if (this.calls > 0)
+        this.opts.log.warn(
+          { calls: this.calls, graceMs: grace },
+          'CNI calls still running at the end of the grace period: closing their connections',
+        );
     }
     server.closeAllConnections();
     await closed;

@@ -99,7 +99,10 @@ export class ApiEndpoints implements KubeClientConfig {
     this.direct = urls;
     const i = this.targets().indexOf(current);
     this.at = i >= 0 && current !== this.service ? i : 0;
-    this.log?.info({ addresses: urls, service: this.service }, 'the API servers\' own addresses: connecting to them directly, the Service address last');
+    this.log?.info(
+      { addresses: urls, service: this.service },
+      "the API servers' own addresses: connecting to them directly, the Service address last",
+    );
   }
 }
 
@@ -128,7 +131,10 @@ export class ApiEndpointsWatch {
       },
       stopOn: (err) => {
         if (!(err instanceof KubeApiError) || (err.status !== 403 && err.status !== 404)) return false;
-        log.warn({ err }, 'cannot read the kubernetes EndpointSlice: the API server is reached through its Service address only (apply manifests/kubenet.yaml\'s Role kubenet-api-endpoints)');
+        log.warn(
+          { err },
+          "cannot read the kubernetes EndpointSlice: the API server is reached through its Service address only (apply manifests/kubenet.yaml's Role kubenet-api-endpoints)",
+        );
         return true;
       },
     });

@@ -62,7 +62,18 @@ export class Backoff {
 }
 
 /** Node error codes of a connection that failed or broke: the API server (or the path to it) is away. */
-const AWAY_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EPIPE', 'EAI_AGAIN', 'ENOTFOUND', 'ECONNABORTED', 'UND_ERR_SOCKET']);
+const AWAY_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'EPIPE',
+  'EAI_AGAIN',
+  'ENOTFOUND',
+  'ECONNABORTED',
+  'UND_ERR_SOCKET',
+]);
 
 /**
  * Whether a failure means the API server is away or overloaded (try again soon, shared per agent)
@@ -145,7 +156,10 @@ export class ApiHealth {
     this.s.downSince = undefined;
     clearTimeout(this.timer);
     this.timer = undefined;
-    this.log?.info({ awayMs, attempts: this.s.attempts, waiting: this.waiters.length, lastError: this.lastError }, 'the API server answers again');
+    this.log?.info(
+      { awayMs, attempts: this.s.attempts, waiting: this.waiters.length, lastError: this.lastError },
+      'the API server answers again',
+    );
     for (const go of this.waiters.splice(0)) go();
   }
 

@@ -70,7 +70,14 @@ const MAX_PENDING = 64;
 const MAX_MESSAGE = 1024;
 
 /** The Event object for one occurrence (core/v1, the fields kubelet's recorder sets; a Node's uid is its name, as kubelet gives it). */
-export function eventObject(obj: ObjectRef, type: EventType, reason: string, message: string, node: string, now = new Date()): Record<string, unknown> {
+export function eventObject(
+  obj: ObjectRef,
+  type: EventType,
+  reason: string,
+  message: string,
+  node: string,
+  now = new Date(),
+): Record<string, unknown> {
   const ts = now.toISOString().replace(/\.\d+Z$/, 'Z');
   const nanos = BigInt(now.getTime()) * 1_000_000n + BigInt(Math.floor(Math.random() * 1_000_000));
   return {
@@ -115,7 +122,11 @@ export class KubeEventRecorder implements EventRecorder {
       return;
     }
     // Stamped now, when it happened, not when it is posted.
-    this.queue.push({ path: `/api/v1/namespaces/${encodeURIComponent(eventNamespace(obj))}/events`, body: eventObject(obj, type, reason, message, this.opts.nodeName), about });
+    this.queue.push({
+      path: `/api/v1/namespaces/${encodeURIComponent(eventNamespace(obj))}/events`,
+      body: eventObject(obj, type, reason, message, this.opts.nodeName),
+      about,
+    });
     this.kick();
   }
 

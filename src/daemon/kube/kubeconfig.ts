@@ -43,7 +43,11 @@ export interface KubeClientConfig {
   requestFailed?(server: string, err: unknown): void;
 }
 
-type Auth = { kind: 'none' } | { kind: 'token'; token: string } | { kind: 'tokenFile'; path: string } | { kind: 'basic'; username: string; password: string };
+type Auth =
+  | { kind: 'none' }
+  | { kind: 'token'; token: string }
+  | { kind: 'tokenFile'; path: string }
+  | { kind: 'basic'; username: string; password: string };
 
 interface Tls {
   ca?: Buffer;
@@ -145,12 +149,19 @@ export function inClusterCredentials(opts: InClusterOptions = {}): KubeCredentia
   const dir = opts.serviceAccountDir ?? SERVICE_ACCOUNT_DIR;
   const host = env.KUBERNETES_SERVICE_HOST;
   const port = env.KUBERNETES_SERVICE_PORT;
-  if (!host || !port) throw new ConfigError('not running in a pod (KUBERNETES_SERVICE_HOST/PORT unset): give a kubeconfig or a static pod CIDR');
+  if (!host || !port)
+    throw new ConfigError('not running in a pod (KUBERNETES_SERVICE_HOST/PORT unset): give a kubeconfig or a static pod CIDR');
   const source = '(in-cluster)';
   const tokenPath = join(dir, 'token');
   readToken(tokenPath, source); // fail now, not at the first request
   const server = `https://${host.includes(':') ? `[${host}]` : host}:${port}`;
-  return new KubeCredentials(server, { ca: readBytes(join(dir, 'ca.crt'), source, 'CA file'), rejectUnauthorized: true }, { kind: 'tokenFile', path: tokenPath }, source, opts.tokenRereadMs);
+  return new KubeCredentials(
+    server,
+    { ca: readBytes(join(dir, 'ca.crt'), source, 'CA file'), rejectUnauthorized: true },
+    { kind: 'tokenFile', path: tokenPath },
+    source,
+    opts.tokenRereadMs,
+  );
 }
 
 type Obj = Record<string, unknown>;
@@ -200,7 +211,9 @@ const PATH_FIELDS: Record<'clusters' | 'users', { field: string; keys: string[] 
  * current-context or names a cluster, user or context wins), else ~/.kube/config; the context
  * `context`, else the current one.
  */
-export function kubectlCredentials(opts: { kubeconfig?: string; context?: string; env?: NodeJS.ProcessEnv; home?: string } = {}): KubeCredentials {
+export function kubectlCredentials(
+  opts: { kubeconfig?: string; context?: string; env?: NodeJS.ProcessEnv; home?: string } = {},
+): KubeCredentials {
   const env = opts.env ?? process.env;
   const ctx = opts.context !== undefined ? { context: opts.context } : {};
   if (opts.kubeconfig) return kubeconfigCredentials(opts.kubeconfig, ctx);
@@ -216,7 +229,8 @@ export function kubectlCredentials(opts: { kubeconfig?: string; context?: string
   const seen = { clusters: new Set<string>(), users: new Set<string>(), contexts: new Set<string>() };
   for (const path of found) {
     const doc = loadDoc(path);
-    if (merged['current-context'] === undefined && typeof doc['current-context'] === 'string' && doc['current-context'] !== '') merged['current-context'] = doc['current-context'];
+    if (merged['current-context'] === undefined && typeof doc['current-context'] === 'string' && doc['current-context'] !== '')
+      merged['current-context'] = doc['current-context'];
     for (const list of ['clusters', 'users', 'contexts'] as const) {
       const items = doc[list];
       if (items === undefined || items === null) continue;
@@ -229,7 +243,9 @@ export function kubectlCredentials(opts: { kubeconfig?: string; context?: string
         let entry = item;
         if (paths && isObj(inner)) {
           const resolved = { ...inner };
-          for (const k of paths.keys) if (typeof resolved[k] === 'string' && resolved[k] !== '' && !isAbsolute(resolved[k])) resolved[k] = join(dirname(path), resolved[k]);
+          for (const k of paths.keys)
+            if (typeof resolved[k] === 'string' && resolved[k] !== '' && !isAbsolute(resolved[k]))
+              resolved[k] = join(dirname(path), resolved[k]);
           entry = { ...item, [paths.field]: resolved };
         }
         ((merged[list] ??= []) as unknown[]).push(entry);
@@ -249,9 +265,11 @@ function docCredentials(doc: Obj, path: string, base: string, opts: CredentialOp
     return Buffer.from(d, 'base64');
   };
   const contextName = opts.context ?? doc['current-context'];
-  if (typeof contextName !== 'string' || contextName === '') throw new ConfigError(`kubeconfig ${path} has no current cluster (no current-context)`);
+  if (typeof contextName !== 'string' || contextName === '')
+    throw new ConfigError(`kubeconfig ${path} has no current cluster (no current-context)`);
   const context = named(doc, 'contexts', 'context', contextName, path);
-  if (typeof context.cluster !== 'string') throw new ConfigError(`kubeconfig ${path} has no current cluster (context ${JSON.stringify(contextName)} names none)`);
+  if (typeof context.cluster !== 'string')
+    throw new ConfigError(`kubeconfig ${path} has no current cluster (context ${JSON.stringify(contextName)} names none)`);
   const cluster = named(doc, 'clusters', 'cluster', context.cluster, path);
   const userName = context.user;
   const user = typeof userName === 'string' && userName !== '' ? named(doc, 'users', 'user', userName, path) : {};
@@ -259,32 +277,47 @@ function docCredentials(doc: Obj, path: string, base: string, opts: CredentialOp
 
   const server = cluster.server;
   if (typeof server !== 'string' || !/^https?:\/\/[^/]/.test(server)) {
-    throw new ConfigError(`kubeconfig ${path}: cluster ${JSON.stringify(context.cluster)} has no http(s) server (got ${JSON.stringify(server)})`);
+    throw new ConfigError(
+      `kubeconfig ${path}: cluster ${JSON.stringify(context.cluster)} has no http(s) server (got ${JSON.stringify(server)})`,
+    );
   }
-  if (cluster['proxy-url'] !== undefined) throw new ConfigError(`kubeconfig ${path}: cluster ${JSON.stringify(context.cluster)}: proxy-url is not supported by kubenet`);
+  if (cluster['proxy-url'] !== undefined)
+    throw new ConfigError(`kubeconfig ${path}: cluster ${JSON.stringify(context.cluster)}: proxy-url is not supported by kubenet`);
   const insecure = cluster['insecure-skip-tls-verify'] === true;
   if (server.startsWith('http:') && !insecure) {
-    throw new ConfigError(`kubeconfig ${path}: cluster ${JSON.stringify(context.cluster)}: an http:// server needs insecure-skip-tls-verify: true`);
+    throw new ConfigError(
+      `kubeconfig ${path}: cluster ${JSON.stringify(context.cluster)}: an http:// server needs insecure-skip-tls-verify: true`,
+    );
   }
   const tls: Tls = { rejectUnauthorized: !insecure };
-  if (cluster['certificate-authority-data'] !== undefined) tls.ca = data(cluster['certificate-authority-data'], 'certificate-authority-data');
-  else if (cluster['certificate-authority'] !== undefined) tls.ca = readBytes(file(cluster['certificate-authority'], 'certificate-authority'), `kubeconfig ${path}`, 'certificate-authority');
+  if (cluster['certificate-authority-data'] !== undefined)
+    tls.ca = data(cluster['certificate-authority-data'], 'certificate-authority-data');
+  else if (cluster['certificate-authority'] !== undefined)
+    tls.ca = readBytes(file(cluster['certificate-authority'], 'certificate-authority'), `kubeconfig ${path}`, 'certificate-authority');
   if (typeof cluster['tls-server-name'] === 'string' && cluster['tls-server-name'] !== '') tls.servername = cluster['tls-server-name'];
 
   for (const field of ['exec', 'auth-provider']) {
     if (user[field] !== undefined && user[field] !== null) {
       const what = field === 'exec' && isObj(user.exec) && typeof user.exec.command === 'string' ? ` (${user.exec.command})` : '';
-      throw new ConfigError(`${where(field)}${what}: credential plugins are not supported by kubenet; use a token, a token file or a client certificate`);
+      throw new ConfigError(
+        `${where(field)}${what}: credential plugins are not supported by kubenet; use a token, a token file or a client certificate`,
+      );
     }
   }
   for (const field of ['as', 'as-uid', 'as-groups', 'as-user-extra']) {
-    if (user[field] !== undefined && user[field] !== null) throw new ConfigError(`${where(field)}: impersonation is not supported by kubenet`);
+    if (user[field] !== undefined && user[field] !== null)
+      throw new ConfigError(`${where(field)}: impersonation is not supported by kubenet`);
   }
   if (user['client-certificate-data'] !== undefined) tls.cert = data(user['client-certificate-data'], 'client-certificate-data');
-  else if (user['client-certificate'] !== undefined) tls.cert = readBytes(file(user['client-certificate'], 'client-certificate'), `kubeconfig ${path}`, 'client-certificate');
+  else if (user['client-certificate'] !== undefined)
+    tls.cert = readBytes(file(user['client-certificate'], 'client-certificate'), `kubeconfig ${path}`, 'client-certificate');
   if (user['client-key-data'] !== undefined) tls.key = data(user['client-key-data'], 'client-key-data');
-  else if (user['client-key'] !== undefined) tls.key = readBytes(file(user['client-key'], 'client-key'), `kubeconfig ${path}`, 'client-key');
-  if ((tls.cert === undefined) !== (tls.key === undefined)) throw new ConfigError(`${where(tls.cert ? 'client-key' : 'client-certificate')}: a client certificate needs both the certificate and its key`);
+  else if (user['client-key'] !== undefined)
+    tls.key = readBytes(file(user['client-key'], 'client-key'), `kubeconfig ${path}`, 'client-key');
+  if ((tls.cert === undefined) !== (tls.key === undefined))
+    throw new ConfigError(
+      `${where(tls.cert ? 'client-key' : 'client-certificate')}: a client certificate needs both the certificate and its key`,
+    );
 
   let auth: Auth = { kind: 'none' };
   if (typeof user.token === 'string' && user.token !== '') auth = { kind: 'token', token: user.token };

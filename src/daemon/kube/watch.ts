@@ -70,7 +70,11 @@ export class KubeApiError extends KubenetError {
   readonly reason: string | undefined;
   /** No answer came (a request idle too long, a watch cut): the API server is away (api-health.ts). */
   readonly away: boolean;
-  constructor(message: string, init: { status?: number | undefined; reason?: string | undefined; away?: boolean } = {}, options?: { cause?: unknown }) {
+  constructor(
+    message: string,
+    init: { status?: number | undefined; reason?: string | undefined; away?: boolean } = {},
+    options?: { cause?: unknown },
+  ) {
     super(message, options);
     this.status = init.status;
     this.reason = init.reason;
@@ -115,7 +119,15 @@ export class KubeApi {
     return this.send('GET', path, query, idleMs, signal);
   }
 
-  private async send(method: 'GET' | 'POST' | 'PATCH', path: string, query: Record<string, string>, idleMs: number, signal?: AbortSignal, body?: string, contentType = 'application/json'): Promise<IncomingMessage> {
+  private async send(
+    method: 'GET' | 'POST' | 'PATCH',
+    path: string,
+    query: Record<string, string>,
+    idleMs: number,
+    signal?: AbortSignal,
+    body?: string,
+    contentType = 'application/json',
+  ): Promise<IncomingMessage> {
     const server = this.kc.getCurrentCluster()?.server;
     if (!server) throw new ConfigError('kubeconfig has no current cluster');
     const url = new URL(server.replace(/\/+$/, '') + path);
@@ -136,7 +148,9 @@ export class KubeApi {
         reject(err);
       });
       req.on('socket', (s) => s.setKeepAlive(true, 30_000));
-      req.setTimeout(idleMs, () => req.destroy(new KubeApiError(`${method} ${path}: no data from the API server for ${idleMs} ms`, { away: true })));
+      req.setTimeout(idleMs, () =>
+        req.destroy(new KubeApiError(`${method} ${path}: no data from the API server for ${idleMs} ms`, { away: true })),
+      );
       req.end(body);
     });
   }
@@ -169,7 +183,10 @@ function statusError(path: string, httpStatus: number | undefined, body: string,
     // not a Status object: keep the raw text
   }
   const text = st?.message ?? (body.trim().slice(0, 200) || 'no details');
-  return new KubeApiError(`${method} ${path}: ${httpStatus} ${st?.reason ?? ''} ${text}`.replace(/\s+/g, ' '), { status: httpStatus, reason: st?.reason });
+  return new KubeApiError(`${method} ${path}: ${httpStatus} ${st?.reason ?? ''} ${text}`.replace(/\s+/g, ' '), {
+    status: httpStatus,
+    reason: st?.reason,
+  });
 }
 
 type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED';
@@ -246,13 +263,18 @@ export class ListWatchLoop<T extends KubernetesObject> {
           rv = await this.list(signal);
           this.health.answered();
         }
-        await this.watch(rv, signal, () => {
-          progress.openedAt = Date.now();
-          this.health.answered();
-        }, (next, event) => {
-          rv = next;
-          if (event) progress.events++;
-        });
+        await this.watch(
+          rv,
+          signal,
+          () => {
+            progress.openedAt = Date.now();
+            this.health.answered();
+          },
+          (next, event) => {
+            rv = next;
+            if (event) progress.events++;
+          },
+        );
       } catch (err) {
         failure = err;
       }
@@ -277,7 +299,10 @@ export class ListWatchLoop<T extends KubernetesObject> {
         // Refused: no API server listens (restarting). A new one's watch cache starts at the current
         // revision, so a watch from ours would only earn a 410: list at once when it answers.
         if ((failure as { code?: unknown }).code === 'ECONNREFUSED') rv = '';
-        log[first ? 'warn' : 'debug']({ err: failure, path, retryEveryMs: this.health.periodMs }, 'list/watch failed: the API server is away; retrying about once a period (jittered) until it answers');
+        log[first ? 'warn' : 'debug'](
+          { err: failure, path, retryEveryMs: this.health.periodMs },
+          'list/watch failed: the API server is away; retrying about once a period (jittered) until it answers',
+        );
         continue;
       }
       this.health.answered(); // an error answer is an answer
@@ -296,7 +321,11 @@ export class ListWatchLoop<T extends KubernetesObject> {
     let cont = '';
     let listRv = '';
     do {
-      const query: Record<string, string> = { fieldSelector: this.o.fieldSelector, limit: String(LIST_PAGE_SIZE), ...(cont ? { continue: cont } : {}) };
+      const query: Record<string, string> = {
+        fieldSelector: this.o.fieldSelector,
+        limit: String(LIST_PAGE_SIZE),
+        ...(cont ? { continue: cont } : {}),
+      };
       const page = await this.o.api.getJson<KubernetesListObject<T>>(path, query, signal);
       for (const item of page.items ?? []) items.push(item);
       // Raw JSON: the field is `continue` (client-node's type calls it `_continue` after its own mapping).
@@ -311,7 +340,13 @@ export class ListWatchLoop<T extends KubernetesObject> {
   /** One watch request from `rv`; resolves when the server ends it, throws when it fails or breaks. */
   private async watch(rv: string, signal: AbortSignal, opened: () => void, seen: (rv: string, event: boolean) => void): Promise<void> {
     const timeoutS = Math.round(WATCH_TIMEOUT_S * (1 + Math.random()));
-    const query = { fieldSelector: this.o.fieldSelector, resourceVersion: rv, watch: 'true', allowWatchBookmarks: 'true', timeoutSeconds: String(timeoutS) };
+    const query = {
+      fieldSelector: this.o.fieldSelector,
+      resourceVersion: rv,
+      watch: 'true',
+      allowWatchBookmarks: 'true',
+      timeoutSeconds: String(timeoutS),
+    };
     const res = await this.o.api.open(this.o.path, query, (timeoutS + 30) * 1000, signal);
     if (res.statusCode !== 200) throw statusError(this.o.path, res.statusCode, await readBody(res));
     opened();
@@ -338,7 +373,10 @@ export class ListWatchLoop<T extends KubernetesObject> {
     const obj = ev.object;
     if (ev.type === 'ERROR') {
       // A Status; 410 Expired means our resourceVersion is too old. Either way this watch is over.
-      throw new KubeApiError(`watch of ${this.o.path}: ${obj?.code ?? ''} ${obj?.reason ?? ''} ${obj?.message ?? ''}`.replace(/\s+/g, ' '), { status: obj?.code, reason: obj?.reason });
+      throw new KubeApiError(
+        `watch of ${this.o.path}: ${obj?.code ?? ''} ${obj?.reason ?? ''} ${obj?.message ?? ''}`.replace(/\s+/g, ' '),
+        { status: obj?.code, reason: obj?.reason },
+      );
     }
     if (!obj) return;
     const change = ev.type === 'ADDED' || ev.type === 'MODIFIED' || ev.type === 'DELETED';

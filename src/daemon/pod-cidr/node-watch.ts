@@ -79,7 +79,8 @@ export class NodeWatchPodCidrSource implements PodCidrSource {
       const why = node ? 'no-cidr' : 'no-node';
       if (this.waitLogged !== why) {
         this.waitLogged = why;
-        if (this.last !== undefined) this.log.warn({ podCIDR: this.last }, `the Node ${node ? 'has no pod CIDR any more' : 'is gone'}; keeping the pod CIDR`);
+        if (this.last !== undefined)
+          this.log.warn({ podCIDR: this.last }, `the Node ${node ? 'has no pod CIDR any more' : 'is gone'}; keeping the pod CIDR`);
         else this.log.info(node ? 'the Node has no pod CIDR yet; waiting for one' : 'the Node is not registered yet; waiting for it');
       }
       return;

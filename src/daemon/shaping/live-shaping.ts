@@ -93,9 +93,11 @@ export interface ShapedPod {
 
 /** Parses a POST /v1/pods/NS/NAME/limits body. @throws ConfigError */
 export function parseShapeRequest(body: unknown): { ingress?: number; egress?: number; clear: boolean } {
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new ConfigError('limits request: want a JSON object {"ingress"?, "egress"?, "clear"?}');
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new ConfigError('limits request: want a JSON object {"ingress"?, "egress"?, "clear"?}');
   const rec = body as Record<string, unknown>;
-  for (const k of Object.keys(rec)) if (!['ingress', 'egress', 'clear'].includes(k)) throw new ConfigError(`limits request: unknown field ${JSON.stringify(k)}`);
+  for (const k of Object.keys(rec))
+    if (!['ingress', 'egress', 'clear'].includes(k)) throw new ConfigError(`limits request: unknown field ${JSON.stringify(k)}`);
   const out: { ingress?: number; egress?: number; clear: boolean } = { clear: false };
   if (rec.clear !== undefined) {
     if (typeof rec.clear !== 'boolean') throw new ConfigError('limits request: "clear" must be a boolean');
@@ -107,7 +109,8 @@ export function parseShapeRequest(body: unknown): { ingress?: number; egress?: n
     if (typeof v !== 'string') throw new ConfigError(`limits request: "${dir}" must be a quantity string such as "10M"`);
     out[dir] = parseBandwidth(v, `--${dir}`);
   }
-  if (out.ingress === undefined && out.egress === undefined && !out.clear) throw new ConfigError('nothing to change: give --ingress, --egress or --clear');
+  if (out.ingress === undefined && out.egress === undefined && !out.clear)
+    throw new ConfigError('nothing to change: give --ingress, --egress or --clear');
   return out;
 }
 
@@ -211,9 +214,13 @@ export class LiveShaping {
     if (u.previous !== undefined && rawPolicy(u.previous) === rawPolicy(u.annotations)) return;
     const records = this.network.list().filter((r) => r.phase === 'ready' && r.namespace === u.name && r.name);
     // Seen for the first time without a policy: nothing of it is in force here.
-    if (records.length === 0 || (u.previous === undefined && !hasPolicyAnnotation(u.annotations) && !records.some((r) => r.limitSources))) return;
+    if (records.length === 0 || (u.previous === undefined && !hasPolicyAnnotation(u.annotations) && !records.some((r) => r.limitSources)))
+      return;
     const names = [...new Set(records.map((r) => r.name))];
-    this.log.info({ namespace: u.name, policy: u.annotations, pods: names.length }, 'namespace bandwidth policy changed; resolving its pods again');
+    this.log.info(
+      { namespace: u.name, policy: u.annotations, pods: names.length },
+      'namespace bandwidth policy changed; resolving its pods again',
+    );
     for (const name of names) {
       // The pod watch has not listed it yet: its first sight there resolves it.
       const annotations = this.pods?.cachedAnnotations?.(u.name, name);
@@ -280,19 +287,33 @@ export class LiveShaping {
    * Re-shapes one attachment (`sources`: where the limits came from, when a namespace policy took
    * part), with its Event when the rates change; false when it was gone or the kernel refused.
    */
-  private async apply(r: PodRecord, limits: BandwidthLimits, sources: LimitSources | undefined, pod: PodRef, via: string): Promise<boolean> {
+  private async apply(
+    r: PodRecord,
+    limits: BandwidthLimits,
+    sources: LimitSources | undefined,
+    pod: PodRef,
+    via: string,
+  ): Promise<boolean> {
     const t0 = performance.now();
     try {
       await this.network.reshape(r.containerId, r.ifName, limits, sources);
     } catch (err) {
       if (err instanceof UnknownPodError) return false; // deleted meanwhile
-      this.log.error({ err, pod: `${r.namespace}/${r.name}` }, 'could not change the pod\'s limits');
-      this.events.record(pod, 'Warning', REASON_REJECTED, `could not apply bandwidth limits ${describeLimits(limits)}: ${err instanceof Error ? err.message : String(err)}; the pod keeps ${describeLimits(r.limits)}`);
+      this.log.error({ err, pod: `${r.namespace}/${r.name}` }, "could not change the pod's limits");
+      this.events.record(
+        pod,
+        'Warning',
+        REASON_REJECTED,
+        `could not apply bandwidth limits ${describeLimits(limits)}: ${err instanceof Error ? err.message : String(err)}; the pod keeps ${describeLimits(r.limits)}`,
+      );
       throw err;
     }
     if (sameLimits(r.limits, limits)) return true; // only where they came from changed: recorded, nothing to tell
     const ms = +(performance.now() - t0).toFixed(2);
-    this.log.info({ pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, ...(sources ? { sources } : {}), via, ms }, 'pod re-shaped');
+    this.log.info(
+      { pod: `${r.namespace}/${r.name}`, from: r.limits, to: limits, ...(sources ? { sources } : {}), via, ms },
+      'pod re-shaped',
+    );
     const were = describeSourcedLimits(r.limits, r.limitSources);
     const bandOnly = sameLimits({ ...r.limits, priority: 0 }, { ...limits, priority: 0 });
     const band = (p: number | undefined) => (p === undefined ? 'none' : (PRIORITY_BANDS[p] ?? String(p)));
@@ -300,9 +321,11 @@ export class LiveShaping {
       pod,
       'Normal',
       REASON_APPLIED,
-      bandOnly ? `bandwidth priority ${band(limits.priority)} (was ${band(r.limits.priority)})`
-      : isUnshaped(limits) ? `bandwidth limits removed (were ${were})`
-      : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`,
+      bandOnly
+        ? `bandwidth priority ${band(limits.priority)} (was ${band(r.limits.priority)})`
+        : isUnshaped(limits)
+          ? `bandwidth limits removed (were ${were})`
+          : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`,
     );
     return true;
   }
@@ -314,7 +337,13 @@ export class LiveShaping {
   attached(record: PodRecord, resolved?: ResolvedLimits, notes: AskNote[] = []): void {
     if (!record.namespace || !record.name) return;
     const pod = { namespace: record.namespace, name: record.name, uid: this.uid(record.namespace, record.name) };
-    if (!isUnshaped(record.limits)) this.events.record(pod, 'Normal', REASON_APPLIED, `bandwidth limits applied: ${describeSourcedLimits(record.limits, record.limitSources)}`);
+    if (!isUnshaped(record.limits))
+      this.events.record(
+        pod,
+        'Normal',
+        REASON_APPLIED,
+        `bandwidth limits applied: ${describeSourcedLimits(record.limits, record.limitSources)}`,
+      );
     if (resolved) {
       for (const c of resolved.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, record.namespace));
       this.reportProblems(pod, resolved);
@@ -322,7 +351,10 @@ export class LiveShaping {
     this.note(pod, notes);
     const now = this.pods?.cachedAnnotations?.(record.namespace, record.name);
     const ask = this.pods?.cachedAsk?.(record.namespace, record.name);
-    if (now) void this.onPodUpdate({ ...pod, annotations: now, previous: undefined, ...(ask ? { ask } : {}) }).catch((err: unknown) => this.log.error({ err }, 'late re-shape failed'));
+    if (now)
+      void this.onPodUpdate({ ...pod, annotations: now, previous: undefined, ...(ask ? { ask } : {}) }).catch((err: unknown) =>
+        this.log.error({ err }, 'late re-shape failed'),
+      );
   }
 
   /** An ADD was refused for its bandwidth annotations: a Warning, unless the watch told the pod of the same values already. */
@@ -358,7 +390,8 @@ export class LiveShaping {
 
   /** `kubenet shape`: new limits for every attachment of the pod. @throws UnknownPodError, ConfigError */
   async shape(namespace: string, name: string, req: { ingress?: number; egress?: number; clear: boolean }): Promise<ShapedPod[]> {
-    if (this.ready(namespace, name).length === 0) throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);
+    if (this.ready(namespace, name).length === 0)
+      throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);
     return this.mutex.run(`${namespace}/${name}`, async () => {
       const out: ShapedPod[] = [];
       const pod = { namespace, name, uid: this.uid(namespace, name) };
@@ -367,15 +400,32 @@ export class LiveShaping {
         const base = req.clear ? {} : r.limits;
         // Held to the namespace's ceilings (the operator is told, as a pod's own annotation above one would be);
         // its guarantees and band stay, and a new ceiling below a guarantee is raised to it.
-        const { rates, capped } = capToCeilings({ ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress }, policy, namespace);
+        const { rates, capped } = capToCeilings(
+          { ingress: req.ingress ?? base.ingress, egress: req.egress ?? base.egress },
+          policy,
+          namespace,
+        );
         const { limits, raised } = withGuarantees(withRates(r.limits, rates), guaranteesOf(r.limits), r.limits.priority);
-        this.note(pod, raised.map((x) => ({ reason: REASON_CEILING_RAISED, message: raisedMessage(x) })));
-        const sources: LimitSources | undefined = capped.length === 0 ? undefined : Object.fromEntries(capped.map((c) => [c.direction, 'namespace-ceiling']));
+        this.note(
+          pod,
+          raised.map((x) => ({ reason: REASON_CEILING_RAISED, message: raisedMessage(x) })),
+        );
+        const sources: LimitSources | undefined =
+          capped.length === 0 ? undefined : Object.fromEntries(capped.map((c) => [c.direction, 'namespace-ceiling']));
         const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, sources, pod, 'kubenet shape'));
         const notes = capped.map((c) => cappedAskMessage(c, namespace));
-        out.push({ namespace, name, id: r.containerId, limits: changed ? limits : r.limits, previous: r.limits, changed, ...(notes.length > 0 ? { capped: notes } : {}) });
+        out.push({
+          namespace,
+          name,
+          id: r.containerId,
+          limits: changed ? limits : r.limits,
+          previous: r.limits,
+          changed,
+          ...(notes.length > 0 ? { capped: notes } : {}),
+        });
       }
-      if (out.some((p) => p.capped)) this.log.info({ pod: `${namespace}/${name}`, capped: out[0]?.capped }, 'kubenet shape asked above the namespace ceiling; capped');
+      if (out.some((p) => p.capped))
+        this.log.info({ pod: `${namespace}/${name}`, capped: out[0]?.capped }, 'kubenet shape asked above the namespace ceiling; capped');
       if (out.length === 0) throw new UnknownPodError(`pod ${namespace}/${name} is not attached to kubenet on this node`);
       return out;
     });

@@ -78,7 +78,7 @@ export class RateTracker {
     try {
       traffic = await this.read();
     } catch (err) {
-      this.log.warn({ err }, 'could not read the pods\' counters');
+      this.log.warn({ err }, "could not read the pods' counters");
       return;
     }
     const pods = new Map<string, { ingress?: DirSample; egress?: DirSample }>();

@@ -52,7 +52,10 @@ export async function releaseLease(cni: CniRuntime, record: PodRecord, log: Logg
   const ipam = dhcpIpamOf(network);
   if (!network || !ipam) return;
   if (!(await socketAnswers(ipam.daemonSocketPath))) {
-    log.warn({ socket: ipam.daemonSocketPath, ips: record.ips }, 'the DHCP lease daemon does not answer: the lease is not released (nothing renews it; the server lets it expire)');
+    log.warn(
+      { socket: ipam.daemonSocketPath, ips: record.ips },
+      'the DHCP lease daemon does not answer: the lease is not released (nothing renews it; the server lets it expire)',
+    );
     return;
   }
   const started = performance.now();
@@ -69,7 +72,12 @@ export async function releaseLease(cni: CniRuntime, record: PodRecord, log: Logg
  * whose netns is gone are left to the reconcile and the runtime's DEL. Returns how many leases were
  * acquired again and which pods failed (to try again later).
  */
-export async function readoptLeases(o: { cni: CniRuntime; store: PodStore; locks: KeyedMutex; log: Logger }): Promise<{ adopted: number; failed: string[] }> {
+export async function readoptLeases(o: {
+  cni: CniRuntime;
+  store: PodStore;
+  locks: KeyedMutex;
+  log: Logger;
+}): Promise<{ adopted: number; failed: string[] }> {
   const out = { adopted: 0, failed: [] as string[] };
   const records = o.store.all().filter((r) => r.phase === 'ready' && dhcpIpamOf(r.network));
   await Promise.all(
@@ -88,7 +96,10 @@ export async function readoptLeases(o: { cni: CniRuntime; store: PodStore; locks
             log.info({ ips, ms }, 'DHCP lease acquired again: same address');
           } else {
             out.failed.push(cur.containerId);
-            log.error({ recorded: cur.ips, leased: ips, ms }, 'DHCP lease acquired again, but the server gave another address than the pod has');
+            log.error(
+              { recorded: cur.ips, leased: ips, ms },
+              'DHCP lease acquired again, but the server gave another address than the pod has',
+            );
           }
         } catch (err) {
           out.failed.push(cur.containerId);

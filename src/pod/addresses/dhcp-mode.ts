@@ -39,7 +39,9 @@ export class DhcpMode implements AddressMode {
     private readonly settings: DhcpSettings | undefined,
   ) {
     this.uplink = settings?.uplink;
-    this.cni = settings ? new CniRuntime({ binDirs: ctx.pluginBinDirs, allowedTypes: PLUGIN_TYPES, logger: ctx.log, timeoutMs: settings.timeoutMs }) : ctx.cni;
+    this.cni = settings
+      ? new CniRuntime({ binDirs: ctx.pluginBinDirs, allowedTypes: PLUGIN_TYPES, logger: ctx.log, timeoutMs: settings.timeoutMs })
+      : ctx.cni;
   }
 
   private inForce(): DhcpSettings {
@@ -62,7 +64,9 @@ export class DhcpMode implements AddressMode {
   async precheck(conf: NetConf, pod: string): Promise<void> {
     const lease = dhcpIpamOf(conf);
     if (lease && !(await socketAnswers(lease.daemonSocketPath))) {
-      throw new NotReadyError(`kubenet: cannot set up pod ${pod}: the DHCP lease daemon does not answer on ${lease.daemonSocketPath} (yet)`);
+      throw new NotReadyError(
+        `kubenet: cannot set up pod ${pod}: the DHCP lease daemon does not answer on ${lease.daemonSocketPath} (yet)`,
+      );
     }
   }
 
@@ -80,7 +84,10 @@ export class DhcpMode implements AddressMode {
       return await this.cni.add(network, rt);
     } catch (err) {
       if (!(err instanceof PluginTimeoutError)) throw err;
-      throw new DhcpLeaseError(`pod ${pod}: no DHCP lease within ${s.timeoutMs / 1000} s: no DHCP server answered through uplink ${s.uplink} (or the lease daemon is stuck)`, { cause: err });
+      throw new DhcpLeaseError(
+        `pod ${pod}: no DHCP lease within ${s.timeoutMs / 1000} s: no DHCP server answered through uplink ${s.uplink} (or the lease daemon is stuck)`,
+        { cause: err },
+      );
     }
   }
 

@@ -76,10 +76,20 @@ export async function removeEmptyReservations(dataDir: string, networkName: stri
   const dir = join(dataDir, networkName);
   // find -empty -delete: only what is still empty once the lock is ours.
   const files = empty.map((n) => join(dir, n));
-  const r = await execa('flock', ['-w', '10', join(dir, 'lock'), 'find', ...files, '-maxdepth', '0', '-type', 'f', '-empty', '-delete', '-print'], { reject: false });
+  const r = await execa(
+    'flock',
+    ['-w', '10', join(dir, 'lock'), 'find', ...files, '-maxdepth', '0', '-type', 'f', '-empty', '-delete', '-print'],
+    { reject: false },
+  );
   if (r.exitCode !== 0 && r.stdout === '') {
-    const why = (r as { code?: string }).code === 'ENOENT' ? 'flock(1) is not installed (package util-linux)' : `exit ${r.exitCode}: ${r.stderr}`;
-    throw new ToolError('flock', ['-w', '10', join(dir, 'lock'), 'find', '…'], r.exitCode, `cannot free ${empty.length} empty reservation file(s) in ${dir}: ${why}`);
+    const why =
+      (r as { code?: string }).code === 'ENOENT' ? 'flock(1) is not installed (package util-linux)' : `exit ${r.exitCode}: ${r.stderr}`;
+    throw new ToolError(
+      'flock',
+      ['-w', '10', join(dir, 'lock'), 'find', '…'],
+      r.exitCode,
+      `cannot free ${empty.length} empty reservation file(s) in ${dir}: ${why}`,
+    );
   }
   return r.stdout
     .split('\n')

@@ -25,7 +25,12 @@ import type { PendingAdd } from './pending-adds.js';
 const LOOPBACK_CONF: NetConf = { cniVersion: CNI_VERSION, name: LOOPBACK_NETWORK_NAME, type: 'loopback' };
 
 /** The ADD of an attachment, under its lock and its netns's; `conf` is the network config in force. */
-export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId, conf: NetConf): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
+export async function setUp(
+  core: SetUpDeps,
+  req: AttachRequest,
+  netnsId: NetnsId,
+  conf: NetConf,
+): Promise<{ record: PodRecord; result: CniResult; repeated: boolean }> {
   const started = performance.now();
   const steps = new StepTimer(started);
   const log = core.log.child({ pod: podName(req), id: shortId(req.containerId) });
@@ -62,17 +67,24 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
     record.ips = ips;
     record.hostVeth = hostVeth;
     await beside.egressSide;
-    const shaped = await beside.vethSide?.catch((err: unknown) => log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'));
+    const shaped = await beside.vethSide?.catch((err: unknown) =>
+      log.warn({ err }, 'shaping beside the bridge exec failed; shaping after it'),
+    );
     const shapedHere = shaped?.hostVeth === hostVeth ? shaped : undefined;
     // The veth shaped beside the exec is the one reported: its index was found then.
     const hostVethIndex = shapedHere ? shapedHere.hostVethIndex : core.kernel.linkIndexByName(hostVeth);
-    if (hostVethIndex === undefined) throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
+    if (hostVethIndex === undefined)
+      throw new KubenetError(`pod ${podName(req)}: the host veth ${hostVeth} the bridge plugin reported does not exist`);
     record.hostVethIndex = hostVethIndex;
     steps.mark('veth');
     if (shapedHere) {
       if (shapedHere.state) record.shaping = shapedHere.state;
     } else {
-      if (shaped) log.error({ found: shaped.hostVeth, reported: hostVeth }, 'the veth shaped beside the exec is not the one the bridge plugin reported');
+      if (shaped)
+        log.error(
+          { found: shaped.hostVeth, reported: hostVeth },
+          'the veth shaped beside the exec is not the one the bridge plugin reported',
+        );
       await applyShaping(core, record);
     }
     steps.mark('shape');
@@ -80,7 +92,17 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
     record.result = convertResult(result, network.cniVersion);
     core.store.put(record);
     steps.mark('record2');
-    log.info({ ips, hostVeth, limits: req.limits, hostPorts: req.portMappings.length, ms: round(performance.now() - started), ...steps.fields(log) }, 'pod set up');
+    log.info(
+      {
+        ips,
+        hostVeth,
+        limits: req.limits,
+        hostPorts: req.portMappings.length,
+        ms: round(performance.now() - started),
+        ...steps.fields(log),
+      },
+      'pod set up',
+    );
     return { record, result, repeated: false };
   } catch (err) {
     log.warn({ err }, 'pod setup failed; undoing what it made');
@@ -102,7 +124,12 @@ export async function setUp(core: SetUpDeps, req: AttachRequest, netnsId: NetnsI
  * An earlier ADD of the attachment: finished with the same parameters, its recorded result (the ADD
  * repeated); finished with others, a ConflictError; unfinished, undone before this one runs.
  */
-async function settleEarlierAdd(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId, log: Logger): Promise<{ record: PodRecord; result: CniResult; repeated: true } | undefined> {
+async function settleEarlierAdd(
+  core: SetUpDeps,
+  req: AttachRequest,
+  netnsId: NetnsId,
+  log: Logger,
+): Promise<{ record: PodRecord; result: CniResult; repeated: true } | undefined> {
   const existing = core.store.get(req.containerId, req.ifName);
   if (existing?.phase === 'ready') {
     const diff = differences(existing, req, netnsId);
@@ -110,7 +137,9 @@ async function settleEarlierAdd(core: SetUpDeps, req: AttachRequest, netnsId: Ne
       log.info('ADD repeated with the same parameters: returning the recorded result');
       return { record: existing, result: parseResult(existing.result), repeated: true };
     }
-    throw new ConflictError(`container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`);
+    throw new ConflictError(
+      `container ${req.containerId} ${req.ifName} is already attached with other ${diff.join(', ')}; refusing a second ADD (DEL it first)`,
+    );
   }
   if (existing) {
     log.warn({ since: existing.addedAt }, 'an earlier ADD of this attachment did not finish; undoing it before this one');
@@ -123,7 +152,11 @@ async function settleEarlierAdd(core: SetUpDeps, req: AttachRequest, netnsId: Ne
 function checkNetns(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId): void {
   const key = recordKey(req.containerId, req.ifName);
   const other = core.store.findByNetns(netnsId).find((r) => recordKey(r.containerId, r.ifName) !== key);
-  if (other) throw new NetnsError(req.netns, `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`);
+  if (other)
+    throw new NetnsError(
+      req.netns,
+      `already holds pod ${podName(other)} (container ${other.containerId}); a second pod cannot be attached to it`,
+    );
   // By ioctl in the pod's netns: no netlink request (nor the RTNL lock) on the ADD's way to its exec.
   if (core.kernel.podInterfaceIndex(req.netns, req.ifName) !== undefined) {
     throw new NetnsError(req.netns, `already has an interface ${req.ifName} that kubenet did not make`);
@@ -182,12 +215,17 @@ class BesideExec {
     void allocation.then(since('hostLocal'), () => undefined);
     const limits = req.limits;
     if (core.shaper.shapesEgress(limits)) {
-      this.egressSide = allocation.then((r) => core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits, group: req.namespace }));
+      this.egressSide = allocation.then((r) =>
+        core.shaper.ensure({ id: req.containerId, hostVeth: '', ips: resultIps(r), limits, group: req.namespace }),
+      );
       this.egressSide.then(since('egressIfb'), () => undefined);
     }
     if (core.shaper.wants(limits)) {
       this.vethSide = shapeWhileExec(core, pending, req, o.bridgeIndex, allocation, this.egressSide, o.exec);
-      this.vethSide.then((e) => e && since('vethEarly')(), () => undefined);
+      this.vethSide.then(
+        (e) => e && since('vethEarly')(),
+        () => undefined,
+      );
     }
   }
 
@@ -207,10 +245,15 @@ export async function applyShaping(core: Pick<SetUpDeps, 'shaper'>, record: PodR
     return;
   }
   if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
-  const state = await core.shaper.ensure({ id: record.containerId, hostVeth: record.hostVeth, ips: record.ips, limits: record.limits, group: record.namespace });
+  const state = await core.shaper.ensure({
+    id: record.containerId,
+    hostVeth: record.hostVeth,
+    ips: record.ips,
+    limits: record.limits,
+    group: record.namespace,
+  });
   if (state) record.shaping = state;
 }
-
 
 /** A CNI result's addresses without their prefix length. */
 function resultIps(result: CniResult): string[] {

@@ -31,7 +31,10 @@ export async function teardown(core: TeardownDeps, record: PodRecord, log: Logge
   // The veth and the shaping together: the veth's qdiscs and its redirect to the ifb go with it,
   // the pod's classes and filters on the ifb (matched by its addresses) are removed meanwhile.
   // The address is released only after both, so no new pod gets it while they still match it.
-  await Promise.all([step(() => core.shaper.remove(record.containerId, { vethDeleted: true })), step(() => core.kernel.deletePodVeth(record, core.bridgeName, core.store.all(), log))]);
+  await Promise.all([
+    step(() => core.shaper.remove(record.containerId, { vethDeleted: true })),
+    step(() => core.kernel.deletePodVeth(record, core.bridgeName, core.store.all(), log)),
+  ]);
   await step(async () => {
     const network = record.network ?? recordedOrCurrent(core, record);
     const rt = runtimeConf(record, '');
@@ -43,7 +46,10 @@ export async function teardown(core: TeardownDeps, record: PodRecord, log: Logge
     throw new AggregateKubenetError(`kubenet: teardown of pod ${podName(record)} (container ${record.containerId}) failed`, errors);
   }
   core.store.delete(record.containerId, record.ifName);
-  log.info({ phase: record.phase, ms: round(performance.now() - started) }, record.phase === 'ready' ? 'pod torn down' : 'unfinished setup undone');
+  log.info(
+    { phase: record.phase, ms: round(performance.now() - started) },
+    record.phase === 'ready' ? 'pod torn down' : 'unfinished setup undone',
+  );
 }
 
 /**
@@ -58,9 +64,14 @@ export function recordedOrCurrent(core: Pick<Core, 'requireReady' | 'modes' | 's
   return record.portMappings.length > 0 ? withPortmap(conf) : conf;
 }
 
-
 /** DEL of an attachment without a record: what the plugins may still hold for the container ID. */
-export async function releaseUnknown(core: Pick<Core, 'mode' | 'modes' | 'kernel' | 'requireReady'>, containerId: string, ifName: string, portMappings: PortMapping[], log: Logger): Promise<void> {
+export async function releaseUnknown(
+  core: Pick<Core, 'mode' | 'modes' | 'kernel' | 'requireReady'>,
+  containerId: string,
+  ifName: string,
+  portMappings: PortMapping[],
+  log: Logger,
+): Promise<void> {
   // A dhcp lease is only ever held for a recorded pod: no reservations.
   const held = (await core.mode().reservations()).held.some((r) => r.containerId === containerId && r.ifName === ifName);
   const hostPorts = portMappings.length > 0 || (await core.kernel.hostPortRules(NETWORK_NAME)).has(containerId);

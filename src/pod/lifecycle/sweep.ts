@@ -28,7 +28,10 @@ export async function reconcile(core: Core): Promise<void> {
     const gone = r.phase === 'ready' && !core.kernel.podNetnsAlive(r) && !(await core.kernel.podVethPresent(r));
     if (r.phase === 'ready' && !gone) continue;
     if (!r.network && !core.hasPodCidr()) continue; // needs the pod CIDR's config
-    log.info({ phase: r.phase, netns: r.netns }, r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it');
+    log.info(
+      { phase: r.phase, netns: r.netns },
+      r.phase === 'adding' ? 'undoing an ADD that never finished' : 'the pod is gone (netns and veth): removing it',
+    );
     await core.locks.run(key, () => teardown(core, r, log)).catch((err: unknown) => errors.push(err));
   }
   // Shaping: gone for pods without a record, put back as recorded for every live shaped pod.
@@ -87,7 +90,12 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
     await core.locks
       .run(key, async () => {
         if (core.store.get(s.containerId, s.ifName) || core.pending.has(key)) return;
-        const rt: RuntimeConf = { containerId: s.containerId, ifName: s.ifName, netns: '', args: podCniArgs({ namespace: '', name: '', containerId: s.containerId }) };
+        const rt: RuntimeConf = {
+          containerId: s.containerId,
+          ifName: s.ifName,
+          netns: '',
+          args: podCniArgs({ namespace: '', name: '', containerId: s.containerId }),
+        };
         if (s.ports) rt.capabilityArgs = { portMappings: [PLACEHOLDER_PORT] };
         await delNetwork(core, s.ports ? withPortmap(conf) : conf, rt);
         if (s.ports) removed.hostPorts++;
@@ -97,13 +105,16 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
   }
   if (emptyReservations.length > 0) {
     // Files a host-local killed mid-ADD created but never wrote (reservations.ts).
-    await core.mode().removeEmptyReservations(emptyReservations).then(
-      (freed) => {
-        removed.reservations += freed.length;
-        if (freed.length > 0) core.log.info({ addresses: freed }, 'released addresses a killed host-local had reserved without an owner');
-      },
-      (err: unknown) => errors.push(err),
-    );
+    await core
+      .mode()
+      .removeEmptyReservations(emptyReservations)
+      .then(
+        (freed) => {
+          removed.reservations += freed.length;
+          if (freed.length > 0) core.log.info({ addresses: freed }, 'released addresses a killed host-local had reserved without an owner');
+        },
+        (err: unknown) => errors.push(err),
+      );
   }
   if (core.pending.size === 0) {
     const known = new Set(core.store.all().flatMap((r) => (r.hostVeth ? [r.hostVeth] : [])));
@@ -122,8 +133,12 @@ export async function sweep(core: Core, keep: Set<string>): Promise<void> {
   const liveNow = new Set(core.store.all().map((r) => r.containerId));
   for (const s of core.shaper.list()) {
     if (liveNow.has(s.id) || liveIds.has(s.id)) continue;
-    await core.shaper.remove(s.id).then(() => removed.shaping++, (err: unknown) => errors.push(err));
+    await core.shaper.remove(s.id).then(
+      () => removed.shaping++,
+      (err: unknown) => errors.push(err),
+    );
   }
-  if (removed.reservations + removed.veths + removed.hostPorts + removed.shaping > 0) core.log.info(removed, 'removed leftovers of attachments that no longer exist');
+  if (removed.reservations + removed.veths + removed.hostPorts + removed.shaping > 0)
+    core.log.info(removed, 'removed leftovers of attachments that no longer exist');
   if (errors.length > 0) throw new AggregateKubenetError('kubenet: sweep of leftovers', errors);
 }

@@ -57,7 +57,12 @@ export function bridgeMac(bridgeName: string): string | undefined {
 async function ebtables(args: string[], okCodes: number[] = [0]): Promise<{ exitCode: number; stdout: string }> {
   const r = await execa('ebtables', [...TABLE, ...args], { reject: false });
   if (r.exitCode === undefined || !okCodes.includes(r.exitCode)) {
-    throw new ToolError('ebtables', [...TABLE, ...args], r.exitCode, r.exitCode === undefined ? `cannot run ebtables: ${String(r.message)}` : r.stderr);
+    throw new ToolError(
+      'ebtables',
+      [...TABLE, ...args],
+      r.exitCode,
+      r.exitCode === undefined ? `cannot run ebtables: ${String(r.message)}` : r.stderr,
+    );
   }
   return { exitCode: r.exitCode, stdout: r.stdout };
 }
@@ -105,7 +110,11 @@ export async function syncDedup(target: DedupTarget | undefined, log: Logger): P
     changed = true;
   }
   if (await removeJumps(1)) changed = true;
-  if (changed) log.info({ chain: DEDUP_CHAIN, bridgeMac: target.bridgeMac, podCIDR: target.subnets.map((s) => s.cidr).join(',') }, 'promiscuous-bridge dedup rules in place');
+  if (changed)
+    log.info(
+      { chain: DEDUP_CHAIN, bridgeMac: target.bridgeMac, podCIDR: target.subnets.map((s) => s.cidr).join(',') },
+      'promiscuous-bridge dedup rules in place',
+    );
   return changed;
 }
 

@@ -9,10 +9,20 @@ export const MASQUERADE_COMMENT = 'kubenet-ts: SNAT for outbound traffic from cl
 /** The nat POSTROUTING rule kubenet keeps itself (the bridge config has ipMasq: false). */
 export function masqueradeRule(nonMasqueradeCIDR: string): string[] {
   return [
-    '-m', 'comment', '--comment', MASQUERADE_COMMENT,
-    '-m', 'addrtype', '!', '--dst-type', 'LOCAL',
-    '!', '-d', nonMasqueradeCIDR,
-    '-j', 'MASQUERADE',
+    '-m',
+    'comment',
+    '--comment',
+    MASQUERADE_COMMENT,
+    '-m',
+    'addrtype',
+    '!',
+    '--dst-type',
+    'LOCAL',
+    '!',
+    '-d',
+    nonMasqueradeCIDR,
+    '-j',
+    'MASQUERADE',
   ];
 }
 
@@ -58,7 +68,11 @@ export async function removeMasquerade(nonMasqueradeCIDR: string): Promise<void>
  */
 export async function ensureBridgeNetfilter(log: Logger): Promise<boolean> {
   const sysctl = '/proc/sys/net/bridge/bridge-nf-call-iptables';
-  const read = () => readFile(sysctl, 'utf8').then((v) => v.trim(), () => undefined);
+  const read = () =>
+    readFile(sysctl, 'utf8').then(
+      (v) => v.trim(),
+      () => undefined,
+    );
   if ((await read()) === undefined) {
     const mod = await execa('modprobe', ['br_netfilter'], { reject: false });
     if (mod.exitCode !== 0) log.warn({ stderr: mod.stderr.trim() }, 'modprobe br_netfilter failed');
@@ -84,7 +98,10 @@ export async function ensureBridgeNetfilter(log: Logger): Promise<boolean> {
  * and each pod address (iptables for IPv4, ip6tables for IPv6), a nat rule sending the host port
  * to the pod's address and container port. Throws KubenetError naming what is missing.
  */
-export async function checkHostPorts(podIps: string[], mappings: Array<{ hostPort: number; containerPort: number; protocol: string }>): Promise<void> {
+export async function checkHostPorts(
+  podIps: string[],
+  mappings: Array<{ hostPort: number; containerPort: number; protocol: string }>,
+): Promise<void> {
   const missing: string[] = [];
   for (const family of [4, 6] as const) {
     const ips = podIps.filter((ip) => familyOf(ip) === family);
@@ -97,7 +114,9 @@ export async function checkHostPorts(podIps: string[], mappings: Array<{ hostPor
     for (const ip of ips) {
       for (const m of mappings) {
         const to = family === 4 ? `${ip}:${m.containerPort}` : `[${ip}]:${m.containerPort}`;
-        const found = rules.some((l) => l.includes(`-p ${m.protocol}`) && l.includes(`--dport ${m.hostPort}`) && l.includes(`--to-destination ${to}`));
+        const found = rules.some(
+          (l) => l.includes(`-p ${m.protocol}`) && l.includes(`--dport ${m.hostPort}`) && l.includes(`--to-destination ${to}`),
+        );
         if (!found) missing.push(`${m.hostPort}/${m.protocol} -> ${to}`);
       }
     }

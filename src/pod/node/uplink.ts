@@ -61,7 +61,8 @@ export async function ensureUplink(o: { bridgeName: string; uplink: string; mtu:
     bridge = await nl.linkByName(o.bridgeName);
   }
   if (bridge.type !== 'bridge') throw new ConfigError(`${o.bridgeName} exists and is not a bridge (${bridge.type ?? 'no kind'})`);
-  if (markedUplink(o.stateDir) !== o.uplink) writeFileAtomic(join(o.stateDir, MARKER), `${o.uplink}\n`, { mode: 0o600, what: 'the uplink marker' });
+  if (markedUplink(o.stateDir) !== o.uplink)
+    writeFileAtomic(join(o.stateDir, MARKER), `${o.uplink}\n`, { mode: 0o600, what: 'the uplink marker' });
   if (up.master !== bridge.index) {
     await ip(['link', 'set', 'dev', o.uplink, 'master', o.bridgeName]);
     log.info({ uplink: o.uplink, bridge: o.bridgeName }, 'uplink enslaved to the pod bridge');
@@ -89,4 +90,3 @@ export async function releaseOldUplink(o: { bridgeName: string; stateDir: string
     if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'remove', 'the uplink marker', join(o.stateDir, MARKER));
   }
 }
-

@@ -41,7 +41,10 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
     const link = await find();
     if (!link) continue;
     if (link.type !== 'veth' || link.master !== bridgeIndex) {
-      log.warn({ link: link.name, type: link.type, master: link.master }, 'a link named for the pod is not a veth on the bridge; leaving it alone');
+      log.warn(
+        { link: link.name, type: link.type, master: link.master },
+        'a link named for the pod is not a veth on the bridge; leaving it alone',
+      );
       continue;
     }
     const { goneMs, finished, together } = await nl.linkDelete(link.index, { veth: true });
@@ -68,7 +71,12 @@ export async function deletePodVeth(record: PodRecord, bridgeName: string, recor
  * namespace with the pod interface's index, and no other pod's record claims it. For an ADD that
  * still runs the bridge plugin (its netns held no such interface when it began, under its lock).
  */
-export async function hostEndOnBridge(netns: string, ifName: string, bridgeIndex: number, claimed: ReadonlySet<number>): Promise<nl.LinkInfo | undefined> {
+export async function hostEndOnBridge(
+  netns: string,
+  ifName: string,
+  bridgeIndex: number,
+  claimed: ReadonlySet<number>,
+): Promise<nl.LinkInfo | undefined> {
   const inPod = await nl.netnsLinkByName(netns, ifName);
   if (inPod?.type !== 'veth' || !inPod.peerElsewhere || inPod.peerIndex <= 0 || claimed.has(inPod.peerIndex)) return undefined;
   const host = await nl.ifPresent(nl.linkByIndex(inPod.peerIndex));
@@ -77,6 +85,10 @@ export async function hostEndOnBridge(netns: string, ifName: string, bridgeIndex
 
 /** Whether the pod's host veth still exists (by recorded index, else by name). */
 export async function podVethPresent(r: PodRecord): Promise<boolean> {
-  const link = r.hostVethIndex ? await nl.ifPresent(nl.linkByIndex(r.hostVethIndex)) : r.hostVeth ? await nl.ifPresent(nl.linkByName(r.hostVeth)) : undefined;
+  const link = r.hostVethIndex
+    ? await nl.ifPresent(nl.linkByIndex(r.hostVethIndex))
+    : r.hostVeth
+      ? await nl.ifPresent(nl.linkByName(r.hostVeth))
+      : undefined;
   return link !== undefined && (r.hostVeth === undefined || link.name === r.hostVeth);
 }

@@ -115,7 +115,14 @@ function isRecord(v: unknown): v is PodRecord {
 }
 
 function isLegacy(v: unknown): v is LegacyPodRecord {
-  return isObj(v) && v.version === undefined && typeof v.id === 'string' && typeof v.netns === 'string' && Array.isArray(v.ips) && isObj(v.limits);
+  return (
+    isObj(v) &&
+    v.version === undefined &&
+    typeof v.id === 'string' &&
+    typeof v.netns === 'string' &&
+    Array.isArray(v.ips) &&
+    isObj(v.limits)
+  );
 }
 
 export class PodStore {

@@ -60,7 +60,8 @@ function readEntry(file: string): LegacyEntry | undefined {
   }
   if (typeof v !== 'object' || v === null) return undefined;
   const e = v as { kind?: unknown; containerId?: unknown; ifName?: unknown; config?: unknown; result?: unknown };
-  if (e.kind !== 'cniCacheV1' || typeof e.containerId !== 'string' || typeof e.ifName !== 'string' || typeof e.config !== 'string') return undefined;
+  if (e.kind !== 'cniCacheV1' || typeof e.containerId !== 'string' || typeof e.ifName !== 'string' || typeof e.config !== 'string')
+    return undefined;
   let config: unknown;
   try {
     config = JSON.parse(Buffer.from(e.config, 'base64').toString('utf8'));
@@ -104,7 +105,14 @@ async function provenVethIndex(hostVeth: string | undefined, netns: string, brid
 }
 
 export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
-  const report: UpgradeReport = { recordsConverted: 0, configsRecovered: 0, resultsRecovered: 0, ownCacheEntriesRemoved: 0, runtimeCacheEntriesLeft: 0, shapingStatesAdopted: 0 };
+  const report: UpgradeReport = {
+    recordsConverted: 0,
+    configsRecovered: 0,
+    resultsRecovered: 0,
+    ownCacheEntriesRemoved: 0,
+    runtimeCacheEntriesLeft: 0,
+    shapingStatesAdopted: 0,
+  };
   const resultsDir = o.legacyCniCacheDir ? join(o.legacyCniCacheDir, 'results') : undefined;
   for (const { file, record: old } of o.legacy) {
     if (!isValidContainerId(old.id)) {
@@ -156,7 +164,13 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
       if (network) report.configsRecovered++;
       if (result) report.resultsRecovered++;
       o.log.info(
-        { pod: `${record.namespace}/${record.name}`, id: old.id.slice(0, 12), config: network ? 'recovered' : 'current', result: result !== undefined, veth: hostVethIndex ? 'proven' : 'by name' },
+        {
+          pod: `${record.namespace}/${record.name}`,
+          id: old.id.slice(0, 12),
+          config: network ? 'recovered' : 'current',
+          result: result !== undefined,
+          veth: hostVethIndex ? 'proven' : 'by name',
+        },
         'converted a pod record of kubenet-ts 0.1.0',
       );
     }
@@ -184,7 +198,8 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
     try {
       names = readdirSync(o.legacyShaperStateDir);
     } catch (err) {
-      if ((err as { code?: string }).code !== 'ENOENT') throw fsError(err, 'read', "kubenet-ts 0.1.0's shaper state in", o.legacyShaperStateDir);
+      if ((err as { code?: string }).code !== 'ENOENT')
+        throw fsError(err, 'read', "kubenet-ts 0.1.0's shaper state in", o.legacyShaperStateDir);
     }
     for (const name of names) {
       if (!name.endsWith('.json')) continue;
@@ -208,6 +223,7 @@ export async function upgradeFromV010(o: UpgradeInput): Promise<UpgradeReport> {
       // not empty (someone else's files) or already gone
     }
   }
-  if (report.recordsConverted + report.ownCacheEntriesRemoved + report.shapingStatesAdopted > 0) o.log.info(report, 'upgraded the state kubenet-ts 0.1.0 left');
+  if (report.recordsConverted + report.ownCacheEntriesRemoved + report.shapingStatesAdopted > 0)
+    o.log.info(report, 'upgraded the state kubenet-ts 0.1.0 left');
   return report;
 }

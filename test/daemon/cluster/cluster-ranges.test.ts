@@ -24,7 +24,12 @@ const node = (name: string, cidrs: string[], ip: string): FakeObject => ({
 });
 
 /** Routes are not what these tests look at: a kernel that holds nothing and accepts everything. */
-const kernel: RouteKernel = { list: async () => [], replace: async () => undefined, del: async () => undefined, localAddresses: async () => [{ ifindex: 2, cidr: '198.18.0.1/24' }] };
+const kernel: RouteKernel = {
+  list: async () => [],
+  replace: async () => undefined,
+  del: async () => undefined,
+  localAddresses: async () => [{ ifindex: 2, cidr: '198.18.0.1/24' }],
+};
 
 /** A logger whose lines the test reads. */
 function capture() {
@@ -58,7 +63,7 @@ async function setup(t: ExecutionContext, prepare: (api: FakeApiServer) => void,
 
 const settle = (ms = 200) => new Promise((r) => setTimeout(r, ms));
 
-test('the set is every Node\'s pod CIDRs (this node\'s too) and every ServiceCIDR\'s ranges, merged, applied once both are known', async (t) => {
+test("the set is every Node's pod CIDRs (this node's too) and every ServiceCIDR's ranges, merged, applied once both are known", async (t) => {
   const { api, ranges, applied } = await setup(t, (api) => {
     api.setNode(node('self', ['10.244.0.0/24', 'fd00:10:244::/64'], '198.18.0.1'));
     api.setNode(node('b', ['10.244.1.0/24', 'fd00:10:244:1::/64'], '198.18.0.2'));
@@ -68,11 +73,15 @@ test('the set is every Node\'s pod CIDRs (this node\'s too) and every ServiceCID
   });
   await until('the first set', () => applied.length >= 1, 5000);
   await settle();
-  t.deepEqual(applied, [['10.96.0.0/15', '10.244.0.0/23', '10.244.3.0/24', 'fd00:10:96::/112', 'fd00:10:244::/63']], 'one rewrite; halves joined, never an address more');
+  t.deepEqual(
+    applied,
+    [['10.96.0.0/15', '10.244.0.0/23', '10.244.3.0/24', 'fd00:10:96::/112', 'fd00:10:244::/63']],
+    'one rewrite; halves joined, never an address more',
+  );
   t.like(ranges.state(), { podCidrs: 5, services: 'api', serviceCidrs: ['10.96.0.0/16', '10.97.0.0/16', 'fd00:10:96::/112'] });
   t.is(api.count(SERVICE_CIDRS_PATH, 'list'), 1);
   t.true(api.count(SERVICE_CIDRS_PATH, 'watch') >= 1, 'the ServiceCIDRs are watched');
-  t.is(api.count('/api/v1/nodes', 'list'), 1, 'the Nodes are listed once: the route controller\'s watch');
+  t.is(api.count('/api/v1/nodes', 'list'), 1, "the Nodes are listed once: the route controller's watch");
   t.is(api.count('/api/v1/nodes', 'watch'), 1, 'and watched once');
 });
 
@@ -94,7 +103,7 @@ test('changes follow live: a Node added, moved, deleted, a ServiceCIDR added, ch
   await settle();
   t.is(applied.length, 2, 'a new address or a heartbeat: the pod CIDRs are the same, nothing rewritten');
   api.setNode(node('b', ['10.244.9.0/24'], '198.18.0.9'));
-  t.deepEqual(await next('a Node\'s pod CIDR moved', 3), ['10.96.0.0/16', '10.244.0.0/24', '10.244.9.0/24']);
+  t.deepEqual(await next("a Node's pod CIDR moved", 3), ['10.96.0.0/16', '10.244.0.0/24', '10.244.9.0/24']);
   api.deleteNode('b');
   t.deepEqual(await next('a Node deleted', 4), ['10.96.0.0/16', '10.244.0.0/24']);
   api.setServiceCidr(serviceCidr('extra', ['10.100.0.0/24', 'fd00:10:100::/112']));
@@ -102,7 +111,10 @@ test('changes follow live: a Node added, moved, deleted, a ServiceCIDR added, ch
   api.setServiceCidr(serviceCidr('extra', ['10.100.0.0/24']));
   t.deepEqual(await next('a ServiceCIDR changed', 6), ['10.96.0.0/16', '10.100.0.0/24', '10.244.0.0/24']);
   // Being deleted (a finalizer waits for its Services): its range stays until it is gone.
-  api.setServiceCidr({ ...serviceCidr('extra', ['10.100.0.0/24']), metadata: { name: 'extra', deletionTimestamp: new Date().toISOString(), finalizers: ['networking.k8s.io/service-cidr-finalizer'] } });
+  api.setServiceCidr({
+    ...serviceCidr('extra', ['10.100.0.0/24']),
+    metadata: { name: 'extra', deletionTimestamp: new Date().toISOString(), finalizers: ['networking.k8s.io/service-cidr-finalizer'] },
+  });
   await settle();
   t.is(applied.length, 6);
   api.deleteServiceCidr('extra');

@@ -86,9 +86,17 @@ test('a namespace ceiling lowered under load re-shapes its pods live: the ones a
     { id: 'big-id', limits: { ingress: 20 * M }, sources: { ingress: 'namespace-ceiling' } },
     { id: 'none-id', limits: { ingress: 20 * M }, sources: { ingress: 'namespace-ceiling' } },
   ]);
-  t.deepEqual(ev.of('BandwidthApplied'), ['big: bandwidth limits applied: ingress 20M (namespace ceiling) (were ingress 40M)', 'none: bandwidth limits applied: ingress 20M (namespace ceiling) (were ingress 50M (namespace ceiling))']);
-  t.deepEqual(ev.of('BandwidthCapped'), ['big: kubernetes.io/ingress-bandwidth 40M is above the ceiling kubenet.io/max-ingress-bandwidth 20M of namespace team: ingress limited to 20M']);
-  t.like(ev.got.find((e) => e.reason === 'BandwidthCapped'), { type: 'Warning', pod: { namespace: 'team', name: 'big', uid: 'uid-team-big' } });
+  t.deepEqual(ev.of('BandwidthApplied'), [
+    'big: bandwidth limits applied: ingress 20M (namespace ceiling) (were ingress 40M)',
+    'none: bandwidth limits applied: ingress 20M (namespace ceiling) (were ingress 50M (namespace ceiling))',
+  ]);
+  t.deepEqual(ev.of('BandwidthCapped'), [
+    'big: kubernetes.io/ingress-bandwidth 40M is above the ceiling kubenet.io/max-ingress-bandwidth 20M of namespace team: ingress limited to 20M',
+  ]);
+  t.like(
+    ev.got.find((e) => e.reason === 'BandwidthCapped'),
+    { type: 'Warning', pod: { namespace: 'team', name: 'big', uid: 'uid-team-big' } },
+  );
   t.deepEqual(records.find((r) => r.namespace === 'other')?.limits, { ingress: 40 * M });
 
   // The same policy again (another annotation of the namespace changed): nothing.
@@ -124,9 +132,13 @@ test('namespace defaults: pods that ask nothing get them live; an invalid namesp
     { id: 'a-id', limits: { ingress: 10 * M, egress: 5 * M }, sources: { ingress: 'namespace-default', egress: 'namespace-default' } },
     { id: 'b-id', limits: { ingress: 10 * M, egress: 1 * M }, sources: { ingress: 'namespace-default', egress: 'pod' } },
   ]);
-  const rejected = 'namespace team: annotation kubenet.io/max-egress-bandwidth: "fast" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored';
+  const rejected =
+    'namespace team: annotation kubenet.io/max-egress-bandwidth: "fast" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored';
   t.deepEqual(ev.of('BandwidthRejected'), [`a: ${rejected}`, `b: ${rejected}`]);
-  t.deepEqual(ev.of('BandwidthApplied'), ['a: bandwidth limits applied: ingress 10M (namespace default), egress 5M (namespace default) (were none)', 'b: bandwidth limits applied: ingress 10M (namespace default), egress 1M (were egress 1M)']);
+  t.deepEqual(ev.of('BandwidthApplied'), [
+    'a: bandwidth limits applied: ingress 10M (namespace default), egress 5M (namespace default) (were none)',
+    'b: bandwidth limits applied: ingress 10M (namespace default), egress 1M (were egress 1M)',
+  ]);
 });
 
 test('first sight after a start: a namespace or pod without policy, annotations or recorded sources changes nothing; a policy set while the agent was down applies', async (t) => {
@@ -160,7 +172,10 @@ test("a pod's own annotation above its namespace's ceiling: capped with a Warnin
   t.deepEqual(reshapes, [{ id: 'p-id', limits: { egress: 10 * M }, sources: { egress: 'namespace-ceiling' } }]);
   await live.onPodUpdate({ namespace: 'team', name: 'p', uid: 'u', annotations: { [EG]: '40M' }, previous: { [EG]: '30M' } });
   t.is(reshapes.length, 1, 'the limit stays the ceiling');
-  t.deepEqual(ev.of('BandwidthCapped').map((m) => m.replace(/^p: kubernetes\.io\/egress-bandwidth (\S+) .*/, '$1')), ['30M', '40M']);
+  t.deepEqual(
+    ev.of('BandwidthCapped').map((m) => m.replace(/^p: kubernetes\.io\/egress-bandwidth (\S+) .*/, '$1')),
+    ['30M', '40M'],
+  );
   // Back under the ceiling: its own limit, source pod.
   await live.onPodUpdate({ namespace: 'team', name: 'p', uid: 'u', annotations: { [EG]: '10M' }, previous: { [EG]: '40M' } });
   t.deepEqual(reshapes[1], { id: 'p-id', limits: { egress: 10 * M }, sources: { egress: 'pod' } }, 'same rate, the source recorded');
@@ -173,28 +188,62 @@ test("a pod's own annotation above its namespace's ceiling: capped with a Warnin
 test('kubenet shape never sets a limit above the namespace ceiling: a direction above it (or cleared) gets the ceiling and the answer says so; below it, as asked', async (t) => {
   const c = fakeCluster();
   c.setNs('team', { [MAX_EG]: '100M', [DEF_IN]: '5M' });
-  const { network, reshapes } = fakeNetwork([record('team', 'p', { egress: 50 * M, ingress: 5 * M }, { egress: 'pod', ingress: 'namespace-default' }), record('free', 'q', { egress: 50 * M })]);
+  const { network, reshapes } = fakeNetwork([
+    record('team', 'p', { egress: 50 * M, ingress: 5 * M }, { egress: 'pod', ingress: 'namespace-default' }),
+    record('free', 'q', { egress: 50 * M }),
+  ]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, c.pods, silent, c.namespaces);
   const above = await live.shape('team', 'p', { egress: 500 * M, clear: false });
-  t.deepEqual(above.map((p) => [p.limits, p.changed, p.capped]), [
-    [{ ingress: 5 * M, egress: 100 * M }, true, ['egress 500M is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M']],
-  ]);
+  t.deepEqual(
+    above.map((p) => [p.limits, p.changed, p.capped]),
+    [
+      [
+        { ingress: 5 * M, egress: 100 * M },
+        true,
+        ['egress 500M is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M'],
+      ],
+    ],
+  );
   t.deepEqual(reshapes.at(-1), { id: 'p-id', limits: { ingress: 5 * M, egress: 100 * M }, sources: { egress: 'namespace-ceiling' } });
-  t.deepEqual(ev.of('BandwidthApplied'), ['p: bandwidth limits applied: ingress 5M, egress 100M (namespace ceiling) (were ingress 5M (namespace default), egress 50M)']);
+  t.deepEqual(ev.of('BandwidthApplied'), [
+    'p: bandwidth limits applied: ingress 5M, egress 100M (namespace ceiling) (were ingress 5M (namespace default), egress 50M)',
+  ]);
   const below = await live.shape('team', 'p', { egress: 20 * M, clear: false });
-  t.deepEqual([below[0]?.limits, below[0]?.capped], [{ ingress: 5 * M, egress: 20 * M }, undefined], 'below the ceiling: as asked, nothing to say');
-  t.deepEqual(reshapes.at(-1)?.sources, undefined, 'the operator\'s own, as before');
+  t.deepEqual(
+    [below[0]?.limits, below[0]?.capped],
+    [{ ingress: 5 * M, egress: 20 * M }, undefined],
+    'below the ceiling: as asked, nothing to say',
+  );
+  t.deepEqual(reshapes.at(-1)?.sources, undefined, "the operator's own, as before");
   const cleared = await live.shape('team', 'p', { clear: true });
-  t.deepEqual([cleared[0]?.limits, cleared[0]?.capped], [{ egress: 100 * M }, ['no egress limit is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M']], '--clear: no limit where there is a ceiling is the ceiling; the default (ingress) is not forced on the operator');
+  t.deepEqual(
+    [cleared[0]?.limits, cleared[0]?.capped],
+    [
+      { egress: 100 * M },
+      ['no egress limit is above the ceiling kubenet.io/max-egress-bandwidth 100M of namespace team: egress limited to 100M'],
+    ],
+    '--clear: no limit where there is a ceiling is the ceiling; the default (ingress) is not forced on the operator',
+  );
   const again = await live.shape('team', 'p', { egress: 200 * M, clear: false });
-  t.deepEqual([again[0]?.changed, again[0]?.limits, again[0]?.capped?.length], [false, { egress: 100 * M }, 1], 'already at the ceiling: unchanged, and still said');
+  t.deepEqual(
+    [again[0]?.changed, again[0]?.limits, again[0]?.capped?.length],
+    [false, { egress: 100 * M }, 1],
+    'already at the ceiling: unchanged, and still said',
+  );
   const free = await live.shape('free', 'q', { egress: 500 * M, clear: false });
   t.deepEqual([free[0]?.limits, free[0]?.capped], [{ egress: 500 * M }, undefined], 'a namespace without a ceiling: as asked');
 });
 
 const addRequest = (ns: string, name: string, runtimeConfig?: object) => ({
-  env: { CNI_COMMAND: 'ADD', CNI_CONTAINERID: `${name}-id`, CNI_NETNS: `/var/run/netns/${name}`, CNI_IFNAME: 'eth0', CNI_ARGS: `K8S_POD_NAMESPACE=${ns};K8S_POD_NAME=${name}`, CNI_PATH: '/opt/cni/bin' },
+  env: {
+    CNI_COMMAND: 'ADD',
+    CNI_CONTAINERID: `${name}-id`,
+    CNI_NETNS: `/var/run/netns/${name}`,
+    CNI_IFNAME: 'eth0',
+    CNI_ARGS: `K8S_POD_NAMESPACE=${ns};K8S_POD_NAME=${name}`,
+    CNI_PATH: '/opt/cni/bin',
+  },
   stdin: JSON.stringify({ cniVersion: '1.0.0', name: 'kubenet', type: 'kubenet', ...(runtimeConfig ? { runtimeConfig } : {}) }),
 });
 
@@ -238,7 +287,9 @@ test('ADD: runtimeConfig or annotation limits meet the namespace policy; the rec
   await ok(addRequest('bad', 'p'));
   t.deepEqual(attaches[3]?.limits, { egress: 3 * M });
   await afterAnswers();
-  t.deepEqual(ev.of('BandwidthRejected'), ['p: namespace bad: annotation kubenet.io/max-ingress-bandwidth: "1X" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored']);
+  t.deepEqual(ev.of('BandwidthRejected'), [
+    'p: namespace bad: annotation kubenet.io/max-ingress-bandwidth: "1X" is not a bandwidth: want a number of bits/s with an optional suffix k, M, G, T (or Ki, Mi, Gi, Ti) and no space or unit, e.g. "10M" or "500k"; ignored',
+  ]);
   // Without a namespace lookup (static mode) nothing is asked.
   const before = c.namespaces.lookups;
   const statik = new CniHandler(fakeNetwork([]).network, undefined, () => undefined, silent);
@@ -254,9 +305,15 @@ async function fakeApi(t: ExecutionContext): Promise<FakeApiServer> {
 
 test('the namespace watch keeps policy annotations only, tells of policy changes only, and a miss costs one GET that fills the cache', async (t) => {
   const api = await fakeApi(t);
-  api.setNamespace(namespace('team', { [MAX_IN]: '20M', 'owner': 'x' }));
+  api.setNamespace(namespace('team', { [MAX_IN]: '20M', owner: 'x' }));
   api.setNamespace(namespace('plain'));
-  const lookup = new ClusterNamespaceLookup({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 });
+  const lookup = new ClusterNamespaceLookup({
+    nodeName: 'node-a',
+    logger: silent,
+    kubeConfig: fakeKubeConfig(api),
+    retryMinMs: 20,
+    retryMaxMs: 200,
+  });
   const seen: NamespaceUpdate[] = [];
   lookup.onNamespaceUpdate((u) => void seen.push(u));
   t.teardown(() => lookup.stop());
@@ -291,7 +348,13 @@ test('a ClusterRole without namespaces (the image updated before the RBAC): the 
   const api = await fakeApi(t);
   api.setNamespace(namespace('team', { [MAX_IN]: '20M' }));
   api.failWith = (r) => (r.path === '/api/v1/namespaces/team' ? 403 : undefined);
-  const lookup = new ClusterNamespaceLookup({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api), retryMinMs: 20, retryMaxMs: 200 });
+  const lookup = new ClusterNamespaceLookup({
+    nodeName: 'node-a',
+    logger: silent,
+    kubeConfig: fakeKubeConfig(api),
+    retryMinMs: 20,
+    retryMaxMs: 200,
+  });
   t.teardown(() => lookup.stop());
   t.is(await lookup.annotations('team'), undefined, 'no policy: the pod is set up as before the policy existed');
   t.is(await lookup.annotations('team'), undefined);
@@ -302,13 +365,31 @@ test('a ClusterRole without namespaces (the image updated before the RBAC): the 
 
 function traffic(r: PodRecord): PodTraffic {
   const dir = { limit: 10 * M, bytes: 1, packets: 1, drops: 0, overlimits: 0, backlog: 0 };
-  return { record: r, shaping: { id: r.containerId, hostVeth: 'v', ...(r.limits.ingress ? { ingress: dir } : {}), ...(r.limits.egress ? { egress: dir } : {}) } };
+  return {
+    record: r,
+    shaping: {
+      id: r.containerId,
+      hostVeth: 'v',
+      ...(r.limits.ingress ? { ingress: dir } : {}),
+      ...(r.limits.egress ? { egress: dir } : {}),
+    },
+  };
 }
 
 test('metrics: every limit series carries source: pod, namespace-default or namespace-ceiling; the counters keep their labels', async (t) => {
   const m = new AgentMetrics();
-  const tr = [traffic(record('team', 'capped', { ingress: 10 * M, egress: 10 * M }, { ingress: 'namespace-ceiling', egress: 'pod' })), traffic(record('team', 'dflt', { egress: 10 * M }, { egress: 'namespace-default' })), traffic(record('default', 'own', { ingress: 10 * M }))];
-  const text = (await m.text(tr.map((x) => x.record), 0, tr)).body;
+  const tr = [
+    traffic(record('team', 'capped', { ingress: 10 * M, egress: 10 * M }, { ingress: 'namespace-ceiling', egress: 'pod' })),
+    traffic(record('team', 'dflt', { egress: 10 * M }, { egress: 'namespace-default' })),
+    traffic(record('default', 'own', { ingress: 10 * M })),
+  ];
+  const text = (
+    await m.text(
+      tr.map((x) => x.record),
+      0,
+      tr,
+    )
+  ).body;
   const limits = text.split('\n').filter((l) => l.startsWith('kubenet_pod_bandwidth_limit_bits_per_second{'));
   t.deepEqual(limits.sort(), [
     'kubenet_pod_bandwidth_limit_bits_per_second{namespace="default",pod="own",direction="ingress",source="pod"} 10000000',
@@ -316,18 +397,35 @@ test('metrics: every limit series carries source: pod, namespace-default or name
     'kubenet_pod_bandwidth_limit_bits_per_second{namespace="team",pod="capped",direction="ingress",source="namespace-ceiling"} 10000000',
     'kubenet_pod_bandwidth_limit_bits_per_second{namespace="team",pod="dflt",direction="egress",source="namespace-default"} 10000000',
   ]);
-  t.regex(text, /^kubenet_pod_shaped_bytes_total\{namespace="team",pod="capped",direction="ingress"\} 1$/m, 'the counters keep their labels');
+  t.regex(
+    text,
+    /^kubenet_pod_shaped_bytes_total\{namespace="team",pod="capped",direction="ingress"\} 1$/m,
+    'the counters keep their labels',
+  );
 });
 
 test('status and top: where each limit came from (old records: the pod)', (t) => {
   t.deepEqual(sourcesOf(record('a', 'b', { ingress: 1 * M, egress: 2 * M })), { ingress: 'pod', egress: 'pod' });
   t.deepEqual(sourcesOf(record('a', 'b', { egress: 2 * M }, { egress: 'namespace-default' })), { egress: 'namespace-default' });
-  const pod = (name: string, limits: BandwidthLimits, limitSources?: LimitSources): StatusReport['pods'][number] => ({ namespace: 'team', name, id: `${name}-id`, phase: 'ready', ips: [], hostVeth: 'v', limits, ...(limitSources ? { limitSources } : {}) });
+  const pod = (name: string, limits: BandwidthLimits, limitSources?: LimitSources): StatusReport['pods'][number] => ({
+    namespace: 'team',
+    name,
+    id: `${name}-id`,
+    phase: 'ready',
+    ips: [],
+    hostVeth: 'v',
+    limits,
+    ...(limitSources ? { limitSources } : {}),
+  });
   const s: StatusReport = {
     podCIDR: '10.244.0.0/24',
     bridge: 'cbr0',
     ready: true,
-    pods: [pod('a', { ingress: 20 * M, egress: 5 * M }, { ingress: 'namespace-ceiling', egress: 'pod' }), pod('b', { egress: 10 * M }, { egress: 'namespace-default' }), pod('c', { ingress: 1 * M })],
+    pods: [
+      pod('a', { ingress: 20 * M, egress: 5 * M }, { ingress: 'namespace-ceiling', egress: 'pod' }),
+      pod('b', { egress: 10 * M }, { egress: 'namespace-default' }),
+      pod('c', { ingress: 1 * M }),
+    ],
   };
   const lines = renderTop(s, { intervalS: 1, now: new Date(2025, 0, 1, 12, 0, 1) });
   t.regex(lines[2] ?? '', /^POD +IN RATE +IN LIMIT +IN DROP\/s +OUT RATE +OUT LIMIT +OUT DROP\/s$/);

@@ -8,7 +8,13 @@
  */
 import test, { type ExecutionContext } from 'ava';
 import { pino } from 'pino';
-import { capacityDiffers, configuredCapacity, NodeCapacityPublisher, publishedCapacity, resolveNodeCapacity } from '../../../src/daemon/cluster/node-capacity.js';
+import {
+  capacityDiffers,
+  configuredCapacity,
+  NodeCapacityPublisher,
+  publishedCapacity,
+  resolveNodeCapacity,
+} from '../../../src/daemon/cluster/node-capacity.js';
 import { NodeWatchPodCidrSource } from '../../../src/daemon/pod-cidr/node-watch.js';
 import { FakeApiServer, fakeKubeConfig, node, type FakeObject } from '../../kit/fake-apiserver.js';
 import { until } from '../../kit/until.js';
@@ -28,15 +34,24 @@ async function setup(t: ExecutionContext, nodeName = 'node-a') {
     await publisher.stop();
     await api.stop();
   });
-  const status = () => api.getNode(nodeName)?.status as { capacity?: Record<string, string>; allocatable?: Record<string, string> } | undefined;
+  const status = () =>
+    api.getNode(nodeName)?.status as { capacity?: Record<string, string>; allocatable?: Record<string, string> } | undefined;
   return { api, publisher, source, status };
 }
 
 /** kubelet's status update: its own keys rewritten, others kept or (a recreated Node) gone. */
 function kubeletStatus(n: FakeObject, keep: boolean): FakeObject {
   const st = (n.status ?? {}) as { capacity?: Record<string, string>; allocatable?: Record<string, string> };
-  const ours = (m: Record<string, string> | undefined) => (keep ? Object.fromEntries(Object.entries(m ?? {}).filter(([k]) => k.startsWith('kubenet.io/'))) : {});
-  return { ...n, status: { capacity: { cpu: '2', pods: '110', ...ours(st.capacity) }, allocatable: { cpu: '2', pods: '110', ...ours(st.allocatable) }, conditions: [{ type: 'Ready', status: 'True', lastHeartbeatTime: new Date().toISOString() }] } };
+  const ours = (m: Record<string, string> | undefined) =>
+    keep ? Object.fromEntries(Object.entries(m ?? {}).filter(([k]) => k.startsWith('kubenet.io/'))) : {};
+  return {
+    ...n,
+    status: {
+      capacity: { cpu: '2', pods: '110', ...ours(st.capacity) },
+      allocatable: { cpu: '2', pods: '110', ...ours(st.allocatable) },
+      conditions: [{ type: 'Ready', status: 'True', lastHeartbeatTime: new Date().toISOString() }],
+    },
+  };
 }
 
 test('the resources in whole Mbit/s; a direction without capacity is null (removed); compared as quantities', (t) => {
@@ -53,9 +68,21 @@ test('the resources in whole Mbit/s; a direction without capacity is null (remov
 });
 
 test('the capacity from config: both keys set read no link speed; the static mode takes the config alone (unset: none, nothing changes)', async (t) => {
-  t.deepEqual(await resolveNodeCapacity({ egressCapacity: 10 * G, ingressCapacity: 1 * G }), { egress: 10 * G, ingress: 1 * G, source: { egress: 'config', ingress: 'config' } });
-  t.deepEqual(await resolveNodeCapacity({ egressCapacity: 10 * G, ingressCapacity: 1 * G, capacityDevice: 'no-such-dev0' }), { egress: 10 * G, ingress: 1 * G, source: { egress: 'config', ingress: 'config' } });
-  t.like(await resolveNodeCapacity({ capacityDevice: 'no-such-dev0' }), { device: 'no-such-dev0', source: { egress: 'unknown', ingress: 'unknown' } }, 'a device without a link speed: guarantees off');
+  t.deepEqual(await resolveNodeCapacity({ egressCapacity: 10 * G, ingressCapacity: 1 * G }), {
+    egress: 10 * G,
+    ingress: 1 * G,
+    source: { egress: 'config', ingress: 'config' },
+  });
+  t.deepEqual(await resolveNodeCapacity({ egressCapacity: 10 * G, ingressCapacity: 1 * G, capacityDevice: 'no-such-dev0' }), {
+    egress: 10 * G,
+    ingress: 1 * G,
+    source: { egress: 'config', ingress: 'config' },
+  });
+  t.like(
+    await resolveNodeCapacity({ capacityDevice: 'no-such-dev0' }),
+    { device: 'no-such-dev0', source: { egress: 'unknown', ingress: 'unknown' } },
+    'a device without a link speed: guarantees off',
+  );
   t.is(configuredCapacity({}), undefined);
   t.deepEqual(configuredCapacity({ egressCapacity: 5 * G }), { egress: 5 * G, source: { egress: 'config', ingress: 'unknown' } });
 });
@@ -67,7 +94,11 @@ test('published at start as a merge patch of the status; again when kubelet drop
   await until('the watch', () => api.openWatches === 1);
   publisher.publish({ egress: 10 * G, ingress: 1 * G });
   await until('published', () => status()?.capacity?.[EGR] === '10000');
-  t.deepEqual(api.patches[0], { node: 'node-a', contentType: 'application/merge-patch+json', patch: { status: { capacity: { [EGR]: '10000', [INR]: '1000' }, allocatable: { [EGR]: '10000', [INR]: '1000' } } } });
+  t.deepEqual(api.patches[0], {
+    node: 'node-a',
+    contentType: 'application/merge-patch+json',
+    patch: { status: { capacity: { [EGR]: '10000', [INR]: '1000' }, allocatable: { [EGR]: '10000', [INR]: '1000' } } },
+  });
   t.like(status(), { capacity: { cpu: '2', [EGR]: '10000', [INR]: '1000' }, allocatable: { pods: '110', [EGR]: '10000', [INR]: '1000' } });
   await api.waitDelivered('nodes', ['node-a']);
   await publisher.settled();
@@ -101,5 +132,8 @@ test('a direction without capacity removes a stale value; a Node registered late
   await until('retried and published', () => status()?.capacity?.[EGR] === '1000', 5_000);
   t.deepEqual(status(), { capacity: { [EGR]: '1000' }, allocatable: { [EGR]: '1000' } }, 'the stale ingress removed');
   await publisher.settled();
-  t.deepEqual((api.patches.at(-1)?.patch as { status: { capacity: Record<string, unknown> } }).status.capacity, { [EGR]: '1000', [INR]: null });
+  t.deepEqual((api.patches.at(-1)?.patch as { status: { capacity: Record<string, unknown> } }).status.capacity, {
+    [EGR]: '1000',
+    [INR]: null,
+  });
 });

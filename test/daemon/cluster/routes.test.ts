@@ -50,7 +50,11 @@ class FakeKernel implements RouteKernel {
 
 function recorder() {
   const got: Array<{ obj: ObjectRef; reason: string; message: string }> = [];
-  const rec: EventRecorder = { record: (obj, _type, reason, message) => void got.push({ obj, reason, message }), flush: async () => undefined, stop: async () => undefined };
+  const rec: EventRecorder = {
+    record: (obj, _type, reason, message) => void got.push({ obj, reason, message }),
+    flush: async () => undefined,
+    stop: async () => undefined,
+  };
   return { rec, got };
 }
 
@@ -65,15 +69,25 @@ test('routes follow the Nodes: only differences applied, no removal before the f
   kernel.table.set('10.244.1.0/24', { family: 4, dst: '10.244.1.0/24', gateway: '198.18.0.2', ifindex: 2, protocol: ROUTE_PROTOCOL });
   kernel.table.set('10.244.7.0/24', { family: 4, dst: '10.244.7.0/24', gateway: '198.18.0.7', ifindex: 2, protocol: ROUTE_PROTOCOL });
   const { rec, got } = recorder();
-  const routes = new NodeRoutes({ nodeName: 'self', logger: silentLogger(), kubeConfig: fakeKubeConfig(api), events: rec, kernel, resyncMs: 300 });
+  const routes = new NodeRoutes({
+    nodeName: 'self',
+    logger: silentLogger(),
+    kubeConfig: fakeKubeConfig(api),
+    events: rec,
+    kernel,
+    resyncMs: 300,
+  });
   t.teardown(() => routes.stop());
   await routes.reconcile();
   t.deepEqual(kernel.ops, [], 'nothing before the first list');
   routes.start();
   await until('the first reconcile', () => routes.counters.reconciles >= 1, 5000);
-  t.deepEqual(kernel.ops, ['del 10.244.7.0/24'], 'b\'s route stays as it was (no flap); the vanished Node\'s goes');
+  t.deepEqual(kernel.ops, ['del 10.244.7.0/24'], "b's route stays as it was (no flap); the vanished Node's goes");
   t.deepEqual(routes.status().routes, [{ node: 'b', dst: '10.244.1.0/24', via: '198.18.0.2' }]);
-  t.deepEqual(got.map((e) => [e.obj, e.reason]), [[{ kind: 'Node', name: 'far' }, 'NodeRouteUnavailable']]);
+  t.deepEqual(
+    got.map((e) => [e.obj, e.reason]),
+    [[{ kind: 'Node', name: 'far' }, 'NodeRouteUnavailable']],
+  );
   t.regex(got[0]?.message ?? '', /kubenet on self: .*203\.0\.113\.9 is not on a subnet directly connected/);
 
   // A new Node and a moved one: applied from what the last reconcile left, no dump of every route.

@@ -3,7 +3,16 @@
  * code and a message naming the field and the value. Pure: no kernel, no agent.
  */
 import test from 'ava';
-import { CniRequestError, jsonDepth, MAX_JSON_DEPTH, parseCniCall, parseJsonBounded, podIdentity, type AddCall, type GcCall } from '../../../src/daemon/cni/request.js';
+import {
+  CniRequestError,
+  jsonDepth,
+  MAX_JSON_DEPTH,
+  parseCniCall,
+  parseJsonBounded,
+  podIdentity,
+  type AddCall,
+  type GcCall,
+} from '../../../src/daemon/cni/request.js';
 import type { CniRequest } from '../../../src/daemon/protocol.js';
 
 const ID = 'a'.repeat(64);
@@ -26,7 +35,15 @@ function refused(t: import('ava').ExecutionContext, req: CniRequest, code: numbe
 
 test('a containerd-style ADD parses into the attachment, the pod and its runtimeConfig', (t) => {
   const c = parseCniCall(
-    call(env(), conf({ runtimeConfig: { bandwidth: { IngressRate: 20e6, IngressBurst: 4294967295, EgressRate: 10e6, EgressBurst: 80000 }, portMappings: [{ hostPort: 8080, containerPort: 80, protocol: 'TCP' }] } })),
+    call(
+      env(),
+      conf({
+        runtimeConfig: {
+          bandwidth: { IngressRate: 20e6, IngressBurst: 4294967295, EgressRate: 10e6, EgressBurst: 80000 },
+          portMappings: [{ hostPort: 8080, containerPort: 80, protocol: 'TCP' }],
+        },
+      }),
+    ),
   ) as AddCall;
   t.deepEqual(c, {
     command: 'ADD',
@@ -40,12 +57,18 @@ test('a containerd-style ADD parses into the attachment, the pod and its runtime
     portMappings: [{ hostPort: 8080, containerPort: 80, protocol: 'tcp' }],
   });
   t.is((parseCniCall(call(env())) as AddCall).limits, undefined, 'no runtimeConfig: limits left to the annotations');
-  t.deepEqual((parseCniCall(call(env(), conf({ runtimeConfig: { bandwidth: { ingressRate: 0, egressRate: 0 } } }))) as AddCall).limits, undefined, 'rates of 0 limit nothing');
+  t.deepEqual(
+    (parseCniCall(call(env(), conf({ runtimeConfig: { bandwidth: { ingressRate: 0, egressRate: 0 } } }))) as AddCall).limits,
+    undefined,
+    'rates of 0 limit nothing',
+  );
 });
 
 test('DEL may come without a netns; GC and STATUS need spec 1.1.0', (t) => {
   t.like(parseCniCall(call(env({ CNI_COMMAND: 'DEL', CNI_NETNS: '' }))), { command: 'DEL', netns: '' });
-  const gc = parseCniCall(call({ CNI_COMMAND: 'GC' }, conf({ cniVersion: '1.1.0', 'cni.dev/valid-attachments': [{ containerID: ID, ifname: 'eth0' }] }))) as GcCall;
+  const gc = parseCniCall(
+    call({ CNI_COMMAND: 'GC' }, conf({ cniVersion: '1.1.0', 'cni.dev/valid-attachments': [{ containerID: ID, ifname: 'eth0' }] })),
+  ) as GcCall;
   t.deepEqual(gc.valid, [{ containerId: ID, ifName: 'eth0' }]);
   t.like(parseCniCall(call({ CNI_COMMAND: 'STATUS' }, conf({ cniVersion: '1.1.0' }))), { command: 'STATUS' });
   refused(t, call({ CNI_COMMAND: 'GC' }, conf({ 'cni.dev/valid-attachments': [] })), 1, /GC needs cniVersion 1\.1\.0/, 'GC at 1.0.0');
@@ -109,8 +132,23 @@ test('runtimeConfig.bandwidth and portMappings are bounded and named (code 7)', 
   refused(t, pm([{ hostPort: 80, containerPort: 70000 }]), 7, /containerPort must be a port/, 'port 70000');
   refused(t, pm([{ hostPort: 80, containerPort: 80, protocol: 'icmp' }]), 7, /protocol must be one of tcp, udp, sctp, got "icmp"/, 'icmp');
   refused(t, pm([{ hostPort: 80, containerPort: 80, hostIP: 'nope' }]), 7, /hostIP must be an IP address/, 'hostIP');
-  refused(t, pm([{ hostPort: 80, containerPort: 80 }, { hostPort: 80, containerPort: 81, protocol: 'tcp' }]), 7, /host port 80\/tcp is mapped twice/, 'duplicate');
-  refused(t, pm(Array.from({ length: 257 }, (_, i) => ({ hostPort: i + 1, containerPort: 80 }))), 7, /257 entries: at most 256/, 'too many');
+  refused(
+    t,
+    pm([
+      { hostPort: 80, containerPort: 80 },
+      { hostPort: 80, containerPort: 81, protocol: 'tcp' },
+    ]),
+    7,
+    /host port 80\/tcp is mapped twice/,
+    'duplicate',
+  );
+  refused(
+    t,
+    pm(Array.from({ length: 257 }, (_, i) => ({ hostPort: i + 1, containerPort: 80 }))),
+    7,
+    /257 entries: at most 256/,
+    'too many',
+  );
 });
 
 test('GC: a malformed valid-attachments list is refused whole, before anything is collected (code 7)', (t) => {
@@ -121,7 +159,16 @@ test('GC: a malformed valid-attachments list is refused whole, before anything i
   refused(t, gc([null]), 7, /\[0\] must be an object/, '[null]');
   refused(t, gc([{ containerid: ID, ifname: 'eth0' }]), 7, /\[0\] has an unknown key "containerid"/, 'wrong case');
   refused(t, gc([{ containerID: 5, ifname: 'eth0' }]), 7, /\[0\]\.containerID must be a string, got 5/, 'number');
-  refused(t, gc([{ containerID: ID, ifname: 'eth0' }, { containerID: '../x', ifname: 'eth0' }]), 7, /\[1\]\.containerID "\.\.\/x" is not a valid container ID/, 'bad ID');
+  refused(
+    t,
+    gc([
+      { containerID: ID, ifname: 'eth0' },
+      { containerID: '../x', ifname: 'eth0' },
+    ]),
+    7,
+    /\[1\]\.containerID "\.\.\/x" is not a valid container ID/,
+    'bad ID',
+  );
   refused(t, gc([{ containerID: ID }]), 7, /\[0\]\.ifname must be an interface name/, 'no ifname');
 });
 
@@ -129,8 +176,13 @@ test('jsonDepth counts nesting outside strings only; parseJsonBounded refuses pa
   t.is(jsonDepth('{"a":[1,{"b":"[[[["}]}'), 3);
   t.is(jsonDepth('"\\"[["'), 0);
   t.is(jsonDepth('[]'), 1);
-  t.deepEqual(parseJsonBounded(`${'['.repeat(MAX_JSON_DEPTH)}${']'.repeat(MAX_JSON_DEPTH)}`, 'x'), JSON.parse(`${'['.repeat(MAX_JSON_DEPTH)}${']'.repeat(MAX_JSON_DEPTH)}`));
-  t.throws(() => parseJsonBounded(`${'['.repeat(MAX_JSON_DEPTH + 1)}${']'.repeat(MAX_JSON_DEPTH + 1)}`, 'x'), { instanceOf: CniRequestError });
+  t.deepEqual(
+    parseJsonBounded(`${'['.repeat(MAX_JSON_DEPTH)}${']'.repeat(MAX_JSON_DEPTH)}`, 'x'),
+    JSON.parse(`${'['.repeat(MAX_JSON_DEPTH)}${']'.repeat(MAX_JSON_DEPTH)}`),
+  );
+  t.throws(() => parseJsonBounded(`${'['.repeat(MAX_JSON_DEPTH + 1)}${']'.repeat(MAX_JSON_DEPTH + 1)}`, 'x'), {
+    instanceOf: CniRequestError,
+  });
 });
 
 test('podIdentity: no CNI_ARGS is a pod without a name; unknown keys are ignored', (t) => {

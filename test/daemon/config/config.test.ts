@@ -198,7 +198,9 @@ test('flags are validated too and name the flag', async (t) => {
   t.is(err?.source, 'flags');
   t.is(err?.key, 'mtu');
   t.regex(err?.message ?? '', /--mtu/);
-  const unknown = await t.throwsAsync(loadConfig({ flags: { podCidr: 'x' } as unknown as Partial<AgentConfig>, env: ENV }), { instanceOf: AgentConfigError });
+  const unknown = await t.throwsAsync(loadConfig({ flags: { podCidr: 'x' } as unknown as Partial<AgentConfig>, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.is(unknown?.key, 'podCidr');
   t.is((await loadConfig({ flags: { podCIDR: '10.244.3.0/24' }, env: ENV })).podCIDR, '10.244.3.0/24');
 });
@@ -206,7 +208,22 @@ test('flags are validated too and name the flag', async (t) => {
 test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', async (t) => {
   const c = await loadConfig({ flags: {}, env: ENV });
   const keys = Object.keys(CONFIG_KEYS).sort();
-  t.deepEqual(keys, [...Object.keys(c), 'kubeconfig', 'mtu', 'podCIDR', 'unshapedCIDRs', 'uplink', 'egressCapacity', 'ingressCapacity', 'capacityDevice', 'metricsTLSCertFile', 'metricsTLSKeyFile'].sort());
+  t.deepEqual(
+    keys,
+    [
+      ...Object.keys(c),
+      'kubeconfig',
+      'mtu',
+      'podCIDR',
+      'unshapedCIDRs',
+      'uplink',
+      'egressCapacity',
+      'ingressCapacity',
+      'capacityDevice',
+      'metricsTLSCertFile',
+      'metricsTLSKeyFile',
+    ].sort(),
+  );
   for (const [key, value] of Object.entries(DEFAULT_CONFIG)) {
     const spec = CONFIG_KEYS[key as keyof typeof CONFIG_KEYS];
     t.is(spec.default, Array.isArray(value) ? value.join(',') : String(value), key);
@@ -227,13 +244,19 @@ test('CONFIG_KEYS describes every key, with defaults matching DEFAULT_CONFIG', a
 test('routes: direct in cluster mode with host-local; refused with a static pod CIDR or with dhcp, saying why', async (t) => {
   t.is((await loadConfig({ file: await yamlFile('routes: direct\n'), flags: {}, env: ENV })).routes, 'direct');
   t.is((await loadConfig({ flags: { routes: 'none', podCIDR: '10.244.1.0/24' }, env: ENV })).routes, 'none');
-  const stat = await t.throwsAsync(loadConfig({ file: await yamlFile('routes: direct\npodCIDR: 10.244.1.0/24\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  const stat = await t.throwsAsync(loadConfig({ file: await yamlFile('routes: direct\npodCIDR: 10.244.1.0/24\n'), flags: {}, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.is(stat?.key, 'routes');
   t.regex(stat?.message ?? '', /no Kubernetes API to watch/);
-  const dhcp = await t.throwsAsync(loadConfig({ flags: { routes: 'direct', ipam: 'dhcp', uplink: 'eth1' }, env: ENV }), { instanceOf: AgentConfigError });
+  const dhcp = await t.throwsAsync(loadConfig({ flags: { routes: 'direct', ipam: 'dhcp', uplink: 'eth1' }, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.is(dhcp?.key, 'routes');
   t.regex(dhcp?.message ?? '', /take their addresses from the LAN/);
-  const bad = await t.throwsAsync(loadConfig({ file: await yamlFile('routes: host-gw\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  const bad = await t.throwsAsync(loadConfig({ file: await yamlFile('routes: host-gw\n'), flags: {}, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.regex(bad?.message ?? '', /one of "none", "direct"/);
 });
 
@@ -245,43 +268,69 @@ test('ipam dhcp: uplink required there and refused elsewhere, validated as an in
   t.is(dhcpSocketPath(dhcp), '/run/kubenet/dhcp.sock');
   t.is((await loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth2' }, env: ENV })).dhcpTimeout, 30, 'default timeout');
 
-  const noUplink = await t.throwsAsync(loadConfig({ file: await yamlFile('ipam: dhcp\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  const noUplink = await t.throwsAsync(loadConfig({ file: await yamlFile('ipam: dhcp\n'), flags: {}, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.is(noUplink?.key, 'uplink');
   t.regex(noUplink?.message ?? '', /ipam "dhcp" needs an uplink/);
-  const stray = await t.throwsAsync(loadConfig({ file: await yamlFile('uplink: eth1\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  const stray = await t.throwsAsync(loadConfig({ file: await yamlFile('uplink: eth1\n'), flags: {}, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.is(stray?.key, 'uplink');
   t.regex(stray?.message ?? '', /applies only to ipam "dhcp"/);
   const strayTimeout = await t.throwsAsync(loadConfig({ flags: { dhcpTimeout: 10 }, env: ENV }), { instanceOf: AgentConfigError });
   t.is(strayTimeout?.key, 'dhcpTimeout');
   for (const bad of ['"eth/1"', '"a-name-longer-than-15"', '""', '3', '"."']) {
-    const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ipam: dhcp\nuplink: ${bad}\n`), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+    const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ipam: dhcp\nuplink: ${bad}\n`), flags: {}, env: ENV }), {
+      instanceOf: AgentConfigError,
+    });
     t.is(err?.key, 'uplink', bad);
     t.regex(err?.message ?? '', /Linux interface name/, bad);
   }
   const same = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'cbr0' }, env: ENV }), { instanceOf: AgentConfigError });
   t.regex(same?.message ?? '', /the agent's own bridge/);
-  const mode = await t.throwsAsync(loadConfig({ file: await yamlFile('ipam: static\n'), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  const mode = await t.throwsAsync(loadConfig({ file: await yamlFile('ipam: static\n'), flags: {}, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.is(mode?.key, 'ipam');
   for (const bad of [1, 601, 2.5]) {
-    const err = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', dhcpTimeout: bad }, env: ENV }), { instanceOf: AgentConfigError });
+    const err = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', dhcpTimeout: bad }, env: ENV }), {
+      instanceOf: AgentConfigError,
+    });
     t.is(err?.key, 'dhcpTimeout', String(bad));
   }
   // The agent's socket fits (102 bytes); dhcp.sock beside it would not (110).
-  const tooLong = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', socket: `/${'s'.repeat(99)}/k` }, env: ENV }), { instanceOf: AgentConfigError });
+  const tooLong = await t.throwsAsync(loadConfig({ flags: { ipam: 'dhcp', uplink: 'eth1', socket: `/${'s'.repeat(99)}/k` }, env: ENV }), {
+    instanceOf: AgentConfigError,
+  });
   t.regex(tooLong?.message ?? '', /lease daemon's socket/);
 });
 
 test('egressCapacity / ingressCapacity: bandwidth quantities kept in bits/s, refused outside 1k..10T naming the key; capacityDevice an interface name; all unset by default', async (t) => {
-  const c = await loadConfig({ file: await yamlFile('egressCapacity: 10G\ningressCapacity: 500M\ncapacityDevice: eth1\n'), flags: {}, env: ENV });
+  const c = await loadConfig({
+    file: await yamlFile('egressCapacity: 10G\ningressCapacity: 500M\ncapacityDevice: eth1\n'),
+    flags: {},
+    env: ENV,
+  });
   t.is(c.egressCapacity, 10_000_000_000);
   t.is(c.ingressCapacity, 500_000_000);
   t.is(c.capacityDevice, 'eth1');
   const none = await loadConfig({ flags: {}, env: ENV });
   t.false('egressCapacity' in none || 'ingressCapacity' in none || 'capacityDevice' in none);
-  t.is((await loadConfig({ flags: { egressCapacity: 1_000_000_000 }, env: ENV })).egressCapacity, 1e9, 'a number is bits/s (a loaded config as flags)');
+  t.is(
+    (await loadConfig({ flags: { egressCapacity: 1_000_000_000 }, env: ENV })).egressCapacity,
+    1e9,
+    'a number is bits/s (a loaded config as flags)',
+  );
   t.deepEqual(configFlags({ egressCapacity: 1e9 }), ['--egress-capacity', '1000000000']);
-  for (const [bad, why] of [['10 Gbit', /"10 Gbit" is not a bandwidth: want a number of bits\/s/], ['20T', /above the maximum/], ['100', /below the minimum/]] as const) {
-    const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ingressCapacity: ${bad}\n`), flags: {}, env: ENV }), { instanceOf: AgentConfigError });
+  for (const [bad, why] of [
+    ['10 Gbit', /"10 Gbit" is not a bandwidth: want a number of bits\/s/],
+    ['20T', /above the maximum/],
+    ['100', /below the minimum/],
+  ] as const) {
+    const err = await t.throwsAsync(loadConfig({ file: await yamlFile(`ingressCapacity: ${bad}\n`), flags: {}, env: ENV }), {
+      instanceOf: AgentConfigError,
+    });
     t.is(err?.key, 'ingressCapacity');
     t.regex(err?.message ?? '', why);
   }
@@ -312,7 +361,7 @@ test('configFlags: every set key as its flag, lists joined; dhcp keys only with 
   t.is(flags.length % 2, 0);
 });
 
-test('unshapedCIDRs: a list of CIDRs, normalized; unset, the cluster\'s own ranges (live, not from config) with routes direct, else none', async (t) => {
+test("unshapedCIDRs: a list of CIDRs, normalized; unset, the cluster's own ranges (live, not from config) with routes direct, else none", async (t) => {
   await refuse(t, 'unshapedCIDRs: 10.0.0.0/8\n', 'unshapedCIDRs', /list of CIDRs/);
   await refuse(t, 'unshapedCIDRs: [10.0.0.0/33]\n', 'unshapedCIDRs', /list of CIDRs/);
   await refuse(t, 'unshapedCIDRs: [10.0.0.0/8, 3]\n', 'unshapedCIDRs', /list of CIDRs/);
@@ -324,7 +373,11 @@ test('unshapedCIDRs: a list of CIDRs, normalized; unset, the cluster\'s own rang
   const unset = await loadConfig({ flags: { podCIDR: '10.244.1.0/24' }, env: ENV });
   t.is(unset.unshapedCIDRs, undefined);
   t.deepEqual(unshapedCidrsOf(unset), [], 'routes none: nothing is unshaped');
-  t.is(unshapedCidrsOf({ ...unset, routes: 'direct', nonMasqueradeCIDR: '10.0.0.0/8' }), undefined, 'not nonMasqueradeCIDR: the cluster\'s ranges, from the API (cluster-ranges.ts)');
+  t.is(
+    unshapedCidrsOf({ ...unset, routes: 'direct', nonMasqueradeCIDR: '10.0.0.0/8' }),
+    undefined,
+    "not nonMasqueradeCIDR: the cluster's ranges, from the API (cluster-ranges.ts)",
+  );
   t.deepEqual(configFlags({ unshapedCIDRs: ['10.0.0.0/8', 'fd00:10::/32'] }), ['--unshaped-cidrs', '10.0.0.0/8,fd00:10::/32']);
 });
 

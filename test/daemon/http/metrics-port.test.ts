@@ -28,14 +28,23 @@ function get(url: string, opts: { method?: string; headers?: Record<string, stri
   const u = new URL(url);
   const https = u.protocol === 'https:';
   return new Promise((resolve, reject) => {
-    const req = (https ? httpsRequest : httpRequest)(u, { method: opts.method ?? 'GET', headers: opts.headers ?? {}, ...(https ? { rejectUnauthorized: false } : {}), agent: false }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const peer = https ? (res.socket as import('node:tls').TLSSocket).getPeerX509Certificate?.() : undefined;
-        resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString(), ...(peer ? { cert: peer } : {}) });
-      });
-    });
+    const req = (https ? httpsRequest : httpRequest)(
+      u,
+      { method: opts.method ?? 'GET', headers: opts.headers ?? {}, ...(https ? { rejectUnauthorized: false } : {}), agent: false },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          const peer = https ? (res.socket as import('node:tls').TLSSocket).getPeerX509Certificate?.() : undefined;
+          resolve({
+            status: res.statusCode ?? 0,
+            headers: res.headers,
+            body: Buffer.concat(chunks).toString(),
+            ...(peer ? { cert: peer } : {}),
+          });
+        });
+      },
+    );
     req.on('error', reject);
     req.end();
   });
@@ -43,7 +52,13 @@ function get(url: string, opts: { method?: string; headers?: Record<string, stri
 
 async function serve(t: import('ava').ExecutionContext, opts: { auth?: MetricsAuthorizer; address?: string } = {}): Promise<MetricsHttp> {
   const m = new MetricsHttp(
-    { metrics: async () => ({ contentType: 'text/plain; version=0.0.4', parts: [EXPOSITION.slice(0, 20), Buffer.from(EXPOSITION.slice(20))] }), ready: () => ({ ok: false, reason: 'kubenet: no pod CIDR yet' }) },
+    {
+      metrics: async () => ({
+        contentType: 'text/plain; version=0.0.4',
+        parts: [EXPOSITION.slice(0, 20), Buffer.from(EXPOSITION.slice(20))],
+      }),
+      ready: () => ({ ok: false, reason: 'kubenet: no pod CIDR yet' }),
+    },
     { address: opts.address ?? '127.0.0.1:0', log, nodeName: 'node-a', ...(opts.auth ? { auth: opts.auth } : {}) },
   );
   t.teardown(() => m.close());
@@ -94,9 +109,17 @@ test('every address: ":PORT" listens on IPv4 and IPv6 loopback alike', async (t)
 test('a port in use: an error naming the key, the address and what to do', async (t) => {
   const m = await serve(t);
   const port = Number(new URL(m.url() ?? '').port);
-  const second = new MetricsHttp({ metrics: async () => ({ contentType: 'text/plain', parts: [''] }), ready: () => ({ ok: true }) }, { address: `127.0.0.1:${port}`, log });
+  const second = new MetricsHttp(
+    { metrics: async () => ({ contentType: 'text/plain', parts: [''] }), ready: () => ({ ok: true }) },
+    { address: `127.0.0.1:${port}`, log },
+  );
   const err = await t.throwsAsync(second.listen());
-  t.regex(err?.message ?? '', new RegExp(`metricsAddress 127\\.0\\.0\\.1:${port}: cannot listen on 127\\.0\\.0\\.1:${port}: the port is in use .*sport = :${port}.*set metricsAddress to a free port, or "off"`));
+  t.regex(
+    err?.message ?? '',
+    new RegExp(
+      `metricsAddress 127\\.0\\.0\\.1:${port}: cannot listen on 127\\.0\\.0\\.1:${port}: the port is in use .*sport = :${port}.*set metricsAddress to a free port, or "off"`,
+    ),
+  );
 });
 
 test('with an authorizer: TLS with a self-signed certificate for the node, /metrics as it decides, /healthz open', async (t) => {
@@ -105,7 +128,9 @@ test('with an authorizer: TLS with a self-signed certificate for the node, /metr
     authorize: async (authorization, path) => {
       seen.push({ authorization, path });
       if (!authorization) return { status: 401, reason: 'a bearer token is required' };
-      return authorization === 'Bearer good' ? { status: 200, user: 'system:serviceaccount:monitoring:prometheus' } : { status: 403, reason: 'user "x" may not get /metrics' };
+      return authorization === 'Bearer good'
+        ? { status: 200, user: 'system:serviceaccount:monitoring:prometheus' }
+        : { status: 403, reason: 'user "x" may not get /metrics' };
     },
   };
   const m = await serve(t, { auth });
@@ -121,7 +146,10 @@ test('with an authorizer: TLS with a self-signed certificate for the node, /metr
   const good = await get(`${url}/metrics`, { headers: { authorization: 'Bearer good' } });
   t.is(good.status, 200);
   t.is(good.body, EXPOSITION);
-  t.deepEqual(seen.map((s) => s.path), ['/metrics', '/metrics', '/metrics']);
+  t.deepEqual(
+    seen.map((s) => s.path),
+    ['/metrics', '/metrics', '/metrics'],
+  );
   const health = await get(`${url}/healthz`);
   t.is(health.status, 200, 'the kubelet probe carries no token');
   t.is(seen.length, 3, '/healthz asks nobody');
@@ -140,7 +168,9 @@ class FakeReviews implements ReviewApi {
   readonly asked: Array<{ path: string; body: any }> = [];
   fail = false;
   delayMs = 5;
-  users = new Map<string, { username: string; groups: string[] }>([['tok-prom', { username: 'system:serviceaccount:monitoring:prometheus', groups: ['system:serviceaccounts'] }]]);
+  users = new Map<string, { username: string; groups: string[] }>([
+    ['tok-prom', { username: 'system:serviceaccount:monitoring:prometheus', groups: ['system:serviceaccounts'] }],
+  ]);
   allowed = new Set(['system:serviceaccount:monitoring:prometheus /metrics']);
   async postJson<T>(path: string, body: any): Promise<T> {
     this.asked.push({ path, body });
@@ -161,7 +191,11 @@ test('KubeMetricsAuth: TokenReview then SubjectAccessReview for get on the path,
   t.is(api.asked[0]?.path, '/apis/authentication.k8s.io/v1/tokenreviews');
   t.deepEqual(api.asked[0]?.body.spec, { token: 'tok-prom' });
   t.is(api.asked[1]?.path, '/apis/authorization.k8s.io/v1/subjectaccessreviews');
-  t.deepEqual(api.asked[1]?.body.spec, { user: 'system:serviceaccount:monitoring:prometheus', groups: ['system:serviceaccounts'], nonResourceAttributes: { path: '/metrics', verb: 'get' } });
+  t.deepEqual(api.asked[1]?.body.spec, {
+    user: 'system:serviceaccount:monitoring:prometheus',
+    groups: ['system:serviceaccounts'],
+    nonResourceAttributes: { path: '/metrics', verb: 'get' },
+  });
   t.is((await auth.authorize(undefined, '/metrics')).status, 401);
   t.is((await auth.authorize('Basic abc', '/metrics')).status, 401);
   t.is((await auth.authorize('Bearer nobody', '/metrics')).status, 401);

@@ -12,19 +12,41 @@ import { snapshotOf } from '../../../src/cli/cluster-view.js';
 import { podRecord } from '../../kit/fake-core.js';
 
 const M = 1_000_000;
-const INFO: AgentInfo = { node: 'node-a', version: '0.2.0', podCIDR: '10.244.1.0/24,fd00:10:244:1::/64', bridge: 'cbr0', ipam: 'host-local', routes: 'direct' };
+const INFO: AgentInfo = {
+  node: 'node-a',
+  version: '0.2.0',
+  podCIDR: '10.244.1.0/24,fd00:10:244:1::/64',
+  bridge: 'cbr0',
+  ipam: 'host-local',
+  routes: 'direct',
+};
 
 function shaped(r: PodRecord, ingress?: number, egress?: number): PodTraffic {
-  const dir = (bytes: number, limit: number | undefined) => ({ limit: limit ?? 0, bytes, packets: 10, drops: 2, overlimits: 7, backlog: 0 });
+  const dir = (bytes: number, limit: number | undefined) => ({
+    limit: limit ?? 0,
+    bytes,
+    packets: 10,
+    drops: 2,
+    overlimits: 7,
+    backlog: 0,
+  });
   return {
     record: r,
-    shaping: { id: r.containerId, hostVeth: 'v', ...(ingress !== undefined ? { ingress: dir(ingress, r.limits.ingress) } : {}), ...(egress !== undefined ? { egress: dir(egress, r.limits.egress) } : {}) },
+    shaping: {
+      id: r.containerId,
+      hostVeth: 'v',
+      ...(ingress !== undefined ? { ingress: dir(ingress, r.limits.ingress) } : {}),
+      ...(egress !== undefined ? { egress: dir(egress, r.limits.egress) } : {}),
+    },
   };
 }
 
 test('the whole exposition is valid text format: every family once, typed before its samples, no series twice, escapes read back', async (t) => {
   const odd = { ...podRecord('we"ird\\name\nx', { egress: 5 * M }, { namespace: 'ns' }), ips: ['10.0.0.9'] };
-  const gold = { ...podRecord('gold', { ingress: 40 * M, egress: 100 * M, egressGuarantee: 60 * M, priority: 0 }), ips: ['10.0.0.2', 'fd00::2'] };
+  const gold = {
+    ...podRecord('gold', { ingress: 40 * M, egress: 100 * M, egressGuarantee: 60 * M, priority: 0 }),
+    ips: ['10.0.0.2', 'fd00::2'],
+  };
   // A second attachment of the same pod (another interface): one pod_info series with both attachments' addresses.
   const goldNet1 = { ...podRecord('gold', {}, { id: 'gold-id' }), ifName: 'net1', ips: ['192.168.9.2'] };
   const plain = { ...podRecord('plain', {}), ips: ['10.0.0.3'] };
@@ -43,16 +65,27 @@ test('the whole exposition is valid text format: every family once, typed before
 
   const info = samplesOf(families, 'kubenet_info');
   t.is(info.length, 1);
-  t.deepEqual(info[0]?.labels, { node: 'node-a', version: '0.2.0', pod_cidr: '10.244.1.0/24,fd00:10:244:1::/64', bridge: 'cbr0', ipam: 'host-local', routes: 'direct' });
+  t.deepEqual(info[0]?.labels, {
+    node: 'node-a',
+    version: '0.2.0',
+    pod_cidr: '10.244.1.0/24,fd00:10:244:1::/64',
+    bridge: 'cbr0',
+    ipam: 'host-local',
+    routes: 'direct',
+  });
   t.is(info[0]?.value, 1);
   t.is(families.get('kubenet_info')?.type, 'gauge');
 
   const podInfo = samplesOf(families, 'kubenet_pod_info').map((s) => s.labels);
-  t.deepEqual(podInfo, [
-    { namespace: 'ns', pod: 'we"ird\\name\nx', ips: '10.0.0.9' },
-    { namespace: 'default', pod: 'gold', ips: '10.0.0.2,fd00::2,192.168.9.2' },
-    { namespace: 'default', pod: 'plain', ips: '10.0.0.3' },
-  ], 'every ready pod once, shaped or not; a pod still being added has none');
+  t.deepEqual(
+    podInfo,
+    [
+      { namespace: 'ns', pod: 'we"ird\\name\nx', ips: '10.0.0.9' },
+      { namespace: 'default', pod: 'gold', ips: '10.0.0.2,fd00::2,192.168.9.2' },
+      { namespace: 'default', pod: 'plain', ips: '10.0.0.3' },
+    ],
+    'every ready pod once, shaped or not; a pod still being added has none',
+  );
   t.is(samplesOf(families, 'kubenet_pod_counters_read_timestamp_seconds')[0]?.value, 1_700_000_000.25);
 
   // Only the *_info families carry labels beyond namespace, pod, direction, source (and prom-client's own).
@@ -66,13 +99,23 @@ test('the whole exposition is valid text format: every family once, typed before
 
   // What kubectl kubenet reads of it.
   const snap = snapshotOf(families, 0);
-  t.deepEqual(snap.info, { node: 'node-a', version: '0.2.0', podCIDR: '10.244.1.0/24,fd00:10:244:1::/64', bridge: 'cbr0', ipam: 'host-local', routes: 'direct' });
+  t.deepEqual(snap.info, {
+    node: 'node-a',
+    version: '0.2.0',
+    podCIDR: '10.244.1.0/24,fd00:10:244:1::/64',
+    bridge: 'cbr0',
+    ipam: 'host-local',
+    routes: 'direct',
+  });
   t.is(snap.countersReadAtS, 1_700_000_000.25);
   t.deepEqual(snap.pods.get('default/gold'), {
     namespace: 'default',
     pod: 'gold',
     ips: ['10.0.0.2', 'fd00::2', '192.168.9.2'],
-    directions: { ingress: { limit: 40 * M, source: 'pod', bytes: 2000, drops: 2, overlimits: 7 }, egress: { limit: 100 * M, source: 'pod', bytes: 3000, drops: 2, overlimits: 7, guarantee: 60 * M } },
+    directions: {
+      ingress: { limit: 40 * M, source: 'pod', bytes: 2000, drops: 2, overlimits: 7 },
+      egress: { limit: 100 * M, source: 'pod', bytes: 3000, drops: 2, overlimits: 7, guarantee: 60 * M },
+    },
   });
   t.deepEqual(snap.pods.get('default/plain'), { namespace: 'default', pod: 'plain', ips: ['10.0.0.3'], directions: {} });
   t.is(snap.pods.get('ns/we"ird\\name\nx')?.directions.egress?.bytes, 1000);

@@ -15,7 +15,10 @@ test('Backoff: steps of 800 ms doubling to 30 s, each wait within [step/2, step]
   const lows = Array.from({ length: 8 }, (_, i) => low.next(at(i)));
   const highs = Array.from({ length: 8 }, (_, i) => high.next(at(i)));
   t.deepEqual(highs, [800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]);
-  t.deepEqual(lows, highs.map((x) => x / 2));
+  t.deepEqual(
+    lows,
+    highs.map((x) => x / 2),
+  );
   t.is(high.next(at(8) + 119_000), 30_000, 'failures less than 2 min apart keep the step');
   t.is(high.next(at(9) + 119_000 + 120_000), 800, '2 min without a failure: from the start');
   high.reset();
@@ -23,7 +26,8 @@ test('Backoff: steps of 800 ms doubling to 30 s, each wait within [step/2, step]
 });
 
 test('isOutage: refused, reset, timed out, 429 and 5xx are the API server away; other answers (401, 403, 404, 410) are not', (t) => {
-  for (const code of ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH']) t.true(isOutage(Object.assign(new Error(code), { code })), code);
+  for (const code of ['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH'])
+    t.true(isOutage(Object.assign(new Error(code), { code })), code);
   for (const status of [429, 500, 502, 503, 504]) t.true(isOutage(new KubeApiError('x', { status })), String(status));
   t.true(isOutage(new KubeApiError('watch broke off', { away: true })));
   for (const status of [400, 401, 403, 404, 409, 410]) t.false(isOutage(new KubeApiError('x', { status })), String(status));

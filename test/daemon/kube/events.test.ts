@@ -24,13 +24,28 @@ async function fakeApi(t: ExecutionContext): Promise<FakeApiServer> {
 
 test('an Event object is core/v1 as kubelet writes it: about the pod, from kubenet on this node, count 1', (t) => {
   const now = new Date('2025-01-02T03:04:05.678Z');
-  const ev = eventObject({ namespace: 'ns1', name: 'web', uid: 'u-1' }, 'Warning', 'BandwidthRejected', 'x'.repeat(2000), 'node-a', now) as Record<string, any>;
+  const ev = eventObject(
+    { namespace: 'ns1', name: 'web', uid: 'u-1' },
+    'Warning',
+    'BandwidthRejected',
+    'x'.repeat(2000),
+    'node-a',
+    now,
+  ) as Record<string, any>;
   t.is(ev.apiVersion, 'v1');
   t.is(ev.kind, 'Event');
   t.is(ev.metadata.namespace, 'ns1');
   t.regex(ev.metadata.name, /^web\.[0-9a-f]+$/);
   t.deepEqual(ev.involvedObject, { apiVersion: 'v1', kind: 'Pod', namespace: 'ns1', name: 'web', uid: 'u-1' });
-  t.like(ev, { reason: 'BandwidthRejected', type: 'Warning', count: 1, firstTimestamp: '2025-01-02T03:04:05Z', lastTimestamp: '2025-01-02T03:04:05Z', reportingComponent: 'kubenet', reportingInstance: 'node-a' });
+  t.like(ev, {
+    reason: 'BandwidthRejected',
+    type: 'Warning',
+    count: 1,
+    firstTimestamp: '2025-01-02T03:04:05Z',
+    lastTimestamp: '2025-01-02T03:04:05Z',
+    reportingComponent: 'kubenet',
+    reportingInstance: 'node-a',
+  });
   t.deepEqual(ev.source, { component: 'kubenet', host: 'node-a' });
   t.true(ev.message.length <= 1024, 'the message fits the API server limit');
   const other = eventObject({ namespace: 'ns1', name: 'web' }, 'Normal', 'BandwidthApplied', 'm', 'node-a', now) as Record<string, any>;
@@ -43,14 +58,26 @@ test('KubeEventRecorder POSTs Events the fake records; a refusal is logged, neve
   const rec = new KubeEventRecorder({ nodeName: 'node-a', logger: silent, kubeConfig: fakeKubeConfig(api) });
   t.teardown(() => rec.stop());
   rec.record({ namespace: 'default', name: 'web', uid: 'u-web' }, 'Normal', 'BandwidthApplied', 'bandwidth limits applied: ingress 10M');
-  rec.record({ namespace: 'default', name: 'web', uid: 'u-web' }, 'Warning', 'BandwidthRejected', 'annotation kubernetes.io/egress-bandwidth: invalid');
+  rec.record(
+    { namespace: 'default', name: 'web', uid: 'u-web' },
+    'Warning',
+    'BandwidthRejected',
+    'annotation kubernetes.io/egress-bandwidth: invalid',
+  );
   rec.record({ namespace: '', name: 'nameless' }, 'Normal', 'BandwidthApplied', 'not recorded: no namespace');
   await rec.flush();
-  t.deepEqual(api.events.map((e) => [e.involvedObject.name, e.involvedObject.uid, e.type, e.reason]), [
-    ['web', 'u-web', 'Normal', 'BandwidthApplied'],
-    ['web', 'u-web', 'Warning', 'BandwidthRejected'],
-  ]);
-  t.true(api.requests.some((r) => r.method === 'POST' && r.path === '/api/v1/namespaces/default/events' && r.authorization === 'Bearer fake-token'));
+  t.deepEqual(
+    api.events.map((e) => [e.involvedObject.name, e.involvedObject.uid, e.type, e.reason]),
+    [
+      ['web', 'u-web', 'Normal', 'BandwidthApplied'],
+      ['web', 'u-web', 'Warning', 'BandwidthRejected'],
+    ],
+  );
+  t.true(
+    api.requests.some(
+      (r) => r.method === 'POST' && r.path === '/api/v1/namespaces/default/events' && r.authorization === 'Bearer fake-token',
+    ),
+  );
   api.failWith = () => 403;
   rec.record({ namespace: 'default', name: 'web' }, 'Normal', 'BandwidthApplied', 'forbidden');
   await rec.flush();
@@ -68,8 +95,14 @@ test('KubeEventRecorder: 40 Events recorded at once (a burst of ADDs) are all po
   for (let i = 0; i < 40; i++) rec.record({ namespace: 'default', name: `p${i}` }, 'Normal', 'BandwidthApplied', 'ingress 10M');
   await rec.flush();
   await sleep(50); // warnings are emitted on the next tick
-  t.deepEqual(api.events.map((e) => e.involvedObject.name), Array.from({ length: 40 }, (_, i) => `p${i}`));
-  t.deepEqual(warnings.filter((w) => w.startsWith('MaxListenersExceededWarning')), []);
+  t.deepEqual(
+    api.events.map((e) => e.involvedObject.name),
+    Array.from({ length: 40 }, (_, i) => `p${i}`),
+  );
+  t.deepEqual(
+    warnings.filter((w) => w.startsWith('MaxListenersExceededWarning')),
+    [],
+  );
 });
 
 test('KubeEventRecorder: while the API server does not answer, one Event is in flight and the rest wait; stop() gives them up', async (t) => {
@@ -90,9 +123,15 @@ test('KubeEventRecorder: while the API server does not answer, one Event is in f
 test('KubeApi.postJson: 201 is parsed; an error answer is a KubeApiError with the Status reason', async (t) => {
   const api = await fakeApi(t);
   const kube = new KubeApi(fakeKubeConfig(api));
-  const created = await kube.postJson<{ metadata: { uid: string } }>('/api/v1/namespaces/default/events', eventObject({ namespace: 'default', name: 'p' }, 'Normal', 'R', 'm', 'n'));
+  const created = await kube.postJson<{ metadata: { uid: string } }>(
+    '/api/v1/namespaces/default/events',
+    eventObject({ namespace: 'default', name: 'p' }, 'Normal', 'R', 'm', 'n'),
+  );
   t.truthy(created.metadata.uid);
-  const err = await t.throwsAsync(kube.postJson('/api/v1/namespaces/other/events', eventObject({ namespace: 'default', name: 'p' }, 'Normal', 'R', 'm', 'n')), { instanceOf: KubeApiError });
+  const err = await t.throwsAsync(
+    kube.postJson('/api/v1/namespaces/other/events', eventObject({ namespace: 'default', name: 'p' }, 'Normal', 'R', 'm', 'n')),
+    { instanceOf: KubeApiError },
+  );
   t.is(err?.status, 422);
   t.is(err?.reason, 'Invalid');
   t.regex(err?.message ?? '', /^POST \/api\/v1\/namespaces\/other\/events: 422/);
@@ -108,7 +147,15 @@ test('the pod watch tells of every pod listed, added and modified, with the anno
   t.teardown(() => lookup.stop());
   await lookup.start();
   await until('the list', () => seen.length === 1);
-  t.deepEqual(seen[0], { namespace: 'default', name: 'a', uid: 'uid-default-a', annotations: { 'kubernetes.io/egress-bandwidth': '10M' }, previous: undefined, ask: { guarantees: {} }, previousAsk: undefined });
+  t.deepEqual(seen[0], {
+    namespace: 'default',
+    name: 'a',
+    uid: 'uid-default-a',
+    annotations: { 'kubernetes.io/egress-bandwidth': '10M' },
+    previous: undefined,
+    ask: { guarantees: {} },
+    previousAsk: undefined,
+  });
   await until('the watch', () => api.openWatches === 1);
   api.annotatePod('default', 'a', { 'kubernetes.io/egress-bandwidth': '20M' });
   await until('the change', () => seen.length === 2);

@@ -36,7 +36,11 @@ test.after.always(async () => {
 
 let n = 0;
 /** Writes a kubeconfig (as YAML) with one cluster, user and context into a fresh directory; returns its path. */
-async function kubeconfig(cluster: Record<string, unknown>, user: Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<string> {
+async function kubeconfig(
+  cluster: Record<string, unknown>,
+  user: Record<string, unknown>,
+  extra: Record<string, unknown> = {},
+): Promise<string> {
   const dir = join(root, `k${++n}`);
   await mkdir(dir);
   const path = join(dir, 'config');
@@ -67,7 +71,11 @@ function capturingLogger() {
 }
 
 /** Starts a Node source on `opts`; resolves with the first CIDR (or fails after `ms`). */
-async function firstCidr(t: ExecutionContext, opts: { kubeconfig?: string; kubeConfig?: ReturnType<typeof inClusterCredentials> }, ms = 10_000) {
+async function firstCidr(
+  t: ExecutionContext,
+  opts: { kubeconfig?: string; kubeConfig?: ReturnType<typeof inClusterCredentials> },
+  ms = 10_000,
+) {
   const log = capturingLogger();
   const source = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, retryMinMs: 20, retryMaxMs: 200, ...opts });
   t.teardown(() => source.stop());
@@ -110,8 +118,16 @@ test('kubeconfig tokenFile (relative to the kubeconfig): read again once the cop
 });
 
 test('kubeconfig with a client certificate over TLS: CA and certificate files, then the -data forms', async (t) => {
-  const api = await fakeApi(t, { key: await readText(pki.serverKey), cert: await readText(pki.serverCert), ca: await readText(pki.caCert), requireClientCert: true });
-  const files = await kubeconfig({ server: api.url, 'certificate-authority': pki.caCert }, { 'client-certificate': pki.clientCert, 'client-key': pki.clientKey });
+  const api = await fakeApi(t, {
+    key: await readText(pki.serverKey),
+    cert: await readText(pki.serverCert),
+    ca: await readText(pki.caCert),
+    requireClientCert: true,
+  });
+  const files = await kubeconfig(
+    { server: api.url, 'certificate-authority': pki.caCert },
+    { 'client-certificate': pki.clientCert, 'client-key': pki.clientKey },
+  );
   t.is((await firstCidr(t, { kubeconfig: files })).cidr, V4);
   t.is(api.requests[0]?.clientCert, 'system:node:node-a');
   t.is(api.requests[0]?.authorization, undefined);
@@ -134,26 +150,46 @@ test("kubectl's search (kubectl kubenet): --kubeconfig, else $KUBECONFIG's files
   await mkdir(join(twoDir, '.kube'), { recursive: true });
   const two = join(twoDir, '.kube', 'config');
   const doc = {
-    clusters: [{ name: 'c', cluster: { server: 'http://127.0.0.1:1', 'insecure-skip-tls-verify': true } }, { name: 'c2', cluster: { server: api2.url, 'insecure-skip-tls-verify': true } }],
+    clusters: [
+      { name: 'c', cluster: { server: 'http://127.0.0.1:1', 'insecure-skip-tls-verify': true } },
+      { name: 'c2', cluster: { server: api2.url, 'insecure-skip-tls-verify': true } },
+    ],
     users: [{ name: 'u2', user: { token: 'tok-2' } }],
-    contexts: [{ name: 'ctx', context: { cluster: 'c2', user: 'u2' } }, { name: 'other', context: { cluster: 'c2', user: 'u2' } }],
+    contexts: [
+      { name: 'ctx', context: { cluster: 'c2', user: 'u2' } },
+      { name: 'other', context: { cluster: 'c2', user: 'u2' } },
+    ],
     'current-context': 'other',
   };
   await writeFile(two, yaml.dump(doc));
   const get = async (o: Parameters<typeof kubectlCredentials>[0]) => {
     const kc = kubectlCredentials(o);
     await new KubeApi(kc).getJson(NODES);
-    return kc.server === api1.url ? `api1 ${api1.requests.at(-1)?.authorization}` : kc.server === api2.url ? `api2 ${api2.requests.at(-1)?.authorization}` : kc.server;
+    return kc.server === api1.url
+      ? `api1 ${api1.requests.at(-1)?.authorization}`
+      : kc.server === api2.url
+        ? `api2 ${api2.requests.at(-1)?.authorization}`
+        : kc.server;
   };
   const list = [join(root, 'missing'), one, two].join(':');
-  t.is(await get({ env: { KUBECONFIG: list } }), 'api1 Bearer tok-1', "the first file's current context, cluster and user (its tokenFile relative to it)");
+  t.is(
+    await get({ env: { KUBECONFIG: list } }),
+    'api1 Bearer tok-1',
+    "the first file's current context, cluster and user (its tokenFile relative to it)",
+  );
   t.is(await get({ env: { KUBECONFIG: list }, context: 'other' }), 'api2 Bearer tok-2', 'a context only the second file has');
   t.is(await get({ env: { KUBECONFIG: [two, one].join(':') } }), 'api2 Bearer tok-2', 'the other order: the other file wins');
   t.is(await get({ env: { KUBECONFIG: list }, kubeconfig: two }), 'api2 Bearer tok-2', '--kubeconfig wins over $KUBECONFIG');
   t.is(await get({ env: { KUBECONFIG: list }, kubeconfig: one, context: 'ctx' }), 'api1 Bearer tok-1');
   t.is(await get({ env: {}, home: twoDir }), 'api2 Bearer tok-2', 'no $KUBECONFIG: ~/.kube/config');
-  t.throws(() => kubectlCredentials({ env: { KUBECONFIG: join(root, 'missing') } }), { instanceOf: ConfigError, message: /none of the kubeconfig files in \$KUBECONFIG exists/ });
-  t.throws(() => kubectlCredentials({ env: { KUBECONFIG: list }, context: 'nope' }), { instanceOf: ConfigError, message: /no context named "nope"/ });
+  t.throws(() => kubectlCredentials({ env: { KUBECONFIG: join(root, 'missing') } }), {
+    instanceOf: ConfigError,
+    message: /none of the kubeconfig files in \$KUBECONFIG exists/,
+  });
+  t.throws(() => kubectlCredentials({ env: { KUBECONFIG: list }, context: 'nope' }), {
+    instanceOf: ConfigError,
+    message: /no context named "nope"/,
+  });
   t.throws(() => kubectlCredentials({ kubeconfig: join(root, 'missing') }), { instanceOf: ConfigError, message: /cannot load kubeconfig/ });
 });
 
@@ -192,13 +228,22 @@ test('in cluster: KUBERNETES_SERVICE_HOST/PORT, the service account CA and token
 
 test('refused configurations are ConfigErrors naming the kubeconfig and the field', async (t) => {
   const server = 'https://127.0.0.1:6443';
-  const refused = async (cluster: Record<string, unknown>, user: Record<string, unknown>, message: RegExp, extra: Record<string, unknown> = {}) => {
+  const refused = async (
+    cluster: Record<string, unknown>,
+    user: Record<string, unknown>,
+    message: RegExp,
+    extra: Record<string, unknown> = {},
+  ) => {
     const path = await kubeconfig(cluster, user, extra);
     const err = t.throws(() => loadKubeConfig({ kubeconfig: path }), { instanceOf: ConfigError });
     t.true(err.message.includes(path), err.message);
     t.regex(err.message, message);
   };
-  await refused({ server }, { exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'aws-iam-authenticator' } }, /user "u": exec \(aws-iam-authenticator\): credential plugins are not supported/);
+  await refused(
+    { server },
+    { exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'aws-iam-authenticator' } },
+    /user "u": exec \(aws-iam-authenticator\): credential plugins are not supported/,
+  );
   await refused({ server }, { 'auth-provider': { name: 'oidc' } }, /auth-provider: credential plugins are not supported/);
   await refused({ server }, { token: 't', as: 'admin' }, /as: impersonation is not supported/);
   await refused({ server, 'proxy-url': 'http://proxy:3128' }, { token: 't' }, /proxy-url is not supported/);
@@ -207,7 +252,11 @@ test('refused configurations are ConfigErrors naming the kubeconfig and the fiel
   await refused({}, { token: 't' }, /has no http\(s\) server/);
   await refused({ server }, { 'client-certificate': pki.clientCert }, /a client certificate needs both/);
   await refused({ server }, { tokenFile: 'no-such-token' }, /cannot read token file .*no-such-token/);
-  await refused({ server, 'certificate-authority': 'missing-ca.crt' }, { token: 't' }, /cannot read certificate-authority .*missing-ca\.crt/);
+  await refused(
+    { server, 'certificate-authority': 'missing-ca.crt' },
+    { token: 't' },
+    /cannot read certificate-authority .*missing-ca\.crt/,
+  );
   await refused({ server }, { token: 't' }, /has no current cluster/, { 'current-context': undefined });
   await refused({ server }, { token: 't' }, /no context named "other"/, { 'current-context': 'other' });
   await refused({ server }, { token: 't' }, /no user named "v"/, { contexts: [{ name: 'ctx', context: { cluster: 'c', user: 'v' } }] });
@@ -215,29 +264,49 @@ test('refused configurations are ConfigErrors naming the kubeconfig and the fiel
   const garbage = join(root, 'garbage');
   await writeFile(garbage, 'clusters: [unclosed');
   t.throws(() => loadKubeConfig({ kubeconfig: garbage }), { instanceOf: ConfigError, message: /cannot load kubeconfig .*garbage/ });
-  t.throws(() => loadKubeConfig({ kubeconfig: join(root, 'absent') }), { instanceOf: ConfigError, message: /cannot load kubeconfig .*absent/ });
-
-  t.throws(() => inClusterCredentials({ env: {} }), { instanceOf: ConfigError, message: /not running in a pod \(KUBERNETES_SERVICE_HOST\/PORT unset\)/ });
-  t.throws(() => inClusterCredentials({ env: { KUBERNETES_SERVICE_HOST: '10.0.0.1', KUBERNETES_SERVICE_PORT: '443' }, serviceAccountDir: join(root, 'no-sa') }), {
+  t.throws(() => loadKubeConfig({ kubeconfig: join(root, 'absent') }), {
     instanceOf: ConfigError,
-    message: /\(in-cluster\): cannot read token file .*no-sa\/token/,
+    message: /cannot load kubeconfig .*absent/,
   });
+
+  t.throws(() => inClusterCredentials({ env: {} }), {
+    instanceOf: ConfigError,
+    message: /not running in a pod \(KUBERNETES_SERVICE_HOST\/PORT unset\)/,
+  });
+  t.throws(
+    () =>
+      inClusterCredentials({
+        env: { KUBERNETES_SERVICE_HOST: '10.0.0.1', KUBERNETES_SERVICE_PORT: '443' },
+        serviceAccountDir: join(root, 'no-sa'),
+      }),
+    {
+      instanceOf: ConfigError,
+      message: /\(in-cluster\): cannot read token file .*no-sa\/token/,
+    },
+  );
 });
 
 function readText(path: string): Promise<string> {
   return readFile(path, 'utf8');
 }
 
-test('the API servers\' own addresses: endpointUrls takes the ready endpoints of the https port (IPv6 in brackets)', (t) => {
+test("the API servers' own addresses: endpointUrls takes the ready endpoints of the https port (IPv6 in brackets)", (t) => {
   t.deepEqual(
-    endpointUrls({ endpoints: [{ addresses: ['10.0.0.2'] }, { addresses: ['10.0.0.3'], conditions: { ready: false } }, { addresses: ['fd00::2'], conditions: { ready: true } }], ports: [{ name: 'https', port: 6443 }] }),
+    endpointUrls({
+      endpoints: [
+        { addresses: ['10.0.0.2'] },
+        { addresses: ['10.0.0.3'], conditions: { ready: false } },
+        { addresses: ['fd00::2'], conditions: { ready: true } },
+      ],
+      ports: [{ name: 'https', port: 6443 }],
+    }),
     ['https://10.0.0.2:6443', 'https://[fd00::2]:6443'],
   );
   t.deepEqual(endpointUrls({ endpoints: [{ addresses: ['10.0.0.2'] }], ports: [] }), [], 'no port: nothing');
   t.deepEqual(endpointUrls({ endpoints: [], ports: [{ name: 'https', port: 6443 }] }), []);
 });
 
-test('ApiEndpoints: requests go to the API server\'s own address first (TLS verified against the Service host), move on when it refuses, come back when the Service address refuses; an empty EndpointSlice keeps the addresses', async (t) => {
+test("ApiEndpoints: requests go to the API server's own address first (TLS verified against the Service host), move on when it refuses, come back when the Service address refuses; an empty EndpointSlice keeps the addresses", async (t) => {
   const tls = { key: await readText(pki.serverKey), cert: await readText(pki.serverCert) };
   const service = await fakeApi(t, tls);
   const own = await fakeApi(t, tls);
@@ -247,7 +316,10 @@ test('ApiEndpoints: requests go to the API server\'s own address first (TLS veri
   await writeFile(join(sa, 'ca.crt'), await readText(pki.caCert));
   await writeFile(join(sa, 'token'), 'sa-token');
   // The Service address by name (the certificate names localhost and 127.0.0.1); the own address dialled by IP.
-  const creds = inClusterCredentials({ env: { KUBERNETES_SERVICE_HOST: 'localhost', KUBERNETES_SERVICE_PORT: String(service.port) }, serviceAccountDir: sa });
+  const creds = inClusterCredentials({
+    env: { KUBERNETES_SERVICE_HOST: 'localhost', KUBERNETES_SERVICE_PORT: String(service.port) },
+    serviceAccountDir: sa,
+  });
   const endpoints = new ApiEndpoints(creds);
   const api = new KubeApi(endpoints);
   await api.getJson(NODES);
@@ -258,9 +330,14 @@ test('ApiEndpoints: requests go to the API server\'s own address first (TLS veri
   t.is(own.requests.length, 1, 'the own address, verified against the Service host');
   t.is(own.requests[0]?.authorization, 'Bearer sa-token');
   endpoints.setSlice({ endpoints: [], ports: [{ name: 'https', port: own.port }] });
-  t.deepEqual(endpoints.targets(), [`https://127.0.0.1:${own.port}`, `https://localhost:${service.port}`], 'an API server shutting down empties the slice: the addresses stay');
+  t.deepEqual(
+    endpoints.targets(),
+    [`https://127.0.0.1:${own.port}`, `https://localhost:${service.port}`],
+    'an API server shutting down empties the slice: the addresses stay',
+  );
   await own.stop();
-  const away = async () => t.regex(String(((await t.throwsAsync(api.getJson(NODES))) as NodeJS.ErrnoException | undefined)?.code), /^ECONN(REFUSED|RESET)$/);
+  const away = async () =>
+    t.regex(String(((await t.throwsAsync(api.getJson(NODES))) as NodeJS.ErrnoException | undefined)?.code), /^ECONN(REFUSED|RESET)$/);
   await away();
   await api.getJson(NODES);
   t.is(service.requests.length, 2, 'refused: the next address');

@@ -165,7 +165,7 @@ test('node source: an error thrown by onCidr is logged, not fatal', async (t) =>
 /** A node source whose every retry wait would take a minute: whatever it does within a test's time, it does at once. */
 const NO_WAIT = { retryMinMs: 60_000, retryMaxMs: 60_000 };
 
-test('node source: when the server ends a watch it watches again at once from the last resourceVersion, a bookmark\'s included; no re-list', async (t) => {
+test("node source: when the server ends a watch it watches again at once from the last resourceVersion, a bookmark's included; no re-list", async (t) => {
   const api = await fakeApi(t);
   api.setNode(node('node-a', { podCIDR: V4 }));
   const log = capturingLogger();
@@ -229,7 +229,11 @@ test('API server gone and back on the same port: the node source and the pod loo
   const perPeriod = attempts / ((Date.now() - since) / PERIOD);
   // Each of the two loops on its own would try once per period or more: together they stay near one.
   t.true(perPeriod > 0.5 && perPeriod < 1.5, `${attempts} attempts in ${Date.now() - since} ms (${perPeriod.toFixed(2)} per period)`);
-  t.is(log.having('the API server is away').filter((l) => l.level === 40).length, 1, 'one warning for the outage, not one per loop or attempt');
+  t.is(
+    log.having('the API server is away').filter((l) => l.level === 40).length,
+    1,
+    'one warning for the outage, not one per loop or attempt',
+  );
   t.true(log.having('the API server is away').every((l) => typeof l.err?.message === 'string' && l.err.message !== ''));
   api.setNode(node('node-a', { podCIDR: V4B }));
   api.setPod(pod('default', 'web', 'node-a', { 'kubernetes.io/ingress-bandwidth': '1M' }));
@@ -272,19 +276,31 @@ for (const mode of ['event', 'status'] as const) {
   });
 }
 
-test('node source: an error answer (403) backs off on its own, jittered and growing; the API server is not \'away\'', async (t) => {
+test("node source: an error answer (403) backs off on its own, jittered and growing; the API server is not 'away'", async (t) => {
   const api = await fakeApi(t);
   api.setNode(node('node-a', { podCIDR: V4 }));
   api.failWith = (r) => (r.path === NODES ? 403 : undefined);
   const log = capturingLogger();
   const health = new ApiHealth({ periodMs: 20 });
-  const source = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, kubeConfig: fakeKubeConfig(api), health, retryMinMs: 20, retryMaxMs: 160 });
+  const source = new NodeWatchPodCidrSource({
+    nodeName: 'node-a',
+    logger: log.logger,
+    kubeConfig: fakeKubeConfig(api),
+    health,
+    retryMinMs: 20,
+    retryMaxMs: 160,
+  });
   t.teardown(() => source.stop());
   await source.start(() => undefined);
   await until('six failures', () => log.having('list/watch failed; retrying').length >= 6);
-  const delays = log.having('list/watch failed; retrying').slice(0, 6).map((l) => l.retryInMs ?? -1);
+  const delays = log
+    .having('list/watch failed; retrying')
+    .slice(0, 6)
+    .map((l) => l.retryInMs ?? -1);
   // Steps 20, 40, 80, 160, 160, 160: each wait within [step/2, step].
-  [20, 40, 80, 160, 160, 160].forEach((step, i) => t.true((delays[i] ?? -1) >= step / 2 && (delays[i] ?? Infinity) <= step, `delays ${delays.join(',')}`));
+  [20, 40, 80, 160, 160, 160].forEach((step, i) =>
+    t.true((delays[i] ?? -1) >= step / 2 && (delays[i] ?? Infinity) <= step, `delays ${delays.join(',')}`),
+  );
   t.false(health.isDown);
   t.is(health.stats.outages, 0);
   api.failWith = undefined;
@@ -321,7 +337,13 @@ test('node source: stop() ends the watch and any retry wait; no request or callb
 
   // Stopping during a long backoff wait returns at once (the timer is cleared, not waited for).
   const log = capturingLogger();
-  const slow = new NodeWatchPodCidrSource({ nodeName: 'node-a', logger: log.logger, kubeConfig: fakeKubeConfig(api), retryMinMs: 60_000, retryMaxMs: 60_000 });
+  const slow = new NodeWatchPodCidrSource({
+    nodeName: 'node-a',
+    logger: log.logger,
+    kubeConfig: fakeKubeConfig(api),
+    retryMinMs: 60_000,
+    retryMaxMs: 60_000,
+  });
   t.teardown(() => slow.stop());
   await api.stop();
   await slow.start(() => undefined);
@@ -350,7 +372,11 @@ process.stdin.once('data', async () => {
 `;
 
 function spawnSource(t: ExecutionContext, url: string) {
-  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CHILD], { cwd: ROOT, env: { ...process.env, FAKE_URL: url }, stdio: ['pipe', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CHILD], {
+    cwd: ROOT,
+    env: { ...process.env, FAKE_URL: url },
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
   const out: string[] = [];
   createInterface({ input: child.stdout }).on('line', (l) => out.push(l));
   const exit = new Promise<number | null>((ok) => child.once('exit', (code) => ok(code)));
@@ -388,7 +414,10 @@ test('pod lookup: annotations of a pod on this node come from the watch cache, w
   t.deepEqual(await lookup.annotations('default', 'web'), { 'kubernetes.io/ingress-bandwidth': '1M' });
   t.false(lookup.has('default', 'elsewhere'), 'only pods of this node are cached');
   api.setPod(pod('default', 'web', 'node-a', { 'kubernetes.io/egress-bandwidth': '2M' }));
-  await until('the updated annotations', async () => (await lookup.annotations('default', 'web'))?.['kubernetes.io/egress-bandwidth'] === '2M');
+  await until(
+    'the updated annotations',
+    async () => (await lookup.annotations('default', 'web'))?.['kubernetes.io/egress-bandwidth'] === '2M',
+  );
   t.is(api.count(GET('default', 'web')), 0);
   t.true(api.requests.filter((r) => r.path === PODS).every((r) => r.query.get('fieldSelector') === 'spec.nodeName=node-a'));
 });

@@ -17,12 +17,20 @@ import { fakeEvents, fakeNetwork, podRecord as record } from '../../kit/fake-cor
 const silent = pino({ level: 'silent' });
 const M = 1e6;
 
-const update = (name: string, annotations: Record<string, string>, previous?: Record<string, string>) => ({ namespace: 'default', name, uid: `uid-${name}`, annotations, previous });
+const update = (name: string, annotations: Record<string, string>, previous?: Record<string, string>) => ({
+  namespace: 'default',
+  name,
+  uid: `uid-${name}`,
+  annotations,
+  previous,
+});
 const EG = 'kubernetes.io/egress-bandwidth';
 const IN = 'kubernetes.io/ingress-bandwidth';
 
 test('a bandwidth annotation change re-shapes the pod and is a Normal event; other changes, other pods and the same values do nothing', async (t) => {
-  const { network, reshapes: calls } = fakeNetwork([record('web', { egress: 10 * M, egressBurst: 80_000, ingress: 5 * M, ingressBurst: 40_000 })]);
+  const { network, reshapes: calls } = fakeNetwork([
+    record('web', { egress: 10 * M, egressBurst: 80_000, ingress: 5 * M, ingressBurst: 40_000 }),
+  ]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   await live.onPodUpdate(update('web', { [EG]: '10M', [IN]: '5M', other: 'x' }, { [EG]: '10M', [IN]: '5M' }));
@@ -30,8 +38,19 @@ test('a bandwidth annotation change re-shapes the pod and is a Normal event; oth
   await live.onPodUpdate(update('stranger', { [EG]: '1M' }, {}));
   t.deepEqual(calls, [], 'a pod the agent did not set up');
   await live.onPodUpdate(update('web', { [EG]: '20M', [IN]: '5M' }, { [EG]: '10M', [IN]: '5M' }));
-  t.deepEqual(calls, [{ id: 'web-id', limits: { egress: 20 * M, ingress: 5 * M, ingressBurst: 40_000 } }], 'the new rate, and the unchanged direction keeps its burst');
-  t.deepEqual(ev.got, [{ pod: { namespace: 'default', name: 'web', uid: 'uid-web' }, type: 'Normal', reason: 'BandwidthApplied', message: 'bandwidth limits applied: ingress 5M, egress 20M (were ingress 5M, egress 10M)' }]);
+  t.deepEqual(
+    calls,
+    [{ id: 'web-id', limits: { egress: 20 * M, ingress: 5 * M, ingressBurst: 40_000 } }],
+    'the new rate, and the unchanged direction keeps its burst',
+  );
+  t.deepEqual(ev.got, [
+    {
+      pod: { namespace: 'default', name: 'web', uid: 'uid-web' },
+      type: 'Normal',
+      reason: 'BandwidthApplied',
+      message: 'bandwidth limits applied: ingress 5M, egress 20M (were ingress 5M, egress 10M)',
+    },
+  ]);
   await live.onPodUpdate(update('web', { [IN]: '5M' }, { [EG]: '20M', [IN]: '5M' }));
   t.deepEqual(calls[1]?.limits, { ingress: 5 * M, ingressBurst: 40_000 }, 'the egress annotation removed');
   await live.onPodUpdate(update('web', {}, { [IN]: '5M' }));
@@ -47,7 +66,10 @@ test('an invalid new value keeps the old limits and is a Warning naming the anno
   t.deepEqual(calls, []);
   t.is(ev.got.length, 1);
   t.like(ev.got[0], { type: 'Warning', reason: 'BandwidthRejected' });
-  t.regex(ev.got[0]?.message ?? '', /^annotation kubernetes\.io\/egress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits\/s with an optional suffix .*e\.g\. "10M" or "500k"; the pod keeps its limits \(egress 10M\)$/);
+  t.regex(
+    ev.got[0]?.message ?? '',
+    /^annotation kubernetes\.io\/egress-bandwidth: "10 Mbit" is not a bandwidth: want a number of bits\/s with an optional suffix .*e\.g\. "10M" or "500k"; the pod keeps its limits \(egress 10M\)$/,
+  );
   // Both changed, one invalid: nothing applies.
   await live.onPodUpdate(update('web', { [EG]: '20M', [IN]: '2P' }, { [EG]: '10 Mbit' }));
   t.deepEqual(calls, []);
@@ -58,7 +80,11 @@ test('a pod of this node not set up here (containerd refused its sandbox) with a
   const { network, reshapes } = fakeNetwork([]);
   const ev = fakeEvents();
   const annotations: Record<string, Record<string, string>> = {};
-  const pods = { annotations: async () => undefined, cachedAnnotations: (_ns: string, name: string) => annotations[name], uid: (_ns: string, name: string) => `uid-${name}` };
+  const pods = {
+    annotations: async () => undefined,
+    cachedAnnotations: (_ns: string, name: string) => annotations[name],
+    uid: (_ns: string, name: string) => `uid-${name}`,
+  };
   const live = new LiveShaping(network, ev.rec, pods, silent);
   const seen = async (name: string, a: Record<string, string>, previous?: Record<string, string>, extra: object = {}) => {
     annotations[name] = a;
@@ -89,7 +115,11 @@ test('a pod of this node not set up here (containerd refused its sandbox) with a
 });
 
 test('a pod seen for the first time re-shapes only when it carries a bandwidth annotation with other rates', async (t) => {
-  const { network, reshapes: calls } = fakeNetwork([record('a', { egress: 10 * M, egressBurst: 1000 }), record('b', { egress: 10 * M }), record('c', { egress: 10 * M })]);
+  const { network, reshapes: calls } = fakeNetwork([
+    record('a', { egress: 10 * M, egressBurst: 1000 }),
+    record('b', { egress: 10 * M }),
+    record('c', { egress: 10 * M }),
+  ]);
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   await live.onPodUpdate(update('a', { [EG]: '10M' })); // same rate (runtimeConfig burst kept)
@@ -103,11 +133,17 @@ test('kubenet shape: sets the given directions, keeps the others, --clear starts
   const ev = fakeEvents();
   const live = new LiveShaping(network, ev.rec, undefined, silent);
   const r = await live.shape('default', 'web', parseShapeRequest({ ingress: '40M' }));
-  t.deepEqual(r.map((p) => [p.limits, p.previous, p.changed]), [[{ ingress: 40 * M, egress: 10 * M }, { ingress: 20 * M, egress: 10 * M }, true]]);
+  t.deepEqual(
+    r.map((p) => [p.limits, p.previous, p.changed]),
+    [[{ ingress: 40 * M, egress: 10 * M }, { ingress: 20 * M, egress: 10 * M }, true]],
+  );
   const same = await live.shape('default', 'web', parseShapeRequest({ egress: '10M' }));
   t.false(same[0]?.changed);
   await live.shape('default', 'web', parseShapeRequest({ clear: true, egress: '1M' }));
-  t.deepEqual(calls.map((c) => c.limits), [{ ingress: 40 * M, egress: 10 * M }, { egress: 1 * M }]);
+  t.deepEqual(
+    calls.map((c) => c.limits),
+    [{ ingress: 40 * M, egress: 10 * M }, { egress: 1 * M }],
+  );
   await live.shape('default', 'web', parseShapeRequest({ clear: true }));
   t.deepEqual(calls[2]?.limits, {});
   await t.throwsAsync(live.shape('default', 'nobody', { clear: true }), { instanceOf: UnknownPodError });
@@ -116,11 +152,26 @@ test('kubenet shape: sets the given directions, keeps the others, --clear starts
   }
 });
 
-function traffic(name: string, ingressBytes: number | undefined, egressBytes: number | undefined, link?: { rx: number; tx: number }): PodTraffic {
+function traffic(
+  name: string,
+  ingressBytes: number | undefined,
+  egressBytes: number | undefined,
+  link?: { rx: number; tx: number },
+): PodTraffic {
   const dir = (bytes: number) => ({ limit: 10 * M, bytes, packets: bytes / 1000, drops: bytes / 1e6, overlimits: 3, backlog: 0 });
-  const t: PodTraffic = { record: record(name, { ...(ingressBytes !== undefined ? { ingress: 10 * M } : {}), ...(egressBytes !== undefined ? { egress: 10 * M } : {}) }) };
+  const t: PodTraffic = {
+    record: record(name, {
+      ...(ingressBytes !== undefined ? { ingress: 10 * M } : {}),
+      ...(egressBytes !== undefined ? { egress: 10 * M } : {}),
+    }),
+  };
   if (ingressBytes !== undefined || egressBytes !== undefined) {
-    t.shaping = { id: `${name}-id`, hostVeth: 'v', ...(ingressBytes !== undefined ? { ingress: dir(ingressBytes) } : {}), ...(egressBytes !== undefined ? { egress: dir(egressBytes) } : {}) };
+    t.shaping = {
+      id: `${name}-id`,
+      hostVeth: 'v',
+      ...(ingressBytes !== undefined ? { ingress: dir(ingressBytes) } : {}),
+      ...(egressBytes !== undefined ? { egress: dir(egressBytes) } : {}),
+    };
   }
   if (link) t.link = { rxBytes: link.rx, txBytes: link.tx, rxPackets: 0, txPackets: 0, rxDropped: 0, txDropped: 0 };
   return t;
@@ -171,7 +222,14 @@ test('rates after a quiet time are measured anew (one period), never against sam
 
 test('metrics: one series per shaped pod and direction, rebuilt at each scrape (a deleted pod leaves none)', async (t) => {
   const m = new AgentMetrics();
-  const text = async (tr: PodTraffic[]) => (await m.text(tr.map((x) => x.record), 0, tr)).body;
+  const text = async (tr: PodTraffic[]) =>
+    (
+      await m.text(
+        tr.map((x) => x.record),
+        0,
+        tr,
+      )
+    ).body;
   const first = await text([traffic('a', 1000, undefined), traffic('b', 2000, 3000), traffic('c', undefined, undefined)]);
   t.regex(first, /^kubenet_pod_shaped_bytes_total\{namespace="default",pod="a",direction="ingress"\} 1000$/m);
   t.regex(first, /^kubenet_pod_shaped_bytes_total\{namespace="default",pod="b",direction="egress"\} 3000$/m);
@@ -188,7 +246,14 @@ test('metrics: one series per shaped pod and direction, rebuilt at each scrape (
 
 test('metrics: the per-pod text is encoded once and sent again as it is while no line of it changes', async (t) => {
   const m = new AgentMetrics();
-  const scrape = async (tr: PodTraffic[]) => (await m.exposition(tr.map((x) => x.record), 0, tr)).parts;
+  const scrape = async (tr: PodTraffic[]) =>
+    (
+      await m.exposition(
+        tr.map((x) => x.record),
+        0,
+        tr,
+      )
+    ).parts;
   const [base, pods] = await scrape([traffic('a', 1000, 2000), traffic('b', 3000, undefined)]);
   t.true(typeof base === 'string' && base.includes('kubenet_pods 2'), 'the base metrics first');
   t.true(Buffer.isBuffer(pods));
@@ -203,13 +268,29 @@ test('metrics: the per-pod text is encoded once and sent again as it is while no
 });
 
 test('top: rates in short units, busiest pod first, limits and drops per direction, cut to the terminal', (t) => {
-  t.deepEqual([rateText(undefined), rateText(0), rateText(0.5), rateText(950), rateText(19_876_000), rateText(1.5e9), rateText(250e6)], ['-', '0', '0.5', '950', '19.9M', '1.5G', '250M']);
-  const pod = (name: string, limits: BandwidthLimits, rate?: StatusReport['pods'][number]['rate']): StatusReport['pods'][number] => ({ namespace: 'demo', name, id: `${name}-id`, phase: 'ready', ips: [], hostVeth: 'v', limits, ...(rate ? { rate } : {}) });
+  t.deepEqual(
+    [rateText(undefined), rateText(0), rateText(0.5), rateText(950), rateText(19_876_000), rateText(1.5e9), rateText(250e6)],
+    ['-', '0', '0.5', '950', '19.9M', '1.5G', '250M'],
+  );
+  const pod = (name: string, limits: BandwidthLimits, rate?: StatusReport['pods'][number]['rate']): StatusReport['pods'][number] => ({
+    namespace: 'demo',
+    name,
+    id: `${name}-id`,
+    phase: 'ready',
+    ips: [],
+    hostVeth: 'v',
+    limits,
+    ...(rate ? { rate } : {}),
+  });
   const s: StatusReport = {
     podCIDR: '10.244.0.0/24',
     bridge: 'cbr0',
     ready: true,
-    pods: [pod('idle', {}, { seconds: 1, ingress: 0, egress: 0 }), pod('gold', { ingress: 40 * M, egress: 20 * M }, { seconds: 1, ingress: 39.8e6, egress: 1e5, ingressDrops: 2, egressDrops: 0 }), pod('new', { egress: 5 * M })],
+    pods: [
+      pod('idle', {}, { seconds: 1, ingress: 0, egress: 0 }),
+      pod('gold', { ingress: 40 * M, egress: 20 * M }, { seconds: 1, ingress: 39.8e6, egress: 1e5, ingressDrops: 2, egressDrops: 0 }),
+      pod('new', { egress: 5 * M }),
+    ],
   };
   const lines = renderTop(s, { intervalS: 1, now: new Date(2025, 0, 1, 12, 0, 1) });
   t.is(lines[0], 'kubenet top - 12:00:01  pod CIDR 10.244.0.0/24  pods 3 (2 shaped)  every 1 s');

@@ -112,7 +112,9 @@ export interface ContainerConfig {
   annotations?: Record<string, string>;
   /** Relative to the sandbox's logDirectory. */
   logPath?: string;
-  linux?: { securityContext?: { privileged?: boolean; namespaceOptions?: { network?: NamespaceMode; pid?: NamespaceMode; ipc?: NamespaceMode } } };
+  linux?: {
+    securityContext?: { privileged?: boolean; namespaceOptions?: { network?: NamespaceMode; pid?: NamespaceMode; ipc?: NamespaceMode } };
+  };
 }
 
 export interface ContainerStatus {
@@ -223,7 +225,9 @@ export class CriClient {
   }
 
   async listPodSandbox(filter?: { id?: string; state?: PodSandboxState; labelSelector?: Record<string, string> }): Promise<PodSandbox[]> {
-    const f = filter ? { id: filter.id ?? '', labelSelector: filter.labelSelector ?? {}, ...(filter.state ? { state: { state: filter.state } } : {}) } : undefined;
+    const f = filter
+      ? { id: filter.id ?? '', labelSelector: filter.labelSelector ?? {}, ...(filter.state ? { state: { state: filter.state } } : {}) }
+      : undefined;
     const r = await this.call<{ items: PodSandbox[] }>('ListPodSandbox', f ? { filter: f } : {});
     return r.items;
   }

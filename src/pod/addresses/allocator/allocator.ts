@@ -43,7 +43,9 @@ export class DuplicateAllocationError extends ConflictError {
     readonly address: string,
     readonly containerId: string,
   ) {
-    super(`failed to allocate for range ${rangeIndex}: ${address} has been allocated to ${containerId}, duplicate allocation is not allowed`);
+    super(
+      `failed to allocate for range ${rangeIndex}: ${address} has been allocated to ${containerId}, duplicate allocation is not allowed`,
+    );
   }
 }
 
@@ -65,7 +67,8 @@ export function parseHostLocal(network: { name?: unknown; cniVersion?: unknown; 
   const ipam = network.ipam as Record<string, unknown> | undefined;
   if (!ipam || typeof ipam !== 'object') throw new ConfigError("IPAM config missing 'ipam' key");
   if (typeof network.name !== 'string' || network.name === '') throw new ConfigError('host-local: the network has no name');
-  if (ipam.resolvConf !== undefined && ipam.resolvConf !== '') throw new ConfigError('host-local in the agent: ipam.resolvConf is not supported');
+  if (ipam.resolvConf !== undefined && ipam.resolvConf !== '')
+    throw new ConfigError('host-local in the agent: ipam.resolvConf is not supported');
   const routes = ipam.routes ?? [];
   if (!Array.isArray(routes)) throw new ConfigError('host-local: ipam.routes must be a list');
   return {

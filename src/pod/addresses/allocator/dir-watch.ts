@@ -13,7 +13,24 @@
  * directory) count as changes too. Without inotify (the calls fail) `watch` gives undefined and
  * the store reads the directory every time, as host-local does.
  */
-import { EAGAIN, fns, IN_ATTRIB, IN_CLOEXEC, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, IN_MODIFY, IN_MOVE_SELF, IN_MOVED_FROM, IN_MOVED_TO, IN_NONBLOCK, IN_Q_OVERFLOW, lastErrno } from './libc.js';
+import {
+  EAGAIN,
+  fns,
+  IN_ATTRIB,
+  IN_CLOEXEC,
+  IN_CLOSE_WRITE,
+  IN_CREATE,
+  IN_DELETE,
+  IN_DELETE_SELF,
+  IN_IGNORED,
+  IN_MODIFY,
+  IN_MOVE_SELF,
+  IN_MOVED_FROM,
+  IN_MOVED_TO,
+  IN_NONBLOCK,
+  IN_Q_OVERFLOW,
+  lastErrno,
+} from './libc.js';
 
 const MASK = IN_CREATE | IN_DELETE | IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF;
 /** struct inotify_event without its name: wd, mask, cookie, len. */

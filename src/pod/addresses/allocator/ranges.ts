@@ -135,7 +135,9 @@ export function canonicalizeRange(conf: RangeConf): Range {
   if (ones > bits - 2) throw new ConfigError(`Network ${cidrString(family, ip.value, ones)} too small to allocate from`);
   const network = ip.value & mask(family, ones);
   if (network !== ip.value) {
-    throw new ConfigError(`Network has host bits set. For a subnet mask of length ${ones} the network address is ${formatAddr(family, network)}`);
+    throw new ConfigError(
+      `Network has host bits set. For a subnet mask of length ${ones} the network address is ${formatAddr(family, network)}`,
+    );
   }
   const r: Range = { family, network, prefixLen: ones, rangeStart: network + 1n, rangeEnd: 0n, gateway: network + 1n };
   const inSubnet = (a: Addr) => a.family === family && (a.value & mask(family, ones)) === network;
@@ -162,7 +164,9 @@ export function canonicalizeRange(conf: RangeConf): Range {
   r.rangeStart = bound('RangeStart', conf.rangeStart, network + 1n);
   r.rangeEnd = bound('RangeEnd', conf.rangeEnd, defaultEnd);
   if (r.rangeStart > r.rangeEnd) {
-    throw new ConfigError(`RangeStart ${formatAddr(family, r.rangeStart)} is after RangeEnd ${formatAddr(family, r.rangeEnd)} in network ${subnetText}`);
+    throw new ConfigError(
+      `RangeStart ${formatAddr(family, r.rangeStart)} is after RangeEnd ${formatAddr(family, r.rangeEnd)} in network ${subnetText}`,
+    );
   }
   return r;
 }
@@ -179,8 +183,10 @@ function overlaps(a: Range, b: Range): boolean {
  */
 export function parseRangeSets(ipam: { ranges?: unknown; subnet?: unknown } & RangeConf): RangeSet[] {
   const raw: unknown[] = [];
-  if (typeof ipam.subnet === 'string' && ipam.subnet !== '') raw.push([{ subnet: ipam.subnet, rangeStart: ipam.rangeStart, rangeEnd: ipam.rangeEnd, gateway: ipam.gateway }]);
-  if (ipam.ranges !== undefined && !Array.isArray(ipam.ranges)) throw new ConfigError('host-local: ipam.ranges must be a list of range sets');
+  if (typeof ipam.subnet === 'string' && ipam.subnet !== '')
+    raw.push([{ subnet: ipam.subnet, rangeStart: ipam.rangeStart, rangeEnd: ipam.rangeEnd, gateway: ipam.gateway }]);
+  if (ipam.ranges !== undefined && !Array.isArray(ipam.ranges))
+    throw new ConfigError('host-local: ipam.ranges must be a list of range sets');
   raw.push(...((ipam.ranges as unknown[] | undefined) ?? []));
   if (raw.length === 0) throw new ConfigError('no IP ranges specified');
   const sets = raw.map((set, i) => {
@@ -203,7 +209,8 @@ export function parseRangeSets(ipam: { ranges?: unknown; subnet?: unknown } & Ra
   });
   for (let a = 0; a < sets.length; a++) {
     for (let b = a + 1; b < sets.length; b++) {
-      if ((sets[a] as RangeSet).some((ra) => (sets[b] as RangeSet).some((rb) => overlaps(ra, rb)))) throw new ConfigError(`range set ${a} overlaps with ${b}`);
+      if ((sets[a] as RangeSet).some((ra) => (sets[b] as RangeSet).some((rb) => overlaps(ra, rb))))
+        throw new ConfigError(`range set ${a} overlaps with ${b}`);
     }
   }
   return sets;

@@ -36,13 +36,37 @@
  * critical, we just lose round-robin this one time"). Filesystems without O_TMPFILE fall back to
  * host-local's own way.
  */
-import { closeSync, constants, fstatSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, unlinkSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  constants,
+  fstatSync,
+  ftruncateSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  unlinkSync,
+  writeSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { KubenetError } from '../../../errors.js';
 import { fsErrnoError, fsError, fsTry } from '../../../util/fs-error.js';
 import { KeyedMutex } from '../../../util/keyed-mutex.js';
 import { dirWatch, type WatchedDir } from './dir-watch.js';
-import { AT_FDCWD, AT_SYMLINK_FOLLOW, EEXIST, EINTR, EWOULDBLOCK, flockExclusiveAsync, fns, lastErrno, LOCK_EX, LOCK_NB, LOCK_UN, O_TMPFILE } from './libc.js';
+import {
+  AT_FDCWD,
+  AT_SYMLINK_FOLLOW,
+  EEXIST,
+  EINTR,
+  EWOULDBLOCK,
+  flockExclusiveAsync,
+  fns,
+  lastErrno,
+  LOCK_EX,
+  LOCK_NB,
+  LOCK_UN,
+  O_TMPFILE,
+} from './libc.js';
 
 export const LOCK_FILE = 'lock';
 export const LAST_IP_PREFIX = 'last_reserved_ip.';

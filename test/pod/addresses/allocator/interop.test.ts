@@ -19,7 +19,8 @@ import { refPlugin, upstreamBlocker } from '../../../kit/upstream.js';
 import { withTrafficLock } from '../../../kit/traffic-lock.js';
 
 const HOST_LOCAL = refPlugin('host-local');
-const blocker = upstreamBlocker('cni-plugins', ['host-local']) ?? (existsSync('/usr/bin/flock') ? undefined : 'needs flock(1) (util-linux)');
+const blocker =
+  upstreamBlocker('cni-plugins', ['host-local']) ?? (existsSync('/usr/bin/flock') ? undefined : 'needs flock(1) (util-linux)');
 // Serial: the spawns of one test (synchronous in the event loop) would distort another's timings.
 const maybe = blocker ? test.skip : test.serial;
 if (blocker) test('host-local interop', (t) => t.log(`skipped: ${blocker}`));
@@ -31,14 +32,30 @@ function tempDir(t: ExecutionContext): string {
 }
 
 function conf(dataDir: string, ranges: unknown[]) {
-  return { cniVersion: '1.0.0', name: 'kubenet', type: 'host-local', ipam: { type: 'host-local', ranges, routes: [{ dst: '0.0.0.0/0' }], dataDir } };
+  return {
+    cniVersion: '1.0.0',
+    name: 'kubenet',
+    type: 'host-local',
+    ipam: { type: 'host-local', ranges, routes: [{ dst: '0.0.0.0/0' }], dataDir },
+  };
 }
 
 /** The real host-local: its result (ADD) or its CNI error. */
-async function hostLocal(cmd: 'ADD' | 'DEL' | 'CHECK', c: object, containerId: string, ifName = 'eth0'): Promise<{ ok: boolean; out: any }> {
+async function hostLocal(
+  cmd: 'ADD' | 'DEL' | 'CHECK',
+  c: object,
+  containerId: string,
+  ifName = 'eth0',
+): Promise<{ ok: boolean; out: any }> {
   const r = await execa(HOST_LOCAL, [], {
     input: JSON.stringify(c),
-    env: { CNI_COMMAND: cmd, CNI_CONTAINERID: containerId, CNI_NETNS: '/var/run/netns/kia-none', CNI_IFNAME: ifName, CNI_PATH: '/nonexistent' },
+    env: {
+      CNI_COMMAND: cmd,
+      CNI_CONTAINERID: containerId,
+      CNI_NETNS: '/var/run/netns/kia-none',
+      CNI_IFNAME: ifName,
+      CNI_PATH: '/nonexistent',
+    },
     extendEnv: false,
     reject: false,
   });
@@ -58,7 +75,7 @@ function files(dir: string): { reservations: Map<string, string>; other: string[
   return { reservations, other: other.sort() };
 }
 
-maybe('the same files, modes and order as host-local; each side releases and checks the other\'s', async (t) => {
+maybe("the same files, modes and order as host-local; each side releases and checks the other's", async (t) => {
   const ranges = [[{ subnet: '10.9.0.0/28' }], [{ subnet: 'fd00:9::/124' }]];
   const [ours, theirs] = [tempDir(t), tempDir(t)];
   const alloc = new HostLocalAllocator();
@@ -86,27 +103,39 @@ maybe('the same files, modes and order as host-local; each side releases and che
   t.is(statSync(a).mode & 0o777, 0o755);
 
   // Cross: host-local releases and checks the agent's; the agent releases host-local's.
-  t.true((await hostLocal('CHECK', conf(ours, ranges), 'kia-c2')).ok, 'host-local finds the agent\'s reservation');
+  t.true((await hostLocal('CHECK', conf(ours, ranges), 'kia-c2')).ok, "host-local finds the agent's reservation");
   t.true((await hostLocal('DEL', conf(ours, ranges), 'kia-c2')).ok);
-  t.false(existsSync(join(a, '10.9.0.3')), 'host-local released the agent\'s address');
+  t.false(existsSync(join(a, '10.9.0.3')), "host-local released the agent's address");
   t.false(existsSync(join(a, 'fd00:9::3')));
   const ref = await hostLocal('ADD', conf(ours, ranges), 'kia-hl');
-  t.deepEqual(addrs(ref.out), ['10.9.0.7', 'fd00:9::7'], 'host-local continues the agent\'s round-robin');
-  t.deepEqual((await alloc.del(net, 'kia-hl', 'eth0')).sort(), ['10.9.0.7', 'fd00:9::7'], 'the agent released host-local\'s');
-  t.deepEqual(addrs(await alloc.add(net, 'kia-next', 'eth0')), ['10.9.0.8', 'fd00:9::8'], 'and continues host-local\'s');
+  t.deepEqual(addrs(ref.out), ['10.9.0.7', 'fd00:9::7'], "host-local continues the agent's round-robin");
+  t.deepEqual((await alloc.del(net, 'kia-hl', 'eth0')).sort(), ['10.9.0.7', 'fd00:9::7'], "the agent released host-local's");
+  t.deepEqual(addrs(await alloc.add(net, 'kia-next', 'eth0')), ['10.9.0.8', 'fd00:9::8'], "and continues host-local's");
   // host-local's GC keeps what the agent holds for live attachments, and removes the rest.
   await alloc.add(net, 'kia-gone', 'eth0');
   const gc = await execa(HOST_LOCAL, [], {
-    input: JSON.stringify({ ...conf(ours, ranges), cniVersion: '1.1.0', 'cni.dev/valid-attachments': [{ containerID: 'kia-next', ifname: 'eth0' }, { containerID: 'kia-c4', ifname: 'eth0' }, { containerID: 'kia-c5', ifname: 'eth0' }] }),
+    input: JSON.stringify({
+      ...conf(ours, ranges),
+      cniVersion: '1.1.0',
+      'cni.dev/valid-attachments': [
+        { containerID: 'kia-next', ifname: 'eth0' },
+        { containerID: 'kia-c4', ifname: 'eth0' },
+        { containerID: 'kia-c5', ifname: 'eth0' },
+      ],
+    }),
     env: { CNI_COMMAND: 'GC', CNI_PATH: '/nonexistent' },
     extendEnv: false,
   });
   t.is(gc.exitCode, 0);
-  t.deepEqual([...files(a).reservations.values()].filter((v) => v.startsWith('kia-gone')), [], 'GC removed the agent\'s stale reservation');
+  t.deepEqual(
+    [...files(a).reservations.values()].filter((v) => v.startsWith('kia-gone')),
+    [],
+    "GC removed the agent's stale reservation",
+  );
   t.deepEqual(files(a).other, ['last_reserved_ip.0', 'last_reserved_ip.1', 'lock']);
 });
 
-maybe('a full range: host-local\'s error from both sides, nothing reserved by the failed ADD', async (t) => {
+maybe("a full range: host-local's error from both sides, nothing reserved by the failed ADD", async (t) => {
   const dir = tempDir(t);
   const c = conf(dir, [[{ subnet: '10.9.0.0/29' }], [{ subnet: 'fd00:9::/125' }]]);
   const net = parseHostLocal(c);
@@ -122,49 +151,55 @@ maybe('a full range: host-local\'s error from both sides, nothing reserved by th
   t.false([...files(join(dir, 'kubenet')).reservations.values()].some((v) => v.startsWith('kia-full')));
 });
 
-maybe('the reservations read once are kept while nobody else changes the directory, and read again after any change: host-local\'s, another store\'s of this process, by hand, the directory removed', async (t) => {
-  const ranges = [[{ subnet: '10.9.2.0/28' }]];
-  const dataDir = tempDir(t);
-  const dir = join(dataDir, 'kubenet');
-  const net = parseHostLocal(conf(dataDir, ranges));
-  const [a, b] = [new HostLocalAllocator(), new HostLocalAllocator()];
-  const got = async (alloc: HostLocalAllocator, id: string) => addrs(await alloc.add(net, id, 'eth0'))[0];
-  const duplicate = (alloc: HostLocalAllocator, id: string, why: string) => t.throwsAsync(alloc.add(net, id, 'eth0'), { message: /duplicate allocation is not allowed/ }, why);
-  // Unchanged by others: one read of the directory for five ADDs and a DEL.
-  const before = reservationScans();
-  for (const id of ['kix-1', 'kix-2', 'kix-3', 'kix-4', 'kix-5']) await got(a, id);
-  t.deepEqual(await a.del(net, 'kix-5', 'eth0'), ['10.9.2.6']);
-  t.is(reservationScans() - before, 1, 'the directory was read once');
-  // The real host-local reserves: the next ADD of the agent sees it.
-  t.true((await hostLocal('ADD', conf(dataDir, ranges), 'kix-h')).ok);
-  await duplicate(a, 'kix-h', 'the agent sees host-local\'s reservation');
-  // Another store of this process (a second allocator): each sees the other's changes.
-  t.is(await got(b, 'kix-b'), '10.9.2.8');
-  await duplicate(a, 'kix-b', 'the first store sees the second\'s reservation');
-  t.deepEqual(await b.del(net, 'kix-1', 'eth0'), ['10.9.2.2'], 'the second store releases the first\'s');
-  t.is(await got(a, 'kix-1'), '10.9.2.9', 'and the first sees the release (no duplicate)');
-  // By hand: a file written, a file removed.
-  writeFileSync(join(dir, '10.9.2.14'), 'kix-hand\r\neth0', { mode: 0o600 });
-  t.deepEqual(await a.del(net, 'kix-hand', 'eth0'), ['10.9.2.14'], 'a file written by hand is released');
-  rmSync(join(dir, '10.9.2.3'));
-  t.is(await got(a, 'kix-2'), '10.9.2.10', 'a file removed by hand: its attachment may allocate again');
-  // The directory removed (the watch goes with it) and made again by the next ADD.
-  rmSync(dir, { recursive: true });
-  t.is(await got(a, 'kix-4'), '10.9.2.2', 'nothing of before is held');
-  t.deepEqual(await a.del(net, 'kix-3', 'eth0'), [], 'nothing of before is released');
-  t.deepEqual([...files(dir).reservations.keys()], ['10.9.2.2']);
-  t.true((await hostLocal('DEL', conf(dataDir, ranges), 'kix-4')).ok);
-  t.deepEqual([...files(dir).reservations.keys()], [], 'host-local releases what the agent reserved after it all');
-  t.deepEqual(await a.del(net, 'kix-4', 'eth0'), [], 'and the agent sees it gone');
-});
+maybe(
+  "the reservations read once are kept while nobody else changes the directory, and read again after any change: host-local's, another store's of this process, by hand, the directory removed",
+  async (t) => {
+    const ranges = [[{ subnet: '10.9.2.0/28' }]];
+    const dataDir = tempDir(t);
+    const dir = join(dataDir, 'kubenet');
+    const net = parseHostLocal(conf(dataDir, ranges));
+    const [a, b] = [new HostLocalAllocator(), new HostLocalAllocator()];
+    const got = async (alloc: HostLocalAllocator, id: string) => addrs(await alloc.add(net, id, 'eth0'))[0];
+    const duplicate = (alloc: HostLocalAllocator, id: string, why: string) =>
+      t.throwsAsync(alloc.add(net, id, 'eth0'), { message: /duplicate allocation is not allowed/ }, why);
+    // Unchanged by others: one read of the directory for five ADDs and a DEL.
+    const before = reservationScans();
+    for (const id of ['kix-1', 'kix-2', 'kix-3', 'kix-4', 'kix-5']) await got(a, id);
+    t.deepEqual(await a.del(net, 'kix-5', 'eth0'), ['10.9.2.6']);
+    t.is(reservationScans() - before, 1, 'the directory was read once');
+    // The real host-local reserves: the next ADD of the agent sees it.
+    t.true((await hostLocal('ADD', conf(dataDir, ranges), 'kix-h')).ok);
+    await duplicate(a, 'kix-h', "the agent sees host-local's reservation");
+    // Another store of this process (a second allocator): each sees the other's changes.
+    t.is(await got(b, 'kix-b'), '10.9.2.8');
+    await duplicate(a, 'kix-b', "the first store sees the second's reservation");
+    t.deepEqual(await b.del(net, 'kix-1', 'eth0'), ['10.9.2.2'], "the second store releases the first's");
+    t.is(await got(a, 'kix-1'), '10.9.2.9', 'and the first sees the release (no duplicate)');
+    // By hand: a file written, a file removed.
+    writeFileSync(join(dir, '10.9.2.14'), 'kix-hand\r\neth0', { mode: 0o600 });
+    t.deepEqual(await a.del(net, 'kix-hand', 'eth0'), ['10.9.2.14'], 'a file written by hand is released');
+    rmSync(join(dir, '10.9.2.3'));
+    t.is(await got(a, 'kix-2'), '10.9.2.10', 'a file removed by hand: its attachment may allocate again');
+    // The directory removed (the watch goes with it) and made again by the next ADD.
+    rmSync(dir, { recursive: true });
+    t.is(await got(a, 'kix-4'), '10.9.2.2', 'nothing of before is held');
+    t.deepEqual(await a.del(net, 'kix-3', 'eth0'), [], 'nothing of before is released');
+    t.deepEqual([...files(dir).reservations.keys()], ['10.9.2.2']);
+    t.true((await hostLocal('DEL', conf(dataDir, ranges), 'kix-4')).ok);
+    t.deepEqual([...files(dir).reservations.keys()], [], 'host-local releases what the agent reserved after it all');
+    t.deepEqual(await a.del(net, 'kix-4', 'eth0'), [], 'and the agent sees it gone');
+  },
+);
 
-maybe('the agent waits for host-local\'s lock (flock on <dir>/lock) without blocking its event loop', async (t) => {
+maybe("the agent waits for host-local's lock (flock on <dir>/lock) without blocking its event loop", async (t) => {
   const dir = tempDir(t);
   const c = conf(dir, [[{ subnet: '10.9.0.0/24' }]]);
   const net = parseHostLocal(c);
   const alloc = new HostLocalAllocator();
   await alloc.add(net, 'kia-first', 'eth0'); // makes the directory and the lock file
-  const holder = spawn('flock', [join(dir, 'kubenet', 'lock'), 'sh', '-c', 'echo held; exec sleep 0.5'], { stdio: ['ignore', 'pipe', 'ignore'] });
+  const holder = spawn('flock', [join(dir, 'kubenet', 'lock'), 'sh', '-c', 'echo held; exec sleep 0.5'], {
+    stdio: ['ignore', 'pipe', 'ignore'],
+  });
   // Listened for at once: the holder exits (releasing the lock) before the waiting ADD returns.
   const exited = new Promise((r) => holder.on('exit', r));
   // Once it says so, host-local's lock is held (however slow the machine is to start it).
@@ -180,93 +215,102 @@ maybe('the agent waits for host-local\'s lock (flock on <dir>/lock) without bloc
   await exited;
 });
 
-maybe('8-way concurrent ADD+DEL, agent and host-local mixed, 2 000 operations: no duplicate, nothing lost, each releases the other\'s', (t) => withTrafficLock(async () => {
-  t.timeout(300_000);
-  const dir = tempDir(t);
-  const c = conf(dir, [[{ subnet: '10.9.0.0/24' }], [{ subnet: 'fd00:9::/120' }]]);
-  const net = parseHostLocal(c);
-  const alloc = new HostLocalAllocator();
-  const store = join(dir, 'kubenet');
-  const held = new Map<string, string>(); // address -> container ID, per the ADDs that returned
-  const problems: string[] = [];
-  const counts = { ops: 0, agentAdd: 0, hlAdd: 0, agentDelOfHl: 0, hlDelOfAgent: 0, sameSideDel: 0 };
-  const TOTAL = 2000;
-  let next = 0;
-  const started = performance.now();
-  const lane = async (lane: number) => {
-    const mine: Array<{ id: string; by: 'agent' | 'hl'; ips: string[] }> = [];
-    // Each lane holds up to 3 attachments at a time, so reservations stay live across other lanes' work.
-    while (next < TOTAL) {
-      const doAdd = mine.length === 0 || (mine.length < 3 && Math.random() < 0.5);
-      next++;
-      if (doAdd) {
-        const id = `kia-l${lane}-${next}`;
-        const by = Math.random() < 0.5 ? 'agent' : 'hl';
-        let ips: string[];
-        if (by === 'agent') {
-          ips = addrs(await alloc.add(net, id, 'eth0'));
-          counts.agentAdd++;
-        } else {
-          const r = await hostLocal('ADD', c, id);
-          if (!r.ok) {
-            problems.push(`host-local ADD ${id}: ${JSON.stringify(r.out)}`);
-            continue;
+maybe(
+  "8-way concurrent ADD+DEL, agent and host-local mixed, 2 000 operations: no duplicate, nothing lost, each releases the other's",
+  (t) =>
+    withTrafficLock(async () => {
+      t.timeout(300_000);
+      const dir = tempDir(t);
+      const c = conf(dir, [[{ subnet: '10.9.0.0/24' }], [{ subnet: 'fd00:9::/120' }]]);
+      const net = parseHostLocal(c);
+      const alloc = new HostLocalAllocator();
+      const store = join(dir, 'kubenet');
+      const held = new Map<string, string>(); // address -> container ID, per the ADDs that returned
+      const problems: string[] = [];
+      const counts = { ops: 0, agentAdd: 0, hlAdd: 0, agentDelOfHl: 0, hlDelOfAgent: 0, sameSideDel: 0 };
+      const TOTAL = 2000;
+      let next = 0;
+      const started = performance.now();
+      const lane = async (lane: number) => {
+        const mine: Array<{ id: string; by: 'agent' | 'hl'; ips: string[] }> = [];
+        // Each lane holds up to 3 attachments at a time, so reservations stay live across other lanes' work.
+        while (next < TOTAL) {
+          const doAdd = mine.length === 0 || (mine.length < 3 && Math.random() < 0.5);
+          next++;
+          if (doAdd) {
+            const id = `kia-l${lane}-${next}`;
+            const by = Math.random() < 0.5 ? 'agent' : 'hl';
+            let ips: string[];
+            if (by === 'agent') {
+              ips = addrs(await alloc.add(net, id, 'eth0'));
+              counts.agentAdd++;
+            } else {
+              const r = await hostLocal('ADD', c, id);
+              if (!r.ok) {
+                problems.push(`host-local ADD ${id}: ${JSON.stringify(r.out)}`);
+                continue;
+              }
+              ips = addrs(r.out);
+              counts.hlAdd++;
+            }
+            for (const ip of ips) {
+              const other = held.get(ip);
+              if (other) problems.push(`duplicate: ${ip} given to ${id} (${by}) while ${other} holds it`);
+              held.set(ip, id);
+              const content = readFileSync(join(store, ip), 'utf8');
+              if (content !== `${id}\r\neth0`) problems.push(`${ip}: file holds ${JSON.stringify(content)}, not ${id}`);
+            }
+            mine.push({ id, by, ips });
+          } else {
+            const a = mine.splice(Math.floor(Math.random() * mine.length), 1)[0]!;
+            for (const ip of a.ips) held.delete(ip); // before the release: the address may be given again at once
+            const by = Math.random() < 0.5 ? 'agent' : 'hl';
+            if (by === 'agent') await alloc.del(net, a.id, 'eth0');
+            else if (!(await hostLocal('DEL', c, a.id)).ok) problems.push(`host-local DEL ${a.id} failed`);
+            if (by !== a.by) counts[by === 'agent' ? 'agentDelOfHl' : 'hlDelOfAgent']++;
+            else counts.sameSideDel++;
+            for (const ip of a.ips)
+              if (existsSync(join(store, ip)) && readFileSync(join(store, ip), 'utf8') === `${a.id}\r\neth0`)
+                problems.push(`${ip} of ${a.id} not released`);
           }
-          ips = addrs(r.out);
-          counts.hlAdd++;
+          counts.ops++;
         }
-        for (const ip of ips) {
-          const other = held.get(ip);
-          if (other) problems.push(`duplicate: ${ip} given to ${id} (${by}) while ${other} holds it`);
-          held.set(ip, id);
-          const content = readFileSync(join(store, ip), 'utf8');
-          if (content !== `${id}\r\neth0`) problems.push(`${ip}: file holds ${JSON.stringify(content)}, not ${id}`);
+        // Release what is left, crossing sides.
+        for (const a of mine) {
+          for (const ip of a.ips) held.delete(ip);
+          if (a.by === 'agent') await hostLocal('DEL', c, a.id);
+          else await alloc.del(net, a.id, 'eth0');
+          counts.ops++;
         }
-        mine.push({ id, by, ips });
-      } else {
-        const a = mine.splice(Math.floor(Math.random() * mine.length), 1)[0]!;
-        for (const ip of a.ips) held.delete(ip); // before the release: the address may be given again at once
-        const by = Math.random() < 0.5 ? 'agent' : 'hl';
-        if (by === 'agent') await alloc.del(net, a.id, 'eth0');
-        else if (!(await hostLocal('DEL', c, a.id)).ok) problems.push(`host-local DEL ${a.id} failed`);
-        if (by !== a.by) counts[by === 'agent' ? 'agentDelOfHl' : 'hlDelOfAgent']++;
-        else counts.sameSideDel++;
-        for (const ip of a.ips) if (existsSync(join(store, ip)) && readFileSync(join(store, ip), 'utf8') === `${a.id}\r\neth0`) problems.push(`${ip} of ${a.id} not released`);
-      }
-      counts.ops++;
-    }
-    // Release what is left, crossing sides.
-    for (const a of mine) {
-      for (const ip of a.ips) held.delete(ip);
-      if (a.by === 'agent') await hostLocal('DEL', c, a.id);
-      else await alloc.del(net, a.id, 'eth0');
-      counts.ops++;
-    }
-  };
-  await Promise.all(Array.from({ length: 8 }, (_, i) => lane(i)));
-  const ms = Math.round(performance.now() - started);
-  t.log({ ...counts, ms, perOpMs: +(ms / counts.ops).toFixed(2) });
-  t.deepEqual(problems, []);
-  t.true(counts.ops >= TOTAL, `${counts.ops} operations`);
-  t.true(counts.agentDelOfHl > 50 && counts.hlDelOfAgent > 50, 'each side released many of the other\'s');
-  const left = files(store);
-  t.deepEqual([...left.reservations.keys()], [], 'no reservation left');
-  t.deepEqual(left.other, ['last_reserved_ip.0', 'last_reserved_ip.1', 'lock']);
-}));
+      };
+      await Promise.all(Array.from({ length: 8 }, (_, i) => lane(i)));
+      const ms = Math.round(performance.now() - started);
+      t.log({ ...counts, ms, perOpMs: +(ms / counts.ops).toFixed(2) });
+      t.deepEqual(problems, []);
+      t.true(counts.ops >= TOTAL, `${counts.ops} operations`);
+      t.true(counts.agentDelOfHl > 50 && counts.hlDelOfAgent > 50, "each side released many of the other's");
+      const left = files(store);
+      t.deepEqual([...left.reservations.keys()], [], 'no reservation left');
+      t.deepEqual(left.other, ['last_reserved_ip.0', 'last_reserved_ip.1', 'lock']);
+    }),
+);
 
-maybe('a child allocating in a loop, SIGKILLed mid-allocation (25 times): no empty file, no stray file, all releasable by host-local', (t) => withTrafficLock(async () => {
-  t.timeout(300_000);
-  const dir = tempDir(t);
-  // Each child keeps at most 21 (its warm one and every third of its first 60): 25 rounds never fill
-  // the 1022 addresses, however fast a child allocates before its kill.
-  const c = conf(dir, [[{ subnet: '10.9.0.0/22' }], [{ subnet: 'fd00:9::/118' }]]);
-  const store = join(dir, 'kubenet');
-  const child = join(tempDir(t), 'child.mts');
-  const src = new URL('../../../../src/pod/addresses/allocator/allocator.ts', import.meta.url).pathname;
-  // Allocates and releases as fast as it can; prints "go" once it has started.
-  (await import('node:fs')).writeFileSync(
-    child,
-    `import { HostLocalAllocator, parseHostLocal } from ${JSON.stringify(src)};
+maybe(
+  'a child allocating in a loop, SIGKILLed mid-allocation (25 times): no empty file, no stray file, all releasable by host-local',
+  (t) =>
+    withTrafficLock(async () => {
+      t.timeout(300_000);
+      const dir = tempDir(t);
+      // Each child keeps at most 21 (its warm one and every third of its first 60): 25 rounds never fill
+      // the 1022 addresses, however fast a child allocates before its kill.
+      const c = conf(dir, [[{ subnet: '10.9.0.0/22' }], [{ subnet: 'fd00:9::/118' }]]);
+      const store = join(dir, 'kubenet');
+      const child = join(tempDir(t), 'child.mts');
+      const src = new URL('../../../../src/pod/addresses/allocator/allocator.ts', import.meta.url).pathname;
+      // Allocates and releases as fast as it can; prints "go" once it has started.
+      (await import('node:fs')).writeFileSync(
+        child,
+        `import { HostLocalAllocator, parseHostLocal } from ${JSON.stringify(src)};
 const net = parseHostLocal(${JSON.stringify(c)});
 const a = new HostLocalAllocator();
 const tag = process.argv[2];
@@ -279,27 +323,29 @@ for (;;) {
   if (i % 3 !== 0 || i > 60) await a.del(net, id, 'eth0');
 }
 `,
-  );
-  const ROUNDS = 25;
-  for (let round = 0; round < ROUNDS; round++) {
-    const p = spawn(process.execPath, ['--import=tsx', child, `kia-k${round}`], { stdio: ['ignore', 'pipe', 'inherit'] });
-    await new Promise<void>((resolve, reject) => {
-      p.stdout.once('data', () => resolve());
-      p.once('exit', (code) => reject(new Error(`child exited ${code} before starting`)));
-    });
-    await new Promise((r) => setTimeout(r, 5 + Math.random() * 60));
-    p.kill('SIGKILL');
-    await new Promise((r) => p.once('exit', r));
-    const { reservations, other } = files(store);
-    for (const [name, content] of reservations) {
-      t.regex(content, /^kia-k\d+-(warm|\d+)\r\neth0$/, `${name}: a whole reservation`);
-    }
-    t.deepEqual(other, ['last_reserved_ip.0', 'last_reserved_ip.1', 'lock'], 'no stray file');
-    for (const n of other.filter((o) => o.startsWith('last_'))) t.regex(readFileSync(join(store, n), 'utf8'), /^[0-9a-f.:]+$/, `${n} not empty`);
-  }
-  // Everything the killed children held is released by the real host-local, by the IDs the files name.
-  const ids = new Set([...files(store).reservations.values()].map((v) => v.split('\r\n')[0]!));
-  for (const id of ids) t.true((await hostLocal('DEL', c, id)).ok);
-  t.deepEqual([...files(store).reservations.keys()], [], 'all released');
-  t.log({ rounds: ROUNDS, idsReleasedAfter: ids.size });
-}));
+      );
+      const ROUNDS = 25;
+      for (let round = 0; round < ROUNDS; round++) {
+        const p = spawn(process.execPath, ['--import=tsx', child, `kia-k${round}`], { stdio: ['ignore', 'pipe', 'inherit'] });
+        await new Promise<void>((resolve, reject) => {
+          p.stdout.once('data', () => resolve());
+          p.once('exit', (code) => reject(new Error(`child exited ${code} before starting`)));
+        });
+        await new Promise((r) => setTimeout(r, 5 + Math.random() * 60));
+        p.kill('SIGKILL');
+        await new Promise((r) => p.once('exit', r));
+        const { reservations, other } = files(store);
+        for (const [name, content] of reservations) {
+          t.regex(content, /^kia-k\d+-(warm|\d+)\r\neth0$/, `${name}: a whole reservation`);
+        }
+        t.deepEqual(other, ['last_reserved_ip.0', 'last_reserved_ip.1', 'lock'], 'no stray file');
+        for (const n of other.filter((o) => o.startsWith('last_')))
+          t.regex(readFileSync(join(store, n), 'utf8'), /^[0-9a-f.:]+$/, `${n} not empty`);
+      }
+      // Everything the killed children held is released by the real host-local, by the IDs the files name.
+      const ids = new Set([...files(store).reservations.values()].map((v) => v.split('\r\n')[0]!));
+      for (const id of ids) t.true((await hostLocal('DEL', c, id)).ok);
+      t.deepEqual([...files(store).reservations.keys()], [], 'all released');
+      t.log({ rounds: ROUNDS, idsReleasedAfter: ids.size });
+    }),
+);
