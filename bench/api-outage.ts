@@ -96,7 +96,10 @@ async function simAgents(group: 'after' | 'before', srcRoot: string, n: number):
     // Every request of this agent passes here once (KubeApi.send): counted.
     const kc = {
       getCurrentCluster: () => base.getCurrentCluster(),
-      applyToHTTPSOptions: (o: unknown) => (agent.requests.push(Date.now()), base.applyToHTTPSOptions(o)),
+      applyToHTTPSOptions: (o: unknown) => {
+        agent.requests.push(Date.now());
+        return base.applyToHTTPSOptions(o);
+      },
     };
     const api = new kw.KubeApi(kc);
     const health = healthMod ? new healthMod.ApiHealth() : undefined;

@@ -186,7 +186,7 @@ try {
   const ours: number[] = [];
   const sandbox = { ref: [] as number[], ours: [] as number[] };
   let cpuMs = 0;
-  let rss = { first: NaN, last: NaN };
+  const rss = { first: NaN, last: NaN };
   // Rounds alternate the order (reference first, then kubenet first, ...): whatever drifts over the
   // run (the API server's caches, etcd's size, page cache) falls on both sides alike.
   const perRound = Math.ceil(PODS / ROUNDS);

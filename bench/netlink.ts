@@ -127,7 +127,10 @@ async function kernelSection(cleanup: Cleanup): Promise<void> {
     );
     const s = await vethStorm(cleanup, PAIRS);
     let done = false;
-    const running = s.run().then((ms) => ((done = true), ms));
+    const running = s.run().then((ms) => {
+      done = true;
+      return ms;
+    });
     // Let the ip processes start (their deletions begin a few ms after the spawn).
     await new Promise((r) => setTimeout(r, 20));
     const during = stats(await timeWhile(fn, () => done));
@@ -227,7 +230,10 @@ async function loopSection(cleanup: Cleanup): Promise<void> {
     const times: number[] = [];
     let done = false;
     h.enable();
-    const running = s.run().then((ms) => ((done = true), ms));
+    const running = s.run().then((ms) => {
+      done = true;
+      return ms;
+    });
     await new Promise((r) => setTimeout(r, 20));
     if (way === 'sync') {
       // One lookup per turn of the loop, so that the loop's own timers still get their turn between them.

@@ -168,7 +168,7 @@ export function posixSpawnRun(
 }
 
 /** C source of the two exec shims (built by bench/cni-exec.ts with cc into a temp dir). */
-export const SHIM_C = String.raw`
+export const SHIM_C = `
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdlib.h>

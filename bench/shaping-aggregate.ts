@@ -283,7 +283,7 @@ export class AggregateWorld {
       if (!p.ip) throw new Error(`${side} ADD ${p.name}: no address in ${JSON.stringify(run.answers[i])}`);
     });
     if (side === 'ref' && runtimeConfig) {
-      this.refIfbs = pods.map((p, i) => run.answers[i]?.result?.interfaces?.find((x) => x.name?.startsWith('bwp'))?.name ?? '');
+      this.refIfbs = pods.map((_p, i) => run.answers[i]?.result?.interfaces?.find((x) => x.name?.startsWith('bwp'))?.name ?? '');
       if (this.refIfbs.some((n) => n === '')) throw new Error('the bandwidth plugin reported no ifb for a shaped pod');
     }
   }

@@ -81,6 +81,7 @@ async function outside(bench: CniBench, rep: number, n: number, first: Side): Pr
     '  s=$EPOCHREALTIME',
     '  "$@" > "$d/$side-$op-$i.out" 2> "$d/err"; rc=$?',
     '  e=$EPOCHREALTIME',
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: shell parameter expansions, not a template
     '  while IFS= read -r line; do case $line in "libcni-driver: libcni call "*) ms=${line#libcni-driver: libcni call }; ms=${ms% ms};; esac; done < "$d/err"',
     '  if [ $rc -ne 0 ] || [ -z "$ms" ]; then echo "fail $side $op $i rc=$rc $(tr "\\n" " " < "$d/err")"; exit 1; fi',
     '  echo "ok $side $op $i $s $e $ms"',

@@ -97,7 +97,7 @@ export async function run(argv: string[], io: PluginIo): Promise<number> {
 }
 
 async function dispatch(argv: string[], io: PluginIo): Promise<number> {
-  let parsed;
+  let parsed: ReturnType<typeof parseArgs<{ args: string[]; options: typeof OPTIONS; allowPositionals: true; strict: true }>>;
   try {
     parsed = parseArgs({ args: argv, options: OPTIONS, allowPositionals: true, strict: true });
   } catch (err) {

@@ -235,7 +235,7 @@ async function runExeca(
     subprocess.stdout?.destroy();
     subprocess.stderr?.destroy();
   }, timeoutMs);
-  let r;
+  let r: Awaited<typeof subprocess>;
   try {
     r = await subprocess;
   } finally {

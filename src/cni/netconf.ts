@@ -59,7 +59,7 @@ export function listNetwork(list: NetConfList, bytes?: string): Network {
   const what = `network list ${JSON.stringify(list.name)}`;
   const cniVersion = checkVersion(list.cniVersion, what);
   if (!Array.isArray(list.plugins) || list.plugins.length === 0) throw new ConfigError(`${what}: "plugins" must be a non-empty list`);
-  list.plugins.forEach((p, i) => checkPlugin(p, `${what} plugin ${i}`));
+  for (const [i, p] of list.plugins.entries()) checkPlugin(p, `${what} plugin ${i}`);
   if (list.disableCheck !== undefined && typeof list.disableCheck !== 'boolean')
     throw new ConfigError(`${what}: "disableCheck" must be a boolean`);
   return {

@@ -156,7 +156,7 @@ function parseIpBlock(v: unknown, where: string, ips: CniIpConfig[], routes: Rou
   const ip: CniIpConfig = { address: cidr(v, 'ip', where) };
   set(ip, 'gateway', optIp(v, 'gateway', where));
   ips.push(ip);
-  optArray(v, 'routes', where).forEach((r, i) => routes.push(parseRoute(r, `${where}.routes[${i}]`)));
+  for (const [i, r] of optArray(v, 'routes', where).entries()) routes.push(parseRoute(r, `${where}.routes[${i}]`));
 }
 
 /**

@@ -149,7 +149,7 @@ export class StatsSocket {
    * Receives datagrams (blocking for the first, taking what else is queued) until `each` returns
    * true for a message. A receive that fails (the socket overran: answers were lost) throws.
    */
-  private async receive(op: string, l: RecvLayout, each: (m: NlMessage) => boolean | void): Promise<void> {
+  private async receive(op: string, l: RecvLayout, each: (m: NlMessage) => boolean | undefined): Promise<void> {
     for (;;) {
       const n = await asyncCall(libcSock.recvmmsg, this.fd, l.vec, l.slots, MSG_WAITFORONE, null);
       if (n <= 0) throw new NetlinkError(op, E.EIO, 'recvmmsg failed (the receive buffer overran, answers were lost)');

@@ -61,7 +61,7 @@ export class NetlinkParseError extends Error {}
  * Calls `each` for every message of the datagram at `buf[at, at + len)`. Returns early with `true`
  * when `each` does (the caller has seen the end it waited for).
  */
-export function forEachMessage(buf: Buffer, at: number, len: number, each: (m: NlMessage) => boolean | void): boolean {
+export function forEachMessage(buf: Buffer, at: number, len: number, each: (m: NlMessage) => boolean | undefined): boolean {
   const end = at + len;
   let off = at;
   while (off + NLMSG_HDRLEN <= end) {

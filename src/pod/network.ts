@@ -291,8 +291,7 @@ export class PodNetwork {
     checkLimits(limits, `container ${containerId}`);
     return this.locks.run(recordKey(containerId, ifName), async () => {
       const record = this.store.get(containerId, ifName);
-      if (!record || record.phase !== 'ready')
-        throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
+      if (record?.phase !== 'ready') throw new UnknownPodError(`container ${containerId} ${ifName} is not attached to ${NETWORK_NAME}`);
       const next = reshapedRecord(record, limits, limitSources);
       if (!next) return record;
       if (next.rates) await applyShaping(this.core, next.record);

@@ -62,7 +62,7 @@ function ipBytes(ip: string): Buffer {
   const t = part(tail);
   const words = tail === undefined ? h : [...h, ...new Array<number>(8 - h.length - t.length).fill(0), ...t];
   const out = Buffer.alloc(16);
-  words.forEach((w, i) => out.writeUInt16BE(w, i * 2));
+  for (const [i, w] of words.entries()) out.writeUInt16BE(w, i * 2);
   return out;
 }
 

@@ -18,7 +18,7 @@ test('daemon help names every config key with its flag, type and default, from C
     t.true(text.includes(`\n  ${key}  ${spec.flag}  `), `${key} ${spec.flag}`);
     if (spec.default !== undefined) t.true(text.includes(`default: ${spec.default}`), `${key}'s default ${spec.default}`);
   }
-  t.regex(text, /\n  hairpinMode {2}--hairpin-mode {2}promiscuous-bridge \| hairpin-veth \| none {2}default: hairpin-veth\n/);
+  t.regex(text, /\n {2}hairpinMode {2}--hairpin-mode {2}promiscuous-bridge \| hairpin-veth \| none {2}default: hairpin-veth\n/);
   t.true(
     text.split('\n').every((l) => l.length <= 100 || !l.includes(' ', 4)),
     'lines wrapped at 100 columns',

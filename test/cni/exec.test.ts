@@ -292,7 +292,7 @@ test('32 concurrent execs each get their own stdin and environment and return th
       execPlugin(path, JSON.stringify({ cniVersion: '1.0.0', n: i }), { ...req(dir), containerId: `ctr-${i}` }),
     ),
   );
-  results.forEach((r, i) => t.deepEqual(r, { id: `ctr-${i}`, conf: { cniVersion: '1.0.0', n: i } }));
+  for (const [i, r] of results.entries()) t.deepEqual(r, { id: `ctr-${i}`, conf: { cniVersion: '1.0.0', n: i } });
 });
 
 test('1 MiB of stdin comes back as 1 MiB of stdout; a large stderr is kept whole', async (t) => {

@@ -27,7 +27,7 @@ import { uniq } from '../kit/kernel.js';
 import { linesRepeatingKeys } from '../kit/log-lines.js';
 import { withTrafficLock } from '../kit/traffic-lock.js';
 import { countLeftovers, describeLeftovers, NO_LEFTOVERS, type NodeLayout } from '../kit/node-leaks.js';
-import { NodeSandbox } from '../kit/node-sandbox.js';
+import type { NodeSandbox } from '../kit/node-sandbox.js';
 import { LIBCNI_DEFAULT_CACHE_DIR, SandboxLibcni, SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
 
 const blocker = sandboxTestBlocker();

@@ -21,7 +21,7 @@ import { join } from 'node:path';
 import { cidrContains, parseCidr } from '../../src/net/ip.js';
 import { agentGet } from '../../src/daemon/protocol.js';
 import { FORWARDER } from '../kit/agent-harness.js';
-import { AgentProcess, startManifestAgent } from '../kit/agent-process.js';
+import { type AgentProcess, startManifestAgent } from '../kit/agent-process.js';
 import { Containerd, containerdTestBlocker } from '../kit/containerd.js';
 import { logRate, logUnshaped } from '../kit/measure.js';
 import { containerdSandboxInfo, CriClient, type PodSandboxConfig, type PortMapping } from '../kit/cri/client.js';

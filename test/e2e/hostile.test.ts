@@ -573,7 +573,9 @@ serialTest('a stalled client does not hold shutdown: SIGTERM ends the agent with
     );
     return s;
   });
-  t.teardown(() => stalled.forEach((s) => s.destroy()));
+  t.teardown(() => {
+    for (const s of stalled) s.destroy();
+  });
   await new Promise((r) => setTimeout(r, 300));
   const started = Date.now();
   const code = await w().agent.stop(15_000);

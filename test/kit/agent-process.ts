@@ -5,7 +5,7 @@
  * `startManifestAgent` runs it as deployed: the ConfigMap's YAML, no directory flag, cluster mode
  * against a fake API server that serves the Node's pod CIDR.
  */
-import { type ResultPromise } from 'execa';
+import type { ResultPromise } from 'execa';
 import yaml from 'js-yaml';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';

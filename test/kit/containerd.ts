@@ -24,7 +24,7 @@
  * (bounded), kills containerd, its shims and the pods' processes, removes the cgroups.
  */
 import { execa, type ResultPromise } from 'execa';
-import { existsSync, readFileSync } from 'node:fs';
+import { type Dirent, existsSync, readFileSync } from 'node:fs';
 import { readdir, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -348,7 +348,7 @@ export class Containerd {
       .map((f) => f[4] ?? '');
     const errors: string[] = [];
     const rmTree = async (dir: string): Promise<void> => {
-      let entries;
+      let entries: Dirent[];
       try {
         entries = await readdir(dir, { withFileTypes: true });
       } catch {

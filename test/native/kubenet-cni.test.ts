@@ -201,8 +201,8 @@ const ok = (result: unknown) => (_req: Seen, res: ServerResponse) => {
 test('npm run build:native (hack/build-native.sh) uses the same compiler command', (t) => {
   const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> };
   t.is(pkg.scripts['build:native'], 'bash hack/build-native.sh');
-  t.regex(pkg.scripts['build'] ?? '', /tsc -p tsconfig\.build\.json && npm run build:native/);
-  t.regex(pkg.scripts['test'] ?? '', /npm run build:native/, 'npm test builds the binary the agent installs');
+  t.regex(pkg.scripts.build ?? '', /tsc -p tsconfig\.build\.json && npm run build:native/);
+  t.regex(pkg.scripts.test ?? '', /npm run build:native/, 'npm test builds the binary the agent installs');
   const script = readFileSync(join(ROOT, 'hack/build-native.sh'), 'utf8');
   t.true(script.includes(`cc ${CC_FLAGS.join(' ')} -o "$tmp" native/kubenet-cni.c`), script);
   t.true(

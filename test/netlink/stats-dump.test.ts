@@ -132,7 +132,7 @@ test('classes asked by handle, in one datagram: the same figures as the dump, EN
     { ifindex, handle: 0x90001 },
   ]);
   t.is(answers.length, handles.length + 3);
-  handles.forEach((h, i) => t.deepEqual(answers[i], dumped.get(h), `class ${h.toString(16)}`));
+  for (const [i, h] of handles.entries()) t.deepEqual(answers[i], dumped.get(h), `class ${h.toString(16)}`);
   const errno = (x: unknown) => (x instanceof NetlinkError ? x.errno : x);
   t.deepEqual(answers.slice(-3).map(errno), [2, 19, 2], 'no such class, no such device, no such qdisc');
 });

@@ -123,6 +123,7 @@ kTest("the session's tc dies with the agent: a run it holds when the agent is ki
     `import { TcSession } from ${JSON.stringify(session)};`,
     'const s = new TcSession();',
     "await s.run(['qdisc show dev lo']);",
+    // biome-ignore lint/suspicious/noTemplateCurlyInString: the child's own template literal
     'process.stdout.write(`${s.pid}\\n`);',
     `process.stdin.once('data', () => { void s.run(['class add dev ${dev} parent 1: classid 1:5 htb rate 1mbit']).catch(() => undefined); setTimeout(() => process.stdout.write('written\\n'), 50); });`,
   ].join('\n');

@@ -63,7 +63,9 @@ test('a key: a result or a read in flight serves only callers with the same key'
     2000,
     () => now,
   );
-  const release = () => pending.splice(0).forEach((r) => r());
+  const release = () => {
+    for (const r of pending.splice(0)) r();
+  };
   const a = c.get(1);
   const a2 = c.get(1);
   t.is(n, 1, 'the same key joins the read in flight');

@@ -26,7 +26,7 @@ import { parseQuantity } from '../../bandwidth/quantity.js';
 import type { Logger } from '../../log.js';
 import { moduleLogger } from '../../util/module-logger.js';
 import type { AgentConfig } from '../config/keys.js';
-import { ApiHealth, Backoff, isOutage } from '../kube/api-health.js';
+import { type ApiHealth, Backoff, isOutage } from '../kube/api-health.js';
 import { healthOf, KubeApi, KubeApiError, loadKubeConfig, sharedAborter, type KubeClientOptions } from '../kube/watch.js';
 
 export type { NodeCapacity };

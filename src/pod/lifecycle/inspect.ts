@@ -19,7 +19,7 @@ import type { CheckRequest, PodTraffic } from '../requests.js';
  */
 export async function checkAttached(core: Core, req: CheckRequest, netnsId: NetnsId): Promise<void> {
   const record = core.store.get(req.containerId, req.ifName);
-  if (!record || record.phase !== 'ready' || !record.result) {
+  if (record?.phase !== 'ready' || !record.result) {
     throw new UnknownPodError(`container ${req.containerId} ${req.ifName} is not attached to ${NETWORK_NAME}`);
   }
   if (!sameNetns(record.netnsId, netnsId)) {

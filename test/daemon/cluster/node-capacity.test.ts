@@ -132,7 +132,7 @@ test('a direction without capacity removes a stale value; a Node registered late
   await until('retried and published', () => status()?.capacity?.[EGR] === '1000', 5_000);
   t.deepEqual(status(), { capacity: { [EGR]: '1000' }, allocatable: { [EGR]: '1000' } }, 'the stale ingress removed');
   await publisher.settled();
-  t.deepEqual((api.patches.at(-1)?.patch as { status: { capacity: Record<string, unknown> } }).status.capacity, {
+  t.deepEqual((api.patches.at(-1)?.patch as { status: { capacity: Record<string, unknown> } } | undefined)?.status.capacity, {
     [EGR]: '1000',
     [INR]: null,
   });

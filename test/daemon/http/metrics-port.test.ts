@@ -6,7 +6,7 @@
  * asks, what it caches and for how long, what it answers when the API server fails.
  */
 import test from 'ava';
-import { X509Certificate } from 'node:crypto';
+import type { X509Certificate } from 'node:crypto';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { createServer } from 'node:net';

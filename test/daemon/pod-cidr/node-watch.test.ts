@@ -298,9 +298,9 @@ test("node source: an error answer (403) backs off on its own, jittered and grow
     .slice(0, 6)
     .map((l) => l.retryInMs ?? -1);
   // Steps 20, 40, 80, 160, 160, 160: each wait within [step/2, step].
-  [20, 40, 80, 160, 160, 160].forEach((step, i) =>
-    t.true((delays[i] ?? -1) >= step / 2 && (delays[i] ?? Infinity) <= step, `delays ${delays.join(',')}`),
-  );
+  for (const [i, step] of [20, 40, 80, 160, 160, 160].entries()) {
+    t.true((delays[i] ?? -1) >= step / 2 && (delays[i] ?? Infinity) <= step, `delays ${delays.join(',')}`);
+  }
   t.false(health.isDown);
   t.is(health.stats.outages, 0);
   api.failWith = undefined;

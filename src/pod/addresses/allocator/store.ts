@@ -44,6 +44,7 @@ import {
   mkdirSync,
   openSync,
   readdirSync,
+  type Dirent,
   readFileSync,
   unlinkSync,
   writeSync,
@@ -287,7 +288,7 @@ export class DiskStore {
   private readReservations(): StoredReservation[] {
     scans++;
     const out: StoredReservation[] = [];
-    let entries;
+    let entries: Dirent[];
     try {
       entries = readdirSync(this.dir, { withFileTypes: true });
     } catch (err) {
