@@ -104,3 +104,36 @@ test('every relative link in README.md and docs/*.md names a file that exists, a
   t.deepEqual(broken, []);
   t.true(checked > 20, `checked ${checked} links`);
 });
+
+/** The repository paths a page names (`src/…`, `test/…`, `bench/…`, `hack/…`, `native/…`, `manifests/…`), outside fenced code. */
+export function repoPaths(text: string): Array<{ line: number; path: string }> {
+  const out: Array<{ line: number; path: string }> = [];
+  prose(text).forEach((line, i) => {
+    for (const m of line.matchAll(/(?<![\w./-])((?:src|test|bench|hack|native|manifests)\/[\w./-]*[\w/])/g)) {
+      const path = m[1] ?? '';
+      if (!path.includes('*')) out.push({ line: i + 1, path });
+    }
+  });
+  return out;
+}
+
+test('every source path README.md and docs/*.md name exists (a moved file takes its mentions with it)', (t) => {
+  t.deepEqual(
+    repoPaths('see `src/pod/network.ts`, src/daemon/ and (test/kit/kcl.ts).\n```\nsrc/gone.ts\n```\nhttps://x/src/no'),
+    [
+      { line: 1, path: 'src/pod/network.ts' },
+      { line: 1, path: 'src/daemon/' },
+      { line: 1, path: 'test/kit/kcl.ts' },
+    ],
+  );
+  const missing: string[] = [];
+  let checked = 0;
+  for (const page of pages) {
+    for (const { line, path } of repoPaths(readFileSync(page, 'utf8'))) {
+      checked++;
+      if (!existsSync(join(ROOT, path))) missing.push(`${relative(ROOT, page)}:${line}: ${path}`);
+    }
+  }
+  t.deepEqual(missing, []);
+  t.true(checked > 50, `checked ${checked} paths`);
+});
