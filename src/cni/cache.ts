@@ -7,7 +7,7 @@
  *
  * The file operations are synchronous on purpose: entries are a few hundred bytes in a local
  * directory, so each syscall takes microseconds, while a round trip through libuv's thread pool
- * per step (open, write, close, rename, …) costs far more, on the hot path (measured: docs/cni.md,
+ * per step (open, write, close, rename, …) costs far more, on the hot path (docs/cni.md,
  * "Result cache"). The methods stay async so the storage can change without touching callers.
  */
 import { readFileSync, unlinkSync } from 'node:fs';

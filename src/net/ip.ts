@@ -6,7 +6,7 @@
  * Built on `ip-address` (the library beneath `ip-cidr`): its parser and subnet arithmetic, with
  * node:net's `isIP` as the validity check. `ip-cidr` itself was measured and left out: it adds only
  * range iteration, prints IPv6 uncompressed, refuses embedded IPv4 (::ffff:1.2.3.4), and pulls
- * an older ip-address with two more dependencies. What containment costs with ip-address: docs/net.md.
+ * an older ip-address with two more dependencies (docs/net.md).
  */
 import { Address4, Address6 } from 'ip-address';
 import { isIP } from 'node:net';

@@ -70,7 +70,7 @@ export class KubeCredentials implements KubeClientConfig {
     private readonly tokenRereadMs = TOKEN_REREAD_MS,
   ) {
     // Keep-alive: an Event POST or a pod GET reuses an open TLS connection instead of a handshake
-    // each (CPU on both sides, here and in the API server, per request, on every pod ADD; measured:
+    // each (CPU on both sides, here and in the API server, per request, on every pod ADD;
     // docs/agent.md).
     const keep = { keepAlive: true, keepAliveMsecs: 30_000, maxFreeSockets: 4 };
     this.agent = server.startsWith('https:') ? new HttpsAgent({ ...tls, ...keep }) : new HttpAgent(keep);
