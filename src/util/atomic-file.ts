@@ -92,7 +92,7 @@ export function copyFileAtomic(src: string, dest: string, mode: number, what = '
  * creating or freeing an inode, or taking a directory lock for long, on the caller's path: creating
  * a file and unlinking one (or renaming over a file's last link) cost several times what renaming,
  * linking and overwriting in place cost, truncating frees blocks, and an open with O_CREAT of an
- * existing file waits on its directory's lock (measured in the agent on ext4: docs/pod.md, "Pod
+ * existing file waits on its directory's lock (docs/pod.md, "Pod
  * record files"). A pod's ADD writes its record twice and its DEL removes it.
  *
  * So a write goes into a spare file of the spare directory (a hidden sibling on the same filesystem:

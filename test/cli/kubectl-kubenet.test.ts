@@ -562,7 +562,7 @@ test("the plugin loads nothing of the node's side: no netlink (koffi, libnl), no
   const modules = [...seen].map((f) => f.slice(root.length)).sort();
   t.true(modules.includes('cli/prom-text.ts') && modules.includes('daemon/kube/watch.ts'), modules.join(' '));
   t.deepEqual(
-    modules.filter((m) => /^(netlink|shaper|pod|cni|plugin)\/|^daemon\/(config|agent|http-api|protocol)/.test(m)),
+    modules.filter((m) => /^(netlink|shaper|pod|cni|plugin)\/|^daemon\/(config\/|agent|http\/|protocol)/.test(m)),
     [],
   );
   t.deepEqual([...packages], ['js-yaml']);
