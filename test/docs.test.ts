@@ -118,14 +118,11 @@ export function repoPaths(text: string): Array<{ line: number; path: string }> {
 }
 
 test('every source path README.md and docs/*.md name exists (a moved file takes its mentions with it)', (t) => {
-  t.deepEqual(
-    repoPaths('see `src/pod/network.ts`, src/daemon/ and (test/kit/kcl.ts).\n```\nsrc/gone.ts\n```\nhttps://x/src/no'),
-    [
-      { line: 1, path: 'src/pod/network.ts' },
-      { line: 1, path: 'src/daemon/' },
-      { line: 1, path: 'test/kit/kcl.ts' },
-    ],
-  );
+  t.deepEqual(repoPaths('see `src/pod/network.ts`, src/daemon/ and (test/kit/kcl.ts).\n```\nsrc/gone.ts\n```\nhttps://x/src/no'), [
+    { line: 1, path: 'src/pod/network.ts' },
+    { line: 1, path: 'src/daemon/' },
+    { line: 1, path: 'test/kit/kcl.ts' },
+  ]);
   const missing: string[] = [];
   let checked = 0;
   for (const page of pages) {

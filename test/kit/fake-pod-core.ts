@@ -105,6 +105,8 @@ export function fakeKernel(j: Journal) {
       for (const [name, v] of state.veths) if (v.index === index) state.veths.delete(name);
     },
     hostPortRules: async (_network: string) => new Map<string, string[]>(),
+    checkHostPorts: async (_ips: string[], mappings: Array<{ hostPort: number }>) =>
+      call(j, 'kernel.checkHostPorts', mappings.map((m) => m.hostPort).join(',')),
   } satisfies PodKernel;
   /** What the bridge plugin does: a veth pair, the pod's end in its netns, the host's on the bridge. */
   const plug = (rt: RuntimeConf): string => {

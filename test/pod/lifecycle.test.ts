@@ -6,9 +6,10 @@
  * the startup reconcile and the sweep.
  */
 import test from 'ava';
-import { ConflictError } from '../../src/errors.js';
+import { ConflictError, UnknownPodError } from '../../src/errors.js';
 import { setUp } from '../../src/pod/lifecycle/add.js';
 import { releaseUnknown, teardown } from '../../src/pod/lifecycle/del.js';
+import { checkAttached } from '../../src/pod/lifecycle/inspect.js';
 import { NetnsError } from '../../src/pod/netns.js';
 import { PendingAdds } from '../../src/pod/lifecycle/pending-adds.js';
 import { recordKey, type PodRecord } from '../../src/pod/records/record.js';
@@ -249,5 +250,27 @@ test('the startup reconcile: an unfinished ADD is undone, a pod whose netns and 
       ['kept'],
     );
     t.deepEqual(w.only('hl.del').sort(), ['hl.del gone-id', 'hl.del half-id']);
+  });
+});
+
+test('CHECK: the mode of the record checks the attachment, host ports their rules, a shaped pod its shaping; unknown, other netns and lost shaping are errors', async (t) => {
+  await withCore({}, async (w) => {
+    const { record } = await add(w, 'web', {
+      limits: { egress: 1_000_000 },
+      portMappings: [{ hostPort: 8080, containerPort: 80, protocol: 'tcp' }],
+    });
+    w.j.calls.length = 0;
+    await checkAttached(w.core, { containerId: 'web-id', ifName: 'eth0', netns: record.netns }, netnsIdOf('web'));
+    t.deepEqual(w.only('hl.check', 'kernel.checkHostPorts'), ['hl.check', 'kernel.checkHostPorts 8080']);
+    await t.throwsAsync(checkAttached(w.core, { containerId: 'nope', ifName: 'eth0', netns: record.netns }, netnsIdOf('web')), {
+      instanceOf: UnknownPodError,
+    });
+    await t.throwsAsync(checkAttached(w.core, { containerId: 'web-id', ifName: 'eth0', netns: '/run/netns/other' }, netnsIdOf('other')), {
+      instanceOf: NetnsError,
+    });
+    w.shaperStates.delete('web-id');
+    await t.throwsAsync(checkAttached(w.core, { containerId: 'web-id', ifName: 'eth0', netns: record.netns }, netnsIdOf('web')), {
+      message: /bandwidth limits are recorded but not installed/,
+    });
   });
 });

@@ -8,7 +8,6 @@ import { bridgeOnly, podName, runtimeConf } from '../attachment.js';
 import { NETWORK_NAME } from '../bridge-conf.js';
 import type { Core } from './deps.js';
 import { recordedOrCurrent } from './del.js';
-import { checkHostPorts } from '../node/host-setup.js';
 import { NetnsError, sameNetns, type NetnsId } from '../netns.js';
 import type { CheckRequest, PodTraffic } from '../requests.js';
 
@@ -29,7 +28,7 @@ export async function checkAttached(core: Core, req: CheckRequest, netnsId: Netn
   // portmap's own CHECK (plugins 1.1.1) fails for every IPv4-only pod, looking for ip6tables
   // chains it never made (containernetworking/plugins#819): bridge alone, and the DNAT rules here.
   await core.modes.of(network).check(bridgeOnly(network), runtimeConf(record, req.netns), parseResult(record.result));
-  if (record.portMappings.length > 0) await checkHostPorts(record.ips, record.portMappings);
+  if (record.portMappings.length > 0) await core.kernel.checkHostPorts(record.ips, record.portMappings);
   if (core.shaper.wants(record.limits) && !core.shaper.list().some((s) => s.id === record.containerId)) {
     throw new KubenetError(`pod ${podName(record)}: bandwidth limits are recorded but not installed`);
   }

@@ -9,7 +9,7 @@ import type { Logger } from '../../log.js';
 import * as nl from '../../netlink/index.js';
 import type { BridgeSettings } from '../bridge-conf.js';
 import { bridgeVeths, ensureBridge } from './bridge-link.js';
-import { hostPortRules } from './host-setup.js';
+import { checkHostPorts, hostPortRules } from './host-setup.js';
 import { netnsIdIfAlive, sameNetns } from '../netns.js';
 import type { PodRecord } from '../records/record.js';
 import { deletePodVeth, hostEndOnBridge, podVethPresent } from './veth.js';
@@ -41,6 +41,8 @@ export interface PodKernel {
   deleteVeth(index: number): Promise<void>;
   /** portmap's host-port rules of `networkName`: container ID → the pod addresses they forward to. */
   hostPortRules(networkName: string): Promise<Map<string, string[]>>;
+  /** Throws unless every mapping has its DNAT rule to one of the pod's addresses (CHECK). */
+  checkHostPorts(podIps: string[], mappings: Array<{ hostPort: number; containerPort: number; protocol: string }>): Promise<void>;
 }
 
 /** The real kernel. */
@@ -57,4 +59,5 @@ export const nodeKernel: PodKernel = {
     await nl.linkDelete(index, { veth: true });
   },
   hostPortRules,
+  checkHostPorts,
 };
