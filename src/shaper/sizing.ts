@@ -33,8 +33,8 @@
  * probe's packets with them. With the interactive leaf a ping, an ARP reply or a probe never enters
  * the bulk queue, full or not.
  *
- * Measured (losses and retransmissions per queue depth, the single queue's ping loss, the tbf
- * leaf's segmentation): docs/shaping.md, "Queue sizing", with the command for each figure.
+ * Measured (losses and retransmissions per queue depth, the single queue's ping loss):
+ * docs/shaping.md, "Queue sizing", with the command for each figure.
  */
 export const FRAME = 1514;
 
