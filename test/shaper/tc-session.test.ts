@@ -7,6 +7,7 @@ import test from 'ava';
 import { execa } from 'execa';
 import { TcSession } from '../../src/shaper/tc-exec.js';
 import { isRoot, uniq } from '../kit/kernel.js';
+import { msUntil, until } from '../kit/until.js';
 
 const kTest = isRoot ? test : test.skip;
 
@@ -129,19 +130,12 @@ kTest("the session's tc dies with the agent: a run it holds when the agent is ki
   ].join('\n');
   const agent = execa(process.execPath, ['--import=tsx', '--input-type=module', '-e', script], { stdin: 'pipe', reject: false });
   const said: string[] = [];
+  let ended: string | undefined;
+  void agent.then((r) => (ended = String(r.stderr)));
   const next = () =>
-    new Promise<string>((resolve, reject) => {
-      const poll = setInterval(() => {
-        const l = said.shift();
-        if (l !== undefined) {
-          clearInterval(poll);
-          resolve(l);
-        }
-      }, 5);
-      void agent.then((r) => {
-        clearInterval(poll);
-        reject(new Error(`the agent process ended: ${r.stderr}`));
-      });
+    until('a line from the agent process', () => {
+      if (said.length === 0 && ended !== undefined) throw new Error(`the agent process ended: ${ended}`);
+      return said.shift();
     });
   agent.stdout?.setEncoding('utf8');
   agent.stdout?.on('data', (d: string) => said.push(...d.split('\n').filter((l) => l !== '')));
@@ -153,8 +147,8 @@ kTest("the session's tc dies with the agent: a run it holds when the agent is ki
   agent.kill('SIGKILL');
   await agent;
   process.kill(tcPid, 'SIGCONT');
-  const deadline = Date.now() + 2_000;
-  while (alive(tcPid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  const pid = tcPid;
+  await msUntil(() => !alive(pid), Date.now(), 2_000);
   t.false(alive(tcPid), 'the tc is gone with its agent');
   t.notRegex((await execa('tc', ['class', 'show', 'dev', dev])).stdout, /1:5/, 'the run written before the kill never ran');
 });
