@@ -47,7 +47,7 @@ export async function setUp(
   const pending = core.pending.begin(recordKey(req.containerId, req.ifName));
   let beside: BesideExec | undefined;
   try {
-    const network = record.network ?? conf;
+    const network = record.network;
     const rt = runtimeConf(record, req.netns);
     // The bridge exists, pinned and tuned, before the bridge plugin adds the pod's veth to it.
     const bridge = await core.kernel.ensureBridge(core.settings(), log);
@@ -164,7 +164,11 @@ function checkNetns(core: SetUpDeps, req: AttachRequest, netnsId: NetnsId): void
 }
 
 /** The record of what the ADD will make, written before any plugin runs (phase `adding`). */
-function intentRecord(req: AttachRequest, netnsId: NetnsId, network: NetConf | NetConfList): PodRecord {
+function intentRecord(
+  req: AttachRequest,
+  netnsId: NetnsId,
+  network: NetConf | NetConfList,
+): PodRecord & { network: NetConf | NetConfList } {
   return {
     version: RECORD_VERSION,
     containerId: req.containerId,
