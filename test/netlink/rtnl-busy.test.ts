@@ -24,6 +24,8 @@ if (agentBlocker) console.warn(`SKIPPING RTNL-busy tests: ${agentBlocker}`);
 
 /** Veth pairs deleted in one storm, by one request for their group. */
 const PAIRS = 128;
+/** How many ADD/DEL cycles the /healthz case runs at most for one answer to overlap the agent's kernel requests. */
+const MAX_CYCLES = 3;
 
 /**
  * Counts turns of the event loop while `busy()` says a kernel request is outstanding, from now until
@@ -97,7 +99,6 @@ agentTest("the agent answers /healthz while its own kernel requests wait, during
   await h.startAgent();
   const pods: TestPod[] = [];
   for (let i = 0; i < 8; i++) pods.push(await h.addPod(`b${i}`));
-  const storms = { add: await vethStorm(cleanup, PAIRS), del: await vethStorm(cleanup, PAIRS) };
 
   let health = 0;
   let healthWhileBusy = 0;
@@ -112,10 +113,18 @@ agentTest("the agent answers /healthz while its own kernel requests wait, during
     }
   })();
   const ticker = loopTicker(() => netlinkCallsInFlight() > 0);
+  // On 2 cores the storm and the pods' requests do not always overlap with a /healthz answer: the
+  // cycle (ADDs, then DELs, each beside a storm) runs again until one did, up to MAX_CYCLES times.
+  // Every answer of every cycle must still be 200.
+  let cycles = 0;
   try {
-    for (const cmd of ['add', 'del'] as const) {
-      const [, ...results] = await Promise.all([storms[cmd].run(), ...pods.map((p) => h.libcni(cmd, p))]);
-      for (const [i, r] of results.entries()) t.is(r.exitCode, 0, `${cmd} ${pods[i]?.name}: ${r.stderr}`);
+    while (cycles < MAX_CYCLES && (cycles === 0 || healthWhileBusy === 0)) {
+      cycles++;
+      const storms = { add: await vethStorm(cleanup, PAIRS), del: await vethStorm(cleanup, PAIRS) };
+      for (const cmd of ['add', 'del'] as const) {
+        const [, ...results] = await Promise.all([storms[cmd].run(), ...pods.map((p) => h.libcni(cmd, p))]);
+        for (const [i, r] of results.entries()) t.is(r.exitCode, 0, `${cmd} ${pods[i]?.name}: ${r.stderr}`);
+      }
     }
   } finally {
     polling = false;
@@ -123,7 +132,7 @@ agentTest("the agent answers /healthz while its own kernel requests wait, during
   }
   const { turnsWhileBusy } = ticker.stop();
   t.log(
-    `${health} /healthz answers, ${healthWhileBusy} while the agent's kernel requests were outstanding; ${turnsWhileBusy} loop turns meanwhile`,
+    `${health} /healthz answers over ${cycles} cycle(s), ${healthWhileBusy} while the agent's kernel requests were outstanding; ${turnsWhileBusy} loop turns meanwhile`,
   );
   t.deepEqual(failures, [], 'every /healthz answered 200');
   t.true(healthWhileBusy > 0, "/healthz answered while the agent's kernel requests were outstanding");
