@@ -110,6 +110,20 @@ export function isUnshaped(limits: BandwidthLimits): boolean {
   );
 }
 
+/**
+ * True when the pod asked for nothing that way: no ceiling, guarantee or namespace total, and no
+ * priority band. On a node with a capacity such a pod is kept out of the tree while the node is far
+ * from it (src/shaper/steering.ts).
+ */
+export function isBestEffort(limits: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
+  return (
+    limits.priority === undefined &&
+    (dir === 'ingress'
+      ? limits.ingress === undefined && limits.ingressGuarantee === undefined && limits.ingressTotal === undefined
+      : limits.egress === undefined && limits.egressGuarantee === undefined && limits.egressTotal === undefined)
+  );
+}
+
 /** True when the limits cap or guarantee this direction. */
 export function shapesDirection(limits: BandwidthLimits, dir: 'ingress' | 'egress'): boolean {
   return dir === 'ingress'

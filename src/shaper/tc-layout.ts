@@ -193,6 +193,13 @@ export interface ShapingState {
   ingressParent?: number;
   /** The egress shard (its ifb: shardIfb); absent in states of versions without shards: shard 0. */
   shard?: number;
+  /**
+   * In a tree, the directions in which this best-effort pod (isBestEffort) is kept out of it while
+   * the node is far from its capacity that way (steering.ts): its classes and filters on the ifb
+   * are there, its veth's redirect is not, so its packets cost what they cost without the plugin.
+   * Not kept across a restart: an adopted state is steered in until the next decision.
+   */
+  bypass?: Direction[];
   ingressInstalled: boolean;
   egressInstalled: boolean;
   filters: FilterRef[];

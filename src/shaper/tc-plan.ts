@@ -228,6 +228,9 @@ export function planEnsure(
   // the ifb side only). A root of the other layout goes first (htb cannot change in place).
   if (veth === '') {
     // nothing on a veth
+  } else if (nextInTree && bypasses(next, 'ingress')) {
+    // Kept out of the tree (steering.ts): no root on the veth, as on a node without the plugin's shaping.
+    if (sameVeth && prev.ingressInstalled && !(prevInTree && bypasses(prev, 'ingress'))) pre.push(`qdisc del dev ${veth} root`);
   } else if (nextInTree) {
     if (sameVeth && prev.ingressInstalled && !prevInTree) pre.push(`qdisc del dev ${veth} root`);
     optional.add(lines.length + 1);
@@ -236,7 +239,7 @@ export function planEnsure(
     if (sameVeth && prevInTree) pre.push(`qdisc del dev ${veth} root`);
     optional.add(lines.length + 1);
     lines.push(...vethLines(veth, podLayout(limits.ingress, limits.ingressBurst)));
-  } else if (sameVeth && prev?.ingressInstalled) {
+  } else if (sameVeth && prev?.ingressInstalled && !(prevInTree && bypasses(prev, 'ingress'))) {
     lines.push(`qdisc del dev ${veth} root`);
   }
   // The ingress tree's side: the pod's class, leaves and destination filters on the ingress ifb.
@@ -272,13 +275,22 @@ export function planEnsure(
       JSON.stringify(egressLayout(prev.limits, tree)) === JSON.stringify(egressLayout(limits, tree)) &&
       prev.ips.join() === next.ips.join();
     if (!ifbReady) lines.push(...ifbLines(ifb, next, tree));
-    if (veth !== '') lines.push(...redirectLines(veth, ifb));
+    if (veth !== '') {
+      if (!bypasses(next, 'egress')) lines.push(...redirectLines(veth, ifb));
+      // Kept out of the egress tree (steering.ts): the veth's redirect goes, its ifb side stays.
+      else if (sameVeth && prev?.egressInstalled && !bypasses(prev, 'egress')) pre.push(`qdisc del dev ${veth} ingress`);
+    }
   } else if (prev?.egressInstalled) {
-    if (sameVeth) pre.push(`qdisc del dev ${veth} ingress`);
+    if (sameVeth && !bypasses(prev, 'egress')) pre.push(`qdisc del dev ${veth} ingress`);
     for (const f of prev.filters) pre.push(filterDelLine(ifb, f));
     pre.push(...(prev.egressParent ? classDelLines(ifb, prev.classId) : idleLines(ifb, prev.classId)));
   }
   return { pre, lines, optional };
+}
+
+/** Whether a state keeps its pod out of the tree that way (ShapingState.bypass). */
+export function bypasses(s: Pick<ShapingState, 'bypass'>, dir: 'ingress' | 'egress'): boolean {
+  return s.bypass?.includes(dir) === true;
 }
 
 /** Whether a direction's bulk leaf bucket gets smaller from `before` to `after` (both shaped that way). */

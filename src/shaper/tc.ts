@@ -42,7 +42,7 @@ import { KeyedMutex } from '../util/keyed-mutex.js';
 import { runAll } from '../util/pool.js';
 import { checkIfName } from '../net/ifname.js';
 import { ipFamily } from '../net/ip.js';
-import { checkLimits, isUnshaped, type BandwidthLimits } from '../bandwidth/limits.js';
+import { checkLimits, isBestEffort, isUnshaped, type BandwidthLimits } from '../bandwidth/limits.js';
 import type { TreeParams } from './sizing.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
@@ -67,9 +67,10 @@ import {
 } from './tc-layout.js';
 import type { ShapingState } from './tc-layout.js';
 import { parseIfbListing, type IfbListing } from './tc-listing.js';
-import { ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
+import { bypasses, ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
+import { Steering } from './steering.js';
 
 export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, shardIfb, type ShapingState } from './tc-layout.js';
 export { parseIfbListing } from './tc-listing.js';
@@ -136,6 +137,8 @@ export class Shaper {
   private readonly inIds: ClassIds;
   /** The namespaces' class ids in the trees. */
   private readonly groupIds = new GroupIds();
+  /** With a tree: best-effort pods kept out of it while the node is far from its capacity (steering.ts). */
+  private readonly steering: Steering | undefined;
 
   constructor(opts: ShaperOptions = {}) {
     this.unshaped = opts.unshaped;
@@ -154,6 +157,18 @@ export class Shaper {
     // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
     this.shards = new EgressShards(this.ifbName, this.tree ? 1 : (opts.shards ?? 1));
     this.log = moduleLogger(opts.logger ?? silentLogger(), 'shaper');
+    this.steering =
+      this.tree || this.ingressTree
+        ? new Steering(
+            {
+              capacity: (d) => (d === 'egress' ? this.tree?.capacity : this.ingressTree?.tree.capacity),
+              ifbs: (d) => (d === 'egress' ? this.ifbs : this.ingressTree ? [this.ingressTree.ifb] : []),
+              bestEffort: (d) => this.bestEffort(d),
+              steer: (d, ids, into) => this.steer(d, ids, into),
+            },
+            this.log,
+          )
+        : undefined;
     if (this.tree && (opts.shards ?? 1) > 1)
       this.log.info({ shards: opts.shards, capacity: this.tree.capacity }, 'egress capacity set: one egress tree instead of shards');
   }
@@ -216,6 +231,7 @@ export class Shaper {
     const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.ingressTree));
     if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
+    this.steering?.start();
     this.log.info(
       { ifb: this.ifbName, ms: +(performance.now() - t0).toFixed(1), pods: this.records.size, shards: this.ifbs.length },
       'shaper ready',
@@ -314,6 +330,8 @@ export class Shaper {
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
       const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
+      // In the tree until the first decision (the next ensure puts its redirects back).
+      delete rec.bypass;
       // A shard beyond today's count (an earlier configuration had more) is gone with its ifb.
       if (rec.classId && !this.shards.classIds(rec.shard)?.claim(rec.classId)) {
         rec.classId = 0;
@@ -399,6 +417,16 @@ export class Shaper {
       if (inGroup.egress) rec.egressParent = gid;
       if (inGroup.ingress) rec.ingressParent = gid;
     }
+    // A best-effort pod out of the tree that way keeps being out; a new one (or on a new veth) starts out while the node is far from its capacity.
+    const inTreeWay = { egress: !!this.tree && rec.egressInstalled, ingress: !!this.ingressTree && (rec.ingressInstalled || veth === '') };
+    const bypass = (['egress', 'ingress'] as const).filter(
+      (d) =>
+        this.steering !== undefined &&
+        inTreeWay[d] &&
+        isBestEffort(limits, d) &&
+        (prev && prev.hostVeth === veth ? bypasses(prev, d) : !this.steering.hot(d)),
+    );
+    if (bypass.length > 0) rec.bypass = bypass;
     let allocated = false;
     let allocatedIn = false;
     if (this.ingressTree && rec.ingressInstalled) {
@@ -456,6 +484,63 @@ export class Shaper {
     if (prev?.group !== undefined) await this.dropEmptyGroups(prev, log);
     log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId, ...(rec.classId ? { ifb } : {}) }, 'pod shaped');
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
+  }
+
+  /** The best-effort pods in a direction's tree with a veth, and whether each is out of it (steering.ts). */
+  private bestEffort(dir: Direction): Array<{ id: string; hostVeth: string; out: boolean }> {
+    const out: Array<{ id: string; hostVeth: string; out: boolean }> = [];
+    for (const r of this.records.values()) {
+      const installed = dir === 'egress' ? r.egressInstalled && r.classId > 0 : r.ingressInstalled && !!r.ingressClassId;
+      if (installed && r.hostVeth !== '' && isBestEffort(r.limits, dir))
+        out.push({ id: r.id, hostVeth: r.hostVeth, out: bypasses(r, dir) });
+    }
+    return out;
+  }
+
+  /**
+   * Best-effort pods into a direction's tree (their veth's redirect added) or out of it (deleted),
+   * each under its own lock; a pod that changed meanwhile (gone, shaped, already there) is left.
+   */
+  private async steer(dir: Direction, ids: string[], into: boolean): Promise<void> {
+    const errors: unknown[] = [];
+    await Promise.all(
+      ids.map((id) =>
+        this.mutex
+          .run(id, async () => {
+            const rec = this.records.get(id);
+            if (!rec?.hostVeth || !isBestEffort(rec.limits, dir) || bypasses(rec, dir) !== into) return;
+            const installed = dir === 'egress' ? rec.egressInstalled && rec.classId > 0 : rec.ingressInstalled && !!rec.ingressClassId;
+            if (!installed || (dir === 'ingress' && !this.ingressTree)) return;
+            const veth = rec.hostVeth;
+            if (into) {
+              const lines = dir === 'egress' ? redirectLines(veth, this.ifbOf(rec)) : vethToIfbLines(veth, this.ingressTree?.ifb ?? '');
+              // The ingress root's replace fails where an htb is there already (htb has no change).
+              await this.tc(lines, dir === 'ingress' ? { optional: new Set([1]) } : {});
+            } else {
+              await this.tc([dir === 'egress' ? `qdisc del dev ${veth} ingress` : `qdisc del dev ${veth} root`], { force: true });
+            }
+            const rest = (rec.bypass ?? []).filter((d) => d !== dir);
+            if (into) {
+              if (rest.length > 0) rec.bypass = rest;
+              else delete rec.bypass;
+            } else rec.bypass = [...rest, dir];
+          })
+          .catch((err: unknown) => errors.push(err)),
+      ),
+    );
+    if (errors.length > 0) throw new AggregateKubenetError(`steering best-effort pods ${into ? 'into' : 'out of'} the ${dir} tree`, errors);
+  }
+
+  /** Whether each direction's best-effort pods are in its tree now (hot), by direction with a tree. */
+  steered(): { egress?: boolean; ingress?: boolean } {
+    const s = this.steering;
+    if (!s) return {};
+    return { ...(this.tree ? { egress: s.hot('egress') } : {}), ...(this.ingressTree ? { ingress: s.hot('ingress') } : {}) };
+  }
+
+  /** Runs one steering decision now (tests; the shaper runs them every TICK_MS on its own). */
+  steerNow(): Promise<void> {
+    return this.steering?.tick() ?? Promise.resolve();
   }
 
   /** Idle egress classes on the ifbs, kept for the next pods (logged with each removal). */
@@ -516,8 +601,8 @@ export class Shaper {
   private async kernelRemove(rec: ShapingState, log: Logger, vethDeleted = false): Promise<void> {
     const lines: string[] = [];
     if (!vethDeleted && linkExists(rec.hostVeth)) {
-      if (rec.egressInstalled) lines.push(`qdisc del dev ${rec.hostVeth} ingress`);
-      if (rec.ingressInstalled) lines.push(`qdisc del dev ${rec.hostVeth} root`);
+      if (rec.egressInstalled && !bypasses(rec, 'egress')) lines.push(`qdisc del dev ${rec.hostVeth} ingress`);
+      if (rec.ingressInstalled && !bypasses(rec, 'ingress')) lines.push(`qdisc del dev ${rec.hostVeth} root`);
     }
     if (rec.egressInstalled || rec.classId) {
       const ifb = this.ifbOf(rec);
@@ -593,6 +678,7 @@ export class Shaper {
         'ip',
         present.map((ifb) => `link del dev ${ifb}`),
       ).catch((err: unknown) => errors.push(err));
+    await this.steering?.stop();
     this.records.clear();
     this.shards.clear();
     this.inIds.clear();
@@ -603,6 +689,7 @@ export class Shaper {
 
   /** Stops the tc session and closes the counters' socket (the next operation would start new ones). */
   close(): void {
+    void this.steering?.stop();
     this.session?.close();
     this.counterReader.close();
   }

@@ -1,0 +1,204 @@
+/**
+ * Pods that asked for nothing, out of the node's trees while the node is far from its capacity.
+ *
+ * With a capacity every pod's traffic could pass the node's tree that way (tc.ts), and a pod that
+ * asked for nothing (limits.ts isBestEffort: no ceiling, guarantee, namespace total or band) would
+ * then pay the ifb hop, the tree's lock and its tasklet for nothing while the node's traffic stays
+ * far below the capacity: no class of the tree throttles anything then. So such a pod is in the tree
+ * only while its direction is *hot*:
+ * - each tick (TICK_MS) one RTM_GETSTATS dump gives the direction's demand: what its tree's ifbs sent
+ *   (every pod in the tree) plus what each best-effort pod kept out of it moved on its veth (its
+ *   traffic to the cluster's own ranges included: the demand is over-, never under-counted);
+ * - the direction turns hot when the demand reaches IN_SHARE of the capacity, and cools when it has
+ *   stayed under OUT_SHARE for OUT_HOLD_MS (the gap keeps a flow near a threshold from flapping);
+ * - while hot, every best-effort pod that moved at least ACTIVE_BITS per second out of the tree is
+ *   steered in (its veth's redirect added: its classes and filters on the ifb are always there), so
+ *   a tick after the demand rises the tree holds everyone again; an idle pod stays out until it
+ *   sends. When the direction cools, every best-effort pod is steered out (the redirect deleted).
+ * A change is one or two tc lines per pod, under the pod's lock; a pod the shaper adopts after a
+ * restart is in the tree until the first cool decision, and a pod added while its direction is hot
+ * starts in it. What this costs and buys: docs/shaping.md, "Pods that asked for nothing".
+ *
+ * The promise it trades: while a direction is cool a best-effort pod's traffic is not counted
+ * against the node class, so the node's sum can pass the capacity by what such pods start sending
+ * within one tick and one tc batch of rising past IN_SHARE (a guarantee is at risk only where the
+ * capacity is the real link's, for that long).
+ */
+import { performance } from 'node:perf_hooks';
+import * as nl from '../netlink/index.js';
+import type { LinkStats } from '../netlink/index.js';
+import type { Logger } from '../log.js';
+import type { Direction } from './tc-layout.js';
+
+export const TICK_MS = 100;
+/** A direction turns hot at this share of its capacity... */
+export const IN_SHARE = 0.5;
+/** ...and cools after its demand stayed below this share for OUT_HOLD_MS. */
+export const OUT_SHARE = 0.3;
+export const OUT_HOLD_MS = 2000;
+/** While hot, a best-effort pod out of the tree moving at least this (bits/s) is steered in. */
+export const ACTIVE_BITS = 1e6;
+
+export interface Phase {
+  hot: boolean;
+  /** Since when (ms) a hot direction's demand stayed under OUT_SHARE. */
+  coolSince?: number;
+}
+
+/** The next phase of a direction from its demand (bits/s) against its capacity at time `now` (ms). Pure. */
+export function nextPhase(p: Phase, demand: number, capacity: number, now: number): Phase {
+  if (demand >= IN_SHARE * capacity) return { hot: true };
+  if (!p.hot) return { hot: false };
+  if (demand >= OUT_SHARE * capacity) return { hot: true };
+  const since = p.coolSince ?? now;
+  return now - since >= OUT_HOLD_MS ? { hot: false } : { hot: true, coolSince: since };
+}
+
+/** A best-effort pod as a decision sees it: out of the tree or not, and its rate on its veth while out (bits/s). */
+export interface SteerPod {
+  id: string;
+  out: boolean;
+  rate: number;
+}
+
+/** Which pods go into the tree and which out of it, in a phase. Pure. */
+export function steerPlan(hot: boolean, pods: readonly SteerPod[]): { into: string[]; out: string[] } {
+  return hot
+    ? { into: pods.filter((p) => p.out && p.rate >= ACTIVE_BITS).map((p) => p.id), out: [] }
+    : { into: [], out: pods.filter((p) => !p.out).map((p) => p.id) };
+}
+
+/** What the steering needs of the shaper (tc.ts). */
+export interface SteeringHost {
+  /** The capacity of the direction's tree, bits/s; undefined without one. */
+  capacity(dir: Direction): number | undefined;
+  /** The ifbs of the direction's tree. */
+  ifbs(dir: Direction): readonly string[];
+  /** The best-effort pods in that direction's tree (with a veth), and whether each is out of it. */
+  bestEffort(dir: Direction): Array<{ id: string; hostVeth: string; out: boolean }>;
+  /** Steers the pods into the tree or out of it; a pod that changed meanwhile is left as it is. */
+  steer(dir: Direction, ids: string[], into: boolean): Promise<void>;
+}
+
+const DIRS: readonly Direction[] = ['egress', 'ingress'];
+
+/** The loop (see the module doc): one tick at a time, a failed change retried on the next. */
+export class Steering {
+  private readonly phase: Record<Direction, Phase> = { egress: { hot: true }, ingress: { hot: true } };
+  private last: { at: number; links: Map<number, LinkStats> } | undefined;
+  private sock: nl.StatsSocket | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+  private readonly index = new Map<string, number>();
+  private lastError = 0;
+
+  constructor(
+    private readonly host: SteeringHost,
+    private readonly log: Logger,
+  ) {}
+
+  /** Whether the direction is hot (a new best-effort pod then starts in its tree). */
+  hot(dir: Direction): boolean {
+    return this.phase[dir].hot;
+  }
+
+  start(): void {
+    if (this.timer) return;
+    this.timer = setInterval(() => {
+      this.running ??= this.tick().finally(() => {
+        this.running = undefined;
+      });
+    }, TICK_MS);
+    this.timer.unref();
+  }
+
+  /** Stops the loop and waits for a tick under way. */
+  async stop(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+    await this.running;
+    this.sock?.close();
+    this.sock = undefined;
+    this.last = undefined;
+  }
+
+  /** One decision per direction with a tree (exported for tests: they call it instead of waiting for the timer). */
+  async tick(now = performance.now()): Promise<void> {
+    const dirs = DIRS.filter((d) => this.host.capacity(d) !== undefined);
+    const pods = new Map(dirs.map((d) => [d, this.host.bestEffort(d)]));
+    if (![...pods.values()].some((p) => p.length > 0)) {
+      this.last = undefined;
+      return;
+    }
+    try {
+      this.sock ??= nl.StatsSocket.open();
+      const links = await this.sock.linkStats();
+      const last = this.last;
+      this.last = { at: now, links };
+      if (!last || now <= last.at) return;
+      const secs = (now - last.at) / 1000;
+      for (const dir of dirs) await this.decide(dir, pods.get(dir) ?? [], links, last.links, secs, now);
+    } catch (err) {
+      this.sock?.close();
+      this.sock = undefined;
+      this.last = undefined;
+      if (now - this.lastError > 10_000) this.log.warn({ err }, 'steering best-effort pods: a tick failed; trying again');
+      this.lastError = now;
+    }
+  }
+
+  private ifindex(name: string, links: Map<number, LinkStats>): number | undefined {
+    const known = this.index.get(name);
+    if (known !== undefined && links.has(known)) return known;
+    const i = nl.linkIndexByName(name);
+    if (i === undefined) this.index.delete(name);
+    else this.index.set(name, i);
+    return i;
+  }
+
+  private async decide(
+    dir: Direction,
+    pods: Array<{ id: string; hostVeth: string; out: boolean }>,
+    links: Map<number, LinkStats>,
+    before: Map<number, LinkStats>,
+    secs: number,
+    now: number,
+  ): Promise<void> {
+    const capacity = this.host.capacity(dir) ?? 0;
+    // Bytes a link sent (ifb, and a veth toward its pod) or received (a veth from its pod) since the last tick.
+    const moved = (name: string, rx: boolean): number => {
+      const i = this.ifindex(name, links);
+      const a = i === undefined ? undefined : before.get(i);
+      const b = i === undefined ? undefined : links.get(i);
+      if (!a || !b) return 0;
+      return Math.max(0, rx ? b.rxBytes - a.rxBytes : b.txBytes - a.txBytes);
+    };
+    let bytes = 0;
+    for (const ifb of this.host.ifbs(dir)) bytes += moved(ifb, false);
+    const seen: SteerPod[] = pods.map((p) => {
+      const b = p.out ? moved(p.hostVeth, dir === 'egress') : 0;
+      bytes += b;
+      return { id: p.id, out: p.out, rate: (b * 8) / secs };
+    });
+    const demand = (bytes * 8) / secs;
+    const was = this.phase[dir];
+    const next = nextPhase(was, demand, capacity, now);
+    this.phase[dir] = next;
+    const plan = steerPlan(next.hot, seen);
+    if (was.hot !== next.hot)
+      this.log.info(
+        { direction: dir, demand: Math.round(demand), capacity, hot: next.hot, steer: plan.into.length + plan.out.length },
+        next.hot
+          ? 'node near its capacity: best-effort pods go into the tree'
+          : 'node far from its capacity: best-effort pods leave the tree',
+      );
+    const t0 = performance.now();
+    if (plan.into.length > 0) await this.host.steer(dir, plan.into, true);
+    if (plan.out.length > 0) await this.host.steer(dir, plan.out, false);
+    if (plan.into.length + plan.out.length > 0)
+      this.log.debug(
+        { direction: dir, into: plan.into.length, out: plan.out.length, ms: +(performance.now() - t0).toFixed(1) },
+        'best-effort pods steered',
+      );
+  }
+}
