@@ -40,7 +40,8 @@ import { formatBandwidth } from '../src/bandwidth/limits.js';
 import { burstBytes } from '../src/shaper/sizing.js';
 import { agentGet, agentPost } from '../src/daemon/protocol.js';
 import { libcniBatch, type BatchRequest, type LibcniDirs } from '../test/kit/agent-harness.js';
-import { flagsAgent, type ManifestSettings } from '../test/kit/agent-process.js';
+import { flagsAgent, type AgentProcess, type ManifestSettings } from '../test/kit/agent-process.js';
+import { OUT_HOLD_MS } from '../src/shaper/steering.js';
 import { CNI_BIN_DIRS, Cleanup, ifbShardNames, uniq } from '../test/kit/kernel.js';
 import { NodeSandbox } from '../test/kit/node-sandbox.js';
 import { resultIp } from '../test/kit/sandbox-libcni.js';
@@ -50,11 +51,17 @@ import { withTrafficLock } from '../test/kit/traffic-lock.js';
 import { qdiscPerf, type QdiscPerf } from './shaping-perf.js';
 import { median, printTable } from '../test/kit/bench-kit.js';
 
-export type Impl = 'unshaped' | 'ours' | 'ref';
+/** `bare`: the agent's pods without limits on a node without a capacity (the `tax` case's reference). */
+export type Impl = 'unshaped' | 'ours' | 'ref' | 'bare';
 export type Dest = 'lan' | 'pods';
-export type Proto = 'tcp' | 'udp';
-/** Limits far above what the node can push (the tree must not cost throughput), or binding (each pod at its limit). */
-export type Case = 'above' | 'binding';
+/** `udp200`: UDP of 200-byte datagrams, offered at the packet rate of `udp`'s. */
+export type Proto = 'tcp' | 'udp' | 'udp200';
+/**
+ * Limits far above what the node can push (the tree must not cost throughput), binding (each pod at
+ * its limit), or tax: pods that asked for nothing on a node with a capacity (AggregateOptions.taxCapacity)
+ * against the same pods on a node without one (the agent restarted between the two).
+ */
+export type Case = 'above' | 'binding' | 'tax';
 
 export interface AggregateOptions {
   sizes: number[];
@@ -66,7 +73,7 @@ export interface AggregateOptions {
   /** Each pod's limit when limits are far above what the node pushes, bits/s. */
   aboveLimit: number;
   /** Each pod's limit when limits bind, bits/s, per protocol (N x limit well below what the node pushes). */
-  bindingLimit: Record<Proto, number>;
+  bindingLimit: Record<'tcp' | 'udp', number>;
   /** UDP offered load in total, bits/s, with limits far above. */
   udpOffered: number;
   perf: boolean;
@@ -74,12 +81,17 @@ export interface AggregateOptions {
   shards?: number;
   /** The agent's capacity both ways (`--egress-capacity`, `--ingress-capacity`; issue 33): every pod in the node's trees. */
   capacity?: string;
+  /** The capacity of the `tax` case's node, both ways (far above what this machine pushes: the node class never binds). */
+  taxCapacity: string;
 }
 
 /** UDP with limits far above: no pod offers more than this (one iperf3 receiver takes ~250 Mbit/s of 1448-byte datagrams here without loss). */
 const UDP_PER_POD_MAX = 250e6;
 /** UDP datagram payload, bytes: the same as TCP's segments here (MSS 1448 with timestamps). */
 const UDP_PAYLOAD = 1448;
+const UDP_SMALL_PAYLOAD = 200;
+const isUdp = (p: Proto) => p !== 'tcp';
+const payloadOf = (p: Proto) => (p === 'udp200' ? UDP_SMALL_PAYLOAD : UDP_PAYLOAD);
 const SENDER_PORT = 5201;
 const LAN_PORT_BASE = 5301;
 const UNIT = 1e9;
@@ -155,6 +167,9 @@ export class AggregateWorld {
   ref: Side = { senders: [], receivers: [] };
   private readonly servers: ResultPromise[] = [];
   private refConf = '';
+  private agent: AgentProcess | undefined;
+  /** The capacity the running agent has ('' none). */
+  private agentCapacity = '';
   private refLimit: number | undefined = undefined;
   private oursLimit: number | undefined = undefined;
   /** Each ref sender's ifb (the bandwidth plugin names it in its result), by pod index. */
@@ -183,17 +198,9 @@ export class AggregateWorld {
     this.cleanup.add(() => sb.destroy());
     // Each /metrics read here is a sample of the pods' wire bytes at that moment: the agent reads
     // the kernel's counters for each (metricsMaxAge 0), never an earlier scrape's.
-    const extraArgs = [
-      '--metrics-max-age',
-      '0',
-      ...(this.shards === undefined ? [] : ['--ifb-shards', String(this.shards)]),
-      ...(this.capacity === undefined ? [] : ['--egress-capacity', this.capacity, '--ingress-capacity', this.capacity]),
-    ];
-    const started = flagsAgent(sb, { podCidr: '10.60.0.0/24', logFile: join(sb.tmpDir, 'agent.log'), extraArgs });
-    this.settings = started.settings;
-    await started.agent.start();
+    await this.startAgent(this.capacity ?? '');
     this.cleanup.add(async () => {
-      await started.agent.stop(5000);
+      await this.agent?.stop(5000);
     });
     this.refConf = join(sb.tmpDir, 'ref-conf');
     await mkdir(this.refConf, { recursive: true });
@@ -237,6 +244,34 @@ export class AggregateWorld {
     for (let i = 0; i < this.maxN; i++) this.serve(['ip', 'netns', 'exec', sb.lanNetns], LAN_PORT_BASE + i);
     this.cleanup.add(() => this.stopServers());
     await new Promise((r) => setTimeout(r, 1000));
+  }
+
+  /** The agent (its own process) with `capacity` both ways ('' none), its pods kept across a restart. */
+  private async startAgent(capacity: string): Promise<void> {
+    const extraArgs = [
+      '--metrics-max-age',
+      '0',
+      ...(this.shards === undefined ? [] : ['--ifb-shards', String(this.shards)]),
+      ...(capacity === '' ? [] : ['--egress-capacity', capacity, '--ingress-capacity', capacity]),
+    ];
+    const started = flagsAgent(this.sb, { podCidr: '10.60.0.0/24', logFile: join(this.sb.tmpDir, 'agent.log'), extraArgs });
+    this.settings = started.settings;
+    await started.agent.start();
+    this.agent = started.agent;
+    this.agentCapacity = capacity;
+  }
+
+  /**
+   * The tax case: the agent restarted with `capacity` ('' none) unless it has it. With one, its
+   * pods without limits start in the trees and leave them after their first cool decision
+   * (src/shaper/steering.ts): waited for here, so a run sees the node as it stays.
+   */
+  async useCapacity(capacity: string): Promise<void> {
+    if (capacity === this.agentCapacity) return;
+    await this.agent?.stop(5000);
+    this.agent = undefined;
+    await this.startAgent(capacity);
+    if (capacity !== '') await new Promise((r) => setTimeout(r, OUT_HOLD_MS + 1500));
   }
 
   private serve(prefix: string[], port: number): void {
@@ -373,15 +408,25 @@ export class AggregateWorld {
     o: AggregateOptions,
     perf?: (ifb: string) => Promise<QdiscPerf>,
   ): Promise<{ run: AggRun; perf?: QdiscPerf }> {
-    const limit = impl === 'unshaped' ? undefined : kase === 'above' ? o.aboveLimit : o.bindingLimit[proto];
+    const limit =
+      impl === 'unshaped' || impl === 'bare'
+        ? undefined
+        : kase === 'above'
+          ? o.aboveLimit
+          : o.bindingLimit[proto === 'tcp' ? 'tcp' : 'udp'];
+    if (kase === 'tax') await this.useCapacity(impl === 'bare' ? '' : o.taxCapacity);
+    else await this.useCapacity(this.capacity ?? '');
     if (impl !== 'ref') await this.shapeOurs(limit);
     else if (limit !== undefined) await this.shapeRef(limit);
     const side = impl === 'ref' ? this.ref : this.ours;
-    const perPodUdp = kase === 'binding' ? 1.25 * (limit ?? 0) : Math.min(o.udpOffered / n, UDP_PER_POD_MAX);
+    // Small datagrams are offered at the packet rate of the large ones.
+    const perPodUdp =
+      (kase === 'binding' ? 1.25 * (limit ?? 0) : Math.min(o.udpOffered / n, UDP_PER_POD_MAX)) *
+      (proto === 'udp200' ? (UDP_SMALL_PAYLOAD + 42) / (UDP_PAYLOAD + 42) : 1);
     const clients = side.senders.slice(0, n).map((s, i) => {
       const target = dest === 'lan' ? this.sb.uplink.lanIp : (side.receivers[i]?.ip ?? '');
       const port = dest === 'lan' ? LAN_PORT_BASE + i : SENDER_PORT;
-      const udp = proto === 'udp' ? ['-u', '-b', String(Math.round(perPodUdp)), '-l', String(UDP_PAYLOAD)] : [];
+      const udp = isUdp(proto) ? ['-u', '-b', String(Math.round(perPodUdp)), '-l', String(payloadOf(proto))] : [];
       return execa(
         'ip',
         ['netns', 'exec', s.netns, 'iperf3', '-c', target, '-p', String(port), '-t', String(seconds), '-O', '1', '-J', ...udp],
@@ -436,14 +481,14 @@ export class AggregateWorld {
       userCores: cpu.user,
       retransmits: reports.reduce((a, j) => a + (j.end?.sum_sent?.retransmits ?? 0), 0),
       drops: s1.drops - s0.drops,
-      udpLost: proto === 'udp' ? reports.reduce((a, j) => a + (j.end?.sum_received?.lost_packets ?? 0), 0) : 0,
-      udpPackets: proto === 'udp' ? reports.reduce((a, j) => a + (j.end?.sum_received?.packets ?? 0), 0) : 0,
+      udpLost: isUdp(proto) ? reports.reduce((a, j) => a + (j.end?.sum_received?.lost_packets ?? 0), 0) : 0,
+      udpPackets: isUdp(proto) ? reports.reduce((a, j) => a + (j.end?.sum_received?.packets ?? 0), 0) : 0,
       ...(limit === undefined ? {} : { limit }),
       ...(kase === 'binding'
         ? {
             rxWire: reports.map((j, i) => {
-              const seg = proto === 'udp' ? UDP_PAYLOAD : (j.start?.tcp_mss_default ?? 1448);
-              return (perPod[i] ?? NaN) * ((seg + (proto === 'udp' ? 42 : 66)) / seg);
+              const seg = isUdp(proto) ? payloadOf(proto) : (j.start?.tcp_mss_default ?? 1448);
+              return (perPod[i] ?? NaN) * ((seg + (isUdp(proto) ? 42 : 66)) / seg);
             }),
           }
         : {}),
@@ -493,14 +538,15 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
       for (const proto of o.protos) {
         for (const dest of o.dests) {
           for (const n of o.sizes) {
-            const impls: Impl[] = kase === 'above' ? ['unshaped', 'ours', 'ref'] : ['ours', 'ref'];
+            if (kase === 'tax' && n !== 8 && n !== 32) continue;
+            const impls: Impl[] = kase === 'above' ? ['unshaped', 'ours', 'ref'] : kase === 'tax' ? ['unshaped', 'bare'] : ['ours', 'ref'];
             for (let round = 1; round <= o.rounds; round++) {
               const order = impls.map((_, i) => impls[(i + round - 1) % impls.length] as Impl);
               for (const impl of order) {
                 const { run } = await withTrafficLock(() => world.run(impl, kase, proto, dest, n, round, o.seconds, o));
                 runs.push(run);
                 console.error(
-                  `  ${kase} ${proto} ->${dest} N=${n} r${round} ${impl.padEnd(8)} ${g(run.total)} Gbit/s, ${run.sysCores.toFixed(2)} sys cores, retr ${run.retransmits}, drops ${run.drops}${proto === 'udp' ? `, lost ${run.udpLost}/${run.udpPackets}` : ''}`,
+                  `  ${kase} ${proto} ->${dest} N=${n} r${round} ${impl.padEnd(8)} ${g(run.total)} Gbit/s, ${run.sysCores.toFixed(2)} sys cores, retr ${run.retransmits}, drops ${run.drops}${isUdp(proto) ? `, lost ${run.udpLost}/${run.udpPackets}` : ''}`,
                 );
               }
             }
@@ -557,7 +603,7 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
       r.userCores.toFixed(2),
       String(r.retransmits),
       String(r.drops),
-      r.proto === 'udp' ? `${((r.udpLost / Math.max(1, r.udpPackets)) * 100).toFixed(2)}%` : '-',
+      isUdp(r.proto) ? `${((r.udpLost / Math.max(1, r.udpPackets)) * 100).toFixed(2)}%` : '-',
     ]),
   );
   // Summaries and goals, per (case, proto, dest, N).
@@ -567,6 +613,7 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
     groups.set(k, [...(groups.get(k) ?? []), r]);
   }
   const rows: string[][] = [];
+  const taxRows: string[][] = [];
   for (const [k, rs] of groups) {
     const [kase, proto, dest, nText] = k.split('|') as [Case, Proto, Dest, string];
     const n = Number(nText);
@@ -580,7 +627,27 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
     const total = (impl: Impl) => finiteMedian(of(impl).map((r) => r.total));
     const cpu = (impl: Impl) => finiteMedian(of(impl).map(cpuPerGbit));
     const retr = (impl: Impl) => finiteMedian(of(impl).map((r) => r.retransmits));
-    if (kase === 'above') {
+    if (kase === 'tax') {
+      const vsBare = ratio('unshaped', 'bare', (r) => r.total);
+      const cpuVsBare = ratio('unshaped', 'bare', cpuPerGbit);
+      taxRows.push([
+        proto,
+        dest,
+        String(n),
+        g(total('unshaped')),
+        g(total('bare')),
+        `${vsBare.toFixed(3)}x`,
+        cpu('unshaped').toFixed(3),
+        cpu('bare').toFixed(3),
+        `${cpuVsBare.toFixed(3)}x`,
+      ]);
+      // Same packets both ways (sizes, load): CPU per Gbit/s is CPU per packet.
+      goal(
+        `tax: pods that asked for nothing, ${proto} to ${dest}, N=${n}, capacity ${o.taxCapacity} vs none (total >= 0.97x, CPU per packet <= 1.05x; medians of ${o.rounds} rounds)`,
+        vsBare >= 0.97 && cpuVsBare <= 1.05,
+        `${g(total('unshaped'))} / ${g(total('bare'))} Gbit/s (${vsBare.toFixed(3)}x), CPU ${cpu('unshaped').toFixed(3)} / ${cpu('bare').toFixed(3)} s/Gbit (${cpuVsBare.toFixed(3)}x)`,
+      );
+    } else if (kase === 'above') {
       const vsUnshaped = ratio('ours', 'unshaped', (r) => r.total);
       const vsRef = ratio('ours', 'ref', (r) => r.total);
       const cpuVsRef = ratio('ours', 'ref', cpuPerGbit);
@@ -662,6 +729,12 @@ export async function aggregateBench(o: AggregateOptions): Promise<number> {
     ],
     rows,
   );
+  if (taxRows.length > 0)
+    printTable(
+      `(5d) the tax: the agent's pods without limits on a node with a capacity of ${o.taxCapacity} both ways (unshaped) against the same pods with the agent restarted without one (bare); medians over the rounds`,
+      ['proto', 'dest', 'N', 'unshaped Gbit/s', 'bare Gbit/s', 'unshaped/bare', 'CPU unshaped s/Gbit', 'bare', 'unshaped/bare'],
+      taxRows,
+    );
   if (perfs.length > 0) {
     printTable(
       "(5c) the first egress shard's ifb under perf (one extra ours run each, TCP to pods, limits far above, not in the goals): its qdisc lock (skb/s, holds and waits of this ifb); the tasklets of every shard (one function: busy share of all, per skb over shards x this ifb's skb/s) (bench/shaping-perf.ts; docs/shaping.md: the model)",

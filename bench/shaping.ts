@@ -27,8 +27,8 @@
  *   [--sizes 10,100,500] [--probes 10] [--no-rates] [--no-cost] [--no-live] [--no-reshape]
  *   [--live-sizes 10,100,500] [--changes 50] [--scrapes 20] [--reshape-rates 1M,10M,100M] [--cc cubic]
  *   [--high-rates 1G,5G,10G] [--agg-sizes 2,8,32] [--agg-seconds 10] [--agg-rounds 3] [--agg-dests lan,pods]
- *   [--agg-protos tcp,udp] [--agg-cases above,binding] [--agg-limit 100G] [--agg-binding 200M]
- *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-capacity 10G] [--agg-perf]
+ *   [--agg-protos tcp,udp,udp200] [--agg-cases above,binding,tax] [--agg-limit 100G] [--agg-binding 200M]
+ *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-capacity 10G] [--agg-tax-capacity 100G] [--agg-perf]
  *   [--capacity 10G] (ours of (1) and of the cost table in the node's trees at that capacity both ways)
  *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (test/kit/traffic-lock.ts).
@@ -91,6 +91,7 @@ const args = BenchArgs.parse(
     'agg-udp',
     'agg-shards',
     'agg-capacity',
+    'agg-tax-capacity',
     'guarantee-capacity',
     'guarantee-capacities',
     'guarantee-seconds',
@@ -996,8 +997,8 @@ if (runs('aggregate')) {
     seconds: args.num('agg-seconds', quick ? 5 : 10),
     rounds: args.num('agg-rounds', quick ? 1 : 3),
     dests: list('agg-dests', 'lan,pods'),
-    protos: list('agg-protos', 'tcp,udp'),
-    cases: list('agg-cases', 'above,binding'),
+    protos: list('agg-protos', 'tcp,udp,udp200'),
+    cases: list('agg-cases', 'above,binding,tax'),
     aboveLimit: parseBandwidth(args.str('agg-limit') ?? '100G', 'limit'),
     bindingLimit: {
       tcp: parseBandwidth(args.str('agg-binding') ?? '200M', 'limit'),
@@ -1007,6 +1008,7 @@ if (runs('aggregate')) {
     perf: args.has('agg-perf'),
     ...(args.str('agg-shards') ? { shards: args.num('agg-shards', 1) } : {}),
     ...(args.str('agg-capacity') ? { capacity: args.str('agg-capacity') } : {}),
+    taxCapacity: args.str('agg-tax-capacity') ?? '100G',
   });
 }
 if (runs('guarantees')) {

@@ -31,7 +31,7 @@
 import { NetlinkError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import type { ClassAnswer, LinkStats, TcClassStats } from '../netlink/index.js';
-import { ifbClassIds, VETH, type CounterBase, type ShapingState } from './tc-layout.js';
+import { ifbClassIds, VETH, type CounterBase, type OutsideCount, type ShapingState } from './tc-layout.js';
 
 export interface DirectionCounters {
   limit: number;
@@ -296,10 +296,18 @@ export class CounterReader {
     const pods: ShapingCounters[] = [];
     for (const s of states) {
       const c: ShapingCounters = { id: s.id, hostVeth: s.hostVeth };
+      // A pod that spent time outside its trees (steering.ts): what its veth carried then, added.
+      const link = s.outside ? links.get(ifindex?.(s.id) ?? nl.linkIndexByName(s.hostVeth) ?? 0) : undefined;
       const ingress = s.ingressInstalled ? reads.ingress.get(s.id)?.counters : undefined;
-      if (ingress) c.ingress = s.ingressClassId && s.ingressBase ? sinceBase(ingress, s.ingressBase) : ingress;
+      if (ingress)
+        c.ingress = withOutside(
+          s.ingressClassId && s.ingressBase ? sinceBase(ingress, s.ingressBase) : ingress,
+          s.outside?.ingress,
+          link,
+          'ingress',
+        );
       const egress = s.egressInstalled && s.classId ? reads.egress.get(s.id)?.counters : undefined;
-      if (egress) c.egress = s.egressBase ? sinceBase(egress, s.egressBase) : egress;
+      if (egress) c.egress = withOutside(s.egressBase ? sinceBase(egress, s.egressBase) : egress, s.outside?.egress, link, 'egress');
       pods.push(c);
     }
     return { pods, links };
@@ -313,6 +321,31 @@ export class CounterReader {
     this.reads.egress = new Map();
     this.ifbSeen = new Map();
   }
+}
+
+/** A veth's counter of a pod's direction: what it received from the pod (egress) or sent to it (ingress). */
+export function vethCount(link: LinkStats, dir: 'ingress' | 'egress'): { bytes: number; packets: number } {
+  return dir === 'egress' ? { bytes: link.rxBytes, packets: link.rxPackets } : { bytes: link.txBytes, packets: link.txPackets };
+}
+
+/**
+ * A direction's figures with what the pod sent or received outside its tree (ShapingState.outside):
+ * the earlier spells, and the one under way as far as its veth counted it (`link`: its counters now).
+ */
+export function withOutside(
+  d: DirectionCounters,
+  o: OutsideCount | undefined,
+  link: LinkStats | undefined,
+  dir: 'ingress' | 'egress',
+): DirectionCounters {
+  if (!o) return d;
+  let { bytes, packets } = o.carried;
+  if (o.from && link) {
+    const now = vethCount(link, dir);
+    bytes += Math.max(0, now.bytes - o.from.bytes);
+    packets += Math.max(0, now.packets - o.from.packets);
+  }
+  return { ...d, bytes: d.bytes + bytes, packets: d.packets + packets };
 }
 
 /** What the pod classes of `classId` on `ifb` have counted so far (one netlink get per class): the base of a pod taking them over. */

@@ -200,6 +200,12 @@ export interface ShapingState {
    * Not kept across a restart: an adopted state is steered in until the next decision.
    */
   bypass?: Direction[];
+  /**
+   * What the pod's veth carried out of the tree that way (its class did not count it), for its
+   * figures: the bytes and packets of earlier spells outside, and where the veth's own counter
+   * stood when the spell now under way began (counters.ts withOutside).
+   */
+  outside?: Partial<Record<Direction, OutsideCount>>;
   ingressInstalled: boolean;
   egressInstalled: boolean;
   filters: FilterRef[];
@@ -209,6 +215,13 @@ export interface ShapingState {
    * Absent for classes made for the pod.
    */
   egressBase?: CounterBase;
+}
+
+/** A pod's traffic outside a tree (ShapingState.outside). */
+export interface OutsideCount {
+  carried: { bytes: number; packets: number };
+  /** The veth's counter that way when the spell outside began; absent while the pod is in the tree. */
+  from?: { bytes: number; packets: number };
 }
 
 /** What a pod's direction had counted before it was the pod's (ShapingState.egressBase). */
