@@ -61,6 +61,8 @@ export interface PluginIo {
   env?: NodeJS.ProcessEnv;
   /** Instead of the kubeconfig search (tests). */
   kubeConfig?: KubeClientConfig;
+  /** Whether standard input is a terminal, for an exec credential plugin's interactiveMode (default: process.stdin.isTTY). */
+  stdinIsTerminal?: boolean;
 }
 
 class UsageError extends ConfigError {}
@@ -123,6 +125,12 @@ async function dispatch(argv: string[], io: PluginIo): Promise<number> {
       ...(v.kubeconfig !== undefined ? { kubeconfig: v.kubeconfig } : {}),
       ...(v.context !== undefined ? { context: v.context } : {}),
       ...(io.env ? { env: io.env } : {}),
+      // An exec credential plugin's prompts and messages reach the user as kubectl's would.
+      exec: {
+        stderr: io.err,
+        ...(io.env ? { env: io.env } : {}),
+        ...(io.stdinIsTerminal !== undefined ? { stdinIsTerminal: io.stdinIsTerminal } : {}),
+      },
     });
   const api = new KubeApi(kc);
   const where = { namespace: v['agent-namespace'] ?? DEFAULT_AGENT_NAMESPACE, selector: v.selector ?? DEFAULT_AGENT_SELECTOR };

@@ -4,11 +4,12 @@
  * whose pod proxy answers with what the agent's own metrics code writes (AgentMetrics), a
  * different scrape each time: every node's pods by throttling, an unreachable agent (503) named on
  * stderr, a node without an agent, the --node and --namespace filters, status NODE, --json, the
- * exit codes; and the bin itself, with a kubeconfig file. No root; traffic only to 127.0.0.1.
+ * exit codes; and the bin itself, with a kubeconfig file, and with an exec credential plugin (a real
+ * script). No root; traffic only to 127.0.0.1.
  */
 import test, { type ExecutionContext } from 'ava';
 import yaml from 'js-yaml';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -485,6 +486,68 @@ test('the bin: a kubeconfig file (--kubeconfig, --context), the table on stdout,
   const help = await kubectlKubenet(kubeconfig, ['--help']);
   t.is(help.exitCode, 0);
   t.regex(help.stdout, /kubectl kubenet top/);
+});
+
+test('an exec credential plugin (EKS/GKE/kubelogin style): its token on every request, one run for the whole command; its failure exits 1 naming the command and the installHint', async (t) => {
+  const c = await cluster(t);
+  const dir = await mkdtemp(join(tmpdir(), 'kubectl-kubenet-exec-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  // A real plugin: counts its runs, prints an ExecCredential with a token valid for an hour, or fails.
+  const plugin = join(dir, 'fake-get-token');
+  await writeFile(
+    plugin,
+    [
+      '#!/bin/sh',
+      'info="$KUBERNETES_EXEC_INFO"',
+      `echo run >> ${JSON.stringify(join(dir, 'runs'))}`,
+      'if [ "$FAIL" = yes ]; then echo "error: session expired, log in again" >&2; exit 2; fi',
+      'case "$info" in *\'"interactive":false\'*) ;; *) echo "unexpected KUBERNETES_EXEC_INFO: $info" >&2; exit 9 ;; esac',
+      `printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"exec-%s","expirationTimestamp":"%s"}}' "$1" "$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ)"`,
+      '',
+    ].join('\n'),
+  );
+  await chmod(plugin, 0o755);
+  const kubeconfig = async (fail: boolean) => {
+    const path = join(dir, fail ? 'failing' : 'config');
+    const user = {
+      exec: {
+        apiVersion: 'client.authentication.k8s.io/v1',
+        command: './fake-get-token',
+        args: ['abc'],
+        env: fail ? [{ name: 'FAIL', value: 'yes' }] : [],
+        interactiveMode: 'IfAvailable',
+        installHint: 'fake-get-token is part of the test kit',
+      },
+    };
+    await writeFile(
+      path,
+      yaml.dump({
+        clusters: [{ name: 'fake', cluster: { server: c.api.url, 'insecure-skip-tls-verify': true } }],
+        users: [{ name: 'me', user }],
+        contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'me' } }],
+        'current-context': 'fake',
+      }),
+    );
+    return path;
+  };
+  let err = '';
+  const code = await run(['top', '--interval', '0.05', '--kubeconfig', await kubeconfig(false)], {
+    out: () => undefined,
+    err: (s) => void (err += s),
+    stdinIsTerminal: false,
+  });
+  t.is(code, 0, err);
+  t.true(c.api.requests.length >= 5, `${c.api.requests.length} requests`);
+  t.deepEqual([...new Set(c.api.requests.map((q) => q.authorization))], ['Bearer exec-abc']);
+  t.is((await readFile(join(dir, 'runs'), 'utf8')).split('\n').filter(Boolean).length, 1, 'one run for every request');
+
+  const failed = await kubectlKubenet(await kubeconfig(true), ['top', '--interval', '0.05']);
+  t.is(failed.exitCode, 1);
+  t.regex(
+    failed.stderr,
+    /^kubectl kubenet: kubeconfig .*failing: user "me": exec plugin .*fake-get-token failed with exit code 2: error: session expired, log in again\nfake-get-token is part of the test kit$/m,
+  );
+  t.regex(failed.stderr, /^error: session expired, log in again$/m, "the plugin's own stderr, as it came");
 });
 
 test("scrapes run in parallel, at most --parallel at a time, and keep the agents' order", async (t) => {

@@ -83,6 +83,10 @@ export class ApiEndpoints implements KubeClientConfig {
     opts.checkServerIdentity = (_dialled: string, cert: PeerCertificate) => checkServerIdentity(host, cert);
   }
 
+  unauthorized(opts: RequestOptions): boolean {
+    return this.base.unauthorized?.(opts) ?? false;
+  }
+
   /** A connection to `server` failed (refused, reset, timed out): the next target, if it still was the current one. */
   requestFailed(server: string): void {
     const t = this.targets();

@@ -10,13 +10,15 @@
  * - kubeconfig files (YAML or JSON): current-context → cluster and user; cluster `server`,
  *   `certificate-authority` / `certificate-authority-data`, `insecure-skip-tls-verify`,
  *   `tls-server-name`; user `token`, `tokenFile` (re-read like the service account's),
- *   `client-certificate` / `client-key` (`-data`), `username` / `password`. Relative paths are
- *   relative to the kubeconfig's directory.
+ *   `client-certificate` / `client-key` (`-data`), `username` / `password`, and exec credential
+ *   plugins (exec-credential.ts), used as client-go does only when the user has none of the others.
+ *   Relative paths are relative to the kubeconfig's directory.
  * For `kubectl kubenet`, kubectl's search too (kubectlCredentials): --kubeconfig, $KUBECONFIG (a
  * list of files, merged), ~/.kube/config; --context instead of the current one.
- * Refused with a ConfigError naming the kubeconfig and the field: exec and auth-provider plugins,
- * impersonation, proxy-url, a missing or non-http(s) server, and http:// without
- * insecure-skip-tls-verify (as client-node refused it).
+ * Refused with a ConfigError naming the kubeconfig and the field: auth-provider (kubectl itself has
+ * dropped the gcp and azure ones; the message names the exec plugin to use instead), impersonation,
+ * proxy-url, a missing or non-http(s) server, and http:// without insecure-skip-tls-verify (as
+ * client-node refused it).
  *
  * Only types come from client-node (`import type`: nothing at run time).
  */
@@ -26,6 +28,14 @@ import { Agent as HttpsAgent, type RequestOptions } from 'node:https';
 import { dirname, isAbsolute, join } from 'node:path';
 import yaml from 'js-yaml';
 import { ConfigError } from '../../errors.js';
+import {
+  authProviderError,
+  ExecAuthenticator,
+  execClusterInfo,
+  parseExecConfig,
+  type ExecCredential,
+  type ExecOptions,
+} from './exec-credential.js';
 
 export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 /** A token file is read again when the copy in memory is older than this (client-go: 1 min). */
@@ -41,13 +51,19 @@ export interface KubeClientConfig {
   applyToHTTPSOptions(opts: RequestOptions): Promise<void>;
   /** A request to `server` could not connect or broke (api-endpoints.ts moves to the next address). */
   requestFailed?(server: string, err: unknown): void;
+  /**
+   * The request sent with `opts` (as applyToHTTPSOptions set them) was answered 401: true when the
+   * credentials were renewed and the request should be sent once more (an exec plugin's).
+   */
+  unauthorized?(opts: RequestOptions): boolean;
 }
 
 type Auth =
   | { kind: 'none' }
   | { kind: 'token'; token: string }
   | { kind: 'tokenFile'; path: string }
-  | { kind: 'basic'; username: string; password: string };
+  | { kind: 'basic'; username: string; password: string }
+  | { kind: 'exec'; exec: ExecAuthenticator };
 
 interface Tls {
   ca?: Buffer;
@@ -60,10 +76,14 @@ interface Tls {
 export class KubeCredentials implements KubeClientConfig {
   private readonly agent: HttpAgent | HttpsAgent;
   private token: { value: string; readAt: number } | undefined;
+  /** The exec credential each request was sent with (for unauthorized()). */
+  private readonly sentWith = new WeakMap<RequestOptions, ExecCredential>();
+  /** The connection agent of the exec plugin's client certificate, and which certificate and key it presents. */
+  private certAgent: { id: string; agent: HttpsAgent } | undefined;
 
   constructor(
     readonly server: string,
-    tls: Tls,
+    private readonly tls: Tls,
     private readonly auth: Auth,
     /** Where this came from, for messages: the kubeconfig path or "(in-cluster)". */
     readonly source: string,
@@ -93,9 +113,33 @@ export class KubeCredentials implements KubeClientConfig {
       case 'basic':
         headers.Authorization = `Basic ${Buffer.from(`${this.auth.username}:${this.auth.password}`).toString('base64')}`;
         break;
+      case 'exec': {
+        const cred = await this.auth.exec.credential();
+        this.sentWith.set(opts, cred);
+        if (cred.token !== undefined) headers.Authorization = `Bearer ${cred.token}`;
+        if (cred.cert && this.agent instanceof HttpsAgent) opts.agent = this.agentFor(cred);
+        break;
+      }
       case 'none':
         break;
     }
+  }
+
+  unauthorized(opts: RequestOptions): boolean {
+    const cred = this.sentWith.get(opts);
+    if (this.auth.kind !== 'exec' || !cred) return false;
+    this.auth.exec.unauthorized(cred);
+    return true;
+  }
+
+  /** A keep-alive agent presenting the exec plugin's client certificate: the same one while the plugin answers the same pair. */
+  private agentFor(cred: ExecCredential): HttpsAgent {
+    const id = `${cred.cert}\n${cred.key}`;
+    if (this.certAgent?.id !== id) {
+      const keep = { keepAlive: true, keepAliveMsecs: 30_000, maxFreeSockets: 4 };
+      this.certAgent = { id, agent: new HttpsAgent({ ...this.tls, cert: cred.cert, key: cred.key, ...keep }) };
+    }
+    return this.certAgent.agent;
   }
 
   /** The token in `path`, read again once the copy is older than tokenRereadMs; the old copy when a re-read fails. */
@@ -135,6 +179,8 @@ function readBytes(path: string, source: string, what: string): Buffer {
 export interface CredentialOptions {
   /** How long a token read from a file is used before the file is read again; default TOKEN_REREAD_MS. */
   tokenRereadMs?: number;
+  /** How an exec credential plugin runs (its stderr, whether stdin is a terminal); default: this process's. */
+  exec?: ExecOptions;
 }
 
 export interface InClusterOptions extends CredentialOptions {
@@ -205,6 +251,13 @@ const PATH_FIELDS: Record<'clusters' | 'users', { field: string; keys: string[] 
   users: { field: 'user', keys: ['client-certificate', 'client-key', 'tokenFile'] },
 };
 
+/** An exec command with a `/` in it, relative: against `dir` (kubectl's rule; a bare name is looked up on PATH). */
+function resolveExec(user: Obj, dir: string): Obj {
+  const exec = user.exec;
+  if (!isObj(exec) || typeof exec.command !== 'string' || !exec.command.includes('/') || isAbsolute(exec.command)) return user;
+  return { ...user, exec: { ...exec, command: join(dir, exec.command) } };
+}
+
 /**
  * Credentials as kubectl finds them: the file `kubeconfig` (it must exist), else the files of
  * `$KUBECONFIG` (a ':'-separated list, missing files skipped, merged: the first file that sets
@@ -212,10 +265,10 @@ const PATH_FIELDS: Record<'clusters' | 'users', { field: string; keys: string[] 
  * `context`, else the current one.
  */
 export function kubectlCredentials(
-  opts: { kubeconfig?: string; context?: string; env?: NodeJS.ProcessEnv; home?: string } = {},
+  opts: { kubeconfig?: string; context?: string; env?: NodeJS.ProcessEnv; home?: string; exec?: ExecOptions } = {},
 ): KubeCredentials {
   const env = opts.env ?? process.env;
-  const ctx = opts.context !== undefined ? { context: opts.context } : {};
+  const ctx = { ...(opts.context !== undefined ? { context: opts.context } : {}), ...(opts.exec ? { exec: opts.exec } : {}) };
   if (opts.kubeconfig) return kubeconfigCredentials(opts.kubeconfig, ctx);
   const list = (env.KUBECONFIG ?? '').split(':').filter((p) => p !== '');
   if (list.length === 0) {
@@ -246,7 +299,7 @@ export function kubectlCredentials(
           for (const k of paths.keys)
             if (typeof resolved[k] === 'string' && resolved[k] !== '' && !isAbsolute(resolved[k]))
               resolved[k] = join(dirname(path), resolved[k]);
-          entry = { ...item, [paths.field]: resolved };
+          entry = { ...item, [paths.field]: list === 'users' ? resolveExec(resolved, dirname(path)) : resolved };
         }
         ((merged[list] ??= []) as unknown[]).push(entry);
       }
@@ -296,14 +349,7 @@ function docCredentials(doc: Obj, path: string, base: string, opts: CredentialOp
     tls.ca = readBytes(file(cluster['certificate-authority'], 'certificate-authority'), `kubeconfig ${path}`, 'certificate-authority');
   if (typeof cluster['tls-server-name'] === 'string' && cluster['tls-server-name'] !== '') tls.servername = cluster['tls-server-name'];
 
-  for (const field of ['exec', 'auth-provider']) {
-    if (user[field] !== undefined && user[field] !== null) {
-      const what = field === 'exec' && isObj(user.exec) && typeof user.exec.command === 'string' ? ` (${user.exec.command})` : '';
-      throw new ConfigError(
-        `${where(field)}${what}: credential plugins are not supported by kubenet; use a token, a token file or a client certificate`,
-      );
-    }
-  }
+  if (user['auth-provider'] !== undefined && user['auth-provider'] !== null) throw authProviderError(user['auth-provider'], where);
   for (const field of ['as', 'as-uid', 'as-groups', 'as-user-extra']) {
     if (user[field] !== undefined && user[field] !== null)
       throw new ConfigError(`${where(field)}: impersonation is not supported by kubenet`);
@@ -327,6 +373,11 @@ function docCredentials(doc: Obj, path: string, base: string, opts: CredentialOp
     auth = { kind: 'tokenFile', path: tokenPath };
   } else if (typeof user.username === 'string' && user.username !== '') {
     auth = { kind: 'basic', username: user.username, password: typeof user.password === 'string' ? user.password : '' };
+  } else if (user.exec !== undefined && user.exec !== null && tls.cert === undefined) {
+    // client-go's rule: a token, basic auth or a client certificate in the kubeconfig wins over the plugin.
+    const info = execClusterInfo(server, tls.servername, insecure, tls.ca, cluster.extensions);
+    const config = parseExecConfig(user.exec, where, base);
+    auth = { kind: 'exec', exec: new ExecAuthenticator(config, info, `kubeconfig ${path}: user ${JSON.stringify(userName)}`, opts.exec) };
   }
   return new KubeCredentials(server, tls, auth, `kubeconfig ${path}`, opts.tokenRereadMs);
 }

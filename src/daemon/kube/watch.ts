@@ -127,6 +127,7 @@ export class KubeApi {
     signal?: AbortSignal,
     body?: string,
     contentType = 'application/json',
+    again = false,
   ): Promise<IncomingMessage> {
     const server = this.kc.getCurrentCluster()?.server;
     if (!server) throw new ConfigError('kubeconfig has no current cluster');
@@ -140,7 +141,7 @@ export class KubeApi {
     const opts: RequestOptions = { method, headers };
     await this.kc.applyToHTTPSOptions(opts); // agent (TLS or proxy), Authorization header, basic auth
     signal?.throwIfAborted();
-    return new Promise((resolve, reject) => {
+    const res = await new Promise<IncomingMessage>((resolve, reject) => {
       const req = (url.protocol === 'https:' ? httpsRequest : httpRequest)(url, { ...opts, ...(signal ? { signal } : {}) }, resolve);
       // `on`, not `once`: a second error (mid-response) must not become uncaught.
       req.on('error', (err) => {
@@ -153,6 +154,10 @@ export class KubeApi {
       );
       req.end(body);
     });
+    // 401: renewed credentials (an exec plugin run again) get one more try.
+    if (res.statusCode !== 401 || again || !this.kc.unauthorized?.(opts)) return res;
+    res.resume();
+    return this.send(method, path, query, idleMs, signal, body, contentType, true);
   }
 }
 

@@ -2,7 +2,8 @@
  * The agent's own kubeconfig loader (src/daemon/kube/kubeconfig.ts) against the fake API server over
  * http and over TLS (a throwaway PKI made with openssl): bearer tokens, token files re-read,
  * basic auth, client certificates (files and -data), CA verification and insecure-skip-tls-verify,
- * the in-cluster service account; and every refused kubeconfig with its ConfigError.
+ * the in-cluster service account; and every refused kubeconfig with its ConfigError (exec credential
+ * plugins: exec-credential.test.ts).
  * No root needed; no traffic except to the fake on 127.0.0.1.
  */
 import test, { type ExecutionContext } from 'ava';
@@ -239,12 +240,17 @@ test('refused configurations are ConfigErrors naming the kubeconfig and the fiel
     t.true(err.message.includes(path), err.message);
     t.regex(err.message, message);
   };
+  // Exec plugins are supported (exec-credential.test.ts); one kubectl would refuse is refused too.
   await refused(
     { server },
     { exec: { apiVersion: 'client.authentication.k8s.io/v1', command: 'aws-iam-authenticator' } },
-    /user "u": exec \(aws-iam-authenticator\): credential plugins are not supported/,
+    /user "u": exec.interactiveMode \(aws-iam-authenticator\): must be given/,
   );
-  await refused({ server }, { 'auth-provider': { name: 'oidc' } }, /auth-provider: credential plugins are not supported/);
+  await refused(
+    { server },
+    { 'auth-provider': { name: 'oidc' } },
+    /auth-provider \(oidc\): auth-provider plugins are not supported by kubenet; use an OIDC exec plugin/,
+  );
   await refused({ server }, { token: 't', as: 'admin' }, /as: impersonation is not supported/);
   await refused({ server, 'proxy-url': 'http://proxy:3128' }, { token: 't' }, /proxy-url is not supported/);
   await refused({ server: 'http://127.0.0.1:8080' }, { token: 't' }, /http:\/\/ server needs insecure-skip-tls-verify/);
