@@ -45,6 +45,15 @@ const COMMANDS: Record<string, { usage: string; about: string; options?: Array<[
     usage: 'kubenet health [--config FILE] [--socket PATH]',
     about: "Exits 0 when the agent answers and is ready (the DaemonSet's probe), 1 otherwise.",
   },
+  uninstall: {
+    usage: 'kubenet uninstall [--config FILE] [--dry-run] [--force] [flags]',
+    about:
+      "Removes from this node everything the agent made, once the agent is gone (its DaemonSet deleted): the conflist first, then the CNI binary, the ifbs, the bridge, the iptables/ebtables chains and rules, the routes of protocol 98, the IPAM, state and socket files; never another program's. Refuses while the agent answers on its socket, and, unless --force, while pods still have veths, records or addresses. Prints what it removed and what it kept and why; exits 0 when the node is clean, 1 when something was left. Takes the agent's config (the same --config, and any config flag) to know the names and directories.",
+    options: [
+      ['--dry-run', 'says what it would remove, and changes nothing'],
+      ['--force', 'also removes the pods still there (their veths): they lose their network'],
+    ],
+  },
 };
 
 /** All commands' usage lines. */

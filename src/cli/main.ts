@@ -2,7 +2,8 @@
 /**
  * The `kubenet` command: `daemon` (the node agent), `status` (what the agent knows, with each pod's
  * measured rates), `shape` (change a running pod's limits), `top` (a refreshing per-pod view),
- * `health` (exit 0 when the agent answers /healthz with 200; the DaemonSet's readiness probe).
+ * `health` (exit 0 when the agent answers /healthz with 200; the DaemonSet's readiness probe),
+ * `uninstall` (removes what the agent made on the node once it is gone: uninstall.ts).
  */
 // First: sizes libuv's thread pool before any import can use it.
 import './threadpool.js';
@@ -23,11 +24,12 @@ import type { NodeRoutes } from '../daemon/cluster/routes.js';
 import type { ClusterRanges } from '../daemon/cluster/cluster-ranges.js';
 import type { NodeCapacity, NodeCapacityPublisher } from '../daemon/cluster/node-capacity.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
-import { createLogger } from '../log.js';
+import { createLogger, type Logger } from '../log.js';
 import { describeLimits, formatBandwidth } from '../pod/index.js';
 import type { BandwidthReport } from '../daemon/cluster/pod-guarantees.js';
 import { commandHelp, usage } from './help.js';
 import { bandText, directionText, rateText, top } from './top.js';
+import { uninstall } from './uninstall.js';
 
 const USAGE = usage();
 
@@ -44,6 +46,8 @@ function flagOptions() {
     delay: { type: 'string', short: 'd' },
     batch: { type: 'boolean', short: 'b' },
     iterations: { type: 'string', short: 'n' },
+    'dry-run': { type: 'boolean' },
+    force: { type: 'boolean' },
   };
   for (const spec of Object.values(CONFIG_KEYS))
     options[spec.flag.replace(/^--/, '')] = { type: 'string', ...(spec.type === 'string[]' ? { multiple: true } : {}) };
@@ -87,6 +91,7 @@ async function main(argv: string[]): Promise<number> {
     status: ['json', 'window'],
     shape: ['ingress', 'egress', 'clear'],
     top: ['delay', 'batch', 'iterations'],
+    uninstall: ['dry-run', 'force'],
   };
   for (const flag of Object.values(own).flat()) {
     if (values[flag] !== undefined && !own[cmd]?.includes(flag))
@@ -111,6 +116,10 @@ async function main(argv: string[]): Promise<number> {
         batch: values.batch === true,
         iterations: positiveNumber(values.iterations, '-n'),
       });
+    case 'uninstall':
+      // The rules to remove are in the backend the agent wrote through.
+      await useNodeXtables(createLogger({ level: 'warn' }));
+      return uninstall(config, { dryRun: values['dry-run'] === true, force: values.force === true });
     case 'health': {
       const r = await agentGet(config.socket, HEALTH_PATH).catch((err: unknown) => ({ status: 0, body: String(err) }));
       if (r.status !== 200) console.error(`kubenet agent not ready: ${r.body}`);
@@ -120,6 +129,12 @@ async function main(argv: string[]): Promise<number> {
       console.error(`unknown command ${JSON.stringify(cmd)}\n${USAGE}`);
       return 2;
   }
+}
+
+/** In the image: iptables, ip6tables and ebtables through the backend the node uses (src/daemon/host/xtables.ts). */
+async function useNodeXtables(log: Logger): Promise<void> {
+  const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
+  if (xtablesLinks) await (await import('../daemon/host/xtables.js')).selectXtablesBackend(xtablesLinks, log);
 }
 
 async function daemon(config: AgentConfig): Promise<number> {
@@ -184,9 +199,7 @@ async function daemon(config: AgentConfig): Promise<number> {
     }
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
   }
-  // In the image: write through the iptables backend the node uses (src/daemon/host/xtables.ts).
-  const xtablesLinks = process.env.KUBENET_XTABLES_LINKS;
-  if (xtablesLinks) await (await import('../daemon/host/xtables.js')).selectXtablesBackend(xtablesLinks, log);
+  await useNodeXtables(log);
   const agent = new Agent(config, source, log, pods, {
     ...(events ? { events } : {}),
     ...(routes ? { routes } : {}),

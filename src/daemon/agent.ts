@@ -79,6 +79,8 @@ export interface StatusReport {
 
 const READOPT_RETRY_MS = 5_000;
 const READOPT_RETRY_MAX_MS = 120_000;
+/** kubenet-ts 0.1.0's shaper state under the state dir, adopted into the pod records once (and then gone). */
+export const legacyShaperStateDir = (stateDir: string): string => join(stateDir, 'shaper');
 /** Rates in `kubenet status` are taken over this many seconds unless asked otherwise. */
 export const DEFAULT_RATE_WINDOW_S = 5;
 
@@ -161,7 +163,7 @@ export class Agent {
           }
         : {}),
       // kubenet-ts 0.1.0's shaper state, adopted into the pod records once.
-      legacyShaperStateDir: join(config.stateDir, 'shaper'),
+      legacyShaperStateDir: legacyShaperStateDir(config.stateDir),
       // The runtime calling us runs loopback for lo itself.
       manageLoopback: false,
       legacyCniCacheDir: config.cniCacheDir,

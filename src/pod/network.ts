@@ -50,7 +50,7 @@ import { DedupKeeper } from './node/dedup-keeper.js';
 import { releaseUnknown, teardown } from './lifecycle/del.js';
 import { ensureBridgeNetfilter } from './node/host-setup.js';
 import { podNetnsId } from './netns.js';
-import { PodStore, recordKey, type PodRecord } from './records/record.js';
+import { PodStore, recordKey, recordsDir, type PodRecord } from './records/record.js';
 import {
   DEDUP_RESYNC_MS,
   PLUGIN_TYPES,
@@ -93,7 +93,7 @@ export class PodNetwork {
   constructor(private readonly opts: PodNetworkOptions) {
     this.bridgeName = opts.bridgeName;
     this.log = moduleLogger(opts.logger, 'pod-network');
-    this.store = new PodStore(`${opts.stateDir}/pods`, this.log);
+    this.store = new PodStore(recordsDir(opts.stateDir), this.log);
     this.cni = new CniRuntime({
       binDirs: opts.pluginBinDirs,
       allowedTypes: PLUGIN_TYPES,

@@ -28,6 +28,8 @@ import type { Logger } from '../log.js';
 import { parseCidr, type Subnet } from '../net/ip.js';
 import { VETH } from './tc-layout.js';
 import type { BatchOptions, BatchResult } from './tc-exec.js';
+import type { Removal } from '../util/removal.js';
+import { chainRules, deleteChain, deleteRule, ruleText } from '../util/xtables-rules.js';
 
 /** The destinations, and the bridge the pods' veths are ports of. */
 export interface Unshaped {
@@ -208,4 +210,24 @@ export async function ensureUnshaped(
   }
   await tc(lines, { optional });
   if (u.bridge !== undefined) await syncUnshapedRules(u.bridge, u.subnets, log);
+}
+
+/**
+ * Removes the mangle chain and every jump to it from POSTROUTING (whatever bridge a jump names), per
+ * family (`kubenet uninstall`); rules of other chains are never touched.
+ */
+export async function removeUnshapedRules(r: Removal): Promise<void> {
+  for (const tool of ['iptables', 'ip6tables'] as const) {
+    const jumps = ((await chainRules(tool, 'mangle', 'POSTROUTING')) ?? []).filter((rule) => jumpsTo(rule, UNSHAPED_CHAIN));
+    for (const rule of jumps)
+      await r.remove(`${tool} mangle POSTROUTING rule ${ruleText(rule)}`, () => deleteRule(tool, 'mangle', 'POSTROUTING', rule));
+    if ((await chainRules(tool, 'mangle', UNSHAPED_CHAIN)) !== undefined)
+      await r.remove(`${tool} mangle chain ${UNSHAPED_CHAIN}`, () => deleteChain(tool, 'mangle', UNSHAPED_CHAIN));
+  }
+}
+
+/** Whether a rule's words end in `-j CHAIN` (pure). */
+function jumpsTo(rule: string[], chain: string): boolean {
+  const j = rule.lastIndexOf('-j');
+  return j >= 0 && rule[j + 1] === chain;
 }

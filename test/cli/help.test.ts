@@ -26,7 +26,7 @@ test('daemon help names every config key with its flag, type and default, from C
 });
 
 test('every command has help; an unknown one has none', (t) => {
-  for (const cmd of ['daemon', 'status', 'shape', 'top', 'health'])
+  for (const cmd of ['daemon', 'status', 'shape', 'top', 'health', 'uninstall'])
     t.regex(commandHelp(cmd) ?? '', new RegExp(`^usage: kubenet ${cmd} `), cmd);
   t.is(commandHelp('nope'), undefined);
   t.regex(commandHelp('top') ?? '', /\n {2}-d SECONDS {9}refresh interval/);

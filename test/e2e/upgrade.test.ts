@@ -159,8 +159,8 @@ serialTest(
     t.is((await execa('tc', ['class', 'show', 'dev', h.ifb])).stdout, classesBefore, 'shaping untouched');
     t.deepEqual(
       (await readdir(h.config.stateDir)).sort(),
-      ['.pods-spare', 'pods'],
-      "0.1.0's shaper files adopted into the records, then removed (.pods-spare: the record writer's spare files)",
+      ['.pods-spare', 'installed-loopback', 'pods'],
+      "0.1.0's shaper files adopted into the records, then removed (.pods-spare: the record writer's spare files; installed-loopback: the installer's note of the loopback it copied)",
     );
     for (const m of [web, plain]) {
       t.true(await linkExists(m.hostVeth), `${m.pod.name}: veth kept`);

@@ -24,6 +24,7 @@ import type { V1Node } from '@kubernetes/client-node';
 import type { Logger } from '../../log.js';
 import { moduleLogger } from '../../util/module-logger.js';
 import { addrListAll, linkIndexByName, routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from '../../netlink/index.js';
+import type { Removal } from '../../util/removal.js';
 import type { EventRecorder } from '../kube/events.js';
 import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from '../kube/watch.js';
 import { diffRoutes, nodeRouteSource, planRoutes, sameRouteSource, type LocalAddress, type NodeRouteSource } from './route-plan.js';
@@ -277,5 +278,13 @@ export class NodeRoutes {
     for (const node of [...this.reported.keys()]) {
       if (!problems.has(node)) this.reported.delete(node);
     }
+  }
+}
+
+/** Deletes every main-table route of {@link ROUTE_PROTOCOL} (`kubenet uninstall`, the agent stopped): no one else's. */
+export async function removeNodeRoutes(r: Removal): Promise<void> {
+  for (const route of await routeList(ROUTE_PROTOCOL)) {
+    const via = route.gateway ? ` via ${route.gateway}` : '';
+    await r.remove(`route ${route.dst}${via} proto ${ROUTE_PROTOCOL}`, () => routeDel(route.dst, ROUTE_PROTOCOL));
   }
 }

@@ -1,12 +1,15 @@
 /**
  * What the agent installs for container runtimes: its CNI forwarding binary as `<cniBinDir>/kubenet`,
  * the reference `loopback` plugin there when the directory has none (containerd runs it itself for
- * every pod, from its own bin dir), and `<cniConfDir>/10-kubenet.conflist`. All atomically.
+ * every pod, from its own bin dir; `<stateDir>/installed-loopback` then holds the copy's sha256, so
+ * an uninstall removes it only when it is still that copy), and `<cniConfDir>/10-kubenet.conflist`.
+ * All atomically; `uninstallCni` removes them again, conflist first.
  *
  * And the startup check that keeps the agent from ever running its own binary as a plugin: no
  * plugin type it runs may resolve, in the plugin dirs, to the forwarding binary.
  */
-import { existsSync, mkdirSync, readFileSync, realpathSync, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, readFileSync, realpathSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { findPlugin } from '../../cni/exec.js';
 import { ConfigError } from '../../errors.js';
@@ -15,9 +18,14 @@ import { NETWORK_NAME, PLUGIN_TYPES } from '../../pod/index.js';
 import { copyFileAtomic, writeFileAtomic } from '../../util/atomic-file.js';
 import { fsTry } from '../../util/fs-error.js';
 import { packagePath } from '../../util/package-root.js';
+import type { Removal } from '../../util/removal.js';
 import { CNI_BINARY_BUILD_PATH, CNI_BINARY_NAME, CONF_SOCKET_KEY, IPAM_SHIM_BUILD_DIR } from '../protocol.js';
 
 export const CONFLIST_NAME = '10-kubenet.conflist';
+/** Under the state dir: the sha256 of the loopback plugin the installer copied into cniBinDir. */
+const LOOPBACK_MARKER = 'installed-loopback';
+/** Bytes every build of the forwarding binary holds (its "agent unreachable" message, protocol.ts): how an uninstall knows its own. */
+const FORWARDER_MARK = Buffer.from('kubenet agent unreachable at ');
 
 /** The conflist runtimes read: network kubenet, plugin type kubenet, capabilities bandwidth + portMappings. */
 export function buildConflist(socket: string): object {
@@ -46,6 +54,8 @@ export interface InstallConfig {
   cniConfDir: string;
   pluginBinDirs: string[];
   socket: string;
+  /** Where the installer notes what it copied that was not its own (loopback); unset: nothing noted. */
+  stateDir?: string;
 }
 
 /**
@@ -128,6 +138,10 @@ export function installCni(c: InstallConfig, log: Logger): { bin: string; conf: 
       const ours = findPlugin('loopback', c.pluginBinDirs);
       copyFileAtomic(ours, runtimeLoopback, 0o755, `the loopback plugin (from ${ours}) as`);
       loopback = runtimeLoopback;
+      if (c.stateDir !== undefined) {
+        fsTry('create', 'the state directory', c.stateDir, () => mkdirSync(c.stateDir ?? '', { recursive: true }));
+        writeFileAtomic(join(c.stateDir, LOOPBACK_MARKER), `${sha256(runtimeLoopback)}\n`, { mode: 0o600, what: 'the loopback marker' });
+      }
     } catch (err) {
       log.warn({ err, dir: c.cniBinDir }, 'no loopback plugin to install: the container runtime needs one in its CNI bin dir');
     }
@@ -137,4 +151,44 @@ export function installCni(c: InstallConfig, log: Logger): { bin: string; conf: 
   writeFileAtomic(conf, JSON.stringify(buildConflist(c.socket), null, 2) + '\n', { what: 'the CNI config' });
   log.info({ bin, conf, ...(loopback ? { loopback } : {}) }, 'installed the CNI binary and conflist');
   return { bin, conf, loopback };
+}
+
+function sha256(path: string): string {
+  return createHash('sha256').update(readFileSync(path)).digest('hex');
+}
+
+/**
+ * Removes what installCni installed (`kubenet uninstall`), the conflist first, so that no runtime
+ * calls the binary once its socket is gone: the conflist when it is kubenet's (network and plugin
+ * type kubenet), the binary when it is a forwarder build, loopback when the installer noted it and it
+ * is still that copy. Anything else with those names is kept, saying why.
+ */
+export async function uninstallCni(c: InstallConfig, r: Removal): Promise<void> {
+  const conf = join(c.cniConfDir, CONFLIST_NAME);
+  if (existsSync(conf)) {
+    let ours = false;
+    try {
+      const v = JSON.parse(readFileSync(conf, 'utf8')) as { name?: unknown; plugins?: Array<{ type?: unknown }> };
+      ours = v.name === NETWORK_NAME && Array.isArray(v.plugins) && v.plugins.some((p) => p?.type === CNI_BINARY_NAME);
+    } catch {
+      // unreadable or not JSON: not one we wrote
+    }
+    if (ours) await r.remove(`file ${conf} (the CNI config)`, () => rmSync(conf, { force: true }));
+    else r.keep(`file ${conf}`, `not a conflist of network ${NETWORK_NAME} with plugin type ${CNI_BINARY_NAME}`);
+  }
+  const bin = join(c.cniBinDir, CNI_BINARY_NAME);
+  if (existsSync(bin)) {
+    if (readFileSync(bin).includes(FORWARDER_MARK))
+      await r.remove(`file ${bin} (the CNI forwarding binary)`, () => rmSync(bin, { force: true }));
+    else r.keep(`file ${bin}`, "not kubenet's CNI forwarding binary");
+  }
+  const marker = c.stateDir !== undefined ? join(c.stateDir, LOOPBACK_MARKER) : undefined;
+  const noted = marker !== undefined && existsSync(marker) ? readFileSync(marker, 'utf8').trim() : undefined;
+  const loopback = join(c.cniBinDir, 'loopback');
+  if (marker === undefined || noted === undefined) return;
+  if (!existsSync(loopback)) return void (await r.remove(`file ${marker}`, () => rmSync(marker, { force: true })));
+  if (sha256(loopback) === noted)
+    await r.remove(`file ${loopback} (the loopback plugin kubenet copied)`, () => rmSync(loopback, { force: true }));
+  else r.keep(`file ${loopback}`, 'changed since kubenet copied it there (another installer owns it now)');
+  await r.remove(`file ${marker}`, () => rmSync(marker, { force: true }));
 }

@@ -23,6 +23,7 @@ import { readFileSync } from 'node:fs';
 import { ToolError } from '../../errors.js';
 import type { Logger } from '../../log.js';
 import { firstHost, type Subnet } from '../../net/ip.js';
+import type { Removal } from '../../util/removal.js';
 
 export const DEDUP_CHAIN = 'KUBE-DEDUP';
 const TABLE = ['-t', 'filter'];
@@ -125,4 +126,16 @@ async function removeJumps(keep: 0 | 1): Promise<boolean> {
   for (let i = jumps; i > keep; i--) await ebtables(['-D', 'OUTPUT', '-j', DEDUP_CHAIN]);
   if (jumps < keep) await ebtables(['-A', 'OUTPUT', '-j', DEDUP_CHAIN]);
   return jumps !== keep;
+}
+
+/** Removes the chain and its jump from OUTPUT when the node holds them (`kubenet uninstall`); no ebtables: nothing to remove. */
+export async function removeDedupRules(r: Removal, log: Logger): Promise<void> {
+  let chain: string[] | undefined;
+  try {
+    chain = await listChain(DEDUP_CHAIN);
+  } catch (err) {
+    if (err instanceof ToolError && err.exitCode === undefined) return;
+    throw err;
+  }
+  if (chain !== undefined) await r.remove(`ebtables filter chain ${DEDUP_CHAIN} and its jump from OUTPUT`, () => syncDedup(undefined, log));
 }

@@ -3,6 +3,8 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { KubenetError, ToolError } from '../../errors.js';
 import { familyOf } from '../../net/ip.js';
 import type { Logger } from '../../log.js';
+import type { Removal } from '../../util/removal.js';
+import { chainRules, deleteRule, ruleText } from '../../util/xtables-rules.js';
 
 export const MASQUERADE_COMMENT = 'kubenet-ts: SNAT for outbound traffic from cluster';
 
@@ -52,13 +54,23 @@ export async function ensureMasquerade(nonMasqueradeCIDR: string, log: Logger): 
   return true;
 }
 
-/** Deletes every copy of the masquerade rule (used by tests and uninstall). Missing = success. */
+/** Deletes every copy of the masquerade rule for this CIDR (dhcp mode, tests). Missing = success. */
 export async function removeMasquerade(nonMasqueradeCIDR: string): Promise<void> {
   const rule = masqueradeRule(nonMasqueradeCIDR);
   for (;;) {
     const del = await execa('iptables', ['-w', '5', '-t', 'nat', '-D', 'POSTROUTING', ...rule], { reject: false });
     if (del.exitCode !== 0) return;
   }
+}
+
+/**
+ * Removes every nat POSTROUTING rule carrying the masquerade rule's comment, whatever
+ * nonMasqueradeCIDR it was made with (`kubenet uninstall`); other rules are never touched.
+ */
+export async function removeMasqueradeRules(r: Removal): Promise<void> {
+  const ours = ((await chainRules('iptables', 'nat', 'POSTROUTING')) ?? []).filter((rule) => rule.includes(MASQUERADE_COMMENT));
+  for (const rule of ours)
+    await r.remove(`iptables nat POSTROUTING rule ${ruleText(rule)}`, () => deleteRule('iptables', 'nat', 'POSTROUTING', rule));
 }
 
 /**

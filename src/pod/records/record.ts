@@ -26,6 +26,11 @@ import { sameNetns, type NetnsId } from '../netns.js';
 
 export const RECORD_VERSION = 2;
 
+/** The records' directory under the state dir. */
+export const recordsDir = (stateDir: string): string => join(stateDir, 'pods');
+/** Where a records directory's spare files live: its hidden sibling `.<dir>-spare`. */
+export const spareDirOf = (dir: string): string => join(dirname(dir), `.${basename(dir)}-spare`);
+
 /** One host port, as CNI runtimeConfig.portMappings carries it. */
 export interface PortMapping {
   hostPort: number;
@@ -135,7 +140,7 @@ export class PodStore {
     readonly dir: string,
     private readonly log: Logger,
   ) {
-    this.files = new SpareFileWriter(dir, join(dirname(dir), `.${basename(dir)}-spare`), { mode: 0o600, what: 'the pod record' });
+    this.files = new SpareFileWriter(dir, spareDirOf(dir), { mode: 0o600, what: 'the pod record' });
   }
 
   /**
@@ -214,4 +219,32 @@ export class PodStore {
   close(): void {
     this.files.close();
   }
+}
+
+/**
+ * The pods a records directory names, without loading a store (`kubenet uninstall`, with no agent
+ * running): `namespace/name (container ID)` per record file, a file that cannot be read or parsed by
+ * its name. Empty when the directory is not there.
+ */
+export function recordedPods(dir: string): string[] {
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch (err) {
+    if ((err as { code?: string }).code === 'ENOENT') return [];
+    throw fsError(err, 'read', 'the pod records in', dir);
+  }
+  return names
+    .filter((n) => n.endsWith('.json') && !isTempFile(n))
+    .sort()
+    .map((n) => {
+      try {
+        const v: unknown = JSON.parse(readFileSync(join(dir, n), 'utf8'));
+        if (isRecord(v)) return `${v.namespace}/${v.name} (${v.containerId.slice(0, 12)}, ${v.ifName})`;
+        if (isLegacy(v)) return `${v.namespace}/${v.name} (${v.id.slice(0, 12)})`;
+      } catch {
+        // named by its file below
+      }
+      return `record ${join(dir, n)}`;
+    });
 }
