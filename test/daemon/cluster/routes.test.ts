@@ -83,7 +83,7 @@ test('routes follow the Nodes: only differences applied, no removal before the f
   routes.start();
   await until('the first reconcile', () => routes.counters.reconciles >= 1, 5000);
   t.deepEqual(kernel.ops, ['del 10.244.7.0/24'], "b's route stays as it was (no flap); the vanished Node's goes");
-  t.deepEqual(routes.status().routes, [{ node: 'b', dst: '10.244.1.0/24', via: '198.18.0.2' }]);
+  t.deepEqual(routes.status().routes, [{ node: 'b', dst: '10.244.1.0/24', via: '198.18.0.2', way: 'direct', underlay: '198.18.0.2' }]);
   t.deepEqual(
     got.map((e) => [e.obj, e.reason]),
     [[{ kind: 'Node', name: 'far' }, 'NodeRouteUnavailable']],
