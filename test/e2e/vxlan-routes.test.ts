@@ -339,6 +339,9 @@ serial(
 
 serial('large TCP (iperf3, 5 s) and UDP with DF across the tunnel; TCP direct for comparison', async (t) => {
   const ep = (i: number) => ({ netns: NS.p[i - 1] as string, ip4: pod4(i), ip6: pod6(i) });
+  // Forget the path MTU the pings above taught p1: TCP starts at the pod's full MSS and must discover it.
+  await ip(NS.p[0] as string, ['-4', 'route', 'flush', 'cache']);
+  await ip(NS.p[0] as string, ['-6', 'route', 'flush', 'cache']);
   const tunnel = await iperf(ep(3), ep(1), { seconds: 5, onRetry: retryLog(t) });
   const tunnel6 = await iperf(ep(3), ep(1), { seconds: 5, v6: true, onRetry: retryLog(t) });
   const direct = await iperf(ep(2), ep(1), { seconds: 5, onRetry: retryLog(t) });

@@ -331,7 +331,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     flag: '--unshaped-cidrs',
     defaultText: 'see description',
     description:
-      "CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod's limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the egress ifbs' filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: with `routes: direct`, exactly the cluster's own ranges, followed live (every Node's pod CIDRs and the ServiceCIDRs' `spec.cidrs`), else none; an empty list shapes everything.",
+      "CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod's limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the egress ifbs' filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: with `routes: direct` or `auto`, exactly the cluster's own ranges, followed live (every Node's pod CIDRs and the ServiceCIDRs' `spec.cidrs`), else none; an empty list shapes everything.",
     validate: (value, fail) => {
       const expected = 'a list of CIDRs such as ["10.0.0.0/8", "fd00::/8"]';
       if (!Array.isArray(value)) throw fail(expected);
