@@ -261,6 +261,19 @@ serial(
     t.deepEqual(controllers[0]?.wayCounts(), { direct: 2, tunnel: 2 });
     t.deepEqual(status?.problems, {});
     t.deepEqual(events, [], 'every Node is routed: no NodeRouteUnavailable');
+    // A full resync (every 2 s here) reads the routes back over netlink, mtu and onlink included, and
+    // the devices' entries: nothing differs, so nothing is replaced.
+    const replaced = controllers.map((c) => c.counters.replaced);
+    const reconciles = controllers.map((c) => c.counters.reconciles);
+    await new Promise((r) => setTimeout(r, 2_500));
+    t.true(
+      controllers.every((c, i) => c.counters.reconciles > (reconciles[i] ?? 0)),
+      'each node resynced',
+    );
+    t.deepEqual(
+      controllers.map((c) => c.counters.replaced),
+      replaced,
+    );
   },
 );
 
