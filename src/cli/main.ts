@@ -184,8 +184,9 @@ async function daemon(config: AgentConfig): Promise<number> {
     events = new KubeEventRecorder(kube);
     if (config.metricsAuth === 'kubernetes')
       metricsAuth = (await import('../daemon/http/metrics-auth.js')).KubeMetricsAuth.fromClient(kube);
-    if (config.routes === 'direct') {
-      const { NodeRoutes, netlinkRouteKernel } = await import('../daemon/cluster/routes.js');
+    if (config.routes === 'direct' || config.routes === 'auto') {
+      const { NodeRoutes, netlinkRouteKernel, ROUTE_PROTOCOL } = await import('../daemon/cluster/routes.js');
+      const vxlan = config.routes === 'auto' ? await import('../daemon/cluster/vxlan.js') : undefined;
       // unshapedCIDRs unset: the cluster's pod CIDRs (from the routes' Node watch) and Service ranges, live.
       const r =
         config.unshapedCIDRs === undefined ? new (await import('../daemon/cluster/cluster-ranges.js')).ClusterRanges(kube) : undefined;
@@ -193,8 +194,17 @@ async function daemon(config: AgentConfig): Promise<number> {
       routes = new NodeRoutes({
         ...kube,
         events,
-        kernel: netlinkRouteKernel(config.bridgeName),
+        kernel: netlinkRouteKernel(config.bridgeName, vxlan ? { exclude: Object.values(vxlan.DEFAULT_VXLAN_NAMES) } : {}),
         ...(r ? { onPodCidrs: (c: string[]) => r.setPodCidrs(c) } : {}),
+        ...(vxlan
+          ? {
+              tunnel: {
+                kernel: vxlan.iprouteTunnelKernel({ protocol: ROUTE_PROTOCOL }),
+                vni: config.vxlanVNI,
+                port: config.vxlanPort,
+              },
+            }
+          : {}),
       });
     }
     log.info({ nodeName: config.nodeName, kubeconfig: config.kubeconfig ?? '(in-cluster)' }, 'watching this Node for its pod CIDR');
@@ -323,10 +333,17 @@ async function status(socket: string, json: boolean, windowS: number | undefined
   }
   if (s.routes) {
     const problems = Object.entries(s.routes.problems);
+    const tunnelled = s.routes.routes.filter((r) => r.way === 'tunnel').length;
     console.log(
-      `routes:   ${s.routes.routes.length} to other nodes' pods (proto 98)${problems.length > 0 ? `, ${problems.length} node(s) without` : ''}`,
+      `routes:   ${s.routes.routes.length} to other nodes' pods (proto 98)${tunnelled > 0 ? `, ${tunnelled} through VXLAN` : ''}${problems.length > 0 ? `, ${problems.length} node(s) without` : ''}`,
     );
-    for (const r of s.routes.routes) console.log(`  ${r.dst.padEnd(28)} via ${r.via.padEnd(28)} ${r.node}`);
+    for (const r of s.routes.routes) {
+      const way =
+        r.way === 'tunnel'
+          ? `tunnel to ${r.underlay ?? '?'}${r.mtu !== undefined ? ` mtu ${r.mtu}` : ''}`
+          : `direct via ${r.underlay ?? r.via}`;
+      console.log(`  ${r.dst.padEnd(28)} ${way.padEnd(40)} ${r.node}`);
+    }
     for (const [node, why] of problems) console.log(`  no route to ${node}: ${why}`);
   }
   return 0;

@@ -109,14 +109,17 @@ export class Agent {
   private readonly api: AgentApi;
   /** /metrics and /healthz over TCP (config metricsAddress); undefined when "off". */
   private readonly metricsHttp: MetricsHttp | undefined;
-  private readonly metrics = new AgentMetrics(() => ({
-    node: this.config.nodeName,
-    version: packageVersion(),
-    podCIDR: this.network.podCidr(),
-    bridge: this.config.bridgeName,
-    ipam: this.config.ipam,
-    routes: this.config.routes,
-  }));
+  private readonly metrics = new AgentMetrics(
+    () => ({
+      node: this.config.nodeName,
+      version: packageVersion(),
+      podCIDR: this.network.podCidr(),
+      bridge: this.config.bridgeName,
+      ipam: this.config.ipam,
+      routes: this.config.routes,
+    }),
+    () => this.routes?.wayCounts(),
+  );
   /** The pods' counters for /metrics and when they were read: at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
   private readonly scraped: Coalesced<{ traffic: PodTraffic[]; at: number }>;
   readonly live: LiveShaping;

@@ -8,7 +8,7 @@ import { NetlinkError } from '../errors.js';
 import { E, NLE, nlError } from './errno.js';
 import { linkIndexOn } from './link.js';
 import { afOf, checkIfname, parseAddrCidr } from './parse.js';
-import { withHostSocket, type Lease } from './socket.js';
+import { withHostSocket, withNetnsSocket, type Lease } from './socket.js';
 
 export interface AddrInfo {
   family: 4 | 6;
@@ -62,9 +62,9 @@ export async function addrList(name: string, family?: 4 | 6): Promise<AddrInfo[]
   return withHostSocket(op, (l) => addrListOn(l, name, family));
 }
 
-/** `ip addr show` of every link: each address with the ifindex of its link. */
-export async function addrListAll(): Promise<Array<AddrInfo & { ifindex: number }>> {
-  return withHostSocket('addrListAll', async (l) => {
+/** `ip addr show` of every link: each address with the ifindex of its link (given `netns`, `ip -n NS addr show`). */
+export async function addrListAll(netns?: string): Promise<Array<AddrInfo & { ifindex: number }>> {
+  const list = async (l: Lease) => {
     const cache = await l.dump((out) => l.call(route.rtnl_addr_alloc_cache, l.sk, out));
     try {
       const result: Array<AddrInfo & { ifindex: number }> = [];
@@ -76,7 +76,8 @@ export async function addrListAll(): Promise<Array<AddrInfo & { ifindex: number 
     } finally {
       nl.nl_cache_free(cache);
     }
-  });
+  };
+  return netns === undefined ? withHostSocket('addrListAll', list) : withNetnsSocket('addrListAll', netns, list);
 }
 
 /**

@@ -183,12 +183,21 @@ export const rt = {
   rtnl_route_nh_get_gateway: libroute.func('nl_addr *rtnl_route_nh_get_gateway(rtnl_nexthop *nh)'),
   rtnl_route_nh_set_ifindex: libroute.func('void rtnl_route_nh_set_ifindex(rtnl_nexthop *nh, int ifindex)'),
   rtnl_route_nh_get_ifindex: libroute.func('int rtnl_route_nh_get_ifindex(rtnl_nexthop *nh)'),
+  // RTNH_F_* flags of a nexthop (RTNH_F_ONLINK: the gateway is on the link whatever its addresses say).
+  rtnl_route_nh_set_flags: libroute.func('void rtnl_route_nh_set_flags(rtnl_nexthop *nh, unsigned int flags)'),
+  rtnl_route_nh_get_flags: libroute.func('unsigned int rtnl_route_nh_get_flags(rtnl_nexthop *nh)'),
+  // RTA_METRICS by RTAX_* id (RTAX_MTU below): 0 or -NLE_*; get gives -NLE_OBJ_NOTFOUND when unset.
+  rtnl_route_set_metric: libroute.func('int rtnl_route_set_metric(rtnl_route *route, int metric, unsigned int value)'),
+  rtnl_route_get_metric: libroute.func('int rtnl_route_get_metric(rtnl_route *route, int metric, _Out_ uint32_t *value)'),
 };
 
 /** linux/rtnetlink.h */
 export const RT_TABLE_MAIN = 254;
 export const RTN_UNICAST = 1;
 export const RT_SCOPE_UNIVERSE = 0;
+/** linux/rtnetlink.h: RTAX_MTU (a route's path MTU metric), RTNH_F_ONLINK (a nexthop flag). */
+export const RTAX_MTU = 2;
+export const RTNH_F_ONLINK = 4;
 export const NLM_F_REPLACE = 0x100;
 /** linux/netlink.h: the kernel sends a request's resulting object back to the sender. */
 export const NLM_F_ECHO = 0x8;

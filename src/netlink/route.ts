@@ -1,17 +1,31 @@
 /**
  * Routes, named after iproute2: `ip route show proto P`, `ip route replace DST via GW dev IFINDEX
- * proto P`, `ip route del DST proto P`, in the main table of the process's own namespace, each off
- * the event loop on a socket of its own (./socket.ts withHostSocket).
+ * [onlink] [mtu M] proto P`, `ip route del DST proto P`, in the main table of the process's own
+ * namespace (or, given `netns`, of the namespace mounted there: `ip -n NS route ...`), each off the
+ * event loop on a socket of its own (./socket.ts withHostSocket, withNetnsSocket).
  *
  * Every function here names a routing protocol number: routes are listed by it and deleted only when
  * they carry it, so a caller that owns a protocol number can never change or remove anyone else's
  * route (the kernel's, DHCP's, a cloud agent's, an operator's).
  */
-import { AF_INET, AF_INET6, nl, NLM_F_REPLACE, rt, RT_SCOPE_UNIVERSE, RT_TABLE_MAIN, RTN_UNICAST, type Out, type Ptr } from './libnl.js';
+import {
+  AF_INET,
+  AF_INET6,
+  nl,
+  NLM_F_REPLACE,
+  rt,
+  RT_SCOPE_UNIVERSE,
+  RT_TABLE_MAIN,
+  RTAX_MTU,
+  RTN_UNICAST,
+  RTNH_F_ONLINK,
+  type Out,
+  type Ptr,
+} from './libnl.js';
 import { ConfigError, NetlinkError } from '../errors.js';
 import { familyOf, parseCidr } from '../net/ip.js';
 import { E, NLE, nlError } from './errno.js';
-import { withHostSocket } from './socket.js';
+import { withHostSocket, withNetnsSocket, type Lease } from './socket.js';
 
 export interface RouteInfo {
   family: 4 | 6;
@@ -22,6 +36,10 @@ export interface RouteInfo {
   /** The first nexthop's output link. */
   ifindex: number;
   protocol: number;
+  /** The route's MTU metric (`mtu M`), when it has one. */
+  mtu?: number;
+  /** The first nexthop is flagged onlink. */
+  onlink?: boolean;
 }
 
 export interface RouteSpec {
@@ -29,6 +47,15 @@ export interface RouteSpec {
   gateway: string;
   ifindex: number;
   protocol: number;
+  /** `mtu M`: the path MTU of the route (locked by nothing: PMTU discovery may lower it further). */
+  mtu?: number;
+  /** `onlink`: the gateway is reachable on the link though no address of the link covers it (a tunnel's peer). */
+  onlink?: boolean;
+}
+
+/** A socket of the process's own namespace, or of the one mounted at `netns`. */
+function withSocket<T>(op: string, netns: string | undefined, use: (l: Lease) => Promise<T>): Promise<T> {
+  return netns === undefined ? withHostSocket(op, use) : withNetnsSocket(op, netns, use);
 }
 
 const buf = Buffer.alloc(128);
@@ -53,7 +80,13 @@ function parseNlAddr(op: string, text: string, family: 4 | 6): Ptr {
 }
 
 /** A route object for DST in the main table with PROTOCOL (and, for add, one nexthop). The caller puts it. */
-function buildRoute(op: string, dst: string, protocol: number, nexthop?: { gateway: string; ifindex: number }): Ptr {
+function buildRoute(
+  op: string,
+  dst: string,
+  protocol: number,
+  nexthop?: { gateway: string; ifindex: number; onlink?: boolean },
+  mtu?: number,
+): Ptr {
   const d = parseCidr(dst);
   const route = rt.rtnl_route_alloc() as Ptr;
   if (!route) throw new NetlinkError(op, E.ENOMEM, 'rtnl_route_alloc failed');
@@ -82,7 +115,14 @@ function buildRoute(op: string, dst: string, protocol: number, nexthop?: { gatew
         nl.nl_addr_put(gwAddr);
       }
       rt.rtnl_route_nh_set_ifindex(nh, nexthop.ifindex);
+      if (nexthop.onlink) rt.rtnl_route_nh_set_flags(nh, RTNH_F_ONLINK);
       rt.rtnl_route_add_nexthop(route, nh); // the route owns it now
+    }
+    if (mtu !== undefined) {
+      if (!Number.isInteger(mtu) || mtu < 68 || mtu > 65535)
+        throw new ConfigError(`${op}: mtu must be 68..65535, got ${JSON.stringify(mtu)}`);
+      const rc = rt.rtnl_route_set_metric(route, RTAX_MTU, mtu) as number;
+      if (rc < 0) throw nlError(op, rc);
     }
     return route;
   } catch (err) {
@@ -91,11 +131,13 @@ function buildRoute(op: string, dst: string, protocol: number, nexthop?: { gatew
   }
 }
 
+const metricOut: [number] = [0];
+
 /** `ip route show table main proto PROTOCOL` (both families, unicast routes only). */
-export async function routeList(protocol: number): Promise<RouteInfo[]> {
+export async function routeList(protocol: number, netns?: string): Promise<RouteInfo[]> {
   const op = `routeList proto ${protocol}`;
   checkProto(op, protocol);
-  return withHostSocket(op, async (l) => {
+  return withSocket(op, netns, async (l) => {
     const result: RouteInfo[] = [];
     for (const af of [AF_INET, AF_INET6]) {
       const cache = await l.dump((out) => l.call(rt.rtnl_route_alloc_cache, l.sk, af, 0, out));
@@ -108,14 +150,25 @@ export async function routeList(protocol: number): Promise<RouteInfo[]> {
           if (!dst) continue;
           let gateway: string | undefined;
           let ifindex = 0;
+          let onlink = false;
           if ((rt.rtnl_route_get_nnexthops(r) as number) > 0) {
             const nh = rt.rtnl_route_nexthop_n(r, 0) as Ptr;
             const gw = rt.rtnl_route_nh_get_gateway(nh) as Ptr;
             if (gw) gateway = (nl.nl_addr2str(gw, buf, buf.length) as string).split('/')[0];
             ifindex = rt.rtnl_route_nh_get_ifindex(nh) as number;
+            onlink = ((rt.rtnl_route_nh_get_flags(nh) as number) & RTNH_F_ONLINK) !== 0;
           }
+          const mtu = (rt.rtnl_route_get_metric(r, RTAX_MTU, metricOut) as number) === 0 && metricOut[0] > 0 ? metricOut[0] : undefined;
           // The kernel keeps destinations with host bits cleared; libnl prints them canonically.
-          result.push({ family, dst: addrText(dst, family), gateway, ifindex, protocol });
+          result.push({
+            family,
+            dst: addrText(dst, family),
+            gateway,
+            ifindex,
+            protocol,
+            ...(mtu !== undefined ? { mtu } : {}),
+            ...(onlink ? { onlink } : {}),
+          });
         }
       } finally {
         nl.nl_cache_free(cache);
@@ -125,13 +178,19 @@ export async function routeList(protocol: number): Promise<RouteInfo[]> {
   });
 }
 
-/** `ip route replace DST via GATEWAY dev IFINDEX proto PROTOCOL` in the main table. */
-export async function routeReplace(spec: RouteSpec): Promise<void> {
+/** `ip route replace DST via GATEWAY dev IFINDEX [onlink] [mtu M] proto PROTOCOL` in the main table. */
+export async function routeReplace(spec: RouteSpec, netns?: string): Promise<void> {
   const op = `routeReplace ${spec.dst} via ${spec.gateway}`;
   checkProto(op, spec.protocol);
-  const route = buildRoute(op, spec.dst, spec.protocol, { gateway: spec.gateway, ifindex: spec.ifindex });
+  const route = buildRoute(
+    op,
+    spec.dst,
+    spec.protocol,
+    { gateway: spec.gateway, ifindex: spec.ifindex, onlink: spec.onlink === true },
+    spec.mtu,
+  );
   try {
-    await withHostSocket(op, async (l) => l.check(await l.call(rt.rtnl_route_add, l.sk, route, NLM_F_REPLACE), E.ENODEV));
+    await withSocket(op, netns, async (l) => l.check(await l.call(rt.rtnl_route_add, l.sk, route, NLM_F_REPLACE), E.ENODEV));
   } finally {
     rt.rtnl_route_put(route);
   }
@@ -141,12 +200,12 @@ export async function routeReplace(spec: RouteSpec): Promise<void> {
  * `ip route del DST table main proto PROTOCOL`: only a route carrying PROTOCOL matches (the kernel
  * compares it). Idempotent: no such route is success.
  */
-export async function routeDel(dst: string, protocol: number): Promise<void> {
+export async function routeDel(dst: string, protocol: number, netns?: string): Promise<void> {
   const op = `routeDel ${dst} proto ${protocol}`;
   checkProto(op, protocol);
   const route = buildRoute(op, dst, protocol);
   try {
-    await withHostSocket(op, async (l) => {
+    await withSocket(op, netns, async (l) => {
       const rc = await l.call(rt.rtnl_route_delete, l.sk, route, 0);
       if (rc < 0 && Math.abs(rc) === NLE.OBJ_NOTFOUND) return; // ESRCH: no such route
       l.check(rc, E.ENOENT);

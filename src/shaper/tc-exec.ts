@@ -42,6 +42,8 @@ export interface BatchOptions {
    * that the kernel refuses when the qdisc is already there). The batch runs with -force then.
    */
   optional?: ReadonlySet<number>;
+  /** Run in the named network namespace (`TOOL -n NAME`, /var/run/netns/NAME). */
+  netns?: string;
 }
 
 /** The failed lines that count. */
@@ -52,9 +54,19 @@ function realFailures(failed: number[], optional: ReadonlySet<number> | undefine
 const FAILED_RE = /Command failed -:(\d+)/g;
 
 /** Runs `tool [-force] -batch -` with the lines on stdin. Without force, throws on any failure. */
-export async function batch(tool: 'tc' | 'ip', lines: string[], opts: BatchOptions & { json?: boolean } = {}): Promise<BatchResult> {
+export async function batch(
+  tool: 'tc' | 'ip' | 'bridge',
+  lines: string[],
+  opts: BatchOptions & { json?: boolean } = {},
+): Promise<BatchResult> {
   if (lines.length === 0) return { stdout: '', failed: [], stderr: '' };
-  const args = [...(opts.json ? ['-j'] : []), ...(opts.force || opts.optional ? ['-force'] : []), '-batch', '-'];
+  const args = [
+    ...(opts.netns !== undefined ? ['-n', opts.netns] : []),
+    ...(opts.json ? ['-j'] : []),
+    ...(opts.force || opts.optional ? ['-force'] : []),
+    '-batch',
+    '-',
+  ];
   const r = await execa(tool, args, { input: lines.join('\n') + '\n', reject: false, stripFinalNewline: false });
   const stderr = String(r.stderr ?? '');
   const failed = [...stderr.matchAll(FAILED_RE)].map((m) => Number(m[1]));

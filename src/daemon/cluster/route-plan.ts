@@ -1,7 +1,8 @@
 /**
  * Routes between nodes, the pure part: which route every other Node's pod CIDRs need on this node
- * (`routes: direct`, src/daemon/cluster/routes.ts applies them), and what must change in the kernel to get
- * there. No I/O: the Nodes, this node's addresses and the kernel's routes come in as values.
+ * (`routes: direct` and `routes: auto`, src/daemon/cluster/routes.ts applies them), and what must
+ * change in the kernel to get there. No I/O: the Nodes, this node's addresses, its tunnel devices and
+ * the kernel's routes and entries come in as values.
  *
  * A Node gets one route per pod CIDR (spec.podCIDRs, else spec.podCIDR): via its InternalIP of the
  * same family, out of the link whose subnet holds that address. It gets none, with a reason (the
@@ -9,7 +10,16 @@
  * subnet directly connected to this node (a route via it would need another router: that is what
  * `routes: direct` never guesses), when the address is this node's own, or when another Node (first
  * by name) already claims the same CIDR. Nodes without a pod CIDR yet are skipped without a reason.
+ *
+ * With tunnels (`routes: auto`: a VXLAN device per family, given as `tunnels`), a Node whose
+ * InternalIP is on no connected subnet is not a problem but a tunnel peer: its pod CIDR is routed
+ * `via GW dev VXLAN onlink mtu M`, where GW is the pod CIDR's network address (its node's inner
+ * address, as flannel's vxlan backend does), with a permanent neighbour GW -> the peer's VTEP MAC and
+ * an FDB entry VTEP MAC -> its InternalIP on the device. A VTEP MAC is derived from the node's
+ * InternalIP (vtepMac), so no node publishes anything for it. A Node on a connected subnet is routed
+ * directly as with `direct`: full MTU, no encapsulation.
  */
+import { createHash } from 'node:crypto';
 import type { V1Node } from '@kubernetes/client-node';
 import { BlockList } from 'node:net';
 import { canonicalIp, familyOf, parseCidr, type Family, type Subnet } from '../../net/ip.js';
@@ -33,18 +43,95 @@ export interface LocalAddress {
   cidr: string;
 }
 
+/** How a Node's pods are reached: a route via its InternalIP, or through this node's VXLAN device. */
+export type RouteWay = 'direct' | 'tunnel';
+
 export interface WantedRoute {
   node: string;
   family: Family;
   dst: string;
   gateway: string;
   ifindex: number;
+  way: RouteWay;
+  /** The Node's InternalIP: the gateway (direct) or the VXLAN packets' destination (tunnel). */
+  underlay: string;
+  /** Tunnel routes: the path MTU (the device's, below the uplink's by the encapsulation). */
+  mtu?: number;
+  /** Tunnel routes: the gateway is on the device though no address of it covers the gateway. */
+  onlink?: boolean;
+}
+
+/** A permanent neighbour on a VXLAN device: a tunnel peer's inner address -> its VTEP MAC. */
+export interface WantedNeighbour {
+  family: Family;
+  node: string;
+  ip: string;
+  mac: string;
+}
+
+/** An FDB entry on a VXLAN device: a tunnel peer's VTEP MAC -> its InternalIP (the outer destination). */
+export interface WantedFdb {
+  family: Family;
+  node: string;
+  mac: string;
+  dst: string;
+}
+
+/** This node's VXLAN device of a family, as the kernel has it. */
+export interface TunnelDevice {
+  ifindex: number;
+  mtu: number;
+  /** Its MAC (this node's VTEP MAC): no peer may derive the same. */
+  mac: string;
+}
+
+export interface PlanOptions {
+  /** `routes: auto`: this node's VXLAN device per family, where it has one. */
+  tunnels?: Partial<Record<Family, TunnelDevice>>;
+  /** `routes: auto`: why a family has no device (this node has no InternalIP of it, say). */
+  tunnelProblems?: Partial<Record<Family, string>>;
 }
 
 export interface RoutePlan {
   routes: WantedRoute[];
+  neighbours: WantedNeighbour[];
+  fdb: WantedFdb[];
   /** Node name → why (some of) its pod CIDRs get no route. */
   problems: Map<string, string>;
+}
+
+/** Encapsulation overhead of VXLAN (outer Ethernet excluded): IP + UDP + VXLAN + inner Ethernet. */
+export const VXLAN_OVERHEAD: Record<Family, number> = { 4: 50, 6: 70 };
+
+/**
+ * The VTEP MAC of a node, derived from its InternalIP so every node computes every other's: locally
+ * administered unicast `0e:6b` + the four octets of an IPv4 address (unique per address), or `0e` +
+ * the first five bytes of SHA-256 of an IPv6 address's canonical text (a collision is detected by
+ * the plan: the later Node by name gets no tunnel route and a reason).
+ */
+export function vtepMac(ip: string): string {
+  const family = familyOf(ip);
+  let bytes: number[];
+  if (family === 4) bytes = [0x0e, 0x6b, ...ip.split('.').map(Number)];
+  else if (family === 6) bytes = [0x0e, ...createHash('sha256').update(canonicalIp(ip)).digest().subarray(0, 5)];
+  else throw new TypeError(`vtepMac: not an IP address: ${JSON.stringify(ip)}`);
+  return bytes.map((b) => b.toString(16).padStart(2, '0')).join(':');
+}
+
+/** This node's VXLAN endpoint of a family: its InternalIP (the outer source), the link holding it, its MAC; or why there is none. */
+export function tunnelEndpoint(
+  self: NodeRouteSource | undefined,
+  local: LocalAddress[],
+  family: Family,
+): { local: string; uplink: number; mac: string } | { problem: string } {
+  const ip = self?.internalIPs[family];
+  if (ip === undefined) return { problem: `this node has no InternalIP of IPv${family} to send VXLAN from` };
+  const link = local.find((a) => {
+    const text = a.cidr.split('/')[0] ?? '';
+    return familyOf(text) === family && canonicalIp(text) === ip;
+  });
+  if (!link) return { problem: `this node's InternalIP ${ip} is on none of its links` };
+  return { local: ip, uplink: link.ifindex, mac: vtepMac(ip) };
 }
 
 /** The fields routes depend on; null for a Node that has none of them yet. */
@@ -121,7 +208,7 @@ function containment(subnet: Subnet): (ip: string) => boolean {
 }
 
 /** The routes this node (`self`) should hold for the other Nodes. */
-export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local: LocalAddress[]): RoutePlan {
+export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local: LocalAddress[], opts: PlanOptions = {}): RoutePlan {
   const connected: Connected[] = [];
   for (const a of local) {
     try {
@@ -139,7 +226,15 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
   const ownCidrs = new Set(sorted.find((n) => n.name === self)?.podCIDRs ?? []);
   const claimed = new Map<string, string>();
   const routes: WantedRoute[] = [];
+  const neighbours: WantedNeighbour[] = [];
+  const fdb: WantedFdb[] = [];
   const problems = new Map<string, string>();
+  /** Per family: VTEP MAC -> the node that has it (this node's device first). */
+  const macs: Record<Family, Map<string, string>> = { 4: new Map(), 6: new Map() };
+  for (const f of [4, 6] as const) {
+    const d = opts.tunnels?.[f];
+    if (d) macs[f].set(d.mac, self);
+  }
   for (const n of sorted) {
     if (n.name === self) continue;
     const why: string[] = [];
@@ -161,17 +256,48 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
       const link = connected.find((c) => c.subnet.family === family && c.has(gateway));
       if (!link) {
         const subnets = connected.filter((c) => c.subnet.family === family).map((c) => c.subnet.cidr);
-        why.push(
-          `its InternalIP ${gateway} is not on a subnet directly connected to this node (${subnets.join(', ') || `no IPv${family} subnet`}): pod CIDR ${dst} needs a router, not a direct route`,
-        );
+        const notConnected = `its InternalIP ${gateway} is not on a subnet directly connected to this node (${subnets.join(', ') || `no IPv${family} subnet`})`;
+        if (opts.tunnels === undefined && opts.tunnelProblems === undefined) {
+          why.push(`${notConnected}: pod CIDR ${dst} needs a router, not a direct route`);
+          continue;
+        }
+        const device = opts.tunnels?.[family];
+        if (!device) {
+          why.push(`${notConnected} and no tunnel for pod CIDR ${dst}: ${opts.tunnelProblems?.[family] ?? `no IPv${family} VXLAN device`}`);
+          continue;
+        }
+        const mac = vtepMac(gateway);
+        const holder = macs[family].get(mac);
+        if (holder !== undefined && holder !== n.name) {
+          why.push(
+            `its VTEP MAC ${mac} (derived from ${gateway}) is also ${holder === self ? "this node's" : `node ${holder}'s`}: pod CIDR ${dst} cannot be tunnelled`,
+          );
+          continue;
+        }
+        macs[family].set(mac, n.name);
+        claimed.set(dst, n.name);
+        const inner = parseCidr(dst).network;
+        routes.push({
+          node: n.name,
+          family,
+          dst,
+          gateway: inner,
+          ifindex: device.ifindex,
+          way: 'tunnel',
+          underlay: gateway,
+          mtu: device.mtu,
+          onlink: true,
+        });
+        neighbours.push({ family, node: n.name, ip: inner, mac });
+        if (!fdb.some((e) => e.family === family && e.mac === mac)) fdb.push({ family, node: n.name, mac, dst: gateway });
         continue;
       }
       claimed.set(dst, n.name);
-      routes.push({ node: n.name, family, dst, gateway, ifindex: link.ifindex });
+      routes.push({ node: n.name, family, dst, gateway, ifindex: link.ifindex, way: 'direct', underlay: gateway });
     }
     if (why.length > 0) problems.set(n.name, why.join('; '));
   }
-  return { routes, problems };
+  return { routes, neighbours, fdb, problems };
 }
 
 /** What to change so that the kernel's routes of our protocol (`current`) become `wanted`. */
@@ -186,7 +312,33 @@ export function diffRoutes(current: RouteInfo[], wanted: WantedRoute[]): { repla
   }
   const replace = wanted.filter((w) => {
     const r = have.get(w.dst);
-    return r === undefined || r.gateway !== w.gateway || r.ifindex !== w.ifindex;
+    return (
+      r === undefined ||
+      r.gateway !== w.gateway ||
+      r.ifindex !== w.ifindex ||
+      (r.mtu ?? 0) !== (w.mtu ?? 0) ||
+      (r.onlink ?? false) !== (w.onlink ?? false)
+    );
   });
   return { replace, remove };
+}
+
+/** A neighbour or FDB entry as the kernel holds it on a VXLAN device. */
+export interface TunnelEntry {
+  /** The neighbour's IP, or the FDB entry's MAC. */
+  key: string;
+  /** The neighbour's MAC, or the FDB entry's destination (its InternalIP). */
+  value: string;
+}
+
+/** What to change so that a device's entries (`current`, all ours: the device is the agent's) become `wanted`. */
+export function diffEntries(current: TunnelEntry[], wanted: TunnelEntry[]): { replace: TunnelEntry[]; remove: TunnelEntry[] } {
+  const want = new Map(wanted.map((w) => [w.key, w.value]));
+  const have = new Map<string, string>();
+  const remove: TunnelEntry[] = [];
+  for (const e of current) {
+    if (have.has(e.key) || !want.has(e.key)) remove.push(e);
+    else have.set(e.key, e.value);
+  }
+  return { replace: wanted.filter((w) => have.get(w.key) !== w.value), remove };
 }

@@ -17,17 +17,43 @@
  *   reconcile left (no dump of every route per change); failed changes are retried after
  *   {@link RETRY_MS}, with the kernel read again.
  * A Node that gets no route has a Warning Event `NodeRouteUnavailable` saying why, once per reason.
+ *
+ * `routes: auto` (a `tunnel` given) routes a Node on a connected subnet the same way, and every other
+ * Node through this node's VXLAN device of the family (src/daemon/cluster/vxlan.ts): the device is made
+ * from this node's own InternalIP (and remade when that moves), its neighbour and FDB entries follow
+ * the plan as the routes do (listed again at each full reconcile, diffed against the last applied in
+ * between), set before the routes that use them; a family without an InternalIP of this node has no
+ * device (one left from before is deleted).
  * The same watch tells `onPodCidrs` every Node's pod CIDRs (this node's too) after the list and
  * each change of them: the cluster's pod ranges, which traffic to is unshaped (cluster-ranges.ts).
  */
 import type { V1Node } from '@kubernetes/client-node';
 import type { Logger } from '../../log.js';
 import { moduleLogger } from '../../util/module-logger.js';
-import { addrListAll, linkIndexByName, routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from '../../netlink/index.js';
+import {
+  addrListAll,
+  linkIndexByName,
+  netnsLinkByName,
+  routeDel,
+  routeList,
+  routeReplace,
+  type RouteInfo,
+  type RouteSpec,
+} from '../../netlink/index.js';
 import type { Removal } from '../../util/removal.js';
 import type { EventRecorder } from '../kube/events.js';
 import { KubeApi, ListWatchLoop, loadKubeConfig, type KubeClientOptions } from '../kube/watch.js';
-import { diffRoutes, nodeRouteSource, planRoutes, sameRouteSource, type LocalAddress, type NodeRouteSource } from './route-plan.js';
+import {
+  diffRoutes,
+  nodeRouteSource,
+  planRoutes,
+  sameRouteSource,
+  type LocalAddress,
+  type NodeRouteSource,
+  type RoutePlan,
+  type RouteWay,
+} from './route-plan.js';
+import { VxlanTunnels, type TunnelOptions } from './vxlan.js';
 
 /** Our routing protocol number (iproute2 shows it as "proto 98"); unassigned in /etc/iproute2/rt_protos. */
 export const ROUTE_PROTOCOL = 98;
@@ -44,15 +70,23 @@ export interface RouteKernel {
   localAddresses(): Promise<LocalAddress[]>;
 }
 
-export function netlinkRouteKernel(bridgeName: string): RouteKernel {
+/**
+ * The RouteKernel over netlink, in this process's namespace, or in the one mounted at `netns` (tests
+ * that run a node per namespace in one process). `exclude`: links whose addresses carry no route to
+ * other nodes (the VXLAN devices: their addresses, if any, are not underlay).
+ */
+export function netlinkRouteKernel(bridgeName: string, o: { netns?: string; exclude?: string[] } = {}): RouteKernel {
+  const index = async (name: string) => (o.netns === undefined ? linkIndexByName(name) : (await netnsLinkByName(o.netns, name))?.index);
   return {
-    list: () => routeList(ROUTE_PROTOCOL),
-    replace: (spec) => routeReplace(spec),
-    del: (dst) => routeDel(dst, ROUTE_PROTOCOL),
+    list: () => routeList(ROUTE_PROTOCOL, o.netns),
+    replace: (spec) => routeReplace(spec, o.netns),
+    del: (dst) => routeDel(dst, ROUTE_PROTOCOL, o.netns),
     localAddresses: async () => {
-      const bridge = linkIndexByName(bridgeName);
+      const skip = new Set(await Promise.all([bridgeName, ...(o.exclude ?? [])].map(index)));
       // Universe scope only: loopback's (host) and IPv6 link-local (link) addresses route nothing.
-      return (await addrListAll()).filter((a) => a.scope === 0 && a.ifindex !== bridge).map((a) => ({ ifindex: a.ifindex, cidr: a.cidr }));
+      return (await addrListAll(o.netns))
+        .filter((a) => a.scope === 0 && !skip.has(a.ifindex))
+        .map((a) => ({ ifindex: a.ifindex, cidr: a.cidr }));
     },
   };
 }
@@ -64,11 +98,13 @@ export interface NodeRoutesOptions
   resyncMs?: number;
   /** Every Node's pod CIDRs (canonical, each once), after the first list and each change of a Node's. */
   onPodCidrs?: (cidrs: string[]) => void;
+  /** `routes: auto`: Nodes on no connected subnet are reached through VXLAN. */
+  tunnel?: TunnelOptions;
 }
 
 export interface RouteStatus {
-  /** Routes held now (after the last reconcile). */
-  routes: Array<{ node: string; dst: string; via: string }>;
+  /** Routes held now (after the last reconcile): `way` direct (via the Node's InternalIP) or tunnel (VXLAN to `underlay`, its InternalIP). */
+  routes: Array<{ node: string; dst: string; via: string; way?: RouteWay; underlay?: string; mtu?: number }>;
   /** Nodes without a route and why. */
   problems: Record<string, string>;
 }
@@ -97,9 +133,12 @@ export class NodeRoutes {
   private again = false;
   /** Reconciles done, routes replaced and removed, failures: for metrics and the bench. */
   readonly counters = { reconciles: 0, replaced: 0, removed: 0, failed: 0 };
+  /** `routes: auto`: the VXLAN devices and their entries. */
+  private readonly tunnels: VxlanTunnels | undefined;
 
   constructor(private readonly o: NodeRoutesOptions) {
     this.log = moduleLogger(o.logger, 'routes');
+    this.tunnels = o.tunnel ? new VxlanTunnels(o.tunnel, this.log) : undefined;
     this.loop = new ListWatchLoop<V1Node>({
       api: new KubeApi(loadKubeConfig(o)),
       log: this.log,
@@ -136,7 +175,12 @@ export class NodeRoutes {
 
   start(): void {
     this.loop.start();
-    this.log.info({ protocol: ROUTE_PROTOCOL }, 'routing the pod CIDRs of the other Nodes via their InternalIPs');
+    this.log.info(
+      { protocol: ROUTE_PROTOCOL, ...(this.o.tunnel ? { vni: this.o.tunnel.vni, port: this.o.tunnel.port } : {}) },
+      this.o.tunnel
+        ? 'routing the pod CIDRs of the other Nodes via their InternalIPs where on a connected subnet, through VXLAN elsewhere'
+        : 'routing the pod CIDRs of the other Nodes via their InternalIPs',
+    );
   }
 
   /** Stops watching; the routes stay (the next agent takes them over without a flap). */
@@ -150,6 +194,13 @@ export class NodeRoutes {
 
   status(): RouteStatus {
     return this.held;
+  }
+
+  /** Routes held now, per way (for /metrics). */
+  wayCounts(): Record<RouteWay, number> {
+    const n = { direct: 0, tunnel: 0 };
+    for (const r of this.held.routes) n[r.way ?? 'direct']++;
+    return n;
   }
 
   private podCidrsChanged(): void {
@@ -200,9 +251,13 @@ export class NodeRoutes {
     const full = this.applied === undefined || t0 - this.lastFull >= resync;
     let failed = 0;
     let current: RouteInfo[];
-    let plan: ReturnType<typeof planRoutes>;
+    let plan: RoutePlan;
     try {
-      plan = planRoutes(this.o.nodeName, this.nodes.values(), await this.o.kernel.localAddresses());
+      const local = await this.o.kernel.localAddresses();
+      const t = this.tunnels ? await this.tunnels.ensure(this.nodes.get(this.o.nodeName), local, full) : undefined;
+      failed += t?.failed ?? 0;
+      plan = planRoutes(this.o.nodeName, this.nodes.values(), local, t ? { tunnels: t.devices, tunnelProblems: t.problems } : {});
+      if (this.tunnels) failed += await this.tunnels.apply(plan, full);
       current = full || !this.applied ? await this.o.kernel.list() : [...this.applied.values()];
       if (full) this.lastFull = t0;
     } catch (err) {
@@ -227,10 +282,14 @@ export class NodeRoutes {
     }
     for (const w of replace) {
       try {
-        await this.o.kernel.replace({ dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
-        applied.set(w.dst, { family: w.family, dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL });
+        const extra = { ...(w.mtu !== undefined ? { mtu: w.mtu } : {}), ...(w.onlink ? { onlink: true } : {}) };
+        await this.o.kernel.replace({ dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL, ...extra });
+        applied.set(w.dst, { family: w.family, dst: w.dst, gateway: w.gateway, ifindex: w.ifindex, protocol: ROUTE_PROTOCOL, ...extra });
         this.counters.replaced++;
-        this.log.info({ node: w.node, dst: w.dst, via: w.gateway, ifindex: w.ifindex }, "route to a Node's pod CIDR set");
+        this.log.info(
+          { node: w.node, dst: w.dst, via: w.gateway, ifindex: w.ifindex, way: w.way, underlay: w.underlay, ...extra },
+          "route to a Node's pod CIDR set",
+        );
       } catch (err) {
         failed++;
         this.log.warn({ err, node: w.node, dst: w.dst, via: w.gateway }, 'setting a route failed; trying again');
@@ -238,7 +297,14 @@ export class NodeRoutes {
     }
     this.report(plan.problems);
     this.held = {
-      routes: plan.routes.map((r) => ({ node: r.node, dst: r.dst, via: r.gateway })),
+      routes: plan.routes.map((r) => ({
+        node: r.node,
+        dst: r.dst,
+        via: r.gateway,
+        way: r.way,
+        underlay: r.underlay,
+        ...(r.mtu !== undefined ? { mtu: r.mtu } : {}),
+      })),
       problems: Object.fromEntries(plan.problems),
     };
     // After a failure the kernel is read again next time: what it holds is not known for sure.

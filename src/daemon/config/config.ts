@@ -140,19 +140,18 @@ function checkIpam(c: AgentConfig, set: Partial<AgentConfig>, source: string): v
  */
 export function unshapedCidrsOf(c: AgentConfig): string[] | undefined {
   if (c.unshapedCIDRs !== undefined) return [...c.unshapedCIDRs];
-  return c.routes === 'direct' ? undefined : [];
+  return c.routes === 'direct' || c.routes === 'auto' ? undefined : [];
 }
 
-/** `routes: direct` routes the Nodes' pod CIDRs: it needs the Nodes (cluster mode) and pods in those CIDRs (host-local). */
+/** `routes: direct` (and `auto`) routes the Nodes' pod CIDRs: it needs the Nodes (cluster mode) and pods in those CIDRs (host-local). */
 function checkRoutes(c: AgentConfig, source: string): void {
-  if (c.routes !== 'direct') return;
+  if (c.routes !== 'direct' && c.routes !== 'auto') return;
   if (c.podCIDR !== undefined) {
     throw new AgentConfigError({
       source,
       key: 'routes',
       expected: '"none" with a static podCIDR',
-      problem:
-        'routes "direct" watches the Nodes of a cluster; with a static podCIDR there is no Kubernetes API to watch (unset podCIDR, or set routes: none)',
+      problem: `routes "${c.routes}" watches the Nodes of a cluster; with a static podCIDR there is no Kubernetes API to watch (unset podCIDR, or set routes: none)`,
     });
   }
   if (c.ipam !== 'host-local') {
@@ -160,7 +159,7 @@ function checkRoutes(c: AgentConfig, source: string): void {
       source,
       key: 'routes',
       expected: '"none" with ipam "dhcp"',
-      problem: `routes "direct" routes the Nodes' pod CIDRs; with ipam "${c.ipam}" pods take their addresses from the LAN, which needs no routes`,
+      problem: `routes "${c.routes}" routes the Nodes' pod CIDRs; with ipam "${c.ipam}" pods take their addresses from the LAN, which needs no routes`,
     });
   }
 }

@@ -22,8 +22,15 @@ export type LogLevel = (typeof LOG_LEVELS)[number];
 export const IPAM_MODES = ['host-local', 'dhcp'] as const;
 export type IpamMode = (typeof IPAM_MODES)[number];
 /** Routes to other Nodes' pod CIDRs (src/daemon/cluster/routes.ts). */
-export const ROUTE_MODES = ['none', 'direct'] as const;
+export const ROUTE_MODES = ['none', 'direct', 'auto'] as const;
 export type RouteMode = (typeof ROUTE_MODES)[number];
+/**
+ * The VXLAN UDP port and VNI of `routes: auto`: neither flannel's (8472, VNI 1; also the Linux and
+ * Cilium default port) nor the IANA port 4789 (Calico, Antrea, OVN), so the agent's tunnel never
+ * takes packets meant for another overlay on the same nodes.
+ */
+export const DEFAULT_VXLAN_PORT = 8475;
+export const DEFAULT_VXLAN_VNI = 98;
 /** Who may read the metrics port: anyone, or what the API server's TokenReview and SubjectAccessReview allow. */
 export const METRICS_AUTH_MODES = ['none', 'kubernetes'] as const;
 export type MetricsAuthMode = (typeof METRICS_AUTH_MODES)[number];
@@ -63,8 +70,12 @@ export interface AgentConfig {
   hairpinMode: HairpinMode;
   /** Traffic to this CIDR is not masqueraded. */
   nonMasqueradeCIDR: string;
-  /** Routes to the other Nodes' pod CIDRs (src/daemon/cluster/routes.ts): `direct` via their InternalIPs, or none. */
+  /** Routes to the other Nodes' pod CIDRs (src/daemon/cluster/routes.ts): `direct` via their InternalIPs, `auto` (direct where connected, VXLAN elsewhere), or none. */
   routes: RouteMode;
+  /** `routes: auto`: the UDP port of the VXLAN tunnels. */
+  vxlanPort: number;
+  /** `routes: auto`: the VXLAN network identifier. */
+  vxlanVNI: number;
   /** Destinations whose traffic with shaped pods is not shaped; unset: the cluster's pod and Service ranges (live) with routes direct, else none. */
   unshapedCIDRs?: string[];
   /** Where pod addresses come from. */
@@ -290,15 +301,37 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     value: 'none',
     flag: '--routes',
     description:
-      'Routes to the pods of other nodes: `direct` watches every Node and routes its pod CIDRs via its InternalIP when that is on a subnet directly connected to this node (routing protocol 98: `ip route show proto 98`; a Node it cannot route gets a Warning Event `NodeRouteUnavailable`), so a cluster needs no cloud route controller; keep the cluster CIDR inside `nonMasqueradeCIDR`. `none` leaves routes to others (a cloud, an operator). `direct` needs the Kubernetes API (no `podCIDR`) and `ipam: host-local`.',
+      'Routes to the pods of other nodes: `direct` watches every Node and routes its pod CIDRs via its InternalIP when that is on a subnet directly connected to this node (routing protocol 98: `ip route show proto 98`; a Node it cannot route gets a Warning Event `NodeRouteUnavailable`), so a cluster needs no cloud route controller; keep the cluster CIDR inside `nonMasqueradeCIDR`. `auto` does the same for Nodes on a connected subnet and reaches every other Node through a VXLAN device per family (`kubenet-vx4`, `kubenet-vx6`; `vxlanPort`, `vxlanVNI`; docs/cluster.md). `none` leaves routes to others (a cloud, an operator). `direct` and `auto` need the Kubernetes API (no `podCIDR`) and `ipam: host-local`.',
     validate: oneOf(ROUTE_MODES),
+  },
+  vxlanPort: {
+    type: 'integer',
+    value: DEFAULT_VXLAN_PORT,
+    flag: '--vxlan-port',
+    description:
+      "With `routes: auto`: the UDP port (1..65535) of the VXLAN tunnels to Nodes on no connected subnet; every node of the cluster must use the same. The default is neither flannel's 8472 nor the IANA port 4789.",
+    validate: (value, fail) => {
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 65535) throw fail('a UDP port from 1 to 65535');
+      return value;
+    },
+  },
+  vxlanVNI: {
+    type: 'integer',
+    value: DEFAULT_VXLAN_VNI,
+    flag: '--vxlan-vni',
+    description:
+      "With `routes: auto`: the VXLAN network identifier (1..16777215) of the tunnels; every node of the cluster must use the same. The default is not flannel's 1.",
+    validate: (value, fail) => {
+      if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 16777215) throw fail('a VNI from 1 to 16777215');
+      return value;
+    },
   },
   unshapedCIDRs: {
     type: 'string[]',
     flag: '--unshaped-cidrs',
     defaultText: 'see description',
     description:
-      "CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod's limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the egress ifbs' filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: with `routes: direct`, exactly the cluster's own ranges, followed live (every Node's pod CIDRs and the ServiceCIDRs' `spec.cidrs`), else none; an empty list shapes everything.",
+      "CIDRs (IPv4 and IPv6) whose traffic with shaped pods runs at line rate, both ways: a pod's limits then hold only for traffic with anything else (e.g. the internet), not for traffic between pods of the cluster. Kept per node (the egress ifbs' filters, a mangle chain `KUBENET-UNSHAPED`), not per pod. Unset: with `routes: direct` or `auto`, exactly the cluster's own ranges, followed live (every Node's pod CIDRs and the ServiceCIDRs' `spec.cidrs`), else none; an empty list shapes everything.",
     validate: (value, fail) => {
       const expected = 'a list of CIDRs such as ["10.0.0.0/8", "fd00::/8"]';
       if (!Array.isArray(value)) throw fail(expected);

@@ -25,6 +25,10 @@
  * scrapes divides by the time between the reads, not between the scrapes. Only the *_info families
  * carry labels beyond namespace, pod, direction and source.
  *
+ * Routes between nodes, per way (no `way` label, to keep the label set above):
+ * `kubenet_routes_direct` and `kubenet_routes_tunnel`, the routes the route controller holds now (0
+ * without one).
+ *
  * The per-pod families (six lines per shaped direction, 6 000 at 500 pods) are written as text here
  * rather than through prom-client, whose per-series label objects and hashing cost more than the
  * kernel reads: each direction's lines are kept and written again as they are while its figures
@@ -215,8 +219,30 @@ export function infoSeries(info: AgentInfo | undefined, records: PodRecord[], co
 
 export class AgentMetrics {
   readonly registry = new Registry();
-  /** `info`: the node as kubenet_info describes it, asked at each scrape (the pod CIDR comes later). */
-  constructor(private readonly info?: () => AgentInfo) {}
+  /**
+   * `info`: the node as kubenet_info describes it, asked at each scrape (the pod CIDR comes later).
+   * `routeWays`: with routes between nodes, the routes held now per way, as `kubenet_routes_direct`
+   * (via a Node's InternalIP) and `kubenet_routes_tunnel` (through VXLAN, `routes: auto`).
+   */
+  constructor(
+    private readonly info?: () => AgentInfo,
+    routeWays?: () => { direct: number; tunnel: number } | undefined,
+  ) {
+    if (!routeWays) return;
+    for (const way of ['direct', 'tunnel'] as const) {
+      new Gauge({
+        name: `kubenet_routes_${way}`,
+        help:
+          way === 'direct'
+            ? "Routes to other Nodes' pod CIDRs via their InternalIPs (on a subnet connected to this node)"
+            : "Routes to other Nodes' pod CIDRs through this node's VXLAN devices (routes: auto)",
+        registers: [this.registry],
+        collect() {
+          this.set(routeWays()?.[way] ?? 0);
+        },
+      });
+    }
+  }
 
   readonly add = new Histogram({
     name: 'kubenet_cni_add_seconds',

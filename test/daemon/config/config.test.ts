@@ -53,6 +53,8 @@ test('defaults: no file, no flags', async (t) => {
     ipamDataDir: '/var/lib/cni/networks',
     cniCacheDir: '/var/lib/cni',
     stateDir: '/var/lib/kubenet',
+    vxlanPort: 8475,
+    vxlanVNI: 98,
     metricsMaxAge: 2,
     metricsAddress: ':10266',
     metricsAuth: 'none',
