@@ -53,7 +53,8 @@ import {
   type RoutePlan,
   type RouteWay,
 } from './route-plan.js';
-import { VxlanTunnels, type TunnelOptions } from './vxlan.js';
+import { DEFAULT_VXLAN_NAMES, VxlanTunnels, type TunnelOptions } from './vxlan.js';
+import { execa } from 'execa';
 
 /** Our routing protocol number (iproute2 shows it as "proto 98"); unassigned in /etc/iproute2/rt_protos. */
 export const ROUTE_PROTOCOL = 98;
@@ -352,5 +353,10 @@ export async function removeNodeRoutes(r: Removal): Promise<void> {
   for (const route of await routeList(ROUTE_PROTOCOL)) {
     const via = route.gateway ? ` via ${route.gateway}` : '';
     await r.remove(`route ${route.dst}${via} proto ${ROUTE_PROTOCOL}`, () => routeDel(route.dst, ROUTE_PROTOCOL));
+  }
+  // The tunnels of `routes: auto` (vxlan.ts); their neighbour and FDB entries go with them.
+  for (const name of Object.values(DEFAULT_VXLAN_NAMES)) {
+    if (linkIndexByName(name) === undefined) continue;
+    await r.remove(`link ${name}`, () => execa('ip', ['link', 'del', name]));
   }
 }
