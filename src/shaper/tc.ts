@@ -45,7 +45,7 @@ import { ipFamily } from '../net/ip.js';
 import { checkLimits, isBestEffort, isUnshaped, type BandwidthLimits } from '../bandwidth/limits.js';
 import type { TreeParams } from './sizing.js';
 import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec.js';
-import { classBaseline, CounterReader, vethCount, type CounterSnapshot } from './counters.js';
+import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
 import {
   bulkLeafLines,
   classDelLines,
@@ -65,12 +65,12 @@ import {
   vethToIfbLines,
   type Direction,
 } from './tc-layout.js';
-import type { OutsideCount, ShapingState } from './tc-layout.js';
+import type { ShapingState } from './tc-layout.js';
 import { parseIfbListing, type IfbListing } from './tc-listing.js';
 import { bypasses, ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
-import { Steering } from './steering.js';
+import { outsideAfterEnsure, spell, Steering, vethCountNow, ZERO } from './steering.js';
 
 export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, shardIfb, type ShapingState } from './tc-layout.js';
 export { parseIfbListing } from './tc-listing.js';
@@ -703,46 +703,6 @@ export class Shaper {
     this.unshaped = u;
     return this.mutex.run('', () => this.init().then(() => ensureUnshaped(this.tc, this.ifbs, u, this.log)));
   }
-}
-
-const ZERO = { bytes: 0, packets: 0 } as const;
-
-/** A veth's counter of a pod's direction now (one netlink get); undefined when the veth is gone. */
-function vethCountNow(veth: string, dir: Direction): { bytes: number; packets: number } | undefined {
-  try {
-    return vethCount(nl.linkStats(veth), dir);
-  } catch {
-    return undefined;
-  }
-}
-
-/**
- * A direction's count outside its tree after a spell outside begins (`from`: the veth's counter
- * now) or ends (`from` undefined: what the veth counted since the spell began is carried).
- */
-function spell(o: OutsideCount | undefined, from: OutsideCount['from'], now: OutsideCount['from']): OutsideCount {
-  const carried = { ...(o?.carried ?? ZERO) };
-  if (o?.from && now) {
-    carried.bytes += Math.max(0, now.bytes - o.from.bytes);
-    carried.packets += Math.max(0, now.packets - o.from.packets);
-  }
-  return from ? { carried, from } : { carried };
-}
-
-/**
- * A pod's counts outside its trees after an ensure (`prev`: its state on the same veth, if any):
- * a spell under way goes on, one that ends is carried, a new veth out of a tree starts at zero.
- */
-function outsideAfterEnsure(prev: ShapingState | undefined, bypass: readonly Direction[]): ShapingState['outside'] {
-  const out: Partial<Record<Direction, OutsideCount>> = {};
-  for (const d of ['egress', 'ingress'] as const) {
-    const was = prev?.outside?.[d];
-    const isOut = bypass.includes(d);
-    if (was?.from && !isOut) out[d] = spell(was, undefined, prev ? vethCountNow(prev.hostVeth, d) : undefined);
-    else if (was) out[d] = was;
-    else if (isOut) out[d] = { carried: { ...ZERO }, from: prev ? (vethCountNow(prev.hostVeth, d) ?? { ...ZERO }) : { ...ZERO } };
-  }
-  return Object.keys(out).length > 0 ? out : undefined;
 }
 
 /** An htb rate read back (bytes/s × 8) is the one asked for, within a byte. */
