@@ -62,10 +62,11 @@ import {
   structureLines,
   TABLES,
   treeLines,
+  VETH,
   vethToIfbLines,
   type Direction,
 } from './tc-layout.js';
-import type { ShapingState } from './tc-layout.js';
+import type { OutsideCount, ShapingState } from './tc-layout.js';
 import { parseIfbListing, type IfbListing } from './tc-listing.js';
 import { bypasses, ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
@@ -215,7 +216,10 @@ export class Shaper {
 
   private async doInit(known: ShapingState[]): Promise<void> {
     const t0 = performance.now();
-    if (this.records.size === 0) this.adopt(known);
+    if (this.records.size === 0) {
+      this.adopt(known);
+      if (this.steering) await this.adoptSteering();
+    }
     const links = new Map((await nl.linkList()).map((l) => [l.name, l]));
     await batch('ip', ifbLinkLines(this.allIfbs, links));
     for (const [k, ifb] of this.ifbs.entries())
@@ -330,8 +334,6 @@ export class Shaper {
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
       const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
-      // In the tree until the first decision (the next ensure puts its redirects back).
-      delete rec.bypass;
       // A shard beyond today's count (an earlier configuration had more) is gone with its ifb.
       if (rec.classId && !this.shards.classIds(rec.shard)?.claim(rec.classId)) {
         rec.classId = 0;
@@ -486,6 +488,40 @@ export class Shaper {
     if (prev?.group !== undefined) await this.dropEmptyGroups(prev, log);
     log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId, ...(rec.classId ? { ifb } : {}) }, 'pod shaped');
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
+  }
+
+  /**
+   * Which adopted best-effort pods are out of the trees, as their veths say (one qdisc listing):
+   * the steering of the last process is not in the states it handed over, and a restart must not
+   * change the node. A spell outside counts on from the veth's counter now.
+   */
+  private async adoptSteering(): Promise<void> {
+    const roots = new Set<string>();
+    const ingress = new Set<string>();
+    for (const line of (await batch('tc', ['qdisc show'], { force: true })).stdout.split('\n')) {
+      const m = /^qdisc (\S+) (\S+) dev (\S+) (root|parent)/.exec(line);
+      if (m?.[1] === 'ingress' && m[3]) ingress.add(m[3]);
+      if (m?.[1] === 'htb' && m[2] === VETH.root && m[4] === 'root' && m[3]) roots.add(m[3]);
+    }
+    for (const rec of this.records.values()) {
+      if (!rec.hostVeth || !linkExists(rec.hostVeth)) continue;
+      const out = (['egress', 'ingress'] as const).filter(
+        (d) =>
+          isBestEffort(rec.limits, d) &&
+          (d === 'egress'
+            ? rec.egressInstalled && this.tree && !ingress.has(rec.hostVeth)
+            : rec.ingressInstalled && this.ingressTree && !roots.has(rec.hostVeth)),
+      );
+      const outside: Partial<Record<Direction, OutsideCount>> = {};
+      for (const d of ['egress', 'ingress'] as const) {
+        const was = rec.outside?.[d];
+        if (out.includes(d)) outside[d] = { carried: { ...(was?.carried ?? ZERO) }, from: vethCountNow(rec.hostVeth, d) ?? { ...ZERO } };
+        else if (was) outside[d] = { carried: { ...was.carried } };
+      }
+      if (out.length > 0) rec.bypass = out;
+      else delete rec.bypass;
+      if (Object.keys(outside).length > 0) rec.outside = outside;
+    }
   }
 
   /** The best-effort pods in a direction's tree with a veth, and whether each is out of it (steering.ts). */

@@ -10,6 +10,7 @@ import { execa } from 'execa';
 import { isBestEffort } from '../../src/bandwidth/limits.js';
 import { ACTIVE_BITS, IN_SHARE, nextPhase, OUT_HOLD_MS, OUT_SHARE, steerPlan, TICK_MS } from '../../src/shaper/steering.js';
 import { planEnsure } from '../../src/shaper/tc-plan.js';
+import { Shaper } from '../../src/shaper/tc.js';
 import type { ShapingState } from '../../src/shaper/tc-layout.js';
 import { isRoot } from '../kit/kernel.js';
 import { podOf, shaperEnv } from '../kit/shaper-env.js';
@@ -122,6 +123,22 @@ kTest(
     const classes = (await execa('tc', ['class', 'show', 'dev', env.ifb])).stdout;
     t.regex(classes, new RegExp(`class htb 1:${(env.shaper.classIdOf(a.id) ?? 0).toString(16)} parent 1:fffe`), 'its classes stay');
 
+    // A restart (states as an earlier process left them) changes nothing: the pods out of the trees stay out.
+    const states = env.shaper.states().map((st) => {
+      const { bypass: _b, ...rest } = st; // the steering is not in what a caller keeps
+      return rest;
+    });
+    env.shaper.close();
+    const again: Shaper = new Shaper({ ifbName: env.ifb, capacity: { egress: capacity, ingress: capacity } });
+    await again.init(states);
+    await again.reconcile([podOf(a, {}), podOf(b, {}), podOf(c, { egressGuarantee: 10e6, ingressGuarantee: 10e6 })]);
+    t.deepEqual(await redirects(a.hostVeth), { egress: false, ingress: false }, 'still out after a restart');
+    t.deepEqual(await redirects(c.hostVeth), { egress: true, ingress: true });
+    t.teardown(async () => {
+      await again.reset().catch(() => undefined);
+      again.close();
+    });
+
     // a -> b as fast as it goes: a tick or two later both are in the trees, and the flow is held at the capacity.
     const r = await iperf(b, a, { seconds: 5, onRetry: retryLog(t) });
     t.log(`a -> b, 1 s intervals (Mbit/s): ${r.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}`);
@@ -132,12 +149,12 @@ kTest(
     // (Each pod's ACKs the other way pass ACTIVE_BITS too: whether they went in depends on the tick.)
     t.true((await redirects(a.hostVeth)).egress, 'the sender in the egress tree');
     t.true((await redirects(b.hostVeth)).ingress, 'the receiver in the ingress tree');
-    t.deepEqual(env.shaper.steered(), { egress: true, ingress: true }, 'both directions hot');
+    t.deepEqual(again.steered(), { egress: true, ingress: true }, 'both directions hot');
 
     // The traffic ended: both leave again.
     await until('the best-effort pods leave the trees after the traffic', leftBoth, OUT_HOLD_MS + 20 * TICK_MS + 5000, 50);
     // Removal of a pod out of the trees: nothing left of it, nothing failed.
-    await env.shaper.remove(a.id);
+    await again.remove(a.id);
     const hexIp = a.ip4
       .split('.')
       .map((o) => Number(o).toString(16).padStart(2, '0'))
@@ -147,6 +164,6 @@ kTest(
       new RegExp(`match ${hexIp}/`),
       'its filters',
     );
-    t.false(env.shaper.states().some((s) => s.id === a.id));
+    t.false(again.states().some((s) => s.id === a.id));
   },
 );
