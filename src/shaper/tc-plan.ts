@@ -298,6 +298,24 @@ function leafShrinks(before: PodLayout | undefined, after: PodLayout | undefined
   return before !== undefined && after !== undefined && after.bulk.leaf.burst < before.bulk.leaf.burst;
 }
 
+/**
+ * Deletes of a pod's side on the ifbs named in `on`: its filters, then its leaves (its classes go
+ * idle, for the next pod: ClassIds) or, under a namespace's class, its classes. A removal names both
+ * ifbs; a failed ensure only those where it took a new class id.
+ */
+export function ifbSideDelLines(rec: ShapingState, on: { egress?: string; ingress?: string }): string[] {
+  const lines: string[] = [];
+  if (on.egress && rec.classId) {
+    lines.push(...rec.filters.map((f) => filterDelLine(on.egress ?? '', f)));
+    lines.push(...(rec.egressParent ? classDelLines(on.egress, rec.classId) : idleLines(on.egress, rec.classId)));
+  }
+  if (on.ingress && rec.ingressClassId) {
+    lines.push(...(rec.ingressFilters ?? []).map((f) => filterDelLine(on.ingress ?? '', f)));
+    lines.push(...(rec.ingressParent ? classDelLines(on.ingress, rec.ingressClassId) : idleLines(on.ingress, rec.ingressClassId)));
+  }
+  return lines;
+}
+
 /** Deletes of the ifb's pod filters and classes that none of `owners` claims (init's one listing). */
 export function orphanLines(ifb: string, listing: IfbListing, owners: ShapingState[]): string[] {
   const ownedClasses = new Set<number>();

@@ -48,10 +48,7 @@ import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
 import {
   bulkLeafLines,
-  classDelLines,
   DEFAULT_IFB,
-  filterDelLine,
-  idleLines,
   ifbLines,
   ifbLinkLines,
   ingressIfb,
@@ -68,7 +65,7 @@ import {
 } from './tc-layout.js';
 import type { OutsideCount, ShapingState } from './tc-layout.js';
 import { parseIfbListing, type IfbListing } from './tc-listing.js';
-import { bypasses, ClassIds, EgressShards, orphanLines, planEnsure, type Trees } from './tc-plan.js';
+import { bypasses, ClassIds, EgressShards, ifbSideDelLines, orphanLines, planEnsure, type Trees } from './tc-plan.js';
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
 import { outsideAfterEnsure, spell, Steering, vethCountNow, ZERO } from './steering.js';
@@ -473,6 +470,15 @@ export class Shaper {
       if (!prev) {
         // Roll back a half-done new setup.
         await this.kernelRemove(rec, log).catch(() => undefined);
+      } else {
+        // An update that took a new class id (e.g. the ingress tree's, once the veth of a pod whose
+        // ifb side came first is known) made its filters and leaves before failing: undone, or its
+        // filters would outlive the id's next pod (the churn e2e saw them).
+        const undo = ifbSideDelLines(rec, {
+          ...(allocated ? { egress: this.ifbOf(rec) } : {}),
+          ...(allocatedIn && this.ingressTree ? { ingress: this.ingressTree.ifb } : {}),
+        });
+        if (undo.length > 0) await this.tc(undo, { force: true }).catch(() => undefined);
       }
       if (allocated) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
       if (allocatedIn && rec.ingressClassId) giveBack(this.inIds, rec.ingressClassId, rec.ingressParent);
@@ -644,20 +650,7 @@ export class Shaper {
       if (rec.egressInstalled && !bypasses(rec, 'egress')) lines.push(`qdisc del dev ${rec.hostVeth} ingress`);
       if (rec.ingressInstalled && !bypasses(rec, 'ingress')) lines.push(`qdisc del dev ${rec.hostVeth} root`);
     }
-    if (rec.egressInstalled || rec.classId) {
-      const ifb = this.ifbOf(rec);
-      for (const f of rec.filters) lines.push(filterDelLine(ifb, f));
-      // The classes stay for the next pod (ClassIds' pool); their leaves go. Under a namespace's class they go.
-      if (rec.classId) lines.push(...(rec.egressParent ? classDelLines(ifb, rec.classId) : idleLines(ifb, rec.classId)));
-    }
-    if (rec.ingressClassId && this.ingressTree) {
-      for (const f of rec.ingressFilters ?? []) lines.push(filterDelLine(this.ingressTree.ifb, f));
-      lines.push(
-        ...(rec.ingressParent
-          ? classDelLines(this.ingressTree.ifb, rec.ingressClassId)
-          : idleLines(this.ingressTree.ifb, rec.ingressClassId)),
-      );
-    }
+    lines.push(...ifbSideDelLines(rec, { egress: this.ifbOf(rec), ...(this.ingressTree ? { ingress: this.ingressTree.ifb } : {}) }));
     const r = await this.tc(lines, { force: true });
     if (r.failed.length > 0)
       log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');

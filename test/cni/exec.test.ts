@@ -382,7 +382,11 @@ console.log('spawner ' + sharedSpawner().pid);
   const everyone = [pluginPid ?? 0, delegatePid ?? 0, spawnerPid];
   t.teardown(() => everyone.forEach((p) => void tryKill(p)));
   t.true(spawnerPid > 0, out);
-  for (const pid of everyone) t.is(await procState(pid), 'S', `pid ${pid} runs before the agent dies`);
+  // Alive: sleeping, or running at the instant of the read (the spawner may be handling a message).
+  for (const pid of everyone) {
+    const st = await procState(pid);
+    t.true(st === 'S' || st === 'R' || st === 'D', `pid ${pid} runs before the agent dies (state ${st})`);
+  }
   const exited = new Promise((ok) => agent.once('exit', ok));
   agent.kill('SIGKILL');
   await exited;

@@ -226,3 +226,29 @@ kTest(
     t.notThrows(() => new Shaper({ ifbName: 'kubenet-ifb012' }).close());
   },
 );
+
+kTest(
+  "an ADD whose veth vanished after its egress side came first: the failed ensure leaves none of the ingress class it took (the churn e2e's leak)",
+  async (t) => {
+    const env = await shaperEnv(t, 2, 1, { egress: 100e6, ingress: 100e6 });
+    const [a, b] = env.topo.pods as [(typeof env.topo.pods)[0], (typeof env.topo.pods)[0]];
+    const inIfb = `${env.ifb}.in`;
+    const podFilters = async () =>
+      (await execa('tc', ['filter', 'show', 'dev', inIfb, 'parent', '1:'])).stdout.split('\n').filter((l) => /flowid 1:/.test(l));
+    const leaves = async () => (await execa('tc', ['qdisc', 'show', 'dev', inIfb])).stdout.split('\n').filter((l) => / parent 1:/.test(l));
+    const before = { filters: await podFilters(), leaves: await leaves() };
+    const first = await env.shaper.ensure({ ...podOf(a, { ingress: 10e6 }), hostVeth: '' });
+    t.falsy(first?.ingressClassId, 'no ingress class before the veth is known');
+    // The veth the plugin reported is gone by the time the shaper gets to it (a plugin that failed after making it).
+    await t.throwsAsync(env.shaper.ensure({ ...podOf(a, { ingress: 10e6 }), hostVeth: `kvnone${a.id.slice(-4)}` }));
+    t.deepEqual(await podFilters(), before.filters, 'no filter of the failed ingress class on the ingress ifb');
+    t.deepEqual(await leaves(), before.leaves, 'no leaf of it either');
+    // The ADD's undo removes what the pod has; the id's next pod gets its own filters only.
+    await env.shaper.remove(a.id);
+    const next = await env.shaper.ensure(podOf(b, { ingress: 10e6 }));
+    t.truthy(next?.ingressClassId);
+    t.is((await podFilters()).length, next?.ingressFilters?.length ?? -1, "only the next pod's filters");
+    await env.shaper.remove(b.id);
+    t.deepEqual(await podFilters(), before.filters);
+  },
+);
