@@ -164,8 +164,10 @@ export function leafParams(p: RateParams): { rate: number; burst: number; limit:
  * that is outside the guarantees the scheduler counts, at most 1 Mbit/s a pod.
  */
 export interface TreeParams {
-  /** The node class's rate and ceil, bits/s. */
+  /** The node's capacity that way, bits/s: the node class's rate and ceil, every pod's ceiling at most. */
   capacity: number;
+  /** On one of several egress shards (shares.ts): the node class's rate and ceil, this shard's part of the capacity. */
+  share?: number;
 }
 
 /** A pod's ask in the tree: ceiling and burst (its annotation), guarantee (its requests), band (0..2). */
@@ -188,12 +190,17 @@ export function treeQuantum(capacity: number): number {
   return Math.min(200_000, Math.max(FRAME, Math.ceil(capacity / 8 / 10_000)));
 }
 
-/** The node class (rate = ceil = the capacity) and the default class (unclassified frames: rate MIN_TREE_RATE, ceil the capacity, last band). */
+/**
+ * The node class (rate = ceil = the capacity, or the shard's share of it) and the default class
+ * (unclassified frames: rate MIN_TREE_RATE, ceil the capacity, last band; its ceil is what a restart
+ * reads back as the capacity the tree was made for).
+ */
 export function treeClasses(t: TreeParams): { node: HtbClass; fallback: HtbClass } {
   const burst = burstBytes(t.capacity);
   const quantum = treeQuantum(t.capacity);
+  const node = t.share ?? t.capacity;
   return {
-    node: { rate: t.capacity, ceil: t.capacity, burst, cburst: burst, quantum, prio: 0 },
+    node: { rate: node, ceil: node, burst, cburst: burst, quantum, prio: 0 },
     fallback: { rate: MIN_TREE_RATE, ceil: t.capacity, burst: MIN_BURST, cburst: burst, quantum, prio: 5 },
   };
 }

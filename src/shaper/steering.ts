@@ -30,6 +30,7 @@ import type { LinkStats } from '../netlink/index.js';
 import type { Logger } from '../log.js';
 import type { Direction, OutsideCount, ShapingState } from './tc-layout.js';
 import { vethCount } from './counters.js';
+import { sharesToSet, waterFill, type ShardLoad } from './shares.js';
 
 export const TICK_MS = 100;
 /** A direction turns hot at this share of its capacity... */
@@ -79,6 +80,13 @@ export interface SteeringHost {
   bestEffort(dir: Direction): Array<{ id: string; hostVeth: string; out: boolean }>;
   /** Steers the pods into the tree or out of it; a pod that changed meanwhile is left as it is. */
   steer(dir: Direction, ids: string[], into: boolean): Promise<void>;
+  /**
+   * With more than one egress shard under a capacity (shares.ts): each shard's ifb, its floor (the
+   * guarantees of its pods), its share now and the veths of its pods in the tree; else empty.
+   */
+  shards(): Array<{ ifb: string; floor: number; share: number; veths: string[] }>;
+  /** Sets the egress shards' shares, bits/s, by shard. */
+  setShares(shares: number[]): Promise<void>;
 }
 
 const DIRS: readonly Direction[] = ['egress', 'ingress'];
@@ -127,7 +135,8 @@ export class Steering {
   async tick(now = performance.now()): Promise<void> {
     const dirs = DIRS.filter((d) => this.host.capacity(d) !== undefined);
     const pods = new Map(dirs.map((d) => [d, this.host.bestEffort(d)]));
-    if (![...pods.values()].some((p) => p.length > 0)) {
+    const shards = this.host.shards();
+    if (![...pods.values()].some((p) => p.length > 0) && shards.length < 2) {
       this.last = undefined;
       return;
     }
@@ -139,6 +148,7 @@ export class Steering {
       if (!last || now <= last.at) return;
       const secs = (now - last.at) / 1000;
       for (const dir of dirs) await this.decide(dir, pods.get(dir) ?? [], links, last.links, secs, now);
+      if (shards.length > 1) await this.reshare(shards, links, last.links, secs);
     } catch (err) {
       this.sock?.close();
       this.sock = undefined;
@@ -157,6 +167,42 @@ export class Steering {
     return i;
   }
 
+  /** Bytes a link sent (ifb, and a veth toward its pod) or received (`rx`: a veth from its pod) between two dumps. */
+  private moved(name: string, rx: boolean, links: Map<number, LinkStats>, before: Map<number, LinkStats>): number {
+    const i = this.ifindex(name, links);
+    const a = i === undefined ? undefined : before.get(i);
+    const b = i === undefined ? undefined : links.get(i);
+    if (!a || !b) return 0;
+    return Math.max(0, rx ? b.rxBytes - a.rxBytes : b.txBytes - a.txBytes);
+  }
+
+  /** The egress shards' shares moved by demand (shares.ts), when they moved enough to change. */
+  private async reshare(
+    shards: Array<{ ifb: string; floor: number; share: number; veths: string[] }>,
+    links: Map<number, LinkStats>,
+    before: Map<number, LinkStats>,
+    secs: number,
+  ): Promise<void> {
+    const capacity = this.host.capacity('egress');
+    if (capacity === undefined) return;
+    const bits = (bytes: number) => (bytes * 8) / secs;
+    const loads: ShardLoad[] = shards.map((s) => ({
+      floor: s.floor,
+      share: s.share,
+      rate: bits(this.moved(s.ifb, false, links, before)),
+      weight: s.veths.filter((v) => bits(this.moved(v, true, links, before)) >= ACTIVE_BITS).length,
+    }));
+    const next = sharesToSet(
+      capacity,
+      shards.map((s) => s.share),
+      waterFill(capacity, loads),
+      shards.map((s) => s.floor),
+    );
+    if (!next) return;
+    await this.host.setShares(next);
+    this.log.debug({ shares: next, rates: loads.map((l) => Math.round(l.rate)) }, 'egress shards: shares moved');
+  }
+
   private async decide(
     dir: Direction,
     pods: Array<{ id: string; hostVeth: string; out: boolean }>,
@@ -166,14 +212,7 @@ export class Steering {
     now: number,
   ): Promise<void> {
     const capacity = this.host.capacity(dir) ?? 0;
-    // Bytes a link sent (ifb, and a veth toward its pod) or received (a veth from its pod) since the last tick.
-    const moved = (name: string, rx: boolean): number => {
-      const i = this.ifindex(name, links);
-      const a = i === undefined ? undefined : before.get(i);
-      const b = i === undefined ? undefined : links.get(i);
-      if (!a || !b) return 0;
-      return Math.max(0, rx ? b.rxBytes - a.rxBytes : b.txBytes - a.txBytes);
-    };
+    const moved = (name: string, rx: boolean): number => this.moved(name, rx, links, before);
     let bytes = 0;
     for (const ifb of this.host.ifbs(dir)) bytes += moved(ifb, false);
     const seen: SteerPod[] = pods.map((p) => {

@@ -63,9 +63,9 @@ export const MAX_SHARDS = 64;
 /** Egress shards per CPU when the count is left to the shaper (docs/shaping.md, "Egress shards": why). */
 export const AUTO_SHARDS_PER_CPU = 2;
 
-/** The egress shard count for a configured one on a node with `cpus` CPUs: 0 is AUTO_SHARDS_PER_CPU per CPU, at most MAX_SHARDS. */
-export function shardsFor(configured: number, cpus: number): number {
-  return configured > 0 ? configured : Math.min(MAX_SHARDS, Math.max(1, AUTO_SHARDS_PER_CPU * cpus));
+/** The egress shard count configured (0: AUTO_SHARDS_PER_CPU per CPU, at most MAX_SHARDS; one tree under an egress capacity). */
+export function shardsFor(configured: number, cpus: number, tree = false): number {
+  return configured > 0 ? configured : tree ? 1 : Math.min(MAX_SHARDS, Math.max(1, AUTO_SHARDS_PER_CPU * cpus));
 }
 
 /**

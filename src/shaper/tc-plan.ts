@@ -153,6 +153,29 @@ export class EgressShards {
     return n.indexOf(Math.min(...n));
   }
 
+  /**
+   * The shard of a pod's namespace, for a pod under its namespace's class (`parent`): where another
+   * pod of it is (a namespace's total is one class, on one shard); undefined when none is.
+   */
+  groupShard(rec: Pick<ShapingState, 'id' | 'group'>, parent: number | undefined, states: Iterable<ShapingState>): number | undefined {
+    if (parent === undefined || rec.group === undefined) return undefined;
+    for (const r of states)
+      if (r.id !== rec.id && r.group === rec.group && r.egressParent !== undefined && r.classId > 0) return r.shard ?? 0;
+    return undefined;
+  }
+
+  /** By shard: the egress guarantees of its pods (its floor, shares.ts) and the veths of its pods in the tree. */
+  loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: string[] }> {
+    const out = this.ifbs.map(() => ({ floor: 0, veths: [] as string[] }));
+    for (const r of states) {
+      const o = r.classId ? out[r.shard ?? 0] : undefined;
+      if (!o) continue;
+      o.floor += r.limits.egressGuarantee ?? 0;
+      if (r.hostVeth && !bypasses(r, 'egress')) o.veths.push(r.hostVeth);
+    }
+    return out;
+  }
+
   /** Idle classes on every shard. */
   get pooled(): number {
     return this.ids.reduce((n, c) => n + c.pooled, 0);

@@ -48,6 +48,7 @@ import { batch, TcSession, type BatchOptions, type BatchResult } from './tc-exec
 import { classBaseline, CounterReader, type CounterSnapshot } from './counters.js';
 import {
   bulkLeafLines,
+  DEFAULT_CLASS,
   DEFAULT_IFB,
   ifbLines,
   ifbLinkLines,
@@ -69,6 +70,7 @@ import { bypasses, ClassIds, EgressShards, ifbSideDelLines, orphanLines, planEns
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
 import { outsideAfterEnsure, spell, Steering, vethCountNow, ZERO } from './steering.js';
+import { ShardShares } from './shares.js';
 
 export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, shardIfb, type ShapingState } from './tc-layout.js';
 export { parseIfbListing } from './tc-listing.js';
@@ -135,6 +137,8 @@ export class Shaper {
   private readonly inIds: ClassIds;
   /** The namespaces' class ids in the trees. */
   private readonly groupIds = new GroupIds();
+  /** With a tree on several egress shards: the capacity's split over them (shares.ts). */
+  private readonly shares: ShardShares | undefined;
   /** With a tree: best-effort pods kept out of it while the node is far from its capacity (steering.ts). */
   private readonly steering: Steering | undefined;
 
@@ -153,7 +157,9 @@ export class Shaper {
     this.ingressTree = capIn === undefined ? undefined : { ifb: inIfb, tree: { capacity: capIn } };
     this.inIds = new ClassIds(inIfb);
     // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
-    this.shards = new EgressShards(this.ifbName, this.tree ? 1 : (opts.shards ?? 1));
+    this.shards = new EgressShards(this.ifbName, opts.shards ?? 1);
+    // Several egress trees under a capacity: each shard's node class at its share (shares.ts).
+    this.shares = cap !== undefined && this.shards.ifbs.length > 1 ? new ShardShares(cap, this.shards.ifbs.length) : undefined;
     this.log = moduleLogger(opts.logger ?? silentLogger(), 'shaper');
     this.steering =
       this.tree || this.ingressTree
@@ -163,12 +169,12 @@ export class Shaper {
               ifbs: (d) => (d === 'egress' ? this.ifbs : this.ingressTree ? [this.ingressTree.ifb] : []),
               bestEffort: (d) => this.bestEffort(d),
               steer: (d, ids, into) => this.steer(d, ids, into),
+              shards: () => this.shardLoads(),
+              setShares: (next) => this.setShares(next),
             },
             this.log,
           )
         : undefined;
-    if (this.tree && (opts.shards ?? 1) > 1)
-      this.log.info({ shards: opts.shards, capacity: this.tree.capacity }, 'egress capacity set: one egress tree instead of shards');
   }
 
   /** Whether a pod with these limits has anything installed: a ceiling or guarantee, or (with the node's tree) any pod at all. */
@@ -225,8 +231,15 @@ export class Shaper {
         'egress',
         [...this.records.values()].filter((r) => (r.shard ?? 0) === k),
         this.shards.classIds(k),
+        this.shares?.tree(k) ?? this.tree,
       );
-    if (this.ingressTree) await this.initIfb(this.ingressTree.ifb, 'ingress', [...this.records.values()], this.inIds);
+    if (this.shares) {
+      // The shares the last process left (a restart changes nothing), or an even split.
+      const found = this.ifbs.map((ifb) => nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate);
+      if (!this.shares.adopt(found)) await this.tc(this.shares.lines(this.ifbs), { force: true });
+    }
+    if (this.ingressTree)
+      await this.initIfb(this.ingressTree.ifb, 'ingress', [...this.records.values()], this.inIds, this.ingressTree.tree);
     await this.removeExtraShards();
     // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
     const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.ingressTree));
@@ -243,8 +256,13 @@ export class Shaper {
    * One ifb's htb/u32 structure (an egress shard's, or the ingress tree's), its pods' classes restored
    * or its orphans removed (one listing).
    */
-  private async initIfb(ifb: string, dir: Direction, states: ShapingState[], ids: ClassIds | undefined): Promise<void> {
-    const tree = dir === 'egress' ? this.tree : this.ingressTree?.tree;
+  private async initIfb(
+    ifb: string,
+    dir: Direction,
+    states: ShapingState[],
+    ids: ClassIds | undefined,
+    tree: TreeParams | undefined,
+  ): Promise<void> {
     const listing = parseIfbListing(
       (await batch('tc', [`qdisc show dev ${ifb}`, `class show dev ${ifb}`, `filter show dev ${ifb} parent 1:`])).stdout,
     );
@@ -279,7 +297,7 @@ export class Shaper {
       this.log.info({ ifb, rebuilt: true, restored: restore.length }, 'ifb structure created');
     } else {
       await this.removeOrphans(ifb, listing, mine.map(here));
-      if (tree && !sameRate(nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate, tree.capacity)) {
+      if (tree && !sameRate(nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + DEFAULT_CLASS)?.ceil, tree.capacity)) {
         // Another capacity than the last process's: the node class and every pod's ceiling follow it.
         const res = await this.tc([...treeLines(ifb, tree), ...mine.flatMap(podLines)], { force: true });
         this.log.info({ ifb, dir, capacity: tree.capacity, failed: res.failed.length }, 'capacity changed: the tree follows');
@@ -442,8 +460,18 @@ export class Shaper {
         if (base) rec.ingressBase = base;
       }
     }
+    // A pod joining a namespace's class on another shard moves there (the namespace's total is one class).
+    const mates = rec.egressInstalled ? this.shards.groupShard(rec, rec.egressParent, this.records.values()) : undefined;
+    const moves = !!prev?.classId && !!rec.classId && mates !== undefined && mates !== (prev.shard ?? 0);
+    if (moves) {
+      await this.tc(ifbSideDelLines(prev, { egress: this.ifbOf(prev) }), { force: true });
+      giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
+      rec.classId = 0;
+      delete rec.egressBase;
+    }
+    const planPrev = moves && prev ? { ...prev, classId: 0, filters: [], egressInstalled: false } : prev;
     if (rec.egressInstalled && !rec.classId) {
-      const shard = this.shards.emptiest(this.records.values());
+      const shard = mates ?? this.shards.emptiest(this.records.values());
       const { id, reused } = this.shards.mustClassIds(shard).allocate(rec.egressParent !== undefined);
       rec.classId = id;
       rec.shard = shard;
@@ -453,7 +481,7 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const plan = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.trees);
+    const plan = planEnsure(ifb, planPrev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.trees);
     const pre = plan.pre;
     // Its namespace's classes first (a pod class needs its parent), sized with the pod as it is now.
     const groups = groupLinesWith(rec, this.records.values(), this.sidesOf(rec));
@@ -485,7 +513,7 @@ export class Shaper {
       throw err;
     }
     if (!rec.ingressClassId && prev?.ingressClassId && this.ingressTree) giveBack(this.inIds, prev.ingressClassId, prev.ingressParent);
-    if (!rec.egressInstalled && prev?.classId) {
+    if (!rec.egressInstalled && prev?.classId && !moves) {
       giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
       rec.classId = 0;
       delete rec.shard;
@@ -576,6 +604,29 @@ export class Shaper {
     );
     if (errors.length > 0) throw new AggregateKubenetError(`steering best-effort pods ${into ? 'into' : 'out of'} the ${dir} tree`, errors);
   }
+
+  /** The egress shards as the share mover sees them (steering.ts; empty without several trees). */
+  private shardLoads(): Array<{ ifb: string; floor: number; share: number; veths: string[] }> {
+    const shares = this.shares?.all();
+    if (!shares) return [];
+    return this.shards.loads(this.records.values()).map((l, k) => ({ ifb: this.ifbs[k] ?? '', share: shares[k] ?? 0, ...l }));
+  }
+
+  private async setShares(next: number[]): Promise<void> {
+    if (!this.shares) return;
+    const was = [...this.shares.all()];
+    this.shares.set(next);
+    // Shares that drop first: the node's sum never passes the capacity between two lines.
+    const lines = this.shares.lines(this.ifbs);
+    const order = lines.map((_, k) => k).sort((a, b) => (next[a] ?? 0) - (was[a] ?? 0) - ((next[b] ?? 0) - (was[b] ?? 0)));
+    await this.tc(order.map((k) => lines[k] ?? '')).catch((err: unknown) => {
+      this.shares?.set(was);
+      throw err;
+    });
+  }
+
+  /** The egress shards' shares of the capacity now, bits/s (undefined with one tree or none). */
+  shareOf = (): readonly number[] | undefined => this.shares?.all();
 
   /** Whether each direction's best-effort pods are in its tree now (hot), by direction with a tree. */
   steered(): { egress?: boolean; ingress?: boolean } {

@@ -260,7 +260,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     type: 'integer',
     value: 0,
     flag: '--ifb-shards',
-    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}. With an egress capacity there is one tree (guarantees need every pod in it) and this is ignored.`,
+    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}. With an egress capacity, 0 is one tree, and a count of 2 or more splits the capacity over that many trees, each shard's share moved by demand every 100 ms (docs/shaping.md, "Egress shards under a capacity").`,
     validate: (value, fail) => {
       const expected = `an integer from 0 (chosen from the CPUs) to ${MAX_SHARDS}`;
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_SHARDS) throw fail(expected);

@@ -1,0 +1,126 @@
+/**
+ * The node's egress capacity split over the egress shards' trees (tc.ts): each shard's ifb has its
+ * own htb tree, so no lock or tasklet is shared by all pods, and its node class's rate and ceil is
+ * the shard's *share* of the capacity. The shares always add up to the capacity; the steering loop
+ * (steering.ts, every TICK_MS) moves them by demand, by water-filling (pure, here):
+ * - every shard first gets its *floor*: the guarantees of the pods on it (so each guarantee holds in
+ *   its shard's tree, as in one tree), and at least LEAST_SHARE of an even split (an idle shard can
+ *   start at once);
+ * - a shard that sent at least SATURATED of its share in the last tick wants more (unbounded); one
+ *   below it wants HEADROOM times what it sent (it can grow that much before the next tick);
+ * - what is left after the floors goes to the shards that want more, in proportion to their
+ *   weights (the pods on each that moved traffic in the tick: htb in one tree shares per pod, so
+ *   shards do too), none past what it wants; what nobody wants is split evenly (headroom).
+ * Within a shard htb's own sharing holds (guarantees, bands, ceilings, a namespace's total: a
+ * namespace with a total has its pods on one shard). Between shards the split follows within a
+ * tick or two; what it trades against one tree is measured and said in docs/shaping.md, "Egress
+ * shards under a capacity".
+ */
+import type { TreeParams } from './sizing.js';
+import { treeLines } from './tc-layout.js';
+
+/** A shard sending at this share of its share (or more) wants more. */
+export const SATURATED = 0.85;
+/** A shard below SATURATED wants what it sent times this. */
+export const HEADROOM = 1.5;
+/** The least share of a shard, as a part of an even split of the capacity. */
+export const LEAST_SHARE = 0.02;
+/** A share is changed only when it moves by at least this part of an even split (no churn of tc lines when idle). */
+export const CHANGE = 0.05;
+
+/** One shard as the split sees it: its floor, what it sent (bits/s), its share now and its weight (active pods). */
+export interface ShardLoad {
+  floor: number;
+  rate: number;
+  share: number;
+  weight: number;
+}
+
+/** Each shard's next share, bits/s, adding up to `capacity` (see the module doc). Pure. */
+export function waterFill(capacity: number, shards: readonly ShardLoad[]): number[] {
+  const n = shards.length;
+  if (n === 0) return [];
+  const least = (capacity / n) * LEAST_SHARE;
+  const base = shards.map((s) => Math.max(s.floor, least));
+  const sumBase = base.reduce((a, b) => a + b, 0);
+  // Floors past the capacity (guarantees the scheduler should not have admitted): in proportion.
+  if (sumBase >= capacity) return base.map((b) => (b * capacity) / sumBase);
+  const want = shards.map((s, k) => (s.rate >= SATURATED * s.share ? Infinity : Math.max(base[k] ?? 0, s.rate * HEADROOM)));
+  const alloc = [...base];
+  let left = capacity - sumBase;
+  const tiny = capacity * 1e-9;
+  let open = shards.map((_, k) => k).filter((k) => (alloc[k] ?? 0) < (want[k] ?? 0) - tiny);
+  while (left > tiny && open.length > 0) {
+    const w = open.reduce((a, k) => a + Math.max(1, shards[k]?.weight ?? 1), 0);
+    let used = 0;
+    for (const k of open) {
+      const give = Math.min((left * Math.max(1, shards[k]?.weight ?? 1)) / w, (want[k] ?? 0) - (alloc[k] ?? 0));
+      alloc[k] = (alloc[k] ?? 0) + give;
+      used += give;
+    }
+    left -= used;
+    open = open.filter((k) => (alloc[k] ?? 0) < (want[k] ?? 0) - tiny);
+    if (used <= tiny) break;
+  }
+  return left > tiny ? alloc.map((a) => a + left / n) : alloc;
+}
+
+/**
+ * The shares to set: `next` rounded down to whole kbit/s (their sum stays at most the capacity), or
+ * undefined when none moved by CHANGE of an even split and every share is at least its floor.
+ */
+export function sharesToSet(
+  capacity: number,
+  now: readonly number[],
+  next: readonly number[],
+  floors: readonly number[],
+): number[] | undefined {
+  const n = next.length;
+  if (n === 0) return undefined;
+  const step = (capacity / n) * CHANGE;
+  const moved = next.some((v, k) => Math.abs(v - (now[k] ?? 0)) >= step || (now[k] ?? 0) < (floors[k] ?? 0));
+  if (!moved) return undefined;
+  return next.map((v) => Math.max(1000, Math.floor(v / 1000) * 1000));
+}
+
+/** The shares of the egress shards now (what their node classes are at): even at first. */
+export class ShardShares {
+  private now: number[];
+
+  constructor(
+    readonly capacity: number,
+    count: number,
+  ) {
+    this.now = Array.from({ length: count }, () => Math.floor(capacity / count / 1000) * 1000);
+  }
+
+  all(): readonly number[] {
+    return this.now;
+  }
+
+  /** Shard k's tree: the node's capacity, its share. */
+  tree(k: number): TreeParams {
+    return { capacity: this.capacity, share: this.now[k] ?? 0 };
+  }
+
+  /**
+   * After a restart: the shares the node classes have (`found`, by shard) are kept when each is set
+   * and they add up to at most the capacity (a restart then changes nothing); false: they stay even,
+   * for the caller to set.
+   */
+  adopt(found: ReadonlyArray<number | undefined>): boolean {
+    const ok = found.length === this.now.length && found.every((v) => v !== undefined && v > 0);
+    if (!ok || found.reduce<number>((a, v) => a + (v ?? 0), 0) > this.capacity * 1.0001) return false;
+    this.now = found.map((v) => v ?? 0);
+    return true;
+  }
+
+  set(next: readonly number[]): void {
+    this.now = [...next];
+  }
+
+  /** The node class of each shard at its share (one line each). */
+  lines(ifbs: readonly string[]): string[] {
+    return ifbs.map((ifb, k) => treeLines(ifb, this.tree(k))[0] ?? '');
+  }
+}

@@ -1,0 +1,119 @@
+/**
+ * The node's egress tree over several shards (src/shaper/shares.ts) against the real kernel, with
+ * traffic: each shard an ifb with its own htb tree, its node class at its share; the shares add up
+ * to the capacity and follow the demand. Pods and ifbs are the test's own (shaperEnv); iperf3 only
+ * between its namespaces, under the traffic lock.
+ */
+import test from 'ava';
+import { execa } from 'execa';
+import { Shaper } from '../../src/shaper/tc.js';
+import { isRoot } from '../kit/kernel.js';
+import { podOf, shaperEnv } from '../kit/shaper-env.js';
+import { iperf, retryLog } from '../kit/topo.js';
+import { withTrafficLock } from '../kit/traffic-lock.js';
+import { until } from '../kit/until.js';
+
+const kTest = isRoot ? test : test.skip;
+
+/** The node class's rate on an ifb, bits/s. */
+async function nodeRate(ifb: string): Promise<number> {
+  const m = /class htb 1:fffe root rate (\d+(?:\.\d+)?)([KMG]?)bit/.exec((await execa('tc', ['class', 'show', 'dev', ifb])).stdout);
+  return Number(m?.[1] ?? NaN) * ({ '': 1, K: 1e3, M: 1e6, G: 1e9 }[m?.[2] ?? ''] ?? NaN);
+}
+
+kTest(
+  'two egress shards under a 200M capacity: node classes at shares adding up to it, one flow alone gets it, two flows on two shards split it',
+  async (t) => {
+    const capacity = 200e6;
+    const env = await shaperEnv(t, 4, 2, { egress: capacity });
+    const [a, b, c, d] = env.topo.pods as [
+      (typeof env.topo.pods)[0],
+      (typeof env.topo.pods)[0],
+      (typeof env.topo.pods)[0],
+      (typeof env.topo.pods)[0],
+    ];
+    t.deepEqual(env.shaper.ifbs, [env.ifb, `${env.ifb}.1`], 'two trees');
+    // Senders with a guarantee (always in the tree), one per shard; receivers without limits.
+    await env.shaper.ensure(podOf(a, { egressGuarantee: 10e6 }));
+    await env.shaper.ensure(podOf(b, { egressGuarantee: 10e6 }));
+    await env.shaper.ensure(podOf(c, {}));
+    await env.shaper.ensure(podOf(d, {}));
+    t.not(env.shaper.ifbOfPod(a.id), env.shaper.ifbOfPod(b.id), 'the senders on different shards');
+    const rates = async () => [await nodeRate(env.ifb), await nodeRate(`${env.ifb}.1`)];
+    t.true((await rates()).reduce((x, y) => x + y, 0) <= capacity, `the node classes add up to at most the capacity: ${await rates()}`);
+
+    // One flow alone: its shard's share grows to nearly all of the capacity within a few ticks.
+    const alone = await iperf(c, a, { seconds: 4, onRetry: retryLog(t) });
+    t.log(`a alone, 1 s intervals (Mbit/s): ${alone.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}`);
+    const late = alone.intervals.slice(1, 4);
+    t.true(late.length >= 2, 'iperf3 reported its intervals');
+    for (const x of late)
+      t.true(x >= capacity * 0.8 && x <= capacity * 1.03, `one flow on one shard gets the capacity: ${(x / 1e6).toFixed(1)}M`);
+
+    // Two flows on two shards at once: together the capacity, each about half (weights: one active pod each).
+    const [ra, rb] = await withTrafficLock(async () => {
+      const sums: number[][] = [];
+      const sample = setInterval(() => void rates().then((r) => sums.push(r)), 200);
+      try {
+        return await Promise.all([iperf(c, a, { seconds: 5, onRetry: retryLog(t) }), iperf(d, b, { seconds: 5, onRetry: retryLog(t) })]);
+      } finally {
+        clearInterval(sample);
+        for (const r of sums) t.true(r[0]! + r[1]! <= capacity * 1.0001, `the shares never add up past the capacity: ${r}`);
+        t.true(sums.length >= 10, 'the shares were sampled');
+      }
+    });
+    t.log(
+      `a: ${ra.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}; b: ${rb.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')} Mbit/s`,
+    );
+    const both = [1, 2, 3].map((i) => [ra.intervals[i] ?? NaN, rb.intervals[i] ?? NaN] as const);
+    for (const [x, y] of both) {
+      t.true(x + y <= capacity * 1.05, `together within the capacity: ${((x + y) / 1e6).toFixed(1)}M`);
+      t.true(x + y >= capacity * 0.8, `together about the capacity: ${((x + y) / 1e6).toFixed(1)}M`);
+      t.true(Math.min(x, y) >= capacity * 0.3, `each a fair part: ${(x / 1e6).toFixed(1)}M / ${(y / 1e6).toFixed(1)}M`);
+    }
+
+    // A restart keeps the shares it finds (it changes nothing on the node).
+    await until(
+      'the shares settle after the traffic',
+      async () => Math.abs((await rates())[0]! - capacity / 2) < capacity * 0.06,
+      10_000,
+      100,
+    );
+    const before = await rates();
+    const states = env.shaper.states();
+    env.shaper.close();
+    const again = new Shaper({ ifbName: env.ifb, shards: 2, capacity: { egress: capacity } });
+    t.teardown(() => again.close());
+    await again.init(states);
+    t.deepEqual(await rates(), before, 'a restart keeps the shares');
+    t.deepEqual(again.shareOf(), before);
+  },
+);
+
+kTest('a namespace with a total: its pods on one shard (its class is one), a pod joining it later moves to that shard', async (t) => {
+  const env = await shaperEnv(t, 3, 2, { egress: 100e6 });
+  const [a, b, c] = env.topo.pods as [(typeof env.topo.pods)[0], (typeof env.topo.pods)[0], (typeof env.topo.pods)[0]];
+  await env.shaper.ensure({ ...podOf(a, { egressTotal: 40e6 }), group: 'ns1' });
+  await env.shaper.ensure({ ...podOf(b, {}), group: 'ns2' });
+  await env.shaper.ensure({ ...podOf(c, {}), group: 'ns1' });
+  t.is(env.shaper.ifbOfPod(a.id), env.ifb);
+  t.is(env.shaper.ifbOfPod(b.id), `${env.ifb}.1`);
+  t.is(env.shaper.ifbOfPod(c.id), env.ifb, 'emptiest first: shard 0 has one pod, so has shard 1');
+  // b's namespace gets the total of a's (same group name): b moves to a's shard under its class.
+  await env.shaper.ensure({ ...podOf(b, { egressTotal: 40e6 }), group: 'ns1' });
+  t.is(env.shaper.ifbOfPod(b.id), env.ifb, 'moved to its namespace class shard');
+  const gid = env.shaper.states().find((s) => s.id === b.id)?.egressParent ?? 0;
+  t.true(gid > 0);
+  t.regex((await execa('tc', ['class', 'show', 'dev', env.ifb])).stdout, new RegExp(`class htb 1:${gid.toString(16)} parent 1:fffe`));
+  t.notRegex(
+    (await execa('tc', ['class', 'show', 'dev', `${env.ifb}.1`])).stdout,
+    /class htb 1:[0-9a-f]+ parent 1:fffe leaf/,
+    'nothing of b left on shard 1 but idle classes',
+  );
+  t.regex((await execa('tc', ['filter', 'show', 'dev', b.hostVeth, 'ingress'])).stdout, new RegExp(`Redirect to device ${env.ifb}\\)`));
+  t.is(
+    (await execa('tc', ['filter', 'show', 'dev', `${env.ifb}.1`, 'parent', '1:'])).stdout.match(/flowid 1:/g)?.length ?? 0,
+    0,
+    'no pod filter on shard 1',
+  );
+});
