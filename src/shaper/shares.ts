@@ -9,8 +9,10 @@
  * - a shard that sent at least SATURATED of its share in the last tick wants more (unbounded); one
  *   below it wants HEADROOM times what it sent (it can grow that much before the next tick);
  * - what is left after the floors goes to the shards that want more, in proportion to their
- *   weights (the pods on each that moved traffic in the tick: htb in one tree shares per pod, so
- *   shards do too), none past what it wants; what nobody wants is split evenly (headroom).
+ *   weights, none past what it wants; what nobody wants is split evenly (headroom). A shard's
+ *   weight is its pods that moved traffic in the tick, each counted by its band (bandWeight): htb
+ *   in one tree shares per pod and serves band 0 before 1 before 2, and shards follow that by
+ *   weight (band 0 against band 2 on two shards: 16 to 1).
  * Within a shard htb's own sharing holds (guarantees, bands, ceilings, a namespace's total: a
  * namespace with a total has its pods on one shard). Between shards the split follows within a
  * tick or two; what it trades against one tree is measured and said in docs/shaping.md, "Egress
@@ -27,6 +29,11 @@ export const HEADROOM = 1.5;
 export const LEAST_SHARE = 0.02;
 /** A share is changed only when it moves by at least this part of an even split (no churn of tc lines when idle). */
 export const CHANGE = 0.05;
+
+/** An active pod's weight in its shard's want by its band (0, 1, 2; others as 2): 16, 4, 1. */
+export function bandWeight(band: number): number {
+  return band <= 0 ? 16 : band === 1 ? 4 : 1;
+}
 
 /** One shard as the split sees it: its floor, what it sent (bits/s), its share now and its weight (active pods). */
 export interface ShardLoad {

@@ -30,7 +30,7 @@ import type { LinkStats } from '../netlink/index.js';
 import type { Logger } from '../log.js';
 import type { Direction, OutsideCount, ShapingState } from './tc-layout.js';
 import { vethCount } from './counters.js';
-import { sharesToSet, waterFill, type ShardLoad } from './shares.js';
+import { bandWeight, sharesToSet, waterFill, type ShardLoad } from './shares.js';
 
 export const TICK_MS = 100;
 /** A direction turns hot at this share of its capacity... */
@@ -84,12 +84,20 @@ export interface SteeringHost {
    * With more than one egress shard under a capacity (shares.ts): each shard's ifb, its floor (the
    * guarantees of its pods), its share now and the veths of its pods in the tree; else empty.
    */
-  shards(): Array<{ ifb: string; floor: number; share: number; veths: string[] }>;
+  shards(): ShardView[];
   /** Sets the egress shards' shares, bits/s, by shard. */
   setShares(shares: number[]): Promise<void>;
 }
 
 const DIRS: readonly Direction[] = ['egress', 'ingress'];
+
+/** An egress shard as the share mover sees it: its ifb, floor, share now, and its pods in the tree (veth, band). */
+export interface ShardView {
+  ifb: string;
+  floor: number;
+  share: number;
+  veths: Array<{ veth: string; band: number }>;
+}
 
 /** The loop (see the module doc): one tick at a time, a failed change retried on the next. */
 export class Steering {
@@ -177,12 +185,7 @@ export class Steering {
   }
 
   /** The egress shards' shares moved by demand (shares.ts), when they moved enough to change. */
-  private async reshare(
-    shards: Array<{ ifb: string; floor: number; share: number; veths: string[] }>,
-    links: Map<number, LinkStats>,
-    before: Map<number, LinkStats>,
-    secs: number,
-  ): Promise<void> {
+  private async reshare(shards: ShardView[], links: Map<number, LinkStats>, before: Map<number, LinkStats>, secs: number): Promise<void> {
     const capacity = this.host.capacity('egress');
     if (capacity === undefined) return;
     const bits = (bytes: number) => (bytes * 8) / secs;
@@ -190,7 +193,7 @@ export class Steering {
       floor: s.floor,
       share: s.share,
       rate: bits(this.moved(s.ifb, false, links, before)),
-      weight: s.veths.filter((v) => bits(this.moved(v, true, links, before)) >= ACTIVE_BITS).length,
+      weight: s.veths.reduce((w, v) => w + (bits(this.moved(v.veth, true, links, before)) >= ACTIVE_BITS ? bandWeight(v.band) : 0), 0),
     }));
     const next = sharesToSet(
       capacity,

@@ -6,6 +6,7 @@
 import { ConfigError, KubenetError } from '../errors.js';
 import { checkIfName } from '../net/ifname.js';
 import type { BandwidthLimits } from '../bandwidth/limits.js';
+import { DEFAULT_BAND } from '../bandwidth/guarantees.js';
 import { podLayout } from './sizing.js';
 import type { PodLayout, TreeParams } from './sizing.js';
 import type { IfbListing } from './tc-listing.js';
@@ -164,14 +165,14 @@ export class EgressShards {
     return undefined;
   }
 
-  /** By shard: the egress guarantees of its pods (its floor, shares.ts) and the veths of its pods in the tree. */
-  loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: string[] }> {
-    const out = this.ifbs.map(() => ({ floor: 0, veths: [] as string[] }));
+  /** By shard: the egress guarantees of its pods (its floor, shares.ts) and the veths and bands of its pods in the tree. */
+  loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: Array<{ veth: string; band: number }> }> {
+    const out = this.ifbs.map(() => ({ floor: 0, veths: [] as Array<{ veth: string; band: number }> }));
     for (const r of states) {
       const o = r.classId ? out[r.shard ?? 0] : undefined;
       if (!o) continue;
       o.floor += r.limits.egressGuarantee ?? 0;
-      if (r.hostVeth && !bypasses(r, 'egress')) o.veths.push(r.hostVeth);
+      if (r.hostVeth && !bypasses(r, 'egress')) o.veths.push({ veth: r.hostVeth, band: r.limits.priority ?? DEFAULT_BAND });
     }
     return out;
   }

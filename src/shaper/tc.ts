@@ -69,7 +69,7 @@ import { parseIfbListing, type IfbListing } from './tc-listing.js';
 import { bypasses, ClassIds, EgressShards, ifbSideDelLines, orphanLines, planEnsure, type Trees } from './tc-plan.js';
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
-import { outsideAfterEnsure, spell, Steering, vethCountNow, ZERO } from './steering.js';
+import { outsideAfterEnsure, spell, Steering, vethCountNow, ZERO, type ShardView } from './steering.js';
 import { ShardShares } from './shares.js';
 
 export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, shardIfb, type ShapingState } from './tc-layout.js';
@@ -606,7 +606,7 @@ export class Shaper {
   }
 
   /** The egress shards as the share mover sees them (steering.ts; empty without several trees). */
-  private shardLoads(): Array<{ ifb: string; floor: number; share: number; veths: string[] }> {
+  private shardLoads(): ShardView[] {
     const shares = this.shares?.all();
     if (!shares) return [];
     return this.shards.loads(this.records.values()).map((l, k) => ({ ifb: this.ifbs[k] ?? '', share: shares[k] ?? 0, ...l }));

@@ -3,7 +3,7 @@
  * weights, headroom, and when a change is worth a tc line.
  */
 import test from 'ava';
-import { CHANGE, HEADROOM, LEAST_SHARE, SATURATED, ShardShares, sharesToSet, waterFill } from '../../src/shaper/shares.js';
+import { bandWeight, CHANGE, HEADROOM, LEAST_SHARE, SATURATED, ShardShares, sharesToSet, waterFill } from '../../src/shaper/shares.js';
 
 const C = 1000e6;
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
@@ -89,4 +89,13 @@ test('ShardShares: even at first; a restart keeps sane shares it finds, else sta
     s.lines(['kif0', 'kif0.1', 'kif0.2', 'kif0.3'])[0] ?? '',
     /^class replace dev kif0 parent 1: classid 1:fffe htb rate 700000000bit ceil 700000000bit /,
   );
+});
+
+test('bands between shards: an active pod weighs 16, 4 or 1 by band, so band 0 on one shard takes most from band 2 on another', (t) => {
+  t.deepEqual([0, 1, 2, 5].map(bandWeight), [16, 4, 1, 1]);
+  const s = waterFill(C, [
+    { floor: 0, rate: 500e6, share: 500e6, weight: bandWeight(0) },
+    { floor: 0, rate: 500e6, share: 500e6, weight: bandWeight(2) },
+  ]);
+  t.true((s[0] ?? 0) / C >= 0.9, `band 0's shard: ${((s[0] ?? 0) / C).toFixed(3)} of the capacity (the trees' goal: >= 0.75)`);
 });
