@@ -154,9 +154,9 @@ export class CounterReader {
     states: ShapingState[],
     ifbOf: (s: ShapingState) => string,
     ifindex?: (podId: string) => number | undefined,
-    ingressIfb?: string,
+    inIfbOf?: (s: ShapingState) => string | undefined,
   ): Promise<CounterSnapshot> {
-    const run = this.tail.then(() => this.readNow(states, ifbOf, ifindex, ingressIfb));
+    const run = this.tail.then(() => this.readNow(states, ifbOf, ifindex, inIfbOf));
     this.tail = run.catch(() => undefined);
     return run;
   }
@@ -165,11 +165,11 @@ export class CounterReader {
     states: ShapingState[],
     ifbOf: (s: ShapingState) => string,
     ifindex?: (podId: string) => number | undefined,
-    ingressIfb?: string,
+    inIfbOf?: (s: ShapingState) => string | undefined,
   ): Promise<CounterSnapshot> {
     this.sock ??= nl.StatsSocket.open();
     try {
-      return await this.readWith(this.sock, states, ifbOf, ifindex, ingressIfb);
+      return await this.readWith(this.sock, states, ifbOf, ifindex, inIfbOf);
     } catch (err) {
       // The socket's state is unknown, and so is what was read before: start again.
       this.close();
@@ -182,7 +182,7 @@ export class CounterReader {
     states: ShapingState[],
     ifbOf: (s: ShapingState) => string,
     ifindex?: (podId: string) => number | undefined,
-    ingressIfb?: string,
+    inIfbOf?: (s: ShapingState) => string | undefined,
   ): Promise<CounterSnapshot> {
     const links = await sock.linkStats();
     const work: ReadWork = { classGets: 0, ifbDumps: 0 };
@@ -214,14 +214,20 @@ export class CounterReader {
       for (const handle of classHandles(dir, classId)) refs.push({ ifindex: dev, handle });
     };
 
-    // The ingress tree's ifb, when pods are in it; the veth's counters still tell whether a pod's moved.
-    const inIfb = ingressIfb ? nl.linkIndexByName(ingressIfb) : undefined;
+    // The pod's ingress shard's ifb, when it is in a tree; the veth's counters still tell whether a pod's moved.
+    const inIndex = new Map<string, number | undefined>();
+    const inIfbIndex = (name: string | undefined): number | undefined => {
+      if (name === undefined) return undefined;
+      if (!inIndex.has(name)) inIndex.set(name, nl.linkIndexByName(name));
+      return inIndex.get(name);
+    };
     for (const s of states) {
       if (!s.ingressInstalled) continue;
       const dev = ifindex?.(s.id) ?? (s.hostVeth ? nl.linkIndexByName(s.hostVeth) : undefined);
       const link = dev ? links.get(dev) : undefined;
       if (!dev || !link) continue; // gone
       const inTree = s.ingressClassId ?? 0;
+      const inIfb = inTree ? inIfbIndex(inIfbOf?.(s)) : undefined;
       if (inTree && !inIfb) continue;
       const where = inTree ? -inTree : dev;
       const last = reads.ingress.get(s.id);

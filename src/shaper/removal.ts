@@ -1,20 +1,20 @@
 /**
  * What the shaper leaves on a node when the agent is gone, and its removal (`kubenet uninstall`):
  * the ifbs (the egress shards `<ifbName>`, `<ifbName>.<k>` of any count, the ingress tree's
- * `<ifbName>.in`), their trees going with them, and the unshaped destinations' mangle chain
+ * `<ifbName>.in`, `<ifbName>.i1`, ...), their trees going with them, and the unshaped destinations' mangle chain
  * (unshaped.ts). The pods' own qdiscs live on their veths and go with them.
  */
 import { execa } from 'execa';
 import { ToolError } from '../errors.js';
 import * as nl from '../netlink/index.js';
 import type { Removal } from '../util/removal.js';
-import { ingressIfb, shardOf } from './tc-layout.js';
+import { ingressShardOf, shardOf } from './tc-layout.js';
 import { removeUnshapedRules } from './unshaped.js';
 
 /** The ifbs of the shaper named `ifbName` on this node, by name. */
 export async function shaperIfbs(ifbName: string): Promise<string[]> {
   return (await nl.linkList())
-    .filter((l) => l.type === 'ifb' && (shardOf(ifbName, l.name) !== undefined || l.name === ingressIfb(ifbName)))
+    .filter((l) => l.type === 'ifb' && (shardOf(ifbName, l.name) !== undefined || ingressShardOf(ifbName, l.name) !== undefined))
     .map((l) => l.name)
     .sort();
 }

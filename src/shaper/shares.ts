@@ -90,15 +90,15 @@ export function sharesToSet(
   return next.map((v) => Math.max(1000, Math.floor(v / 1000) * 1000));
 }
 
-/** The shares of the egress shards now (what their node classes are at): even at first. */
+/** The shares of a direction's shards now (what their node classes are at): even at first. */
 export class ShardShares {
   private now: number[];
 
   constructor(
     readonly capacity: number,
-    count: number,
+    readonly ifbs: readonly string[],
   ) {
-    this.now = Array.from({ length: count }, () => Math.floor(capacity / count / 1000) * 1000);
+    this.now = ifbs.map(() => Math.floor(capacity / ifbs.length / 1000) * 1000);
   }
 
   all(): readonly number[] {
@@ -113,7 +113,7 @@ export class ShardShares {
   /**
    * After a restart: the shares the node classes have (`found`, by shard) are kept when each is set
    * and they add up to at most the capacity (a restart then changes nothing); false: they stay even,
-   * for the caller to set.
+   * for the caller to set (`lines`).
    */
   adopt(found: ReadonlyArray<number | undefined>): boolean {
     const ok = found.length === this.now.length && found.every((v) => v !== undefined && v > 0);
@@ -127,7 +127,16 @@ export class ShardShares {
   }
 
   /** The node class of each shard at its share (one line each). */
-  lines(ifbs: readonly string[]): string[] {
-    return ifbs.map((ifb, k) => treeLines(ifb, this.tree(k))[0] ?? '');
+  lines(): string[] {
+    return this.ifbs.map((ifb, k) => treeLines(ifb, this.tree(k))[0] ?? '');
+  }
+
+  /** Takes `next` and returns its lines, the shares that drop first (the sum never passes the capacity between two lines). */
+  change(next: readonly number[]): string[] {
+    const was = this.now;
+    this.now = [...next];
+    const lines = this.lines();
+    const order = lines.map((_, k) => k).sort((a, b) => (next[a] ?? 0) - (was[a] ?? 0) - ((next[b] ?? 0) - (was[b] ?? 0)));
+    return order.map((k) => lines[k] ?? '');
   }
 }

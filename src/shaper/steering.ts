@@ -81,17 +81,17 @@ export interface SteeringHost {
   /** Steers the pods into the tree or out of it; a pod that changed meanwhile is left as it is. */
   steer(dir: Direction, ids: string[], into: boolean): Promise<void>;
   /**
-   * With more than one egress shard under a capacity (shares.ts): each shard's ifb, its floor (the
+   * With more than one shard that way under a capacity (shares.ts): each shard's ifb, its floor (the
    * guarantees of its pods), its share now and the veths of its pods in the tree; else empty.
    */
-  shards(): ShardView[];
-  /** Sets the egress shards' shares, bits/s, by shard. */
-  setShares(shares: number[]): Promise<void>;
+  shards(dir: Direction): ShardView[];
+  /** Sets a direction's shards' shares, bits/s, by shard. */
+  setShares(dir: Direction, shares: number[]): Promise<void>;
 }
 
 const DIRS: readonly Direction[] = ['egress', 'ingress'];
 
-/** An egress shard as the share mover sees it: its ifb, floor, share now, and its pods in the tree (veth, band). */
+/** A shard as the share mover sees it: its ifb, floor, share now, and its pods in the tree (veth, band). */
 export interface ShardView {
   ifb: string;
   floor: number;
@@ -143,8 +143,8 @@ export class Steering {
   async tick(now = performance.now()): Promise<void> {
     const dirs = DIRS.filter((d) => this.host.capacity(d) !== undefined);
     const pods = new Map(dirs.map((d) => [d, this.host.bestEffort(d)]));
-    const shards = this.host.shards();
-    if (![...pods.values()].some((p) => p.length > 0) && shards.length < 2) {
+    const shards = new Map(dirs.map((d) => [d, this.host.shards(d)]));
+    if (![...pods.values()].some((p) => p.length > 0) && ![...shards.values()].some((s) => s.length > 1)) {
       this.last = undefined;
       return;
     }
@@ -156,7 +156,10 @@ export class Steering {
       if (!last || now <= last.at) return;
       const secs = (now - last.at) / 1000;
       for (const dir of dirs) await this.decide(dir, pods.get(dir) ?? [], links, last.links, secs, now);
-      if (shards.length > 1) await this.reshare(shards, links, last.links, secs);
+      for (const dir of dirs) {
+        const view = shards.get(dir) ?? [];
+        if (view.length > 1) await this.reshare(dir, view, links, last.links, secs);
+      }
     } catch (err) {
       this.sock?.close();
       this.sock = undefined;
@@ -184,16 +187,24 @@ export class Steering {
     return Math.max(0, rx ? b.rxBytes - a.rxBytes : b.txBytes - a.txBytes);
   }
 
-  /** The egress shards' shares moved by demand (shares.ts), when they moved enough to change. */
-  private async reshare(shards: ShardView[], links: Map<number, LinkStats>, before: Map<number, LinkStats>, secs: number): Promise<void> {
-    const capacity = this.host.capacity('egress');
+  /** A direction's shards' shares moved by demand (shares.ts), when they moved enough to change. */
+  private async reshare(
+    dir: Direction,
+    shards: ShardView[],
+    links: Map<number, LinkStats>,
+    before: Map<number, LinkStats>,
+    secs: number,
+  ): Promise<void> {
+    const capacity = this.host.capacity(dir);
     if (capacity === undefined) return;
+    // A pod's traffic that way on its veth: received from it (egress), sent to it (ingress).
+    const rx = dir === 'egress';
     const bits = (bytes: number) => (bytes * 8) / secs;
     const loads: ShardLoad[] = shards.map((s) => ({
       floor: s.floor,
       share: s.share,
       rate: bits(this.moved(s.ifb, false, links, before)),
-      weight: s.veths.reduce((w, v) => w + (bits(this.moved(v.veth, true, links, before)) >= ACTIVE_BITS ? bandWeight(v.band) : 0), 0),
+      weight: s.veths.reduce((w, v) => w + (bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS ? bandWeight(v.band) : 0), 0),
     }));
     const next = sharesToSet(
       capacity,
@@ -202,8 +213,8 @@ export class Steering {
       shards.map((s) => s.floor),
     );
     if (!next) return;
-    await this.host.setShares(next);
-    this.log.debug({ shares: next, rates: loads.map((l) => Math.round(l.rate)) }, 'egress shards: shares moved');
+    await this.host.setShares(dir, next);
+    this.log.debug({ direction: dir, shares: next, rates: loads.map((l) => Math.round(l.rate)) }, 'shards: shares moved');
   }
 
   private async decide(

@@ -58,31 +58,17 @@ import {
 
 export const DEFAULT_IFB = 'kubenet-ifb0';
 
-/** The most egress shards: each is an ifb, `<ifb>.<k>`, whose name must fit in 15 bytes. */
-export const MAX_SHARDS = 64;
-/** Egress shards per CPU when the count is left to the shaper (docs/shaping.md, "Egress shards": why). */
-export const AUTO_SHARDS_PER_CPU = 2;
-
-/** The egress shard count configured (0: AUTO_SHARDS_PER_CPU per CPU, at most MAX_SHARDS; one tree under an egress capacity). */
-export function shardsFor(configured: number, cpus: number, tree = false): number {
-  return configured > 0 ? configured : tree ? 1 : Math.min(MAX_SHARDS, Math.max(1, AUTO_SHARDS_PER_CPU * cpus));
-}
-
-/**
- * The ifb of egress shard `k` (tc.ts: the pods' egress is spread over `shards` ifbs, each with its
- * own htb tree and this structure): shard 0 is `ifb` itself, shard k > 0 is `ifb.k`.
- */
-export function shardIfb(ifb: string, k: number): string {
-  return k === 0 ? ifb : `${ifb}.${k}`;
-}
-
-/** The shard an ifb name is, for `ifb`: 0 for itself, k for `ifb.k`, undefined for anything else. */
-export function shardOf(ifb: string, name: string): number | undefined {
-  if (name === ifb) return 0;
-  if (!name.startsWith(`${ifb}.`)) return undefined;
-  const k = name.slice(ifb.length + 1);
-  return /^[1-9][0-9]*$/.test(k) ? Number(k) : undefined;
-}
+export {
+  AUTO_SHARDS_PER_CPU,
+  ingressIfb,
+  ingressShardIfb,
+  ingressShardOf,
+  MAX_INGRESS_SHARDS,
+  MAX_SHARDS,
+  shardIfb,
+  shardOf,
+  shardsFor,
+} from './shard-names.js';
 
 /** Class ids 1..MAX_CLASS (u32 node ids are 12 bits: node = class id + 0x800 * slot, two addresses per family). */
 export const MAX_CLASS = 0x7ff;
@@ -134,11 +120,6 @@ const V6_IN: Family = { ...V6, match: 'ip6 dst', hashAt: 36 };
 /** The families of a direction's ifb. */
 const familiesOf = (dir: Direction): [Family, Family] => (dir === 'egress' ? [V4, V6] : [V4_IN, V6_IN]);
 export type Direction = 'ingress' | 'egress';
-
-/** The ingress tree's ifb for the egress ifb `ifb` (shard 0's name): `<ifb>.in`. */
-export function ingressIfb(ifb: string): string {
-  return `${ifb}.in`;
-}
 
 export const TABLES = ['10', '11', '12', '13'];
 /** The node class and its default class in the tree (above every pod's ids). */
@@ -193,6 +174,8 @@ export interface ShapingState {
   ingressParent?: number;
   /** The egress shard (its ifb: shardIfb); absent in states of versions without shards: shard 0. */
   shard?: number;
+  /** The ingress shard, with an ingress class (its ifb: ingressShardIfb); absent: shard 0. */
+  ingressShard?: number;
   /**
    * In a tree, the directions in which this best-effort pod (isBestEffort) is kept out of it while
    * the node is far from its capacity that way (steering.ts): its classes and filters on the ifb

@@ -22,13 +22,16 @@ import {
   ifbLines,
   ingressTreeLayout,
   MAX_CLASS,
+  MAX_INGRESS_SHARDS,
   MAX_SHARDS,
+  ingressShardIfb,
   redirectLines,
   shardIfb,
   TREE_CLASSES,
   VETH,
   vethLines,
   vethToIfbLines,
+  type Direction,
   type FilterRef,
   type ShapingState,
 } from './tc-layout.js';
@@ -113,26 +116,49 @@ export class ClassIds {
   }
 }
 
+/** How a direction's shards read a pod's state: its shard, class id, namespace class and guarantee that way. */
+const SIDE = {
+  egress: {
+    shard: (s: ShapingState) => s.shard,
+    id: (s: ShapingState) => s.classId,
+    parent: (s: ShapingState) => s.egressParent,
+    guarantee: (s: ShapingState) => s.limits.egressGuarantee ?? 0,
+  },
+  ingress: {
+    shard: (s: ShapingState) => s.ingressShard,
+    id: (s: ShapingState) => s.ingressClassId ?? 0,
+    parent: (s: ShapingState) => s.ingressParent,
+    guarantee: (s: ShapingState) => s.limits.ingressGuarantee ?? 0,
+  },
+} as const;
+
 /**
- * The egress shards (tc.ts): each an ifb (shardIfb) with its own class ids. A new pod goes to the
- * shard with the fewest pods (the first of those) and stays there.
+ * A direction's shards (tc.ts): each an ifb (shardIfb, ingressShardIfb) with its own htb tree and
+ * class ids. A new pod goes to the shard with the fewest pods (the first of those) and stays there.
  */
-export class EgressShards {
+export class Shards {
   readonly ifbs: readonly string[];
   private readonly ids: ClassIds[];
+  private readonly side: (typeof SIDE)[Direction];
 
-  /** @throws ConfigError for a count outside 1..MAX_SHARDS or a last shard's name over 15 bytes. */
-  constructor(ifbName: string, count: number) {
-    if (!Number.isInteger(count) || count < 1 || count > MAX_SHARDS)
-      throw new ConfigError(`shards must be an integer 1..${MAX_SHARDS}, got ${count}`);
-    this.ifbs = Array.from({ length: count }, (_, k) => shardIfb(ifbName, k));
-    checkIfName(this.ifbs[count - 1], `ifbName with ${count} shards (the last shard's ifb)`);
+  /** @throws ConfigError for a count outside 1..MAX_SHARDS (ingress: MAX_INGRESS_SHARDS) or a last shard's name over 15 bytes. */
+  constructor(
+    ifbName: string,
+    count: number,
+    readonly dir: Direction = 'egress',
+  ) {
+    const max = dir === 'egress' ? MAX_SHARDS : MAX_INGRESS_SHARDS;
+    if (!Number.isInteger(count) || count < 1 || count > max)
+      throw new ConfigError(`${dir} shards must be an integer 1..${max}, got ${count}`);
+    this.ifbs = Array.from({ length: count }, (_, k) => (dir === 'egress' ? shardIfb(ifbName, k) : ingressShardIfb(ifbName, k)));
+    checkIfName(this.ifbs[count - 1], `ifbName with ${count} ${dir} shards (the last shard's ifb)`);
     this.ids = this.ifbs.map((ifb) => new ClassIds(ifb));
+    this.side = SIDE[dir];
   }
 
   /** The ifb of a state's shard (shard 0 for states without one). */
-  ifbOf(s: Pick<ShapingState, 'shard'>): string {
-    return this.ifbs[s.shard ?? 0] ?? this.ifbs[0] ?? '';
+  ifbOf(s: ShapingState): string {
+    return this.ifbs[this.side.shard(s) ?? 0] ?? this.ifbs[0] ?? '';
   }
 
   /** A shard's class ids; undefined for a shard that is not (an earlier configuration had more). */
@@ -143,14 +169,14 @@ export class EgressShards {
   /** A shard's class ids. @throws KubenetError for a shard that is not. */
   mustClassIds(shard: number | undefined): ClassIds {
     const ids = this.classIds(shard);
-    if (!ids) throw new KubenetError(`shaper: no egress shard ${shard}`);
+    if (!ids) throw new KubenetError(`shaper: no ${this.dir} shard ${shard}`);
     return ids;
   }
 
-  /** The shard for a new pod's egress: the one with the fewest of `states` on it, the first of those. */
+  /** The shard for a new pod: the one with the fewest of `states` on it, the first of those. */
   emptiest(states: Iterable<ShapingState>): number {
     const n = this.ifbs.map(() => 0);
-    for (const r of states) if (r.classId) n[r.shard ?? 0] = (n[r.shard ?? 0] ?? 0) + 1;
+    for (const r of states) if (this.side.id(r)) n[this.side.shard(r) ?? 0] = (n[this.side.shard(r) ?? 0] ?? 0) + 1;
     return n.indexOf(Math.min(...n));
   }
 
@@ -161,18 +187,19 @@ export class EgressShards {
   groupShard(rec: Pick<ShapingState, 'id' | 'group'>, parent: number | undefined, states: Iterable<ShapingState>): number | undefined {
     if (parent === undefined || rec.group === undefined) return undefined;
     for (const r of states)
-      if (r.id !== rec.id && r.group === rec.group && r.egressParent !== undefined && r.classId > 0) return r.shard ?? 0;
+      if (r.id !== rec.id && r.group === rec.group && this.side.parent(r) !== undefined && this.side.id(r) > 0)
+        return this.side.shard(r) ?? 0;
     return undefined;
   }
 
-  /** By shard: the egress guarantees of its pods (its floor, shares.ts) and the veths and bands of its pods in the tree. */
+  /** By shard: the guarantees of its pods (its floor, shares.ts) and the veths and bands of its pods in the tree. */
   loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: Array<{ veth: string; band: number }> }> {
     const out = this.ifbs.map(() => ({ floor: 0, veths: [] as Array<{ veth: string; band: number }> }));
     for (const r of states) {
-      const o = r.classId ? out[r.shard ?? 0] : undefined;
+      const o = this.side.id(r) ? out[this.side.shard(r) ?? 0] : undefined;
       if (!o) continue;
-      o.floor += r.limits.egressGuarantee ?? 0;
-      if (r.hostVeth && !bypasses(r, 'egress')) o.veths.push({ veth: r.hostVeth, band: r.limits.priority ?? DEFAULT_BAND });
+      o.floor += this.side.guarantee(r);
+      if (r.hostVeth && !bypasses(r, this.dir)) o.veths.push({ veth: r.hostVeth, band: r.limits.priority ?? DEFAULT_BAND });
     }
     return out;
   }

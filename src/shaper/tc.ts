@@ -19,8 +19,10 @@
  * as long as its egress is shaped. An htb qdisc is one lock and an ifb one tasklet, which every
  * packet through it takes in turn: shards let pods on different CPUs shape in parallel
  * (docs/shaping.md, "Egress shards"). With a capacity (ShaperOptions.capacity) every pod's traffic
- * passes one tree per direction instead (node class, namespace classes, pod classes with guarantees
- * and bands: one egress shard, and `<ifb>.in` for traffic to the pods; docs/shaping.md, "The node's trees").
+ * passes a tree that way (node class, namespace classes, pod classes with guarantees and bands;
+ * docs/shaping.md, "The node's trees"): one per egress shard, and as many ingress shards (`<ifb>.in`,
+ * `<ifb>.i1`, ...) for traffic to the pods; with more than one shard that way each shard's node
+ * class is at its share of the capacity, moved by demand (shares.ts, steering.ts).
  *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
@@ -53,6 +55,8 @@ import {
   ifbLines,
   ifbLinkLines,
   ingressIfb,
+  ingressShardOf,
+  MAX_INGRESS_SHARDS,
   NODE_CLASS,
   redirectLines,
   shardOf,
@@ -60,17 +64,17 @@ import {
   structureLines,
   TABLES,
   treeLines,
-  VETH,
   vethToIfbLines,
   type Direction,
 } from './tc-layout.js';
-import type { OutsideCount, ShapingState } from './tc-layout.js';
+import type { ShapingState } from './tc-layout.js';
 import { parseIfbListing, type IfbListing } from './tc-listing.js';
-import { bypasses, ClassIds, EgressShards, ifbSideDelLines, orphanLines, planEnsure, type Trees } from './tc-plan.js';
+import { bypasses, type ClassIds, ifbSideDelLines, orphanLines, planEnsure, Shards, type Trees } from './tc-plan.js';
 import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
-import { outsideAfterEnsure, spell, Steering, vethCountNow, ZERO, type ShardView } from './steering.js';
+import { outsideAfterEnsure, Steering, type ShardView } from './steering.js';
 import { ShardShares } from './shares.js';
+import { adoptSteering, bestEffortPods, steerPods, type SteerContext } from './steer-ops.js';
 
 export { DEFAULT_IFB, MAX_CLASS, MAX_SHARDS, shardIfb, type ShapingState } from './tc-layout.js';
 export { parseIfbListing } from './tc-listing.js';
@@ -123,7 +127,7 @@ export class Shaper {
   readonly ifbName: string;
   private readonly log: Logger;
   private readonly records = new Map<string, ShapingState>();
-  private readonly shards: EgressShards;
+  private readonly shards: Shards;
   private readonly mutex = new KeyedMutex();
   private readonly counterReader = new CounterReader();
   private ready: Promise<void> | undefined;
@@ -131,10 +135,12 @@ export class Shaper {
   private unshaped: Unshaped | undefined;
   /** The node's egress tree; undefined: the flat layout. */
   readonly tree: TreeParams | undefined;
-  /** The node's ingress tree and its ifb; undefined: per-veth htb (the flat layout). */
+  /** The node's ingress tree and its (first) ifb; undefined: per-veth htb (the flat layout). */
   readonly ingressTree: { ifb: string; tree: TreeParams } | undefined;
-  /** Class ids on the ingress tree's ifb. */
-  private readonly inIds: ClassIds;
+  /** With an ingress tree: its shards (as many as the egress ones, at most MAX_INGRESS_SHARDS) and their class ids. */
+  private readonly inShards: Shards | undefined;
+  /** With an ingress tree on several shards: the ingress capacity's split over them. */
+  private readonly inShares: ShardShares | undefined;
   /** The namespaces' class ids in the trees. */
   private readonly groupIds = new GroupIds();
   /** With a tree on several egress shards: the capacity's split over them (shares.ts). */
@@ -155,22 +161,23 @@ export class Shaper {
     const inIfb = ingressIfb(this.ifbName);
     if (capIn !== undefined) checkIfName(inIfb, "ifbName with an ingress capacity (its ingress tree's ifb, <ifbName>.in)");
     this.ingressTree = capIn === undefined ? undefined : { ifb: inIfb, tree: { capacity: capIn } };
-    this.inIds = new ClassIds(inIfb);
-    // Guarantees and borrowing need every pod in one tree: one shard (docs/shaping.md, "The node's tree").
-    this.shards = new EgressShards(this.ifbName, opts.shards ?? 1);
-    // Several egress trees under a capacity: each shard's node class at its share (shares.ts).
-    this.shares = cap !== undefined && this.shards.ifbs.length > 1 ? new ShardShares(cap, this.shards.ifbs.length) : undefined;
+    this.shards = new Shards(this.ifbName, opts.shards ?? 1);
+    const inCount = Math.min(opts.shards ?? 1, MAX_INGRESS_SHARDS);
+    this.inShards = capIn === undefined ? undefined : new Shards(this.ifbName, inCount, 'ingress');
+    // Several trees under a capacity: each shard's node class at its share (shares.ts).
+    this.shares = cap !== undefined && this.shards.ifbs.length > 1 ? new ShardShares(cap, this.shards.ifbs) : undefined;
+    this.inShares = capIn !== undefined && this.inShards && inCount > 1 ? new ShardShares(capIn, this.inShards.ifbs) : undefined;
     this.log = moduleLogger(opts.logger ?? silentLogger(), 'shaper');
     this.steering =
       this.tree || this.ingressTree
         ? new Steering(
             {
               capacity: (d) => (d === 'egress' ? this.tree?.capacity : this.ingressTree?.tree.capacity),
-              ifbs: (d) => (d === 'egress' ? this.ifbs : this.ingressTree ? [this.ingressTree.ifb] : []),
-              bestEffort: (d) => this.bestEffort(d),
-              steer: (d, ids, into) => this.steer(d, ids, into),
-              shards: () => this.shardLoads(),
-              setShares: (next) => this.setShares(next),
+              ifbs: (d) => (d === 'egress' ? this.ifbs : (this.inShards?.ifbs ?? [])),
+              bestEffort: (d) => bestEffortPods(this.records.values(), d),
+              steer: (d, ids, into) => steerPods(this.steerCtx, d, ids, into),
+              shards: (d) => this.shardLoads(d),
+              setShares: (d, next) => this.setShares(d, next),
             },
             this.log,
           )
@@ -182,14 +189,20 @@ export class Shaper {
     return this.tree !== undefined || this.ingressTree !== undefined || !isUnshaped(limits);
   }
 
-  /** The trees tc-plan.ts plans in. */
-  private get trees(): Trees {
-    return { ...(this.tree ? { egress: this.tree } : {}), ...(this.ingressTree ? { ingress: this.ingressTree } : {}) };
+  /** The trees tc-plan.ts plans a pod's change in (its ingress shard's ifb). */
+  private treesOf(rec: ShapingState): Trees {
+    const inTree = this.inTreeOf(rec);
+    return { ...(this.tree ? { egress: this.tree } : {}), ...(inTree ? { ingress: inTree } : {}) };
   }
 
-  /** Every ifb the shaper needs: the egress shards', and the ingress tree's. */
+  /** The pod's ingress tree: its ingress shard's ifb and the tree; undefined without one. */
+  private inTreeOf(rec: ShapingState): { ifb: string; tree: TreeParams } | undefined {
+    return this.ingressTree && this.inShards ? { ifb: this.inShards.ifbOf(rec), tree: this.ingressTree.tree } : undefined;
+  }
+
+  /** Every ifb the shaper needs: the egress shards', and the ingress shards'. */
   private get allIfbs(): string[] {
-    return [...this.ifbs, ...(this.ingressTree ? [this.ingressTree.ifb] : [])];
+    return [...this.ifbs, ...(this.inShards?.ifbs ?? [])];
   }
 
   /** Whether a pod with these limits has its egress on an ifb. */
@@ -221,7 +234,7 @@ export class Shaper {
     const t0 = performance.now();
     if (this.records.size === 0) {
       this.adopt(known);
-      if (this.steering) await this.adoptSteering();
+      if (this.steering) await adoptSteering(this.steerCtx);
     }
     const links = new Map((await nl.linkList()).map((l) => [l.name, l]));
     await batch('ip', ifbLinkLines(this.allIfbs, links));
@@ -233,16 +246,22 @@ export class Shaper {
         this.shards.classIds(k),
         this.shares?.tree(k) ?? this.tree,
       );
-    if (this.shares) {
-      // The shares the last process left (a restart changes nothing), or an even split.
-      const found = this.ifbs.map((ifb) => nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate);
-      if (!this.shares.adopt(found)) await this.tc(this.shares.lines(this.ifbs), { force: true });
-    }
-    if (this.ingressTree)
-      await this.initIfb(this.ingressTree.ifb, 'ingress', [...this.records.values()], this.inIds, this.ingressTree.tree);
+    if (this.inShards && this.ingressTree)
+      for (const [k, ifb] of this.inShards.ifbs.entries())
+        await this.initIfb(
+          ifb,
+          'ingress',
+          [...this.records.values()].filter((r) => (r.ingressShard ?? 0) === k),
+          this.inShards.classIds(k),
+          this.inShares?.tree(k) ?? this.ingressTree.tree,
+        );
+    // The shares the last process left (a restart changes nothing), or an even split.
+    for (const sh of [this.shares, this.inShares])
+      if (sh && !sh.adopt(sh.ifbs.map((ifb) => nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate)))
+        await this.tc(sh.lines(), { force: true });
     await this.removeExtraShards();
     // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
-    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.ingressTree));
+    const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.inTreeOf(r)));
     if (leaves.length > 0) await this.tc(leaves, { force: true });
     if (this.unshaped) await ensureUnshaped((lines, o) => this.tc(lines, o), this.ifbs, this.unshaped, this.log);
     this.steering?.start();
@@ -311,10 +330,12 @@ export class Shaper {
    * agent's reconcile after a start).
    */
   private async removeExtraShards(): Promise<void> {
-    const inIfb = ingressIfb(this.ifbName);
+    const inCount = this.inShards?.ifbs.length ?? 0;
     const extra = (await nl.linkList())
       .filter(
-        (l) => l.type === 'ifb' && ((shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length || (l.name === inIfb && !this.ingressTree)),
+        (l) =>
+          l.type === 'ifb' &&
+          ((shardOf(this.ifbName, l.name) ?? 0) >= this.ifbs.length || (ingressShardOf(this.ifbName, l.name) ?? -1) >= inCount),
       )
       .map((l) => l.name);
     if (extra.length === 0) return;
@@ -344,7 +365,7 @@ export class Shaper {
   private adopt(known: ShapingState[]): void {
     this.records.clear();
     this.shards.clear();
-    this.inIds.clear();
+    this.inShards?.clear();
     this.groupIds.clear();
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
@@ -358,9 +379,10 @@ export class Shaper {
       }
       // Its ingress class: kept while there is an ingress tree (else the ifb goes, and its next
       // ensure, seeing the id, replaces the veth's redirect root by today's layout).
-      if (rec.ingressClassId && this.ingressTree && !this.inIds.claim(rec.ingressClassId)) {
+      if (rec.ingressClassId && this.inShards && !this.inShards.classIds(rec.ingressShard)?.claim(rec.ingressClassId)) {
         delete rec.ingressClassId;
         delete rec.ingressFilters;
+        delete rec.ingressShard;
         rec.ingressInstalled = false;
       }
       // Its namespace's class: a pod whose class cannot be claimed is re-made under it on its next ensure.
@@ -448,28 +470,44 @@ export class Shaper {
     if (outside) rec.outside = outside;
     let allocated = false;
     let allocatedIn = false;
-    if (this.ingressTree && rec.ingressInstalled) {
-      if (prev?.ingressClassId) {
-        rec.ingressClassId = prev.ingressClassId;
-        if (prev.ingressBase) rec.ingressBase = prev.ingressBase;
-      } else {
-        const { id, reused } = this.inIds.allocate(rec.ingressParent !== undefined);
-        rec.ingressClassId = id;
-        allocatedIn = true;
-        const base = reused ? classBaseline(this.ingressTree.ifb, id) : undefined;
-        if (base) rec.ingressBase = base;
-      }
-    }
     // A pod joining a namespace's class on another shard moves there (the namespace's total is one class).
     const mates = rec.egressInstalled ? this.shards.groupShard(rec, rec.egressParent, this.records.values()) : undefined;
     const moves = !!prev?.classId && !!rec.classId && mates !== undefined && mates !== (prev.shard ?? 0);
-    if (moves) {
-      await this.tc(ifbSideDelLines(prev, { egress: this.ifbOf(prev) }), { force: true });
-      giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
-      rec.classId = 0;
-      delete rec.egressBase;
+    const inMates = rec.ingressInstalled ? this.inShards?.groupShard(rec, rec.ingressParent, this.records.values()) : undefined;
+    const movesIn = !!prev?.ingressClassId && inMates !== undefined && inMates !== (prev.ingressShard ?? 0);
+    if (prev && (moves || movesIn)) {
+      const was = { ...(moves ? { egress: this.ifbOf(prev) } : {}), ...(movesIn ? { ingress: this.inTreeOf(prev)?.ifb } : {}) };
+      await this.tc(ifbSideDelLines(prev, was), { force: true });
+      if (moves) giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
+      if (movesIn && prev.ingressClassId) giveBack(this.inShards?.mustClassIds(prev.ingressShard), prev.ingressClassId, prev.ingressParent);
+      if (moves) {
+        rec.classId = 0;
+        delete rec.egressBase;
+      }
     }
-    const planPrev = moves && prev ? { ...prev, classId: 0, filters: [], egressInstalled: false } : prev;
+    if (this.ingressTree && this.inShards && rec.ingressInstalled) {
+      if (prev?.ingressClassId && !movesIn) {
+        rec.ingressClassId = prev.ingressClassId;
+        if (prev.ingressShard) rec.ingressShard = prev.ingressShard;
+        if (prev.ingressBase) rec.ingressBase = prev.ingressBase;
+      } else {
+        const shard = inMates ?? this.inShards.emptiest(this.records.values());
+        const { id, reused } = this.inShards.mustClassIds(shard).allocate(rec.ingressParent !== undefined);
+        rec.ingressClassId = id;
+        if (shard) rec.ingressShard = shard;
+        allocatedIn = true;
+        const base = reused ? classBaseline(this.inShards.ifbOf(rec), id) : undefined;
+        if (base) rec.ingressBase = base;
+      }
+    }
+    const planPrev =
+      prev && (moves || movesIn)
+        ? {
+            ...prev,
+            ...(moves ? { classId: 0, filters: [], egressInstalled: false } : {}),
+            ...(movesIn ? { ingressClassId: 0, ingressFilters: [] } : {}),
+          }
+        : prev;
     if (rec.egressInstalled && !rec.classId) {
       const shard = mates ?? this.shards.emptiest(this.records.values());
       const { id, reused } = this.shards.mustClassIds(shard).allocate(rec.egressParent !== undefined);
@@ -481,7 +519,13 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const plan = planEnsure(ifb, planPrev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.trees);
+    const plan = planEnsure(
+      ifb,
+      planPrev,
+      rec,
+      prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth),
+      this.treesOf(rec),
+    );
     const pre = plan.pre;
     // Its namespace's classes first (a pod class needs its parent), sized with the pod as it is now.
     const groups = groupLinesWith(rec, this.records.values(), this.sidesOf(rec));
@@ -504,15 +548,18 @@ export class Shaper {
         // filters would outlive the id's next pod (the churn e2e saw them).
         const undo = ifbSideDelLines(rec, {
           ...(allocated ? { egress: this.ifbOf(rec) } : {}),
-          ...(allocatedIn && this.ingressTree ? { ingress: this.ingressTree.ifb } : {}),
+          ...(allocatedIn && this.inShards ? { ingress: this.inShards.ifbOf(rec) } : {}),
         });
         if (undo.length > 0) await this.tc(undo, { force: true }).catch(() => undefined);
       }
       if (allocated) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
-      if (allocatedIn && rec.ingressClassId) giveBack(this.inIds, rec.ingressClassId, rec.ingressParent);
+      if (allocatedIn && rec.ingressClassId) giveBack(this.inShards?.mustClassIds(rec.ingressShard), rec.ingressClassId, rec.ingressParent);
+      // A move's old side is gone: the pod keeps none that way, and its next ensure makes it anew.
+      if (planPrev && planPrev !== prev) this.records.set(pod.id, planPrev);
       throw err;
     }
-    if (!rec.ingressClassId && prev?.ingressClassId && this.ingressTree) giveBack(this.inIds, prev.ingressClassId, prev.ingressParent);
+    if (!rec.ingressClassId && prev?.ingressClassId && !movesIn)
+      giveBack(this.inShards?.mustClassIds(prev.ingressShard), prev.ingressClassId, prev.ingressParent);
     if (!rec.egressInstalled && prev?.classId && !moves) {
       giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
       rec.classId = 0;
@@ -524,109 +571,44 @@ export class Shaper {
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
 
-  /**
-   * Which adopted best-effort pods are out of the trees, as their veths say (one qdisc listing):
-   * the steering of the last process is not in the states it handed over, and a restart must not
-   * change the node. A spell outside counts on from the veth's counter now.
-   */
-  private async adoptSteering(): Promise<void> {
-    const roots = new Set<string>();
-    const ingress = new Set<string>();
-    for (const line of (await batch('tc', ['qdisc show'], { force: true })).stdout.split('\n')) {
-      const m = /^qdisc (\S+) (\S+) dev (\S+) (root|parent)/.exec(line);
-      if (m?.[1] === 'ingress' && m[3]) ingress.add(m[3]);
-      if (m?.[1] === 'htb' && m[2] === VETH.root && m[4] === 'root' && m[3]) roots.add(m[3]);
-    }
-    for (const rec of this.records.values()) {
-      if (!rec.hostVeth || !linkExists(rec.hostVeth)) continue;
-      const out = (['egress', 'ingress'] as const).filter(
-        (d) =>
-          isBestEffort(rec.limits, d) &&
-          (d === 'egress'
-            ? rec.egressInstalled && this.tree && !ingress.has(rec.hostVeth)
-            : rec.ingressInstalled && this.ingressTree && !roots.has(rec.hostVeth)),
-      );
-      const outside: Partial<Record<Direction, OutsideCount>> = {};
-      for (const d of ['egress', 'ingress'] as const) {
-        const was = rec.outside?.[d];
-        if (out.includes(d)) outside[d] = { carried: { ...(was?.carried ?? ZERO) }, from: vethCountNow(rec.hostVeth, d) ?? { ...ZERO } };
-        else if (was) outside[d] = { carried: { ...was.carried } };
-      }
-      if (out.length > 0) rec.bypass = out;
-      else delete rec.bypass;
-      if (Object.keys(outside).length > 0) rec.outside = outside;
-    }
+  /** What steer-ops.ts works on: the pods' states, their locks, the tc runner and their ifbs. */
+  private get steerCtx(): SteerContext {
+    return {
+      records: this.records,
+      mutex: this.mutex,
+      tc: this.tc,
+      ifbOf: this.ifbOf,
+      inIfbOf: (r) => this.inTreeOf(r)?.ifb,
+      trees: { egress: this.tree !== undefined, ingress: this.ingressTree !== undefined },
+    };
   }
 
-  /** The best-effort pods in a direction's tree with a veth, and whether each is out of it (steering.ts). */
-  private bestEffort(dir: Direction): Array<{ id: string; hostVeth: string; out: boolean }> {
-    const out: Array<{ id: string; hostVeth: string; out: boolean }> = [];
-    for (const r of this.records.values()) {
-      const installed = dir === 'egress' ? r.egressInstalled && r.classId > 0 : r.ingressInstalled && !!r.ingressClassId;
-      if (installed && r.hostVeth !== '' && isBestEffort(r.limits, dir))
-        out.push({ id: r.id, hostVeth: r.hostVeth, out: bypasses(r, dir) });
-    }
-    return out;
+  /** A direction's shards as the share mover sees them (steering.ts; empty without several trees that way). */
+  private shardLoads(dir: Direction): ShardView[] {
+    const [shards, shares] = dir === 'egress' ? [this.shards, this.shares] : [this.inShards, this.inShares];
+    const now = shares?.all();
+    if (!now || !shards) return [];
+    return shards.loads(this.records.values()).map((l, k) => ({ ifb: shards.ifbs[k] ?? '', share: now[k] ?? 0, ...l }));
   }
 
-  /**
-   * Best-effort pods into a direction's tree (their veth's redirect added) or out of it (deleted),
-   * each under its own lock; a pod that changed meanwhile (gone, shaped, already there) is left.
-   */
-  private async steer(dir: Direction, ids: string[], into: boolean): Promise<void> {
-    const errors: unknown[] = [];
-    await Promise.all(
-      ids.map((id) =>
-        this.mutex
-          .run(id, async () => {
-            const rec = this.records.get(id);
-            if (!rec?.hostVeth || !isBestEffort(rec.limits, dir) || bypasses(rec, dir) !== into) return;
-            const installed = dir === 'egress' ? rec.egressInstalled && rec.classId > 0 : rec.ingressInstalled && !!rec.ingressClassId;
-            if (!installed || (dir === 'ingress' && !this.ingressTree)) return;
-            const veth = rec.hostVeth;
-            const count = vethCountNow(veth, dir);
-            if (into) {
-              const lines = dir === 'egress' ? redirectLines(veth, this.ifbOf(rec)) : vethToIfbLines(veth, this.ingressTree?.ifb ?? '');
-              // The ingress root's replace fails where an htb is there already (htb has no change).
-              await this.tc(lines, dir === 'ingress' ? { optional: new Set([1]) } : {});
-            } else {
-              await this.tc([dir === 'egress' ? `qdisc del dev ${veth} ingress` : `qdisc del dev ${veth} root`], { force: true });
-            }
-            const rest = (rec.bypass ?? []).filter((d) => d !== dir);
-            if (into) {
-              if (rest.length > 0) rec.bypass = rest;
-              else delete rec.bypass;
-            } else rec.bypass = [...rest, dir];
-            rec.outside = { ...rec.outside, [dir]: spell(rec.outside?.[dir], into ? undefined : (count ?? ZERO), count) };
-          })
-          .catch((err: unknown) => errors.push(err)),
-      ),
-    );
-    if (errors.length > 0) throw new AggregateKubenetError(`steering best-effort pods ${into ? 'into' : 'out of'} the ${dir} tree`, errors);
-  }
-
-  /** The egress shards as the share mover sees them (steering.ts; empty without several trees). */
-  private shardLoads(): ShardView[] {
-    const shares = this.shares?.all();
-    if (!shares) return [];
-    return this.shards.loads(this.records.values()).map((l, k) => ({ ifb: this.ifbs[k] ?? '', share: shares[k] ?? 0, ...l }));
-  }
-
-  private async setShares(next: number[]): Promise<void> {
-    if (!this.shares) return;
-    const was = [...this.shares.all()];
-    this.shares.set(next);
-    // Shares that drop first: the node's sum never passes the capacity between two lines.
-    const lines = this.shares.lines(this.ifbs);
-    const order = lines.map((_, k) => k).sort((a, b) => (next[a] ?? 0) - (was[a] ?? 0) - ((next[b] ?? 0) - (was[b] ?? 0)));
-    await this.tc(order.map((k) => lines[k] ?? '')).catch((err: unknown) => {
-      this.shares?.set(was);
+  private async setShares(dir: Direction, next: number[]): Promise<void> {
+    const sh = dir === 'egress' ? this.shares : this.inShares;
+    const was = sh ? [...sh.all()] : [];
+    if (!sh) return;
+    await this.tc(sh.change(next)).catch((err: unknown) => {
+      sh.set(was);
       throw err;
     });
   }
 
-  /** The egress shards' shares of the capacity now, bits/s (undefined with one tree or none). */
-  shareOf = (): readonly number[] | undefined => this.shares?.all();
+  /** A direction's shards' shares of its capacity now, bits/s (undefined with one tree or none). */
+  shareOf = (dir: Direction = 'egress'): readonly number[] | undefined => (dir === 'egress' ? this.shares : this.inShares)?.all();
+
+  /** The ifb carrying a pod's traffic to it (its ingress shard's), with an ingress tree. */
+  inIfbOfPod(podId: string): string | undefined {
+    const r = this.records.get(podId);
+    return r?.ingressClassId ? this.inTreeOf(r)?.ifb : undefined;
+  }
 
   /** Whether each direction's best-effort pods are in its tree now (hot), by direction with a tree. */
   steered(): { egress?: boolean; ingress?: boolean } {
@@ -661,7 +643,7 @@ export class Shaper {
   private sidesOf(rec: ShapingState): GroupSides {
     return {
       ...(this.tree ? { egress: { ifb: this.ifbOf(rec), tree: this.tree } } : {}),
-      ...(this.ingressTree ? { ingress: this.ingressTree } : {}),
+      ...(this.inTreeOf(rec) ? { ingress: this.inTreeOf(rec) } : {}),
     };
   }
 
@@ -684,7 +666,8 @@ export class Shaper {
       await this.kernelRemove(rec, log, opts.vethDeleted === true);
       this.records.delete(podId);
       if (rec.classId) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
-      if (rec.ingressClassId && this.ingressTree) giveBack(this.inIds, rec.ingressClassId, rec.ingressParent);
+      if (rec.ingressClassId && this.inShards)
+        giveBack(this.inShards.mustClassIds(rec.ingressShard), rec.ingressClassId, rec.ingressParent);
       if (rec.group !== undefined) await this.dropEmptyGroups(rec, log);
       log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.idleClasses() }, 'pod shaping removed');
     }
@@ -701,7 +684,8 @@ export class Shaper {
       if (rec.egressInstalled && !bypasses(rec, 'egress')) lines.push(`qdisc del dev ${rec.hostVeth} ingress`);
       if (rec.ingressInstalled && !bypasses(rec, 'ingress')) lines.push(`qdisc del dev ${rec.hostVeth} root`);
     }
-    lines.push(...ifbSideDelLines(rec, { egress: this.ifbOf(rec), ...(this.ingressTree ? { ingress: this.ingressTree.ifb } : {}) }));
+    const inTree = this.inTreeOf(rec);
+    lines.push(...ifbSideDelLines(rec, { egress: this.ifbOf(rec), ...(inTree ? { ingress: inTree.ifb } : {}) }));
     const r = await this.tc(lines, { force: true });
     if (r.failed.length > 0)
       log.warn({ failed: r.failed.map((n) => lines[n - 1]), stderr: r.stderr }, 'some shaping objects were already gone');
@@ -747,7 +731,12 @@ export class Shaper {
    * a lookup by name per pod. A device that is gone (a pod being deleted) leaves that direction out.
    */
   counters(ifindex?: (podId: string) => number | undefined): Promise<CounterSnapshot> {
-    return this.counterReader.read([...this.records.values()], (r) => this.ifbOf(r), ifindex, this.ingressTree?.ifb);
+    return this.counterReader.read(
+      [...this.records.values()],
+      (r) => this.ifbOf(r),
+      ifindex,
+      (r) => this.inTreeOf(r)?.ifb,
+    );
   }
 
   /** Removes the shaping of every pod this shaper knows, and the shards' ifbs. */
@@ -765,7 +754,7 @@ export class Shaper {
     await this.steering?.stop();
     this.records.clear();
     this.shards.clear();
-    this.inIds.clear();
+    this.inShards?.clear();
     this.ready = undefined;
     this.session?.close();
     if (errors.length > 0) throw new AggregateKubenetError('shaper reset', errors);
@@ -794,7 +783,8 @@ function sameRate(got: number | undefined, want: number): boolean {
 const GROUPS_KEY = '\0groups';
 
 /** A pod's class id back: to the pool of idle classes, or, under a namespace's class (deleted), freed. */
-function giveBack(ids: ClassIds, id: number, parent: number | undefined): void {
+function giveBack(ids: ClassIds | undefined, id: number, parent: number | undefined): void {
+  if (!ids) return;
   if (parent) ids.free(id);
   else ids.release(id);
 }

@@ -387,7 +387,10 @@ serial('large TCP (iperf3, 5 s) and UDP with DF across the tunnel; TCP direct fo
     `iperf3 UDP 1400-byte datagrams, DF, 100M through VXLAN: ${udp.end?.sum?.packets} packets, ${udp.end?.sum?.lost_percent.toFixed(2)} % lost, ${((udp.end?.sum?.bits_per_second ?? 0) / 1e6).toFixed(0)} Mbit/s`,
   );
   t.true((udp.end?.sum?.packets ?? 0) > 1000);
-  t.true((udp.end?.sum?.lost_percent ?? 100) < 5);
+  // What this guards is the offload/checksum class of bug (flannel#2152), where datagrams across the
+  // tunnel are lost outright. On two cores shared with the rest of the suite, 100M of UDP lost up to
+  // 8.3 % to socket buffers (CI, 2026-12-05): the bound tells a broken path from a busy one.
+  t.true((udp.end?.sum?.lost_percent ?? 100) < 25, `lost ${udp.end?.sum?.lost_percent} %`);
 });
 
 serial('an InternalIP change moves the tunnel: the FDB entry, neighbour and device follow, pods reach each other again', async (t) => {

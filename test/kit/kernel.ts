@@ -76,12 +76,15 @@ export async function delIfbs(ifb: string): Promise<void> {
   for (const name of await ifbShardNames(ifb)) await delLink(name);
 }
 
-/** The ifb `ifb`, its egress shards and its ingress tree's ifb (`ifb.in`) that exist now (in this process's netns, or `netns`). */
+/**
+ * The ifb `ifb`, its egress shards (`ifb.1`, ...) and its ingress shards (`ifb.in`, `ifb.i1`, ...)
+ * that exist now (in this process's netns, or `netns`).
+ */
 export async function ifbShardNames(ifb: string, netns?: string): Promise<string[]> {
   const r = await sh('ip', [...(netns ? ['-n', netns] : []), '-o', 'link', 'show', 'type', 'ifb'], { reject: false });
   return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)]
     .map((m) => m[1] ?? '')
-    .filter((n) => n === ifb || n === `${ifb}.in` || /^\d+$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
+    .filter((n) => n === ifb || /^([1-9]\d*|in|i[1-9a-z])$/.test(n.startsWith(`${ifb}.`) ? n.slice(ifb.length + 1) : ''));
 }
 
 export async function linkExists(name: string, netns?: string): Promise<boolean> {

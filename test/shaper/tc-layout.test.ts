@@ -16,7 +16,7 @@ import {
   vethLines,
   type ShapingState,
 } from '../../src/shaper/tc-layout.js';
-import { ClassIds, EgressShards, planEnsure } from '../../src/shaper/tc-plan.js';
+import { ClassIds, Shards, planEnsure } from '../../src/shaper/tc-plan.js';
 
 const IFB = 'kifb';
 
@@ -251,7 +251,7 @@ test('egress shards: names, what a name is, and the ip lines that make their ifb
 });
 
 test('egress shards: a new pod goes to the shard with the fewest, the first of those', (t) => {
-  const s = new EgressShards('kifb', 3);
+  const s = new Shards('kifb', 3);
   t.deepEqual(s.ifbs, ['kifb', 'kifb.1', 'kifb.2']);
   const on = (shard: number | undefined, classId = 1) => state({ classId, ...(shard === undefined ? {} : { shard }) });
   t.is(s.emptiest([]), 0);

@@ -6,7 +6,9 @@
  */
 import test from 'ava';
 import { execa } from 'execa';
+import { ingressShardIfb, ingressShardOf, MAX_INGRESS_SHARDS } from '../../src/shaper/shard-names.js';
 import { Shaper } from '../../src/shaper/tc.js';
+import { Shards } from '../../src/shaper/tc-plan.js';
 import { isRoot } from '../kit/kernel.js';
 import { podOf, shaperEnv } from '../kit/shaper-env.js';
 import { iperf, retryLog } from '../kit/topo.js';
@@ -117,3 +119,99 @@ kTest('a namespace with a total: its pods on one shard (its class is one), a pod
     'no pod filter on shard 1',
   );
 });
+
+kTest('bands across two shards: a band-0 pod on one takes most of the capacity from a band-2 pod on the other', async (t) => {
+  const capacity = 200e6;
+  const env = await shaperEnv(t, 4, 2, { egress: capacity });
+  const [a, b, c, d] = env.topo.pods as [
+    (typeof env.topo.pods)[0],
+    (typeof env.topo.pods)[0],
+    (typeof env.topo.pods)[0],
+    (typeof env.topo.pods)[0],
+  ];
+  await env.shaper.ensure(podOf(a, { priority: 0 }));
+  await env.shaper.ensure(podOf(b, { priority: 2 }));
+  await env.shaper.ensure(podOf(c, {}));
+  await env.shaper.ensure(podOf(d, {}));
+  t.not(env.shaper.ifbOfPod(a.id), env.shaper.ifbOfPod(b.id), 'the two on different shards');
+  const [ra, rb] = await withTrafficLock(() =>
+    Promise.all([iperf(c, a, { seconds: 5, onRetry: retryLog(t) }), iperf(d, b, { seconds: 5, onRetry: retryLog(t) })]),
+  );
+  t.log(
+    `band 0: ${ra.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}; band 2: ${rb.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')} Mbit/s`,
+  );
+  for (const i of [2, 3, 4]) {
+    const [x, y] = [ra.intervals[i] ?? NaN, rb.intervals[i] ?? NaN];
+    t.true(x / (x + y) >= 0.75, `band 0's part of the two (the trees' goal >= 75 %): ${((100 * x) / (x + y)).toFixed(1)} %`);
+    t.true(x + y <= capacity * 1.05, `together within the capacity: ${((x + y) / 1e6).toFixed(1)}M`);
+  }
+});
+
+test('ingress shard names: <ifb>.in, then <ifb>.i1 .. <ifb>.iz, within 15 bytes; read back', (t) => {
+  t.is(ingressShardIfb('kubenet-ifb0', 0), 'kubenet-ifb0.in');
+  t.is(ingressShardIfb('kubenet-ifb0', 1), 'kubenet-ifb0.i1');
+  t.is(ingressShardIfb('kubenet-ifb0', 35), 'kubenet-ifb0.iz');
+  for (const k of [0, 1, 9, 10, 35]) t.is(ingressShardOf('kubenet-ifb0', ingressShardIfb('kubenet-ifb0', k)), k);
+  for (const other of ['kubenet-ifb0', 'kubenet-ifb0.1', 'kubenet-ifb0.i0', 'kubenet-ifb0.i10', 'kubenet-ifb1.in'])
+    t.is(ingressShardOf('kubenet-ifb0', other), undefined, other);
+  // More egress shards than names for ingress ones: the ingress tree has MAX_INGRESS_SHARDS.
+  t.throws(() => new Shards('kubenet-ifb0', MAX_INGRESS_SHARDS + 1, 'ingress'), { message: /ingress shards must be an integer 1\.\.36/ });
+  t.is(new Shards('kubenet-ifb0', MAX_INGRESS_SHARDS, 'ingress').ifbs.at(-1), 'kubenet-ifb0.iz');
+});
+
+kTest(
+  'two ingress shards under a 200M ingress capacity: pods on .in and .i1, one flow to a pod alone gets the capacity, two flows to pods on two shards split it; removal leaves no pod filter',
+  async (t) => {
+    const capacity = 200e6;
+    const env = await shaperEnv(t, 4, 2, { ingress: capacity });
+    const [a, b, c, d] = env.topo.pods as [
+      (typeof env.topo.pods)[0],
+      (typeof env.topo.pods)[0],
+      (typeof env.topo.pods)[0],
+      (typeof env.topo.pods)[0],
+    ];
+    const [in0, in1] = [`${env.ifb}.in`, `${env.ifb}.i1`];
+    // Receivers with an ingress guarantee (always in the tree), one per ingress shard; senders without limits.
+    await env.shaper.ensure(podOf(a, { ingressGuarantee: 10e6 }));
+    await env.shaper.ensure(podOf(b, { ingressGuarantee: 10e6 }));
+    await env.shaper.ensure(podOf(c, {}));
+    await env.shaper.ensure(podOf(d, {}));
+    t.is(env.shaper.inIfbOfPod(a.id), in0);
+    t.is(env.shaper.inIfbOfPod(b.id), in1);
+    t.regex((await execa('tc', ['filter', 'show', 'dev', b.hostVeth, 'parent', '2:'])).stdout, new RegExp(`Redirect to device ${in1}\\)`));
+    const rates = async () => [await nodeRate(in0), await nodeRate(in1)];
+    t.true((await rates()).reduce((x, y) => x + y, 0) <= capacity, `the node classes add up to at most the capacity: ${await rates()}`);
+
+    const alone = await iperf(b, c, { seconds: 4, onRetry: retryLog(t) });
+    t.log(`to b alone, 1 s intervals (Mbit/s): ${alone.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}`);
+    for (const x of alone.intervals.slice(1, 4))
+      t.true(x >= capacity * 0.8 && x <= capacity * 1.03, `one flow to a pod on one shard gets the capacity: ${(x / 1e6).toFixed(1)}M`);
+
+    const [ra, rb] = await withTrafficLock(() =>
+      Promise.all([iperf(a, c, { seconds: 5, onRetry: retryLog(t) }), iperf(b, d, { seconds: 5, onRetry: retryLog(t) })]),
+    );
+    t.log(
+      `to a: ${ra.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}; to b: ${rb.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')} Mbit/s`,
+    );
+    for (const i of [1, 2, 3]) {
+      const [x, y] = [ra.intervals[i] ?? NaN, rb.intervals[i] ?? NaN];
+      t.true(x + y <= capacity * 1.05 && x + y >= capacity * 0.8, `together about the capacity: ${((x + y) / 1e6).toFixed(1)}M`);
+      t.true(Math.min(x, y) >= capacity * 0.3, `each a fair part: ${(x / 1e6).toFixed(1)}M / ${(y / 1e6).toFixed(1)}M`);
+    }
+
+    // A restart keeps each pod on its shard; removal leaves no pod filter on either.
+    const states = env.shaper.states();
+    env.shaper.close();
+    const again = new Shaper({ ifbName: env.ifb, shards: 2, capacity: { ingress: capacity } });
+    t.teardown(() => again.close());
+    await again.init(states);
+    t.is(again.inIfbOfPod(b.id), in1);
+    for (const p of [a, b, c, d]) await again.remove(p.id);
+    for (const ifb of [in0, in1])
+      t.is(
+        (await execa('tc', ['filter', 'show', 'dev', ifb, 'parent', '1:'])).stdout.match(/flowid 1:/g)?.length ?? 0,
+        0,
+        `no pod filter on ${ifb}`,
+      );
+  },
+);

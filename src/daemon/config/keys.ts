@@ -253,14 +253,14 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     value: 'kubenet-ifb0',
     flag: '--ifb-name',
     description:
-      "The ifb device that shapes shaped pods' egress (at most 15 bytes); with more than one egress shard (`ifbShards`), the others are `<ifbName>.1`, `<ifbName>.2`, ...; with an ingress capacity, `<ifbName>.in` holds the ingress tree. Created when the agent starts.",
+      "The ifb device that shapes shaped pods' egress (at most 15 bytes); with more than one egress shard (`ifbShards`), the others are `<ifbName>.1`, `<ifbName>.2`, ...; with an ingress capacity, `<ifbName>.in` holds the ingress tree (with several shards, `<ifbName>.i1`, ... too). Created when the agent starts.",
     validate: ifName,
   },
   ifbShards: {
     type: 'integer',
     value: 0,
     flag: '--ifb-shards',
-    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}. With an egress capacity, 0 is one tree, and a count of 2 or more splits the capacity over that many trees, each shard's share moved by demand every 100 ms (docs/shaping.md, "Egress shards under a capacity").`,
+    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}. With a capacity, 0 is one tree each way, and a count of 2 or more splits each direction's capacity over that many trees (ingress: at most 36), each shard's share moved by demand every 100 ms (docs/shaping.md, "Egress shards under a capacity").`,
     validate: (value, fail) => {
       const expected = `an integer from 0 (chosen from the CPUs) to ${MAX_SHARDS}`;
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_SHARDS) throw fail(expected);
