@@ -19,6 +19,9 @@
  * restart is in the tree until the first cool decision, and a pod added while its direction is hot
  * starts in it. What this costs and buys: docs/shaping.md, "Pods that asked for nothing".
  *
+ * The same tick moves the shares of a direction's shards (several trees that way: shares.ts) from
+ * the same dump: each shard's ifb and its pods' veths.
+ *
  * The promise it trades: while a direction is cool a best-effort pod's traffic is not counted
  * against the node class, so the node's sum can pass the capacity by what such pods start sending
  * within one tick and one tc batch of rising past IN_SHARE (a guarantee is at risk only where the
