@@ -10,8 +10,8 @@ import { ingressShardIfb, ingressShardOf, MAX_INGRESS_SHARDS } from '../../src/s
 import { Shaper } from '../../src/shaper/tc.js';
 import { Shards } from '../../src/shaper/tc-plan.js';
 import { isRoot } from '../kit/kernel.js';
-import { podOf, shaperEnv } from '../kit/shaper-env.js';
-import { iperf, retryLog } from '../kit/topo.js';
+import { podOf, shaperEnv, type ShaperEnv } from '../kit/shaper-env.js';
+import { iperf, retryLog, type TopoPod } from '../kit/topo.js';
 import { withTrafficLock } from '../kit/traffic-lock.js';
 import { until } from '../kit/until.js';
 
@@ -23,17 +23,19 @@ async function nodeRate(ifb: string): Promise<number> {
   return Number(m?.[1] ?? NaN) * ({ '': 1, K: 1e3, M: 1e6, G: 1e9 }[m?.[2] ?? ''] ?? NaN);
 }
 
+/** The env's pods a..d (shaperEnv made at least `n` of them; the rest of the four are not used). */
+function pods(env: ShaperEnv, n: 3 | 4): [TopoPod, TopoPod, TopoPod, TopoPod] {
+  const p = env.topo.pods;
+  if (p.length < n) throw new Error(`shaperEnv made ${p.length} pods, not ${n}`);
+  return p as [TopoPod, TopoPod, TopoPod, TopoPod];
+}
+
 kTest(
   'two egress shards under a 200M capacity: node classes at shares adding up to it, one flow alone gets it, two flows on two shards split it',
   async (t) => {
     const capacity = 200e6;
     const env = await shaperEnv(t, 4, 2, { egress: capacity });
-    const [a, b, c, d] = env.topo.pods as [
-      (typeof env.topo.pods)[0],
-      (typeof env.topo.pods)[0],
-      (typeof env.topo.pods)[0],
-      (typeof env.topo.pods)[0],
-    ];
+    const [a, b, c, d] = pods(env, 4);
     t.deepEqual(env.shaper.ifbs, [env.ifb, `${env.ifb}.1`], 'two trees');
     // Senders with a guarantee (always in the tree), one per shard; receivers without limits.
     await env.shaper.ensure(podOf(a, { egressGuarantee: 10e6 }));
@@ -94,7 +96,7 @@ kTest(
 
 kTest('a namespace with a total: its pods on one shard (its class is one), a pod joining it later moves to that shard', async (t) => {
   const env = await shaperEnv(t, 3, 2, { egress: 100e6 });
-  const [a, b, c] = env.topo.pods as [(typeof env.topo.pods)[0], (typeof env.topo.pods)[0], (typeof env.topo.pods)[0]];
+  const [a, b, c] = pods(env, 3);
   await env.shaper.ensure({ ...podOf(a, { egressTotal: 40e6 }), group: 'ns1' });
   await env.shaper.ensure({ ...podOf(b, {}), group: 'ns2' });
   await env.shaper.ensure({ ...podOf(c, {}), group: 'ns1' });
@@ -123,12 +125,7 @@ kTest('a namespace with a total: its pods on one shard (its class is one), a pod
 kTest('bands across two shards: a band-0 pod on one takes most of the capacity from a band-2 pod on the other', async (t) => {
   const capacity = 200e6;
   const env = await shaperEnv(t, 4, 2, { egress: capacity });
-  const [a, b, c, d] = env.topo.pods as [
-    (typeof env.topo.pods)[0],
-    (typeof env.topo.pods)[0],
-    (typeof env.topo.pods)[0],
-    (typeof env.topo.pods)[0],
-  ];
+  const [a, b, c, d] = pods(env, 4);
   await env.shaper.ensure(podOf(a, { priority: 0 }));
   await env.shaper.ensure(podOf(b, { priority: 2 }));
   await env.shaper.ensure(podOf(c, {}));
@@ -164,12 +161,7 @@ kTest(
   async (t) => {
     const capacity = 200e6;
     const env = await shaperEnv(t, 4, 2, { ingress: capacity });
-    const [a, b, c, d] = env.topo.pods as [
-      (typeof env.topo.pods)[0],
-      (typeof env.topo.pods)[0],
-      (typeof env.topo.pods)[0],
-      (typeof env.topo.pods)[0],
-    ];
+    const [a, b, c, d] = pods(env, 4);
     const [in0, in1] = [`${env.ifb}.in`, `${env.ifb}.i1`];
     // Receivers with an ingress guarantee (always in the tree), one per ingress shard; senders without limits.
     await env.shaper.ensure(podOf(a, { ingressGuarantee: 10e6 }));
