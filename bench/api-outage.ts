@@ -37,6 +37,7 @@ import { uniq } from '../test/kit/kernel.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
 import { msUntil } from '../test/kit/until.js';
 import { upstreamDir } from '../test/kit/upstream.js';
+import { tcOnShards } from '../test/kit/shards.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const args = BenchArgs.parse(
@@ -237,7 +238,7 @@ async function child(): Promise<void> {
       ]);
       const [route, limit] = await Promise.all([
         msUntil(async () => (await inNode('ip', ['route', 'show', 'proto', '98'])).includes(`${dst} via ${gw}`), t0, 60_000),
-        msUntil(async () => (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).includes(` ceil ${rate} `), t0, 60_000),
+        msUntil(async () => (await tcOnShards(inNode, 'egress', 'class')).includes(` ceil ${rate} `), t0, 60_000),
       ]);
       // Every loop of every agent sees its write, or 60 s pass.
       for (const end = Date.now() + 60_000; Date.now() < end && groups.some((a) => a.seen.some((s) => !s.has(k))); ) await sleep(50);

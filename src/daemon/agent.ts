@@ -155,7 +155,7 @@ export class Agent {
       ipamDataDir: config.ipamDataDir,
       stateDir: config.stateDir,
       ifbName: config.ifbName,
-      ifbShards: shardsFor(config.ifbShards, availableParallelism(), opts.capacity?.egress !== undefined),
+      ifbShards: shardsFor(config.ifbShards, availableParallelism()),
       ...(unshaped ? { unshapedCIDRs: unshaped } : {}),
       ...(opts.capacity
         ? {

@@ -34,6 +34,7 @@ import { iperf, retryLog } from '../kit/topo.js';
 import { clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../kit/kcl.js';
 import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../kit/measure.js';
 import { podLeaves } from '../kit/node-leaks.js';
+import { type NodeRun, shardIfbs, tcOnShards } from '../kit/shards.js';
 
 const blocker = clusterBlocker();
 const test = anyTest as TestFn;
@@ -48,6 +49,7 @@ const kubectl = (args: string[], opts: { input?: string; reject?: boolean } = {}
 const json = <T>(args: string[]): Promise<T> => c.json<T>(args);
 /** A command in the node's namespaces (its netns and private mounts). */
 const inNode = (cmd: string, args: string[], reject = true) => c.inNode(1, cmd, args, reject);
+const nodeRun: NodeRun = async (cmd, args) => (await inNode(cmd, args, false)).stdout;
 
 test.before(async (t) => {
   if (blocker) return;
@@ -94,10 +96,19 @@ serialTest(
           .split('\n')
           .filter((l) => l.startsWith('-A '))
           .map((l) => l.split(' ')[3] ?? '');
-      const ifbFilters = async () =>
-        (await inNode('tc', ['filter', 'show', 'dev', 'kubenet-ifb0', 'parent', '1:', 'prio', '4'], false)).stdout
-          .split('\n')
-          .filter((l) => /flowid 1: /.test(l)).length;
+      // Per egress shard (each has the unshaped filters): how many send to the htb root.
+      const ifbFilters = async () => {
+        const counts: number[] = [];
+        for (const dev of await shardIfbs(nodeRun, 'egress')) {
+          counts.push(
+            (await nodeRun('tc', ['filter', 'show', 'dev', dev, 'parent', '1:', 'prio', '4']))
+              .split('\n')
+              .filter((l) => /flowid 1: /.test(l)).length,
+          );
+        }
+        return counts;
+      };
+      const each = async (n: number) => (await ifbFilters()).map(() => n);
       const wanted = async () => {
         const nodes = (await json<{ items: Array<{ spec: { podCIDRs?: string[] } }> }>(['get', 'nodes'])).items.flatMap(
           (n) => n.spec.podCIDRs ?? [],
@@ -120,7 +131,7 @@ serialTest(
         async () => JSON.stringify((await chain()).sort()) === JSON.stringify([...want.merged].sort()),
         10_000,
       );
-      t.is(await ifbFilters(), want.merged.length, 'one ifb filter per CIDR');
+      t.deepEqual(await ifbFilters(), await each(want.merged.length), 'one ifb filter per CIDR on every egress shard');
       t.false((await chain()).includes('10.0.0.0/8'), 'not nonMasqueradeCIDR any more');
       t.log(`pod CIDRs ${want.nodes.join(' ')}; ServiceCIDRs ${want.services.join(' ')}; unshaped ${want.merged.join(' ')}`);
       const name = `kus-e2e-${uniq(6)}`;
@@ -132,14 +143,14 @@ serialTest(
       try {
         await until('a new ServiceCIDR unshaped', async () => (await chain()).includes(extra), 10_000);
         t.log(`ServiceCIDR ${extra} created: in the chain ${Date.now() - t0} ms after kubectl apply started`);
-        t.is(await ifbFilters(), want.merged.length + 1);
+        t.deepEqual(await ifbFilters(), await each(want.merged.length + 1));
       } finally {
         await kubectl(['delete', 'servicecidr', name, '--wait=true', '--timeout=60s'], { reject: false });
       }
       const t1 = Date.now();
       await until('a deleted ServiceCIDR shaped again', async () => !(await chain()).includes(extra), 10_000);
       t.log(`deleted (its finalizer done): out of the chain ${Date.now() - t1} ms later`);
-      t.is(await ifbFilters(), want.merged.length);
+      t.deepEqual(await ifbFilters(), await each(want.merged.length));
     }),
 );
 
@@ -836,11 +847,7 @@ serialTest(
       const t0 = await c.firstWrite(() =>
         kubectl(['--request-timeout=3s', 'annotate', '--overwrite', 'pod', pod, 'kubernetes.io/egress-bandwidth=23M']),
       );
-      const ms = await msUntil(
-        async () => (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 23Mbit '),
-        t0,
-        30_000,
-      );
+      const ms = await msUntil(async () => (await tcOnShards(nodeRun, 'egress', 'class')).includes(' ceil 23Mbit '), t0, 30_000);
       t.log(`the annotation change in the kernel ${ms} ms after the first accepted write`);
       // A bound that tells recovery from the old backoff (37 s) in one run on a loaded machine; the goal is the bench's.
       t.true(ms <= 10_000, `within 10 s: ${ms} ms`);
@@ -855,10 +862,7 @@ serialTest(
       await kubectl(['create', '-f', '-'], { input: JSON.stringify(pausePod(name, { 'kubernetes.io/egress-bandwidth': '24M' }, NODE)) });
       try {
         await kubectl(['wait', '--for=condition=Ready', `pod/${name}`, '--timeout=120s']);
-        t.true(
-          (await inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.includes(' ceil 24Mbit '),
-          "the new pod's limit",
-        );
+        t.true((await tcOnShards(nodeRun, 'egress', 'class')).includes(' ceil 24Mbit '), "the new pod's limit");
       } finally {
         await kubectl(['delete', 'pod', name, '--wait=true', '--timeout=120s'], { reject: false });
       }
@@ -887,10 +891,20 @@ serialTest(
         .split('.')
         .map((o) => Number(o).toString(16).padStart(2, '0'))
         .join('');
+      // Every shard of both directions' trees, its lines prefixed with its name (class ids are per shard).
+      const shards = async () => [...(await shardIfbs(nodeRun, 'egress')), ...(await shardIfbs(nodeRun, 'ingress'))];
+      const onShards = async (object: 'qdisc' | 'filter', extra: string[]) => {
+        const out: string[] = [];
+        for (const dev of await shards())
+          out.push(...(await nodeRun('tc', [object, 'show', 'dev', dev, ...extra])).split('\n').map((l) => `${dev}: ${l}`));
+        return out;
+      };
       const dnsFlows = new Set<string>();
       let flow: string | undefined;
-      for (const l of (await inNode('tc', ['filter', 'show', 'dev', 'kubenet-ifb0', 'parent', '1:'], false)).stdout.split('\n')) {
-        flow = /flowid (1:[0-9a-f]+)/.exec(l)?.[1] ?? (l.startsWith(' ') ? flow : undefined);
+      for (const l of await onShards('filter', ['parent', '1:'])) {
+        const dev = l.slice(0, l.indexOf(': '));
+        const id = /flowid (1:[0-9a-f]+)/.exec(l)?.[1];
+        flow = id ? `${dev}: ${id}` : l.startsWith(`${dev}:  `) ? flow : undefined;
         if (flow && l.includes(`match ${hex}/ffffffff at `)) dnsFlows.add(flow);
       }
       const notDns = (l: string) =>
@@ -899,7 +913,10 @@ serialTest(
           (l.includes(dns.id) ||
             (dns.hostVeth && l.includes(`${dns.hostVeth}@`)) ||
             dns.ips.some((ip) => ip.split('/')[0] === l) ||
-            [...dnsFlows].some((f) => l.includes(`parent ${f} `) || l.includes(`flowid ${f} `)))
+            [...dnsFlows].some((f) => {
+              const [dev, id] = f.split(': ');
+              return l.startsWith(`${dev}: `) && (l.includes(`parent ${id} `) || l.includes(`flowid ${id} `));
+            }))
         );
       await kubectl(['delete', 'deployment', 'web', '--wait=true', '--timeout=120s']);
       await kubectl(['wait', '--for=delete', 'pod', '-l', 'app=web', '--timeout=120s'], { reject: false });
@@ -917,12 +934,9 @@ serialTest(
           .filter((f) => f !== '')
           .filter(notDns);
         // A pod's ifb classes stay idle for the next pods; its leaves and filters go.
-        const shaping = podLeaves((await inNode('tc', ['qdisc', 'show', 'dev', 'kubenet-ifb0'], false)).stdout.split('\n'))
-          .concat(
-            (await inNode('tc', ['filter', 'show', 'dev', 'kubenet-ifb0', 'parent', '1:'], false)).stdout
-              .split('\n')
-              .filter((l) => /flowid 1:[0-9a-f]+/.test(l)),
-          )
+        const shaping = (await onShards('qdisc', []))
+          .filter((l) => podLeaves([l.slice(l.indexOf(': ') + 2)]).length > 0)
+          .concat((await onShards('filter', ['parent', '1:'])).filter((l) => /flowid 1:[0-9a-f]+/.test(l)))
           .filter(notDns);
         const runtimeCache = (await inNode('ls', ['/var/lib/cni/results'], false)).stdout
           .split('\n')

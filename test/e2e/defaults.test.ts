@@ -28,6 +28,7 @@ import { NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../kit/node-leaks.j
 import { refPlugin } from '../kit/upstream.js';
 import { inCidr4, LIBCNI_DEFAULT_CACHE_DIR, resultIp, SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
 import type { TestPod } from '../kit/test-pod.js';
+import { redirectTarget, shardIfbs } from '../kit/shards.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
@@ -273,20 +274,21 @@ serialTest(
     );
     const veth = shapedStatus?.hostVeth ?? 'none';
     t.regex((await sb.exec('tc', ['qdisc', 'show', 'dev', veth])).stdout, /qdisc htb 2: root/, 'a root qdisc on the pod veth');
+    // Each direction's tree is split over shards (src/shaper/shard-names.ts): the pod's veth names its own.
+    const run = async (cmd: string, args: string[]) => (await sb.exec(cmd, args)).stdout;
+    const inShard = redirectTarget(await run('tc', ['filter', 'show', 'dev', veth, 'parent', '2:'])) ?? 'none';
+    t.true((await shardIfbs(run, 'ingress')).includes(inShard), `traffic to the pod goes to an ingress shard: ${inShard}`);
     t.regex(
-      (await sb.exec('tc', ['filter', 'show', 'dev', veth, 'parent', '2:'])).stdout,
-      /Redirect to device kubenet-ifb0\.in/,
-      'traffic to the pod goes to the ingress tree',
-    );
-    t.regex(
-      (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout,
+      await run('tc', ['class', 'show', 'dev', inShard]),
       /class htb 1:\S+ parent 1:fffe .*ceil 20Mbit/,
-      'ingress ceiling 20Mbit in the ingress tree',
+      `ingress ceiling 20Mbit on ${inShard}`,
     );
+    const egShard = redirectTarget(await run('tc', ['filter', 'show', 'dev', veth, 'parent', 'ffff:'])) ?? 'none';
+    t.true((await shardIfbs(run, 'egress')).includes(egShard), `the pod's egress goes to an egress shard: ${egShard}`);
     t.regex(
-      (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).stdout,
+      await run('tc', ['class', 'show', 'dev', egShard]),
       /class htb 1:\S+ parent 1:fffe .*ceil 10Mbit/,
-      'egress ceiling 10Mbit on kubenet-ifb0',
+      `egress ceiling 10Mbit on ${egShard}`,
     );
     t.deepEqual(
       status.pods.find((p) => p.id === web.id)?.portMappings?.map((m) => m.hostPort),

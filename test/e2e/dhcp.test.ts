@@ -28,6 +28,7 @@ import { refPlugin } from '../kit/upstream.js';
 import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
 import type { TestPod } from '../kit/test-pod.js';
 import { Dnsmasq, pluginClientId } from '../kit/dnsmasq.js';
+import { tcOnShards } from '../kit/shards.js';
 
 const tools = ['/usr/sbin/dnsmasq', refPlugin('dhcp')].find((p) => !existsSync(p));
 const blocker =
@@ -192,7 +193,7 @@ serialTest(
     const nat = await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S']);
     t.false(nat.includes('kubenet-ts: SNAT'), 'no masquerade rule');
     t.true(nat.includes(`--to-destination ${web.ip}:8080`), 'the host port DNAT rule');
-    t.regex(await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0']), /rate 5Mbit/, "the shaped pod's egress class");
+    t.regex(await tcOnShards((cmd, args) => w().inNode(cmd, args), 'egress', 'class'), /rate 5Mbit/, "the shaped pod's egress class");
     for (const p of shared().pods) {
       const check = await w().call('check', p);
       t.is(check.exitCode, 0, `CHECK ${p.name}: ${check.stderr}`);

@@ -24,6 +24,7 @@ import { refPlugin } from '../kit/upstream.js';
 import type { NodeSandbox } from '../kit/node-sandbox.js';
 import { SandboxWorld, sandboxTestBlocker } from '../kit/sandbox-libcni.js';
 import { cniArgs, type PodIdentity, type TestPod } from '../kit/test-pod.js';
+import { tcOnShards } from '../kit/shards.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
@@ -111,7 +112,7 @@ async function nodeSnapshot(): Promise<string> {
     .filter(Boolean)
     .sort();
   const nat = (await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).split('\n').sort();
-  const classes = (await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0'])).split('\n').sort();
+  const classes = (await tcOnShards((cmd, args) => w().inNode(cmd, args), 'egress', 'class')).split('\n').sort();
   const links = (await w().inNode('ip', ['-o', 'link', 'show']))
     .split('\n')
     .map((l) => l.split(':')[1]?.trim().split('@')[0] ?? '')
@@ -149,7 +150,11 @@ async function assertPodsIntact(t: ExecutionContext, what: string): Promise<void
   const shaped = shared().pods[0];
   const limits = status.pods.find((s) => s.id === shaped?.id)?.limits;
   t.deepEqual(limits, { ingress: 10e6, egress: 5e6 }, `${what}: pod ${shaped?.name} keeps its limits`);
-  t.regex(await w().inNode('tc', ['class', 'show', 'dev', 'kubenet-ifb0']), /rate 5Mbit/, `${what}: its egress class is installed`);
+  t.regex(
+    await tcOnShards((cmd, args) => w().inNode(cmd, args), 'egress', 'class'),
+    /rate 5Mbit/,
+    `${what}: its egress class is installed`,
+  );
   const web = shared().pods[1];
   t.true(
     (await w().inNode('iptables', ['-w', '5', '-t', 'nat', '-S'])).includes(`--to-destination ${web?.ip}:8080`),

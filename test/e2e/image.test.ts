@@ -39,6 +39,7 @@ import { kubeletPod, manifestDaemonSet, type DaemonSetSpec } from '../kit/daemon
 import { checkPingLoss, pingThroughout } from '../kit/measure.js';
 import { describeLeftovers, NO_LEFTOVERS, podLeftovers, type NodeLayout } from '../kit/node-leaks.js';
 import { CONTAINERD_TMPFS_DIRS, NODE_TMPFS_DIRS, NodeSandbox } from '../kit/node-sandbox.js';
+import { redirectTarget, shardIfbs } from '../kit/shards.js';
 
 const blocker =
   kernelTestBlocker() ??
@@ -285,12 +286,10 @@ serialTest(
     t.deepEqual(status.pods.find((p) => p.name === 'plain')?.limits, {});
     // Ingress, in the node's trees (the manifest's agent reads the sandbox uplink's link speed): the
     // pod's veth redirects to the ingress tree's ifb, where its class's ceil is the limit.
-    t.regex(
-      (await sb.exec('tc', ['filter', 'show', 'dev', shaped?.hostVeth ?? '', 'parent', '2:'])).stdout,
-      /Redirect to device kubenet-ifb0\.in/,
-      `${shaped?.hostVeth} redirects to the ingress tree`,
-    );
-    const inClasses = (await sb.exec('tc', ['class', 'show', 'dev', 'kubenet-ifb0.in'])).stdout;
+    const run = async (cmd: string, args: string[]) => (await sb.exec(cmd, args)).stdout;
+    const inShard = redirectTarget(await run('tc', ['filter', 'show', 'dev', shaped?.hostVeth ?? '', 'parent', '2:'])) ?? 'none';
+    t.true((await shardIfbs(run, 'ingress')).includes(inShard), `${shaped?.hostVeth} redirects to an ingress shard: ${inShard}`);
+    const inClasses = await run('tc', ['class', 'show', 'dev', inShard]);
     t.regex(
       inClasses,
       /^class htb 1:\S+ parent 1:fffe .*\bceil 20Mbit/m,

@@ -32,6 +32,7 @@ import { dashboardQueries, type Dashboard } from '../kit/dashboard.js';
 import { clusterTop, kubectlKubenet, pluginPathDir, type TopJson } from '../kit/kubectl-kubenet.js';
 import { CHART, clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../kit/kcl.js';
 import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../kit/measure.js';
+import { tcOnShards } from '../kit/shards.js';
 
 const test = anyTest as TestFn;
 const blocker = clusterBlocker();
@@ -780,9 +781,9 @@ serialTest(
     }),
 );
 
-/** The ceils of the htb classes on node i's egress tree (the pods' egress limits in the kernel), as tc prints them. */
+/** The ceils of the htb classes on node i's egress shards (the pods' egress limits in the kernel), as tc prints them. */
 async function egressCeils(i: number): Promise<string[]> {
-  const { stdout } = await c.inNode(i, 'tc', ['class', 'show', 'dev', 'kubenet-ifb0'], false);
+  const stdout = await tcOnShards(async (cmd, args) => (await c.inNode(i, cmd, args, false)).stdout, 'egress', 'class');
   return [...stdout.matchAll(/ ceil (\S+)/g)].map((m) => m[1] ?? '');
 }
 

@@ -17,6 +17,7 @@ import type { TestPod } from '../kit/test-pod.js';
 import { agentGet, DEFAULT_SOCKET_PATH } from '../../src/daemon/protocol.js';
 import { iperf, retryLog, type IperfEndpoint, type IperfResult } from '../kit/topo.js';
 import { logUnshaped } from '../kit/measure.js';
+import { shardIfbs } from '../kit/shards.js';
 
 const blocker = sandboxTestBlocker();
 const test = anyTest as TestFn;
@@ -66,16 +67,26 @@ async function nodeRules(): Promise<{ v4?: string[]; v6?: string[]; jumps: strin
   return { ...(v4 ? { v4 } : {}), ...(v6 ? { v6 } : {}), jumps: [...(await jumps('iptables')), ...(await jumps('ip6tables'))] };
 }
 
-/** The ifb's unshaped filters: per priority (4 IPv4, 5 IPv6), the matches of the filters sending to the htb root (1:). */
+/**
+ * The egress shards' unshaped filters: per priority (4 IPv4, 5 IPv6), the matches of the filters
+ * sending to the htb root (1:). Every shard must have the same; a shard that differs is named.
+ */
 async function ifbFilters(): Promise<string[]> {
-  const out: string[] = [];
-  for (const prio of ['4', '5']) {
-    const lines = (await w().inNode('tc', ['filter', 'show', 'dev', 'kubenet-ifb0', 'parent', '1:', 'prio', prio])).split('\n');
-    lines.forEach((l, i) => {
-      if (/\*?flowid 1: /.test(l)) out.push(`prio ${prio} ${(lines[i + 1] ?? '').trim()}`);
-    });
+  const perShard = new Map<string, string[]>();
+  for (const dev of await shardIfbs((cmd, args) => w().inNode(cmd, args), 'egress')) {
+    const out: string[] = [];
+    for (const prio of ['4', '5']) {
+      const lines = (await w().inNode('tc', ['filter', 'show', 'dev', dev, 'parent', '1:', 'prio', prio])).split('\n');
+      lines.forEach((l, i) => {
+        if (/\*?flowid 1: /.test(l)) out.push(`prio ${prio} ${(lines[i + 1] ?? '').trim()}`);
+      });
+    }
+    perShard.set(dev, out);
   }
-  return out;
+  const [first] = [...perShard.values()];
+  if (first === undefined) return ['no egress shard on the node'];
+  const odd = [...perShard].filter(([, f]) => JSON.stringify(f) !== JSON.stringify(first)).map(([dev, f]) => `${dev}: ${f.join(', ')}`);
+  return odd.length === 0 ? first : [`shards differ from ${[...perShard.keys()][0]}: ${odd.join('; ')}`];
 }
 
 /** The pod's own tc objects on its host veth (what its ADD made). */

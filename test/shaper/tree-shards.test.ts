@@ -6,7 +6,7 @@
  */
 import test from 'ava';
 import { execa } from 'execa';
-import { ingressShardIfb, ingressShardOf, MAX_INGRESS_SHARDS } from '../../src/shaper/shard-names.js';
+import { ingressShardIfb, ingressShardOf, MAX_INGRESS_SHARDS, MAX_SHARDS, shardOf } from '../../src/shaper/shard-names.js';
 import { Shaper } from '../../src/shaper/tc.js';
 import { Shards } from '../../src/shaper/tc-plan.js';
 import { isRoot } from '../kit/kernel.js';
@@ -144,16 +144,36 @@ kTest('bands across two shards: a band-0 pod on one takes most of the capacity f
   }
 });
 
-test('ingress shard names: <ifb>.in, then <ifb>.i1 .. <ifb>.iz, within 15 bytes; read back', (t) => {
+test('ingress shard names: <ifb>.in, <ifb>.i1 .. <ifb>.iz (23: <ifb>.j0), <ifb>.j1 .. <ifb>.js, all distinct, within 15 bytes; read back', (t) => {
   t.is(ingressShardIfb('kubenet-ifb0', 0), 'kubenet-ifb0.in');
   t.is(ingressShardIfb('kubenet-ifb0', 1), 'kubenet-ifb0.i1');
   t.is(ingressShardIfb('kubenet-ifb0', 35), 'kubenet-ifb0.iz');
-  for (const k of [0, 1, 9, 10, 35]) t.is(ingressShardOf('kubenet-ifb0', ingressShardIfb('kubenet-ifb0', k)), k);
-  for (const other of ['kubenet-ifb0', 'kubenet-ifb0.1', 'kubenet-ifb0.i0', 'kubenet-ifb0.i10', 'kubenet-ifb1.in'])
+  t.is(ingressShardIfb('kubenet-ifb0', 23), 'kubenet-ifb0.j0', "23 would be 'in', shard 0's");
+  t.is(ingressShardIfb('kubenet-ifb0', 36), 'kubenet-ifb0.j1');
+  t.is(ingressShardIfb('kubenet-ifb0', 63), 'kubenet-ifb0.js');
+  const names = new Set<string>();
+  for (let k = 0; k < MAX_INGRESS_SHARDS; k++) {
+    const name = ingressShardIfb('kubenet-ifb0', k);
+    t.true(name.length <= 15, name);
+    t.is(ingressShardOf('kubenet-ifb0', name), k);
+    t.is(shardOf('kubenet-ifb0', name), undefined, `${name} is no egress shard`);
+    names.add(name);
+  }
+  t.is(names.size, MAX_INGRESS_SHARDS, 'every shard its own name');
+  for (const other of [
+    'kubenet-ifb0',
+    'kubenet-ifb0.1',
+    'kubenet-ifb0.i0',
+    'kubenet-ifb0.i10',
+    'kubenet-ifb0.jt',
+    'kubenet-ifb0.k0',
+    'kubenet-ifb1.in',
+  ])
     t.is(ingressShardOf('kubenet-ifb0', other), undefined, other);
-  // More egress shards than names for ingress ones: the ingress tree has MAX_INGRESS_SHARDS.
-  t.throws(() => new Shards('kubenet-ifb0', MAX_INGRESS_SHARDS + 1, 'ingress'), { message: /ingress shards must be an integer 1\.\.36/ });
-  t.is(new Shards('kubenet-ifb0', MAX_INGRESS_SHARDS, 'ingress').ifbs.at(-1), 'kubenet-ifb0.iz');
+  // As many ingress shards as egress ones, never more.
+  t.is(MAX_INGRESS_SHARDS, MAX_SHARDS);
+  t.throws(() => new Shards('kubenet-ifb0', MAX_INGRESS_SHARDS + 1, 'ingress'), { message: /ingress shards must be an integer 1\.\.64/ });
+  t.is(new Shards('kubenet-ifb0', MAX_INGRESS_SHARDS, 'ingress').ifbs.at(-1), 'kubenet-ifb0.js');
 });
 
 kTest(

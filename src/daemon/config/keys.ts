@@ -63,7 +63,7 @@ export interface AgentConfig {
   bridgeName: string;
   /** The ifb device that carries shaped pods' egress (traffic from pods): egress shard 0. */
   ifbName: string;
-  /** How many ifbs (egress shards, each its own htb tree) carry the pods' egress; 0: chosen from the CPUs (ifbShardsFor). */
+  /** How many ifbs (egress shards, each its own htb tree) carry the pods' egress; 0: chosen from the CPUs (shardsFor). */
   ifbShards: number;
   /** Bridge/veth MTU; unset: the smallest MTU of the host's uplinks. */
   mtu?: number;
@@ -260,7 +260,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     type: 'integer',
     value: 0,
     flag: '--ifb-shards',
-    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}. With a capacity, 0 is one tree each way, and a count of 2 or more splits each direction's capacity over that many trees (ingress: at most 36), each shard's share moved by demand every 100 ms (docs/shaping.md, "Egress shards under a capacity").`,
+    description: `How many ifbs carry the shaped pods' egress, 1..${MAX_SHARDS}, each its own htb tree; a new shaped pod goes to the one with the fewest and stays there. One tree serializes every shaped pod's packets on one lock and one tasklet; shards spread them. 0 (the default): ${AUTO_SHARDS_PER_CPU} per CPU of the node, at most ${MAX_SHARDS}. With a capacity, each direction's capacity is split over that many trees (the ingress ones \`<ifbName>.in\`, \`<ifbName>.i1\`, ...), each shard's share moved by demand every 100 ms (docs/shaping.md, "Shards under a capacity"); 1 keeps one tree each way.`,
     validate: (value, fail) => {
       const expected = `an integer from 0 (chosen from the CPUs) to ${MAX_SHARDS}`;
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_SHARDS) throw fail(expected);
