@@ -13,8 +13,8 @@
  *   weight is its pods that moved traffic in the tick, each counted by its band (bandWeight): htb
  *   in one tree shares per pod and serves band 0 before 1 before 2, and shards follow that by
  *   weight (band 0 against band 2 on two shards: 16 to 1).
- * Within a shard htb's own sharing holds (guarantees, bands, ceilings, a namespace's total: a
- * namespace with a total has its pods on one shard). Between shards the split follows within a
+ * Within a shard htb's own sharing holds (guarantees, bands, ceilings); a namespace's total is
+ * split over the shards its pods are on the same way (groups.ts). Between shards the split follows within a
  * tick or two; what it trades against one tree is measured and said in docs/shaping.md, "Egress
  * shards under a capacity".
  */
@@ -86,8 +86,12 @@ export function sharesToSet(
   if (n === 0) return undefined;
   const step = (capacity / n) * CHANGE;
   const moved = next.some((v, k) => Math.abs(v - (now[k] ?? 0)) >= step || (now[k] ?? 0) < (floors[k] ?? 0));
-  if (!moved) return undefined;
-  return next.map((v) => Math.max(1000, Math.floor(v / 1000) * 1000));
+  return moved ? kbitShares(next) : undefined;
+}
+
+/** Shares rounded down to whole kbit/s (their sum stays at most what they split), at least 1 kbit/s each. */
+export function kbitShares(shares: readonly number[]): number[] {
+  return shares.map((v) => Math.max(1000, Math.floor(v / 1000) * 1000));
 }
 
 /** The shares of a direction's shards now (what their node classes are at): even at first. */

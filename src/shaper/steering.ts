@@ -20,7 +20,8 @@
  * starts in it. What this costs and buys: docs/shaping.md, "Pods that asked for nothing".
  *
  * The same tick moves the shares of a direction's shards (several trees that way: shares.ts) from
- * the same dump: each shard's ifb and its pods' veths.
+ * the same dump: each shard's ifb and its pods' veths; and a namespace's shares of its total over
+ * the shards its pods are on (groups.ts), from its pods' veths.
  *
  * The promise it trades: while a direction is cool a best-effort pod's traffic is not counted
  * against the node class, so the node's sum can pass the capacity by what such pods start sending
@@ -33,6 +34,7 @@ import type { LinkStats } from '../netlink/index.js';
 import type { Logger } from '../log.js';
 import type { Direction, OutsideCount, ShapingState } from './tc-layout.js';
 import { vethCount } from './counters.js';
+import type { GroupView } from './groups.js';
 import { bandWeight, sharesToSet, waterFill, type ShardLoad } from './shares.js';
 
 export const TICK_MS = 100;
@@ -90,6 +92,10 @@ export interface SteeringHost {
   shards(dir: Direction): ShardView[];
   /** Sets a direction's shards' shares, bits/s, by shard. */
   setShares(dir: Direction, shares: number[]): Promise<void>;
+  /** The namespaces with a total whose pods are on several shards that way (groups.ts). */
+  groups(dir: Direction): GroupView[];
+  /** Sets a namespace's shares of its total, bits/s, by its view's shards. */
+  setGroupShares(dir: Direction, view: GroupView, shares: number[]): Promise<void>;
 }
 
 const DIRS: readonly Direction[] = ['egress', 'ingress'];
@@ -147,7 +153,12 @@ export class Steering {
     const dirs = DIRS.filter((d) => this.host.capacity(d) !== undefined);
     const pods = new Map(dirs.map((d) => [d, this.host.bestEffort(d)]));
     const shards = new Map(dirs.map((d) => [d, this.host.shards(d)]));
-    if (![...pods.values()].some((p) => p.length > 0) && ![...shards.values()].some((s) => s.length > 1)) {
+    const groups = new Map(dirs.map((d) => [d, this.host.groups(d)]));
+    if (
+      ![...pods.values()].some((p) => p.length > 0) &&
+      ![...shards.values()].some((s) => s.length > 1) &&
+      ![...groups.values()].some((g) => g.length > 0)
+    ) {
       this.last = undefined;
       return;
     }
@@ -162,6 +173,7 @@ export class Steering {
       for (const dir of dirs) {
         const view = shards.get(dir) ?? [];
         if (view.length > 1) await this.reshare(dir, view, links, last.links, secs);
+        for (const g of groups.get(dir) ?? []) await this.reshareGroup(dir, g, links, last.links, secs);
       }
     } catch (err) {
       this.sock?.close();
@@ -200,24 +212,57 @@ export class Steering {
   ): Promise<void> {
     const capacity = this.host.capacity(dir);
     if (capacity === undefined) return;
+    const { next, loads } = this.split(dir, capacity, shards, (s) => this.moved(s.ifb, false, links, before), links, before, secs);
+    if (!next) return;
+    await this.host.setShares(dir, next);
+    this.log.debug({ direction: dir, shares: next, rates: loads.map((l) => Math.round(l.rate)) }, 'shards: shares moved');
+  }
+
+  /** A namespace's shares of its total moved by its pods' demand on each shard (their veths), as the node's are. */
+  private async reshareGroup(
+    dir: Direction,
+    g: GroupView,
+    links: Map<number, LinkStats>,
+    before: Map<number, LinkStats>,
+    secs: number,
+  ): Promise<void> {
+    const rx = dir === 'egress';
+    const sent = (s: ShardView) => s.veths.reduce((b, v) => b + this.moved(v.veth, rx, links, before), 0);
+    const { next, loads } = this.split(dir, g.total, g.shards, sent, links, before, secs);
+    if (!next) return;
+    await this.host.setGroupShares(dir, g, next);
+    this.log.debug(
+      { direction: dir, namespaceClass: g.gid, shares: next, rates: loads.map((l) => Math.round(l.rate)) },
+      'namespace: shares of its total moved',
+    );
+  }
+
+  /** The next shares of `total` over `shards` (undefined: none moved enough), each shard's demand `sent` bytes in the tick. */
+  private split(
+    dir: Direction,
+    total: number,
+    shards: readonly ShardView[],
+    sent: (s: ShardView) => number,
+    links: Map<number, LinkStats>,
+    before: Map<number, LinkStats>,
+    secs: number,
+  ): { next: number[] | undefined; loads: ShardLoad[] } {
     // A pod's traffic that way on its veth: received from it (egress), sent to it (ingress).
     const rx = dir === 'egress';
     const bits = (bytes: number) => (bytes * 8) / secs;
     const loads: ShardLoad[] = shards.map((s) => ({
       floor: s.floor,
       share: s.share,
-      rate: bits(this.moved(s.ifb, false, links, before)),
+      rate: bits(sent(s)),
       weight: s.veths.reduce((w, v) => w + (bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS ? bandWeight(v.band) : 0), 0),
     }));
     const next = sharesToSet(
-      capacity,
+      total,
       shards.map((s) => s.share),
-      waterFill(capacity, loads),
+      waterFill(total, loads),
       shards.map((s) => s.floor),
     );
-    if (!next) return;
-    await this.host.setShares(dir, next);
-    this.log.debug({ direction: dir, shares: next, rates: loads.map((l) => Math.round(l.rate)) }, 'shards: shares moved');
+    return { next, loads };
   }
 
   private async decide(

@@ -180,18 +180,6 @@ export class Shards {
     return n.indexOf(Math.min(...n));
   }
 
-  /**
-   * The shard of a pod's namespace, for a pod under its namespace's class (`parent`): where another
-   * pod of it is (a namespace's total is one class, on one shard); undefined when none is.
-   */
-  groupShard(rec: Pick<ShapingState, 'id' | 'group'>, parent: number | undefined, states: Iterable<ShapingState>): number | undefined {
-    if (parent === undefined || rec.group === undefined) return undefined;
-    for (const r of states)
-      if (r.id !== rec.id && r.group === rec.group && this.side.parent(r) !== undefined && this.side.id(r) > 0)
-        return this.side.shard(r) ?? 0;
-    return undefined;
-  }
-
   /** By shard: the guarantees of its pods (its floor, shares.ts) and the veths and bands of its pods in the tree. */
   loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: Array<{ veth: string; band: number }> }> {
     const out = this.ifbs.map(() => ({ floor: 0, veths: [] as Array<{ veth: string; band: number }> }));

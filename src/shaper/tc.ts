@@ -22,7 +22,8 @@
  * passes a tree that way (node class, namespace classes, pod classes with guarantees and bands;
  * docs/shaping.md, "The node's trees"): one per egress shard, and as many ingress shards (`<ifb>.in`,
  * `<ifb>.i1`, ...) for traffic to the pods; with more than one shard that way each shard's node
- * class is at its share of the capacity, moved by demand (shares.ts, steering.ts).
+ * class is at its share of the capacity, and a namespace's class on each shard at its share of the
+ * namespace's total, both moved by demand (shares.ts, groups.ts, steering.ts).
  *
  * Every operation is one batch of tc lines, written to one long-lived `tc -batch -` process (or,
  * with tcMode 'exec', one spawn per operation). What is installed per pod (class id, filter handles,
@@ -70,7 +71,7 @@ import {
 import type { ShapingState } from './tc-layout.js';
 import { parseIfbListing, type IfbListing } from './tc-listing.js';
 import { bypasses, type ClassIds, ifbSideDelLines, orphanLines, planEnsure, Shards, type Trees } from './tc-plan.js';
-import { GroupIds, groupLines, groupLinesAfter, groupLinesWith, type GroupSides } from './groups.js';
+import { GroupIds, groupMembers, GroupSplit, type GroupSync, type GroupView, type ShardIfbOf } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
 import { outsideAfterEnsure, Steering, type ShardView } from './steering.js';
 import { ShardShares } from './shares.js';
@@ -110,10 +111,11 @@ export interface ShaperOptions {
   unshaped?: Unshaped;
   /**
    * The node's capacity per direction, bits/s (src/bandwidth/capacity.ts). With an egress capacity
-   * the pods' egress is one tree (sizing.ts TreeParams) on one shard: every pod's egress passes it,
-   * pods without a ceiling at the capacity, so guarantees hold against every pod. Unset: the flat
-   * layout (ceilings only). With an ingress capacity, traffic to every pod is redirected from its
-   * veth's root to one more ifb (`<ifbName>.in`) holding the ingress tree, classified by destination.
+   * the pods' egress passes a tree (sizing.ts TreeParams) on each egress shard, the capacity split
+   * over them (shares.ts); pods without a ceiling at the capacity, so guarantees hold against every
+   * pod. Unset: the flat layout (ceilings only). With an ingress capacity, traffic to every pod is
+   * redirected from its veth's root to its ingress shard (`<ifbName>.in`, `<ifbName>.i1`, ...),
+   * each holding an ingress tree, classified by destination.
    */
   capacity?: { egress?: number; ingress?: number };
 }
@@ -143,6 +145,8 @@ export class Shaper {
   private readonly inShares: ShardShares | undefined;
   /** The namespaces' class ids in the trees. */
   private readonly groupIds = new GroupIds();
+  /** The namespaces' shares of their totals over the shards their pods are on (groups.ts). */
+  private readonly groupSplit = new GroupSplit((d) => (d === 'egress' ? this.tree : this.ingressTree?.tree));
   /** With a tree on several egress shards: the capacity's split over them (shares.ts). */
   private readonly shares: ShardShares | undefined;
   /** With a tree: best-effort pods kept out of it while the node is far from its capacity (steering.ts). */
@@ -178,6 +182,8 @@ export class Shaper {
               steer: (d, ids, into) => steerPods(this.steerCtx, d, ids, into),
               shards: (d) => this.shardLoads(d),
               setShares: (d, next) => this.setShares(d, next),
+              groups: (d) => this.groupViews(d),
+              setGroupShares: (d, view, next) => this.setGroupShares(d, view, next),
             },
             this.log,
           )
@@ -236,6 +242,8 @@ export class Shaper {
       this.adopt(known);
       if (this.steering) await adoptSteering(this.steerCtx);
     }
+    // The namespaces' classes split anew over their shards (a restart does not keep what demand moved).
+    const split = this.groupSync([...this.records.values()], this.records.values());
     const links = new Map((await nl.linkList()).map((l) => [l.name, l]));
     await batch('ip', ifbLinkLines(this.allIfbs, links));
     for (const [k, ifb] of this.ifbs.entries())
@@ -259,6 +267,7 @@ export class Shaper {
     for (const sh of [this.shares, this.inShares])
       if (sh && !sh.adopt(sh.ifbs.map((ifb) => nl.classGet(nl.linkIndexByName(ifb) ?? 0, 0x10000 + NODE_CLASS)?.rate)))
         await this.tc(sh.lines(), { force: true });
+    if (split.replace.length > 0) await this.tc(split.replace, { force: true });
     await this.removeExtraShards();
     // Today's sizing for the pods an earlier process shaped (an upgrade's reaches them without a re-shape).
     const leaves = [...this.records.values()].flatMap((r) => bulkLeafLines(this.ifbOf(r), r, this.tree, this.inTreeOf(r)));
@@ -309,7 +318,7 @@ export class Shaper {
       // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
       const veth = (r: ShapingState) =>
         !linkExists(r.hostVeth) ? [] : dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1);
-      const restore = [...(tree ? groupLines(ifb, dir, tree, mine) : []), ...mine.flatMap((r) => [...podLines(r), ...veth(r)])];
+      const restore = [...this.groupSplit.linesOn(ifb, dir, mine), ...mine.flatMap((r) => [...podLines(r), ...veth(r)])];
       const res = await this.tc(restore, { force: true });
       if (res.failed.length > 0)
         this.log.warn({ ifb, failed: res.failed.length, stderr: res.stderr }, 'restoring pod classes after rebuilding the ifb structure');
@@ -367,6 +376,7 @@ export class Shaper {
     this.shards.clear();
     this.inShards?.clear();
     this.groupIds.clear();
+    this.groupSplit.clear();
     for (const k of known) {
       if (k?.version !== STATE_VERSION || typeof k.id !== 'string') continue;
       const rec: ShapingState = { ...k, ips: [...k.ips], limits: { ...k.limits }, filters: [...k.filters] };
@@ -470,28 +480,13 @@ export class Shaper {
     if (outside) rec.outside = outside;
     let allocated = false;
     let allocatedIn = false;
-    // A pod joining a namespace's class on another shard moves there (the namespace's total is one class).
-    const mates = rec.egressInstalled ? this.shards.groupShard(rec, rec.egressParent, this.records.values()) : undefined;
-    const moves = !!prev?.classId && !!rec.classId && mates !== undefined && mates !== (prev.shard ?? 0);
-    const inMates = rec.ingressInstalled ? this.inShards?.groupShard(rec, rec.ingressParent, this.records.values()) : undefined;
-    const movesIn = !!prev?.ingressClassId && inMates !== undefined && inMates !== (prev.ingressShard ?? 0);
-    if (prev && (moves || movesIn)) {
-      const was = { ...(moves ? { egress: this.ifbOf(prev) } : {}), ...(movesIn ? { ingress: this.inTreeOf(prev)?.ifb } : {}) };
-      await this.tc(ifbSideDelLines(prev, was), { force: true });
-      if (moves) giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
-      if (movesIn && prev.ingressClassId) giveBack(this.inShards?.mustClassIds(prev.ingressShard), prev.ingressClassId, prev.ingressParent);
-      if (moves) {
-        rec.classId = 0;
-        delete rec.egressBase;
-      }
-    }
     if (this.ingressTree && this.inShards && rec.ingressInstalled) {
-      if (prev?.ingressClassId && !movesIn) {
+      if (prev?.ingressClassId) {
         rec.ingressClassId = prev.ingressClassId;
         if (prev.ingressShard) rec.ingressShard = prev.ingressShard;
         if (prev.ingressBase) rec.ingressBase = prev.ingressBase;
       } else {
-        const shard = inMates ?? this.inShards.emptiest(this.records.values());
+        const shard = this.inShards.emptiest(this.records.values());
         const { id, reused } = this.inShards.mustClassIds(shard).allocate(rec.ingressParent !== undefined);
         rec.ingressClassId = id;
         if (shard) rec.ingressShard = shard;
@@ -500,16 +495,8 @@ export class Shaper {
         if (base) rec.ingressBase = base;
       }
     }
-    const planPrev =
-      prev && (moves || movesIn)
-        ? {
-            ...prev,
-            ...(moves ? { classId: 0, filters: [], egressInstalled: false } : {}),
-            ...(movesIn ? { ingressClassId: 0, ingressFilters: [] } : {}),
-          }
-        : prev;
     if (rec.egressInstalled && !rec.classId) {
-      const shard = mates ?? this.shards.emptiest(this.records.values());
+      const shard = this.shards.emptiest(this.records.values());
       const { id, reused } = this.shards.mustClassIds(shard).allocate(rec.egressParent !== undefined);
       rec.classId = id;
       rec.shard = shard;
@@ -519,18 +506,12 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const plan = planEnsure(
-      ifb,
-      planPrev,
-      rec,
-      prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth),
-      this.treesOf(rec),
-    );
+    const plan = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.treesOf(rec));
     const pre = plan.pre;
-    // Its namespace's classes first (a pod class needs its parent), sized with the pod as it is now.
-    const groups = groupLinesWith(rec, this.records.values(), this.sidesOf(rec));
-    const lines = [...groups, ...plan.lines];
-    const optional = new Set([...plan.optional].map((n) => n + groups.length));
+    // Its namespace's classes first (a pod class needs its parent), split with the pod as it is now.
+    const groups = this.groupSync(prev ? [prev, rec] : [rec], new Map(this.records).set(pod.id, rec).values(), rec);
+    const lines = [...groups.replace, ...plan.lines];
+    const optional = new Set([...plan.optional].map((n) => n + groups.replace.length));
     try {
       // Deletes of what the pod no longer has: absent is fine.
       if (pre.length > 0) {
@@ -554,19 +535,18 @@ export class Shaper {
       }
       if (allocated) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
       if (allocatedIn && rec.ingressClassId) giveBack(this.inShards?.mustClassIds(rec.ingressShard), rec.ingressClassId, rec.ingressParent);
-      // A move's old side is gone: the pod keeps none that way, and its next ensure makes it anew.
-      if (planPrev && planPrev !== prev) this.records.set(pod.id, planPrev);
+      for (const [d, gid] of groups.keys) this.groupSplit.invalidate(d, gid);
       throw err;
     }
-    if (!rec.ingressClassId && prev?.ingressClassId && !movesIn)
+    if (!rec.ingressClassId && prev?.ingressClassId)
       giveBack(this.inShards?.mustClassIds(prev.ingressShard), prev.ingressClassId, prev.ingressParent);
-    if (!rec.egressInstalled && prev?.classId && !moves) {
+    if (!rec.egressInstalled && prev?.classId) {
       giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
       rec.classId = 0;
       delete rec.shard;
     }
     this.records.set(pod.id, rec);
-    if (prev?.group !== undefined) await this.dropEmptyGroups(prev, log);
+    if (prev?.group !== undefined || groups.del.length > 0) await this.dropEmptyGroups(prev ?? rec, groups.del, log);
     log.debug({ ms: +(performance.now() - t0).toFixed(2), limits, classId: rec.classId, ...(rec.classId ? { ifb } : {}) }, 'pod shaped');
     return { ...rec, ips: [...rec.ips], limits: { ...rec.limits }, filters: [...rec.filters] };
   }
@@ -639,22 +619,46 @@ export class Shaper {
     );
   }
 
-  /** Where the namespace classes live, per direction with a tree. */
-  private sidesOf(rec: ShapingState): GroupSides {
-    return {
-      ...(this.tree ? { egress: { ifb: this.ifbOf(rec), tree: this.tree } } : {}),
-      ...(this.inTreeOf(rec) ? { ingress: this.inTreeOf(rec) } : {}),
-    };
+  /** The ifb of a state's shard one way, when it has a class that way. */
+  private shardIfbOf: ShardIfbOf = (r, dir) =>
+    dir === 'egress' ? (r.egressInstalled && r.classId ? this.ifbOf(r) : undefined) : r.ingressClassId ? this.inTreeOf(r)?.ifb : undefined;
+
+  /** GroupSplit.sync for the namespace classes `touched` (before and after a change) hang under, among `states`. */
+  private groupSync(touched: readonly ShapingState[], states: Iterable<ShapingState>, rec?: ShapingState): GroupSync {
+    return this.groupSplit.syncAll(touched, [...states], this.shardIfbOf, (r, d) => !bypasses(r, d), rec);
   }
 
-  /** The namespace classes `was` hung under, after it changed or went: re-sized, or deleted with their last pod. */
-  private async dropEmptyGroups(was: ShapingState, log: Logger): Promise<void> {
-    const { lines, empty } = groupLinesAfter(was, this.records.values(), this.sidesOf(was));
-    if (empty && was.group !== undefined) this.groupIds.forget(was.group);
-    if (lines.length === 0) return;
-    const res = await this.tc(lines, { force: true });
+  /** The namespaces on several shards one way, as the share mover sees them. */
+  private groupViews(dir: Direction): GroupView[] {
+    return this.groupSplit.views(
+      dir,
+      (gid) => groupMembers(this.records.values(), dir, gid, this.shardIfbOf, (r) => !bypasses(r, dir)).members,
+    );
+  }
+
+  /** A namespace's shares moved (steering.ts), unless its shards changed since the tick saw them (the next tick sees them). */
+  private setGroupShares(dir: Direction, view: GroupView, next: number[]): Promise<void> {
+    return this.mutex.run(GROUPS_KEY, async () => {
+      const now = this.groupViews(dir).find((g) => g.gid === view.gid);
+      if (now?.shards.map((s) => s.ifb).join() !== view.shards.map((s) => s.ifb).join()) return;
+      await this.tc(this.groupSplit.change(dir, now, next)).catch((err: unknown) => {
+        this.groupSplit.invalidate(dir, view.gid);
+        throw err;
+      });
+    });
+  }
+
+  /**
+   * After `was` changed or went: the namespace classes it hung under re-split (`lines`: the classes
+   * of shards without its pods now deleted), its namespace's id forgotten with its last pod.
+   */
+  private async dropEmptyGroups(was: ShapingState, del: string[], log: Logger): Promise<void> {
+    if (was.group !== undefined && ![...this.records.values()].some((r) => r.group === was.group && (r.egressParent || r.ingressParent)))
+      this.groupIds.forget(was.group);
+    if (del.length === 0) return;
+    const res = await this.tc(del, { force: true });
     if (res.failed.length > 0)
-      log.warn({ failed: res.failed.map((n) => lines[n - 1]), stderr: res.stderr }, 'a namespace class could not be changed or deleted');
+      log.warn({ failed: res.failed.map((n) => del[n - 1]), stderr: res.stderr }, 'a namespace class could not be deleted');
   }
 
   private async doRemove(podId: string, opts: { vethDeleted?: boolean }): Promise<void> {
@@ -668,7 +672,11 @@ export class Shaper {
       if (rec.classId) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
       if (rec.ingressClassId && this.inShards)
         giveBack(this.inShards.mustClassIds(rec.ingressShard), rec.ingressClassId, rec.ingressParent);
-      if (rec.group !== undefined) await this.dropEmptyGroups(rec, log);
+      if (rec.group !== undefined) {
+        const after = this.groupSync([rec], this.records.values());
+        if (after.replace.length > 0) await this.tc(after.replace, { force: true });
+        await this.dropEmptyGroups(rec, after.del, log);
+      }
       log.debug({ ms: +(performance.now() - t0).toFixed(2), idleClasses: this.idleClasses() }, 'pod shaping removed');
     }
   }

@@ -94,33 +94,68 @@ kTest(
   },
 );
 
-kTest('a namespace with a total: its pods on one shard (its class is one), a pod joining it later moves to that shard', async (t) => {
-  const env = await shaperEnv(t, 3, 2, { egress: 100e6 });
-  const [a, b, c] = pods(env, 3);
-  await env.shaper.ensure({ ...podOf(a, { egressTotal: 40e6 }), group: 'ns1' });
-  await env.shaper.ensure({ ...podOf(b, {}), group: 'ns2' });
-  await env.shaper.ensure({ ...podOf(c, {}), group: 'ns1' });
-  t.is(env.shaper.ifbOfPod(a.id), env.ifb);
-  t.is(env.shaper.ifbOfPod(b.id), `${env.ifb}.1`);
-  t.is(env.shaper.ifbOfPod(c.id), env.ifb, 'emptiest first: shard 0 has one pod, so has shard 1');
-  // b's namespace gets the total of a's (same group name): b moves to a's shard under its class.
-  await env.shaper.ensure({ ...podOf(b, { egressTotal: 40e6 }), group: 'ns1' });
-  t.is(env.shaper.ifbOfPod(b.id), env.ifb, 'moved to its namespace class shard');
-  const gid = env.shaper.states().find((s) => s.id === b.id)?.egressParent ?? 0;
-  t.true(gid > 0);
-  t.regex((await execa('tc', ['class', 'show', 'dev', env.ifb])).stdout, new RegExp(`class htb 1:${gid.toString(16)} parent 1:fffe`));
-  t.notRegex(
-    (await execa('tc', ['class', 'show', 'dev', `${env.ifb}.1`])).stdout,
-    /class htb 1:[0-9a-f]+ parent 1:fffe leaf/,
-    'nothing of b left on shard 1 but idle classes',
-  );
-  t.regex((await execa('tc', ['filter', 'show', 'dev', b.hostVeth, 'ingress'])).stdout, new RegExp(`Redirect to device ${env.ifb}\\)`));
-  t.is(
-    (await execa('tc', ['filter', 'show', 'dev', `${env.ifb}.1`, 'parent', '1:'])).stdout.match(/flowid 1:/g)?.length ?? 0,
-    0,
-    'no pod filter on shard 1',
-  );
-});
+/** A class's ceil on an ifb, bits/s (NaN when it is not there). */
+async function classCeil(ifb: string, id: number): Promise<number> {
+  const out = (await execa('tc', ['class', 'show', 'dev', ifb])).stdout;
+  const m = new RegExp(`class htb 1:${id.toString(16)} parent 1:fffe .*ceil (\\d+(?:\\.\\d+)?)([KMG]?)bit`).exec(out);
+  return Number(m?.[1] ?? NaN) * ({ '': 1, K: 1e3, M: 1e6, G: 1e9 }[m?.[2] ?? ''] ?? NaN);
+}
+
+kTest(
+  "a namespace with a total over two shards: its class on each at shares adding up to the total, one pod's flow alone gets it, two split it; its last pod on a shard takes its class there",
+  async (t) => {
+    const total = 40e6;
+    const env = await shaperEnv(t, 4, 2, { egress: 200e6 });
+    const [a, b, c, d] = pods(env, 4);
+    await env.shaper.ensure({ ...podOf(a, { egressTotal: total }), group: 'ns1' });
+    await env.shaper.ensure({ ...podOf(b, { egressTotal: total }), group: 'ns1' });
+    await env.shaper.ensure(podOf(c, {}));
+    await env.shaper.ensure(podOf(d, {}));
+    t.not(env.shaper.ifbOfPod(a.id), env.shaper.ifbOfPod(b.id), "the namespace's pods on both shards");
+    const gid = env.shaper.states().find((s) => s.id === a.id)?.egressParent ?? 0;
+    t.is(env.shaper.states().find((s) => s.id === b.id)?.egressParent, gid, 'one namespace class id on both');
+    const ceils = async () => [await classCeil(env.ifb, gid), await classCeil(`${env.ifb}.1`, gid)];
+    const sum = (xs: number[]) => xs.reduce((x, y) => x + y, 0);
+    t.deepEqual(await ceils(), [total / 2, total / 2], 'split evenly at first');
+
+    // One pod's flow alone: its shard's share of the total grows to nearly all of it.
+    const alone = await iperf(c, a, { seconds: 4, onRetry: retryLog(t) });
+    t.log(`a alone, 1 s intervals (Mbit/s): ${alone.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}; ceils ${await ceils()}`);
+    for (const x of alone.intervals.slice(1, 4))
+      t.true(x >= total * 0.8 && x <= total * 1.03, `one pod of the namespace gets its total: ${(x / 1e6).toFixed(2)}M`);
+
+    // Both at once: together the total, each a fair part of it.
+    const samples: number[][] = [];
+    const [ra, rb] = await withTrafficLock(async () => {
+      const sample = setInterval(() => void ceils().then((r) => samples.push(r)), 200);
+      try {
+        return await Promise.all([iperf(c, a, { seconds: 5, onRetry: retryLog(t) }), iperf(d, b, { seconds: 5, onRetry: retryLog(t) })]);
+      } finally {
+        clearInterval(sample);
+      }
+    });
+    t.log(
+      `a: ${ra.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}; b: ${rb.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')} Mbit/s`,
+    );
+    for (const i of [2, 3, 4]) {
+      const [x, y] = [ra.intervals[i] ?? NaN, rb.intervals[i] ?? NaN];
+      t.true(x + y >= total * 0.85 && x + y <= total * 1.03, `together the namespace's total: ${((x + y) / 1e6).toFixed(2)}M`);
+      t.true(Math.min(x, y) >= (x + y) * 0.3, `each a fair part: ${(x / 1e6).toFixed(2)} / ${(y / 1e6).toFixed(2)}M`);
+    }
+    t.true(samples.length > 5, 'the ceils were sampled');
+    t.true(
+      samples.every((r) => sum(r) <= total),
+      `the namespace's classes never added up past its total: ${samples.map((r) => sum(r) / 1e6).join(' ')}`,
+    );
+
+    // Its last pod on shard 1 goes: the class there goes, the one left has the whole total.
+    await env.shaper.remove(b.id);
+    t.true(Number.isNaN(await classCeil(`${env.ifb}.1`, gid)), 'no namespace class left on shard 1');
+    t.is(await classCeil(env.ifb, gid), total, 'the one left has the whole total');
+    await env.shaper.remove(a.id);
+    t.true(Number.isNaN(await classCeil(env.ifb, gid)), 'and it goes with the last pod');
+  },
+);
 
 kTest('bands across two shards: a band-0 pod on one takes most of the capacity from a band-2 pod on the other', async (t) => {
   const capacity = 200e6;
