@@ -15,12 +15,17 @@
  *   ceilings of their own: the sum C/2 ±2 %, the pods' shares within 10 % of each other.
  * - the same three at 1G and 10G capacity (`--guarantee-capacities`): how close to the capacity the
  *   tree runs on this machine, and the node's system CPU per Gbit/s.
- * Usage: npx tsx bench/shaping.ts --only guarantees [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
+ * The Shaper has the agent's default shards (2 per CPU, `--guarantee-shards N` for another count):
+ * the pods are on different shards, so every goal holds across shards through the shares
+ * (shares.ts, groups.ts), as on a node.
+ * Usage: npx tsx bench/shaping.ts --only guarantees [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10] [--guarantee-shards N]
  */
 import { formatBandwidth } from '../src/bandwidth/limits.js';
 import type { BandwidthLimits } from '../src/bandwidth/limits.js';
 import { classList } from '../src/netlink/index.js';
 import { Shaper } from '../src/shaper/tc.js';
+import { shardsFor } from '../src/shaper/shard-names.js';
+import { availableParallelism } from 'node:os';
 import { delIfbs } from '../test/kit/kernel.js';
 import { iperf, makeTopology, type TopoPod } from '../test/kit/topo.js';
 import { withTrafficLock } from '../test/kit/traffic-lock.js';
@@ -37,6 +42,8 @@ export interface GuaranteesOptions {
   cc?: string;
   /** Run only these parts. */
   parts?: string[];
+  /** Shards each way (the agent's default on this machine when unset: 2 per CPU), each pod on its own while there are enough. */
+  shards?: number;
 }
 
 type Dir = 'egress' | 'ingress';
@@ -84,8 +91,9 @@ class World {
     readonly receiver: TopoPod,
     capacity: number,
     readonly cc?: string,
+    shards = 1,
   ) {
-    this.shaper = new Shaper({ ifbName: ifb, capacity: { egress: capacity, ingress: capacity } });
+    this.shaper = new Shaper({ ifbName: ifb, capacity: { egress: capacity, ingress: capacity }, shards });
   }
 
   /**
@@ -108,15 +116,18 @@ class World {
         0x10000 + ((dir === 'egress' ? states.get(f.pod.id)?.classId : states.get(f.pod.id)?.ingressClassId) ?? 0),
       ]),
     );
-    const dev = dir === 'egress' ? this.ifb : `${this.ifb}.in`;
+    // Each pod's class is on its own shard's ifb.
+    const devOf = (id: string) => (dir === 'egress' ? this.shaper.ifbOfPod(id) : this.shaper.inIfbOfPod(id)) ?? '';
+    const devs = new Set(flows.map((f) => devOf(f.pod.id)));
+    console.log(`  ${dir}: ${flows.map((f) => `${f.pod.id} on ${devOf(f.pod.id)}`).join(', ')}`);
     const samples: Samples = new Map(flows.map((f) => [f.pod.id, []]));
     // Everything from the moment the lock is ours (another suite's measurement may hold it first).
     return withTrafficLock(async () => {
       const t0 = performance.now();
       const sample = () => {
         const at = performance.now() - t0;
-        const byHandle = new Map(classList(dev).map((c) => [c.handle, c.bytes]));
-        for (const [id, h] of ids) samples.get(id)?.push([at, byHandle.get(h) ?? 0]);
+        const byDev = new Map([...devs].map((dev) => [dev, new Map(classList(dev).map((c) => [c.handle, c.bytes]))]));
+        for (const [id, h] of ids) samples.get(id)?.push([at, byDev.get(devOf(id))?.get(h) ?? 0]);
       };
       sample();
       const timer = setInterval(sample, 100);
@@ -156,7 +167,7 @@ export async function guaranteesBench(o: GuaranteesOptions): Promise<number> {
   try {
     for (const cap of [o.capacity, ...o.capacities]) {
       const ifb = `kgb${topo.tag}`;
-      const w = new World(ifb, [a, b, c], r, cap, o.cc);
+      const w = new World(ifb, [a, b, c], r, cap, o.cc, o.shards ?? shardsFor(0, availableParallelism()));
       try {
         await w.shaper.init();
         for (const dir of o.dirs) {

@@ -30,7 +30,7 @@
  *   [--agg-protos tcp,udp,udp200] [--agg-cases above,binding,tax] [--agg-limit 100G] [--agg-binding 200M]
  *   [--agg-binding-udp 20M] [--agg-udp 2G] [--agg-shards N] [--agg-capacity 10G] [--agg-tax-capacity 100G] [--agg-perf]
  *   [--capacity 10G] (ours of (1) and of the cost table in the node's trees at that capacity both ways)
- *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10]
+ *   [--guarantee-capacity 100M] [--guarantee-capacities 1G,10G] [--guarantee-seconds 10] [--guarantee-shards N]
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (test/kit/traffic-lock.ts).
  */
 import { execa, type ResultPromise } from 'execa';
@@ -95,6 +95,7 @@ const args = BenchArgs.parse(
     'guarantee-capacity',
     'guarantee-capacities',
     'guarantee-seconds',
+    'guarantee-shards',
   ],
   ['quick', 'agg-perf', ...SECTIONS.map((x) => `no-${x}`)],
 );
@@ -1019,6 +1020,7 @@ if (runs('guarantees')) {
       .filter(Boolean)
       .map((q) => parseBandwidth(q, 'capacity')),
     seconds: args.num('guarantee-seconds', quick ? 5 : 10),
+    ...(args.str('guarantee-shards') ? { shards: args.num('guarantee-shards', 1) } : {}),
     dirs: args.list('dirs', 'egress,ingress') as Array<'egress' | 'ingress'>,
     ...(args.str('cc') ? { cc: args.str('cc') } : {}),
   });

@@ -28,6 +28,8 @@ const TCA_OPTIONS = 2;
 const TCA_STATS2 = 7;
 const TCA_STATS_BASIC = 1;
 const TCA_STATS_QUEUE = 3;
+/** The qdisc's own statistics: htb's struct tc_htb_xstats (lends, borrows, giants, tokens, ctokens; 20 bytes). */
+const TCA_STATS_APP = 4;
 const TCA_STATS_PKT64 = 8;
 const TCA_HTB_PARMS = 1;
 const TCA_HTB_RATE64 = 6;
@@ -108,7 +110,7 @@ export function tcIfindex(buf: Buffer, m: NlMessage): number {
 /**
  * An RTM_NEWTCLASS message as TcClassStats (`tc -s class show`): handle and parent from the tcmsg,
  * the kind, the kernel's TCA_STATS2 counters (packets from TCA_STATS_PKT64 when the kernel adds it,
- * past 2^32), and for htb the rate and ceil in bits/s (the kernel keeps bytes/s; 64-bit attributes
+ * past 2^32), and for htb its ctokens (TCA_STATS_APP) and the rate and ceil in bits/s (the kernel keeps bytes/s; 64-bit attributes
  * past 2^32 bytes/s).
  */
 export function parseTcClass(buf: Buffer, m: NlMessage): TcClassStats {
@@ -127,6 +129,7 @@ export function parseTcClass(buf: Buffer, m: NlMessage): TcClassStats {
   };
   let options: [number, number] | undefined;
   let pkt64: number | undefined;
+  let app: [number, number] | undefined;
   forEachAttr(buf, t + TCMSG_SIZE, m.at + m.len, (type, at, len) => {
     if (type === TCA_KIND) {
       const nul = buf.indexOf(0, at);
@@ -145,11 +148,14 @@ export function parseTcClass(buf: Buffer, m: NlMessage): TcClassStats {
           cls.overlimits = buf.readUInt32LE(sat + 16);
         } else if (st === TCA_STATS_PKT64 && slen >= 8) {
           pkt64 = u64(buf, sat);
+        } else if (st === TCA_STATS_APP && slen >= 20) {
+          app = [sat, slen];
         }
       });
     }
   });
   if (pkt64 !== undefined) cls.packets = pkt64;
+  if (cls.kind === 'htb' && app) cls.ctokens = buf.readInt32LE(app[0] + 16);
   if (cls.kind === 'htb' && options) {
     const [oat, olen] = options;
     forEachAttr(buf, oat, oat + olen, (type, at, len) => {

@@ -32,6 +32,8 @@ export interface TcClassStats {
   /** htb only: the class's rate and ceil in bits/s. */
   rate?: number;
   ceil?: number;
+  /** htb only, from the bulk reader (stats-dump.ts): what the class may still send at its ceil, in psched ticks; negative: over its ceil now, waiting. */
+  ctokens?: number;
 }
 
 const rateOut: [number | bigint] = [0];

@@ -13,7 +13,7 @@
  */
 import { KubenetError } from '../errors.js';
 import { DEFAULT_BAND } from '../bandwidth/guarantees.js';
-import { kbitShares, waterFill } from './shares.js';
+import { kbitShares, type ShardPod, waterFill } from './shares.js';
 import type { TreeParams } from './sizing.js';
 import { GROUP_CLASS_BASE, groupLine, hex, isGroupClass, MAX_GROUPS, type Direction, type ShapingState } from './tc-layout.js';
 
@@ -103,7 +103,7 @@ export function groupMembers(
 export interface GroupView {
   gid: number;
   total: number;
-  shards: Array<{ ifb: string; floor: number; share: number; veths: Array<{ veth: string; band: number }> }>;
+  shards: Array<{ ifb: string; floor: number; share: number; veths: ShardPod[] }>;
 }
 
 /** What a change of pods asks of their namespaces' classes: lines before its own, deletes after, and which classes. */
@@ -121,12 +121,12 @@ interface Split {
 }
 
 /** Per shard ifb: what the members there are guaranteed together, and their veths. */
-function byShard(members: readonly GroupMember[]): Map<string, { floor: number; veths: Array<{ veth: string; band: number }> }> {
-  const out = new Map<string, { floor: number; veths: Array<{ veth: string; band: number }> }>();
+function byShard(members: readonly GroupMember[]): Map<string, { floor: number; veths: ShardPod[] }> {
+  const out = new Map<string, { floor: number; veths: ShardPod[] }>();
   for (const m of [...members].sort((a, b) => (a.ifb < b.ifb ? -1 : a.ifb > b.ifb ? 1 : 0))) {
     const o = out.get(m.ifb) ?? { floor: 0, veths: [] };
     o.floor += m.guarantee;
-    if (m.veth) o.veths.push({ veth: m.veth, band: m.band });
+    if (m.veth) o.veths.push({ veth: m.veth, band: m.band, guarantee: m.guarantee });
     out.set(m.ifb, o);
   }
   return out;

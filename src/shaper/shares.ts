@@ -3,11 +3,15 @@
  * own htb tree, so no lock or tasklet is shared by all pods, and its node class's rate and ceil is
  * the shard's *share* of the capacity. The shares always add up to the capacity; the steering loop
  * (steering.ts, every TICK_MS) moves them by demand, by water-filling (pure, here):
- * - every shard first gets its *floor*: the guarantees of the pods on it (so each guarantee holds in
- *   its shard's tree, as in one tree), and at least LEAST_SHARE of an even split (an idle shard can
- *   start at once);
- * - a shard that sent at least SATURATED of its share in the last tick wants more (unbounded); one
- *   below it wants HEADROOM times what it sent (it can grow that much before the next tick);
+ * - every shard first gets its *floor*: the guarantees of its pods that moved traffic in the tick
+ *   (so each guarantee holds in its shard's tree, as in one tree, from the tick after its pod
+ *   sends; an idle pod's guarantee is lent to the others, as htb lends it in one tree), and at
+ *   least LEAST_SHARE of an even split (an idle shard can start at once);
+ * - a shard whose class of the split (its node class, or its namespace's class) went over its
+ *   ceil in the tick (htb counts it in the class's `overlimits`: a backlog waits for the share),
+ *   or that sent at least SATURATED of its share, wants more (unbounded); one below it that is still GROWING (its flows ramping up into a share that just grew: TCP needs
+ *   round trips to fill it) keeps its share; any other wants HEADROOM times what it sent (it can
+ *   grow that much before the next tick);
  * - what is left after the floors goes to the shards that want more, in proportion to their
  *   weights, none past what it wants; what nobody wants is split evenly (headroom). A shard's
  *   weight is its pods that moved traffic in the tick, each counted by its band (bandWeight): htb
@@ -27,6 +31,8 @@ export const SATURATED = 0.85;
 export const HEADROOM = 1.5;
 /** The least share of a shard, as a part of an even split of the capacity. */
 export const LEAST_SHARE = 0.02;
+/** A shard below SATURATED that sent at least this many times what it sent the tick before keeps its share. */
+export const GROWING = 1.1;
 /** A share is changed only when it moves by at least this part of an even split (no churn of tc lines when idle). */
 export const CHANGE = 0.05;
 
@@ -35,12 +41,30 @@ export function bandWeight(band: number): number {
   return band <= 0 ? 16 : band === 1 ? 4 : 1;
 }
 
-/** One shard as the split sees it: its floor, what it sent (bits/s), its share now and its weight (active pods). */
+/** A pod in a shard's tree as the share mover sees it: its veth, band and guarantee that way (bits/s). */
+export interface ShardPod {
+  veth: string;
+  band: number;
+  guarantee: number;
+}
+
+/** One shard as the split sees it: its floor, what it sent (bits/s) in this tick and the one before, its share now and its weight (active pods). */
 export interface ShardLoad {
   floor: number;
   rate: number;
   share: number;
   weight: number;
+  /** What it sent in the tick before (absent: unknown, not growing). */
+  last?: number;
+  /** Its class went over its ceil in the tick (htb's overlimits grew): it waits for more share. */
+  limited?: boolean;
+}
+
+/** What a shard wants (bits/s) from its load, before floors (see the module doc). */
+export function wantOf(s: ShardLoad): number {
+  if (s.limited || s.rate >= SATURATED * s.share) return Number.POSITIVE_INFINITY;
+  const grows = s.last !== undefined && s.rate > 0 && s.rate >= s.last * GROWING;
+  return grows ? Math.max(s.share, s.rate * HEADROOM) : s.rate * HEADROOM;
 }
 
 /** Each shard's next share, bits/s, adding up to `capacity` (see the module doc). Pure. */
@@ -52,7 +76,7 @@ export function waterFill(capacity: number, shards: readonly ShardLoad[]): numbe
   const sumBase = base.reduce((a, b) => a + b, 0);
   // Floors past the capacity (guarantees the scheduler should not have admitted): in proportion.
   if (sumBase >= capacity) return base.map((b) => (b * capacity) / sumBase);
-  const want = shards.map((s, k) => (s.rate >= SATURATED * s.share ? Infinity : Math.max(base[k] ?? 0, s.rate * HEADROOM)));
+  const want = shards.map((s, k) => Math.max(base[k] ?? 0, wantOf(s)));
   const alloc = [...base];
   let left = capacity - sumBase;
   const tiny = capacity * 1e-9;

@@ -32,10 +32,10 @@ import { performance } from 'node:perf_hooks';
 import * as nl from '../netlink/index.js';
 import type { LinkStats } from '../netlink/index.js';
 import type { Logger } from '../log.js';
-import type { Direction, OutsideCount, ShapingState } from './tc-layout.js';
+import { NODE_CLASS, type Direction, type OutsideCount, type ShapingState } from './tc-layout.js';
 import { vethCount } from './counters.js';
 import type { GroupView } from './groups.js';
-import { bandWeight, sharesToSet, waterFill, type ShardLoad } from './shares.js';
+import { bandWeight, sharesToSet, waterFill, type ShardLoad, type ShardPod } from './shares.js';
 
 export const TICK_MS = 100;
 /** A direction turns hot at this share of its capacity... */
@@ -100,12 +100,12 @@ export interface SteeringHost {
 
 const DIRS: readonly Direction[] = ['egress', 'ingress'];
 
-/** A shard as the share mover sees it: its ifb, floor, share now, and its pods in the tree (veth, band). */
+/** A shard as the share mover sees it: its ifb, its pods' guarantees, share now, and its pods in the tree. */
 export interface ShardView {
   ifb: string;
   floor: number;
   share: number;
-  veths: Array<{ veth: string; band: number }>;
+  veths: ShardPod[];
 }
 
 /** The loop (see the module doc): one tick at a time, a failed change retried on the next. */
@@ -116,6 +116,10 @@ export class Steering {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
   private readonly index = new Map<string, number>();
+  /** What each shard sent in this tick and the one before, bits/s, by direction, namespace class (0: the node's) and ifb. */
+  private rates = { now: new Map<string, number>(), before: new Map<string, number>() };
+  /** Each split class's htb overlimits at the last tick, by `${ifb} ${class id}`. */
+  private overs = new Map<string, number>();
   private lastError = 0;
 
   constructor(
@@ -165,15 +169,17 @@ export class Steering {
     try {
       this.sock ??= nl.StatsSocket.open();
       const links = await this.sock.linkStats();
+      const overs = await this.overlimits(dirs, shards, groups);
       const last = this.last;
       this.last = { at: now, links };
       if (!last || now <= last.at) return;
       const secs = (now - last.at) / 1000;
+      this.rates = { now: new Map(), before: this.rates.now };
       for (const dir of dirs) await this.decide(dir, pods.get(dir) ?? [], links, last.links, secs, now);
       for (const dir of dirs) {
         const view = shards.get(dir) ?? [];
-        if (view.length > 1) await this.reshare(dir, view, links, last.links, secs);
-        for (const g of groups.get(dir) ?? []) await this.reshareGroup(dir, g, links, last.links, secs);
+        if (view.length > 1) await this.reshare(dir, view, links, last.links, secs, overs);
+        for (const g of groups.get(dir) ?? []) await this.reshareGroup(dir, g, links, last.links, secs, overs);
       }
     } catch (err) {
       this.sock?.close();
@@ -202,6 +208,45 @@ export class Steering {
     return Math.max(0, rx ? b.rxBytes - a.rxBytes : b.txBytes - a.txBytes);
   }
 
+  /**
+   * Whether each split's class (a shard's node class, a namespace's class on a shard) is over its
+   * ceil now (negative ctokens) or went over it since the last tick (its htb `overlimits` grew), by
+   * `${ifb} ${class id}`: one batched RTM_GETTCLASS for all of them.
+   */
+  private async overlimits(
+    dirs: readonly Direction[],
+    shards: Map<Direction, ShardView[]>,
+    groups: Map<Direction, GroupView[]>,
+  ): Promise<Set<string>> {
+    const want: Array<{ key: string; ifindex: number; handle: number }> = [];
+    const add = (ifb: string, id: number) => {
+      const ifindex = nl.linkIndexByName(ifb);
+      if (ifindex !== undefined) want.push({ key: `${ifb} ${id}`, ifindex, handle: 0x10000 + id });
+    };
+    for (const d of dirs) {
+      const view = shards.get(d) ?? [];
+      if (view.length > 1) for (const s of view) add(s.ifb, NODE_CLASS);
+      for (const g of groups.get(d) ?? []) for (const s of g.shards) add(s.ifb, g.gid);
+    }
+    const over = new Set<string>();
+    const seen = new Map<string, number>();
+    if (want.length === 0 || !this.sock) {
+      this.overs = seen;
+      return over;
+    }
+    const answers = await this.sock.classGet(want.map(({ ifindex, handle }) => ({ ifindex, handle })));
+    for (const [k, w] of want.entries()) {
+      const a = answers[k];
+      if (!a || a instanceof Error) continue;
+      const was = this.overs.get(w.key);
+      // Over its ceil now (in debt: a class whose ceil just shrank can wait there for seconds), or went over it since the last tick.
+      if ((a.ctokens ?? 0) < 0 || (was !== undefined && a.overlimits > was)) over.add(w.key);
+      seen.set(w.key, a.overlimits);
+    }
+    this.overs = seen;
+    return over;
+  }
+
   /** A direction's shards' shares moved by demand (shares.ts), when they moved enough to change. */
   private async reshare(
     dir: Direction,
@@ -209,10 +254,12 @@ export class Steering {
     links: Map<number, LinkStats>,
     before: Map<number, LinkStats>,
     secs: number,
+    overs: Set<string>,
   ): Promise<void> {
     const capacity = this.host.capacity(dir);
     if (capacity === undefined) return;
-    const { next, loads } = this.split(dir, capacity, shards, (s) => this.moved(s.ifb, false, links, before), links, before, secs);
+    const sent = (s: ShardView) => this.moved(s.ifb, false, links, before);
+    const { next, loads } = this.split(`${dir} 0`, capacity, shards, sent, (s) => overs.has(`${s.ifb} ${NODE_CLASS}`), links, before, secs);
     if (!next) return;
     await this.host.setShares(dir, next);
     this.log.debug({ direction: dir, shares: next, rates: loads.map((l) => Math.round(l.rate)) }, 'shards: shares moved');
@@ -225,10 +272,12 @@ export class Steering {
     links: Map<number, LinkStats>,
     before: Map<number, LinkStats>,
     secs: number,
+    overs: Set<string>,
   ): Promise<void> {
     const rx = dir === 'egress';
     const sent = (s: ShardView) => s.veths.reduce((b, v) => b + this.moved(v.veth, rx, links, before), 0);
-    const { next, loads } = this.split(dir, g.total, g.shards, sent, links, before, secs);
+    const limited = (s: ShardView) => overs.has(`${s.ifb} ${g.gid}`);
+    const { next, loads } = this.split(`${dir} ${g.gid}`, g.total, g.shards, sent, limited, links, before, secs);
     if (!next) return;
     await this.host.setGroupShares(dir, g, next);
     this.log.debug(
@@ -237,30 +286,42 @@ export class Steering {
     );
   }
 
-  /** The next shares of `total` over `shards` (undefined: none moved enough), each shard's demand `sent` bytes in the tick. */
+  /**
+   * The next shares of `total` over `shards` (undefined: none moved enough), each shard's demand
+   * `sent` bytes in the tick; `key` names the split (direction and namespace class) for the rates
+   * of the tick before.
+   */
   private split(
-    dir: Direction,
+    key: string,
     total: number,
     shards: readonly ShardView[],
     sent: (s: ShardView) => number,
+    limited: (s: ShardView) => boolean,
     links: Map<number, LinkStats>,
     before: Map<number, LinkStats>,
     secs: number,
   ): { next: number[] | undefined; loads: ShardLoad[] } {
     // A pod's traffic that way on its veth: received from it (egress), sent to it (ingress).
-    const rx = dir === 'egress';
+    const rx = key.startsWith('egress ');
     const bits = (bytes: number) => (bytes * 8) / secs;
+    const active = (v: ShardPod) => bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS;
+    const lastOf = (ifb: string) => this.rates.before.get(`${key} ${ifb}`);
+    // A guarantee is a shard's floor while its pod sends: an idle pod's is lent to the others (as htb does in one tree).
     const loads: ShardLoad[] = shards.map((s) => ({
-      floor: s.floor,
+      floor: s.veths.reduce((g, v) => g + (active(v) ? v.guarantee : 0), 0),
       share: s.share,
       rate: bits(sent(s)),
-      weight: s.veths.reduce((w, v) => w + (bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS ? bandWeight(v.band) : 0), 0),
+      weight: s.veths.reduce((w, v) => w + (active(v) ? bandWeight(v.band) : 0), 0),
+      ...(lastOf(s.ifb) !== undefined ? { last: lastOf(s.ifb) } : {}),
+      // A class in debt that no longer sends (its pods went idle) waits for nothing.
+      ...(limited(s) && bits(sent(s)) >= ACTIVE_BITS ? { limited: true } : {}),
     }));
+    for (const [k, s] of shards.entries()) this.rates.now.set(`${key} ${s.ifb}`, loads[k]?.rate ?? 0);
     const next = sharesToSet(
       total,
       shards.map((s) => s.share),
       waterFill(total, loads),
-      shards.map((s) => s.floor),
+      loads.map((l) => l.floor),
     );
     return { next, loads };
   }

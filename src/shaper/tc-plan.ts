@@ -9,6 +9,7 @@ import type { BandwidthLimits } from '../bandwidth/limits.js';
 import { DEFAULT_BAND } from '../bandwidth/guarantees.js';
 import { podLayout } from './sizing.js';
 import type { PodLayout, TreeParams } from './sizing.js';
+import type { ShardPod } from './shares.js';
 import type { IfbListing } from './tc-listing.js';
 import {
   classDelLines,
@@ -180,14 +181,15 @@ export class Shards {
     return n.indexOf(Math.min(...n));
   }
 
-  /** By shard: the guarantees of its pods (its floor, shares.ts) and the veths and bands of its pods in the tree. */
-  loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: Array<{ veth: string; band: number }> }> {
-    const out = this.ifbs.map(() => ({ floor: 0, veths: [] as Array<{ veth: string; band: number }> }));
+  /** By shard: the guarantees of its pods and their veths, bands and guarantees in the tree (shares.ts). */
+  loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: ShardPod[] }> {
+    const out = this.ifbs.map(() => ({ floor: 0, veths: [] as ShardPod[] }));
     for (const r of states) {
       const o = this.side.id(r) ? out[this.side.shard(r) ?? 0] : undefined;
       if (!o) continue;
       o.floor += this.side.guarantee(r);
-      if (r.hostVeth && !bypasses(r, this.dir)) o.veths.push({ veth: r.hostVeth, band: r.limits.priority ?? DEFAULT_BAND });
+      if (r.hostVeth && !bypasses(r, this.dir))
+        o.veths.push({ veth: r.hostVeth, band: r.limits.priority ?? DEFAULT_BAND, guarantee: this.side.guarantee(r) });
     }
     return out;
   }

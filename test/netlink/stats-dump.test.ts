@@ -14,7 +14,7 @@ const blocker = isRoot ? undefined : `needs root (creates network namespaces; ru
 const CLASSES = 400;
 
 /** What `tc -s class show` prints of a class, as the netlink layer's own type names it. */
-type TextClass = Omit<TcClassStats, 'rate' | 'ceil'>;
+type TextClass = Omit<TcClassStats, 'rate' | 'ceil' | 'ctokens'> & { ctokens?: number };
 
 const handleOf = (s: string) => {
   const [maj, min] = s.split(':');
@@ -32,6 +32,7 @@ async function tcClasses(ns: string, dev: string): Promise<Map<number, TextClass
     const head = /^class (\S+) (\S+) (?:root|parent (\S+))/.exec(block);
     const sent = /Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)/.exec(block);
     const backlog = /backlog (\d+)b (\d+)p/.exec(block);
+    const ctokens = / ctokens: (-?\d+)/.exec(block);
     if (!head?.[1] || !head[2]) continue;
     const handle = handleOf(head[2]);
     const parent = head[3] ? handleOf(head[3]) : 0xffffffff;
@@ -49,6 +50,7 @@ async function tcClasses(ns: string, dev: string): Promise<Map<number, TextClass
       overlimits: +sent[4]!,
       backlog: +backlog[1]!,
       qlen: +backlog[2]!,
+      ...(ctokens ? { ctokens: +ctokens[1]! } : {}),
     });
   }
   return out;

@@ -87,8 +87,8 @@ test('views: only namespaces on several shards, with each shard floor, share and
       gid: GID,
       total: 40e6,
       shards: [
-        { ifb: 'ifb0', floor: 5e6, share: 22.3e6, veths: [{ veth: 'v0', band: 1 }] },
-        { ifb: 'ifb1', floor: 0, share: 17.7e6, veths: [{ veth: 'v1', band: 1 }] },
+        { ifb: 'ifb0', floor: 5e6, share: 22.3e6, veths: [{ veth: 'v0', band: 1, guarantee: 5e6 }] },
+        { ifb: 'ifb1', floor: 0, share: 17.7e6, veths: [{ veth: 'v1', band: 1, guarantee: 0 }] },
       ],
     },
   ]);

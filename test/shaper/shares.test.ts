@@ -3,7 +3,18 @@
  * weights, headroom, and when a change is worth a tc line.
  */
 import test from 'ava';
-import { bandWeight, CHANGE, HEADROOM, LEAST_SHARE, SATURATED, ShardShares, sharesToSet, waterFill } from '../../src/shaper/shares.js';
+import {
+  bandWeight,
+  CHANGE,
+  GROWING,
+  HEADROOM,
+  LEAST_SHARE,
+  SATURATED,
+  ShardShares,
+  sharesToSet,
+  waterFill,
+  wantOf,
+} from '../../src/shaper/shares.js';
 
 const C = 1000e6;
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
@@ -100,4 +111,34 @@ test('bands between shards: an active pod weighs 16, 4 or 1 by band, so band 0 o
     { floor: 0, rate: 500e6, share: 500e6, weight: bandWeight(2) },
   ]);
   t.true((s[0] ?? 0) / C >= 0.9, `band 0's shard: ${((s[0] ?? 0) / C).toFixed(3)} of the capacity (the trees' goal: >= 0.75)`);
+});
+
+test('a shard below SATURATED whose flows still grow (GROWING over the tick before) keeps its share; one that does not, or idles, gives it back', (t) => {
+  const share = 90e6;
+  t.is(wantOf({ floor: 0, rate: 30e6, share, weight: 1, last: 20e6 }), share, 'ramping into a share that just grew: kept');
+  t.is(wantOf({ floor: 0, rate: 30e6 * GROWING, share, weight: 1, last: 30e6 }), share, 'exactly GROWING: kept');
+  t.is(
+    wantOf({ floor: 0, rate: 30e6, share, weight: 1, last: 30e6 }),
+    30e6 * HEADROOM,
+    'steady below its share: what it sends and headroom',
+  );
+  t.is(wantOf({ floor: 0, rate: 30e6, share, weight: 1 }), 30e6 * HEADROOM, 'no tick before: not growing');
+  t.is(wantOf({ floor: 0, rate: 0, share, weight: 1, last: 0 }), 0, 'idle: nothing');
+  t.is(wantOf({ floor: 0, rate: share * SATURATED, share, weight: 1, last: 1e9 }), Number.POSITIVE_INFINITY, 'saturated: more');
+  t.is(
+    wantOf({ floor: 0, rate: 1e6, share: 1.4e6, weight: 1, last: 1e6, limited: true }),
+    Number.POSITIVE_INFINITY,
+    'its class went over its ceil (a backlog waits) though it sent under SATURATED of its share: more',
+  );
+  // Band 0 ramping on one shard keeps its weighted part (16 to 1) against a saturated band-2 shard;
+  // steady at the same rate it would give all but HEADROOM times its rate away.
+  const loads = (last: number) => [
+    { floor: 0, rate: 40e6, share: 94e6, weight: 16, last },
+    { floor: 0, rate: 5.9e6, share: 6e6, weight: 1, last: 5.9e6 },
+  ];
+  const [a, b] = waterFill(100e6, loads(25e6));
+  const least = 50e6 * LEAST_SHARE;
+  t.is(Math.round(a ?? 0), Math.round(least + ((100e6 - 2 * least) * 16) / 17), 'ramping: its weighted part');
+  t.is(Math.round(b ?? 0), Math.round(least + (100e6 - 2 * least) / 17));
+  t.is(waterFill(100e6, loads(40e6))[0], 40e6 * HEADROOM, 'steady: what it sends and headroom');
 });
