@@ -167,7 +167,7 @@ export class GroupSplit {
       was !== undefined &&
       was.total === total &&
       was.shares.size === ifbs.length &&
-      ifbs.every((ifb, k) => (was.shares.get(ifb) ?? 0) >= Math.min(floors[k] ?? 0, total));
+      ifbs.every((ifb, k) => was.shares.has(ifb) && (was.shares.get(ifb) ?? 0) >= Math.min(floors[k] ?? 0, total));
     const shares = kept
       ? ifbs.map((ifb) => was.shares.get(ifb) ?? 0)
       : kbitShares(

@@ -52,6 +52,14 @@ test('the split is kept while its shards, total and floors allow; split anew whe
   );
   const floor = g.sync('egress', GID, 40e6, [m('ifb0'), m('ifb1', 15e6)]);
   t.is(new Map(floor.replace.map((l) => [devOf(l), ceilOf(l)])).get('ifb1'), 27.3e6, "a guarantee above its shard's share: split anew");
+  t.deepEqual(
+    g.sync('egress', GID, 40e6, [m('ifb0'), m('ifb2')]).replace.map((l) => [devOf(l), ceilOf(l)]),
+    [
+      ['ifb0', 20e6],
+      ['ifb2', 20e6],
+    ],
+    'as many shards, but another one: split anew',
+  );
   const total = g.sync('egress', GID, 20e6, [m('ifb0'), m('ifb1')]);
   t.deepEqual(total.replace.map(ceilOf), [10e6, 10e6], 'another total: split anew');
   g.invalidate('egress', GID);
