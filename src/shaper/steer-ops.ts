@@ -10,7 +10,7 @@ import type { KeyedMutex } from '../util/keyed-mutex.js';
 import { batch, type BatchOptions, type BatchResult } from './tc-exec.js';
 import { redirectLines, VETH, vethToIfbLines, type Direction, type OutsideCount, type ShapingState } from './tc-layout.js';
 import { bypasses } from './tc-plan.js';
-import { spell, vethCountNow, ZERO } from './steering.js';
+import { spell, vethCountNow, ZERO } from './outside.js';
 
 export interface SteerContext {
   records: Map<string, ShapingState>;

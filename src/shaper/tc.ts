@@ -73,7 +73,8 @@ import { parseIfbListing, type IfbListing } from './tc-listing.js';
 import { bypasses, type ClassIds, ifbSideDelLines, orphanLines, planEnsure, Shards, type Trees } from './tc-plan.js';
 import { GroupIds, groupMembers, GroupSplit, type GroupSync, type GroupView, type ShardIfbOf } from './groups.js';
 import { ensureUnshaped, type Unshaped } from './unshaped.js';
-import { outsideAfterEnsure, Steering, type ShardView } from './steering.js';
+import { outsideAfterEnsure } from './outside.js';
+import { Steering, type ShardView } from './steering.js';
 import { ShardShares } from './shares.js';
 import { adoptSteering, bestEffortPods, steerPods, type SteerContext } from './steer-ops.js';
 
