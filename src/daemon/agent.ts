@@ -119,6 +119,7 @@ export class Agent {
       routes: this.config.routes,
     }),
     () => this.routes?.wayCounts(),
+    () => this.network.bandwidthShares(),
   );
   /** The pods' counters for /metrics and when they were read: at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
   private readonly scraped: Coalesced<{ traffic: PodTraffic[]; at: number }>;

@@ -375,6 +375,17 @@ export class PodNetwork {
     return podTraffic(this.core, opts);
   }
 
+  /**
+   * The node's trees as /metrics shows them: each shard's share of its direction's capacity, and
+   * per direction with a tree whether its best-effort pods are in it now (src/shaper/steering.ts).
+   */
+  bandwidthShares(): {
+    shares: Array<{ direction: 'egress' | 'ingress'; ifb: string; share: number }>;
+    steered: { egress?: boolean; ingress?: boolean };
+  } {
+    return { shares: this.shaper.shareView(), steered: this.shaper.steered() };
+  }
+
   /** Replaces the destinations whose traffic with shaped pods is not shaped, live (src/shaper/unshaped.ts). @throws ConfigError for a bad CIDR */
   setUnshaped(cidrs: string[]): Promise<void> {
     return this.shaper.setUnshaped({ subnets: parseUnshaped(cidrs), bridge: this.bridgeName });

@@ -582,6 +582,14 @@ export class Shaper {
     });
   }
 
+  /** Each shard's share of its direction's capacity now (its node class), with several trees that way. */
+  shareView(): Array<{ direction: Direction; ifb: string; share: number }> {
+    return (['egress', 'ingress'] as const).flatMap((direction) => {
+      const sh = direction === 'egress' ? this.shares : this.inShares;
+      return sh ? sh.ifbs.map((ifb, k) => ({ direction, ifb, share: sh.all()[k] ?? 0 })) : [];
+    });
+  }
+
   /** A direction's shards' shares of its capacity now, bits/s (undefined with one tree or none). */
   shareOf = (dir: Direction = 'egress'): readonly number[] | undefined => (dir === 'egress' ? this.shares : this.inShares)?.all();
 

@@ -25,6 +25,11 @@
  * scrapes divides by the time between the reads, not between the scrapes. Only the *_info families
  * carry labels beyond namespace, pod, direction and source.
  *
+ * With a capacity, the node's trees: `kubenet_node_bandwidth_share_bits_per_second{direction,shard}`
+ * (each shard's share of the direction's capacity, moved by demand: src/shaper/shares.ts) and
+ * `kubenet_node_best_effort_in_trees{direction}` (1 while pods that asked for nothing are in the
+ * trees: src/shaper/steering.ts).
+ *
  * Routes between nodes, per way (no `way` label, to keep the label set above):
  * `kubenet_routes_direct` and `kubenet_routes_tunnel`, the routes the route controller holds now (0
  * without one).
@@ -217,6 +222,12 @@ export function infoSeries(info: AgentInfo | undefined, records: PodRecord[], co
   return out;
 }
 
+/** The node's trees for /metrics: shard shares of the capacity and whether best-effort pods are in them (PodNetwork.bandwidthShares). */
+export interface TreesView {
+  shares: Array<{ direction: 'egress' | 'ingress'; ifb: string; share: number }>;
+  steered: { egress?: boolean; ingress?: boolean };
+}
+
 export class AgentMetrics {
   readonly registry = new Registry();
   /**
@@ -227,7 +238,30 @@ export class AgentMetrics {
   constructor(
     private readonly info?: () => AgentInfo,
     routeWays?: () => { direct: number; tunnel: number } | undefined,
+    trees?: () => TreesView,
   ) {
+    if (trees) {
+      new Gauge({
+        name: 'kubenet_node_bandwidth_share_bits_per_second',
+        help: "Each shard's share of the node's capacity now (its tree's node class), by direction and shard (its ifb); the shares of a direction add up to its capacity",
+        labelNames: ['direction', 'shard'],
+        registers: [this.registry],
+        collect() {
+          this.reset();
+          for (const s of trees().shares) this.set({ direction: s.direction, shard: s.ifb }, s.share);
+        },
+      });
+      new Gauge({
+        name: 'kubenet_node_best_effort_in_trees',
+        help: "1 while the pods that asked for nothing are in the node's trees that way (the node near its capacity), 0 while they are kept out",
+        labelNames: ['direction'],
+        registers: [this.registry],
+        collect() {
+          this.reset();
+          for (const [d, hot] of Object.entries(trees().steered)) if (hot !== undefined) this.set({ direction: d }, hot ? 1 : 0);
+        },
+      });
+    }
     if (!routeWays) return;
     for (const way of ['direct', 'tunnel'] as const) {
       new Gauge({

@@ -129,3 +129,51 @@ test('info series: no pod CIDR yet is an empty label; without info or a read tim
   const bare = parseExposition(infoSeries(undefined, [podRecord('a', {})]));
   t.deepEqual([...bare.keys()], ['kubenet_pod_info']);
 });
+
+test("the node's trees: each shard's share by direction and shard, and whether best-effort pods are in the trees; none without a capacity", async (t) => {
+  let view = {
+    shares: [
+      { direction: 'egress' as const, ifb: 'kubenet-ifb0', share: 60e6 },
+      { direction: 'egress' as const, ifb: 'kubenet-ifb0.1', share: 40e6 },
+      { direction: 'ingress' as const, ifb: 'kubenet-ifb0.in', share: 100e6 },
+    ],
+    steered: { egress: true, ingress: false } as { egress?: boolean; ingress?: boolean },
+  };
+  const m = new AgentMetrics(
+    () => INFO,
+    undefined,
+    () => view,
+  );
+  const families = parseExposition((await m.text([], 0, [], undefined)).body);
+  t.is(families.get('kubenet_node_bandwidth_share_bits_per_second')?.type, 'gauge');
+  t.deepEqual(
+    samplesOf(families, 'kubenet_node_bandwidth_share_bits_per_second').map((s) => [s.labels.direction, s.labels.shard, s.value]),
+    [
+      ['egress', 'kubenet-ifb0', 60e6],
+      ['egress', 'kubenet-ifb0.1', 40e6],
+      ['ingress', 'kubenet-ifb0.in', 100e6],
+    ],
+  );
+  t.deepEqual(
+    samplesOf(families, 'kubenet_node_best_effort_in_trees').map((s) => [s.labels.direction, s.value]),
+    [
+      ['egress', 1],
+      ['ingress', 0],
+    ],
+  );
+  // The shares moved and the ingress tree went: the next scrape shows only what is.
+  view = { shares: [{ direction: 'egress', ifb: 'kubenet-ifb0', share: 100e6 }], steered: { egress: false } };
+  const next = parseExposition((await m.text([], 0, [], undefined)).body);
+  t.deepEqual(
+    samplesOf(next, 'kubenet_node_bandwidth_share_bits_per_second').map((s) => [s.labels.shard, s.value]),
+    [['kubenet-ifb0', 100e6]],
+  );
+  t.deepEqual(
+    samplesOf(next, 'kubenet_node_best_effort_in_trees').map((s) => [s.labels.direction, s.value]),
+    [['egress', 0]],
+  );
+  view = { shares: [], steered: {} };
+  const none = parseExposition((await m.text([], 0, [], undefined)).body);
+  t.deepEqual(samplesOf(none, 'kubenet_node_bandwidth_share_bits_per_second'), []);
+  t.deepEqual(samplesOf(none, 'kubenet_node_best_effort_in_trees'), []);
+});
