@@ -21,6 +21,7 @@ import { existsSync } from 'node:fs';
 import { readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { agentGet } from '../../src/daemon/protocol.js';
+import { parseExposition, samplesOf } from '../../src/cli/prom-text.js';
 import { FORWARDER } from '../kit/agent-harness.js';
 import { startManifestAgent, type ManifestAgent } from '../kit/agent-process.js';
 import { pod as podObject } from '../kit/fake-apiserver.js';
@@ -290,6 +291,15 @@ serialTest(
       /class htb 1:\S+ parent 1:fffe .*ceil 10Mbit/,
       `egress ceiling 10Mbit on ${egShard}`,
     );
+    // /metrics: each shard's share of the capacity, adding up to it, one series per shard each way.
+    const families = parseExposition((await agentGet(sb.hostPath(node.settings.socket), '/metrics')).body);
+    for (const dir of ['egress', 'ingress'] as const) {
+      const capacity = samplesOf(families, 'kubenet_node_bandwidth_capacity_bits_per_second', { direction: dir })[0]?.value ?? NaN;
+      const shares = samplesOf(families, 'kubenet_node_bandwidth_share_bits_per_second', { direction: dir });
+      t.deepEqual(shares.map((x) => x.labels.shard).sort(), (await shardIfbs(run, dir)).sort(), `${dir}: a share per shard`);
+      const sum = shares.reduce((a, x) => a + x.value, 0);
+      t.true(sum <= capacity && sum >= capacity * 0.999, `${dir}: the shares add up to the capacity: ${sum} of ${capacity}`);
+    }
     t.deepEqual(
       status.pods.find((p) => p.id === web.id)?.portMappings?.map((m) => m.hostPort),
       [hostPort],
