@@ -181,6 +181,18 @@ export class Shards {
     return n.indexOf(Math.min(...n));
   }
 
+  /**
+   * The pods to move off shards that hold more than an even part of `states` (ceil of pods /
+   * shards): after an upgrade from fewer shards (one tree: every pod on shard 0), so that the pods
+   * already running spread as new ones do. The ones a shard keeps are its first.
+   */
+  crowded(states: Iterable<ShapingState>): string[] {
+    const by = this.ifbs.map(() => [] as string[]);
+    for (const r of states) if (this.side.id(r)) by[this.side.shard(r) ?? 0]?.push(r.id);
+    const even = Math.ceil(by.reduce((n, ids) => n + ids.length, 0) / this.ifbs.length);
+    return by.flatMap((ids) => ids.slice(even));
+  }
+
   /** By shard: the guarantees of its pods and their veths, bands and guarantees in the tree (shares.ts). */
   loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: ShardPod[] }> {
     const out = this.ifbs.map(() => ({ floor: 0, veths: [] as ShardPod[] }));

@@ -2,14 +2,8 @@
  * Pod bandwidth shaping with tc, both directions, a fixed set of kernel objects per pod (nothing
  * listed or searched per pod).
  *
- * Each shaped direction is an htb class at the pod's limit with two leaves: `interactive`
- * (prio 0) for the pod's small packets and `bulk` (prio 1) for the rest. A pod's ping, a kubelet
- * probe's handshake and request, DNS and the ACKs of its downloads thus never queue behind its own
- * bulk transfer, and the bulk queue can be deep enough that a saturating flow does not lose
- * segments (sizing.ts says why; the figures: docs/shaping.md). Interactive is, per family, OR
- * of: IP total length (IPv6: payload length) under 512 bytes; ICMP / ICMPv6 (so NDP too); UDP
- * from port 53. The kernel here has no fq, sfq, prio or codel: htb's priority between two leaves
- * of one class and u32 are what it offers for this.
+ * Each shaped direction is an htb class at the pod's limit with two leaves, `interactive` (the pod's
+ * small packets, ICMP, DNS answers) served before `bulk` (tc-layout.ts says which, sizing.ts why).
  *
  * The layout and its lines: tc-layout.ts; what a change deletes and installs, and the pool of idle
  * ifb classes: tc-plan.ts; what it costs and buys, measured: docs/shaping.md.
@@ -146,6 +140,8 @@ export class Shaper {
   private readonly inShares: ShardShares | undefined;
   /** The namespaces' class ids in the trees. */
   private readonly groupIds = new GroupIds();
+  /** Pods to move to another shard at their next ensure, by direction (an upgrade from fewer shards: Shards.crowded). */
+  private readonly rehome = { egress: new Set<string>(), ingress: new Set<string>() };
   /** The namespaces' shares of their totals over the shards their pods are on (groups.ts). */
   private readonly groupSplit = new GroupSplit((d) => (d === 'egress' ? this.tree : this.ingressTree?.tree));
   /** With a tree on several egress shards: the capacity's split over them (shares.ts). */
@@ -242,6 +238,11 @@ export class Shaper {
     if (this.records.size === 0) {
       this.adopt(known);
       if (this.steering) await adoptSteering(this.steerCtx);
+      // Pods an earlier process put on fewer shards spread over today's at their next ensure (the reconcile after a start).
+      for (const id of this.shards.crowded(this.records.values())) this.rehome.egress.add(id);
+      for (const id of this.inShards?.crowded(this.records.values()) ?? []) this.rehome.ingress.add(id);
+      if (this.rehome.egress.size + this.rehome.ingress.size > 0)
+        this.log.info({ egress: this.rehome.egress.size, ingress: this.rehome.ingress.size }, 'pods to spread over more shards');
     }
     // The namespaces' classes split anew over their shards (a restart does not keep what demand moved).
     const split = this.groupSync([...this.records.values()], this.records.values());
@@ -481,8 +482,28 @@ export class Shaper {
     if (outside) rec.outside = outside;
     let allocated = false;
     let allocatedIn = false;
+    // A pod to spread (rehome) leaves its shard: its ifb side there goes (its classes idle), and it is made anew on the emptiest.
+    const moves = !!prev?.classId && rec.egressInstalled && this.rehome.egress.delete(pod.id);
+    const movesIn = !!prev?.ingressClassId && rec.ingressInstalled && this.rehome.ingress.delete(pod.id);
+    if (prev && (moves || movesIn)) {
+      const was = { ...(moves ? { egress: this.ifbOf(prev) } : {}), ...(movesIn ? { ingress: this.inTreeOf(prev)?.ifb } : {}) };
+      await this.tc(ifbSideDelLines(prev, was), { force: true });
+      if (moves) giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
+      if (movesIn && prev.ingressClassId) giveBack(this.inShards?.mustClassIds(prev.ingressShard), prev.ingressClassId, prev.ingressParent);
+      if (moves) {
+        rec.classId = 0;
+        delete rec.shard;
+        delete rec.egressBase;
+      }
+      log.info({ egress: moves, ingress: movesIn }, 'pod spread to another shard');
+    }
+    const moved = {
+      ...(moves ? { classId: 0, filters: [], egressInstalled: false } : {}),
+      ...(movesIn ? { ingressClassId: 0, ingressFilters: [] } : {}),
+    };
+    const planPrev = prev && (moves || movesIn) ? { ...prev, ...moved } : prev;
     if (this.ingressTree && this.inShards && rec.ingressInstalled) {
-      if (prev?.ingressClassId) {
+      if (prev?.ingressClassId && !movesIn) {
         rec.ingressClassId = prev.ingressClassId;
         if (prev.ingressShard) rec.ingressShard = prev.ingressShard;
         if (prev.ingressBase) rec.ingressBase = prev.ingressBase;
@@ -507,7 +528,13 @@ export class Shaper {
       if (base) rec.egressBase = base;
     }
     const ifb = this.ifbOf(rec);
-    const plan = planEnsure(ifb, prev, rec, prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth), this.treesOf(rec));
+    const plan = planEnsure(
+      ifb,
+      planPrev,
+      rec,
+      prev !== undefined && prev.hostVeth !== veth && linkExists(prev.hostVeth),
+      this.treesOf(rec),
+    );
     const pre = plan.pre;
     // Its namespace's classes first (a pod class needs its parent), split with the pod as it is now.
     const groups = this.groupSync(prev ? [prev, rec] : [rec], new Map(this.records).set(pod.id, rec).values(), rec);
@@ -537,11 +564,13 @@ export class Shaper {
       if (allocated) giveBack(this.shards.mustClassIds(rec.shard), rec.classId, rec.egressParent);
       if (allocatedIn && rec.ingressClassId) giveBack(this.inShards?.mustClassIds(rec.ingressShard), rec.ingressClassId, rec.ingressParent);
       for (const [d, gid] of groups.keys) this.groupSplit.invalidate(d, gid);
+      // A move's old side is gone: the pod keeps none that way, and its next ensure makes it anew.
+      if (planPrev && planPrev !== prev) this.records.set(pod.id, planPrev);
       throw err;
     }
-    if (!rec.ingressClassId && prev?.ingressClassId)
+    if (!rec.ingressClassId && prev?.ingressClassId && !movesIn)
       giveBack(this.inShards?.mustClassIds(prev.ingressShard), prev.ingressClassId, prev.ingressParent);
-    if (!rec.egressInstalled && prev?.classId) {
+    if (!rec.egressInstalled && prev?.classId && !moves) {
       giveBack(this.shards.mustClassIds(prev.shard), prev.classId, prev.egressParent);
       rec.classId = 0;
       delete rec.shard;

@@ -205,7 +205,8 @@ export function fakeShaper(j: Journal) {
     },
     list: () => [...states.values()],
     states: () => [...states.values()],
-    reconcile: async (live: Array<{ id: string }>) => {
+    reconcile: async (live: Array<{ id: string; group?: string }>) => {
+      call(j, 'shaper.reconcile', live.map((p) => `${p.id}@${p.group ?? '-'}`).join(' '));
       const keep = new Set(live.map((p) => p.id));
       for (const id of states.keys()) if (!keep.has(id)) states.delete(id);
     },

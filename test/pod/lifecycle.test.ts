@@ -253,6 +253,15 @@ test('the startup reconcile: an unfinished ADD is undone, a pod whose netns and 
   });
 });
 
+test("the startup reconcile re-shapes every live shaped pod with its namespace (a namespace's total keeps its pods under its class)", async (t) => {
+  await withCore({}, async (w) => {
+    const { record } = await add(w, 'web', { limits: { egress: 10_000_000, egressTotal: 50_000_000 } });
+    w.j.calls.length = 0;
+    await reconcile(w.core);
+    t.deepEqual(w.only('shaper.reconcile'), [`shaper.reconcile web-id@${record.namespace}`]);
+  });
+});
+
 test('CHECK: the mode of the record checks the attachment, host ports their rules, a shaped pod its shaping; unknown, other netns and lost shaping are errors', async (t) => {
   await withCore({}, async (w) => {
     const { record } = await add(w, 'web', {

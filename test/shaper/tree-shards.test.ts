@@ -262,3 +262,68 @@ kTest(
       );
   },
 );
+
+kTest(
+  'an upgrade from one tree to two shards: the reconcile spreads the running pods over both, a TCP flow through moved pods goes on, nothing of them is left on their old shard',
+  async (t) => {
+    const capacity = { egress: 200e6, ingress: 200e6 };
+    const env = await shaperEnv(t, 4, 1, capacity);
+    const [a, b, c, d] = pods(env, 4);
+    // A band each: in the trees whatever the steering decides.
+    const live = [a, b, c, d].map((p) => podOf(p, { priority: 1 }));
+    for (const p of live) await env.shaper.ensure(p);
+    const podFilters = async (dev: string) =>
+      ((await execa('tc', ['filter', 'show', 'dev', dev, 'parent', '1:'])).stdout.match(/flowid 1:[0-9a-f]+/g) ?? []).length;
+    const before = { egress: await podFilters(env.ifb), ingress: await podFilters(`${env.ifb}.in`) };
+    const states = env.shaper.states();
+    env.shaper.close();
+    const next = new Shaper({ ifbName: env.ifb, shards: 2, capacity });
+    t.teardown(async () => {
+      await next.reset().catch(() => undefined);
+      next.close();
+    });
+    await next.init(states);
+    t.is(next.ifbOfPod(c.id), env.ifb, 'adopted where it was until its next ensure');
+    // d sends to c for 5 s; their next ensures (the agent's reconcile after a start) move both.
+    const flow = iperf(c, d, { seconds: 5, onRetry: retryLog(t) });
+    await new Promise((r) => setTimeout(r, 2000));
+    await next.reconcile(live);
+    const r = await flow;
+    t.log(`d -> c across the move (at ~2 s), 1 s intervals (Mbit/s): ${r.intervals.map((x) => (x / 1e6).toFixed(1)).join(' ')}`);
+    t.true(r.intervals.length >= 5, 'the flow ran to its end');
+    for (const x of r.intervals.slice(1)) t.true(x >= 50e6, `no second without traffic: ${(x / 1e6).toFixed(1)} Mbit/s`);
+    t.deepEqual(
+      [a, b, c, d].map((p) => next.ifbOfPod(p.id)),
+      [env.ifb, env.ifb, `${env.ifb}.1`, `${env.ifb}.1`],
+      'egress: two pods a shard',
+    );
+    t.deepEqual(
+      [a, b, c, d].map((p) => next.inIfbOfPod(p.id)),
+      [`${env.ifb}.in`, `${env.ifb}.in`, `${env.ifb}.i1`, `${env.ifb}.i1`],
+      'ingress: two pods a shard',
+    );
+    t.is(await podFilters(env.ifb), before.egress / 2, "the moved pods' filters left the first egress shard");
+    t.is(await podFilters(`${env.ifb}.1`), before.egress / 2);
+    t.is(await podFilters(`${env.ifb}.in`), before.ingress / 2, "and the first ingress shard's");
+    t.is(await podFilters(`${env.ifb}.i1`), before.ingress / 2);
+    t.regex(
+      (await execa('tc', ['filter', 'show', 'dev', c.hostVeth, 'parent', '2:'])).stdout,
+      new RegExp(`Redirect to device ${env.ifb}\\.i1\\)`),
+    );
+    t.regex(
+      (await execa('tc', ['filter', 'show', 'dev', d.hostVeth, 'ingress'])).stdout,
+      new RegExp(`Redirect to device ${env.ifb}\\.1\\)`),
+    );
+    // A second start finds them spread: nothing moves.
+    const again = next.states();
+    next.close();
+    const third = new Shaper({ ifbName: env.ifb, shards: 2, capacity });
+    t.teardown(() => third.close());
+    await third.init(again);
+    await third.reconcile(live);
+    t.deepEqual(
+      third.states().map((s) => [s.id, s.shard ?? 0, s.ingressShard ?? 0, s.classId]),
+      again.map((s) => [s.id, s.shard ?? 0, s.ingressShard ?? 0, s.classId]),
+    );
+  },
+);

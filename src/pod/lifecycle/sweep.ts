@@ -40,7 +40,8 @@ export async function reconcile(core: Core): Promise<void> {
   const unknown = core.shaper.list().filter((s) => !known.has(s.id)).length;
   if (unknown > 0) core.log.info({ pods: unknown }, 'removing the shaping of pods with no record');
   await core.shaper
-    .reconcile(shaped.map((r) => ({ id: r.containerId, hostVeth: r.hostVeth ?? '', ips: r.ips, limits: r.limits })))
+    // Its namespace too: a pod of a namespace with a total stays under its namespace's class.
+    .reconcile(shaped.map((r) => ({ id: r.containerId, hostVeth: r.hostVeth ?? '', ips: r.ips, limits: r.limits, group: r.namespace })))
     .catch((err: unknown) => errors.push(err));
   const states = new Map(core.shaper.states().map((st) => [st.id, st]));
   for (const r of shaped) {
