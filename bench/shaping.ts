@@ -34,6 +34,8 @@
  * Traffic runs ((1), (4)) hold the machine-wide traffic lock (test/kit/traffic-lock.ts).
  */
 import { execa, type ResultPromise } from 'execa';
+import { availableParallelism } from 'node:os';
+import { shardsFor } from '../src/shaper/shard-names.js';
 import { createSocket } from 'node:dgram';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -123,9 +125,14 @@ const probes = args.num('probes', 10);
 const implPasses: Array<Set<string>> = args.str('impls')
   ? [new Set(args.list('impls', ''))]
   : [new Set(['ours', 'ref']), new Set(['ours', 'unshaped']), new Set(['ours', 'exec'])];
-/** `--capacity Q`: ours in the node's trees (issue 33) at that capacity both ways, in (1) and the cost table. */
+/**
+ * `--capacity Q`: ours in the node's trees (issue 33) at that capacity both ways, in (1) and the cost
+ * table, on the agent's default shards (2 per CPU: the capacity split over them, shares.ts).
+ */
 const benchCapacity = args.str('capacity') ? parseBandwidth(args.str('capacity') ?? '', 'capacity') : undefined;
-const treeOpts = benchCapacity ? { capacity: { egress: benchCapacity, ingress: benchCapacity } } : {};
+const treeOpts = benchCapacity
+  ? { capacity: { egress: benchCapacity, ingress: benchCapacity }, shards: shardsFor(0, availableParallelism()) }
+  : {};
 /** How many unshaped destinations the `unshaped` implementation's ifb holds (issue 24: 10). */
 const unshapedCount = args.num('unshaped-cidrs', 10);
 const dirs = args.list('dirs', 'egress,ingress') as Array<'egress' | 'ingress'>;
