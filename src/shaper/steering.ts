@@ -85,8 +85,8 @@ export interface SteeringHost {
   /** Steers the pods into the tree or out of it; a pod that changed meanwhile is left as it is. */
   steer(dir: Direction, ids: string[], into: boolean): Promise<void>;
   /**
-   * With more than one shard that way under a capacity (shares.ts): each shard's ifb, its floor (the
-   * guarantees of its pods), its share now and the veths of its pods in the tree; else empty.
+   * With more than one shard that way under a capacity (shares.ts): each shard's ifb, its share now
+   * and its pods in the tree (veth, band, guarantee); else empty.
    */
   shards(dir: Direction): ShardView[];
   /** Sets a direction's shards' shares, bits/s, by shard. */
@@ -99,10 +99,9 @@ export interface SteeringHost {
 
 const DIRS: readonly Direction[] = ['egress', 'ingress'];
 
-/** A shard as the share mover sees it: its ifb, its pods' guarantees, share now, and its pods in the tree. */
+/** A shard as the share mover sees it: its ifb, its share now, and its pods in the tree (their guarantees give its floor). */
 export interface ShardView {
   ifb: string;
-  floor: number;
   share: number;
   veths: ShardPod[];
 }
@@ -303,18 +302,21 @@ export class Steering {
     // A pod's traffic that way on its veth: received from it (egress), sent to it (ingress).
     const rx = key.startsWith('egress ');
     const bits = (bytes: number) => (bytes * 8) / secs;
-    const active = (v: ShardPod) => bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS;
-    const lastOf = (ifb: string) => this.rates.before.get(`${key} ${ifb}`);
-    // A guarantee is a shard's floor while its pod sends: an idle pod's is lent to the others (as htb does in one tree).
-    const loads: ShardLoad[] = shards.map((s) => ({
-      floor: s.veths.reduce((g, v) => g + (active(v) ? v.guarantee : 0), 0),
-      share: s.share,
-      rate: bits(sent(s)),
-      weight: s.veths.reduce((w, v) => w + (active(v) ? bandWeight(v.band) : 0), 0),
-      ...(lastOf(s.ifb) !== undefined ? { last: lastOf(s.ifb) } : {}),
-      // A class in debt that no longer sends (its pods went idle) waits for nothing.
-      ...(limited(s) && bits(sent(s)) >= ACTIVE_BITS ? { limited: true } : {}),
-    }));
+    const loads: ShardLoad[] = shards.map((s) => {
+      const active = s.veths.filter((v) => bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS);
+      const rate = bits(sent(s));
+      const last = this.rates.before.get(`${key} ${s.ifb}`);
+      return {
+        // A guarantee is a shard's floor while its pod sends: an idle pod's is lent to the others (as htb does in one tree).
+        floor: active.reduce((g, v) => g + v.guarantee, 0),
+        share: s.share,
+        rate,
+        weight: active.reduce((w, v) => w + bandWeight(v.band), 0),
+        ...(last !== undefined ? { last } : {}),
+        // A class in debt that no longer sends (its pods went idle) waits for nothing.
+        ...(limited(s) && rate >= ACTIVE_BITS ? { limited: true } : {}),
+      };
+    });
     for (const [k, s] of shards.entries()) this.rates.now.set(`${key} ${s.ifb}`, loads[k]?.rate ?? 0);
     const next = sharesToSet(
       total,

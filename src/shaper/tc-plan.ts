@@ -193,14 +193,12 @@ export class Shards {
     return by.flatMap((ids) => ids.slice(even));
   }
 
-  /** By shard: the guarantees of its pods and their veths, bands and guarantees in the tree (shares.ts). */
-  loads(states: Iterable<ShapingState>): Array<{ floor: number; veths: ShardPod[] }> {
-    const out = this.ifbs.map(() => ({ floor: 0, veths: [] as ShardPod[] }));
+  /** By shard: its pods in the tree, their veths, bands and guarantees (shares.ts). */
+  loads(states: Iterable<ShapingState>): Array<{ veths: ShardPod[] }> {
+    const out = this.ifbs.map(() => ({ veths: [] as ShardPod[] }));
     for (const r of states) {
       const o = this.side.id(r) ? out[this.side.shard(r) ?? 0] : undefined;
-      if (!o) continue;
-      o.floor += this.side.guarantee(r);
-      if (r.hostVeth && !bypasses(r, this.dir))
+      if (o && r.hostVeth && !bypasses(r, this.dir))
         o.veths.push({ veth: r.hostVeth, band: r.limits.priority ?? DEFAULT_BAND, guarantee: this.side.guarantee(r) });
     }
     return out;
