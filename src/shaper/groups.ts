@@ -15,6 +15,7 @@ import { KubenetError } from '../errors.js';
 import { DEFAULT_BAND } from '../bandwidth/guarantees.js';
 import { kbitShares, type ShardPod, waterFill } from './shares.js';
 import type { TreeParams } from './sizing.js';
+import { SIDE } from './tc-plan.js';
 import { GROUP_CLASS_BASE, groupLine, hex, isGroupClass, MAX_GROUPS, type Direction, type ShapingState } from './tc-layout.js';
 
 /**
@@ -68,10 +69,6 @@ export interface GroupMember {
 /** The ifb of a state's shard one way; undefined when it has no class that way. */
 export type ShardIfbOf = (r: ShapingState, dir: Direction) => string | undefined;
 
-export const parentOf = (r: ShapingState, dir: Direction): number | undefined => (dir === 'egress' ? r.egressParent : r.ingressParent);
-const totalOf = (r: ShapingState, dir: Direction) => (dir === 'egress' ? r.limits.egressTotal : r.limits.ingressTotal);
-const guaranteeOf = (r: ShapingState, dir: Direction) => (dir === 'egress' ? r.limits.egressGuarantee : r.limits.ingressGuarantee) ?? 0;
-
 /**
  * Namespace class `gid`'s pods one way among `states` (`inTree`: whether a pod's traffic that way
  * passes its tree now), and its total (the annotation as the last of them was shaped with).
@@ -86,12 +83,12 @@ export function groupMembers(
   const members: GroupMember[] = [];
   let total: number | undefined;
   for (const r of states) {
-    const ifb = parentOf(r, dir) === gid ? ifbOf(r, dir) : undefined;
+    const ifb = SIDE[dir].parent(r) === gid ? ifbOf(r, dir) : undefined;
     if (ifb === undefined) continue;
-    total = totalOf(r, dir) ?? total;
+    total = SIDE[dir].total(r) ?? total;
     members.push({
       ifb,
-      guarantee: guaranteeOf(r, dir),
+      guarantee: SIDE[dir].guarantee(r),
       band: r.limits.priority ?? DEFAULT_BAND,
       ...(r.hostVeth && inTree(r) ? { veth: r.hostVeth } : {}),
     });
@@ -193,13 +190,13 @@ export class GroupSplit {
     const keys = new Map<string, [Direction, number]>();
     for (const r of touched)
       for (const dir of ['egress', 'ingress'] as const) {
-        const gid = parentOf(r, dir);
+        const gid = SIDE[dir].parent(r);
         if (gid) keys.set(this.key(dir, gid), [dir, gid]);
       }
     const out: GroupSync = { replace: [], del: [], keys: [...keys.values()] };
     for (const [dir, gid] of keys.values()) {
       const { members, total } = groupMembers(states, dir, gid, ifbOf, (r) => inTree(r, dir));
-      const l = this.sync(dir, gid, (rec && parentOf(rec, dir) === gid ? totalOf(rec, dir) : undefined) ?? total, members);
+      const l = this.sync(dir, gid, (rec && SIDE[dir].parent(rec) === gid ? SIDE[dir].total(rec) : undefined) ?? total, members);
       out.replace.push(...l.replace);
       out.del.push(...l.del);
     }
@@ -248,11 +245,11 @@ export class GroupSplit {
     const tree = this.tree(dir);
     const groups = new Map<number, { floor: number; total: number }>();
     for (const r of states) {
-      const gid = parentOf(r, dir);
-      const total = totalOf(r, dir);
+      const gid = SIDE[dir].parent(r);
+      const total = SIDE[dir].total(r);
       if (!gid || total === undefined) continue;
       const g = groups.get(gid) ?? { floor: 0, total };
-      g.floor += guaranteeOf(r, dir);
+      g.floor += SIDE[dir].guarantee(r);
       groups.set(gid, g);
     }
     if (!tree) return [];

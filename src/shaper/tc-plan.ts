@@ -117,19 +117,21 @@ export class ClassIds {
   }
 }
 
-/** How a direction's shards read a pod's state: its shard, class id, namespace class and guarantee that way. */
-const SIDE = {
+/** How a direction reads a pod's state: its shard, class id, namespace class, guarantee and namespace total that way. */
+export const SIDE = {
   egress: {
     shard: (s: ShapingState) => s.shard,
     id: (s: ShapingState) => s.classId,
     parent: (s: ShapingState) => s.egressParent,
     guarantee: (s: ShapingState) => s.limits.egressGuarantee ?? 0,
+    total: (s: ShapingState) => s.limits.egressTotal,
   },
   ingress: {
     shard: (s: ShapingState) => s.ingressShard,
     id: (s: ShapingState) => s.ingressClassId ?? 0,
     parent: (s: ShapingState) => s.ingressParent,
     guarantee: (s: ShapingState) => s.limits.ingressGuarantee ?? 0,
+    total: (s: ShapingState) => s.limits.ingressTotal,
   },
 } as const;
 
