@@ -8,6 +8,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ingressShardOf, shardOf } from '../../src/shaper/shard-names.js';
+import { ifbLinkNames } from './shards.js';
 import { REF_PLUGINS_DIR, upstreamBlocker } from './upstream.js';
 
 export const isRoot = process.getuid?.() === 0;
@@ -83,9 +84,7 @@ export async function delIfbs(ifb: string): Promise<void> {
  */
 export async function ifbShardNames(ifb: string, netns?: string): Promise<string[]> {
   const r = await sh('ip', [...(netns ? ['-n', netns] : []), '-o', 'link', 'show', 'type', 'ifb'], { reject: false });
-  return [...r.stdout.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)]
-    .map((m) => m[1] ?? '')
-    .filter((n) => shardOf(ifb, n) !== undefined || ingressShardOf(ifb, n) !== undefined);
+  return ifbLinkNames(r.stdout).filter((n) => shardOf(ifb, n) !== undefined || ingressShardOf(ifb, n) !== undefined);
 }
 
 export async function linkExists(name: string, netns?: string): Promise<boolean> {

@@ -10,12 +10,16 @@ export type NodeRun = (cmd: string, args: string[]) => Promise<string>;
 
 export type ShardDirection = 'egress' | 'ingress';
 
+/** The names of the ifbs `ip -o link show type ifb` printed. */
+export function ifbLinkNames(ipOutput: string): string[] {
+  return [...ipOutput.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)].map((m) => m[1] ?? '');
+}
+
 /** The ifbs of one direction's shards on the node, shard 0 first. */
 export async function shardIfbs(run: NodeRun, dir: ShardDirection, ifb = 'kubenet-ifb0'): Promise<string[]> {
   const out = await run('ip', ['-o', 'link', 'show', 'type', 'ifb']);
   const of = dir === 'egress' ? shardOf : ingressShardOf;
-  return [...out.matchAll(/^\d+: ([^:@\s]+)[:@]/gm)]
-    .map((m) => m[1] ?? '')
+  return ifbLinkNames(out)
     .map((name) => ({ name, k: of(ifb, name) }))
     .filter((s): s is { name: string; k: number } => s.k !== undefined)
     .sort((a, b) => a.k - b.k)
