@@ -167,7 +167,7 @@ export class Steering {
     try {
       this.sock ??= nl.StatsSocket.open();
       const links = await this.sock.linkStats();
-      const overs = await this.overlimits(dirs, shards, groups);
+      const overs = await this.overlimits(dirs, shards, groups, links);
       const last = this.last;
       this.last = { at: now, links };
       if (!last || now <= last.at) return;
@@ -215,10 +215,11 @@ export class Steering {
     dirs: readonly Direction[],
     shards: Map<Direction, ShardView[]>,
     groups: Map<Direction, GroupView[]>,
+    links: Map<number, LinkStats>,
   ): Promise<Set<string>> {
     const want: Array<{ key: string; ifindex: number; handle: number }> = [];
     const add = (ifb: string, id: number) => {
-      const ifindex = nl.linkIndexByName(ifb);
+      const ifindex = this.ifindex(ifb, links);
       if (ifindex !== undefined) want.push({ key: `${ifb} ${id}`, ifindex, handle: 0x10000 + id });
     };
     for (const d of dirs) {
