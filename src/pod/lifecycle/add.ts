@@ -10,7 +10,7 @@ import { convertResult, parseResult } from '../../cni/result.js';
 import type { CniResult, NetConf, NetConfList, RuntimeConf } from '../../cni/types.js';
 import type { Logger } from '../../log.js';
 import { ConflictError, KubenetError } from '../../errors.js';
-import type { ShapingState } from '../../shaper/tc.js';
+import type { PodShaping, ShapingState } from '../../shaper/tc.js';
 import { differences, podCniArgs, podName, round, runtimeConf, shortId } from '../attachment.js';
 import { CNI_VERSION, withPortmap } from '../bridge-conf.js';
 import type { SetUpDeps } from './deps.js';
@@ -249,14 +249,13 @@ export async function applyShaping(core: Pick<SetUpDeps, 'shaper'>, record: PodR
     return;
   }
   if (!record.hostVeth) throw new KubenetError(`pod ${podName(record)}: no host veth to shape`);
-  const state = await core.shaper.ensure({
-    id: record.containerId,
-    hostVeth: record.hostVeth,
-    ips: record.ips,
-    limits: record.limits,
-    group: record.namespace,
-  });
+  const state = await core.shaper.ensure(shapingOf(record));
   if (state) record.shaping = state;
+}
+
+/** What the shaper is asked for a recorded pod: its veth, addresses, limits and namespace (a namespace's total puts it under its class). */
+export function shapingOf(record: PodRecord): PodShaping {
+  return { id: record.containerId, hostVeth: record.hostVeth ?? '', ips: record.ips, limits: record.limits, group: record.namespace };
 }
 
 /** A CNI result's addresses without their prefix length. */

@@ -9,6 +9,7 @@ import { cidrContains } from '../../net/ip.js';
 import { PLACEHOLDER_PORT, podCniArgs, podName, shortId } from '../attachment.js';
 import { NETWORK_NAME, POD_IFNAME, withPortmap } from '../bridge-conf.js';
 import type { Core } from './deps.js';
+import { shapingOf } from './add.js';
 import { delNetwork, teardown } from './del.js';
 import { recordKey } from '../records/record.js';
 import { markedUplink } from '../node/uplink.js';
@@ -39,10 +40,7 @@ export async function reconcile(core: Core): Promise<void> {
   const known = new Set(core.store.all().map((r) => r.containerId));
   const unknown = core.shaper.list().filter((s) => !known.has(s.id)).length;
   if (unknown > 0) core.log.info({ pods: unknown }, 'removing the shaping of pods with no record');
-  await core.shaper
-    // Its namespace too: a pod of a namespace with a total stays under its namespace's class.
-    .reconcile(shaped.map((r) => ({ id: r.containerId, hostVeth: r.hostVeth ?? '', ips: r.ips, limits: r.limits, group: r.namespace })))
-    .catch((err: unknown) => errors.push(err));
+  await core.shaper.reconcile(shaped.map(shapingOf)).catch((err: unknown) => errors.push(err));
   const states = new Map(core.shaper.states().map((st) => [st.id, st]));
   for (const r of shaped) {
     const st = states.get(r.containerId);
