@@ -47,7 +47,9 @@ function assertShaped(
   what: string,
 ) {
   const mbit = (v: number) => (v / 1e6).toFixed(2);
-  t.log(`${what}: ${mbit(r.bps)} Mbit/s of ${mbit(limit)}, intervals ${r.intervals.map(mbit).join(' ')}, retransmits ${r.retransmits}`);
+  t.log(
+    `${what}: ${mbit(r.bps)} Mbit/s of ${mbit(limit)}, intervals ${r.intervals.map(mbit).join(' ')}, retransmits ${r.retransmits}, CPU wait ${r.cpuWaitPct?.toFixed(0) ?? '?'} %`,
+  );
   t.true(r.bps >= 0.9 * limit && r.bps <= 1.1 * limit, `${what}: ${mbit(r.bps)} not within ±10% of ${mbit(limit)}`);
   const worst = Math.max(...r.intervals);
   t.true(worst <= 1.25 * limit, `${what}: a 1 s interval reached ${mbit(worst)} > 1.25× ${mbit(limit)}`);
