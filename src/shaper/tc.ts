@@ -317,9 +317,10 @@ export class Shaper {
       ids?.forgetIdle();
       await this.tc(lines);
       // Every class went with the old root: put back the ifb side of the pods we know.
-      // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them.
-      const veth = (r: ShapingState) =>
-        !linkExists(r.hostVeth) ? [] : dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1);
+      // The veth redirects point at the old ifb's index (mirred drops while its device is gone): refresh them, but
+      // not those of pods out of the trees (adoptSteering saw none: one added here stays while steering counts them out).
+      const redirect = (r: ShapingState) => (dir === 'egress' ? redirectLines(r.hostVeth, ifb) : vethToIfbLines(r.hostVeth, ifb).slice(1));
+      const veth = (r: ShapingState) => (!linkExists(r.hostVeth) || bypasses(r, dir) ? [] : redirect(r));
       const restore = [...this.groupSplit.linesOn(ifb, dir, mine), ...mine.flatMap((r) => [...podLines(r), ...veth(r)])];
       const res = await this.tc(restore, { force: true });
       if (res.failed.length > 0)

@@ -262,6 +262,21 @@ test("the startup reconcile re-shapes every live shaped pod with its namespace (
   });
 });
 
+test('the startup reconcile drops the shaping state of a pod the shaper no longer shapes (a start without the capacity), so no later start adopts tc objects that are gone', async (t) => {
+  await withCore({}, async (w) => {
+    const { record } = await add(w, 'web', { limits: { egress: 10_000_000 } });
+    t.truthy(record.shaping);
+    // As an agent with a capacity left it for a pod that asked for nothing: a state, and limits this shaper does not want.
+    w.core.store.put({ ...record, limits: {} });
+    w.j.calls.length = 0;
+    await reconcile(w.core);
+    t.deepEqual(w.only('shaper.reconcile'), ['shaper.reconcile'], 'nothing to shape: its state removed from the shaper');
+    const after = w.core.store.get(record.containerId, record.ifName);
+    t.is(after?.phase, 'ready');
+    t.is(after?.shaping, undefined, 'and from its record');
+  });
+});
+
 test('CHECK: the mode of the record checks the attachment, host ports their rules, a shaped pod its shaping; unknown, other netns and lost shaping are errors', async (t) => {
   await withCore({}, async (w) => {
     const { record } = await add(w, 'web', {

@@ -167,3 +167,46 @@ kTest(
     t.false(again.states().some((s) => s.id === a.id));
   },
 );
+
+kTest(
+  'restarts without a capacity and with one again (the tax bench sequence): no redirect is left without one, and the pods out of the trees stay out, kernel and states agreeing',
+  async (t) => {
+    const capacity = 100e6;
+    const env = await shaperEnv(t, 2, 1, { egress: capacity, ingress: capacity });
+    const [a] = env.topo.pods as [(typeof env.topo.pods)[0]];
+    await env.shaper.ensure(podOf(a, {}));
+    const out = async () => {
+      const r = await redirects(a.hostVeth);
+      return !r.egress && !r.ingress;
+    };
+    await until('the best-effort pod leaves the trees', out, OUT_HOLD_MS + 20 * TICK_MS + 5000, 50);
+    const kept = (s: Shaper) =>
+      s.states().map((st) => {
+        const { bypass: _b, ...rest } = st; // the steering is not in what a caller keeps
+        return rest;
+      });
+    // What the agent's pod records held: the state of the first process (a record of a pod the shaper does not want is not rewritten).
+    const first = kept(env.shaper);
+    env.shaper.close();
+    let current: Shaper | undefined;
+    t.teardown(async () => {
+      await current?.reset().catch(() => undefined);
+      current?.close();
+    });
+    // Without a capacity: a pod without limits has nothing on its veth.
+    current = new Shaper({ ifbName: env.ifb, shards: 1 });
+    await current.init(first);
+    await current.reconcile([podOf(a, {})]);
+    t.deepEqual(await redirects(a.hostVeth), { egress: false, ingress: false }, 'no capacity: no redirect');
+    t.notRegex((await execa('tc', ['qdisc', 'show', 'dev', a.hostVeth])).stdout, /ingress|htb/, 'no qdisc on the veth');
+    current.close();
+    // With the capacity again, from the first process's states (its ifb rebuilt: the layout changed twice): the pod is
+    // out of the trees (now or after the first cool decision), and the shaper knows it.
+    current = new Shaper({ ifbName: env.ifb, shards: 1, capacity: { egress: capacity, ingress: capacity } });
+    await current.init(first);
+    await current.reconcile([podOf(a, {})]);
+    await until('the best-effort pod is out of the trees after the second restart', out, OUT_HOLD_MS + 20 * TICK_MS + 5000, 50);
+    const known = current.states().find((s) => s.id === a.id);
+    t.deepEqual([...(known?.bypass ?? [])].sort(), ['egress', 'ingress'], 'the states say out, as the kernel does');
+  },
+);

@@ -46,6 +46,14 @@ export async function reconcile(core: Core): Promise<void> {
     const st = states.get(r.containerId);
     if (st && JSON.stringify(st) !== JSON.stringify(r.shaping)) core.store.put({ ...r, shaping: st });
   }
+  // A pod this shaper does not shape (no limits and no capacity now) loses the state an earlier one recorded: handed
+  // to a later start with a capacity, it would describe tc objects that are gone.
+  const wanted = new Set(shaped.map((r) => r.containerId));
+  for (const r of core.store.all())
+    if (r.phase === 'ready' && r.shaping && !wanted.has(r.containerId) && !states.has(r.containerId)) {
+      const { shaping: _gone, ...rest } = r;
+      core.store.put(rest);
+    }
   if (core.ready()) await sweep(core, new Set()).catch((err: unknown) => errors.push(err));
   for (const err of errors) core.log.error({ err }, 'reconcile step failed');
 }
