@@ -120,6 +120,7 @@ export class Agent {
     }),
     () => this.routes?.wayCounts(),
     () => this.network.bandwidthShares(),
+    () => ({ failures: this.live.failures, retrying: this.live.retrying }),
   );
   /** The pods' counters for /metrics and when they were read: at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
   private readonly scraped: Coalesced<{ traffic: PodTraffic[]; at: number }>;
@@ -403,6 +404,7 @@ export class Agent {
     await this.api.close();
     await this.pods?.stop?.();
     await this.namespaces?.stop();
+    this.live.stop();
     this.rates.stop();
     // Events still being posted get a moment (they report what this agent did), then are cut.
     let evTimer: NodeJS.Timeout | undefined;

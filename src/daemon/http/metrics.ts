@@ -30,6 +30,9 @@
  * `kubenet_node_best_effort_in_trees{direction}` (1 while pods that asked for nothing are in the
  * trees: src/shaper/steering.ts).
  *
+ * Live re-shapes (live-shaping.ts): `kubenet_pod_reshape_failures_total` (the kernel refused a change of a
+ * running pod's limits) and `kubenet_pod_reshapes_retrying` (pods waiting for the retry).
+ *
  * Routes between nodes, per way (no `way` label, to keep the label set above):
  * `kubenet_routes_direct` and `kubenet_routes_tunnel`, the routes the route controller holds now (0
  * without one).
@@ -43,6 +46,7 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { NodeCapacity } from '../../bandwidth/capacity.js';
 import { isUnshaped, type DirectionCounters, type PodRecord, type PodTraffic } from '../../pod/index.js';
 import { committed } from '../cluster/pod-guarantees.js';
+import { reshapeSeries } from './reshape-metrics.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
 /** Fine up to 20 ms, where a blocked loop starts to show in every CNI call. */
@@ -239,7 +243,9 @@ export class AgentMetrics {
     private readonly info?: () => AgentInfo,
     routeWays?: () => { direct: number; tunnel: number } | undefined,
     trees?: () => TreesView,
+    reshapes?: () => { failures: number; retrying: number },
   ) {
+    reshapeSeries(this.registry, reshapes);
     if (trees) {
       new Gauge({
         name: 'kubenet_node_bandwidth_share_bits_per_second',

@@ -32,6 +32,14 @@
  * watch is the one place that sees it. Told once per pod and value (an ADD refused for the same value
  * says nothing more); host-network pods are left alone (no runtime reads their annotations).
  *
+ * A re-shape the kernel refuses (a watch's, or a retry's) is a Warning `BandwidthRejected` saying
+ * what the pod keeps and when it is tried again, and is retried with backoff (1 s doubling to 60 s,
+ * jittered) from the pod's annotations and ask as the watch has them then, until it applies, a newer
+ * resolution of the pod applies or is refused, or the pod is gone: never only logged, and never left
+ * waiting for the pod's next change. `kubenet_pod_reshape_failures_total` counts the refusals and
+ * `kubenet_pod_reshapes_retrying` the pods waiting for a retry. A namespace's pods are each resolved
+ * on their own: one refused re-shape does not stop the others'.
+ *
  * With a pod's guarantees and band (cluster mode, pod-guarantees.ts): every resolution applies
  * them too, with their Warnings; a change of what the pod asks of the node (its requests, its QoS
  * class, `kubenet.io/bandwidth-priority`) re-shapes it as an annotation change does. A pod seen for
@@ -39,19 +47,17 @@
  * namespace policy) keeps its rates: only its guarantees and band are resolved. `kubenet shape`
  * keeps a pod's guarantees: a ceiling below one is raised to it.
  */
-import { ConfigError, UnknownPodError } from '../../errors.js';
+import { UnknownPodError } from '../../errors.js';
 import type { Logger } from '../../log.js';
 import { moduleLogger } from '../../util/module-logger.js';
 import {
   cappedMessage,
   describeLimits,
   describeSourcedLimits,
-  bandwidthFromAnnotations,
   EGRESS_ANNOTATION,
   INGRESS_ANNOTATION,
   isUnshaped,
   NAMESPACE_POLICY_ANNOTATIONS,
-  parseBandwidth,
   rawPolicy,
   resolveLimits,
   sameLimits,
@@ -66,6 +72,8 @@ import {
 } from '../../pod/index.js';
 import { capToCeilings, cappedAskMessage } from '../../bandwidth/namespace-policy.js';
 import { KeyedMutex } from '../../util/keyed-mutex.js';
+import { KeyedRetries } from './retries.js';
+import { UnparsableWarnings } from './unparsable.js';
 import type { PodLookup, PodUpdate } from '../cluster/pod-lookup.js';
 import type { NodeCapacity } from '../../bandwidth/capacity.js';
 import { PRIORITY_ANNOTATION, PRIORITY_BANDS, raisedMessage, withGuarantees } from '../../bandwidth/guarantees.js';
@@ -73,51 +81,9 @@ import { REASON_APPLIED, REASON_CAPPED, REASON_CEILING_RAISED, REASON_REJECTED, 
 import { applyAsk, asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from '../cluster/pod-guarantees.js';
 import type { NamespaceLookup, NamespaceUpdate } from '../cluster/namespace-lookup.js';
 
-/** What `kubenet shape` asks: quantities as in the annotations; `clear` starts from no limits. */
-export interface ShapeRequest {
-  ingress?: string;
-  egress?: string;
-  clear?: boolean;
-}
+import type { ShapedPod } from './shape-request.js';
 
-export interface ShapedPod {
-  namespace: string;
-  name: string;
-  id: string;
-  limits: BandwidthLimits;
-  previous: BandwidthLimits;
-  changed: boolean;
-  /** Directions asked above the namespace's ceiling, which got the ceiling: one message each. */
-  capped?: string[];
-}
-
-/** Parses a POST /v1/pods/NS/NAME/limits body. @throws ConfigError */
-export function parseShapeRequest(body: unknown): { ingress?: number; egress?: number; clear: boolean } {
-  if (typeof body !== 'object' || body === null || Array.isArray(body))
-    throw new ConfigError('limits request: want a JSON object {"ingress"?, "egress"?, "clear"?}');
-  const rec = body as Record<string, unknown>;
-  for (const k of Object.keys(rec))
-    if (!['ingress', 'egress', 'clear'].includes(k)) throw new ConfigError(`limits request: unknown field ${JSON.stringify(k)}`);
-  const out: { ingress?: number; egress?: number; clear: boolean } = { clear: false };
-  if (rec.clear !== undefined) {
-    if (typeof rec.clear !== 'boolean') throw new ConfigError('limits request: "clear" must be a boolean');
-    out.clear = rec.clear;
-  }
-  for (const dir of ['ingress', 'egress'] as const) {
-    const v = rec[dir];
-    if (v === undefined) continue;
-    if (typeof v !== 'string') throw new ConfigError(`limits request: "${dir}" must be a quantity string such as "10M"`);
-    out[dir] = parseBandwidth(v, `--${dir}`);
-  }
-  if (out.ingress === undefined && out.egress === undefined && !out.clear)
-    throw new ConfigError('nothing to change: give --ingress, --egress or --clear');
-  return out;
-}
-
-/** What an unparsable-annotation Warning was about: the pod's uid and both values. */
-function unparsableKey(uid: string | undefined, a: Record<string, string>): string {
-  return JSON.stringify([uid ?? '', a[INGRESS_ANNOTATION] ?? null, a[EGRESS_ANNOTATION] ?? null]);
-}
+export { parseShapeRequest, type ShapedPod, type ShapeRequest } from './shape-request.js';
 
 /** The bandwidth annotations' raw values (the two ceilings, the band; null when absent): what a change is judged on. */
 function rawBandwidth(a: Record<string, string> | undefined): string {
@@ -135,9 +101,6 @@ function hasPolicyAnnotation(a: Record<string, string> | undefined): boolean {
 
 type PodRef = { namespace: string; name: string; uid: string | undefined };
 
-/** How many pods' unparsable annotations are remembered (so each is told once); the oldest are forgotten first. */
-const MAX_TOLD = 4096;
-
 /** Why a pod is resolved again: what it is told about besides a change of its limits. */
 interface Trigger {
   via: string;
@@ -149,11 +112,15 @@ interface Trigger {
   keepRates?: boolean;
 }
 
+/** The kernel (or the pod's store) refused a re-shape: what the pod asked and what it keeps, in the Warning's words. */
+class ReshapeRefused extends Error {}
+
 export class LiveShaping {
   private readonly log: Logger;
   private readonly mutex = new KeyedMutex();
-  /** "namespace/name" → "uid ingress egress" of the unparsable values it was told of. */
-  private readonly toldUnparsable = new Map<string, string>();
+  /** Refused re-shapes waiting to be tried again, by "namespace/name" (see the module doc). */
+  private readonly retries = new KeyedRetries();
+  private readonly unparsable: UnparsableWarnings;
 
   constructor(
     private readonly network: PodNetwork,
@@ -165,12 +132,60 @@ export class LiveShaping {
     private readonly capacity?: () => NodeCapacity | undefined,
   ) {
     this.log = moduleLogger(log, 'live-shaping');
+    this.unparsable = new UnparsableWarnings(events, this.log);
   }
 
   /** Subscribes to the pod and namespace watches (cluster mode); before the lookups start. */
   start(): void {
     this.pods?.onPodUpdate?.((u) => this.onPodUpdate(u));
     this.namespaces?.onNamespaceUpdate((u) => this.onNamespaceUpdate(u));
+  }
+
+  /** Re-shapes refused since the start (kubenet_pod_reshape_failures_total). */
+  get failures(): number {
+    return this.retries.failures;
+  }
+
+  /** Pods waiting for a retry of a refused re-shape (kubenet_pod_reshapes_retrying). */
+  get retrying(): number {
+    return this.retries.size;
+  }
+
+  /** Gives up the pending retries; nothing is retried afterwards. */
+  stop(): void {
+    this.retries.stop();
+  }
+
+  /**
+   * Resolves the pod under its lock (follow), and retries it while the kernel refuses: a resolution
+   * that ends otherwise (applied, nothing to change, refused annotations, pod gone) ends the retries.
+   */
+  private async resolve(pod: PodRef, annotations: Record<string, string>, why: Trigger, ask?: PodAsk): Promise<void> {
+    const key = `${pod.namespace}/${pod.name}`;
+    await this.mutex.run(key, async () => {
+      try {
+        await this.follow(pod, annotations, why, ask);
+      } catch (err) {
+        if (!(err instanceof ReshapeRefused)) throw err;
+        const { waitMs, attempt } = this.retries.refused(key, (n) => {
+          // The pod as the watch has it now (a change meanwhile is what is wanted); else as it was.
+          const now = this.pods?.cachedAnnotations?.(pod.namespace, pod.name) ?? annotations;
+          const nowAsk = this.pods?.cachedAsk?.(pod.namespace, pod.name) ?? ask;
+          const again: Trigger = {
+            via: `${why.via.replace(/ \(retry \d+\)$/, '')} (retry ${n})`,
+            podChanged: false,
+            namespaceChanged: false,
+            ...(why.keepRates ? { keepRates: true } : {}),
+          };
+          this.resolve(pod, now, again, nowAsk).catch((e: unknown) => this.log.error({ err: e, pod: key }, 'bandwidth retry failed'));
+        });
+        const message = `${err.message}; trying again in ${(waitMs / 1000).toFixed(waitMs < 10_000 ? 1 : 0)} s`;
+        this.log.error({ err: err.cause ?? err, pod: key, attempt, retryInMs: waitMs }, "could not change the pod's limits; retrying");
+        this.events.record(pod, 'Warning', REASON_REJECTED, message);
+        return;
+      }
+      this.retries.done(key);
+    });
   }
 
   private ready(namespace: string, name: string): PodRecord[] {
@@ -195,7 +210,7 @@ export class LiveShaping {
   /** One pod as the watch saw it (see the module doc). */
   async onPodUpdate(u: PodUpdate): Promise<void> {
     if (!u.namespace || !u.name) return;
-    if (this.ready(u.namespace, u.name).length === 0) return this.checkUnattached(u);
+    if (this.ready(u.namespace, u.name).length === 0) return this.unparsable.seen(u);
     if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations) && sameAsk(u.previousAsk, u.ask)) return;
     let keepRates = false;
     if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) {
@@ -206,7 +221,7 @@ export class LiveShaping {
     }
     const pod = { namespace: u.namespace, name: u.name, uid: u.uid };
     const why = { via: 'annotation', podChanged: u.previous !== undefined, namespaceChanged: false, keepRates };
-    await this.mutex.run(`${u.namespace}/${u.name}`, () => this.follow(pod, u.annotations, why, u.ask));
+    await this.resolve(pod, u.annotations, why, u.ask);
   }
 
   /** A namespace's policy annotations as the watch saw them (see the module doc). */
@@ -227,7 +242,7 @@ export class LiveShaping {
       if (!annotations) continue;
       const pod = { namespace: u.name, name, uid: this.uid(u.name, name) };
       const why = { via: 'namespace policy', podChanged: false, namespaceChanged: u.previous !== undefined };
-      await this.mutex.run(`${u.name}/${name}`, () => this.follow(pod, annotations, why, this.pods?.cachedAsk?.(u.name, name)));
+      await this.resolve(pod, annotations, why, this.pods?.cachedAsk?.(u.name, name));
     }
   }
 
@@ -299,14 +314,10 @@ export class LiveShaping {
       await this.network.reshape(r.containerId, r.ifName, limits, sources);
     } catch (err) {
       if (err instanceof UnknownPodError) return false; // deleted meanwhile
-      this.log.error({ err, pod: `${r.namespace}/${r.name}` }, "could not change the pod's limits");
-      this.events.record(
-        pod,
-        'Warning',
-        REASON_REJECTED,
+      throw new ReshapeRefused(
         `could not apply bandwidth limits ${describeLimits(limits)}: ${err instanceof Error ? err.message : String(err)}; the pod keeps ${describeLimits(r.limits)}`,
+        { cause: err },
       );
-      throw err;
     }
     if (sameLimits(r.limits, limits)) return true; // only where they came from changed: recorded, nothing to tell
     const ms = +(performance.now() - t0).toFixed(2);
@@ -328,6 +339,19 @@ export class LiveShaping {
           : `bandwidth limits applied: ${describeSourcedLimits(limits, sources)} (were ${were})`,
     );
     return true;
+  }
+
+  /** `kubenet shape`'s re-shape: a refusal is the operator's answer (the kernel's error) and a Warning on the pod; not retried. */
+  private async applyAsked(r: PodRecord, limits: BandwidthLimits, sources: LimitSources | undefined, pod: PodRef): Promise<boolean> {
+    try {
+      return await this.apply(r, limits, sources, pod, 'kubenet shape');
+    } catch (err) {
+      if (!(err instanceof ReshapeRefused)) throw err;
+      this.retries.counted();
+      this.log.error({ err: err.cause ?? err, pod: `${pod.namespace}/${pod.name}` }, "could not change the pod's limits (kubenet shape)");
+      this.events.record(pod, 'Warning', REASON_REJECTED, err.message);
+      throw err.cause ?? err;
+    }
   }
 
   /**
@@ -359,33 +383,11 @@ export class LiveShaping {
 
   /** An ADD was refused for its bandwidth annotations: a Warning, unless the watch told the pod of the same values already. */
   refused(pod: { namespace: string; name: string }, err: unknown): void {
-    const uid = this.uid(pod.namespace, pod.name);
-    const annotations = this.pods?.cachedAnnotations?.(pod.namespace, pod.name);
-    if (annotations && this.toldUnparsable.get(`${pod.namespace}/${pod.name}`) === unparsableKey(uid, annotations)) return;
-    this.events.record({ ...pod, uid }, 'Warning', REASON_REJECTED, err instanceof Error ? err.message : String(err));
-  }
-
-  /**
-   * A pod of this node not (yet) set up here: a Warning when its bandwidth annotations cannot be
-   * parsed, once per pod and values (see the module doc).
-   */
-  private checkUnattached(u: PodUpdate): void {
-    const k = `${u.namespace}/${u.name}`;
-    if (u.hostNetwork === true) return;
-    try {
-      bandwidthFromAnnotations(u.annotations);
-      this.toldUnparsable.delete(k); // fixed (or never wrong): a new wrong value is told again
-      return;
-    } catch (err) {
-      const told = unparsableKey(u.uid, u.annotations);
-      if (this.toldUnparsable.get(k) === told) return;
-      this.toldUnparsable.delete(k);
-      this.toldUnparsable.set(k, told);
-      if (this.toldUnparsable.size > MAX_TOLD) this.toldUnparsable.delete(this.toldUnparsable.keys().next().value ?? '');
-      const message = `${err instanceof Error ? err.message : String(err)}; the pod's network cannot be set up until the annotation is fixed or removed`;
-      this.log.warn({ pod: k, err }, 'a pod of this node carries a bandwidth annotation that cannot be parsed');
-      this.events.record({ namespace: u.namespace, name: u.name, uid: u.uid }, 'Warning', REASON_REJECTED, message);
-    }
+    this.unparsable.addRefused(
+      { ...pod, uid: this.uid(pod.namespace, pod.name) },
+      this.pods?.cachedAnnotations?.(pod.namespace, pod.name),
+      err,
+    );
   }
 
   /** `kubenet shape`: new limits for every attachment of the pod. @throws UnknownPodError, ConfigError */
@@ -412,7 +414,7 @@ export class LiveShaping {
         );
         const sources: LimitSources | undefined =
           capped.length === 0 ? undefined : Object.fromEntries(capped.map((c) => [c.direction, 'namespace-ceiling']));
-        const changed = !sameLimits(limits, r.limits) && (await this.apply(r, limits, sources, pod, 'kubenet shape'));
+        const changed = !sameLimits(limits, r.limits) && (await this.applyAsked(r, limits, sources, pod));
         const notes = capped.map((c) => cappedAskMessage(c, namespace));
         out.push({
           namespace,

@@ -66,6 +66,32 @@ function fakeCluster() {
   return { namespaces, pods, podAnnotations, setNs };
 }
 
+test('a namespace change whose re-shape the kernel refuses for one pod still re-shapes the others; the refused one waits for its retry', async (t) => {
+  const c = fakeCluster();
+  c.setNs('team', { [MAX_IN]: '50M' });
+  c.podAnnotations.set('team/a', { [IN]: '40M' });
+  c.podAnnotations.set('team/b', { [IN]: '40M' });
+  const { network, reshapes } = fakeNetwork([
+    record('team', 'a', { ingress: 40 * M }, { ingress: 'pod' }),
+    record('team', 'b', { ingress: 40 * M }, { ingress: 'pod' }),
+  ]);
+  const reshape = network.reshape.bind(network);
+  network.reshape = async (...a: Parameters<typeof reshape>) => {
+    if (a[0] === 'a-id') throw new Error('RTNETLINK answers: No buffer space available');
+    return reshape(...a);
+  };
+  const ev = fakeEvents();
+  const live = new LiveShaping(network, ev.rec, c.pods, silent, c.namespaces);
+  t.teardown(() => live.stop());
+  await live.onNamespaceUpdate(c.setNs('team', { [MAX_IN]: '20M' }));
+  t.deepEqual(reshapes, [{ id: 'b-id', limits: { ingress: 20 * M }, sources: { ingress: 'namespace-ceiling' } }]);
+  t.is(live.retrying, 1);
+  t.regex(
+    ev.of('BandwidthRejected')[0] ?? '',
+    /^a: could not apply bandwidth limits ingress 20M: .*; the pod keeps ingress 40M; trying again in/,
+  );
+});
+
 test('a namespace ceiling lowered under load re-shapes its pods live: the ones above get the ceiling with a BandwidthCapped Warning, the ones below keep theirs, other namespaces are untouched', async (t) => {
   const c = fakeCluster();
   c.setNs('team', { [MAX_IN]: '50M' });

@@ -152,6 +152,108 @@ test('kubenet shape: sets the given directions, keeps the others, --clear starts
   }
 });
 
+/** A fake network whose reshape the "kernel" refuses while `refuse` says so (the call is still counted). */
+function refusingNetwork(records: Parameters<typeof fakeNetwork>[0]) {
+  const f = fakeNetwork(records);
+  const state = { refuse: (_id: string) => false, tries: 0 };
+  const reshape = f.network.reshape.bind(f.network);
+  f.network.reshape = async (...a: Parameters<typeof reshape>) => {
+    state.tries++;
+    if (state.refuse(a[0])) throw new Error('RTNETLINK answers: No buffer space available');
+    return reshape(...a);
+  };
+  return { ...f, state };
+}
+
+test('a re-shape the kernel refuses is a Warning saying when it is tried again, counted, and retried with backoff from the annotations as the watch has them then, until it applies', async (t) => {
+  const net = refusingNetwork([record('web', { egress: 10 * M })]);
+  const ev = fakeEvents();
+  const annotations: Record<string, Record<string, string>> = { web: { [EG]: '20M' } };
+  const pods = {
+    annotations: async () => undefined,
+    cachedAnnotations: (_ns: string, n: string) => annotations[n],
+    uid: (_ns: string, n: string) => `uid-${n}`,
+  };
+  const live = new LiveShaping(net.network, ev.rec, pods, silent);
+  t.teardown(() => live.stop());
+  net.state.refuse = () => true;
+  await live.onPodUpdate(update('web', { [EG]: '20M' }, { [EG]: '10M' }));
+  t.deepEqual(net.reshapes, [], 'refused');
+  t.is(live.failures, 1);
+  t.is(live.retrying, 1);
+  t.like(ev.got[0], { type: 'Warning', reason: 'BandwidthRejected' });
+  t.regex(
+    ev.got[0]?.message ?? '',
+    /^could not apply bandwidth limits egress 20M: RTNETLINK answers: No buffer space available; the pod keeps egress 10M; trying again in 0\.[5-9] s|1\.0 s$/,
+  );
+  // The pod changes meanwhile without a bandwidth change (nothing to do for the watch): the retry stays.
+  await live.onPodUpdate(update('web', { [EG]: '20M', other: 'x' }, { [EG]: '20M' }));
+  t.is(live.retrying, 1);
+  // The first retry (0.5-1 s) is refused too; the annotation changed before the second, which applies it.
+  await until(() => net.state.tries >= 2, 1500);
+  t.is(live.failures, 2);
+  t.regex(ev.got[1]?.message ?? '', /trying again in (1\.[0-9]|2\.0) s$/, 'the wait doubles');
+  annotations.web = { [EG]: '30M' };
+  net.state.refuse = () => false;
+  await until(() => net.reshapes.length === 1, 2500);
+  t.deepEqual(net.reshapes, [{ id: 'web-id', limits: { egress: 30 * M } }], 'the pod as the watch has it at the retry');
+  t.like(ev.got[2], { type: 'Normal', reason: 'BandwidthApplied', message: 'bandwidth limits applied: egress 30M (were egress 10M)' });
+  t.is(live.retrying, 0);
+  // Metrics: the refusals and the pods waiting.
+  const m = new AgentMetrics(undefined, undefined, undefined, () => ({ failures: live.failures, retrying: live.retrying }));
+  const body = (await m.text([], 0, [])).body;
+  t.regex(body, /^kubenet_pod_reshape_failures_total 2$/m);
+  t.regex(body, /^kubenet_pod_reshapes_retrying 0$/m);
+});
+
+test('a newer change that applies ends the pending retry; a pod gone ends it too; stop() ends them all', async (t) => {
+  const net = refusingNetwork([record('web', { egress: 10 * M }), record('db', { egress: 10 * M })]);
+  const ev = fakeEvents();
+  const live = new LiveShaping(net.network, ev.rec, undefined, silent);
+  net.state.refuse = () => true;
+  await live.onPodUpdate(update('web', { [EG]: '20M' }, { [EG]: '10M' }));
+  await live.onPodUpdate(update('db', { [EG]: '20M' }, { [EG]: '10M' }));
+  t.is(live.retrying, 2);
+  net.state.refuse = (id) => id === 'db-id';
+  await live.onPodUpdate(update('web', { [EG]: '40M' }, { [EG]: '20M' }));
+  t.is(live.retrying, 1, "web's newer change applied: its retry ended");
+  t.deepEqual(net.reshapes, [{ id: 'web-id', limits: { egress: 40 * M } }]);
+  net.records.splice(
+    net.records.findIndex((r) => r.name === 'db'),
+    1,
+  );
+  await until(() => live.retrying === 0, 1500);
+  t.is(net.reshapes.length, 1, 'nothing applied for the pod that went');
+  net.records.push(record('db', { egress: 10 * M }));
+  await live.onPodUpdate(update('db', { [EG]: '20M' }, { [EG]: '10M' }));
+  t.is(live.retrying, 1);
+  live.stop();
+  t.is(live.retrying, 0);
+  const tries = net.state.tries;
+  await new Promise((r) => setTimeout(r, 1200));
+  t.is(net.state.tries, tries, 'no retry after stop()');
+});
+
+test("kubenet shape: a refusal is the answer (the kernel's error) and a Warning, not retried", async (t) => {
+  const net = refusingNetwork([record('web', { egress: 10 * M })]);
+  const ev = fakeEvents();
+  const live = new LiveShaping(net.network, ev.rec, undefined, silent);
+  net.state.refuse = () => true;
+  await t.throwsAsync(live.shape('default', 'web', { egress: 20 * M, clear: false }), { message: /No buffer space available/ });
+  t.is(live.failures, 1);
+  t.is(live.retrying, 0);
+  t.like(ev.got[0], { type: 'Warning', reason: 'BandwidthRejected' });
+  t.regex(ev.got[0]?.message ?? '', /^could not apply bandwidth limits egress 20M: .*; the pod keeps egress 10M$/);
+});
+
+async function until(cond: () => boolean, ms: number): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`not within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 function traffic(
   name: string,
   ingressBytes: number | undefined,
