@@ -25,8 +25,8 @@ import type { ClusterRanges } from '../daemon/cluster/cluster-ranges.js';
 import type { NodeCapacity, NodeCapacityPublisher } from '../daemon/cluster/node-capacity.js';
 import { agentGet, agentPost, HEALTH_PATH } from '../daemon/protocol.js';
 import { createLogger, type Logger } from '../log.js';
-import { describeLimits, formatBandwidth } from '../pod/index.js';
-import type { BandwidthReport } from '../daemon/cluster/pod-guarantees.js';
+import { describeLimits } from '../pod/index.js';
+import { bandwidthLines } from './bandwidth-text.js';
 import { commandHelp, usage } from './help.js';
 import { bandText, directionText, rateText, top } from './top.js';
 import { uninstall } from './uninstall.js';
@@ -234,24 +234,6 @@ async function daemon(config: AgentConfig): Promise<number> {
   return 0;
 }
 
-/** The node's capacity per direction, what its pods are guaranteed and what is free; or why guarantees are off. */
-function printBandwidth(b: BandwidthReport): void {
-  const on = (['egress', 'ingress'] as const).filter((d) => b.capacity[d] !== undefined);
-  if (on.length === 0 && b.off?.egress === b.off?.ingress) return console.log(`guarantees: off: ${b.off?.egress ?? 'no capacity'}`);
-  if (on.length > 0) console.log(`capacity: ${b.description}`);
-  for (const d of ['egress', 'ingress'] as const) {
-    const cap = b.capacity[d];
-    if (cap === undefined) {
-      console.log(`  ${d.padEnd(7)} guarantees off: ${b.off?.[d] ?? 'no capacity'}`);
-      continue;
-    }
-    const free = b.free[d] ?? 0;
-    console.log(
-      `  ${d.padEnd(7)} ${formatBandwidth(b.committed[d])} guaranteed, ${free >= 0 ? `${formatBandwidth(free)} free` : `over by ${formatBandwidth(-free)}`} of ${formatBandwidth(cap)}`,
-    );
-  }
-}
-
 function positiveNumber(v: unknown, flag: string): number | undefined {
   if (v === undefined) return undefined;
   const n = Number(v);
@@ -295,7 +277,7 @@ async function status(socket: string, json: boolean, windowS: number | undefined
   console.log(`pod CIDR: ${s.podCIDR ?? '(none yet)'}\nbridge:   ${s.bridge}\nready:    ${s.ready}\npods:     ${s.pods.length}`);
   // Limits hold for everything else; an older agent does not say.
   if (s.unshapedCIDRs) console.log(`unshaped: ${s.unshapedCIDRs.join(', ') || '(none: limits hold for all traffic)'}`);
-  if (s.bandwidth) printBandwidth(s.bandwidth);
+  if (s.bandwidth) for (const line of bandwidthLines(s.bandwidth, s.trees)) console.log(line);
   const ports = (p: StatusReport['pods'][number]) =>
     (p.portMappings ?? []).map((m) => `${m.hostPort}->${m.containerPort}/${m.protocol}`).join(',') || '-';
   const seconds = s.pods.find((p) => p.rate)?.rate?.seconds;

@@ -37,7 +37,7 @@ import { AgentApi } from './http/socket-api.js';
 import { noEvents, type EventRecorder } from './kube/events.js';
 import { LiveShaping, parseShapeRequest } from './shaping/live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
-import { AgentMetrics } from './http/metrics.js';
+import { AgentMetrics, type TreesView } from './http/metrics.js';
 import type { MetricsAuthorizer } from './http/metrics-auth.js';
 import { MetricsHttp } from './http/metrics-port.js';
 import { Coalesced } from '../util/coalesce.js';
@@ -61,6 +61,8 @@ export interface StatusReport {
   routes?: RouteStatus;
   /** The node's bandwidth capacity, the guarantees committed out of it and what is free (bits/s). */
   bandwidth?: BandwidthReport;
+  /** With a capacity: each shard's share of it now, and whether the pods that asked for nothing are in the trees. */
+  trees?: TreesView;
   pods: Array<{
     namespace: string;
     name: string;
@@ -360,6 +362,7 @@ export class Agent {
       ready: this.ready().ok,
       ...(this.routes ? { routes: this.routes.status() } : {}),
       bandwidth: bandwidthReport(this.capacity, pods),
+      trees: this.network.bandwidthShares(),
       pods: this.network.list().map((p) => {
         const rate = rates.get(rateKey(p.containerId, p.ifName));
         return {

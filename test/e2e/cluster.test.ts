@@ -541,6 +541,12 @@ serialTest(
         t.deepEqual(status.bandwidth.committed, { egress: 100e6, ingress: 50e6 });
         const text = (await kubectl(['-n', 'kube-system', 'exec', 'daemonset/kubenet', '--', 'kubenet', 'status'])).stdout;
         t.regex(text, new RegExp(`egress +100M guaranteed, ${(mbit - 100) / 1000}G free`), text);
+        // The trees that enforce it: the egress shards' shares of the capacity, and where the pods that asked for nothing are.
+        t.regex(
+          text,
+          /guaranteed, .* free of .*\n {10}(\d+ shards, shares [\d.]+[kMGT]?( \/ [\d.]+[kMGT]?)+|1 tree, at \S+); pods that asked for nothing (kept out|in the trees)/,
+          text,
+        );
         // More than is left: the scheduler keeps it Pending, with its own reason.
         await kubectl(['apply', '-f', '-'], { input: JSON.stringify(asking('toobig', mbit - 99, 1)) });
         let reasons: string[] = [];
