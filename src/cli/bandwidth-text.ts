@@ -38,3 +38,16 @@ export function bandwidthLines(b: BandwidthReport, trees?: TreesView): string[] 
   }
   return out;
 }
+
+/** `kubenet top`'s one line about the trees: each direction's shares now and where best-effort pods are; undefined without trees. */
+export function treesSummary(trees: TreesView | undefined): string | undefined {
+  const parts: string[] = [];
+  for (const d of ['egress', 'ingress'] as const) {
+    const shares = trees?.shares.filter((s) => s.direction === d) ?? [];
+    if (shares.length === 0) continue;
+    const steered = trees?.steered[d];
+    const where = steered === undefined ? '' : steered ? ', best effort in' : ', best effort out';
+    parts.push(`${d} ${shares.map((s) => formatBandwidth(s.share)).join('/')}${where}`);
+  }
+  return parts.length > 0 ? `trees: ${parts.join('  ')}` : undefined;
+}

@@ -5,8 +5,11 @@
  * ns-ceiling"; a guarantee stands before its ceiling: "60M..100M"; the band in PRIO when pods have
  * one) — like top(1): in a terminal it takes the alternate screen, redraws every
  * interval and exits cleanly (terminal restored, exit 0) on `q` or Ctrl-C; `-b` (or a stdout that
- * is not a terminal) prints frames one after the other, `-n N` stops after N of them.
+ * is not a terminal) prints frames one after the other, `-n N` stops after N of them. With a
+ * capacity, the line under the header shows the trees: each direction's shard shares now and
+ * whether the pods that asked for nothing are in them.
  */
+import { treesSummary } from './bandwidth-text.js';
 import type { StatusReport } from '../daemon/agent.js';
 import { STATUS_PATH } from '../daemon/http/socket-api.js';
 import { agentGet } from '../daemon/protocol.js';
@@ -82,7 +85,8 @@ export function renderTop(
           : c.padStart(widths[i] ?? 0),
       )
       .join('  ');
-  let lines = [head, '', line(columns), ...rows.map(line)];
+  // With a capacity, the trees' shares now and where the pods that asked for nothing are.
+  let lines = [head, treesSummary(s.trees) ?? '', line(columns), ...rows.map(line)];
   if (opts.width) lines = lines.map((l) => (l.length > (opts.width ?? 0) ? l.slice(0, opts.width) : l));
   if (opts.height) lines = lines.slice(0, opts.height);
   return lines;

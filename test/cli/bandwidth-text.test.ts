@@ -1,6 +1,8 @@
 /** `kubenet status`'s bandwidth lines (src/cli/bandwidth-text.ts): capacity, guarantees, the trees' shares and steering. Pure. */
 import test from 'ava';
-import { bandwidthLines } from '../../src/cli/bandwidth-text.js';
+import { bandwidthLines, treesSummary } from '../../src/cli/bandwidth-text.js';
+import { renderTop } from '../../src/cli/top.js';
+import type { StatusReport } from '../../src/daemon/agent.js';
 import type { BandwidthReport } from '../../src/daemon/cluster/pod-guarantees.js';
 
 const M = 1e6;
@@ -51,4 +53,20 @@ test('without the trees (an older agent, or none yet) the lines are as before; n
     '          1 tree, at 100M',
     '  ingress guarantees off: no link speed',
   ]);
+});
+
+test("kubenet top: one line under the header with each direction's shares and where best-effort pods are; empty without trees", (t) => {
+  const trees = {
+    shares: [
+      { direction: 'egress' as const, ifb: 'a', share: 40 * M },
+      { direction: 'egress' as const, ifb: 'b', share: 60 * M },
+      { direction: 'ingress' as const, ifb: 'c', share: 100 * M },
+    ],
+    steered: { egress: false, ingress: true },
+  };
+  t.is(treesSummary(trees), 'trees: egress 40M/60M, best effort out  ingress 100M, best effort in');
+  t.is(treesSummary({ shares: [], steered: {} }), undefined);
+  const s: StatusReport = { podCIDR: '10.0.0.0/24', bridge: 'b', ready: true, pods: [], trees };
+  t.is(renderTop(s, { intervalS: 1 })[1], 'trees: egress 40M/60M, best effort out  ingress 100M, best effort in');
+  t.is(renderTop({ ...s, trees: undefined }, { intervalS: 1 })[1], '');
 });
