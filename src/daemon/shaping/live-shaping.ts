@@ -167,7 +167,7 @@ export class LiveShaping {
         await this.follow(pod, annotations, why, ask);
       } catch (err) {
         if (!(err instanceof ReshapeRefused)) throw err;
-        const { waitMs, attempt } = this.retries.refused(key, (n) => {
+        const next = this.retries.refused(key, (n) => {
           // The pod as the watch has it now (a change meanwhile is what is wanted); else as it was.
           const now = this.pods?.cachedAnnotations?.(pod.namespace, pod.name) ?? annotations;
           const nowAsk = this.pods?.cachedAsk?.(pod.namespace, pod.name) ?? ask;
@@ -179,8 +179,9 @@ export class LiveShaping {
           };
           this.resolve(pod, now, again, nowAsk).catch((e: unknown) => this.log.error({ err: e, pod: key }, 'bandwidth retry failed'));
         });
-        const message = `${err.message}; trying again in ${(waitMs / 1000).toFixed(waitMs < 10_000 ? 1 : 0)} s`;
-        this.log.error({ err: err.cause ?? err, pod: key, attempt, retryInMs: waitMs }, "could not change the pod's limits; retrying");
+        const again = next ? `trying again in ${(next.waitMs / 1000).toFixed(next.waitMs < 10_000 ? 1 : 0)} s` : 'the agent is stopping';
+        const message = `${err.message}; ${again}`;
+        this.log.error({ err: err.cause ?? err, pod: key, ...next }, `could not change the pod's limits; ${again}`);
         this.events.record(pod, 'Warning', REASON_REJECTED, message);
         return;
       }

@@ -34,24 +34,23 @@ export class KeyedRetries {
 
   /**
    * `key`'s work was refused: counted, and `retry` runs after the key's next wait (unless a newer
-   * refusal, done() or stop() comes first). Returns the wait and which refusal in a row this is.
+   * refusal, done() or stop() comes first). Returns the wait and which refusal in a row this is;
+   * undefined after stop() (counted, never retried).
    */
-  refused(key: string, retry: (attempt: number) => void): { waitMs: number; attempt: number } {
+  refused(key: string, retry: (attempt: number) => void): { waitMs: number; attempt: number } | undefined {
     this.failures++;
+    if (this.stopped) return undefined;
     const p = this.pending.get(key) ?? { backoff: new Backoff(FIRST_MS, MAX_MS, RESET_MS), attempt: 0 };
     clearTimeout(p.timer);
-    p.attempt++;
+    const attempt = ++p.attempt;
     this.pending.set(key, p);
     const waitMs = p.backoff.next();
-    if (!this.stopped) {
-      const attempt = p.attempt;
-      p.timer = setTimeout(() => {
-        p.timer = undefined;
-        retry(attempt);
-      }, waitMs);
-      p.timer.unref();
-    }
-    return { waitMs, attempt: p.attempt };
+    p.timer = setTimeout(() => {
+      p.timer = undefined;
+      retry(attempt);
+    }, waitMs);
+    p.timer.unref();
+    return { waitMs, attempt };
   }
 
   /** `key`'s work ended without a refusal (applied, nothing to do, or given up): its pending retry goes. */

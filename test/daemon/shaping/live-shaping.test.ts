@@ -232,6 +232,12 @@ test('a newer change that applies ends the pending retry; a pod gone ends it too
   const tries = net.state.tries;
   await new Promise((r) => setTimeout(r, 1200));
   t.is(net.state.tries, tries, 'no retry after stop()');
+  // A refusal after stop(): counted and told, never waiting for a retry.
+  const failures = live.failures;
+  await live.onPodUpdate(update('db', { [EG]: '30M' }, { [EG]: '20M' }));
+  t.is(live.failures, failures + 1);
+  t.is(live.retrying, 0);
+  t.regex(ev.got.at(-1)?.message ?? '', /; the agent is stopping$/);
 });
 
 test("kubenet shape: a refusal is the answer (the kernel's error) and a Warning, not retried", async (t) => {
