@@ -10,8 +10,9 @@
  * - a shard whose class of the split (its node class, or its namespace's class) went over its
  *   ceil in the tick (htb counts it in the class's `overlimits`: a backlog waits for the share),
  *   or that sent at least SATURATED of its share, wants more (unbounded); one below it that is still GROWING (its flows ramping up into a share that just grew: TCP needs
- *   round trips to fill it) keeps its share; any other wants HEADROOM times what it sent (it can
- *   grow that much before the next tick);
+ *   round trips to fill it), or that wanted more within HOLD_MS (its flows waiting out a
+ *   retransmission timeout: a share taken away in the pause sends them back into it), keeps its
+ *   share; any other wants HEADROOM times what it sent (it can grow that much before the next tick);
  * - what is left after the floors goes to the shards that want more, in proportion to their
  *   weights, none past what it wants; what nobody wants is split evenly (headroom). A shard's
  *   weight is its pods that moved traffic in the tick, each counted by its band (bandWeight): htb
@@ -33,6 +34,13 @@ export const HEADROOM = 1.5;
 export const LEAST_SHARE = 0.02;
 /** A shard below SATURATED that sent at least this many times what it sent the tick before keeps its share. */
 export const GROWING = 1.1;
+/**
+ * A shard that wanted more keeps its share this long (ms) after, sending or not: TCP's retransmission
+ * timeout is at least 200 ms, and a shard whose flow waits it out at a tiny share would otherwise lose
+ * each share it gets before its flow can use it (CI: a namespace's second pod held at ~1 Mbit/s of a 40M
+ * total for 5 s). What it costs: an idle shard lends its share that much later (docs/shaping.md).
+ */
+export const HOLD_MS = 300;
 /** A share is changed only when it moves by at least this part of an even split (no churn of tc lines when idle). */
 export const CHANGE = 0.05;
 
@@ -58,13 +66,15 @@ export interface ShardLoad {
   last?: number;
   /** Its class went over its ceil in the tick (htb's overlimits grew): it waits for more share. */
   limited?: boolean;
+  /** It wanted more within HOLD_MS: it keeps its share. */
+  held?: boolean;
 }
 
 /** What a shard wants (bits/s) from its load, before floors (see the module doc). */
 export function wantOf(s: ShardLoad): number {
   if (s.limited || s.rate >= SATURATED * s.share) return Number.POSITIVE_INFINITY;
   const grows = s.last !== undefined && s.rate > 0 && s.rate >= s.last * GROWING;
-  return grows ? Math.max(s.share, s.rate * HEADROOM) : s.rate * HEADROOM;
+  return grows || s.held ? Math.max(s.share, s.rate * HEADROOM) : s.rate * HEADROOM;
 }
 
 /** Each shard's next share, bits/s, adding up to `capacity` (see the module doc). Pure. */

@@ -34,7 +34,7 @@ import type { LinkStats } from '../netlink/index.js';
 import type { Logger } from '../log.js';
 import { NODE_CLASS, type Direction } from './tc-layout.js';
 import type { GroupView } from './groups.js';
-import { bandWeight, sharesToSet, waterFill, type ShardLoad, type ShardPod } from './shares.js';
+import { bandWeight, HOLD_MS, sharesToSet, waterFill, wantOf, type ShardLoad, type ShardPod } from './shares.js';
 
 export const TICK_MS = 100;
 /** A direction turns hot at this share of its capacity... */
@@ -116,6 +116,10 @@ export class Steering {
   private readonly index = new Map<string, number>();
   /** What each shard sent in this tick and the one before, bits/s, by direction, namespace class (0: the node's) and ifb. */
   private rates = { now: new Map<string, number>(), before: new Map<string, number>() };
+  /** When each split's shard last wanted more (ms, the tick's time), by "key ifb": its hold (shares.ts HOLD_MS). */
+  private readonly wanted = new Map<string, number>();
+  /** The time of the tick under way (ms). */
+  private now = 0;
   /** Each split class's htb overlimits at the last tick, by `${ifb} ${class id}`. */
   private overs = new Map<string, number>();
   private lastError = 0;
@@ -173,6 +177,8 @@ export class Steering {
       if (!last || now <= last.at) return;
       const secs = (now - last.at) / 1000;
       this.rates = { now: new Map(), before: this.rates.now };
+      this.now = now;
+      for (const [k, at] of this.wanted) if (now - at >= HOLD_MS) this.wanted.delete(k);
       for (const dir of dirs) await this.decide(dir, pods.get(dir) ?? [], links, last.links, secs, now);
       for (const dir of dirs) {
         const view = shards.get(dir) ?? [];
@@ -307,16 +313,21 @@ export class Steering {
       const active = s.veths.filter((v) => bits(this.moved(v.veth, rx, links, before)) >= ACTIVE_BITS);
       const rate = bits(sent(s));
       const last = this.rates.before.get(`${key} ${s.ifb}`);
-      return {
+      const since = this.wanted.get(`${key} ${s.ifb}`);
+      const load: ShardLoad = {
         // A guarantee is a shard's floor while its pod sends: an idle pod's is lent to the others (as htb does in one tree).
         floor: active.reduce((g, v) => g + v.guarantee, 0),
         share: s.share,
         rate,
         weight: active.reduce((w, v) => w + bandWeight(v.band), 0),
         ...(last !== undefined ? { last } : {}),
-        // A class in debt that no longer sends (its pods went idle) waits for nothing.
-        ...(limited(s) && rate >= ACTIVE_BITS ? { limited: true } : {}),
+        // A class in debt that no longer sends (its pods went idle) waits for nothing; "sends" is relative to
+        // its share (a shard at the least share of a small total never sends ACTIVE_BITS).
+        ...(limited(s) && rate >= Math.min(ACTIVE_BITS, s.share / 4) ? { limited: true } : {}),
+        ...(since !== undefined && this.now - since < HOLD_MS ? { held: true } : {}),
       };
+      if (wantOf(load) === Number.POSITIVE_INFINITY) this.wanted.set(`${key} ${s.ifb}`, this.now);
+      return load;
     });
     for (const [k, s] of shards.entries()) this.rates.now.set(`${key} ${s.ifb}`, loads[k]?.rate ?? 0);
     const next = sharesToSet(

@@ -7,6 +7,7 @@ import {
   bandWeight,
   CHANGE,
   GROWING,
+  HOLD_MS,
   HEADROOM,
   LEAST_SHARE,
   SATURATED,
@@ -111,6 +112,18 @@ test('bands between shards: an active pod weighs 16, 4 or 1 by band, so band 0 o
     { floor: 0, rate: 500e6, share: 500e6, weight: bandWeight(2) },
   ]);
   t.true((s[0] ?? 0) / C >= 0.9, `band 0's shard: ${((s[0] ?? 0) / C).toFixed(3)} of the capacity (the trees' goal: >= 0.75)`);
+});
+
+test('a shard that wanted more within HOLD_MS keeps its share through a pause (a retransmission timeout), and the split leaves it there', (t) => {
+  const total = 40e6;
+  const a = { floor: 0, rate: 19.5e6, share: 20e6, weight: 1 };
+  // b's flow waits out an RTO: it sent nothing this tick, but wanted more a tick ago.
+  t.is(wantOf({ floor: 0, rate: 0, share: 20e6, weight: 0, held: true }), 20e6, 'held: its share');
+  t.deepEqual(waterFill(total, [a, { floor: 0, rate: 0, share: 20e6, weight: 0, held: true }]), [20e6, 20e6], 'kept through the pause');
+  // Without the hold the pause hands it all to a, and b starts again from the least share.
+  const [, bare] = waterFill(total, [a, { floor: 0, rate: 0, share: 20e6, weight: 0 }]);
+  t.true((bare ?? 0) < 1e6, `no hold: ${bare}`);
+  t.true(HOLD_MS >= 200, "at least TCP's least retransmission timeout");
 });
 
 test('a shard below SATURATED whose flows still grow (GROWING over the tick before) keeps its share; one that does not, or idles, gives it back', (t) => {
