@@ -37,7 +37,7 @@ import { AgentApi } from './http/socket-api.js';
 import { noEvents, type EventRecorder } from './kube/events.js';
 import { LiveShaping, parseShapeRequest } from './shaping/live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
-import { AgentMetrics, type TreesView } from './http/metrics.js';
+import { AgentMetrics, treesOf, type TreesView } from './http/metrics.js';
 import type { MetricsAuthorizer } from './http/metrics-auth.js';
 import { MetricsHttp } from './http/metrics-port.js';
 import { Coalesced } from '../util/coalesce.js';
@@ -362,7 +362,7 @@ export class Agent {
       ready: this.ready().ok,
       ...(this.routes ? { routes: this.routes.status() } : {}),
       bandwidth: bandwidthReport(this.capacity, pods),
-      trees: this.network.bandwidthShares(),
+      ...treesOf(this.network.bandwidthShares()),
       pods: this.network.list().map((p) => {
         const rate = rates.get(rateKey(p.containerId, p.ifName));
         return {

@@ -232,6 +232,10 @@ export interface TreesView {
   steered: { egress?: boolean; ingress?: boolean };
 }
 
+/** The trees as `kubenet status` reports them: none without a capacity (no shares, no steering). */
+export const treesOf = (t: TreesView): { trees?: TreesView } =>
+  t.shares.length > 0 || Object.values(t.steered).some((v) => v !== undefined) ? { trees: t } : {};
+
 export class AgentMetrics {
   readonly registry = new Registry();
   /**
