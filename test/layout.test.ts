@@ -151,6 +151,7 @@ const LAYERS: Record<string, Record<string, number>> = {
     kube: 2,
     host: 2,
     'loop-delay.ts': 2,
+    'stop-steps.ts': 2,
     'pod-cidr': 3,
     cluster: 3,
     cni: 4,

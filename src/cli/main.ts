@@ -219,16 +219,15 @@ async function daemon(config: AgentConfig): Promise<number> {
     ...(nodeCapacity ? { nodeCapacity } : {}),
     ...(metricsAuth ? { metricsAuth } : {}),
   });
+  // Listening before the start: a SIGTERM while it runs (the agent answers /healthz before its
+  // last step) stops the agent once started, rather than killing it half-way with Node's default.
+  const signalled = new Promise<string>((resolve) => {
+    process.once('SIGTERM', () => resolve('SIGTERM'));
+    process.once('SIGINT', () => resolve('SIGINT'));
+  });
   apiEndpoints?.start();
   await agent.start();
-  await new Promise<void>((resolve) => {
-    const stop = (signal: string) => {
-      log.info({ signal }, 'stopping: finishing CNI calls in flight');
-      resolve();
-    };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
-  });
+  log.info({ signal: await signalled }, 'stopping: finishing CNI calls in flight');
   await agent.stop();
   await apiEndpoints?.stop();
   return 0;

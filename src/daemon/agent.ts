@@ -37,6 +37,7 @@ import { AgentApi } from './http/socket-api.js';
 import { noEvents, type EventRecorder } from './kube/events.js';
 import { LiveShaping, parseShapeRequest } from './shaping/live-shaping.js';
 import { watchEventLoopDelay } from './loop-delay.js';
+import { runStopSteps } from './stop-steps.js';
 import { AgentMetrics, treesOf, type TreesView } from './http/metrics.js';
 import type { MetricsAuthorizer } from './http/metrics-auth.js';
 import { MetricsHttp } from './http/metrics-port.js';
@@ -394,33 +395,32 @@ export class Agent {
     }
   }
 
-  /** Stops taking calls, lets calls in flight finish (bounded), then releases the node resources it holds open. */
+  /** Stops taking calls, lets calls in flight finish (bounded), then releases the node resources it holds open; within 25 s in all. */
   async stop(): Promise<void> {
     this.stopped = true;
     this.stopLoopWatch?.();
     clearTimeout(this.readoptTimer);
-    await this.source.stop();
-    await this.nodeCapacity?.stop();
-    await this.routes?.stop();
-    await this.ranges?.stop();
-    await this.metricsHttp?.close();
-    await this.api.close();
-    await this.pods?.stop?.();
-    await this.namespaces?.stop();
-    this.live.stop();
-    this.rates.stop();
-    // Events still being posted get a moment (they report what this agent did), then are cut.
-    let evTimer: NodeJS.Timeout | undefined;
-    await Promise.race([this.events.flush(), new Promise<void>((r) => (evTimer = setTimeout(r, 2000)))]);
-    clearTimeout(evTimer);
-    await this.events.stop();
-    // Leases are not released: the pods keep their addresses, the next agent acquires them again.
-    await this.dhcpDaemon?.stop();
-    // Veths of pods deleted just before: let the kernel finish them (tens of ms), never for long.
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([this.network.settled(), new Promise<void>((r) => (timer = setTimeout(r, 5000)))]);
-    clearTimeout(timer);
-    this.network.close();
+    await runStopSteps(this.log, [
+      { name: 'the pod CIDR source', run: () => this.source.stop() },
+      { name: 'the node capacity publisher', run: () => this.nodeCapacity?.stop() },
+      { name: 'the node routes', run: () => this.routes?.stop() },
+      { name: 'the cluster ranges watch', run: () => this.ranges?.stop() },
+      { name: 'the metrics port', run: () => this.metricsHttp?.close() },
+      // CNI calls in flight get their own 10 s grace inside.
+      { name: 'the agent socket', run: () => this.api.close(), boundMs: 12_000 },
+      { name: 'the pod watch', run: () => this.pods?.stop?.() },
+      { name: 'the namespace watch', run: () => this.namespaces?.stop() },
+      { name: 'live shaping', run: () => this.live.stop() },
+      { name: 'the rate tracker', run: () => this.rates.stop() },
+      // Events still being posted get a moment (they report what this agent did), then are cut.
+      { name: 'events in flight', run: () => this.events.flush(), boundMs: 2_000, cutIsExpected: true },
+      { name: 'the event recorder', run: () => this.events.stop() },
+      // Leases are not released: the pods keep their addresses, the next agent acquires them again.
+      { name: 'the DHCP daemon', run: () => this.dhcpDaemon?.stop() },
+      // Veths of pods deleted just before: let the kernel finish them (tens of ms), never for long.
+      { name: 'pod links being removed', run: () => this.network.settled(), boundMs: 5_000, cutIsExpected: true },
+      { name: 'the netlink socket', run: () => this.network.close() },
+    ]);
     this.log.info('agent stopped');
   }
 }

@@ -84,7 +84,13 @@ export class AgentProcess {
     clearTimeout(timer);
     if (!exited) p.kill('SIGKILL');
     const r = await p;
-    return exited ? r.exitCode : undefined;
+    const code = exited ? r.exitCode : undefined;
+    // A test failing on this shows only "undefined": the agent's last words say which step hung.
+    if (code !== 0 && graceMs >= 30_000) {
+      const why = exited ? `exited with ${r.exitCode ?? r.signal}` : `still running ${graceMs} ms after SIGTERM: killed`;
+      process.stderr.write(`agent ${why}; its log ends:\n${await this.logTail(60)}\n`);
+    }
+    return code;
   }
 
   /** SIGKILL, as a crash or an OOM kill: nothing of the agent runs after this resolves. */
