@@ -178,6 +178,11 @@ async function daemon(config: AgentConfig): Promise<number> {
     const { NodeCapacityPublisher, resolveNodeCapacity } = await import('../daemon/cluster/node-capacity.js');
     capacity = await resolveNodeCapacity(config);
     const publisher = (nodeCapacity = new NodeCapacityPublisher(kube));
+    // The VXLAN settings for the other nodes' tunnels to this one (none without tunnels: a stale one goes).
+    const { VXLAN_ANNOTATION, formatVxlanSettings } = await import('../daemon/cluster/route-plan.js');
+    publisher.annotate({
+      [VXLAN_ANNOTATION]: config.routes === 'auto' ? formatVxlanSettings({ port: config.vxlanPort, vni: config.vxlanVNI }) : null,
+    });
     source = new NodeWatchPodCidrSource({ ...kube, onNode: (node) => publisher.nodeSeen(node) });
     pods = new ClusterPodLookup(kube);
     namespaces = new (await import('../daemon/cluster/namespace-lookup.js')).ClusterNamespaceLookup(kube);

@@ -25,8 +25,8 @@ import { withTrafficLock } from '../kit/traffic-lock.js';
 import { iperf, retryLog } from '../kit/topo.js';
 import { until } from '../kit/until.js';
 import type { EventRecorder } from '../../src/daemon/kube/events.js';
-import { NodeRoutes, netlinkRouteKernel, ROUTE_PROTOCOL } from '../../src/daemon/cluster/routes.js';
-import { vtepMac } from '../../src/daemon/cluster/route-plan.js';
+import { NodeRoutes, netlinkRouteKernel, REASON_VXLAN_DIFFERS, ROUTE_PROTOCOL } from '../../src/daemon/cluster/routes.js';
+import { VXLAN_ANNOTATION, vtepMac } from '../../src/daemon/cluster/route-plan.js';
 import { iprouteTunnelKernel } from '../../src/daemon/cluster/vxlan.js';
 import { createLogger } from '../../src/log.js';
 
@@ -118,6 +118,15 @@ async function teardown(): Promise<void> {
   for (const ns of [...NS.p, ...NS.n, NS.r]) await execa('ip', ['netns', 'del', ns], { reject: false });
 }
 
+/** Events recorded as (node, reason, message). */
+function recorder(events: World['events']): EventRecorder {
+  return {
+    record: (obj, _type, reason, message) => void events.push({ node: obj.name, reason, message }),
+    flush: async () => undefined,
+    stop: async () => undefined,
+  };
+}
+
 interface World {
   api: FakeApiServer;
   controllers: NodeRoutes[];
@@ -132,11 +141,7 @@ test.before(async () => {
     const api = await FakeApiServer.start();
     for (const i of [1, 2, 3]) api.setNode(node(i));
     const events: World['events'] = [];
-    const rec: EventRecorder = {
-      record: (obj, _type, reason, message) => void events.push({ node: obj.name, reason, message }),
-      flush: async () => undefined,
-      stop: async () => undefined,
-    };
+    const rec = recorder(events);
     const controllers = [1, 2, 3].map(
       (i) =>
         new NodeRoutes({
@@ -444,6 +449,102 @@ serial('an InternalIP change moves the tunnel: the FDB entry, neighbour and devi
   t.is((await ping(1, pod4(3))).exitCode, 0);
   t.is((await ping(1, pod6(3))).exitCode, 0);
 });
+
+/** A device's FDB entries with the port and VNI the kernel lists where they are not the device's own. */
+async function fdbFull(ns: string, dev: string): Promise<string[]> {
+  const { stdout } = await execa('bridge', ['-n', ns, '-j', 'fdb', 'show', 'dev', dev], { reject: false });
+  return (JSON.parse(stdout || '[]') as Array<{ mac: string; dst?: string; port?: number; vni?: number }>)
+    .map((e) => `${e.mac} ${e.dst ?? '-'}${e.port !== undefined ? ` port ${e.port}` : ''}${e.vni !== undefined ? ` vni ${e.vni}` : ''}`)
+    .sort();
+}
+
+serial(
+  "n3's agent restarted on another VXLAN port and VNI, published on its Node: the others send to it with its own and it to them with theirs, pods reach each other, each side has a Warning naming the difference",
+  async (t) => {
+    const { api, controllers, events } = w();
+    const n3 = NS.n[2] as string;
+    const annotate = (name: string, value: string) => {
+      const n = api.getNode(name);
+      if (!n) throw new Error(`no Node ${name}`);
+      api.setNode({ ...n, metadata: { ...n.metadata, annotations: { ...n.metadata?.annotations, [VXLAN_ANNOTATION]: value } } });
+    };
+    // What each agent publishes (main.ts's NodeCapacityPublisher; the controllers here run without it).
+    annotate('n1', `port=${PORT},vni=${VNI}`);
+    annotate('n2', `port=${PORT},vni=${VNI}`);
+    await controllers[2]?.stop();
+    const other = new NodeRoutes({
+      nodeName: 'n3',
+      logger: createLogger({ level: process.env.KUBENET_LOG_LEVEL ?? 'warn', name: 'n3' }),
+      kubeConfig: fakeKubeConfig(api),
+      events: recorder(events),
+      kernel: netlinkRouteKernel(BRIDGE, { netns: `/var/run/netns/${n3}`, exclude: Object.values(VX) }),
+      tunnel: { kernel: iprouteTunnelKernel({ names: VX, netns: n3, protocol: ROUTE_PROTOCOL }), vni: 1, port: 8472 },
+      resyncMs: 2_000,
+    });
+    controllers[2] = other;
+    other.start();
+    annotate('n3', 'port=8472,vni=1');
+    const n3ip4 = String((api.getNode('n3')?.status as { addresses?: Array<{ address: string }> } | undefined)?.addresses?.[0]?.address);
+    await until('n3 device on port 8472, VNI 1', async () => {
+      const { stdout } = await ip(n3, ['-j', '-d', 'link', 'show', 'dev', VX[4]]).catch(() => ({ stdout: '[]' }));
+      const [d] = JSON.parse(stdout || '[]') as Array<{ linkinfo: { info_data: { id?: number; port?: number } } }>;
+      return (d?.linkinfo.info_data.id === 1 && d.linkinfo.info_data.port === 8472) || undefined;
+    });
+    await until(
+      "n1's FDB entry for n3 carries n3's port and VNI",
+      async () =>
+        (await fdbFull(NS.n[0] as string, VX[4])).some((e) => e === `${vtepMac(n3ip4)} ${n3ip4} port 8472 vni 1`) ? true : undefined,
+      15_000,
+    );
+    await until(
+      "n3's FDB entries for n1 and n2 carry theirs",
+      async () => {
+        const e = await fdbFull(n3, VX[4]);
+        return e.length === 2 && e.every((l) => l.endsWith(` port ${PORT} vni ${VNI}`)) ? true : undefined;
+      },
+      15_000,
+    );
+    for (const [from, dst] of [
+      [1, pod4(3)],
+      [1, pod6(3)],
+      [3, pod4(2)],
+      [3, pod6(1)],
+    ] as const) {
+      const r = await until(
+        `p${from} -> ${dst}`,
+        async () => {
+          const p = await ping(from, dst, [], 2);
+          return p.exitCode === 0 ? p : undefined;
+        },
+        15_000,
+        200,
+      );
+      t.is(r.exitCode, 0, `p${from} -> ${dst}`);
+    }
+    const differ = events.filter((e) => e.reason === REASON_VXLAN_DIFFERS);
+    t.true(
+      differ.some(
+        (e) =>
+          e.node === 'n3' &&
+          /^kubenet on n1: its agent uses VXLAN port 8472 and VNI 1, this node's port 8475 and VNI 98: reached with its own/.test(
+            e.message,
+          ),
+      ),
+      JSON.stringify(differ),
+    );
+    t.true(
+      differ.some(
+        (e) =>
+          e.node === 'n1' &&
+          e.message.startsWith("kubenet on n3: its agent uses VXLAN port 8475 and VNI 98, this node's port 8472 and VNI 1"),
+      ),
+    );
+    t.false(
+      differ.some((e) => e.node === 'n2' && e.message.startsWith('kubenet on n1')),
+      'n1 and n2 agree: nothing between them',
+    );
+  },
+);
 
 serial('a Node that leaves takes its routes, neighbours and FDB entries with it, on every node', async (t) => {
   w().api.deleteNode('n3');

@@ -458,7 +458,7 @@ export class FakeApiServer {
     });
   }
 
-  /** PATCH of a Node's status: a JSON merge patch touching only `status` (the subresource's rule), applied; 200 with the Node. */
+  /** PATCH of a Node's status: a JSON merge patch of `status` and `metadata` (the subresource resets only `spec`), applied; 200 with the Node. */
   private patchNodeStatus(name: string, req: IncomingMessage, res: ServerResponse): void {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -475,10 +475,11 @@ export class FakeApiServer {
         return sendStatus(res, 415, 'UnsupportedMediaType', `the fake takes merge patches only, not ${contentType}`);
       const node = this.objects.nodes.get(name);
       if (!node) return sendStatus(res, 404, 'NotFound', `nodes "${name}" not found`);
-      // The status subresource ignores everything but status.
-      const status = (patch as { status?: unknown } | null)?.status;
+      // A Node's status subresource resets only spec (pkg/registry/core/node nodeStatusStrategy): status and metadata apply.
+      const { status, metadata } = (patch ?? {}) as { status?: unknown; metadata?: unknown };
       const next = structuredClone(node);
       next.status = mergePatch(next.status ?? {}, status ?? {}) as Record<string, unknown>;
+      if (metadata !== undefined) next.metadata = mergePatch(next.metadata ?? {}, metadata) as typeof next.metadata;
       this.setNode(next);
       sendJson(res, 200, { apiVersion: 'v1', kind: 'Node', ...this.objects.nodes.get(name) });
     });

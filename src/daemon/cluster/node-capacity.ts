@@ -14,6 +14,11 @@
  * device-plugin state reset, kubelet zeroes extended capacities: the watch sees that and the agent
  * publishes again. RBAC: `patch` on `nodes/status`, nothing more.
  *
+ * The same PATCH carries the annotations the agent keeps on its Node (`annotate`: with `routes:
+ * auto`, its VXLAN port and VNI for the other nodes, route-plan.ts VXLAN_ANNOTATION): the status
+ * subresource takes metadata too (the API server resets only `spec` on it), so RBAC stays `patch` on
+ * `nodes/status`, not on whole Nodes.
+ *
  * A failed PATCH is retried: while the API server is away when the agent's ApiHealth lets it (as
  * its watches), after another error answer with a jittered backoff (1 s doubling to 60 s); a Node
  * not registered yet is published when the watch brings it; a Forbidden answer is logged once with
@@ -74,6 +79,11 @@ export function capacityPatch(p: PublishedCapacity): { status: { capacity: Publi
   return { status: { capacity: { ...p }, allocatable: { ...p } } };
 }
 
+/** Whether the Node's annotations show other values than `want` (null: absent). */
+export function annotationsDiffer(node: V1Node, want: Record<string, string | null>): boolean {
+  return Object.entries(want).some(([k, v]) => (node.metadata?.annotations?.[k] ?? null) !== v);
+}
+
 /** Whether the Node's status shows other values (compared as quantities: the API server writes 1000 as "1k"). */
 export function capacityDiffers(node: V1Node, p: PublishedCapacity): boolean {
   const same = (have: string | undefined, want: string | null) =>
@@ -89,6 +99,7 @@ export class NodeCapacityPublisher {
   private readonly path: string;
   private readonly aborter = sharedAborter(1);
   private wanted: PublishedCapacity | undefined;
+  private annotations: Record<string, string | null> | undefined;
   /** The PATCH in flight; `again`: another is needed after it. */
   private running: Promise<void> | undefined;
   private again = false;
@@ -110,9 +121,19 @@ export class NodeCapacityPublisher {
     this.kick();
   }
 
+  /**
+   * Annotations to keep on the Node, published now and whenever the Node shows others; a null one is
+   * removed once the Node is seen with it (no PATCH for an annotation that is not there).
+   */
+  annotate(a: Record<string, string | null>): void {
+    this.annotations = { ...this.annotations, ...a };
+    if (Object.values(a).some((v) => v !== null)) this.kick();
+  }
+
   /** The Node as its watch saw it: published again when it shows other values. */
   nodeSeen(node: V1Node | undefined): void {
-    if (node && this.wanted && capacityDiffers(node, this.wanted)) this.kick();
+    if (!node) return;
+    if ((this.wanted && capacityDiffers(node, this.wanted)) || (this.annotations && annotationsDiffer(node, this.annotations))) this.kick();
   }
 
   /** Resolves once the PATCH in flight (if any) is answered: tests. */
@@ -146,12 +167,15 @@ export class NodeCapacityPublisher {
 
   private async patch(): Promise<void> {
     const wanted = this.wanted;
-    if (!wanted) return;
+    const annotations = this.annotations;
+    if (!wanted && !annotations) return;
     try {
-      await this.api.mergePatch(this.path, capacityPatch(wanted), this.aborter.signal);
+      const body = { ...(annotations ? { metadata: { annotations } } : {}), ...(wanted ? capacityPatch(wanted) : {}) };
+      await this.api.mergePatch(this.path, body, this.aborter.signal);
       this.health.answered();
       this.backoff.reset();
-      this.log.info({ resources: wanted }, 'node bandwidth capacity published on the Node');
+      if (wanted) this.log.info({ resources: wanted }, 'node bandwidth capacity published on the Node');
+      if (annotations) this.log.info({ annotations }, 'annotations published on the Node');
     } catch (err) {
       if (this.aborter.signal.aborted) return;
       if (isOutage(err)) {

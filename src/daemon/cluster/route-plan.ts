@@ -18,6 +18,11 @@
  * an FDB entry VTEP MAC -> its InternalIP on the device. A VTEP MAC is derived from the node's
  * InternalIP (vtepMac), so no node publishes anything for it. A Node on a connected subnet is routed
  * directly as with `direct`: full MTU, no encapsulation.
+ *
+ * Each agent with tunnels publishes its UDP port and VNI on its Node ({@link VXLAN_ANNOTATION}). A
+ * peer that publishes others than this node's is still reached: its FDB entry carries its port and
+ * VNI (the kernel sends to them; the peer, doing the same, sends back to ours), and the plan names
+ * it in `mismatched` for a Warning, since every node is meant to use the same.
  */
 import { createHash } from 'node:crypto';
 import type { V1Node } from '@kubernetes/client-node';
@@ -34,6 +39,30 @@ export interface NodeRouteSource {
   families: Family[];
   /** The first InternalIP of each family (canonical text). */
   internalIPs: Partial<Record<Family, string>>;
+  /** The VXLAN port and VNI its agent publishes ({@link VXLAN_ANNOTATION}); unknown for agents before it, or without tunnels. */
+  vxlan?: VxlanSettings;
+}
+
+/** A VXLAN endpoint's UDP port and VNI. */
+export interface VxlanSettings {
+  port: number;
+  vni: number;
+}
+
+/** The Node annotation where an agent with tunnels publishes its VXLAN settings: `port=8475,vni=98`. */
+export const VXLAN_ANNOTATION = 'kubenet.io/vxlan';
+
+export function formatVxlanSettings(v: VxlanSettings): string {
+  return `port=${v.port},vni=${v.vni}`;
+}
+
+/** The annotation's value parsed; undefined for anything else than `port=P,vni=V` (1-65535, 1-16777215: the config's ranges). */
+export function parseVxlanSettings(text: string | undefined): VxlanSettings | undefined {
+  const m = /^port=(\d{1,5}),vni=(\d{1,8})$/.exec(text ?? '');
+  if (!m) return undefined;
+  const port = Number(m[1]);
+  const vni = Number(m[2]);
+  return port >= 1 && port <= 65535 && vni >= 1 && vni <= 0xffffff ? { port, vni } : undefined;
 }
 
 /** One address of this node, on the link with `ifindex` (the pod bridge's and loopback's left out by the caller). */
@@ -75,6 +104,9 @@ export interface WantedFdb {
   node: string;
   mac: string;
   dst: string;
+  /** The peer's own port and VNI, where it publishes others than this node's. */
+  port?: number;
+  vni?: number;
 }
 
 /** This node's VXLAN device of a family, as the kernel has it. */
@@ -90,6 +122,8 @@ export interface PlanOptions {
   tunnels?: Partial<Record<Family, TunnelDevice>>;
   /** `routes: auto`: why a family has no device (this node has no InternalIP of it, say). */
   tunnelProblems?: Partial<Record<Family, string>>;
+  /** `routes: auto`: this node's VXLAN port and VNI (the devices'). */
+  vxlan?: VxlanSettings;
 }
 
 export interface RoutePlan {
@@ -98,6 +132,8 @@ export interface RoutePlan {
   fdb: WantedFdb[];
   /** Node name → why (some of) its pod CIDRs get no route. */
   problems: Map<string, string>;
+  /** Tunnel peers whose agent publishes another VXLAN port or VNI than this node's: node name → what differs. */
+  mismatched: Map<string, string>;
 }
 
 /** Encapsulation overhead of VXLAN (outer Ethernet excluded): IP + UDP + VXLAN + inner Ethernet. */
@@ -157,7 +193,8 @@ export function nodeRouteSource(node: V1Node): NodeRouteSource | undefined {
     if (a.type !== 'InternalIP' || f === 0 || internalIPs[f] !== undefined) continue;
     internalIPs[f] = canonicalIp(a.address);
   }
-  return { name, podCIDRs, families, internalIPs };
+  const vxlan = parseVxlanSettings(node.metadata?.annotations?.[VXLAN_ANNOTATION]);
+  return { name, podCIDRs, families, internalIPs, ...(vxlan ? { vxlan } : {}) };
 }
 
 /** Equal as far as routes are concerned (a Node's heartbeat changes nothing here). */
@@ -167,7 +204,9 @@ export function sameRouteSource(a: NodeRouteSource | undefined, b: NodeRouteSour
     a.name === b.name &&
     a.podCIDRs.join(',') === b.podCIDRs.join(',') &&
     a.internalIPs[4] === b.internalIPs[4] &&
-    a.internalIPs[6] === b.internalIPs[6]
+    a.internalIPs[6] === b.internalIPs[6] &&
+    a.vxlan?.port === b.vxlan?.port &&
+    a.vxlan?.vni === b.vxlan?.vni
   );
 }
 
@@ -229,6 +268,7 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
   const neighbours: WantedNeighbour[] = [];
   const fdb: WantedFdb[] = [];
   const problems = new Map<string, string>();
+  const mismatched = new Map<string, string>();
   /** Per family: VTEP MAC -> the node that has it (this node's device first). */
   const macs: Record<Family, Map<string, string>> = { 4: new Map(), 6: new Map() };
   for (const f of [4, 6] as const) {
@@ -289,7 +329,8 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
           onlink: true,
         });
         neighbours.push({ family, node: n.name, ip: inner, mac });
-        if (!fdb.some((e) => e.family === family && e.mac === mac)) fdb.push({ family, node: n.name, mac, dst: gateway });
+        if (!fdb.some((e) => e.family === family && e.mac === mac))
+          fdb.push({ family, node: n.name, mac, dst: gateway, ...otherVxlan(n, opts, mismatched) });
         continue;
       }
       claimed.set(dst, n.name);
@@ -297,7 +338,19 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
     }
     if (why.length > 0) problems.set(n.name, why.join('; '));
   }
-  return { routes, neighbours, fdb, problems };
+  return { routes, neighbours, fdb, problems, mismatched };
+}
+
+/** A tunnel peer's port and VNI where its agent publishes others than this node's (noted in `mismatched`); none otherwise. */
+function otherVxlan(n: NodeRouteSource, opts: PlanOptions, mismatched: Map<string, string>): { port?: number; vni?: number } {
+  const mine = opts.vxlan;
+  const theirs = n.vxlan;
+  if (!mine || !theirs || (mine.port === theirs.port && mine.vni === theirs.vni)) return {};
+  mismatched.set(
+    n.name,
+    `its agent uses VXLAN port ${theirs.port} and VNI ${theirs.vni}, this node's port ${mine.port} and VNI ${mine.vni}`,
+  );
+  return { ...(theirs.port !== mine.port ? { port: theirs.port } : {}), ...(theirs.vni !== mine.vni ? { vni: theirs.vni } : {}) };
 }
 
 /** What to change so that the kernel's routes of our protocol (`current`) become `wanted`. */

@@ -59,6 +59,8 @@ import { execa } from 'execa';
 /** Our routing protocol number (iproute2 shows it as "proto 98"); unassigned in /etc/iproute2/rt_protos. */
 export const ROUTE_PROTOCOL = 98;
 export const REASON_NO_ROUTE = 'NodeRouteUnavailable';
+/** A tunnel peer's agent publishes another VXLAN port or VNI: reached with its own, but the cluster's nodes should agree. */
+export const REASON_VXLAN_DIFFERS = 'VXLANSettingsDiffer';
 const RESYNC_MS = 30_000;
 const RETRY_MS = 1_000;
 
@@ -118,8 +120,9 @@ export class NodeRoutes {
   private scheduled: NodeJS.Immediate | undefined;
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
-  /** Node → the reason last reported in an Event (reported again only when it changes). */
+  /** Node → the reason last reported in an Event (reported again only when it changes); the same for VXLAN settings. */
   private readonly reported = new Map<string, string>();
+  private readonly reportedVxlan = new Map<string, string>();
   private held: RouteStatus = { routes: [], problems: {} };
   /**
    * Our routes as the kernel held them after the last reconcile; undefined until it has been read
@@ -162,6 +165,7 @@ export class NodeRoutes {
         const before = this.nodes.get(s.name);
         if (type === 'DELETED') {
           this.reported.delete(s.name);
+          this.reportedVxlan.delete(s.name);
           if (!this.nodes.delete(s.name)) return;
           this.schedule();
         } else {
@@ -257,7 +261,8 @@ export class NodeRoutes {
       const local = await this.o.kernel.localAddresses();
       const t = this.tunnels ? await this.tunnels.ensure(this.nodes.get(this.o.nodeName), local, full) : undefined;
       failed += t?.failed ?? 0;
-      plan = planRoutes(this.o.nodeName, this.nodes.values(), local, t ? { tunnels: t.devices, tunnelProblems: t.problems } : {});
+      const vxlan = this.o.tunnel ? { port: this.o.tunnel.port, vni: this.o.tunnel.vni } : undefined;
+      plan = planRoutes(this.o.nodeName, this.nodes.values(), local, t ? { tunnels: t.devices, tunnelProblems: t.problems, vxlan } : {});
       if (this.tunnels) failed += await this.tunnels.apply(plan, full);
       current = full || !this.applied ? await this.o.kernel.list() : [...this.applied.values()];
       if (full) this.lastFull = t0;
@@ -296,7 +301,20 @@ export class NodeRoutes {
         this.log.warn({ err, node: w.node, dst: w.dst, via: w.gateway }, 'setting a route failed; trying again');
       }
     }
-    this.report(plan.problems);
+    this.report(
+      plan.problems,
+      this.reported,
+      REASON_NO_ROUTE,
+      "no route to a Node's pod CIDR",
+      (why) => `no route to this node's pods: ${why}`,
+    );
+    this.report(
+      plan.mismatched,
+      this.reportedVxlan,
+      REASON_VXLAN_DIFFERS,
+      'a Node reached through VXLAN with its own port and VNI',
+      (why) => `${why}: reached with its own through VXLAN; set the same vxlanPort and vxlanVNI on every node`,
+    );
     this.held = {
       routes: plan.routes.map((r) => ({
         node: r.node,
@@ -329,21 +347,22 @@ export class NodeRoutes {
     else if (full) this.schedule(resync);
   }
 
-  /** A Warning Event on each Node that gets no route, once per reason. */
-  private report(problems: Map<string, string>): void {
+  /** A Warning Event on each Node with a problem, once per message; forgotten once the Node has none. */
+  private report(
+    problems: Map<string, string>,
+    reported: Map<string, string>,
+    reason: string,
+    logMsg: string,
+    event: (why: string) => string,
+  ): void {
     for (const [node, why] of problems) {
-      if (this.reported.get(node) === why) continue;
-      this.reported.set(node, why);
-      this.log.warn({ node, why }, "no route to a Node's pod CIDR");
-      this.o.events.record(
-        { kind: 'Node', name: node },
-        'Warning',
-        REASON_NO_ROUTE,
-        `kubenet on ${this.o.nodeName}: no route to this node's pods: ${why}`,
-      );
+      if (reported.get(node) === why) continue;
+      reported.set(node, why);
+      this.log.warn({ node, why }, logMsg);
+      this.o.events.record({ kind: 'Node', name: node }, 'Warning', reason, `kubenet on ${this.o.nodeName}: ${event(why)}`);
     }
-    for (const node of [...this.reported.keys()]) {
-      if (!problems.has(node)) this.reported.delete(node);
+    for (const node of [...reported.keys()]) {
+      if (!problems.has(node)) reported.delete(node);
     }
   }
 }

@@ -115,10 +115,11 @@ export function iprouteTunnelKernel(o: { names?: Record<Family, string>; netns?:
       // No device (yet): nothing on it.
       if (!(await json<IpLink[]>('ip', ['link', 'show'])).some((l) => l.ifname === name)) return { neighbours: [], fdb: [] };
       const neigh = await json<Array<{ dst: string; lladdr?: string }>>('ip', ['neigh', 'show', 'dev', name]);
-      const fdb = await json<Array<{ mac: string; dst?: string }>>('bridge', ['fdb', 'show', 'dev', name]);
+      // The kernel shows an entry's port and VNI only where they differ from the device's.
+      const fdb = await json<Array<{ mac: string; dst?: string; port?: number; vni?: number }>>('bridge', ['fdb', 'show', 'dev', name]);
       return {
         neighbours: neigh.map((n) => ({ key: canonicalIp(n.dst), value: (n.lladdr ?? '').toLowerCase() })),
-        fdb: fdb.map((e) => ({ key: e.mac.toLowerCase(), value: e.dst ? canonicalIp(e.dst) : '' })),
+        fdb: fdb.map((e) => ({ key: e.mac.toLowerCase(), value: e.dst ? fdbValue({ ...e, dst: canonicalIp(e.dst) }) : '' })),
       };
     },
     async apply(family, neighbours, fdb) {
@@ -138,6 +139,14 @@ export function iprouteTunnelKernel(o: { names?: Record<Family, string>; netns?:
       await run('ip', nLines, optional(neighbours.replace.length, neighbours.remove.length));
     },
   };
+}
+
+/**
+ * An FDB entry's destination as `bridge fdb` takes it after `dst` and the kernel lists it: the
+ * peer's InternalIP, then its port and VNI where they are not the device's.
+ */
+export function fdbValue(e: { dst: string; port?: number; vni?: number }): string {
+  return `${e.dst}${e.port !== undefined ? ` port ${e.port}` : ''}${e.vni !== undefined ? ` vni ${e.vni}` : ''}`;
 }
 
 /** `routes: auto`: the VXLAN side, its kernel and the VNI and UDP port every node of the cluster uses. */
@@ -245,13 +254,13 @@ export class VxlanTunnels {
         );
         const fdb = diffEntries(
           state.fdb,
-          plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: e.dst })),
+          plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: fdbValue(e) })),
         );
         const changes = neighbours.replace.length + neighbours.remove.length + fdb.replace.length + fdb.remove.length;
         if (changes === 0) continue;
         await t.kernel.apply(family, neighbours, fdb);
         state.neighbours = plan.neighbours.filter((n) => n.family === family).map((n) => ({ key: n.ip, value: n.mac }));
-        state.fdb = plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: e.dst }));
+        state.fdb = plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: fdbValue(e) }));
         this.log.info(
           {
             family,

@@ -309,7 +309,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     value: DEFAULT_VXLAN_PORT,
     flag: '--vxlan-port',
     description:
-      "With `routes: auto`: the UDP port (1..65535) of the VXLAN tunnels to Nodes on no connected subnet; every node of the cluster must use the same. The default is neither flannel's 8472 nor the IANA port 4789.",
+      "With `routes: auto`: the UDP port (1..65535) of the VXLAN tunnels to Nodes on no connected subnet; every node of the cluster should use the same. The agent publishes its port and VNI on its Node (annotation `kubenet.io/vxlan`); a peer that publishes others is still reached with its own, and gets a Warning Event `VXLANSettingsDiffer`. The default is neither flannel's 8472 nor the IANA port 4789.",
     validate: (value, fail) => {
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 65535) throw fail('a UDP port from 1 to 65535');
       return value;
@@ -320,7 +320,7 @@ const KEYS: Record<ConfigKey, KeyDefinition> = {
     value: DEFAULT_VXLAN_VNI,
     flag: '--vxlan-vni',
     description:
-      "With `routes: auto`: the VXLAN network identifier (1..16777215) of the tunnels; every node of the cluster must use the same. The default is not flannel's 1.",
+      "With `routes: auto`: the VXLAN network identifier (1..16777215) of the tunnels; every node of the cluster should use the same (see `vxlanPort`). The default is not flannel's 1.",
     validate: (value, fail) => {
       if (typeof value !== 'number' || !Number.isInteger(value) || value < 1 || value > 16777215) throw fail('a VNI from 1 to 16777215');
       return value;

@@ -137,3 +137,49 @@ test('a direction without capacity removes a stale value; a Node registered late
     [INR]: null,
   });
 });
+
+test('annotations ride the same status PATCH: published at once, again when someone removes them; a null one is removed only from a Node that shows it', async (t) => {
+  const { api, publisher, source } = await setup(t);
+  const VX = 'kubenet.io/vxlan';
+  const annotation = () => (api.getNode('node-a')?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations?.[VX];
+  api.setNode(node('node-a', { podCIDR: '10.244.1.0/24' }));
+  await source.start(() => undefined);
+  await until('the watch', () => api.openWatches === 1);
+  publisher.annotate({ [VX]: 'port=8475,vni=98' });
+  await until('published', () => annotation() === 'port=8475,vni=98');
+  t.deepEqual(api.patches[0]?.patch, { metadata: { annotations: { [VX]: 'port=8475,vni=98' } } });
+  // Someone removes it: the watch shows the Node without it, and it is published again.
+  const bare = api.getNode('node-a')!;
+  bare.metadata = { ...bare.metadata, annotations: {} };
+  api.setNode(bare);
+  await until('published again', () => annotation() === 'port=8475,vni=98');
+  t.is(api.patches.length, 2);
+  // With a capacity too, one PATCH carries both.
+  publisher.publish({ egress: 1 * G });
+  await until('capacity', () => api.patches.length === 3);
+  t.deepEqual(api.patches[2]?.patch, {
+    metadata: { annotations: { [VX]: 'port=8475,vni=98' } },
+    status: { capacity: { [EGR]: '1000', [INR]: null }, allocatable: { [EGR]: '1000', [INR]: null } },
+  });
+  await publisher.settled();
+
+  // An agent without tunnels: nothing sent for an absent annotation; a left-over one removed.
+  const { api: api2, publisher: p2, source: s2 } = await setup(t, 'node-b');
+  api2.setNode(node('node-b', { podCIDR: '10.244.2.0/24' }));
+  p2.annotate({ [VX]: null });
+  let seen = false;
+  await s2.start(() => {
+    seen = true;
+  });
+  await until('the Node seen (its pod CIDR)', () => seen);
+  await p2.settled();
+  t.is(api2.patches.length, 0, 'no PATCH for an annotation the Node does not have');
+  const stale = api2.getNode('node-b')!;
+  stale.metadata = { ...stale.metadata, annotations: { [VX]: 'port=8475,vni=98', other: 'kept' } };
+  api2.setNode(stale);
+  await until(
+    'removed',
+    () => api2.patches.length === 1 && (api2.getNode('node-b')?.metadata?.annotations as Record<string, string>)?.[VX] === undefined,
+  );
+  t.deepEqual((api2.getNode('node-b')?.metadata as { annotations?: Record<string, string> } | undefined)?.annotations, { other: 'kept' });
+});

@@ -5,12 +5,15 @@ import {
   diffEntries,
   diffRoutes,
   nodeRouteSource,
+  parseVxlanSettings,
   planRoutes,
   sameRouteSource,
   tunnelEndpoint,
+  VXLAN_ANNOTATION,
   vtepMac,
   type NodeRouteSource,
 } from '../../../src/daemon/cluster/route-plan.js';
+import { fdbValue } from '../../../src/daemon/cluster/vxlan.js';
 
 const node = (name: string, podCIDRs: string[], ips: string[]): NodeRouteSource => {
   const s = nodeRouteSource({
@@ -255,6 +258,51 @@ test('planRoutes with tunnels: connected Nodes direct at full MTU; the others vi
   t.deepEqual(direct.routes, []);
   t.deepEqual(direct.neighbours, []);
   t.regex(direct.problems.get('far') ?? '', /needs a router/);
+});
+
+test('planRoutes with tunnels: a peer whose agent publishes another port or VNI is reached with its own (its FDB entry carries them) and named; one that publishes ours, or nothing, is not', (t) => {
+  const withVxlan = (n: NodeRouteSource, value: string) =>
+    nodeRouteSource({
+      metadata: { name: n.name, annotations: { [VXLAN_ANNOTATION]: value } },
+      spec: { podCIDRs: n.podCIDRs },
+      status: { addresses: Object.values(n.internalIPs).map((address) => ({ type: 'InternalIP', address })) },
+    } as V1Node) as NodeRouteSource;
+  const flannelish = withVxlan(node('far', ['10.244.5.0/24'], ['198.51.100.5']), 'port=8472,vni=1');
+  const otherVni = withVxlan(node('far2', ['10.244.6.0/24'], ['198.51.100.6']), 'port=8475,vni=7');
+  const same = withVxlan(node('far3', ['10.244.7.0/24'], ['198.51.100.7']), 'port=8475,vni=98');
+  const older = node('far4', ['10.244.8.0/24'], ['198.51.100.8']);
+  t.deepEqual(flannelish.vxlan, { port: 8472, vni: 1 });
+  const plan = planRoutes('n1', [flannelish, otherVni, same, older], LOCAL, { tunnels: TUNNELS, vxlan: { port: 8475, vni: 98 } });
+  t.deepEqual(
+    plan.fdb.map((e) => fdbValue(e)),
+    ['198.51.100.5 port 8472 vni 1', '198.51.100.6 vni 7', '198.51.100.7', '198.51.100.8'],
+    "the kernel's own listing: port and VNI only where not the device's",
+  );
+  t.is(plan.routes.length, 4, 'every peer still has its route');
+  t.deepEqual(
+    [...plan.mismatched],
+    [
+      ['far', "its agent uses VXLAN port 8472 and VNI 1, this node's port 8475 and VNI 98"],
+      ['far2', "its agent uses VXLAN port 8475 and VNI 7, this node's port 8475 and VNI 98"],
+    ],
+  );
+  t.deepEqual([...plan.problems], []);
+  // A change of a peer's settings is a change of its route source (not a heartbeat).
+  t.false(sameRouteSource(flannelish, withVxlan(flannelish, 'port=8475,vni=98')));
+  t.true(sameRouteSource(flannelish, withVxlan(flannelish, 'port=8472,vni=1')));
+  // Anything but port=P,vni=V within range is unknown (treated as an agent that publishes nothing).
+  for (const bad of [
+    '',
+    'port=8472',
+    'vni=1,port=8472',
+    'port=0,vni=1',
+    'port=65536,vni=1',
+    'port=8472,vni=16777216',
+    'port=8472,vni=0',
+    'port=8472, vni=1',
+  ])
+    t.is(parseVxlanSettings(bad), undefined, bad);
+  t.deepEqual(parseVxlanSettings('port=65535,vni=16777215'), { port: 65535, vni: 16777215 });
 });
 
 test('planRoutes with tunnels: a family without a device, a Node with our VTEP MAC and our own address get reasons, not routes', (t) => {
