@@ -34,7 +34,7 @@ import { uniq } from '../test/kit/kernel.js';
 import { kclNodeHolder } from '../test/kit/kcl.js';
 import { CLUSTER_LOCK, holdLock, TRAFFIC_LOCK } from '../test/kit/traffic-lock.js';
 import { upstreamDir } from '../test/kit/upstream.js';
-import { vtepMac } from '../src/daemon/cluster/route-plan.js';
+import { VXLAN_ANNOTATION, vtepMac } from '../src/daemon/cluster/route-plan.js';
 import { DEFAULT_VXLAN_NAMES } from '../src/daemon/cluster/vxlan.js';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -221,6 +221,11 @@ try {
   if (!convergedAt) throw new Error(`not converged after 60 s: ${seen.size}/${want.size} entries\n${log.slice(-20).join('\n')}`);
   const firstLog = Number((JSON.parse(log.find((l) => l.startsWith('{')) ?? '{}') as { time?: number }).time ?? NaN);
   const routesStart = Number((JSON.parse(log.find((l) => l.includes('routing the pod CIDRs')) ?? '{}') as { time?: number }).time ?? NaN);
+  if (config.routes === 'auto') {
+    // The real API server's answer to the status PATCH that carries it (the fake of the tests is not proof).
+    const published = await kubectl(['get', 'node', 'kcl-n1', '-o', `jsonpath={.metadata.annotations.kubenet\\.io/vxlan}`]);
+    console.log(`kcl-n1's ${VXLAN_ANNOTATION} as the API server holds it: ${published.stdout || '(none)'}`);
+  }
   // nsenter (without -p) execs the agent: same pid.
   const pid = String(agent.pid);
   await new Promise((r) => setTimeout(r, 2000));

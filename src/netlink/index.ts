@@ -18,8 +18,8 @@
  * This module is the public face: callers import only it. The API is split by kernel object, each
  * file over the shared sockets (./socket.ts), the pool (./pool.ts), errors (./errno.ts) and argument
  * checks (./parse.ts): links (./link.ts), their deletion (./link-delete.ts) and ioctl lookups
- * (./ioctl.ts), addresses (./addr.ts), other namespaces (./netns.ts), routes (./route.ts), tc
- * classes (./tc-class.ts).
+ * (./ioctl.ts), addresses (./addr.ts), other namespaces (./netns.ts), routes (./route.ts),
+ * neighbours and VXLAN FDB entries (./neigh.ts), tc classes (./tc-class.ts).
  */
 export { E, ifPresent, isNoDevice, NLE, nleToErrno } from './errno.js';
 export {
@@ -50,4 +50,5 @@ export { isNetnsFd, netnsAddrList, netnsLinkByName, netnsLinkDelete } from './ne
 export { classGet, classList, type TcClassStats } from './tc-class.js';
 export { netlinkCallsInFlight } from './socket.js';
 export { routeDel, routeList, routeReplace, type RouteInfo, type RouteSpec } from './route.js';
+export { neighApply, type NeighChange } from './neigh.js';
 export { StatsSocket, type ClassAnswer, type ClassRef } from './stats-dump.js';

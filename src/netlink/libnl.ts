@@ -77,8 +77,9 @@ export const nl = {
   // nl_send_auto, then nlmsg_free (always), then nl_wait_for_ack: 0 or -NLE_*. src/netlink calls it
   // with `.async` where the kernel holds the answer long (a link's deletion).
   nl_send_sync: libnl.func('int nl_send_sync(nl_sock *sk, nl_msg *msg)'),
-  // netlink/attr.h — appends a u32 attribute to the message: 0 or -NLE_NOMEM.
+  // netlink/attr.h — appends a u32 attribute / `datalen` bytes of `data` (copied) to the message: 0 or -NLE_NOMEM.
   nla_put_u32: libnl.func('int nla_put_u32(nl_msg *msg, int attrtype, uint32_t value)'),
+  nla_put: libnl.func('int nla_put(nl_msg *msg, int attrtype, int datalen, const void *data)'),
   // Typed walks of a link / address cache: same C functions, declared with the concrete object type.
   // Every libnl object starts with the nl_object header (NLHDR_COMMON), so the cast is the one libnl
   // itself does; koffi checks pointer types and would refuse an nl_object * where rtnl_link * is expected.
@@ -211,6 +212,12 @@ export const IFLA_GROUP = 27;
 export const IFINFOMSG_SIZE = 16;
 /** linux/netlink.h NLMSG_ALIGNTO */
 export const NLMSG_ALIGNTO = 4;
+/** linux/netlink.h: create the object if absent (with NLM_F_REPLACE: replace it if present). */
+export const NLM_F_CREATE = 0x400;
+/** linux/rtnetlink.h neighbours (and bridge FDB entries: family AF_BRIDGE). */
+export const RTM_NEWNEIGH = 28;
+export const RTM_DELNEIGH = 29;
+export const AF_BRIDGE = 7;
 
 /**
  * libnl-route-3 traffic control (netlink/route/class.h, tc.h, qdisc/htb.h). A class cache holds the

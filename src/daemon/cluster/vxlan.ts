@@ -5,13 +5,16 @@
  * `nolearning` and no group or remote (no multicast, no flooding), so no entry appears that the agent
  * did not write, and its neighbours carry protocol 98 as its routes do.
  *
- * This first cut goes through iproute2 (`ip -batch`, `bridge -batch`, `ip -d -j link show`, `ip -j
- * neigh show`, `bridge -j fdb show`: src/shaper/tc-exec.ts batch); the routes themselves go over
- * netlink (src/netlink/route.ts). One spawn per kind of change per reconcile, not per entry.
+ * Neighbour and FDB changes, the ones every Node change makes, go over netlink (src/netlink/neigh.ts:
+ * one request per entry on one socket, off the event loop), as the routes do (src/netlink/route.ts).
+ * The device itself (made or remade when this node's endpoint changes) and the listing of its entries
+ * at each full reconcile (every 30 s) go through iproute2 (`ip -batch`, `ip -d -j link show`, `ip -j
+ * neigh show`, `bridge -j fdb show`), which the netlink layer has no verbs for yet.
  */
 import { execa } from 'execa';
-import { ToolError } from '../../errors.js';
+import { NetlinkError, ToolError } from '../../errors.js';
 import { canonicalIp, type Family } from '../../net/ip.js';
+import { E, linkIndexByName, neighApply, netnsLinkByName, type NeighChange } from '../../netlink/index.js';
 import { batch } from '../../shaper/tc-exec.js';
 import type { Logger } from '../../log.js';
 import {
@@ -69,6 +72,7 @@ interface IpLink {
 export function iprouteTunnelKernel(o: { names?: Record<Family, string>; netns?: string; protocol: number }): TunnelKernel {
   const names = o.names ?? DEFAULT_VXLAN_NAMES;
   const ns = o.netns !== undefined ? ['-n', o.netns] : [];
+  const netnsPath = o.netns !== undefined ? `/var/run/netns/${o.netns}` : undefined;
   const json = async <T>(tool: 'ip' | 'bridge', args: string[]): Promise<T> => {
     const argv = [...ns, '-j', ...args];
     const r = await execa(tool, argv, { reject: false });
@@ -124,19 +128,27 @@ export function iprouteTunnelKernel(o: { names?: Record<Family, string>; netns?:
     },
     async apply(family, neighbours, fdb) {
       const name = names[family];
-      // Removals are optional lines: an entry already gone is success.
-      const nLines = [
-        ...neighbours.replace.map((e) => `neigh replace ${e.key} lladdr ${e.value} dev ${name} nud permanent proto ${o.protocol}`),
-        ...neighbours.remove.map((e) => `neigh del ${e.key} dev ${name}`),
-      ];
-      const fLines = [
-        ...fdb.replace.map((e) => `fdb replace ${e.key} dev ${name} dst ${e.value} self permanent`),
-        ...fdb.remove.map((e) => `fdb del ${e.key} dev ${name}${e.value ? ` dst ${e.value}` : ''} self`),
-      ];
-      const optional = (first: number, count: number) => new Set(Array.from({ length: count }, (_, i) => first + i + 1));
-      // FDB entries first: a neighbour is only useful once its MAC has a destination.
-      await run('bridge', fLines, optional(fdb.replace.length, fdb.remove.length));
-      await run('ip', nLines, optional(neighbours.replace.length, neighbours.remove.length));
+      const ifindex = netnsPath === undefined ? linkIndexByName(name) : (await netnsLinkByName(netnsPath, name))?.index;
+      if (ifindex === undefined) throw new NetlinkError(`vxlan ${name}`, E.ENODEV, 'the device is gone');
+      const fdbChange = (op: 'replace' | 'del', e: TunnelEntry): NeighChange => ({
+        kind: 'fdb',
+        op,
+        ifindex,
+        mac: e.key,
+        ...parseFdbValue(e.value),
+      });
+      // FDB entries first: a neighbour is only useful once its MAC has a destination. Deleting an absent entry is success.
+      await neighApply(
+        [
+          ...fdb.replace.map((e) => fdbChange('replace', e)),
+          ...fdb.remove.map((e) => fdbChange('del', e)),
+          ...neighbours.replace.map(
+            (e): NeighChange => ({ kind: 'neigh', op: 'replace', ifindex, ip: e.key, mac: e.value, protocol: o.protocol }),
+          ),
+          ...neighbours.remove.map((e): NeighChange => ({ kind: 'neigh', op: 'del', ifindex, ip: e.key })),
+        ],
+        netnsPath,
+      );
     },
   };
 }
@@ -147,6 +159,17 @@ export function iprouteTunnelKernel(o: { names?: Record<Family, string>; netns?:
  */
 export function fdbValue(e: { dst: string; port?: number; vni?: number }): string {
   return `${e.dst}${e.port !== undefined ? ` port ${e.port}` : ''}${e.vni !== undefined ? ` vni ${e.vni}` : ''}`;
+}
+
+/** fdbValue read back: the destination, and the port and VNI where given (an empty value: no destination). */
+export function parseFdbValue(value: string): { dst?: string; port?: number; vni?: number } {
+  const [dst, ...rest] = value.split(' ');
+  const out: { dst?: string; port?: number; vni?: number } = dst ? { dst } : {};
+  for (let i = 0; i + 1 < rest.length; i += 2) {
+    if (rest[i] === 'port') out.port = Number(rest[i + 1]);
+    if (rest[i] === 'vni') out.vni = Number(rest[i + 1]);
+  }
+  return out;
 }
 
 /** `routes: auto`: the VXLAN side, its kernel and the VNI and UDP port every node of the cluster uses. */
