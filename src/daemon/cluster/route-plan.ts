@@ -24,11 +24,13 @@
  * VNI (the kernel sends to them; the peer, doing the same, sends back to ours), and the plan names
  * it in `mismatched` for a Warning, since every node is meant to use the same.
  */
-import { createHash } from 'node:crypto';
 import type { V1Node } from '@kubernetes/client-node';
 import { BlockList } from 'node:net';
 import { canonicalIp, familyOf, parseCidr, type Family, type Subnet } from '../../net/ip.js';
 import type { RouteInfo } from '../../netlink/route.js';
+import { parseVxlanSettings, peerMac, VXLAN_ANNOTATION, vtepMac, type VxlanSettings } from './vtep.js';
+
+export { formatVxlanSettings, parseVxlanSettings, VXLAN_ANNOTATION, vtepMac, type VxlanSettings } from './vtep.js';
 
 /** What a route needs of a Node. */
 export interface NodeRouteSource {
@@ -41,28 +43,6 @@ export interface NodeRouteSource {
   internalIPs: Partial<Record<Family, string>>;
   /** The VXLAN port and VNI its agent publishes ({@link VXLAN_ANNOTATION}); unknown for agents before it, or without tunnels. */
   vxlan?: VxlanSettings;
-}
-
-/** A VXLAN endpoint's UDP port and VNI. */
-export interface VxlanSettings {
-  port: number;
-  vni: number;
-}
-
-/** The Node annotation where an agent with tunnels publishes its VXLAN settings: `port=8475,vni=98`. */
-export const VXLAN_ANNOTATION = 'kubenet.io/vxlan';
-
-export function formatVxlanSettings(v: VxlanSettings): string {
-  return `port=${v.port},vni=${v.vni}`;
-}
-
-/** The annotation's value parsed; undefined for anything else than `port=P,vni=V` (1-65535, 1-16777215: the config's ranges). */
-export function parseVxlanSettings(text: string | undefined): VxlanSettings | undefined {
-  const m = /^port=(\d{1,5}),vni=(\d{1,8})$/.exec(text ?? '');
-  if (!m) return undefined;
-  const port = Number(m[1]);
-  const vni = Number(m[2]);
-  return port >= 1 && port <= 65535 && vni >= 1 && vni <= 0xffffff ? { port, vni } : undefined;
 }
 
 /** One address of this node, on the link with `ifindex` (the pod bridge's and loopback's left out by the caller). */
@@ -138,21 +118,6 @@ export interface RoutePlan {
 
 /** Encapsulation overhead of VXLAN (outer Ethernet excluded): IP + UDP + VXLAN + inner Ethernet. */
 export const VXLAN_OVERHEAD: Record<Family, number> = { 4: 50, 6: 70 };
-
-/**
- * The VTEP MAC of a node, derived from its InternalIP so every node computes every other's: locally
- * administered unicast `0e:6b` + the four octets of an IPv4 address (unique per address), or `0e` +
- * the first five bytes of SHA-256 of an IPv6 address's canonical text (a collision is detected by
- * the plan: the later Node by name gets no tunnel route and a reason).
- */
-export function vtepMac(ip: string): string {
-  const family = familyOf(ip);
-  let bytes: number[];
-  if (family === 4) bytes = [0x0e, 0x6b, ...ip.split('.').map(Number)];
-  else if (family === 6) bytes = [0x0e, ...createHash('sha256').update(canonicalIp(ip)).digest().subarray(0, 5)];
-  else throw new TypeError(`vtepMac: not an IP address: ${JSON.stringify(ip)}`);
-  return bytes.map((b) => b.toString(16).padStart(2, '0')).join(':');
-}
 
 /** This node's VXLAN endpoint of a family: its InternalIP (the outer source), the link holding it, its MAC; or why there is none. */
 export function tunnelEndpoint(
@@ -269,6 +234,8 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
   const fdb: WantedFdb[] = [];
   const problems = new Map<string, string>();
   const mismatched = new Map<string, string>();
+  /** FDB entries planned, by family and MAC: a lookup, not a scan (quadratic at 1 000 peers). */
+  const fdbMacs = new Set<string>();
   /** Per family: VTEP MAC -> the node that has it (this node's device first). */
   const macs: Record<Family, Map<string, string>> = { 4: new Map(), 6: new Map() };
   for (const f of [4, 6] as const) {
@@ -306,7 +273,7 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
           why.push(`${notConnected} and no tunnel for pod CIDR ${dst}: ${opts.tunnelProblems?.[family] ?? `no IPv${family} VXLAN device`}`);
           continue;
         }
-        const mac = vtepMac(gateway);
+        const mac = peerMac(gateway);
         const holder = macs[family].get(mac);
         if (holder !== undefined && holder !== n.name) {
           why.push(
@@ -316,7 +283,8 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
         }
         macs[family].set(mac, n.name);
         claimed.set(dst, n.name);
-        const inner = parseCidr(dst).network;
+        // Canonical (host bits cleared, nodeRouteSource): the address part is the network address.
+        const inner = dst.slice(0, dst.indexOf('/'));
         routes.push({
           node: n.name,
           family,
@@ -329,8 +297,10 @@ export function planRoutes(self: string, nodes: Iterable<NodeRouteSource>, local
           onlink: true,
         });
         neighbours.push({ family, node: n.name, ip: inner, mac });
-        if (!fdb.some((e) => e.family === family && e.mac === mac))
+        if (!fdbMacs.has(`${family} ${mac}`)) {
+          fdbMacs.add(`${family} ${mac}`);
           fdb.push({ family, node: n.name, mac, dst: gateway, ...otherVxlan(n, opts, mismatched) });
+        }
         continue;
       }
       claimed.set(dst, n.name);
