@@ -20,7 +20,7 @@
 #   /usr/lib/cni                 the reference plugins the agent runs (manifest: pluginBinDirs), the
 #                                pinned release of hack/build-upstream.sh: loopback, bridge,
 #                                host-local, portmap, dhcp
-#   ip, tc (iproute2), iptables/ip6tables/ebtables in both backends (xtables-nft-multi,
+#   ip, tc, bridge (iproute2; bridge lists the VXLAN FDB of routes: auto), iptables/ip6tables/ebtables in both backends (xtables-nft-multi,
 #   xtables-legacy-multi and their extensions, ebtables-legacy: the agent points the links at the
 #   one the node uses, src/daemon/host/xtables.ts), flock and find (the host-local lock), modprobe
 #   (kmod), libnl-3 and libnl-route-3,
@@ -166,7 +166,7 @@ libpath() {
   die "$1 is not in the Debian tree"
 }
 # Executables, by the path Debian installs them at.
-bins=(bin/ip sbin/tc usr/sbin/xtables-nft-multi usr/sbin/xtables-legacy-multi usr/sbin/ebtables-legacy usr/bin/flock usr/bin/find bin/kmod)
+bins=(bin/ip sbin/tc sbin/bridge usr/sbin/xtables-nft-multi usr/sbin/xtables-legacy-multi usr/sbin/ebtables-legacy usr/bin/flock usr/bin/find bin/kmod)
 for f in "${bins[@]}"; do [ -f "$deb/$f" ] && [ ! -L "$deb/$f" ] || die "$f is not a regular file in the Debian tree"; done
 copy "${bins[@]}" etc/protocols etc/services etc/iproute2 "usr/lib/$multi/xtables"
 # nft until the agent has looked at the node (src/daemon/host/xtables.ts, env KUBENET_XTABLES_LINKS).
