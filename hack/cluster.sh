@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A local, real Kubernetes cluster on this machine, offline, with nothing of the host touched:
 #
-#   sudo bash hack/cluster.sh up [--nodes N] [--dual-stack]
-#                                              brings it up (N nodes, default 1; IPv4, or IPv4 + IPv6);
+#   sudo bash hack/cluster.sh up [--nodes N] [--dual-stack] [--subnets S]
+#                                              brings it up (N nodes, default 1; IPv4, or IPv4 + IPv6;
+#                                              the nodes in S subnets joined by a router, default 1);
 #                                              prints the kubeconfig
 #   sudo bash hack/cluster.sh down             removes everything `up` made
 #   sudo bash hack/cluster.sh kubectl ARGS...  kubectl against it
@@ -35,6 +36,10 @@
 # reached from the host through 127.0.0.1:$KCL_API_PORT (default 16443), relayed into node 1.
 # Everything else is under $KCL_DIR (default /tmp/kubenet-cluster): PKI, kubeconfigs, logs, etcd.
 # KCL_EXTRA_IMAGES="A.oci.tar B.oci.tar" imports more images into every node's containerd;
+# --subnets S puts the nodes in S subnets, in order (3 nodes, 2 subnets: n1 and n2 in the first, n3
+# in the second): subnet s is 198.18.(252+s).0/24 (fd00:4b:(252+s)::/64) on a bridge of its own in
+# kcl-lan, which forwards between them as a router with no route to any pod (a node's pods reach
+# another subnet's only as a network plugin carries them: kubenet-ts's routes: auto, through VXLAN).
 # KCL_CLUSTER_CIDR replaces the IPv4 cluster CIDR 10.244.0.0/16 (bench/routes: room for 1 000 Nodes). A failed
 # `up` removes what it made; a second `up` while a cluster is up is refused.
 # Host changes that remain: empty mount-point directories a tmpfs needed.
@@ -53,6 +58,14 @@ SERVICE_CIDR6=fd00:10:96::/112
 B="$ROOT/native/build/upstream"
 ADDON_IMPORTS=()
 DUAL=0
+SUBNETS=1
+NODES=1
+# subnet_of I: node I's subnet (0: the first, node 1's); node_ip4 / node_ip6 I, gw4 / gw6 I: its addresses and gateway.
+subnet_of() { echo $((($1 - 1) * SUBNETS / NODES)); }
+node_ip4() { echo "198.18.$((252 + $(subnet_of "$1"))).$((10 + $1))"; }
+node_ip6() { echo "fd00:4b:$((252 + $(subnet_of "$1")))::$((10 + $1))"; }
+gw4() { echo "198.18.$((252 + $(subnet_of "$1"))).1"; }
+gw6() { echo "fd00:4b:$((252 + $(subnet_of "$1")))::1"; }
 TMPFS_DIRS=(/var/lib/kubelet /var/lib/containerd /run/containerd /etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubenet /run/kubenet /run/netns /var/log/pods /var/log/containers)
 SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
 CGROUPS=(cpu cpuacct cpuset memory devices freezer blkio pids systemd unified)
@@ -135,19 +148,21 @@ EOF
 
 # node_sandbox I: node I's netns on the LAN, its mount namespace, cgroups and credentials.
 node_sandbox() {
-  local i="$1" ip="$LAN.$((10 + $1))" nd="$DIR/n$1"
+  local i="$1" ip nd="$DIR/n$1" br=kcl-br
+  ip="$(node_ip4 "$i")"
+  [ "$(subnet_of "$i")" -eq 0 ] || br="kcl-br$(subnet_of "$i")"
   mkdir -p "$nd"
   ip netns add "kcl-n$i"
   ip -n "kcl-n$i" link set lo up
   ip -n "kcl-n$i" link add "kcl${i}u" type veth peer name "kcl${i}l" netns kcl-lan
   ip -n "kcl-n$i" addr add "$ip/24" dev "kcl${i}u"
   ip -n "kcl-n$i" link set "kcl${i}u" up
-  ip -n "kcl-n$i" route add default via "$LAN.1"
+  ip -n "kcl-n$i" route add default via "$(gw4 "$i")"
   if [ "$DUAL" = 1 ]; then
-    ip -n "kcl-n$i" addr add "$LAN6:$((10 + i))/64" dev "kcl${i}u" nodad
-    ip -n "kcl-n$i" route add default via "$LAN6:1"
+    ip -n "kcl-n$i" addr add "$(node_ip6 "$i")/64" dev "kcl${i}u" nodad
+    ip -n "kcl-n$i" route add default via "$(gw6 "$i")"
   fi
-  ip -n kcl-lan link set "kcl${i}l" master kcl-br up
+  ip -n kcl-lan link set "kcl${i}l" master "$br" up
   for f in "${SYSCTLS[@]}"; do cat "/proc/sys/$f" >"$nd/sysctl-${f//\//_}"; done
   echo "nameserver 127.0.0.1" >"$nd/resolv.conf"
   for d in "${TMPFS_DIRS[@]}"; do mkdir -p "$d"; done
@@ -181,13 +196,14 @@ EOF
     fi
   done
   cert "node-$i" "/O=system:nodes/CN=system:node:kcl-n$i" 'extendedKeyUsage=clientAuth'
-  cert "kubelet-$i" "/CN=kcl-n$i" "subjectAltName=IP:$ip,$([ "$DUAL" = 1 ] && echo "IP:$LAN6:$((10 + i)),")DNS:kcl-n$i\nextendedKeyUsage=serverAuth"
+  cert "kubelet-$i" "/CN=kcl-n$i" "subjectAltName=IP:$ip,$([ "$DUAL" = 1 ] && echo "IP:$(node_ip6 "$i"),")DNS:kcl-n$i\nextendedKeyUsage=serverAuth"
   kubeconfig "node-$i" "https://$LAN.11:6443"
 }
 
 # node_services I: containerd (images imported), kubelet and kube-proxy of node I.
 node_services() {
-  local i="$1" ip="$LAN.$((10 + $1))" nd="$DIR/n$1"
+  local i="$1" ip nd="$DIR/n$1"
+  ip="$(node_ip4 "$i")"
   cat >"$nd/containerd.toml" <<EOF
 version = 3
 root = "/var/lib/containerd"
@@ -247,7 +263,7 @@ rotateCertificates: false
 serializeImagePulls: false
 EOF
   local node_ip="$ip"
-  [ "$DUAL" = 1 ] && node_ip="$ip,$LAN6:$((10 + i))"
+  [ "$DUAL" = 1 ] && node_ip="$ip,$(node_ip6 "$i")"
   start "$i" kubelet "$B/kubernetes/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$DIR/node-$i.kubeconfig" --hostname-override "kcl-n$i" --node-ip "$node_ip" --root-dir /var/lib/kubelet
   cat >"$nd/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -281,10 +297,13 @@ up() {
     case "$1" in
       --nodes) nodes="${2:?--nodes N}"; shift 2 ;;
       --dual-stack) DUAL=1; shift ;;
-      *) die "unknown argument $1 (up [--nodes N] [--dual-stack])" ;;
+      --subnets) SUBNETS="${2:?--subnets S}"; shift 2 ;;
+      *) die "unknown argument $1 (up [--nodes N] [--dual-stack] [--subnets S])" ;;
     esac
   done
   [[ "$nodes" =~ ^[1-9]$ ]] || die "--nodes: 1..9"
+  [[ "$SUBNETS" =~ ^[1-9]$ ]] && [ "$SUBNETS" -le "$nodes" ] || die "--subnets: 1..$nodes (at most one per node)"
+  NODES="$nodes"
   [ ! -e "$DIR" ] || die "$DIR exists: a cluster is up (or was not taken down): hack/cluster.sh down"
   ! ip netns list | grep -q '^kcl-' || die "network namespaces kcl-* exist: another cluster is up (its KCL_DIR's down removes it)"
   local t0=$SECONDS
@@ -295,6 +314,7 @@ up() {
   mkdir -p "$DIR"
   echo "$nodes" >"$DIR/nodes"
   echo "$DUAL" >"$DIR/dual-stack"
+  echo "$SUBNETS" >"$DIR/subnets"
   # A failed `up` takes down what it made.
   trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed: removing what it made (its logs go too; KCL_KEEP=1 keeps $DIR)"; [ -n "${KCL_KEEP:-}" ] || down; fi' EXIT
   read -r -a KCL_IMAGES <<<"${KCL_EXTRA_IMAGES:-}"
@@ -306,13 +326,23 @@ up() {
   cert kube-proxy /CN=system:kube-proxy 'extendedKeyUsage=clientAuth'
   cert apiserver-kubelet-client "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client" 'extendedKeyUsage=clientAuth'
   for c in admin kube-controller-manager kube-scheduler kube-proxy; do kubeconfig "$c" "https://$LAN.11:6443"; done
-  # The LAN: a bridge in its own netns, with the nodes' gateway address.
+  # The LAN: a bridge in its own netns, with the nodes' gateway address; one per subnet, routed
+  # between (forwarding on; no route to any pod CIDR).
   ip netns add kcl-lan
   ip -n kcl-lan link set lo up
-  ip -n kcl-lan link add kcl-br type bridge
-  ip -n kcl-lan addr add "$LAN.1/24" dev kcl-br
-  [ "$DUAL" = 1 ] && ip -n kcl-lan addr add "$LAN6:1/64" dev kcl-br nodad
-  ip -n kcl-lan link set kcl-br up
+  local s br
+  for ((s = 0; s < SUBNETS; s++)); do
+    br=kcl-br
+    [ "$s" -eq 0 ] || br="kcl-br$s"
+    ip -n kcl-lan link add "$br" type bridge
+    ip -n kcl-lan addr add "198.18.$((252 + s)).1/24" dev "$br"
+    [ "$DUAL" = 1 ] && ip -n kcl-lan addr add "fd00:4b:$((252 + s))::1/64" dev "$br" nodad
+    ip -n kcl-lan link set "$br" up
+  done
+  if [ "$SUBNETS" -gt 1 ]; then
+    ip netns exec kcl-lan sysctl -q -w net.ipv4.ip_forward=1
+    [ "$DUAL" = 1 ] && ip netns exec kcl-lan sysctl -q -w net.ipv6.conf.all.forwarding=1
+  fi
   for ((i = 1; i <= nodes; i++)); do
     node_sandbox "$i"
     [ "$i" -eq 1 ] && control_plane_up
@@ -414,5 +444,5 @@ case "${1:-}" in
   restart) shift; restart "$@" ;;
   stop) shift; stop_part "$@" ;;
   start) shift; resume "$@" ;;
-  *) die "usage: hack/cluster.sh up [--nodes N] | down | kubectl ARGS... | restart|stop|start PART [NODE]" ;;
+  *) die "usage: hack/cluster.sh up [--nodes N] [--dual-stack] [--subnets S] | down | kubectl ARGS... | restart|stop|start PART [NODE]" ;;
 esac

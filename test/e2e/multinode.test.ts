@@ -1,5 +1,5 @@
 /**
- * Pods on several nodes without a cloud (`routes: direct`, src/daemon/cluster/routes.ts), on a real cluster:
+ * Pods on several nodes without a cloud (`routes: auto`, the manifest's, src/daemon/cluster/routes.ts), on a real cluster:
  * hack/cluster.sh up --nodes 3 --dual-stack (each node its own netns with its own uplink on a shared
  * LAN, its own kubelet, containerd and kube-proxy; one API server; pod CIDRs of both families
  * allocated by the controller-manager), `helm install kubenet manifests/chart` with its defaults (the
@@ -8,8 +8,8 @@
  * pod reaches every pod on the other nodes in both families and sees the peer's own address (no
  * masquerading inside the cluster CIDR); iperf3 across nodes runs at line rate (the cluster's pod
  * CIDRs and Service ranges are unshaped by default with routes direct), and each pod's limits hold with a LAN host; a Node
- * added or deleted is routed or unrouted on the others within 1 s; a Node off the LAN gets a Warning
- * Event instead of a route; killing one node's agent neither disturbs the other two nodes' pods nor
+ * added or deleted is routed or unrouted on the others within 1 s; a Node off the LAN is reached
+ * through VXLAN, one no way can reach gets a Warning Event instead of a route; killing one node's agent neither disturbs the other two nodes' pods nor
  * flaps its own routes, and routes of a Node deleted while that agent was down go when it restarts.
  * The cluster's DNS (CoreDNS as kube-dns, hack/cluster/coredns.yaml): a pod on one node resolves a
  * Service name to its ClusterIP and reaches the pod behind it on another node; kube-proxy's
@@ -680,7 +680,7 @@ const fakeNode = (name: string, cidrs: string[], ip: string) => ({
 });
 
 serialTest(
-  'a Node added or deleted is routed or unrouted on every other node within 1 s; a Node off the LAN gets a Warning Event instead of a route',
+  'a Node added or deleted is routed or unrouted on every other node within 1 s; a Node off the LAN is tunnelled (route, neighbour, FDB entry) and untunnelled within 1 s; a Node no way reaches gets a Warning Event instead of a route',
   async (t) => {
     const dst = '10.244.200.0/24';
     const t0 = Date.now();
@@ -694,7 +694,35 @@ serialTest(
     );
     for (const ms of [...added, ...removed]) t.true(ms <= 1000, `within 1 s: ${ms} ms`);
 
+    // Off the LAN (routes: auto, the manifest's): reached through VXLAN, a route, neighbour and FDB entry on every node.
+    const t2 = Date.now();
     await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(fakeNode('kcl-far', ['10.244.201.0/24'], '203.0.113.9')) });
+    const tunnelled = await Promise.all(
+      NODES.map((i) => msUntilRoutes(i, (r) => r.includes('10.244.201.0/24 via 10.244.201.0 dev kubenet-vx4'), t2)),
+    );
+    t.log(`a Node off the LAN tunnelled on n1..n3 after ${tunnelled.join(' / ')} ms`);
+    for (const ms of tunnelled) t.true(ms <= 1000, `within 1 s: ${ms} ms`);
+    for (const i of NODES) {
+      const fdb = (await execa('bridge', ['-n', node(i), 'fdb', 'show', 'dev', 'kubenet-vx4'])).stdout;
+      t.regex(fdb, /^0e:6b:cb:00:71:09 dst 203\.0\.113\.9 self permanent$/m, `${node(i)}'s FDB entry`);
+      const neigh = (await execa('ip', ['-n', node(i), 'neigh', 'show', 'dev', 'kubenet-vx4'])).stdout;
+      t.regex(neigh, /^10\.244\.201\.0 lladdr 0e:6b:cb:00:71:09 PERMANENT proto 98$/m, `${node(i)}'s neighbour`);
+    }
+    await c.kubectl(['delete', 'node', 'kcl-far']);
+    const untunnelled = await Promise.all(
+      NODES.map(async (i) => {
+        const ms = await msUntilRoutes(i, (r) => !r.some((x) => x.startsWith('10.244.201.')), Date.now());
+        const left = (await execa('bridge', ['-n', node(i), 'fdb', 'show', 'dev', 'kubenet-vx4'])).stdout;
+        return { ms, left: left.includes('203.0.113.9') };
+      }),
+    );
+    for (const u of untunnelled) {
+      t.true(u.ms <= 1000, `untunnelled within 1 s: ${u.ms} ms`);
+      t.false(u.left, 'its FDB entry goes with its route');
+    }
+
+    // A Node no way can reach (its pod CIDR IPv4, its only InternalIP IPv6): a Warning Event instead of a route.
+    await c.kubectl(['create', '-f', '-'], { input: JSON.stringify(fakeNode('kcl-far', ['10.244.203.0/24'], 'fd00:4b:999::9')) });
     let events: Array<{ source: { host: string }; message: string; type: string }> = [];
     for (const end = Date.now() + 10_000; Date.now() < end && events.length < 3; await new Promise((r) => setTimeout(r, 200))) {
       events = (
@@ -711,12 +739,12 @@ serialTest(
     t.deepEqual(events.map((e) => e.source.host).sort(), NODES.map(node), 'one Warning Event from every node');
     for (const e of events) {
       t.is(e.type, 'Warning');
-      t.regex(e.message, /InternalIP 203\.0\.113\.9 is not on a subnet directly connected to this node \(198\.18\.252\.0\/24\)/);
+      t.regex(e.message, /no InternalIP of IPv4 for pod CIDR 10\.244\.203\.0\/24/);
     }
     t.log(`Event: ${events[0]?.message ?? '(none)'}`);
     for (const i of NODES)
       t.false(
-        (await ourRoutes(i)).some((r) => r.startsWith('10.244.201.')),
+        (await ourRoutes(i)).some((r) => r.startsWith('10.244.203.')),
         `no route on ${node(i)}`,
       );
     await c.kubectl(['delete', 'node', 'kcl-far']);
