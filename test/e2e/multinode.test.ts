@@ -704,9 +704,9 @@ serialTest(
     for (const ms of tunnelled) t.true(ms <= 1000, `within 1 s: ${ms} ms`);
     for (const i of NODES) {
       const fdb = (await execa('bridge', ['-n', node(i), 'fdb', 'show', 'dev', 'kubenet-vx4'])).stdout;
-      t.regex(fdb, /^0e:6b:cb:00:71:09 dst 203\.0\.113\.9 self permanent$/m, `${node(i)}'s FDB entry`);
+      t.regex(fdb, /^0e:6b:cb:00:71:09 dst 203\.0\.113\.9 self permanent\s*$/m, `${node(i)}'s FDB entry`);
       const neigh = (await execa('ip', ['-n', node(i), 'neigh', 'show', 'dev', 'kubenet-vx4'])).stdout;
-      t.regex(neigh, /^10\.244\.201\.0 lladdr 0e:6b:cb:00:71:09 PERMANENT proto 98$/m, `${node(i)}'s neighbour`);
+      t.regex(neigh, /^10\.244\.201\.0 lladdr 0e:6b:cb:00:71:09 PERMANENT proto 98\s*$/m, `${node(i)}'s neighbour`);
     }
     await c.kubectl(['delete', 'node', 'kcl-far']);
     const untunnelled = await Promise.all(
@@ -867,6 +867,8 @@ const FAULTS = [
 serialTest(
   "control-plane faults (kube-apiserver stopped 20 s, etcd stopped 20 s, kube-controller-manager restarted): pods on different nodes lose no ping and no route flaps; once the API server accepts writes, a new Node is routed and an annotation change is in the kernel on every node within 10 s (the 3 s p99 goal: bench/api-outage.ts; after etcd: as soon as the API server's watch cache has resumed), a new pod runs with its limits; nothing left after",
   async (t) => {
+    // Three faults of ~40 s each: longer than ava's 120 s without a test result (a local run of this file alone timed out).
+    t.timeout(360_000);
     // The traffic lock one fault at a time: held through all three (~150 s) it would starve the suites waiting on it.
     const ips = new Map(
       (await c.json<PodList>(['get', 'pods'])).items

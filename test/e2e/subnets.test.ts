@@ -100,7 +100,11 @@ serialTest(
     t.log(`routes of n1: ${(await ourRoutes(1)).join('; ')}`);
     t.log(`routes of n3: ${(await ourRoutes(3)).join('; ')}`);
     // n3's FDB: n1 and n2 by their InternalIPs, nothing else (no learning, no flooding entry).
-    const fdb = (await execa('bridge', ['-n', node(3), 'fdb', 'show', 'dev', 'kubenet-vx4'])).stdout.trim().split('\n').sort();
+    const fdb = (await execa('bridge', ['-n', node(3), 'fdb', 'show', 'dev', 'kubenet-vx4'])).stdout
+      .trim()
+      .split('\n')
+      .map((l) => l.trimEnd())
+      .sort();
     t.deepEqual(
       fdb,
       [1, 2].map((j) => `0e:6b:c6:12:fc:${(10 + j).toString(16).padStart(2, '0')} dst ${ip4(j)} self permanent`),
