@@ -231,12 +231,20 @@ async function daemon(config: AgentConfig): Promise<number> {
     process.once('SIGINT', () => resolve('SIGINT'));
   });
   apiEndpoints?.start();
-  await agent.start();
+  // A start that hangs (it should not) must not keep a signalled agent alive until the kubelet's SIGKILL.
+  const startHung = signalled.then(() => new Promise<'hung'>((r) => setTimeout(() => r('hung'), START_GRACE_MS).unref()));
+  if ((await Promise.race([agent.start(), startHung])) === 'hung') {
+    log.error(`stopping: the start had not finished ${START_GRACE_MS} ms after the signal; exiting without an orderly stop`);
+    return 1;
+  }
   log.info({ signal: await signalled }, 'stopping: finishing CNI calls in flight');
   await agent.stop();
   await apiEndpoints?.stop();
   return 0;
 }
+
+/** How long a signal received during the start waits for it to finish (the DaemonSet's grace is 30 s). */
+const START_GRACE_MS = 20_000;
 
 function positiveNumber(v: unknown, flag: string): number | undefined {
   if (v === undefined) return undefined;
