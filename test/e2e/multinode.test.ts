@@ -21,7 +21,7 @@
  */
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa } from 'execa';
-import { readFileSync, statSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { withTrafficLock } from '../kit/traffic-lock.js';
 import { iperf, retryLog } from '../kit/topo.js';
 import { msUntil } from '../kit/until.js';
@@ -30,7 +30,21 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { dashboardQueries, type Dashboard } from '../kit/dashboard.js';
 import { clusterTop, kubectlKubenet, pluginPathDir, type TopJson } from '../kit/kubectl-kubenet.js';
-import { CHART, clusterBlocker, LAN_HOST, lanRoutes, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../kit/kcl.js';
+import {
+  CHART,
+  clusterBlocker,
+  kclAgentPid as agentPid,
+  kclRoutes as ourRoutes,
+  LAN_HOST,
+  lanRoutes,
+  LocalCluster,
+  MANIFEST,
+  pausePidOf,
+  pausePod,
+  type PodList,
+  WHOAMI_SERVER,
+  whoami,
+} from '../kit/kcl.js';
 import { checkPingLoss, logRate, logUnshaped, pingThroughout } from '../kit/measure.js';
 import { tcOnShards } from '../kit/shards.js';
 
@@ -59,22 +73,6 @@ interface NodeJson {
   spec: { podCIDRs?: string[] };
   status: { addresses: Array<{ type: string; address: string }> };
 }
-interface Route {
-  dst: string;
-  gateway?: string;
-  dev: string;
-}
-
-/** `ip route show proto 98` of node i, both families, as "dst via gw". */
-async function ourRoutes(i: number): Promise<string[]> {
-  const out: string[] = [];
-  for (const f of ['-4', '-6']) {
-    const { stdout } = await execa('ip', ['-n', node(i), f, '-j', 'route', 'show', 'proto', '98']);
-    for (const r of JSON.parse(stdout || '[]') as Route[]) out.push(`${r.dst} via ${r.gateway ?? '-'} dev ${r.dev}`);
-  }
-  return out.sort();
-}
-
 /** Polls node i's routes every 20 ms until `ok`; returns the ms it took since t0 (Infinity after `limitMs`): a time measured, not a wait that fails. */
 function msUntilRoutes(i: number, ok: (routes: string[]) => boolean, t0: number, limitMs = 5000): Promise<number> {
   return msUntil(async () => ok(await ourRoutes(i)), t0, limitMs);
@@ -91,16 +89,6 @@ async function agentPod(i: number): Promise<{ name: string; restarts: number }> 
   }>(['-n', 'kube-system', 'get', 'pods', '-l', 'app.kubernetes.io/name=kubenet']);
   const p = pods.items.find((x) => x.spec.nodeName === node(i));
   return { name: p?.metadata.name ?? '', restarts: p?.status.containerStatuses?.[0]?.restartCount ?? -1 };
-}
-
-/** The pid of the agent process on node i (kubenet daemon in its network namespace). */
-async function agentPid(i: number): Promise<string> {
-  const net = `net:[${statSync(`/var/run/netns/${node(i)}`).ino}]`;
-  const { stdout } = await execa('pgrep', ['-f', '/usr/local/bin/kubenet daemon'], { reject: false });
-  for (const pid of stdout.split('\n').filter(Boolean)) {
-    if ((await execa('readlink', [`/proc/${pid}/ns/net`], { reject: false })).stdout === net) return pid;
-  }
-  throw new Error(`no agent process on ${node(i)}`);
 }
 
 test.before(async (t) => {
@@ -157,16 +145,6 @@ serialTest("every node routes the other nodes' pod CIDRs (both families) via the
   const text = (await c.kubectl(['-n', 'kube-system', 'exec', (await agentPod(1)).name, '--', 'kubenet', 'status'])).stdout;
   t.regex(text, /routes: +4 to other nodes' pods \(proto 98\)/);
 });
-
-/** A UDP "who am I" server on port 7777, both families, for 120 s: it answers with the sender's address. */
-const WHOAMI_SERVER = `for(const type of ['udp4','udp6']){const s=require('dgram').createSocket(type==='udp6'?{type,ipv6Only:true}:{type});s.on('message',(m,r)=>s.send(r.address,r.port,r.address));s.bind(7777)}setTimeout(()=>process.exit(0),120000)`;
-
-/** Asks a UDP "who am I" server (in the pod with `toIp`) from the pod with netns pid `fromPid`; the answer is the source address it saw. */
-async function whoami(fromPid: string, toIp: string, port = 7777): Promise<string> {
-  const script = `const s=require('dgram').createSocket(${JSON.stringify(toIp.includes(':') ? 'udp6' : 'udp4')});s.on('message',(m)=>{console.log(String(m));process.exit(0)});const send=()=>s.send('?',${port},${JSON.stringify(toIp)});send();setInterval(send,200);setTimeout(()=>process.exit(1),3000)`;
-  const r = await execa('nsenter', ['-t', fromPid, '-n', process.execPath, '-e', script], { reject: false });
-  return r.exitCode === 0 ? r.stdout.trim() : `no answer (${r.exitCode})`;
-}
 
 serialTest(
   'full mesh across nodes, both families: every pod pings every pod on the other nodes and sees its own address as the source',

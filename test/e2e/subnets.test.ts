@@ -12,10 +12,20 @@
  */
 import anyTest, { type TestFn } from 'ava';
 import { execa } from 'execa';
-import { statSync } from 'node:fs';
 import { withTrafficLock } from '../kit/traffic-lock.js';
 import { iperf, retryLog } from '../kit/topo.js';
-import { clusterBlocker, LocalCluster, MANIFEST, pausePidOf, pausePod, type PodList } from '../kit/kcl.js';
+import {
+  clusterBlocker,
+  kclAgentPid as agentPid,
+  kclRoutes as ourRoutes,
+  LocalCluster,
+  MANIFEST,
+  pausePidOf,
+  pausePod,
+  type PodList,
+  WHOAMI_SERVER,
+  whoami,
+} from '../kit/kcl.js';
 import { checkPingLoss, pingThroughout } from '../kit/measure.js';
 import { msUntil } from '../kit/until.js';
 
@@ -30,31 +40,10 @@ const ip4 = (i: number) => `198.18.${i === 3 ? 253 : 252}.${10 + i}`;
 const c = new LocalCluster();
 let up = false;
 
-/** `ip route show proto 98` of node i, both families, as "dst via gw dev D". */
-async function ourRoutes(i: number): Promise<string[]> {
-  const out: string[] = [];
-  for (const f of ['-4', '-6']) {
-    const { stdout } = await execa('ip', ['-n', node(i), f, '-j', 'route', 'show', 'proto', '98']);
-    for (const r of JSON.parse(stdout || '[]') as Array<{ dst: string; gateway?: string; dev: string }>)
-      out.push(`${r.dst} via ${r.gateway ?? '-'} dev ${r.dev}`);
-  }
-  return out.sort();
-}
-
 /** Every Node's pod CIDRs, by node number. */
 async function podCidrs(): Promise<Map<number, string[]>> {
   const nodes = await c.json<{ items: Array<{ metadata: { name: string }; spec: { podCIDRs?: string[] } }> }>(['get', 'nodes']);
   return new Map(nodes.items.map((n) => [Number(n.metadata.name.replace('kcl-n', '')), n.spec.podCIDRs ?? []]));
-}
-
-/** The agent process of node i (kubenet daemon in its network namespace). */
-async function agentPid(i: number): Promise<string> {
-  const net = `net:[${statSync(`/var/run/netns/${node(i)}`).ino}]`;
-  const { stdout } = await execa('pgrep', ['-f', '/usr/local/bin/kubenet daemon'], { reject: false });
-  for (const pid of stdout.split('\n').filter(Boolean)) {
-    if ((await execa('readlink', [`/proc/${pid}/ns/net`], { reject: false })).stdout === net) return pid;
-  }
-  throw new Error(`no agent process on ${node(i)}`);
 }
 
 test.before(async (t) => {
@@ -121,13 +110,6 @@ serialTest(
   },
 );
 
-/** A UDP "who am I" server on port 7777, both families, for 120 s: it answers with the sender's address. */
-const WHOAMI_SERVER = `for(const type of ['udp4','udp6']){const s=require('dgram').createSocket(type==='udp6'?{type,ipv6Only:true}:{type});s.on('message',(m,r)=>s.send(r.address,r.port,r.address));s.bind(7777)}setTimeout(()=>process.exit(0),120000)`;
-async function whoami(fromPid: string, toIp: string): Promise<string> {
-  const script = `const s=require('dgram').createSocket(${JSON.stringify(toIp.includes(':') ? 'udp6' : 'udp4')});s.on('message',(m)=>{console.log(String(m));process.exit(0)});const send=()=>s.send('?',7777,${JSON.stringify(toIp)});send();setInterval(send,200);setTimeout(()=>process.exit(1),3000)`;
-  const r = await execa('nsenter', ['-t', fromPid, '-n', process.execPath, '-e', script], { reject: false });
-  return r.exitCode === 0 ? r.stdout.trim() : `no answer (${r.exitCode})`;
-}
 /** In a pod's netns: kube-dns (its ClusterIP) resolves the API server's Service name. */
 const RESOLVE = `const r=new (require('dns').promises.Resolver)();r.setServers(['10.96.0.10']);r.resolve4('kubernetes.default.svc.cluster.local').then((a)=>{console.log(a.join(','));process.exit(0)},(e)=>{console.error(String(e));process.exit(1)});setTimeout(()=>process.exit(2),5000)`;
 

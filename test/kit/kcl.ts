@@ -4,7 +4,7 @@
  */
 import { execa } from 'execa';
 import { randomInt } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { kernelTestBlocker, uniq } from './kernel.js';
@@ -209,4 +209,35 @@ export function pausePod(name: string, annotations: Record<string, string> = {},
       terminationGracePeriodSeconds: 1,
     },
   };
+}
+
+/** `ip route show proto 98` of node i's netns (kcl-n<i>), both families, as "dst via gw dev D", sorted. */
+export async function kclRoutes(i: number): Promise<string[]> {
+  const out: string[] = [];
+  for (const f of ['-4', '-6']) {
+    const { stdout } = await execa('ip', ['-n', `kcl-n${i}`, f, '-j', 'route', 'show', 'proto', '98']);
+    for (const r of JSON.parse(stdout || '[]') as Array<{ dst: string; gateway?: string; dev: string }>)
+      out.push(`${r.dst} via ${r.gateway ?? '-'} dev ${r.dev}`);
+  }
+  return out.sort();
+}
+
+/** The pid of the agent process on node i (kubenet daemon in its network namespace). */
+export async function kclAgentPid(i: number): Promise<string> {
+  const net = `net:[${statSync(`/var/run/netns/kcl-n${i}`).ino}]`;
+  const { stdout } = await execa('pgrep', ['-f', '/usr/local/bin/kubenet daemon'], { reject: false });
+  for (const pid of stdout.split('\n').filter(Boolean)) {
+    if ((await execa('readlink', [`/proc/${pid}/ns/net`], { reject: false })).stdout === net) return pid;
+  }
+  throw new Error(`no agent process on kcl-n${i}`);
+}
+
+/** A UDP "who am I" server on port 7777, both families, for 120 s: it answers with the sender's address. */
+export const WHOAMI_SERVER = `for(const type of ['udp4','udp6']){const s=require('dgram').createSocket(type==='udp6'?{type,ipv6Only:true}:{type});s.on('message',(m,r)=>s.send(r.address,r.port,r.address));s.bind(7777)}setTimeout(()=>process.exit(0),120000)`;
+
+/** Asks a UDP "who am I" server (in the pod with `toIp`) from the pod with netns pid `fromPid`; the answer is the source address it saw. */
+export async function whoami(fromPid: string, toIp: string, port = 7777): Promise<string> {
+  const script = `const s=require('dgram').createSocket(${JSON.stringify(toIp.includes(':') ? 'udp6' : 'udp4')});s.on('message',(m)=>{console.log(String(m));process.exit(0)});const send=()=>s.send('?',${port},${JSON.stringify(toIp)});send();setInterval(send,200);setTimeout(()=>process.exit(1),3000)`;
+  const r = await execa('nsenter', ['-t', fromPid, '-n', process.execPath, '-e', script], { reject: false });
+  return r.exitCode === 0 ? r.stdout.trim() : `no answer (${r.exitCode})`;
 }
