@@ -271,19 +271,16 @@ export class VxlanTunnels {
           state.fdb = now.fdb;
           this.tunnelsRead.add(family);
         }
-        const neighbours = diffEntries(
-          state.neighbours,
-          plan.neighbours.filter((n) => n.family === family).map((n) => ({ key: n.ip, value: n.mac })),
-        );
-        const fdb = diffEntries(
-          state.fdb,
-          plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: fdbValue(e) })),
-        );
+        // The plan's entries of this family, as the kernel lists them: diffed now, and held after.
+        const wantNeighbours = plan.neighbours.filter((n) => n.family === family).map((n) => ({ key: n.ip, value: n.mac }));
+        const wantFdb = plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: fdbValue(e) }));
+        const neighbours = diffEntries(state.neighbours, wantNeighbours);
+        const fdb = diffEntries(state.fdb, wantFdb);
         const changes = neighbours.replace.length + neighbours.remove.length + fdb.replace.length + fdb.remove.length;
         if (changes === 0) continue;
         await t.kernel.apply(family, neighbours, fdb);
-        state.neighbours = plan.neighbours.filter((n) => n.family === family).map((n) => ({ key: n.ip, value: n.mac }));
-        state.fdb = plan.fdb.filter((e) => e.family === family).map((e) => ({ key: e.mac, value: fdbValue(e) }));
+        state.neighbours = wantNeighbours;
+        state.fdb = wantFdb;
         this.log.info(
           {
             family,
