@@ -239,7 +239,7 @@ const LONGER: Record<string, { max: number; why: string }> = {
   },
   'src/daemon/shaping/live-shaping.ts': {
     max: 440,
-    why: "LiveShaping owns the per-pod mutex every re-shape takes and its refused re-shapes' retries (retries.ts keeps the timers); the pod watch, the namespace watch and `kubenet shape` all go through its one resolve-and-apply path, and its module doc is the one description of when a running pod's limits change (the pure policy is src/bandwidth's)",
+    why: "LiveShaping owns the per-pod mutex every re-shape takes and its refused re-shapes' retries (retries.ts keeps the timers); the pod watch, the namespace watch and `kubenet shape` all go through its one resolve-and-apply path, and its module doc is the one description of when a running pod's limits change (what they should be is cluster/wanted.ts's pure function, over src/bandwidth's rules)",
   },
   'src/pod/network.ts': {
     max: 420,

@@ -7,16 +7,7 @@ import { existsSync } from 'node:fs';
 import { convertResult } from '../../cni/result.js';
 import { CniPluginError, ConfigError, ConflictError, FsError, NotReadyError, UnknownPodError } from '../../errors.js';
 import type { Logger } from '../../log.js';
-import {
-  applyNamespacePolicy,
-  bandwidthFromAnnotations,
-  DhcpLeaseError,
-  NetnsError,
-  podNetnsId,
-  type PodNetwork,
-  type PodRecord,
-  type ResolvedLimits,
-} from '../../pod/index.js';
+import { DhcpLeaseError, NetnsError, podNetnsId, type PodNetwork, type PodRecord, type ResolvedLimits } from '../../pod/index.js';
 import { CniRequestError, parseCniCall, parseIpamCall, type CniCall } from './request.js';
 import {
   CNI_ERR_ATTACHMENT_CONFLICT,
@@ -33,7 +24,8 @@ import {
 } from '../protocol.js';
 import type { NamespaceLookup } from '../cluster/namespace-lookup.js';
 import type { PodLookup } from '../cluster/pod-lookup.js';
-import { applyAsk, type AskNote, type PodAsk } from '../cluster/pod-guarantees.js';
+import type { AskNote, PodAsk } from '../cluster/pod-guarantees.js';
+import { wantedShaping, type Wanted } from '../cluster/wanted.js';
 import type { NodeCapacity } from '../../bandwidth/capacity.js';
 
 export interface CniAnswer {
@@ -110,27 +102,25 @@ export class CniHandler {
         return '';
       }
       case 'ADD': {
-        // runtimeConfig carries the annotations' rates already; else (cluster mode) the pod's annotations.
-        let limits = call.limits;
+        // runtimeConfig carries the annotations' rates already; else (cluster mode) the pod's annotations,
+        // then its namespace's policy, its guarantees and band (cluster/wanted.ts: as every re-shape does).
         const { annotations, ask } = await this.podOf(call);
-        if (!limits && call.name) {
-          try {
-            limits = bandwidthFromAnnotations(annotations);
-          } catch (err) {
-            this.observer?.refused({ namespace: call.namespace, name: call.name }, err);
-            throw err;
-          }
+        const policy = this.namespaces && call.namespace ? await this.namespaces.annotations(call.namespace) : undefined;
+        let wanted: Wanted;
+        try {
+          wanted = wantedShaping({
+            own: call.limits ?? (call.name ? undefined : {}),
+            annotations,
+            policy,
+            namespace: call.namespace,
+            ask,
+            node: this.capacity ? { capacity: this.capacity() } : undefined,
+          });
+        } catch (err) {
+          if (call.name) this.observer?.refused({ namespace: call.namespace, name: call.name }, err);
+          throw err;
         }
-        limits ??= {};
-        // Cluster mode: the namespace's defaults and ceilings (a namespace without a policy changes nothing).
-        let resolved: ResolvedLimits | undefined;
-        if (this.namespaces && call.namespace) {
-          resolved = applyNamespacePolicy(limits, await this.namespaces.annotations(call.namespace), call.namespace);
-          limits = resolved.limits;
-        }
-        // Cluster mode: its guarantees and band (a ceiling below a guarantee raised to it).
-        let notes: AskNote[] = [];
-        if (ask && this.capacity) ({ limits, notes } = applyAsk(limits, ask, annotations, this.capacity()));
+        const { limits, resolved, notes } = wanted;
         const { result, record, repeated } = await this.network.attach({
           containerId: call.containerId,
           ifName: call.ifName,
@@ -138,7 +128,7 @@ export class CniHandler {
           name: call.name,
           netns: call.netns,
           limits,
-          ...(resolved?.policy ? { limitSources: resolved.sources } : {}),
+          ...(wanted.sources ? { limitSources: wanted.sources } : {}),
           portMappings: call.portMappings,
         });
         // Events and the late re-shape check after the answer has gone out, not before it.

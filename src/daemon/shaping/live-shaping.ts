@@ -40,6 +40,8 @@
  * `kubenet_pod_reshapes_retrying` the pods waiting for a retry. A namespace's pods are each resolved
  * on their own: one refused re-shape does not stop the others'.
  *
+ * Every resolution is cluster/wanted.ts's `wantedShaping`, the one the ADD path calls too.
+ *
  * With a pod's guarantees and band (cluster mode, pod-guarantees.ts): every resolution applies
  * them too, with their Warnings; a change of what the pod asks of the node (its requests, its QoS
  * class, `kubenet.io/bandwidth-priority`) re-shapes it as an annotation change does. A pod seen for
@@ -59,11 +61,9 @@ import {
   isUnshaped,
   NAMESPACE_POLICY_ANNOTATIONS,
   rawPolicy,
-  resolveLimits,
   sameLimits,
   sameSources,
   withRates,
-  withTotals,
   type BandwidthLimits,
   type LimitSources,
   type PodNetwork,
@@ -78,10 +78,11 @@ import type { PodLookup, PodUpdate } from '../cluster/pod-lookup.js';
 import type { NodeCapacity } from '../../bandwidth/capacity.js';
 import { PRIORITY_ANNOTATION, PRIORITY_BANDS, raisedMessage, withGuarantees } from '../../bandwidth/guarantees.js';
 import { REASON_APPLIED, REASON_CAPPED, REASON_CEILING_RAISED, REASON_REJECTED, type EventRecorder } from '../kube/events.js';
-import { applyAsk, asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from '../cluster/pod-guarantees.js';
+import { asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from '../cluster/pod-guarantees.js';
 import type { NamespaceLookup, NamespaceUpdate } from '../cluster/namespace-lookup.js';
 
 import type { ShapedPod } from './shape-request.js';
+import { wantedShaping, type Wanted } from '../cluster/wanted.js';
 
 export { parseShapeRequest, type ShapedPod, type ShapeRequest } from './shape-request.js';
 
@@ -256,27 +257,27 @@ export class LiveShaping {
     if (records.length === 0) return;
     // Read inside the pod's lock: the policy as it is now, not as it was when the event came.
     const policy = await this.policyOf(pod.namespace);
-    let res: ResolvedLimits;
+    const node = ask && this.capacity ? { capacity: this.capacity() } : undefined;
+    const base = { annotations, policy, namespace: pod.namespace, ask, node, keepRates: why.keepRates === true };
+    const want = (r: PodRecord) => wantedShaping({ ...base, current: { limits: r.limits, sources: r.limitSources } });
+    let wanted: Wanted[];
     try {
-      res = resolveLimits(annotations, policy, pod.namespace);
+      wanted = records.map(want);
     } catch (err) {
-      const keeping = describeLimits(records[0]?.limits ?? {});
-      const message = `${err instanceof Error ? err.message : String(err)}; the pod keeps its limits (${keeping})`;
+      const message = `${err instanceof Error ? err.message : String(err)}; the pod keeps its limits (${describeLimits(records[0]?.limits ?? {})})`;
       this.log.warn({ pod: `${pod.namespace}/${pod.name}`, err }, 'bandwidth annotation refused; keeping the old limits');
       this.events.record(pod, 'Warning', REASON_REJECTED, message);
       return;
     }
+    const res = (wanted[0] as Wanted).resolved;
     if (why.namespaceChanged) this.reportProblems(pod, res);
-    const sources = why.keepRates ? records[0]?.limitSources : res.policy ? res.sources : undefined;
     let changed = false;
-    let notes: AskNote[] = [];
-    for (const r of records) {
-      // New rates from the annotations and policy; the namespace's totals follow it too.
-      let limits = why.keepRates ? r.limits : withTotals(withRates(r.limits, res.limits), res.limits);
-      if (ask && this.capacity) ({ limits, notes } = applyAsk(limits, ask, annotations, this.capacity()));
-      if (sameLimits(r.limits, limits) && sameSources(r.limitSources, sources)) continue;
-      changed = (await this.apply(r, limits, sources, pod, why.via)) || changed;
+    for (const [k, r] of records.entries()) {
+      const w = wanted[k] as Wanted;
+      if (sameLimits(r.limits, w.limits) && sameSources(r.limitSources, w.sources)) continue;
+      changed = (await this.apply(r, w.limits, w.sources, pod, why.via)) || changed;
     }
+    const notes = wanted.at(-1)?.notes ?? [];
     if (changed || why.podChanged) {
       if (!why.keepRates) for (const c of res.capped) this.events.record(pod, 'Warning', REASON_CAPPED, cappedMessage(c, pod.namespace));
       this.note(pod, notes);
