@@ -123,7 +123,7 @@ export class Agent {
     }),
     () => this.routes?.wayCounts(),
     () => this.network.bandwidthShares(),
-    () => ({ failures: this.live.failures, retrying: this.live.retrying }),
+    () => ({ failures: this.live.failures, retrying: this.live.retrying, queued: this.live.queued }),
   );
   /** The pods' counters for /metrics and when they were read: at most once per metricsMaxAge while no pod's record changes, a read in flight shared. */
   private readonly scraped: Coalesced<{ traffic: PodTraffic[]; at: number }>;

@@ -247,7 +247,7 @@ export class AgentMetrics {
     private readonly info?: () => AgentInfo,
     routeWays?: () => { direct: number; tunnel: number } | undefined,
     trees?: () => TreesView,
-    reshapes?: () => { failures: number; retrying: number },
+    reshapes?: () => { failures: number; retrying: number; queued: number },
   ) {
     reshapeSeries(this.registry, reshapes);
     if (trees) {

@@ -4,8 +4,7 @@
  *
  * - cluster mode: the pod watch (pod-lookup.ts). When `kubernetes.io/ingress-bandwidth` or
  *   `egress-bandwidth` is added, changed or removed on a pod this agent set up, its tc follows at
- *   once (the watch event's handler re-shapes; the watch waits for it, so one pod's changes apply in
- *   order). An invalid new value keeps the old limits. Pods the agent did not set up are ignored.
+ *   once. An invalid new value keeps the old limits. Pods the agent did not set up are ignored.
  *   A pod seen for the first time (the first list after a start, or a watch event during its ADD)
  *   is re-shaped only when it carries a bandwidth annotation whose rates differ from what it has,
  *   or its namespace has a bandwidth policy: a pod without either may have its limits from the
@@ -26,11 +25,7 @@
  * Warning `BandwidthCapped` when the pod asks more than its namespace's ceiling and gets the ceiling.
  *
  * A pod of this node whose bandwidth annotation cannot be parsed gets its `BandwidthRejected`
- * Warning from the pod watch, naming the annotation, the value and the accepted form, whether or not
- * the runtime ever calls the plugin: containerd refuses such a sandbox before any CNI call (kubelet
- * shows only `FailedCreatePodSandBox ... quantities must match the regular expression`), so the
- * watch is the one place that sees it. Told once per pod and value (an ADD refused for the same value
- * says nothing more); host-network pods are left alone (no runtime reads their annotations).
+ * Warning from the pod watch even when the runtime never calls the plugin (unparsable.ts).
  *
  * A re-shape the kernel refuses (a watch's, or a retry's) is a Warning `BandwidthRejected` saying
  * what the pod keeps and when it is tried again, and is retried with backoff (1 s doubling to 60 s,
@@ -40,7 +35,10 @@
  * `kubenet_pod_reshapes_retrying` the pods waiting for a retry. A namespace's pods are each resolved
  * on their own: one refused re-shape does not stop the others'.
  *
- * Every resolution is cluster/wanted.ts's `wantedShaping`, the one the ADD path calls too.
+ * The watches and the retries only queue a pod (work-queue.ts: a pod waits once however often it
+ * changed, merged into its newest trigger); one worker resolves the queued pods in order, each under
+ * the pod's lock, through cluster/wanted.ts's `wantedShaping` (the ADD path's too). The watches wait
+ * for the queueing, never for the kernel; `kubenet_pod_reshapes_queued` is the queue's length.
  *
  * With a pod's guarantees and band (cluster mode, pod-guarantees.ts): every resolution applies
  * them too, with their Warnings; a change of what the pod asks of the node (its requests, its QoS
@@ -56,10 +54,7 @@ import {
   cappedMessage,
   describeLimits,
   describeSourcedLimits,
-  EGRESS_ANNOTATION,
-  INGRESS_ANNOTATION,
   isUnshaped,
-  NAMESPACE_POLICY_ANNOTATIONS,
   rawPolicy,
   sameLimits,
   sameSources,
@@ -73,10 +68,21 @@ import {
 import { capToCeilings, cappedAskMessage } from '../../bandwidth/namespace-policy.js';
 import { KeyedMutex } from '../../util/keyed-mutex.js';
 import { KeyedRetries } from './retries.js';
+import { KeyedWorkQueue } from './work-queue.js';
+import {
+  hasBandwidthAnnotation,
+  hasPolicyAnnotation,
+  mergeJobs,
+  rawBandwidth,
+  type Job,
+  type PodRef,
+  type Queued,
+  type Trigger,
+} from './job.js';
 import { UnparsableWarnings } from './unparsable.js';
 import type { PodLookup, PodUpdate } from '../cluster/pod-lookup.js';
 import type { NodeCapacity } from '../../bandwidth/capacity.js';
-import { PRIORITY_ANNOTATION, PRIORITY_BANDS, raisedMessage, withGuarantees } from '../../bandwidth/guarantees.js';
+import { PRIORITY_BANDS, raisedMessage, withGuarantees } from '../../bandwidth/guarantees.js';
 import { REASON_APPLIED, REASON_CAPPED, REASON_CEILING_RAISED, REASON_REJECTED, type EventRecorder } from '../kube/events.js';
 import { asksOfNode, guaranteesOf, sameAsk, type AskNote, type PodAsk } from '../cluster/pod-guarantees.js';
 import type { NamespaceLookup, NamespaceUpdate } from '../cluster/namespace-lookup.js';
@@ -85,33 +91,6 @@ import type { ShapedPod } from './shape-request.js';
 import { wantedShaping, type Wanted } from '../cluster/wanted.js';
 
 export { parseShapeRequest, type ShapedPod, type ShapeRequest } from './shape-request.js';
-
-/** The bandwidth annotations' raw values (the two ceilings, the band; null when absent): what a change is judged on. */
-function rawBandwidth(a: Record<string, string> | undefined): string {
-  return JSON.stringify([a?.[INGRESS_ANNOTATION] ?? null, a?.[EGRESS_ANNOTATION] ?? null, a?.[PRIORITY_ANNOTATION] ?? null]);
-}
-
-function hasBandwidthAnnotation(a: Record<string, string>): boolean {
-  return a[INGRESS_ANNOTATION] !== undefined || a[EGRESS_ANNOTATION] !== undefined;
-}
-
-/** The namespace has policy annotations (valid or not). */
-function hasPolicyAnnotation(a: Record<string, string> | undefined): boolean {
-  return NAMESPACE_POLICY_ANNOTATIONS.some((k) => a?.[k] !== undefined);
-}
-
-type PodRef = { namespace: string; name: string; uid: string | undefined };
-
-/** Why a pod is resolved again: what it is told about besides a change of its limits. */
-interface Trigger {
-  via: string;
-  /** Its own annotations changed: a capped ask is reported even when the limits stay. */
-  podChanged: boolean;
-  /** Its namespace's policy changed: invalid namespace values are reported. */
-  namespaceChanged: boolean;
-  /** Resolve only its guarantees and band; its rates stay (a first sight without a bandwidth annotation or policy). */
-  keepRates?: boolean;
-}
 
 /** The kernel (or the pod's store) refused a re-shape: what the pod asked and what it keeps, in the Warning's words. */
 class ReshapeRefused extends Error {}
@@ -122,6 +101,8 @@ export class LiveShaping {
   /** Refused re-shapes waiting to be tried again, by "namespace/name" (see the module doc). */
   private readonly retries = new KeyedRetries();
   private readonly unparsable: UnparsableWarnings;
+  /** Pods waiting for their resolution; one worker (see the module doc). */
+  private readonly queue: KeyedWorkQueue<Job>;
 
   constructor(
     private readonly network: PodNetwork,
@@ -134,12 +115,18 @@ export class LiveShaping {
   ) {
     this.log = moduleLogger(log, 'live-shaping');
     this.unparsable = new UnparsableWarnings(events, this.log);
+    this.queue = new KeyedWorkQueue<Job>(
+      (key, job) => this.work(key, job),
+      mergeJobs,
+      (key, err) => this.log.error({ err, pod: key }, 'resolving the pod failed'),
+    );
   }
 
   /** Subscribes to the pod and namespace watches (cluster mode); before the lookups start. */
   start(): void {
-    this.pods?.onPodUpdate?.((u) => this.onPodUpdate(u));
-    this.namespaces?.onNamespaceUpdate((u) => this.onNamespaceUpdate(u));
+    // The watches wait for the admission (in order), never for the kernel.
+    this.pods?.onPodUpdate?.(async (u) => void (await this.admitPod(u)));
+    this.namespaces?.onNamespaceUpdate((u) => void this.admitNamespace(u));
   }
 
   /** Re-shapes refused since the start (kubenet_pod_reshape_failures_total). */
@@ -152,17 +139,27 @@ export class LiveShaping {
     return this.retries.size;
   }
 
-  /** Gives up the pending retries; nothing is retried afterwards. */
+  /** Pods waiting for the worker (kubenet_pod_reshapes_queued). */
+  get queued(): number {
+    return this.queue.size;
+  }
+
+  /** Gives up the pending retries and the queued pods; nothing is resolved afterwards. */
   stop(): void {
     this.retries.stop();
+    this.queue.stop();
+  }
+
+  /** Queues the pod's resolution (the worker runs `work`); resolves once it was worked on. */
+  private resolve(pod: PodRef, annotations: Record<string, string>, why: Trigger, ask?: PodAsk): Promise<void> {
+    return this.queue.add(`${pod.namespace}/${pod.name}`, { pod, annotations, why, ...(ask ? { ask } : {}) });
   }
 
   /**
-   * Resolves the pod under its lock (follow), and retries it while the kernel refuses: a resolution
-   * that ends otherwise (applied, nothing to change, refused annotations, pod gone) ends the retries.
+   * The worker's: resolves the pod under its lock (follow), and retries it while the kernel refuses:
+   * a resolution that ends otherwise (applied, nothing to change, refused annotations, pod gone) ends the retries.
    */
-  private async resolve(pod: PodRef, annotations: Record<string, string>, why: Trigger, ask?: PodAsk): Promise<void> {
-    const key = `${pod.namespace}/${pod.name}`;
+  private async work(key: string, { pod, annotations, why, ask }: Job): Promise<void> {
     await this.mutex.run(key, async () => {
       try {
         await this.follow(pod, annotations, why, ask);
@@ -211,8 +208,16 @@ export class LiveShaping {
 
   /** One pod as the watch saw it (see the module doc). */
   async onPodUpdate(u: PodUpdate): Promise<void> {
+    await (await this.admitPod(u))?.done;
+  }
+
+  /** Queues the pod when the update asks for a resolution; `done` once it was worked on. */
+  private async admitPod(u: PodUpdate): Promise<Queued | undefined> {
     if (!u.namespace || !u.name) return;
-    if (this.ready(u.namespace, u.name).length === 0) return this.unparsable.seen(u);
+    if (this.ready(u.namespace, u.name).length === 0) {
+      this.unparsable.seen(u);
+      return;
+    }
     if (u.previous !== undefined && rawBandwidth(u.previous) === rawBandwidth(u.annotations) && sameAsk(u.previousAsk, u.ask)) return;
     let keepRates = false;
     if (u.previous === undefined && !hasBandwidthAnnotation(u.annotations)) {
@@ -223,29 +228,37 @@ export class LiveShaping {
     }
     const pod = { namespace: u.namespace, name: u.name, uid: u.uid };
     const why = { via: 'annotation', podChanged: u.previous !== undefined, namespaceChanged: false, keepRates };
-    await this.resolve(pod, u.annotations, why, u.ask);
+    return { done: this.resolve(pod, u.annotations, why, u.ask) };
   }
 
   /** A namespace's policy annotations as the watch saw them (see the module doc). */
   async onNamespaceUpdate(u: NamespaceUpdate): Promise<void> {
-    if (u.previous !== undefined && rawPolicy(u.previous) === rawPolicy(u.annotations)) return;
+    await this.admitNamespace(u).done;
+  }
+
+  /** Queues the namespace's pods when its policy changed; `done` once all were worked on. */
+  private admitNamespace(u: NamespaceUpdate): Queued {
+    const none = { done: Promise.resolve() };
+    if (u.previous !== undefined && rawPolicy(u.previous) === rawPolicy(u.annotations)) return none;
     const records = this.network.list().filter((r) => r.phase === 'ready' && r.namespace === u.name && r.name);
     // Seen for the first time without a policy: nothing of it is in force here.
     if (records.length === 0 || (u.previous === undefined && !hasPolicyAnnotation(u.annotations) && !records.some((r) => r.limitSources)))
-      return;
+      return none;
     const names = [...new Set(records.map((r) => r.name))];
     this.log.info(
       { namespace: u.name, policy: u.annotations, pods: names.length },
       'namespace bandwidth policy changed; resolving its pods again',
     );
+    const dones: Array<Promise<void>> = [];
     for (const name of names) {
       // The pod watch has not listed it yet: its first sight there resolves it.
       const annotations = this.pods?.cachedAnnotations?.(u.name, name);
       if (!annotations) continue;
       const pod = { namespace: u.name, name, uid: this.uid(u.name, name) };
       const why = { via: 'namespace policy', podChanged: false, namespaceChanged: u.previous !== undefined };
-      await this.resolve(pod, annotations, why, this.pods?.cachedAsk?.(u.name, name));
+      dones.push(this.resolve(pod, annotations, why, this.pods?.cachedAsk?.(u.name, name)));
     }
+    return { done: Promise.all(dones).then(() => undefined) };
   }
 
   /**

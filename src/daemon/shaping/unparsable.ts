@@ -1,7 +1,10 @@
 /**
  * Bandwidth annotations that cannot be parsed, on pods of this node not (yet) set up here: a Warning
- * `BandwidthRejected` once per pod and values (live-shaping.ts's module doc says why the watch is
- * the one place that sees them); an ADD refused for the same values adds none.
+ * `BandwidthRejected` once per pod and values, naming the annotation, the value and the accepted
+ * form; an ADD refused for the same values adds none. The pod watch is the one place that sees them:
+ * containerd refuses such a sandbox before any CNI call (kubelet shows only `FailedCreatePodSandBox
+ * ... quantities must match the regular expression`). Host-network pods are left alone (no runtime
+ * reads their annotations).
  */
 import type { Logger } from '../../log.js';
 import { bandwidthFromAnnotations, EGRESS_ANNOTATION, INGRESS_ANNOTATION } from '../../pod/index.js';

@@ -200,13 +200,18 @@ test('a re-shape the kernel refuses is a Warning saying when it is tried again, 
   t.like(ev.got[2], { type: 'Normal', reason: 'BandwidthApplied', message: 'bandwidth limits applied: egress 30M (were egress 10M)' });
   t.is(live.retrying, 0);
   // Metrics: the refusals and the pods waiting.
-  const m = new AgentMetrics(undefined, undefined, undefined, () => ({ failures: live.failures, retrying: live.retrying }));
+  const m = new AgentMetrics(undefined, undefined, undefined, () => ({
+    failures: live.failures,
+    retrying: live.retrying,
+    queued: live.queued,
+  }));
   const body = (await m.text([], 0, [])).body;
   t.regex(body, /^kubenet_pod_reshape_failures_total 2$/m);
   t.regex(body, /^kubenet_pod_reshapes_retrying 0$/m);
+  t.regex(body, /^kubenet_pod_reshapes_queued 0$/m);
 });
 
-test('a newer change that applies ends the pending retry; a pod gone ends it too; stop() ends them all', async (t) => {
+test('a newer change that applies ends the pending retry; a pod gone ends it too; stop() ends them all and queues nothing more', async (t) => {
   const net = refusingNetwork([record('web', { egress: 10 * M }), record('db', { egress: 10 * M })]);
   const ev = fakeEvents();
   const live = new LiveShaping(net.network, ev.rec, undefined, silent);
@@ -232,12 +237,13 @@ test('a newer change that applies ends the pending retry; a pod gone ends it too
   const tries = net.state.tries;
   await new Promise((r) => setTimeout(r, 1200));
   t.is(net.state.tries, tries, 'no retry after stop()');
-  // A refusal after stop(): counted and told, never waiting for a retry.
-  const failures = live.failures;
+  // After stop() nothing is queued: an update changes nothing, tries nothing, tells nothing.
+  const [failures, told] = [live.failures, ev.got.length];
   await live.onPodUpdate(update('db', { [EG]: '30M' }, { [EG]: '20M' }));
-  t.is(live.failures, failures + 1);
+  t.is(net.state.tries, tries);
+  t.is(live.failures, failures);
   t.is(live.retrying, 0);
-  t.regex(ev.got.at(-1)?.message ?? '', /; the agent is stopping$/);
+  t.is(ev.got.length, told);
 });
 
 test("kubenet shape: a refusal is the answer (the kernel's error) and a Warning, not retried", async (t) => {
@@ -408,4 +414,45 @@ test('top: rates in short units, busiest pod first, limits and drops per directi
   t.regex(lines[5] ?? '', /^demo\/new +- +- +- +- +5M +-$/);
   t.true(renderTop(s, { intervalS: 1, width: 30, height: 4 }).every((l) => l.length <= 30));
   t.is(renderTop(s, { intervalS: 1, width: 30, height: 4 }).length, 4);
+});
+
+test('the pod watch only queues: its handler returns while the kernel is busy, and a pod changed twice meanwhile is re-shaped once, to its newest limits', async (t) => {
+  const f = fakeNetwork([record('web', { egress: 10 * M }), record('db', { egress: 10 * M })]);
+  const reshape = f.network.reshape.bind(f.network);
+  const gates: Array<() => void> = [];
+  f.network.reshape = async (...a: Parameters<typeof reshape>) => {
+    await new Promise<void>((r) => gates.push(r));
+    return reshape(...a);
+  };
+  let listener: ((u: ReturnType<typeof update>) => void | Promise<void>) | undefined;
+  const pods = { annotations: async () => undefined, onPodUpdate: (fn: typeof listener) => void (listener = fn) };
+  const live = new LiveShaping(f.network, fakeEvents().rec, pods, silent);
+  t.teardown(() => live.stop());
+  live.start();
+  const tell = async (u: ReturnType<typeof update>) => {
+    const t0 = performance.now();
+    await listener?.(u);
+    return performance.now() - t0;
+  };
+  const ms = [
+    await tell(update('web', { [EG]: '20M' }, { [EG]: '10M' })),
+    await tell(update('db', { [EG]: '15M' }, { [EG]: '10M' })),
+    await tell(update('web', { [EG]: '30M' }, { [EG]: '20M' })),
+    await tell(update('web', { [EG]: '40M' }, { [EG]: '30M' })),
+  ];
+  t.true(
+    ms.every((x) => x < 50),
+    `each handler returned with the kernel call pending (${ms.map((x) => x.toFixed(1)).join(', ')} ms)`,
+  );
+  await until(() => gates.length === 1, 1000);
+  t.is(live.queued, 2, "db and web's merged change wait behind web's first");
+  while (f.reshapes.length < 3) {
+    gates.shift()?.();
+    await until(() => gates.length > 0 || f.reshapes.length === 3, 1000);
+  }
+  t.deepEqual(
+    f.reshapes.map((r) => `${r.id} ${(r.limits.egress ?? 0) / M}M`),
+    ['web-id 20M', 'db-id 15M', 'web-id 40M'],
+  );
+  t.is(live.queued, 0);
 });
