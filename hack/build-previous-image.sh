@@ -25,13 +25,22 @@ die() {
   exit 1
 }
 
+# The commit must be in this clone; a shallow one (CI's, say) fetches its history once from its origin.
+need_previous() {
+  if ! git cat-file -e "$PREVIOUS^{commit}" 2>/dev/null && [ "$(git rev-parse --is-shallow-repository)" = true ]; then
+    echo "build-previous-image: this clone is shallow; fetching its history for $PREVIOUS" >&2
+    git fetch --quiet --unshallow >&2 || true
+  fi
+  git cat-file -e "$PREVIOUS^{commit}" 2>/dev/null || die "this clone lacks $PREVIOUS (a shallow clone whose origin is out of reach? git fetch --unshallow)"
+}
+
 case "${1:-}" in
 --print-name)
   echo "$TAG"
   exit 0
   ;;
 --print-manifest)
-  git cat-file -e "$PREVIOUS^{commit}" 2>/dev/null || die "this clone lacks $PREVIOUS (a shallow clone? git fetch --unshallow)"
+  need_previous
   git show "$PREVIOUS:manifests/kubenet.yaml" | sed -E "s#image: kubenet-ts:[^ ]+#image: $TAG#"
   exit 0
   ;;
@@ -52,7 +61,7 @@ if [ -f "$OUT" ]; then
   echo "$OUT"
   exit 0
 fi
-git cat-file -e "$PREVIOUS^{commit}" 2>/dev/null || die "this clone lacks $PREVIOUS (a shallow clone? git fetch --unshallow)"
+need_previous
 mkdir -p "$CACHE"
 t0=$SECONDS
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/kubenet-previous.XXXXXX")"
