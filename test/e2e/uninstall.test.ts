@@ -85,6 +85,12 @@ function ebRules(outputs: string[]): string[] {
   return out;
 }
 
+/**
+ * A shard's node class (`1:fffe`, the root of its tree) without its rate: its share of the capacity,
+ * which the running agent moves by demand every 100 ms (docs/shaping.md, "Shards under a capacity").
+ */
+const shareless = (tcLine: string) => tcLine.replace(/^(class htb 1:fffe root) rate .*$/, '$1 rate (its share)');
+
 async function snapshot(sb: NodeSandbox): Promise<NodeSnapshot> {
   const run = async (cmd: string, args: string[]) => (await sb.exec(cmd, args, { reject: false })).stdout;
   const lines = (s: string) => s.split('\n').filter((l) => l.trim() !== '');
@@ -102,7 +108,8 @@ async function snapshot(sb: NodeSandbox): Promise<NodeSnapshot> {
       ['class', ['class', 'show', 'dev', l.ifname]],
       ['ingress filter', ['filter', 'show', 'dev', l.ifname, 'ingress']],
     ] as const)
-      for (const x of lines(await run('tc', [...args]))) tc.push(`${l.ifname} ${what}: ${x.replace(/ direct_packets_stat \d+/, '')}`);
+      for (const x of lines(await run('tc', [...args])))
+        tc.push(`${l.ifname} ${what}: ${shareless(x.replace(/ direct_packets_stat \d+/, ''))}`);
   }
   return {
     links: links
