@@ -718,6 +718,22 @@ async function measureScrapes(
   return { wallMs, cpuMs: cpu, body };
 }
 
+/**
+ * The agent's CPU over windows as long as a scrape's (50 ms, `windowMs`, 50 ms) with no scrape in
+ * them: what the agent spends anyway (its watches, ticks and timers), to read the scrape rows against.
+ */
+async function measureQuiet(pid: number, windowMs: number): Promise<{ wallMs: number[]; cpuMs: number[]; body: string }> {
+  const cpu: number[] = [];
+  for (let i = 0; i < 5 + scrapes; i++) {
+    await sleep(50);
+    const c0 = await cpuMs(pid);
+    await sleep(100 + windowMs);
+    const c1 = await cpuMs(pid);
+    if (i >= 5) cpu.push(c1 - c0);
+  }
+  return { wallMs: [windowMs], cpuMs: cpu, body: '' };
+}
+
 async function liveBench(): Promise<void> {
   const tag = uniq(6);
   const api = await FakeApiServer.start();
@@ -843,7 +859,9 @@ async function liveBench(): Promise<void> {
         await touchPods(ips.filter((ip) => ip !== ''));
         await sleep(20);
       });
+      const quiet = await measureQuiet(pid, percentile(storm.wallMs, 50));
       for (const [what, m] of [
+        ['no scrape', quiet],
         ['storm', storm],
         ['read, idle', idle],
         ['read, busy', busy],
@@ -873,7 +891,7 @@ async function liveBench(): Promise<void> {
       latencyRows,
     );
     printTable(
-      `(3b) GET /metrics through the agent socket (both directions of every pod shaped), ${scrapes} scrapes after 5 to warm up, each alone (50 ms of quiet before and after): wall time; the agent's CPU time per scrape (se.sum_exec_runtime of all its threads, /proc/PID/task/*/sched, kernel time included); body size; per-pod series (6 per shaped direction). storm: back to back, within metricsMaxAge (${h.config.metricsMaxAge} s) of each other, so they share the agent's reads of the counters; read: each after the last read aged out, so each reads the kernel's counters (idle: no traffic; busy: one datagram from the host to every pod before each, its veth classes and its ICMP answer through the ifb move)`,
+      `(3b) GET /metrics through the agent socket (both directions of every pod shaped), ${scrapes} scrapes after 5 to warm up, each alone (50 ms of quiet before and after): wall time; the agent's CPU time per scrape (se.sum_exec_runtime of all its threads, /proc/PID/task/*/sched, kernel time included); body size; per-pod series (6 per shaped direction). storm: back to back, within metricsMaxAge (${h.config.metricsMaxAge} s) of each other, so they share the agent's reads of the counters; read: each after the last read aged out, so each reads the kernel's counters (idle: no traffic; busy: one datagram from the host to every pod before each, its veth classes and its ICMP answer through the ifb move); no scrape: the agent's CPU over a window as long as a storm scrape's with none in it (what it spends anyway)`,
       ['n shaped pods', 'pods', 'scrapes', 'wall p50 ms', 'p99 ms', 'agent CPU p50 ms', 'p99 ms', 'body KiB', 'kubenet_pod_* series'],
       scrapeRows,
     );
