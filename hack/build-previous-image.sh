@@ -7,6 +7,7 @@
 #
 #   hack/build-previous-image.sh                  builds it (cached: see below) and prints the archive's path
 #   hack/build-previous-image.sh --print-name     the image's name (kubenet-ts:previous-<sha7>)
+#   hack/build-previous-image.sh --print-path     where the archive is (or will be), without building
 #   hack/build-previous-image.sh --print-manifest that release's manifests/kubenet.yaml, naming this image
 #   hack/build-previous-image.sh --optional       as without it, but without root: say so and build nothing
 #
@@ -20,6 +21,8 @@ ROOT="$PWD"
 PREVIOUS=fddd43c899278ea0661177ae295bb8acb3763841
 SHORT="${PREVIOUS:0:7}"
 TAG="kubenet-ts:previous-$SHORT"
+CACHE="${KUBENET_CACHE_DIR:-/var/cache/kubenet-ts}/previous"
+OUT="$CACHE/kubenet-image-$SHORT.oci.tar"
 die() {
   echo "build-previous-image: $*" >&2
   exit 1
@@ -39,6 +42,10 @@ case "${1:-}" in
   echo "$TAG"
   exit 0
   ;;
+--print-path)
+  echo "$OUT"
+  exit 0
+  ;;
 --print-manifest)
   need_previous
   git show "$PREVIOUS:manifests/kubenet.yaml" | sed -E "s#image: kubenet-ts:[^ ]+#image: $TAG#"
@@ -55,8 +62,6 @@ case "${1:-}" in
 esac
 
 [ "$(id -u)" -eq 0 ] || die "run as root (hack/build-image.sh needs it)"
-CACHE="${KUBENET_CACHE_DIR:-/var/cache/kubenet-ts}/previous"
-OUT="$CACHE/kubenet-image-$SHORT.oci.tar"
 if [ -f "$OUT" ]; then
   echo "$OUT"
   exit 0

@@ -13,6 +13,7 @@
 import anyTest, { type ExecutionContext, type TestFn } from 'ava';
 import { execa, execaSync } from 'execa';
 import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { withTrafficLock } from '../kit/traffic-lock.js';
 import { iperf, type IperfEndpoint, type IperfResult } from '../kit/topo.js';
@@ -43,9 +44,7 @@ function previousImage(): { name: string; archive: string } {
     const r = execaSync('bash', [BUILD, ...args], { reject: false });
     return r.exitCode === 0 ? r.stdout.trim() : '';
   };
-  const cache = process.env.KUBENET_CACHE_DIR ?? '/var/cache/kubenet-ts';
-  const name = run(['--print-name']);
-  return { name, archive: name ? `${cache}/previous/kubenet-image-${name.split('previous-')[1]}.oci.tar` : '' };
+  return { name: run(['--print-name']), archive: run(['--print-path']) };
 }
 
 async function previousManifest(): Promise<string> {
@@ -237,7 +236,7 @@ serialTest(
 );
 
 async function readManifest(): Promise<string> {
-  return (await import('node:fs/promises')).readFile(MANIFEST, 'utf8');
+  return readFile(MANIFEST, 'utf8');
 }
 
 async function manifestImage(): Promise<string> {
